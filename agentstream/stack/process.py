@@ -1,0 +1,144 @@
+"""Background server processes of the local stack: start detached, await readiness, stop.
+
+A server's state (pid, address) lives in a small JSON file next to its data, so `status` and
+`stop` work from any shell, and a dead pid in a stale file is recognised as dead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+class StackError(RuntimeError):
+    """A local server could not be started or reached; the message says what to do."""
+
+
+@dataclass
+class ServerState:
+    pid: int
+    url: str
+    log: str
+    details: dict
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> ServerState | None:
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (FileNotFoundError, json.JSONDecodeError, TypeError):
+            return None
+
+    @property
+    def alive(self) -> bool:
+        return pid_alive(self.pid)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child of ours still answers kill(0); reap it if it is one
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == 0
+    except ChildProcessError:
+        return _not_zombie(pid)
+
+
+def _not_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.Popen:
+    """Start `cmd` in its own session (it outlives this process), output appended to `log`."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
+        )
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log written)"
+
+
+def await_ready(
+    name: str, proc: subprocess.Popen, ready: Callable[[], bool], log: Path, timeout: float,
+    on_wait: Callable[[float], None] | None = None,
+) -> None:
+    """Poll `ready()` until it holds; fail with the log's tail if the process dies or time runs out."""
+    start = time.monotonic()
+    while not ready():
+        elapsed = time.monotonic() - start
+        if proc.poll() is not None:
+            raise StackError(f"{name} exited with code {proc.returncode} while starting. Log ({log}):\n{tail(log)}")
+        if elapsed > timeout:
+            stop_pid(proc.pid, grace=5)
+            raise StackError(f"{name} was not ready after {timeout:.0f} s. Log ({log}):\n{tail(log)}")
+        if on_wait:
+            on_wait(elapsed)
+        time.sleep(0.25)
+
+
+def stop_pid(pid: int, grace: float = 30.0) -> bool:
+    """SIGTERM the process group, wait up to `grace` seconds, then SIGKILL. True if it was running."""
+    if not pid_alive(pid):
+        return False
+    _signal_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if pid_alive(pid):
+        _signal_group(pid, signal.SIGKILL)
+        while pid_alive(pid):
+            time.sleep(0.05)
+    return True
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass

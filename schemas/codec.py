@@ -1,0 +1,88 @@
+"""Bytes on the wire <-> event models, with orjson.
+
+`decode` is strict: it raises `DecodeError` whose message names the offending field, and
+`UnsupportedSchemaVersion` (a `DecodeError`) for events written by a newer agentstream, so a
+consumer can deadletter them and keep going rather than guess at their meaning.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import TypeVar
+
+import orjson
+from pydantic import TypeAdapter, ValidationError
+
+from schemas.events import EVENT_TYPES, SCHEMA_VERSION, AnyEvent, Event
+
+E = TypeVar("E", bound=Event)
+
+_any_event: TypeAdapter[Event] = TypeAdapter(AnyEvent)
+_TYPE_TAGS = frozenset(cls.model_fields["type"].default for cls in EVENT_TYPES)
+
+
+class DecodeError(ValueError):
+    """The bytes are not an event this version of agentstream understands."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
+
+
+class UnsupportedSchemaVersion(DecodeError):
+    pass
+
+
+def encode(event: Event) -> bytes:
+    return orjson.dumps(event.model_dump(mode="python"))
+
+
+def decode(raw: bytes | str, expect: type[E] | None = None) -> E:
+    """Decode one event; with `expect`, also require that type."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise DecodeError(f"not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise DecodeError(f"an event is a JSON object, got {type(obj).__name__}")
+    _check_version(obj)
+    try:
+        event = (_adapter(expect) if expect else _any_event).validate_python(obj, strict=True)
+    except ValidationError as exc:
+        raise _explain(exc) from None
+    return event  # type: ignore[return-value]
+
+
+@cache
+def _adapter(cls: type[Event]) -> TypeAdapter[Event]:
+    return TypeAdapter(cls)
+
+
+def _check_version(obj: dict) -> None:
+    version = obj.get("schema_version")
+    if type(version) is not int:
+        raise DecodeError(f"schema_version: expected an integer, got {version!r}", "schema_version")
+    if version > SCHEMA_VERSION:
+        raise UnsupportedSchemaVersion(
+            f"schema_version {version} is newer than this agentstream understands ({SCHEMA_VERSION}); "
+            "upgrade the consumer, then replay the deadlettered events",
+            "schema_version",
+        )
+    if version < 1:
+        raise DecodeError(f"schema_version: must be at least 1, got {version}", "schema_version")
+
+
+def _explain(exc: ValidationError) -> DecodeError:
+    first = exc.errors(include_url=False)[0]
+    loc = list(first["loc"])
+    # the discriminated union puts the event type first in the location; drop it
+    if loc and loc[0] in _TYPE_TAGS:
+        loc = loc[1:]
+    field = ".".join(str(part) for part in loc) or "type"
+    message = first["msg"]
+    if first["type"] == "union_tag_invalid":
+        message = f"unknown event type {first['input'].get('type')!r}" if isinstance(first["input"], dict) else message
+    elif first["type"] not in ("missing", "extra_forbidden"):
+        message = f"{message} (got {first['input']!r:.60})"
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return DecodeError(f"{field}: {message}{more}", field)

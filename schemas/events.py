@@ -1,0 +1,380 @@
+"""Every event agentstream writes, as pydantic models.
+
+One envelope for all (`Event`): id, type, schema_version, time, source, rollout_id, attempt_id,
+data. Each event type is a subclass that fixes `type` to a literal and `data` to its payload, so
+a decoder picks the class from `type` alone (see `codec.py`).
+
+Payloads forbid unknown fields: within one schema version the shape is exact, and a producer
+that needs a new field bumps `SCHEMA_VERSION`, which older consumers refuse explicitly.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.ids import new_id, now_ms
+
+SCHEMA_VERSION = 1
+
+
+class Payload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Event(BaseModel):
+    """The envelope. Subclasses narrow `type` and `data`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    topic: ClassVar[str]
+    """Base name of the topic this event type is written to (see `schemas.topics`)."""
+
+    id: str = Field(default_factory=new_id, description="UUIDv7 (or derived UUIDv5); consumers drop repeats by id")
+    type: str
+    schema_version: int = SCHEMA_VERSION
+    time: int = Field(default_factory=now_ms, description="UTC milliseconds since the epoch")
+    source: str = Field(description="the service or component that wrote the event")
+    rollout_id: str | None = None
+    attempt_id: str | None = None
+    data: Payload
+
+    @property
+    def key(self) -> bytes | None:
+        """The Kafka record key: the rollout id for rollout-scoped events."""
+        return self.rollout_id.encode() if self.rollout_id else None
+
+
+# --- rollout lifecycle (topic: rollouts) -----------------------------------------------------
+
+
+class Task(Payload):
+    id: str
+    input: Any = Field(description="what the agent is asked to do; any JSON value")
+    reward_fn: str | None = Field(None, description="`module:function` that scores the trajectory")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="e.g. the expected answer")
+
+
+class RolloutQueued(Payload):
+    task: Task
+    group_id: str = Field(description="samples of one task in one epoch share a group (group-relative advantages)")
+    sample_index: int = 0
+    epoch: int = 0
+    split: Literal["train", "validation"] = "train"
+    attempt_number: int = Field(1, description="1 for the first attempt; retries count up")
+    weight_version: int | None = Field(None, description="the weight version current at launch")
+    model: str | None = None
+    managed: bool = Field(True, description="a controller owns this attempt and reports how it ended")
+
+
+class RolloutStarted(Payload):
+    attempt_number: int = 1
+    launcher: Literal["local", "kubernetes"]
+    worker: str = Field(description="process id or Kubernetes Job name")
+    weight_version: int | None = None
+
+
+class RolloutHeartbeat(Payload):
+    elapsed_ms: int
+
+
+class RolloutFinished(Payload):
+    by: Literal["controller", "agent"] = Field(description="the controller (process exited) or the agent (POST /finish)")
+    exit_code: int | None = None
+    duration_ms: int | None = None
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class RolloutFailed(Payload):
+    exit_code: int | None = None
+    duration_ms: int | None = None
+    error: str
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+    will_retry: bool = False
+
+
+class RolloutTimedOut(Payload):
+    timeout_s: float
+    duration_ms: int
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+    will_retry: bool = False
+
+
+class RolloutQueuedEvent(Event):
+    topic: ClassVar[str] = "rollouts"
+    type: Literal["rollout.queued"] = "rollout.queued"
+    data: RolloutQueued
+
+
+class RolloutStartedEvent(Event):
+    topic: ClassVar[str] = "rollouts"
+    type: Literal["rollout.started"] = "rollout.started"
+    data: RolloutStarted
+
+
+class RolloutHeartbeatEvent(Event):
+    topic: ClassVar[str] = "rollouts"
+    type: Literal["rollout.heartbeat"] = "rollout.heartbeat"
+    data: RolloutHeartbeat
+
+
+class RolloutFinishedEvent(Event):
+    topic: ClassVar[str] = "rollouts"
+    type: Literal["rollout.finished"] = "rollout.finished"
+    data: RolloutFinished
+
+
+class RolloutFailedEvent(Event):
+    topic: ClassVar[str] = "rollouts"
+    type: Literal["rollout.failed"] = "rollout.failed"
+    data: RolloutFailed
+
+
+class RolloutTimedOutEvent(Event):
+    topic: ClassVar[str] = "rollouts"
+    type: Literal["rollout.timed_out"] = "rollout.timed_out"
+    data: RolloutTimedOut
+
+
+# --- model calls (topic: calls) --------------------------------------------------------------
+
+
+class Usage(Payload):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class ChoiceTokens(Payload):
+    """Tokens of a choice beyond the first, for requests with n > 1."""
+
+    index: int
+    completion_token_ids: list[int]
+    logprobs: list[float] | None = None
+    finish_reason: str | None = None
+
+
+class Call(Payload):
+    api: Literal["chat.completions", "completions", "responses", "messages"]
+    model: str
+    upstream: str | None = Field(None, description="base URL of the server that answered")
+    weight_version: int | None = Field(None, description="the weights that produced the completion")
+    streamed: bool = False
+    session_id: str | None = Field(None, description="groups calls made outside any rollout")
+    request: dict[str, Any] = Field(description="the request as the agent sent it, secrets removed")
+    response: dict[str, Any] | None = Field(None, description="the response as the agent got it; for streams, assembled")
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    logprobs: list[float] | None = Field(None, description="one per completion token")
+    finish_reason: str | None = None
+    extra_choices: list[ChoiceTokens] = Field(default_factory=list)
+    usage: Usage | None = None
+    status: int = Field(description="HTTP status the agent received")
+    error: str | None = None
+    started_at: int = Field(description="UTC ms when the gateway received the request")
+    latency_ms: float
+    ttft_ms: float | None = Field(None, description="time to first token, for streams")
+
+
+class CallEvent(Event):
+    topic: ClassVar[str] = "calls"
+    type: Literal["call"] = "call"
+    data: Call
+
+
+# --- rewards (topic: rewards) ----------------------------------------------------------------
+
+
+class TurnReward(Payload):
+    """A reward for one turn, named by its call id or by its position (0-based) in the attempt."""
+
+    call_id: str | None = None
+    turn: int | None = None
+    value: float
+
+
+class Reward(Payload):
+    value: float
+    turns: list[TurnReward] = Field(default_factory=list)
+    details: dict[str, Any] = Field(default_factory=dict)
+    reward_fn: str | None = Field(None, description="the function that computed it; None when the agent posted it")
+
+
+class RewardEvent(Event):
+    topic: ClassVar[str] = "rewards"
+    type: Literal["reward"] = "reward"
+    data: Reward
+
+
+# --- trajectories (topic: trajectories) ------------------------------------------------------
+
+
+class Turn(Payload):
+    call_id: str
+    sequence: int = Field(description="index into `sequences` of the sequence this turn belongs to")
+    prompt_token_ids: list[int]
+    completion_token_ids: list[int]
+    logprobs: list[float]
+    weight_version: int | None = None
+    finish_reason: str | None = None
+    latency_ms: float | None = None
+    reward: float | None = Field(None, description="per-turn reward, where one was given")
+
+
+class Sequence(Payload):
+    """One token sequence for training: a prompt, then model and environment tokens.
+
+    `mask[i]` is 1 where token i was generated by the model and 0 where the prompt or the
+    environment (tool results, user turns) put it; `logprobs[i]` and `weight_versions[i]` are
+    meaningful where the mask is 1 (0.0 and None elsewhere).
+    """
+
+    token_ids: list[int]
+    mask: list[int]
+    logprobs: list[float]
+    weight_versions: list[int | None]
+    prompt_length: int = Field(description="tokens before the first model token")
+    turns: list[int] = Field(description="indices into `turns` of the turns merged here")
+
+
+class RewardRecord(Payload):
+    event_id: str
+    value: float
+    reward_fn: str | None = None
+    turns: list[TurnReward] = Field(default_factory=list)
+
+
+class Trajectory(Payload):
+    model: str | None = None
+    task_id: str | None = None
+    group_id: str | None = None
+    split: Literal["train", "validation"] = "train"
+    epoch: int = 0
+    sample_index: int = 0
+    attempt_number: int = 1
+    status: Literal["finished", "failed", "timed_out", "abandoned"]
+    reward: float | None = Field(None, description="final reward: the last one posted or computed")
+    reward_missing: bool = False
+    rewards: list[RewardRecord] = Field(default_factory=list)
+    turns: list[Turn]
+    sequences: list[Sequence]
+    merged: bool = Field(description="True when all turns merged into one sequence")
+    merge_mismatches: int = Field(0, description="turns whose prompt did not extend the previous turn token for token")
+    weight_version_launch: int | None = None
+    started_at: int | None = None
+    finished_at: int
+    duration_ms: int | None = None
+    lineage: list[str] = Field(description="ids of the events this trajectory was built from")
+
+
+class TrajectoryEvent(Event):
+    topic: ClassVar[str] = "trajectories"
+    type: Literal["trajectory"] = "trajectory"
+    data: Trajectory
+
+
+# --- weights and the pool (topics: weights, pool) --------------------------------------------
+
+
+class Weights(Payload):
+    model: str
+    version: int
+    uri: str = Field(description="checkpoint folder (safetensors) the servers load")
+    step: int
+    base_version: int | None = Field(None, description="the version this one was trained from")
+    metrics: dict[str, float] = Field(default_factory=dict)
+    lineage: list[str] = Field(default_factory=list, description="ids of the trajectories trained on")
+
+
+class WeightsEvent(Event):
+    topic: ClassVar[str] = "weights"
+    type: Literal["weights"] = "weights"
+    data: Weights
+
+    @property
+    def key(self) -> bytes:
+        return self.data.model.encode()
+
+
+class PoolUpdate(Payload):
+    model: str
+    version: int
+    server: str
+    status: Literal["ok", "failed"]
+    pause_ms: float = Field(description="time the server was paused (no tokens generated)")
+    load_ms: float | None = None
+    held_ms: float | None = Field(None, description="time the gateway held new requests for the model")
+    error: str | None = None
+    applied_by: str = Field(description="the gateway replica that applied the update")
+
+
+class PoolUpdateEvent(Event):
+    topic: ClassVar[str] = "pool"
+    type: Literal["pool.update"] = "pool.update"
+    data: PoolUpdate
+
+    @property
+    def key(self) -> bytes:
+        return self.data.model.encode()
+
+
+# --- operations (topics: deadletter, metrics) ------------------------------------------------
+
+
+class Deadletter(Payload):
+    topic: str
+    partition: int | None = None
+    offset: int | None = None
+    key: str | None = None
+    value: str = Field(description="the original record value, decoded as UTF-8 with replacement")
+    reason: str
+    consumer: str = Field(description="who gave up on it")
+
+
+class DeadletterEvent(Event):
+    topic: ClassVar[str] = "deadletter"
+    type: Literal["deadletter"] = "deadletter"
+    data: Deadletter
+
+    @property
+    def key(self) -> bytes | None:
+        return self.data.key.encode() if self.data.key else None
+
+
+class Metrics(Payload):
+    window_s: int
+    window_start: int = Field(description="UTC ms")
+    group: dict[str, str] = Field(default_factory=dict, description="e.g. {'weight_version': '3'}")
+    values: dict[str, float]
+
+
+class MetricsEvent(Event):
+    topic: ClassVar[str] = "metrics"
+    type: Literal["metrics"] = "metrics"
+    data: Metrics
+
+
+EVENT_TYPES: tuple[type[Event], ...] = (
+    RolloutQueuedEvent,
+    RolloutStartedEvent,
+    RolloutHeartbeatEvent,
+    RolloutFinishedEvent,
+    RolloutFailedEvent,
+    RolloutTimedOutEvent,
+    CallEvent,
+    RewardEvent,
+    TrajectoryEvent,
+    WeightsEvent,
+    PoolUpdateEvent,
+    DeadletterEvent,
+    MetricsEvent,
+)
+
+AnyEvent = Annotated[Union[EVENT_TYPES], Field(discriminator="type")]  # type: ignore[valid-type]
+
+TERMINAL_TYPES = frozenset({"rollout.finished", "rollout.failed", "rollout.timed_out"})

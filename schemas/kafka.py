@@ -1,0 +1,186 @@
+"""Kafka clients, configured once for every service.
+
+Producers are idempotent with acks=all, so a retried send never duplicates or reorders a record.
+Consumers never auto-commit: each service commits offsets after the work they cover is durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.structs import RecordMetadata
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from schemas.codec import encode
+from schemas.events import Deadletter, DeadletterEvent, Event
+from schemas.topics import TopicSpec, Topics, topic_specs
+
+
+class KafkaSettings(BaseSettings):
+    """Settings every service shares. Services subclass this for their own settings model."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="AGENTSTREAM_", cli_kebab_case=True, cli_implicit_flags=True, extra="ignore"
+    )
+
+    bootstrap_servers: str = Field(
+        "127.0.0.1:9092",
+        validation_alias=AliasChoices("bootstrap_servers", "KAFKA_BOOTSTRAP_SERVERS"),
+        description="Kafka bootstrap servers (env KAFKA_BOOTSTRAP_SERVERS)",
+    )
+    topic_prefix: str = Field("", description="prefix of every topic name, to run several experiments on one cluster")
+    partitions: int = Field(4, description="partitions of the rollout-scoped topics when they are created")
+    replication_factor: int = Field(1, description="replication factor of topics when they are created")
+
+    @property
+    def topics(self) -> Topics:
+        return Topics(self.topic_prefix)
+
+
+def make_producer(settings: KafkaSettings, **overrides: Any) -> AIOKafkaProducer:
+    options: dict[str, Any] = dict(
+        bootstrap_servers=settings.bootstrap_servers,
+        enable_idempotence=True,
+        acks="all",
+        linger_ms=1,
+        max_request_size=16 * 1024 * 1024,
+        request_timeout_ms=10_000,
+    )
+    options.update(overrides)
+    return AIOKafkaProducer(**options)
+
+
+def make_consumer(settings: KafkaSettings, *topics: str, group_id: str | None, **overrides: Any) -> AIOKafkaConsumer:
+    """A consumer of full topic names; `group_id=None` reads without a group (replay, queries)."""
+    options: dict[str, Any] = dict(
+        bootstrap_servers=settings.bootstrap_servers,
+        group_id=group_id,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+        max_partition_fetch_bytes=16 * 1024 * 1024,
+        fetch_max_bytes=64 * 1024 * 1024,
+    )
+    options.update(overrides)
+    return AIOKafkaConsumer(*topics, **options)
+
+
+class Publisher:
+    """Writes events to their topics under one prefix."""
+
+    def __init__(self, producer: AIOKafkaProducer, topics: Topics):
+        self.producer = producer
+        self.topics = topics
+
+    async def publish(self, event: Event) -> RecordMetadata:
+        """Send and wait for the broker's acknowledgement."""
+        return await (await self.send(event))
+
+    async def send(self, event: Event) -> asyncio.Future[RecordMetadata]:
+        """Queue the record; the returned future resolves when the broker acknowledges it."""
+        return await self.producer.send(self.topics.name(event.topic), encode(event), key=event.key)
+
+    async def deadletter(self, record: ConsumerRecord, reason: str, consumer: str) -> RecordMetadata:
+        return await self.publish(deadletter_event(record, reason, consumer))
+
+
+def deadletter_event(record: ConsumerRecord, reason: str, consumer: str) -> DeadletterEvent:
+    key = record.key.decode("utf-8", "replace") if record.key else None
+    value = record.value.decode("utf-8", "replace") if record.value is not None else ""
+    return DeadletterEvent(
+        source=consumer,
+        data=Deadletter(topic=record.topic, partition=record.partition, offset=record.offset, key=key,
+                        value=value, reason=reason, consumer=consumer),
+    )
+
+
+@dataclass
+class TopicReport:
+    created: list[str] = field(default_factory=list)
+    existing: list[str] = field(default_factory=list)
+    mismatches: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches
+
+
+async def ensure_topics(settings: KafkaSettings, specs: Iterable[TopicSpec] | None = None) -> TopicReport:
+    """Create the topics that are missing; report those whose settings differ from the spec.
+
+    Idempotent: running it again creates nothing. Mismatches are reported, never "fixed", because
+    changing a live topic's partition count moves rollouts between partitions.
+    """
+    specs = list(specs if specs is not None else topic_specs(settings.partitions))
+    names = {settings.topics.name(s.base): s for s in specs}
+    report = TopicReport()
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers, request_timeout_ms=15_000)
+    await admin.start()
+    try:
+        present = set(await admin.list_topics())
+        missing = [name for name in names if name not in present]
+        if missing:
+            response = await admin.create_topics(
+                [NewTopic(name, names[name].partitions, settings.replication_factor, topic_configs=names[name].config)
+                 for name in missing]
+            )
+            for name, code, message in _topic_errors(response):
+                if code == 0:
+                    report.created.append(name)
+                elif code == 36:  # TOPIC_ALREADY_EXISTS: another process created it meanwhile
+                    present.add(name)
+                else:
+                    report.mismatches.append(f"{name}: could not be created ({message or f'error {code}'})")
+        report.existing = [name for name in names if name in present]
+        if report.existing:
+            report.mismatches += await _compare(admin, {name: names[name] for name in report.existing})
+    finally:
+        await admin.close()
+    return report
+
+
+def _topic_errors(response: Any) -> list[tuple[str, int, str | None]]:
+    out = []
+    for entry in response.topic_errors:
+        name, code = entry[0], entry[1]
+        message = entry[2] if len(entry) > 2 else None
+        out.append((name, code, message))
+    return out
+
+
+async def _compare(admin: AIOKafkaAdminClient, specs: dict[str, TopicSpec]) -> list[str]:
+    mismatches = []
+    for topic in await admin.describe_topics(list(specs)):
+        spec = specs[topic["topic"]]
+        actual = len(topic["partitions"])
+        if actual != spec.partitions:
+            mismatches.append(f"{topic['topic']}: {actual} partitions, expected {spec.partitions}")
+    resources = [ConfigResource(ConfigResourceType.TOPIC, name, None) for name in specs]
+    for response in await admin.describe_configs(resources):
+        for resource in response.resources:
+            name, entries = resource[3], resource[4]
+            actual = {entry[0]: entry[1] for entry in entries}
+            for key, wanted in specs[name].config.items():
+                if actual.get(key) != wanted:
+                    mismatches.append(f"{name}: {key}={actual.get(key)}, expected {wanted}")
+    return mismatches
+
+
+async def partitions_of(settings: KafkaSettings, topic: str) -> list[TopicPartition]:
+    """The partitions of `topic` as the cluster has them (empty if the topic does not exist)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    await admin.start()
+    try:
+        (described,) = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    if described["error_code"]:
+        return []
+    return sorted(TopicPartition(topic, p["partition"]) for p in described["partitions"])

@@ -1,0 +1,44 @@
+"""One valid example of every event type, for round-trip and consumer tests."""
+
+from __future__ import annotations
+
+import schemas as s
+
+
+def sample_events() -> list[s.Event]:
+    rollout = dict(source="test", rollout_id="r-1", attempt_id="a-1")
+    task = s.Task(id="t-1", input={"question": "2+2?"}, reward_fn="streams.rewards:exact_match",
+                  metadata={"answer": "4"})
+    call = s.Call(
+        api="chat.completions", model="tiny", upstream="http://127.0.0.1:1", weight_version=3, streamed=True,
+        request={"messages": [{"role": "user", "content": "2+2?"}]},
+        response={"choices": [{"message": {"role": "assistant", "content": "4"}}]},
+        prompt_token_ids=[1, 2, 3], completion_token_ids=[52, 258], logprobs=[-0.5, -0.1], finish_reason="stop",
+        extra_choices=[s.ChoiceTokens(index=1, completion_token_ids=[53], logprobs=[-2.0])],
+        usage=s.Usage(prompt_tokens=3, completion_tokens=2, total_tokens=5),
+        status=200, started_at=1_700_000_000_000, latency_ms=12.5, ttft_ms=3.0,
+    )
+    turn = s.Turn(call_id="c-1", sequence=0, prompt_token_ids=[1, 2, 3], completion_token_ids=[52, 258],
+                  logprobs=[-0.5, -0.1], weight_version=3, finish_reason="stop", latency_ms=12.5)
+    sequence = s.Sequence(token_ids=[1, 2, 3, 52, 258], mask=[0, 0, 0, 1, 1], logprobs=[0, 0, 0, -0.5, -0.1],
+                          weight_versions=[None, None, None, 3, 3], prompt_length=3, turns=[0])
+    return [
+        s.RolloutQueuedEvent(**rollout, data=s.RolloutQueued(task=task, group_id="g-1", weight_version=3)),
+        s.RolloutStartedEvent(**rollout, data=s.RolloutStarted(launcher="local", worker="1234")),
+        s.RolloutHeartbeatEvent(**rollout, data=s.RolloutHeartbeat(elapsed_ms=1000)),
+        s.RolloutFinishedEvent(**rollout, data=s.RolloutFinished(by="controller", exit_code=0, duration_ms=900)),
+        s.RolloutFailedEvent(**rollout, data=s.RolloutFailed(exit_code=1, error="exit code 1", will_retry=True)),
+        s.RolloutTimedOutEvent(**rollout, data=s.RolloutTimedOut(timeout_s=5, duration_ms=5000)),
+        s.CallEvent(**rollout, data=call),
+        s.RewardEvent(**rollout, data=s.Reward(value=1.0, turns=[s.TurnReward(turn=0, value=1.0)])),
+        s.TrajectoryEvent(**rollout, data=s.Trajectory(
+            status="finished", reward=1.0, turns=[turn], sequences=[sequence], merged=True,
+            finished_at=1_700_000_000_900, lineage=["e-1", "e-2"])),
+        s.WeightsEvent(source="trainer", data=s.Weights(model="tiny", version=4, uri="/ckpt/v4", step=4,
+                                                        metrics={"loss": 0.1}, lineage=["tr-1"])),
+        s.PoolUpdateEvent(source="gateway", data=s.PoolUpdate(model="tiny", version=4, server="http://x",
+                                                              status="ok", pause_ms=150.0, applied_by="gw-1")),
+        s.DeadletterEvent(source="streams", data=s.Deadletter(topic="calls", partition=0, offset=7, value="{",
+                                                              reason="not JSON", consumer="streams")),
+        s.MetricsEvent(source="streams", data=s.Metrics(window_s=10, window_start=0, values={"calls": 3.0})),
+    ]

@@ -1,0 +1,88 @@
+import json
+
+import orjson
+import pytest
+
+import schemas as s
+from schemas.jsonschema import event_schemas
+from tests.samples import sample_events
+
+
+def test_every_event_type_has_a_sample():
+    assert {type(event) for event in sample_events()} == set(s.EVENT_TYPES)
+
+
+@pytest.mark.parametrize("event", sample_events(), ids=lambda e: e.type)
+def test_round_trip(event):
+    raw = s.encode(event)
+    decoded = s.decode(raw)
+    assert type(decoded) is type(event)
+    assert decoded == event
+    assert s.decode(raw, expect=type(event)) == event
+
+
+def test_ids_are_sortable_by_creation():
+    ids = [s.new_id() for _ in range(1000)]
+    assert ids == sorted(ids)
+    assert len(set(ids)) == 1000
+
+
+def test_derived_ids_are_stable():
+    assert s.derived_id("trajectory", "a-1") == s.derived_id("trajectory", "a-1")
+    assert s.derived_id("trajectory", "a-1") != s.derived_id("trajectory", "a-2")
+
+
+def _call_dict() -> dict:
+    return orjson.loads(s.encode(next(e for e in sample_events() if e.type == "call")))
+
+
+def _mutate(change) -> bytes:
+    obj = _call_dict()
+    change(obj)
+    return orjson.dumps(obj)
+
+
+BAD = {
+    "not json": (b"{not json", None, "not JSON"),
+    "not an object": (b"[1, 2]", None, "JSON object"),
+    "missing field": (_mutate(lambda o: o["data"].pop("model")), "data.model", "Field required"),
+    "wrong type": (_mutate(lambda o: o["data"].__setitem__("latency_ms", "fast")), "data.latency_ms", "fast"),
+    "wrong list item": (_mutate(lambda o: o["data"]["prompt_token_ids"].__setitem__(1, "x")),
+                        "data.prompt_token_ids.1", "integer"),
+    "unknown field": (_mutate(lambda o: o["data"].__setitem__("surprise", 1)), "data.surprise", "Extra"),
+    "unknown type": (_mutate(lambda o: o.__setitem__("type", "nonsense")), "type", "unknown event type 'nonsense'"),
+    "bad literal": (_mutate(lambda o: o["data"].__setitem__("api", "chat")), "data.api", "chat"),
+    "missing version": (_mutate(lambda o: o.pop("schema_version")), "schema_version", "integer"),
+}
+
+
+@pytest.mark.parametrize("name", BAD)
+def test_bad_input_names_the_field(name):
+    raw, field, text = BAD[name]
+    with pytest.raises(s.DecodeError) as err:
+        s.decode(raw)
+    assert err.value.field == field
+    assert text in str(err.value)
+    if field:
+        assert str(err.value).startswith(field)
+
+
+def test_newer_schema_version_is_refused_explicitly():
+    raw = _mutate(lambda o: o.__setitem__("schema_version", s.SCHEMA_VERSION + 1))
+    with pytest.raises(s.UnsupportedSchemaVersion, match="newer than this agentstream understands"):
+        s.decode(raw)
+
+
+def test_decode_with_expected_type_rejects_others():
+    with pytest.raises(s.DecodeError):
+        s.decode(s.encode(sample_events()[0]), expect=s.CallEvent)
+
+
+def test_json_schemas_validate_the_samples_shape():
+    schemas = event_schemas()
+    assert set(schemas) == {cls.model_fields["type"].default for cls in s.EVENT_TYPES}
+    for event in sample_events():
+        schema = schemas[event.type]
+        payload = json.loads(s.encode(event))
+        assert set(schema["required"]) <= set(payload)
+        assert schema["x-topic"] == event.topic
