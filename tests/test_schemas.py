@@ -86,3 +86,24 @@ def test_json_schemas_validate_the_samples_shape():
         payload = json.loads(s.encode(event))
         assert set(schema["required"]) <= set(payload)
         assert schema["x-topic"] == event.topic
+
+
+def test_rollout_tokens_bind_rollout_and_attempt():
+    from schemas.tokens import InvalidToken, mint_rollout_token, verify_rollout_token
+
+    token = mint_rollout_token("secret", "r-1", "a-1")
+    claims = verify_rollout_token("secret", token)
+    assert (claims.rollout_id, claims.attempt_id) == ("r-1", "a-1")
+    for bad, reason in [
+        (token[:-2] + ("AA" if not token.endswith("AA") else "BB"), "signature"),
+        (token.replace("ast1.", "xyz1."), "not a rollout token"),
+        ("ast1.only-two", "malformed"),
+        (mint_rollout_token("other-secret", "r-1", "a-1"), "signature"),
+        (mint_rollout_token("secret", "r-1", "a-1", ttl_s=-10), "expired"),
+    ]:
+        try:
+            verify_rollout_token("secret", bad)
+        except InvalidToken as exc:
+            assert reason in str(exc)
+        else:
+            raise AssertionError(f"accepted a bad token ({reason})")

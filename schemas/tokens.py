@@ -1,0 +1,74 @@
+"""Rollout-scoped tokens: what an agent uses as its API key.
+
+A token is bound to one rollout and one attempt and signed (HMAC-SHA256) with the secret the
+controller and the gateway share, so the gateway can check it without a lookup, and a token for
+one rollout cannot write calls or rewards for another.
+
+Format: `ast1.<base64url(JSON claims)>.<base64url(signature)>`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import time
+from dataclasses import dataclass
+
+import orjson
+
+PREFIX = "ast1"
+
+
+class InvalidToken(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class RolloutClaims:
+    rollout_id: str
+    attempt_id: str
+    expires_at: float
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _sign(secret: str, body: str) -> str:
+    return _b64(hmac.new(secret.encode(), f"{PREFIX}.{body}".encode(), hashlib.sha256).digest())
+
+
+def mint_rollout_token(secret: str, rollout_id: str, attempt_id: str, ttl_s: float = 7 * 24 * 3600) -> str:
+    if not secret:
+        raise ValueError("a rollout token needs a non-empty secret (AGENTSTREAM_TOKEN_SECRET)")
+    body = _b64(orjson.dumps({"r": rollout_id, "a": attempt_id, "exp": int(time.time() + ttl_s)}))
+    return f"{PREFIX}.{body}.{_sign(secret, body)}"
+
+
+def is_rollout_token(token: str) -> bool:
+    return token.startswith(PREFIX + ".")
+
+
+def verify_rollout_token(secret: str, token: str) -> RolloutClaims:
+    """The claims of a valid token; `InvalidToken` (with the reason) otherwise."""
+    try:
+        prefix, body, signature = token.split(".")
+    except ValueError:
+        raise InvalidToken("malformed rollout token") from None
+    if prefix != PREFIX:
+        raise InvalidToken("not a rollout token")
+    if not hmac.compare_digest(signature, _sign(secret, body)):
+        raise InvalidToken("rollout token signature does not match")
+    try:
+        claims = orjson.loads(_unb64(body))
+        parsed = RolloutClaims(str(claims["r"]), str(claims["a"]), float(claims["exp"]))
+    except (ValueError, KeyError, TypeError):
+        raise InvalidToken("malformed rollout token claims") from None
+    if parsed.expires_at < time.time():
+        raise InvalidToken("rollout token expired")
+    return parsed
