@@ -195,6 +195,113 @@ def topics_ensure(
         raise typer.Exit(2)
 
 
+# --- queries -------------------------------------------------------------------------------
+
+
+def _kafka_settings(prefix: str):
+    from schemas.kafka import KafkaSettings
+
+    try:
+        return KafkaSettings(bootstrap_servers=bootstrap_servers(), topic_prefix=prefix)
+    except StackError as exc:
+        fail(str(exc))
+
+
+def _bounds(since: str | None, until: str | None, start: str | None, end: str | None):
+    from agentstream.scan import Bounds, parse_offsets, parse_time
+
+    try:
+        return Bounds(
+            since_ms=parse_time(since) if since else None, until_ms=parse_time(until) if until else None,
+            start_offsets=parse_offsets(start) if start else {}, end_offsets=parse_offsets(end) if end else {},
+        )
+    except ValueError as exc:
+        fail(str(exc))
+
+
+Prefix = Annotated[str, typer.Option("--prefix", envvar="AGENTSTREAM_TOPIC_PREFIX", help="topic name prefix")]
+Since = Annotated[Optional[str], typer.Option(help="from this time: epoch ms, ISO-8601, or an age (10m, 2h)")]
+Until = Annotated[Optional[str], typer.Option(help="up to this time (same forms as --since)")]
+StartOffsets = Annotated[Optional[str], typer.Option("--from-offsets", help="first offsets, PARTITION:OFFSET,…")]
+EndOffsets = Annotated[Optional[str], typer.Option("--to-offsets", help="stop before these offsets, PARTITION:OFFSET,…")]
+
+
+@app.command("sql")
+def sql(
+    query: Annotated[Optional[str], typer.Argument(help="polars SQL; tables: rollouts, calls, rewards, "
+                                                   "trajectories, weights, pool, deadletter, metrics")] = None,
+    named: Annotated[Optional[str], typer.Option("--query", "-q", help="a ready-made query (see --list)")] = None,
+    list_queries: Annotated[bool, typer.Option("--list", help="list the ready-made queries")] = False,
+    output_format: Annotated[str, typer.Option("--format", help="table, csv, json or parquet")] = "table",
+    output: Annotated[Optional[Path], typer.Option(help="write to this file instead of the terminal")] = None,
+    prefix: Prefix = "",
+    since: Since = None,
+    until: Until = None,
+    from_offsets: StartOffsets = None,
+    to_offsets: EndOffsets = None,
+) -> None:
+    """Query the topics with SQL, each topic a table of flattened event fields."""
+    from agentstream.query import NAMED_QUERIES, run_sql
+
+    if list_queries:
+        for name, text in NAMED_QUERIES.items():
+            console.print(f"[bold]{name}[/bold]\n{text.strip()}\n")
+        return
+    if named:
+        if named not in NAMED_QUERIES:
+            fail(f"no ready-made query {named!r}; choose one of: {', '.join(NAMED_QUERIES)}")
+        query = NAMED_QUERIES[named]
+    if not query:
+        fail("give a query, e.g. agentstream sql \"SELECT model, COUNT(*) FROM calls GROUP BY model\", "
+             "or --query NAME (see --list)")
+    if output_format not in ("table", "csv", "json", "parquet"):
+        fail(f"unknown --format {output_format!r}: use table, csv, json or parquet")
+    if output_format == "parquet" and output is None:
+        fail("--format parquet needs --output FILE")
+    settings = _kafka_settings(prefix)
+    bounds = _bounds(since, until, from_offsets, to_offsets)
+    with console.status("Reading the log…") as status:
+        try:
+            result = asyncio.run(run_sql(settings, query, bounds, on_progress=lambda p: status.update(
+                f"Reading the log… {p.done:,}/{p.total:,} records")))
+        except (LookupError, ValueError) as exc:
+            fail(str(exc))
+        except Exception as exc:  # polars reports SQL errors with its own exception types
+            fail(f"query failed: {exc}")
+    _emit(result, output_format, output)
+
+
+def _nested_as_json(df):
+    """CSV has no lists or structs: write those columns as JSON text."""
+    import orjson
+    import polars as pl
+
+    nested = [name for name, dtype in df.schema.items() if isinstance(dtype, (pl.List, pl.Struct))]
+    return df.with_columns(
+        pl.Series(name, [orjson.dumps(v).decode() if v is not None else None for v in df[name].to_list()])
+        for name in nested
+    )
+
+
+def _emit(result, output_format: str, output: Path | None) -> None:
+    import polars as pl
+
+    if output_format == "parquet":
+        result.write_parquet(output)
+    elif output_format == "csv":
+        text = _nested_as_json(result).write_csv()
+        output.write_text(text) if output else print(text, end="")
+    elif output_format == "json":
+        text = result.write_json()
+        output.write_text(text) if output else print(text)
+    else:
+        with pl.Config(tbl_rows=50, tbl_cols=20, fmt_str_lengths=60):
+            console.print(str(result)) if output is None else output.write_text(str(result))
+        return
+    if output:
+        console.print(f"Wrote {result.height} rows to {output}")
+
+
 def main() -> None:
     app()
 

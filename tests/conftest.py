@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from agentstream.stack.kafka import LocalKafka
-from agentstream.stack.process import free_port
 from agentstream.stack.vllm import LocalVLLM
 from schemas.kafka import KafkaSettings, ensure_topics
 
@@ -55,8 +54,8 @@ def kafka_bootstrap(tmp_path_factory) -> str:
     if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
         yield os.environ["KAFKA_BOOTSTRAP_SERVERS"]
         return
-    broker = LocalKafka(tmp_path_factory.mktemp("kafka"))
-    state = broker.start(port=free_port())
+    broker = LocalKafka(tmp_path_factory.mktemp("kafka"), default_port=None)
+    state = broker.start()
     yield state.url
     broker.stop()
 

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import schemas as s
 from agentstream.stack.kafka import LocalKafka
-from agentstream.stack.process import free_port
 from schemas.kafka import KafkaSettings, Publisher, ensure_topics, make_consumer, make_producer, partitions_of
 from schemas.topics import topic_specs
 
@@ -73,9 +72,8 @@ async def test_ensure_topics_is_idempotent_and_reports_mismatch(kafka):
 
 
 async def test_broker_restart_keeps_every_record(tmp_path: Path):
-    broker = LocalKafka(tmp_path / "kafka")
-    port = free_port()
-    state = broker.start(port=port)
+    broker = LocalKafka(tmp_path / "kafka", default_port=None)
+    state = broker.start()
     cmdline = Path(f"/proc/{state.pid}/cmdline").read_bytes().split(b"\0")
     assert b"kafka.Kafka" in cmdline and any(b"kafka_2.13" in part or b"jars/*" in part for part in cmdline)
     try:

