@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 
 install:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet "uv==0.13.9"
-	$(UV) sync --frozen
+	$(UV) sync --frozen --all-extras
 
 demo: install
 	$(UV) run agentstream demo
