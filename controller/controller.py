@@ -119,7 +119,10 @@ class Controller:
             await self.launcher.start()
             await self._close_interrupted()
             self.pacer = self._make_pacer()
-            todo = iter([r for r in self.plan if self._to_do(r)])
+            todo = [r for r in self.plan if self._to_do(r)]
+            if not todo:
+                log.info("run %s is already complete; to run the same tasks again, give a new --run-id", self.run_id)
+            todo = iter(todo)
             async with asyncio.TaskGroup() as workers:
                 for n in range(self.settings.concurrency):
                     workers.create_task(self._worker(todo), name=f"worker-{n}")

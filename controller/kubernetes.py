@@ -80,7 +80,7 @@ def default_job(image: str, command: str, timeout_s: float, grace_s: float, keep
 def merge(base: Any, override: Any) -> Any:
     """`override` over `base`: mappings by key, lists of named mappings by name, the rest replaced."""
     if isinstance(base, dict) and isinstance(override, dict):
-        out = dict(base)
+        out = copy.deepcopy(base)  # never share structure: each attempt's manifest is its own
         for key, value in override.items():
             out[key] = merge(base[key], value) if key in base else copy.deepcopy(value)
         return out
@@ -271,7 +271,7 @@ class KubernetesLauncher:
     async def launch(self, attempt: Attempt, gateway: Gateway) -> JobRun:
         job = self.render(attempt, gateway)
         name = job["metadata"]["name"]
-        ended = self._loop.create_future()
+        ended = asyncio.get_running_loop().create_future()
         self._ended[name] = ended
         await self.rate.acquire()
         try:
@@ -321,7 +321,7 @@ class KubernetesLauncher:
                                                      limit_bytes=4 * self.tail_chars)
         except ApiException:  # no log (pod never ran, or its node is gone)
             return ""
-        return text[-self.tail_chars:]
+        return (text or "")[-self.tail_chars:]
 
     # --- the watch (its own thread) -----------------------------------------------------------
 

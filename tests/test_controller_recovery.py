@@ -1,0 +1,83 @@
+"""A controller killed with SIGKILL mid-run, as a real process, and started again."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from agentstream.stack.process import pid_alive
+from controller.history import INTERRUPTED
+from tests.conftest import wait_for, wait_for_async
+from tests.controller_helpers import SECRET, agent_command, attempts_of, read_rollouts, runs_log, types, write_tasks
+
+
+def start_controller(kafka, tasks: Path, state: Path) -> subprocess.Popen:
+    args = [sys.executable, "-m", "controller", "--tasks", str(tasks), "--agent", agent_command(state),
+            "--concurrency", "3", "--no-shuffle", "--no-progress", "--logs-dir", str(state / "logs"),
+            "--topic-prefix", kafka.topic_prefix, "--heartbeat-s", "0.5", "--kill-grace-s", "1"]
+    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers, "AGENTSTREAM_TOKEN_SECRET": SECRET}
+    log = open(state / f"controller-{len(list(state.glob('controller-*.log')))}.log", "wb")
+    return subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).parent.parent)
+
+
+async def test_controller_killed_mid_run_resumes_without_rerunning_finished_attempts(kafka, tmp_path: Path):
+    # no shuffle, 3 slots: q1 and q2 finish, b1..b3 block every slot, q3 waits for one
+    names = ["q1", "q2", "b1", "b2", "b3", "q3"]
+    tasks = write_tasks(tmp_path / "tasks.jsonl",
+                        [{"id": n, "input": {"mode": "ok" if n[0] == "q" else "block"}} for n in names])
+    first = start_controller(kafka, tasks, tmp_path)
+    try:
+        async def mid_run():
+            events = await read_rollouts(kafka)
+            finished = [e for e in events if e.type == "rollout.finished"]
+            started = [e for e in events if e.type == "rollout.started"]
+            return len(finished) == 2 and len(started) == 5 and len(runs_log(tmp_path)) == 5
+        await wait_for_async(mid_run, timeout=60, what="two rollouts finished and three blocked")
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+
+    before = await read_rollouts(kafka)
+    finished_before = {e.attempt_id for e in before if e.type == "rollout.finished"}
+    blocked = {line[0]: int(line[2]) for line in runs_log(tmp_path)
+               if line[1] not in finished_before}
+    assert len(blocked) == 3
+    assert all(pid_alive(pid) for pid in blocked.values()), "SIGKILL of the controller should leave its agents"
+
+    second = start_controller(kafka, tasks, tmp_path)
+    assert second.wait(90) == 0, (tmp_path / "controller-1.log").read_text()
+
+    # the orphaned agents of the interrupted attempts were stopped before their reruns
+    for pid in blocked.values():
+        wait_for(lambda: not pid_alive(pid), timeout=10, what=f"orphaned agent {pid} to be gone")
+
+    events = await read_rollouts(kafka)
+    assert len({e.id for e in events}) == len(events)
+    by_task = {tries[0][0].data.task.id: tries for tries in attempts_of(events).values()}
+    assert set(by_task) == set(names)
+    for name in ("q1", "q2"):  # finished before the kill: never run again
+        (attempt,) = by_task[name]
+        assert types(attempt) == ["queued", "started", "finished"]
+        assert attempt[-1].attempt_id in finished_before
+    for name in ("b1", "b2", "b3"):  # interrupted: closed by the new controller, rerun as attempt 2
+        interrupted, rerun = by_task[name]
+        assert types(interrupted)[:2] == ["queued", "started"] and types(interrupted)[-1] == "failed"
+        assert set(types(interrupted)[2:-1]) <= {"heartbeat"}
+        assert interrupted[-1].data.error.startswith(INTERRUPTED) and interrupted[-1].data.will_retry
+        assert interrupted[-1].source == "controller"
+        assert types(rerun)[0] == "queued" and types(rerun)[-1] == "finished"
+        assert rerun[0].data.attempt_number == 2 and rerun[0].rollout_id == interrupted[0].rollout_id
+    (q3,) = by_task["q3"]  # never started before the kill: its first attempt now
+    assert q3[0].data.attempt_number == 1 and types(q3)[-1] == "finished"
+
+    ran = [line[0] for line in runs_log(tmp_path)]
+    assert len(ran) == 9  # 2 quick + 3 blocked + 3 reruns + q3, nothing else
+    assert {r: ran.count(r) for r in set(ran)} == {tries[0][0].rollout_id: len(tries) for tries in by_task.values()}
+
+    # a third start of the same command finds the run complete and launches nothing
+    third = start_controller(kafka, tasks, tmp_path)
+    assert third.wait(60) == 0
+    assert len(runs_log(tmp_path)) == 9 and len(await read_rollouts(kafka)) == len(events)
