@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 
+from aiokafka.errors import KafkaConnectionError
 from pydantic import ValidationError
 from pydantic_settings import CliApp
 from rich.console import Console
@@ -24,8 +25,9 @@ async def run(settings: ControllerSettings, console: Console) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, controller.shutdown)
     console.print(f"run [bold]{controller.run_id}[/bold]: {len(controller.plan)} rollouts, "
-                  f"agent `{settings.agent}` on {settings.backend}, concurrency {settings.concurrency}")
-    async with live_progress(controller, console, enabled=settings.progress and console.is_terminal):
+                  f"agent `{settings.agent}` on {settings.backend}, concurrency {settings.concurrency}; "
+                  f"attempt logs in {settings.logs_dir / controller.run_id}")
+    async with live_progress(controller, console, enabled=settings.progress):
         summary = await controller.run()
     console.print(f"{summary.done} of {summary.total} rollouts finished, {summary.failed} given up"
                   + (" — stopped early; run the same command again to resume" if summary.stopped_early else ""))
@@ -33,7 +35,7 @@ async def run(settings: ControllerSettings, console: Console) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)  # messages whole, for logs and greps
     try:
         settings = CliApp.run(ControllerSettings, cli_args=sys.argv[1:] if argv is None else argv)
     except ValidationError as exc:
@@ -52,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # the workers' task group wraps what went wrong in a group
         for cause in _leaves(exc):
             console.print(f"[red]error:[/red] {type(cause).__name__}: {cause}")
+            if isinstance(cause, KafkaConnectionError):
+                console.print(f"  Kafka at {settings.bootstrap_servers} is unreachable: start the local broker with "
+                              "`agentstream kafka start`, or set KAFKA_BOOTSTRAP_SERVERS")
         return 1
 
 

@@ -30,7 +30,7 @@ from schemas.events import (
     RolloutTimedOutEvent,
 )
 from schemas.ids import new_id
-from schemas.kafka import Publisher, make_producer
+from schemas.kafka import Publisher, ensure_topics, make_producer
 
 from controller.attempt import Attempt, Exit, Gateway, LaunchError, Launcher, Running, tail_text
 from controller.history import INTERRUPTED, RunHistory
@@ -107,6 +107,9 @@ class Controller:
     # --- the run ------------------------------------------------------------------------------
 
     async def run(self) -> Summary:
+        report = await ensure_topics(self.settings)
+        for problem in report.mismatches:
+            log.warning("topic %s", problem)
         producer = make_producer(self.settings)
         await producer.start()
         self.publisher = Publisher(producer, self.settings.topics)
@@ -141,7 +144,7 @@ class Controller:
         if self.stopping.is_set():
             self.stop_now.set()
             return
-        log.info("shutting down: no new attempts; running ones have %.0f s to finish", self.settings.shutdown_grace_s)
+        log.info("shutting down: no new attempts; running ones have %g s to finish", self.settings.shutdown_grace_s)
         self.stopping.set()
         asyncio.get_running_loop().call_later(self.settings.shutdown_grace_s, self.stop_now.set)
 

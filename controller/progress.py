@@ -27,10 +27,24 @@ def status_line(controller: Controller) -> str:
 
 
 @asynccontextmanager
-async def live_progress(controller: Controller, console: Console, enabled: bool = True):
-    """Show the display while the body runs (nothing when disabled or not a terminal)."""
+async def live_progress(controller: Controller, console: Console, enabled: bool = True, every_s: float = 30.0):
+    """Show the display while the body runs; where the output is no terminal (CI, a log file),
+    print the status line every `every_s` seconds instead."""
     if not enabled:
         yield
+        return
+    if not console.is_terminal:
+        async def report() -> None:
+            while True:
+                await asyncio.sleep(every_s)
+                console.print(status_line(controller))
+
+        reporter = asyncio.create_task(report())
+        try:
+            yield
+        finally:
+            reporter.cancel()
+            await asyncio.gather(reporter, return_exceptions=True)
         return
     progress = Progress(
         TextColumn(f"[bold]{controller.run_id}[/bold]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

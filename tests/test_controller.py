@@ -10,7 +10,6 @@ from pathlib import Path
 import schemas as s
 from agentstream.stack.process import pid_alive
 from controller.controller import Controller
-from controller.history import INTERRUPTED
 from schemas.kafka import Publisher, make_producer
 from schemas.tokens import verify_rollout_token
 from tests.conftest import wait_for, wait_for_async
@@ -105,25 +104,6 @@ async def test_a_hanging_agent_and_its_children_are_killed_at_the_timeout_and_re
     (_, _, agent_pid, child_pid), = hung
     wait_for(lambda: not pid_alive(int(agent_pid)) and not pid_alive(int(child_pid)), timeout=10,
              what="the timed-out agent and its child to be gone")
-
-
-async def test_sigterm_hands_running_attempts_back(kafka, tmp_path: Path):
-    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": f"b{i}", "input": {"mode": "block"}} for i in range(3)])
-    settings = controller_settings(kafka, tasks, tmp_path, concurrency=2, shutdown_grace_s=0.2)
-    controller = Controller(settings)
-    run = asyncio.create_task(controller.run())
-    await wait_for_async(lambda: len(runs_log(tmp_path)) == 2, what="two agents to start")
-    controller.shutdown()
-    summary = await asyncio.wait_for(run, 30)
-    assert summary.stopped_early and summary.exit_code == 2
-
-    tries = attempts_of(await read_rollouts(kafka))
-    assert len(tries) == 2, "a rollout was launched after the shutdown began"
-    for (attempt,) in tries.values():
-        assert types(attempt)[-1] == "failed"
-        assert attempt[-1].data.error.startswith(INTERRUPTED) and attempt[-1].data.will_retry
-    for _, _, pid in runs_log(tmp_path):
-        wait_for(lambda: not pid_alive(int(pid)), timeout=10, what="handed-back agents to be stopped")
 
 
 async def test_pacing_holds_launches_until_the_trainer_publishes_a_new_version(kafka, tmp_path: Path):

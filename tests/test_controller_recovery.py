@@ -14,10 +14,10 @@ from tests.conftest import wait_for, wait_for_async
 from tests.controller_helpers import SECRET, agent_command, attempts_of, read_rollouts, runs_log, types, write_tasks
 
 
-def start_controller(kafka, tasks: Path, state: Path) -> subprocess.Popen:
+def start_controller(kafka, tasks: Path, state: Path, *flags: str) -> subprocess.Popen:
     args = [sys.executable, "-m", "controller", "--tasks", str(tasks), "--agent", agent_command(state),
             "--concurrency", "3", "--no-shuffle", "--no-progress", "--logs-dir", str(state / "logs"),
-            "--topic-prefix", kafka.topic_prefix, "--heartbeat-s", "0.5", "--kill-grace-s", "1"]
+            "--topic-prefix", kafka.topic_prefix, "--heartbeat-s", "0.5", "--kill-grace-s", "1", *flags]
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers, "AGENTSTREAM_TOKEN_SECRET": SECRET}
     log = open(state / f"controller-{len(list(state.glob('controller-*.log')))}.log", "wb")
     return subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).parent.parent)
@@ -81,3 +81,28 @@ async def test_controller_killed_mid_run_resumes_without_rerunning_finished_atte
     third = start_controller(kafka, tasks, tmp_path)
     assert third.wait(60) == 0
     assert len(runs_log(tmp_path)) == 9 and len(await read_rollouts(kafka)) == len(events)
+
+
+async def test_sigterm_hands_running_attempts_back_for_the_next_controller(kafka, tmp_path: Path):
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": f"b{i}", "input": {"mode": "block"}} for i in range(3)]
+                        + [{"id": "later", "input": {"mode": "ok"}}])
+    controller = start_controller(kafka, tasks, tmp_path, "--shutdown-grace-s", "0.5")
+    try:
+        await wait_for_async(lambda: len(runs_log(tmp_path)) == 3, timeout=60, what="three agents to start")
+    finally:
+        controller.send_signal(signal.SIGTERM)
+    assert controller.wait(30) == 2, "stopped early: exit code 2 (run again to resume)"
+
+    tries = attempts_of(await read_rollouts(kafka))
+    assert len(tries) == 3, "a rollout was launched after SIGTERM"
+    for (attempt,) in tries.values():
+        assert types(attempt)[:2] == ["queued", "started"] and types(attempt)[-1] == "failed"
+        assert attempt[-1].data.error.startswith(INTERRUPTED) and attempt[-1].data.will_retry
+    for _, _, pid in runs_log(tmp_path):
+        wait_for(lambda: not pid_alive(int(pid)), timeout=10, what="handed-back agents to be stopped")
+
+    # the next controller reruns the handed-back attempts (now they finish) and the one never started
+    assert start_controller(kafka, tasks, tmp_path).wait(60) == 0
+    tries = attempts_of(await read_rollouts(kafka))
+    assert sorted(len(t) for t in tries.values()) == [1, 2, 2, 2]
+    assert all(types(t[-1])[-1] == "finished" for t in tries.values())
