@@ -18,8 +18,11 @@ are stopped and recorded as interrupted, so the next controller reruns them.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
+import os
 import time
+from contextlib import contextmanager
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +110,10 @@ class Controller:
     # --- the run ------------------------------------------------------------------------------
 
     async def run(self) -> Summary:
+        with _run_lock(self.settings.logs_dir / self.run_id):
+            return await self._run()
+
+    async def _run(self) -> Summary:
         report = await ensure_topics(self.settings)
         for problem in report.mismatches:
             log.warning("topic %s", problem)
@@ -158,7 +165,7 @@ class Controller:
             record = self.history.record(rollout.rollout_id)
             if record.finished:
                 self.counts.done += 1
-            elif record.failures >= self.settings.max_attempts:
+            elif self._given_up(record):
                 self.counts.failed += 1
         log.info("run %s: %d rollouts planned; read %d events of the rollouts topic: %d finished, %d given up",
                  self.run_id, len(self.plan), seen, self.counts.done, self.counts.failed)
@@ -321,6 +328,30 @@ class Controller:
     def rate_per_min(self) -> float:
         minutes = (time.monotonic() - self.started_at) / 60
         return self.counts.done_this_session / minutes if minutes > 0 else 0.0
+
+
+class RunLocked(RuntimeError):
+    """Another controller on this machine is running the same run."""
+
+
+@contextmanager
+def _run_lock(folder: Path):
+    """Hold the run's lock file while running; the kernel releases it when the process dies (even by SIGKILL).
+
+    Two controllers on one run would close each other's attempts as interrupted; this stops that
+    on one machine. (Across machines, give each controller its own --run-id.)"""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            raise RunLocked(f"run {folder.name} is already being run by another controller "
+                            f"(pid {lock.read().strip() or '?'}); wait for it, or stop it first") from None
+        lock.truncate(0)
+        lock.write(str(os.getpid()))
+        lock.flush()
+        yield
 
 
 async def _stop_quietly(running: Running) -> None:

@@ -137,13 +137,17 @@ def render_job(base: dict[str, Any], attempt: Attempt, env: dict[str, str], run_
 
 def api_client(kubeconfig: Path | None, context: str | None) -> client.ApiClient:
     """From the kubeconfig file given; else in-cluster; else ~/.kube/config."""
-    if kubeconfig is not None:
-        return config.new_client_from_config(config_file=str(kubeconfig), context=context)
     try:
-        config.load_incluster_config()
-        return client.ApiClient()
-    except config.ConfigException:
-        return config.new_client_from_config(context=context)
+        if kubeconfig is not None:
+            return config.new_client_from_config(config_file=str(kubeconfig), context=context)
+        try:
+            config.load_incluster_config()
+            return client.ApiClient()
+        except config.ConfigException:
+            return config.new_client_from_config(context=context)
+    except (config.ConfigException, OSError) as exc:
+        raise ValueError(f"no usable Kubernetes configuration ({exc}): give --k8s-kubeconfig FILE "
+                         "(and --k8s-context), or run the controller in a cluster") from None
 
 
 class RateLimit:

@@ -53,7 +53,11 @@ class WeightsFollower:
     async def _follow(self) -> None:
         while True:
             before = self.version
-            await self.reader.read_batch(self._apply)
+            try:
+                await self.reader.read_batch(self._apply)
+            except Exception:  # keep following: a stale version would hold pacing back for good
+                log.exception("reading the weights topic failed; retrying")
+                await asyncio.sleep(1.0)
             if self.version != before:
                 log.info("weight version is now %s", self.version)
                 async with self.changed:

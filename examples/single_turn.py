@@ -8,7 +8,7 @@ An ordinary OpenAI-SDK program. All it knows of agentstream is the environment:
 It posts no reward: the task's `reward_fn` scores the answer in the stream processor. (See
 `calculator_agent.py` for an agent that scores itself.)
 
-  python examples/single_turn.py        # AGENT_MAX_TOKENS, AGENT_TEMPERATURE tune sampling
+  python examples/single_turn.py   # AGENT_MAX_TOKENS, AGENT_TEMPERATURE, AGENT_MAX_RETRIES tune it
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def messages_for(task) -> list[dict]:
 def main() -> int:
     with open(os.environ["AGENTSTREAM_TASK"]) as file:
         task = json.load(file)
-    client = OpenAI()
+    client = OpenAI(max_retries=int(os.environ.get("AGENT_MAX_RETRIES", "2")))
     try:
         model = os.environ.get("AGENTSTREAM_MODEL") or client.models.list().data[0].id
         reply = client.chat.completions.create(

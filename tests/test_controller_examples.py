@@ -75,9 +75,19 @@ def test_the_calculator_tool_does_arithmetic_and_nothing_else():
             calculate(bad)
 
 
+def test_the_example_task_files_load():
+    from controller.tasks import load_tasks
+
+    calculator = load_tasks(EXAMPLES / "calculator_tasks.jsonl")
+    assert all(calculate(t.task.input["expression"]) for t in calculator)
+    arithmetic = load_tasks(EXAMPLES / "arithmetic_tasks.jsonl")
+    assert {t.split for t in arithmetic} == {"train", "validation"}
+    assert all(t.task.reward_fn and "answer" in t.task.metadata for t in arithmetic)
+
+
 def test_an_agent_whose_model_server_is_down_fails_its_attempt(tmp_path: Path):
     down = f"http://127.0.0.1:{free_port()}/v1"
-    result = run_agent("single_turn.py", "hello", tmp_path, down)
+    result = run_agent("single_turn.py", "hello", tmp_path, down, AGENT_MAX_RETRIES="0")
     assert result.returncode == 1 and "the model call failed" in result.stderr
 
 

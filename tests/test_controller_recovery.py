@@ -89,6 +89,10 @@ async def test_sigterm_hands_running_attempts_back_for_the_next_controller(kafka
     controller = start_controller(kafka, tasks, tmp_path, "--shutdown-grace-s", "0.5")
     try:
         await wait_for_async(lambda: len(runs_log(tmp_path)) == 3, timeout=60, what="three agents to start")
+        # the same run started twice on one machine: the second refuses, touching nothing
+        twin = start_controller(kafka, tasks, tmp_path)
+        assert twin.wait(30) == 1
+        assert "already being run by another controller" in (tmp_path / "controller-1.log").read_text()
     finally:
         controller.send_signal(signal.SIGTERM)
     assert controller.wait(30) == 2, "stopped early: exit code 2 (run again to resume)"
@@ -97,12 +101,13 @@ async def test_sigterm_hands_running_attempts_back_for_the_next_controller(kafka
     assert len(tries) == 3, "a rollout was launched after SIGTERM"
     for (attempt,) in tries.values():
         assert types(attempt)[:2] == ["queued", "started"] and types(attempt)[-1] == "failed"
+        assert types(attempt).count("failed") == 1, "the attempt was closed twice"
         assert attempt[-1].data.error.startswith(INTERRUPTED) and attempt[-1].data.will_retry
     for _, _, pid in runs_log(tmp_path):
         wait_for(lambda: not pid_alive(int(pid)), timeout=10, what="handed-back agents to be stopped")
 
     # the next controller reruns the handed-back attempts (now they finish) and the one never started
-    assert start_controller(kafka, tasks, tmp_path).wait(60) == 0
+    assert start_controller(kafka, tasks, tmp_path).wait(60) == 0, (tmp_path / "controller-2.log").read_text()
     tries = attempts_of(await read_rollouts(kafka))
     assert sorted(len(t) for t in tries.values()) == [1, 2, 2, 2]
     assert all(types(t[-1])[-1] == "finished" for t in tries.values())
