@@ -139,7 +139,10 @@ class Controller:
         finally:
             await self.launcher.close()
             await self.weights.stop()
-            await producer.stop()
+            try:  # flushing to a broker that is gone would wait forever
+                await asyncio.wait_for(producer.stop(), self.settings.publish_timeout_s)
+            except TimeoutError:
+                log.warning("Kafka producer did not close within %g s", self.settings.publish_timeout_s)
         summary = Summary(self.run_id, self.counts.total, self.counts.done, self.counts.failed,
                           stopped_early=self.counts.done + self.counts.failed < self.counts.total)
         log.info("run %s: %d of %d rollouts finished, %d given up%s", self.run_id, summary.done, summary.total,
@@ -318,7 +321,13 @@ class Controller:
     # --- helpers ------------------------------------------------------------------------------
 
     async def _publish(self, event: Event) -> None:
-        await self.publisher.publish(event)
+        """Publish and await the broker's acknowledgement; a broker that never answers stops the run."""
+        try:
+            await asyncio.wait_for(self.publisher.publish(event), self.settings.publish_timeout_s)
+        except TimeoutError:
+            raise KafkaUnavailable(f"Kafka did not acknowledge a {event.type} event within "
+                                   f"{self.settings.publish_timeout_s:g} s; stopping the run (running agents "
+                                   "too); run the same command again to resume") from None
         self.history.apply(event)
 
     def _attempt_dir(self, rollout_id: str, attempt_id: str) -> Path:
@@ -328,6 +337,10 @@ class Controller:
     def rate_per_min(self) -> float:
         minutes = (time.monotonic() - self.started_at) / 60
         return self.counts.done_this_session / minutes if minutes > 0 else 0.0
+
+
+class KafkaUnavailable(RuntimeError):
+    """The broker stopped acknowledging events: nothing more can be recorded."""
 
 
 class RunLocked(RuntimeError):

@@ -41,6 +41,8 @@ class ControllerSettings(KafkaSettings):
     logs_dir: Path = Field(Path("runs"), description="per-attempt task file, stdout and stderr go under LOGS_DIR/RUN_ID/")
     tail_chars: int = Field(4000, ge=0, description="characters of stdout and stderr kept in the attempt's last event")
     progress: bool = Field(True, description="show the live progress display")
+    publish_timeout_s: float = Field(30.0, gt=0, description="seconds Kafka may take to acknowledge an event; "
+                                     "past that the run stops (its agents too) and a restart resumes it")
 
     # --- the gateway the agents talk to -------------------------------------------------------
     gateway_url: str = Field("http://127.0.0.1:8000", description="base URL of the agentstream gateway, as agents reach it")

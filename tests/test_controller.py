@@ -86,15 +86,17 @@ async def test_an_agent_that_always_fails_is_given_up_after_max_attempts(kafka, 
 
 async def test_a_hanging_agent_and_its_children_are_killed_at_the_timeout_and_retried(kafka, tmp_path: Path):
     tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": "stuck", "input": {"mode": "hang"}}])
-    settings = controller_settings(kafka, tasks, tmp_path, timeout_s=1.5, kill_grace_s=0.5, heartbeat_s=0.5)
+    settings = controller_settings(kafka, tasks, tmp_path, timeout_s=3.0, kill_grace_s=0.5, heartbeat_s=0.5)
     summary = await Controller(settings).run()
     assert (summary.done, summary.exit_code) == (1, 0)
 
     (tries,) = attempts_of(await read_rollouts(kafka)).values()
     first, second = tries
     assert types(first)[:2] == ["queued", "started"] and types(first)[-1] == "timed_out"
+    beats = [e.data.elapsed_ms for e in first if e.type == "rollout.heartbeat"]
+    assert len(beats) >= 2 and beats == sorted(beats) and beats[-1] <= 3000, beats
     timed_out = first[-1].data
-    assert timed_out.will_retry and timed_out.timeout_s == 1.5 and timed_out.duration_ms >= 1500
+    assert timed_out.will_retry and timed_out.timeout_s == 3.0 and timed_out.duration_ms >= 3000
     assert types(second)[0] == "queued" and types(second)[-1] == "finished"
     assert second[0].data.attempt_number == 2 and second[0].attempt_id != first[0].attempt_id
     assert second[0].rollout_id == first[0].rollout_id

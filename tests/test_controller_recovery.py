@@ -8,10 +8,36 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agentstream.stack.process import pid_alive
+import pytest
+
+from agentstream.stack.kafka import LocalKafka
+from agentstream.stack.process import free_port, pid_alive
 from controller.history import INTERRUPTED
+from schemas.kafka import KafkaSettings
 from tests.conftest import wait_for, wait_for_async
 from tests.controller_helpers import SECRET, agent_command, attempts_of, read_rollouts, runs_log, types, write_tasks
+
+
+_started: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers(tmp_path: Path):
+    """Whatever a failing test leaves running (controllers, their agents) is stopped."""
+    yield
+    while _started:
+        process = _started.pop()
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)  # twice: stop its agents now, then exit
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+    for line in runs_log(tmp_path):
+        for pid in map(int, line[2:]):
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def start_controller(kafka, tasks: Path, state: Path, *flags: str) -> subprocess.Popen:
@@ -20,7 +46,9 @@ def start_controller(kafka, tasks: Path, state: Path, *flags: str) -> subprocess
             "--topic-prefix", kafka.topic_prefix, "--heartbeat-s", "0.5", "--kill-grace-s", "1", *flags]
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers, "AGENTSTREAM_TOKEN_SECRET": SECRET}
     log = open(state / f"controller-{len(list(state.glob('controller-*.log')))}.log", "wb")
-    return subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).parent.parent)
+    _started.append(subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                     cwd=Path(__file__).parent.parent))
+    return _started[-1]
 
 
 async def test_controller_killed_mid_run_resumes_without_rerunning_finished_attempts(kafka, tmp_path: Path):
@@ -111,3 +139,26 @@ async def test_sigterm_hands_running_attempts_back_for_the_next_controller(kafka
     tries = attempts_of(await read_rollouts(kafka))
     assert sorted(len(t) for t in tries.values()) == [1, 2, 2, 2]
     assert all(types(t[-1])[-1] == "finished" for t in tries.values())
+
+
+async def test_when_kafka_goes_away_the_run_stops_with_its_agents_and_resumes_later(tmp_path: Path):
+    broker = LocalKafka(tmp_path / "kafka")
+    port = free_port()
+    own = KafkaSettings(bootstrap_servers=broker.start(port=port).url, topic_prefix="gone.")
+    try:
+        tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": f"b{i}", "input": {"mode": "block"}} for i in range(2)])
+        controller = start_controller(own, tasks, tmp_path, "--publish-timeout-s", "3")
+        await wait_for_async(lambda: len(runs_log(tmp_path)) == 2, timeout=60, what="two agents to start")
+        broker.stop()
+        assert controller.wait(60) == 1
+        assert "Kafka did not acknowledge" in (tmp_path / "controller-0.log").read_text()
+        for _, _, pid in runs_log(tmp_path):  # nothing could be recorded, but no agent was left running
+            wait_for(lambda: not pid_alive(int(pid)), timeout=10, what="the agents to be stopped")
+
+        broker.start(port=port)
+        assert start_controller(own, tasks, tmp_path).wait(90) == 0, (tmp_path / "controller-1.log").read_text()
+        for interrupted, rerun in attempts_of(await read_rollouts(own)).values():
+            assert types(interrupted)[-1] == "failed" and interrupted[-1].data.error.startswith(INTERRUPTED)
+            assert types(rerun)[-1] == "finished" and rerun[0].data.attempt_number == 2
+    finally:
+        broker.stop()
