@@ -302,6 +302,29 @@ def _emit(result, output_format: str, output: Path | None) -> None:
         console.print(f"Wrote {result.height} rows to {output}")
 
 
+# --- run (the rollout controller) ---------------------------------------------------------
+
+
+@app.command("run", add_help_option=False,
+             context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def run(ctx: typer.Context) -> None:
+    """Run an agent over a task set, recording every rollout (flags: `agentstream run --help`).
+
+    agentstream run --tasks FILE --agent "CMD" --samples N --concurrency C [--backend local|kubernetes]
+    """
+    from controller.__main__ import main as controller_main
+
+    args = list(ctx.args)
+    wants_help = any(arg in ("-h", "--help") for arg in args)
+    names_kafka = any(arg.split("=")[0] in ("--bootstrap-servers", "--kafka-bootstrap-servers") for arg in args)
+    if not wants_help and not names_kafka and not os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        try:
+            os.environ["KAFKA_BOOTSTRAP_SERVERS"] = bootstrap_servers()
+        except StackError as exc:
+            fail(str(exc))
+    raise typer.Exit(controller_main(args))
+
+
 def main() -> None:
     app()
 

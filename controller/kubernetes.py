@@ -1,0 +1,389 @@
+"""The Kubernetes launcher: one Job per attempt, created and watched with the official client.
+
+The manifest is the default Job below, with the user's template (`--k8s-job-template`, YAML)
+merged over it, then the attempt's own fields set: name, labels, the agent's environment, and
+the task. Merging follows Kubernetes' strategic-merge habit: mappings merge key by key, lists of
+named items (containers, env, volumes, volumeMounts) merge by `name`, other lists are replaced.
+
+The task reaches the pod as a file without any extra object: its JSON is an annotation of the
+pod template, and a downward-API volume mounts that annotation at AGENTSTREAM_TASK.
+
+The client is synchronous; calls run in threads (`asyncio.to_thread`), and one thread watches
+the run's Jobs (list, then watch from that resourceVersion; relist on 410 Gone) and hands each
+change to the event loop. Retries are the controller's (backoffLimit 0); the controller deletes
+a Job at its timeout and once it is recorded (unless asked to keep it). activeDeadlineSeconds and
+ttlSecondsAfterFinished are backstops for Jobs a dead controller leaves behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import logging
+import math
+import re
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from kubernetes import client, config, watch
+from kubernetes.client.rest import ApiException
+
+from schemas.ids import derived_id
+
+from controller.attempt import Attempt, Exit, Gateway, LaunchError, agent_env
+from controller.history import AttemptRecord
+
+log = logging.getLogger(__name__)
+
+TASK_DIR = "/var/run/agentstream"
+TASK_ANNOTATION = "agentstream.io/task"
+RUN_LABEL = "agentstream.io/run"
+ROLLOUT_LABEL = "agentstream.io/rollout"
+ATTEMPT_LABEL = "agentstream.io/attempt"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "agentstream"}
+CONTAINER = "agent"
+BACKSTOP_TTL_S = 3600
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+def job_name(attempt_id: str) -> str:
+    return f"agent-{attempt_id}"
+
+
+def run_label(run_id: str) -> str:
+    """The run id if it is a valid label value, else a stable hash of it."""
+    return run_id if _LABEL_VALUE.match(run_id) else f"run-{derived_id(run_id)[:23]}"
+
+
+def default_job(image: str, command: str, timeout_s: float, grace_s: float, keep_jobs: bool) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "backoffLimit": 0,
+        "activeDeadlineSeconds": math.ceil(timeout_s + grace_s) + 30,
+        "template": {
+            "spec": {
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": math.ceil(grace_s),
+                "containers": [{"name": CONTAINER, "image": image, "command": ["/bin/sh", "-c", command]}],
+            },
+        },
+    }
+    if not keep_jobs:
+        spec["ttlSecondsAfterFinished"] = BACKSTOP_TTL_S
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {}, "spec": spec}
+
+
+def merge(base: Any, override: Any) -> Any:
+    """`override` over `base`: mappings by key, lists of named mappings by name, the rest replaced."""
+    if isinstance(base, dict) and isinstance(override, dict):
+        out = copy.deepcopy(base)  # never share structure: each attempt's manifest is its own
+        for key, value in override.items():
+            out[key] = merge(base[key], value) if key in base else copy.deepcopy(value)
+        return out
+    if _named_list(base) and _named_list(override):
+        out = [copy.deepcopy(item) for item in base]
+        index = {item["name"]: i for i, item in enumerate(out)}
+        for item in override:
+            if item["name"] in index:
+                out[index[item["name"]]] = merge(out[index[item["name"]]], item)
+            else:
+                out.append(copy.deepcopy(item))
+        return out
+    return copy.deepcopy(override)
+
+
+def _named_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, dict) and "name" in item for item in value)
+
+
+def load_template(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    try:
+        template = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"{path}: cannot read the Job template: {exc}") from None
+    if not isinstance(template, dict) or template.get("kind", "Job") != "Job":
+        raise ValueError(f"{path}: the Job template must be a YAML mapping of kind Job (any part of one)")
+    return template
+
+
+def render_job(base: dict[str, Any], attempt: Attempt, env: dict[str, str], run_id: str) -> dict[str, Any]:
+    """The Job manifest of one attempt: `base` (default + template) with the attempt's fields set."""
+    labels = {**MANAGED_BY, RUN_LABEL: run_label(run_id), ROLLOUT_LABEL: attempt.rollout_id,
+              ATTEMPT_LABEL: attempt.attempt_id}
+    task_json = json.dumps(attempt.rollout.task.input)
+    attempt_fields = {
+        "metadata": {"name": job_name(attempt.attempt_id), "labels": labels},
+        "spec": {"template": {
+            "metadata": {"labels": labels, "annotations": {TASK_ANNOTATION: task_json}},
+            "spec": {"volumes": [{"name": "agentstream-task", "downwardAPI": {"items": [
+                {"path": "task.json", "fieldRef": {"fieldPath": f"metadata.annotations['{TASK_ANNOTATION}']"}}]}}]},
+        }},
+    }
+    job = merge(base, attempt_fields)
+    job["metadata"].pop("generateName", None)
+    containers = job["spec"]["template"]["spec"]["containers"]
+    agent = next((c for c in containers if c["name"] == CONTAINER), containers[0])
+    agent["env"] = merge(agent.get("env", []), [{"name": k, "value": v} for k, v in env.items()])
+    agent["volumeMounts"] = merge(agent.get("volumeMounts", []),
+                                  [{"name": "agentstream-task", "mountPath": TASK_DIR, "readOnly": True}])
+    return job
+
+
+def api_client(kubeconfig: Path | None, context: str | None) -> client.ApiClient:
+    """From the kubeconfig file given; else in-cluster; else ~/.kube/config."""
+    try:
+        if kubeconfig is not None:
+            return config.new_client_from_config(config_file=str(kubeconfig), context=context)
+        try:
+            config.load_incluster_config()
+            return client.ApiClient()
+        except config.ConfigException:
+            return config.new_client_from_config(context=context)
+    except (config.ConfigException, OSError) as exc:
+        raise ValueError(f"no usable Kubernetes configuration ({exc}): give --k8s-kubeconfig FILE "
+                         "(and --k8s-context), or run the controller in a cluster") from None
+
+
+class RateLimit:
+    """At most `rate` acquisitions per second, spaced evenly."""
+
+    def __init__(self, rate: float):
+        self.interval = 1.0 / rate
+        self.next_at = 0.0
+        self.lock = asyncio.Lock()
+
+    async def acquire(self) -> None:
+        async with self.lock:
+            now = time.monotonic()
+            if self.next_at > now:
+                await asyncio.sleep(self.next_at - now)
+            self.next_at = max(now, self.next_at) + self.interval
+
+
+def _condition(job: dict, kind: str) -> dict | None:
+    for condition in (job.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == kind and condition.get("status") == "True":
+            return condition
+    return None
+
+
+def job_ended(job: dict) -> bool:
+    return bool(_condition(job, "Complete") or _condition(job, "Failed"))
+
+
+class JobRun:
+    """One attempt's Job, as the controller sees it."""
+
+    def __init__(self, launcher: KubernetesLauncher, name: str, ended: asyncio.Future):
+        self.launcher = launcher
+        self.name = name
+        self.worker = f"job {launcher.namespace}/{name}"
+        self.ended = ended
+        self.deleted = False
+
+    async def wait(self) -> Exit:
+        job = await asyncio.shield(self.ended)
+        if job is None:
+            return Exit(None, "the Job was deleted before it finished")
+        exit_code = await asyncio.to_thread(self.launcher.pod_exit_code, self.name)
+        if _condition(job, "Complete"):
+            return Exit(0 if exit_code is None else exit_code)
+        failed = _condition(job, "Failed") or {}
+        reason = failed.get("reason", "Failed")
+        if reason == "DeadlineExceeded":
+            return Exit(exit_code, "the Job passed its activeDeadlineSeconds", timed_out=True)
+        return Exit(exit_code, f"Job failed ({reason}): {failed.get('message', '')}".rstrip(": "))
+
+    async def stop(self) -> None:
+        await self.launcher.delete(self.name)
+        self.deleted = True
+
+    async def close(self) -> tuple[str, str]:
+        logs = await asyncio.to_thread(self.launcher.pod_log_tail, self.name)
+        if not self.deleted and not self.launcher.keep_jobs:
+            await self.launcher.delete(self.name)
+            self.deleted = True
+        self.launcher.forget(self.name)
+        return logs, ""  # a pod's log interleaves stdout and stderr
+
+
+class KubernetesLauncher:
+    name: Literal["kubernetes"] = "kubernetes"
+
+    def __init__(self, api: client.ApiClient, namespace: str, base_job: dict[str, Any], run_id: str,
+                 timeout_s: float, create_rate: float, keep_jobs: bool, tail_chars: int, grace_s: float):
+        self.api = api
+        self.batch = client.BatchV1Api(api)
+        self.core = client.CoreV1Api(api)
+        self.namespace = namespace
+        self.base_job = base_job
+        self.run_id = run_id
+        self.timeout_s = timeout_s
+        self.rate = RateLimit(create_rate)
+        self.keep_jobs = keep_jobs
+        self.tail_chars = tail_chars
+        self.grace_s = grace_s
+        self.selector = f"{RUN_LABEL}={run_label(run_id)}"
+        self._ended: dict[str, asyncio.Future] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closing = threading.Event()
+        self._watching = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._watch: watch.Watch | None = None
+        self.watch_error: str | None = None
+
+    @classmethod
+    def from_settings(cls, settings, run_id: str) -> KubernetesLauncher:
+        base = merge(default_job(settings.k8s_image, settings.agent, settings.timeout_s, settings.kill_grace_s,
+                                 settings.k8s_keep_jobs), load_template(settings.k8s_job_template))
+        return cls(api_client(settings.k8s_kubeconfig, settings.k8s_context), settings.k8s_namespace, base, run_id,
+                   settings.timeout_s, settings.k8s_create_rate, settings.k8s_keep_jobs, settings.tail_chars,
+                   settings.kill_grace_s)
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._watch_jobs, name="k8s-job-watch", daemon=True)
+        self._thread.start()
+        while not self._watching.is_set():  # the first list tells us the API is reachable
+            if not self._thread.is_alive() or self.watch_error:
+                raise RuntimeError(f"cannot watch Jobs in namespace {self.namespace}: {self.watch_error}; "
+                                   "check --k8s-kubeconfig / --k8s-context and the namespace")
+            await asyncio.sleep(0.05)
+
+    async def close(self) -> None:
+        self._closing.set()
+        if self._watch:
+            self._watch.stop()
+        if self._thread:
+            await asyncio.to_thread(self._thread.join, 10)
+        await asyncio.to_thread(self.api.close)
+
+    # --- attempts -----------------------------------------------------------------------------
+
+    def render(self, attempt: Attempt, gateway: Gateway) -> dict[str, Any]:
+        env = agent_env(gateway, attempt, f"{TASK_DIR}/task.json", self.timeout_s)
+        return render_job(self.base_job, attempt, env, self.run_id)
+
+    async def launch(self, attempt: Attempt, gateway: Gateway) -> JobRun:
+        job = self.render(attempt, gateway)
+        name = job["metadata"]["name"]
+        ended = asyncio.get_running_loop().create_future()
+        self._ended[name] = ended
+        await self.rate.acquire()
+        try:
+            await asyncio.to_thread(self.batch.create_namespaced_job, self.namespace, job)
+        except ApiException as exc:
+            self._ended.pop(name, None)
+            raise LaunchError(f"the API server refused Job {name}: {_api_message(exc)}") from exc
+        return JobRun(self, name, ended)
+
+    async def delete(self, name: str) -> None:
+        try:
+            await asyncio.to_thread(self.batch.delete_namespaced_job, name, self.namespace,
+                                    propagation_policy="Background", grace_period_seconds=math.ceil(self.grace_s))
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def forget(self, name: str) -> None:
+        self._ended.pop(name, None)
+
+    async def reap(self, run_id: str, interrupted: list[AttemptRecord]) -> None:
+        for attempt in interrupted:
+            await self.delete(job_name(attempt.attempt_id))
+
+    # --- pods (blocking; called in threads) ---------------------------------------------------
+
+    def _pod(self, name: str) -> dict | None:
+        pods = _json(self.core.list_namespaced_pod(self.namespace, label_selector=f"job-name={name}",
+                                                   _preload_content=False))
+        items = pods.get("items") or []
+        return items[-1] if items else None
+
+    def pod_exit_code(self, name: str) -> int | None:
+        pod = self._pod(name)
+        for status in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
+            terminated = (status.get("state") or {}).get("terminated")
+            if status.get("name") == CONTAINER and terminated:
+                return terminated.get("exitCode")
+        return None
+
+    def pod_log_tail(self, name: str) -> str:
+        try:
+            pod = self._pod(name)
+            if pod is None or self.tail_chars <= 0:
+                return ""
+            text = self.core.read_namespaced_pod_log(pod["metadata"]["name"], self.namespace, container=CONTAINER,
+                                                     limit_bytes=4 * self.tail_chars)
+        except ApiException:  # no log (pod never ran, or its node is gone)
+            return ""
+        return (text or "")[-self.tail_chars:]
+
+    # --- the watch (its own thread) -----------------------------------------------------------
+
+    def _watch_jobs(self) -> None:
+        version: str | None = None
+        while not self._closing.is_set():
+            try:
+                if version is None:
+                    listing = _json(self.batch.list_namespaced_job(self.namespace, label_selector=self.selector,
+                                                                   _preload_content=False))
+                    version = listing["metadata"]["resourceVersion"]
+                    for job in listing.get("items") or []:
+                        self._hand_over(self._on_job, "MODIFIED", job)
+                    self._watching.set()
+                self._watch = watch.Watch()
+                for event in self._watch.stream(self.batch.list_namespaced_job, self.namespace,
+                                                label_selector=self.selector, resource_version=version,
+                                                timeout_seconds=5, allow_watch_bookmarks=True, deserialize=False):
+                    job = event["object"]
+                    version = job["metadata"]["resourceVersion"]
+                    if event["type"] != "BOOKMARK":
+                        self._hand_over(self._on_job, event["type"], job)
+            except ApiException as exc:
+                if exc.status == 410:  # our resourceVersion is too old: list again
+                    version = None
+                    continue
+                self._watch_failed(_api_message(exc))
+            except Exception as exc:  # connection trouble: try again shortly
+                self._watch_failed(str(exc))
+
+    def _watch_failed(self, message: str) -> None:
+        self.watch_error = message
+        if not self._closing.is_set():
+            log.warning("watching Jobs failed (%s); retrying", message)
+            self._closing.wait(1.0)
+
+    def _hand_over(self, handler: Callable[[str, dict], None], kind: str, job: dict) -> None:
+        try:
+            self._loop.call_soon_threadsafe(handler, kind, job)
+        except RuntimeError:  # the loop closed: nobody is waiting any more
+            pass
+
+    def _on_job(self, kind: str, job: dict) -> None:
+        ended = self._ended.get(job["metadata"]["name"])
+        if ended is None or ended.done():
+            return
+        if kind == "DELETED":
+            ended.set_result(job if job_ended(job) else None)
+        elif job_ended(job):
+            ended.set_result(job)
+
+
+def _json(response) -> dict:
+    return json.loads(response.data)
+
+
+def _api_message(exc: ApiException) -> str:
+    try:
+        return f"{exc.status} {json.loads(exc.body)['message']}"
+    except (TypeError, ValueError, KeyError):
+        return f"{exc.status} {exc.reason}"
