@@ -21,3 +21,6 @@ bench: install
 clean-stack:
 	-$(UV) run agentstream kafka stop
 	-$(UV) run agentstream vllm stop
+
+# A real kube-apiserver for the Kubernetes launcher's tests (needs Go and etcd; cached):
+#   make test AGENTSTREAM_KUBE_APISERVER=$(.ci/kube-apiserver.sh)
