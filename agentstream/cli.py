@@ -195,6 +195,18 @@ def topics_ensure(
         raise typer.Exit(2)
 
 
+# --- services ------------------------------------------------------------------------------
+
+
+@app.command("train", add_help_option=False,
+             context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def train(ctx: typer.Context) -> None:
+    """Run the trainer (`python -m trainer`); flags are forwarded, see `agentstream train --help`."""
+    from trainer.__main__ import main as trainer_main
+
+    trainer_main(list(ctx.args))
+
+
 def main() -> None:
     app()
 
