@@ -16,6 +16,7 @@ with the trajectory's reward, so the group statistics count it once per sequence
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import time
 from dataclasses import dataclass
@@ -49,6 +50,11 @@ class Tensors:
     def rows(self) -> int:
         return self.input_ids.shape[0]
 
+    def to(self, device: str) -> Tensors:
+        return dataclasses.replace(self, **{name: getattr(self, name).to(device) for name in
+                                            ("input_ids", "attention_mask", "loss_mask", "old_logprobs", "weights",
+                                             "rewards")})
+
 
 def to_tensors(samples: list[Sample], max_len: int) -> Tensors:
     rows = [(sample, seq) for sample in samples for seq in sample.trajectory.sequences
@@ -80,7 +86,7 @@ def compute_advantages(batch: Tensors, settings: TrainerSettings) -> torch.Tenso
     """verl's estimator on outcome rewards: the reward is the token-level reward of the last generated token."""
     last = batch.loss_mask.shape[1] - 1 - batch.loss_mask.flip(-1).argmax(-1)
     token_level_rewards = torch.zeros_like(batch.loss_mask)
-    token_level_rewards[torch.arange(batch.rows), last] = batch.rewards
+    token_level_rewards[torch.arange(batch.rows, device=last.device), last] = batch.rewards
     estimator = core_algos.get_adv_estimator_fn(settings.adv_estimator)
     offered = dict(
         token_level_rewards=token_level_rewards, response_mask=batch.loss_mask, index=batch.index,
@@ -138,14 +144,14 @@ class Policy:
 
     @classmethod
     def load(cls, folder: Path, settings: TrainerSettings, optimizer_state: dict | None = None) -> Policy:
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(settings.device)
         return cls(model, settings, optimizer_state)
 
     def update(self, samples: list[Sample]) -> dict[str, float]:
         """Train on the batch (epochs × mini-batches optimizer steps); return the update's metrics."""
         started = time.perf_counter()
         s = self.settings
-        batch = to_tensors(samples, s.max_seq_len)
+        batch = to_tensors(samples, s.max_seq_len).to(s.device)
         advantages = compute_advantages(batch, s)
         stale_weighted = bool((batch.weights[batch.loss_mask > 0] != 1).any())
         self.model.train()
@@ -157,6 +163,7 @@ class Policy:
         metrics = {name: sum(step[name] for step in history) / len(history) for name in history[0]}
         metrics["nonfinite_grad_steps"] = sum(step["nonfinite_grad_steps"] for step in history)
         metrics["optimizer_steps"] = float(len(history))
+        metrics["lr"] = self.optimizer.param_groups[0]["lr"]
         metrics.update(self._batch_metrics(samples, batch, advantages))
         metrics["train_s"] = time.perf_counter() - started
         return metrics

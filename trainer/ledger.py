@@ -18,6 +18,7 @@ recent ids catch re-deliveries of a trajectory (the same id at another offset) w
 from __future__ import annotations
 
 from collections import OrderedDict, defaultdict
+
 from pydantic import BaseModel, Field
 
 

@@ -29,11 +29,12 @@ from pathlib import Path
 
 import orjson
 import torch
+from aiokafka.errors import CommitFailedError
 
 from schemas.codec import DecodeError, decode
-from schemas.events import TrajectoryEvent, Trajectory, Weights, WeightsEvent
+from schemas.events import Trajectory, TrajectoryEvent, Weights, WeightsEvent
 from schemas.ids import derived_id
-from schemas.kafka import Publisher, deadletter_event, make_consumer, make_producer, partitions_of
+from schemas.kafka import Publisher, deadletter_event, ensure_topics, make_consumer, make_producer, partitions_of
 from trainer.batcher import Batch, Batcher, Sample, group_of, weigh
 from trainer.checkpoint import Checkpoint, CheckpointStore, TrainingState
 from trainer.grpo import Policy
@@ -71,6 +72,10 @@ class Trainer:
             self._load(latest)
             self.ledger = Ledger(self.source.name, latest.state.ledger if latest else None, s.dedupe_window)
             self.batcher = Batcher(s)
+            if not s.offline_file:
+                report = await ensure_topics(s)
+                for problem in report.mismatches:
+                    log.warning("topic %s", problem)
             producer = make_producer(s)
             await producer.start()
             self.publisher = Publisher(producer, s.topics)
@@ -107,7 +112,7 @@ class Trainer:
                              "pass --model or another --checkpoint-dir")
         optimizer_state = None
         if s.save_optimizer and latest.optimizer_file.is_file():
-            optimizer_state = torch.load(latest.optimizer_file, weights_only=True)
+            optimizer_state = torch.load(latest.optimizer_file, weights_only=True, map_location=s.device)
         self.model_dir, self.version, self.step = latest.path, latest.version, latest.state.step
         self.policy = Policy.load(latest.path, s, optimizer_state)
         self._warn_if_tied()
@@ -143,7 +148,7 @@ class Trainer:
                 if not batches:
                     break
                 for tp, records in batches.items():
-                    if any(r.key == event.key and orjson.loads(r.value).get("id") == event.id for r in records):
+                    if any(r.key == event.key and _event_id(r.value) == event.id for r in records):
                         return True
                     if records[-1].offset + 1 >= ends[tp]:
                         waiting.discard(tp)
@@ -209,8 +214,8 @@ class Trainer:
             return "other_model"
         if trajectory.reward is None:
             return "no_reward"
-        if not any(any(seq.mask[1:]) for seq in trajectory.sequences):
-            return "no_tokens"
+        if not any(any(seq.mask[1:self.settings.max_seq_len]) for seq in trajectory.sequences):
+            return "no_tokens"  # (within --max-seq-len)
         return None
 
     def _drop(self, partition: int, offset: int, event_id: str | None, reason: str) -> None:
@@ -256,7 +261,10 @@ class Trainer:
         self._crash_point("after_checkpoint")
         await self.publisher.publish(event)
         self._crash_point("after_publish")
-        await self.source.commit(state.ledger.sources[self.source.name].watermarks)
+        try:
+            await self.source.commit(state.ledger.sources[self.source.name].watermarks)
+        except CommitFailedError as exc:  # a rebalance; the checkpoint holds the position, the next commit catches up
+            log.warning("offsets of version %d not committed (%s); the next version's commit covers them", version, exc)
         self.version, self.model_dir = version, checkpoint.path
         self.published.append(event)
         self.dropped.clear()
@@ -302,6 +310,13 @@ class Trainer:
         complete = sum(len(g.samples) >= self.settings.group_size for g in groups)
         log.info("waiting for samples: %d buffered in %d groups (%d complete, %d needed per batch)",
                  len(self.batcher), len(groups), complete, self.settings.groups_per_batch)
+
+
+def _event_id(raw: bytes) -> str | None:
+    try:
+        return orjson.loads(raw).get("id")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
 
 
 def malformed(trajectory: Trajectory) -> str | None:

@@ -87,6 +87,7 @@ class TrainerSettings(KafkaSettings):
     micro_batch_size: int = Field(0, ge=0, description="sequences per forward/backward (gradient accumulation); "
                                                        "0: the whole mini-batch")
     seed: int = Field(0, description="torch seed")
+    device: str = Field("cpu", description="torch device to train on (cpu, cuda, cuda:1, …)")
     torch_threads: int = Field(0, ge=0, description="torch CPU threads; 0: torch's default")
 
     # --- running -----------------------------------------------------------------------------

@@ -1,0 +1,23 @@
+"""`agentstream train` forwards its arguments to the trainer's own command line."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from agentstream.cli import app
+
+runner = CliRunner()
+
+
+def test_train_help_is_the_trainers():
+    result = runner.invoke(app, ["train", "--help"])
+    assert result.exit_code == 0, result.output
+    for flag in ("--base-model", "--group-size", "--adv-estimator", "--offline-topic", "--max-staleness"):
+        assert flag in result.output
+
+
+def test_bad_settings_are_named():
+    result = runner.invoke(app, ["train", "--adv-estimator", "gae", "--lr", "0"])
+    assert result.exit_code == 1
+    message = str(result.exception) + result.output
+    assert "--adv-estimator" in message and "choose one of grpo" in message and "--lr" in message
