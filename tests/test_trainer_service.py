@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -231,3 +232,34 @@ async def test_offline_file_flushes_partial_groups_at_its_end(kafka, tiny_model_
     assert [sorted(e.data.lineage) for e in published] == [sorted(e.id for e in events[:8]),
                                                            sorted(e.id for e in partial)]
     assert published[0].data.metrics.get("duplicate_dropped") == 1
+
+
+async def test_a_rebalance_hands_buffered_samples_back_and_loses_none(kafka, tiny_model_dirs, tmp_path):
+    base = tiny_model_dirs[0]
+    first, second = (arithmetic_groups(base, groups=1, group_size=4, prefix=p) for p in ("first", "second"))
+    settings = trainer_settings(kafka, tmp_path / "ckpt", base, groups_per_batch=1)
+    trainer = Trainer(settings)
+    running = asyncio.create_task(trainer.run())
+    try:
+        await publish(kafka, first + second[:3])
+        await wait_for_async(lambda: len(trainer.published) == 1 and len(trainer.batcher) == 3, timeout=60,
+                             what="version 1 trained and 3 samples buffered")
+        # a second member joins the group: the trainer gives up some partitions, and their buffered samples
+        intruder = make_consumer(kafka, kafka.topics.trajectories, group_id=settings.consumer_group)
+        await intruder.start()
+        try:
+            async def intruder_assigned():
+                await intruder.getmany(timeout_ms=200)
+                return intruder.assignment()
+            await wait_for_async(intruder_assigned, timeout=60, what="the intruder's assignment")
+            assert len(trainer.batcher) < 3
+        finally:
+            await intruder.stop()  # leaves without committing anything
+        # the partitions come back: the trainer reads from its watermarks again
+        await wait_for_async(lambda: len(trainer.batcher) == 3, timeout=60, what="the 3 samples buffered again")
+        await publish(kafka, second[3:])
+        await wait_for_async(lambda: len(trainer.published) == 2, timeout=60, what="version 2")
+    finally:
+        trainer.stop()
+        await asyncio.wait_for(running, 60)
+    assert sorted(trainer.published[1].data.lineage) == sorted(e.id for e in second)
