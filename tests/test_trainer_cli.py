@@ -21,3 +21,10 @@ def test_bad_settings_are_named():
     assert result.exit_code == 1
     message = str(result.exception) + result.output
     assert "--adv-estimator" in message and "choose one of grpo" in message and "--lr" in message
+
+
+def test_no_model_to_start_from_says_what_to_do(tmp_path, kafka):
+    result = runner.invoke(app, ["train", "--bootstrap-servers", kafka.bootstrap_servers,
+                                 "--topic-prefix", kafka.topic_prefix, "--checkpoint-dir", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "no checkpoint in" in str(result.exception) and "--base-model DIR" in str(result.exception)

@@ -8,6 +8,7 @@ import pytest
 
 import schemas as s
 from trainer.checkpoint import CheckpointLocked, CheckpointStore, TrainingState
+from trainer.errors import TrainerError
 from trainer.ledger import Ledger, LedgerState
 from trainer.sources import parse_offsets
 
@@ -64,7 +65,7 @@ def test_offset_specs():
     assert parse_offsets("", [0, 1]) == {}
     assert parse_offsets("7", [0, 1]) == {0: 7, 1: 7}
     assert parse_offsets("0:3,1:9", [0, 1]) == {0: 3, 1: 9}
-    with pytest.raises(ValueError, match="no partition 5"):
+    with pytest.raises(TrainerError, match="no partition 5"):
         parse_offsets("5:1", [0, 1])
 
 

@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> None:
 async def serve(settings: TrainerSettings) -> None:
     from transformers.utils import logging as hf_logging
 
+    from trainer.errors import TrainerError
     from trainer.service import Trainer  # imports torch and verl: after --help has had its chance
 
     hf_logging.disable_progress_bar()
@@ -33,7 +34,10 @@ async def serve(settings: TrainerSettings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, trainer.stop)
-    await trainer.run()
+    try:
+        await trainer.run()
+    except TrainerError as exc:
+        raise SystemExit(f"trainer: {exc}") from None
 
 
 if __name__ == "__main__":

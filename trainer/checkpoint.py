@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field
 
 from schemas.codec import decode, encode
 from schemas.events import WeightsEvent
+from trainer.errors import TrainerError
 from trainer.ledger import LedgerState
 
 STATE_DIR = "training_state"
@@ -61,7 +62,7 @@ class Checkpoint:
         return self.path / STATE_DIR / "optimizer.pt"
 
 
-class CheckpointLocked(RuntimeError):
+class CheckpointLocked(TrainerError):
     pass
 
 
@@ -109,7 +110,7 @@ class CheckpointStore:
         """Write version `state.version` whole, or not at all."""
         final = self.path_of(state.version)
         if final.exists():
-            raise FileExistsError(f"{final} exists: is another trainer writing {self.root}?")
+            raise TrainerError(f"{final} exists: is another trainer writing {self.root}?")
         tmp = self.root / f".tmp-{final.name}-{os.getpid()}"
         tmp.mkdir(parents=True)
         save_model(tmp)

@@ -19,6 +19,7 @@ buffered are not committed and are read again by the next trainer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import os
@@ -37,6 +38,7 @@ from schemas.ids import derived_id
 from schemas.kafka import Publisher, deadletter_event, ensure_topics, make_consumer, make_producer, partitions_of
 from trainer.batcher import Batch, Batcher, Sample, group_of, weigh
 from trainer.checkpoint import Checkpoint, CheckpointStore, TrainingState
+from trainer.errors import TrainerError
 from trainer.grpo import Policy
 from trainer.ledger import Ledger
 from trainer.settings import TrainerSettings
@@ -66,30 +68,26 @@ class Trainer:
     async def run(self) -> list[WeightsEvent]:
         """Train until stopped, `max_versions` is reached, or an offline source ends; return the events published."""
         s = self.settings
-        self.store.lock()
-        try:
+        async with contextlib.AsyncExitStack() as cleanup:
+            self.store.lock()
+            cleanup.callback(self.store.unlock)
             latest = self.store.latest()
             self._load(latest)
             self.ledger = Ledger(self.source.name, latest.state.ledger if latest else None, s.dedupe_window)
             self.batcher = Batcher(s)
             if not s.offline_file:
-                report = await ensure_topics(s)
-                for problem in report.mismatches:
+                for problem in (await ensure_topics(s)).mismatches:
                     log.warning("topic %s", problem)
             producer = make_producer(s)
             await producer.start()
+            cleanup.push_async_callback(producer.stop)
             self.publisher = Publisher(producer, s.topics)
-            try:
-                if latest is not None:
-                    await self._announce_if_missing(latest)
-                await self.source.start(self.ledger.watermarks, self._revoked)
-                log.info("reading %s", self.source.name)
-                await self._loop()
-            finally:
-                await self.source.stop()
-                await producer.stop()
-        finally:
-            self.store.unlock()
+            if latest is not None:
+                await self._announce_if_missing(latest)
+            cleanup.push_async_callback(self.source.stop)
+            await self.source.start(self.ledger.watermarks, self._revoked)
+            log.info("reading %s", self.source.name)
+            await self._loop()
         return self.published
 
     # --- start-up -----------------------------------------------------------------------------
@@ -101,14 +99,14 @@ class Trainer:
             torch.set_num_threads(s.torch_threads)
         if latest is None:
             if s.base_model is None or not (s.base_model / "config.json").is_file():
-                raise SystemExit(f"no checkpoint in {self.store.root} and no model to start from: pass "
+                raise TrainerError(f"no checkpoint in {self.store.root} and no model to start from: pass "
                                  "--base-model DIR (a Hugging Face model folder, e.g. `agentstream model tiny DIR`)")
             self.model_dir, self.version, self.step = s.base_model.resolve(), s.initial_version, 0
             self.policy = Policy.load(self.model_dir, s)
             log.info("starting from %s at version %d", self.model_dir, self.version)
             return self._warn_if_tied()
         if latest.state.model != s.model:
-            raise SystemExit(f"{self.store.root} holds checkpoints of model {latest.state.model!r}, not {s.model!r}: "
+            raise TrainerError(f"{self.store.root} holds checkpoints of model {latest.state.model!r}, not {s.model!r}: "
                              "pass --model or another --checkpoint-dir")
         optimizer_state = None
         if s.save_optimizer and latest.optimizer_file.is_file():

@@ -15,6 +15,7 @@ from typing import Protocol
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
 
 from schemas.kafka import KafkaSettings, make_consumer, partitions_of
+from trainer.errors import TrainerError
 
 Offsets = dict[int, int]
 
@@ -106,7 +107,7 @@ def parse_offsets(spec: str, partitions: list[int]) -> Offsets:
     for part in spec.split(","):
         partition, _, offset = part.partition(":")
         if int(partition) not in partitions:
-            raise ValueError(f"offset spec {spec!r}: the topic has no partition {partition} (it has {partitions})")
+            raise TrainerError(f"offset spec {spec!r}: the topic has no partition {partition} (it has {partitions})")
         offsets[int(partition)] = int(offset)
     return offsets
 
@@ -126,7 +127,7 @@ class TopicRangeSource:
     async def start(self, resume: Callable[[], Offsets], on_revoked: Callable[[set[int]], None]) -> None:
         tps = await partitions_of(self.settings, self.topic)
         if not tps:
-            raise ValueError(f"topic {self.topic!r} does not exist on {self.settings.bootstrap_servers}")
+            raise TrainerError(f"topic {self.topic!r} does not exist on {self.settings.bootstrap_servers}")
         numbers = [tp.partition for tp in tps]
         first, last = parse_offsets(self.start_spec, numbers), parse_offsets(self.end_spec, numbers)
         self.consumer = make_consumer(self.settings, group_id=None)
@@ -182,7 +183,7 @@ class FileSource:
 
     async def start(self, resume: Callable[[], Offsets], on_revoked: Callable[[set[int]], None]) -> None:
         if not self.path.is_file():
-            raise ValueError(f"offline file {self.path} does not exist")
+            raise TrainerError(f"offline file {self.path} does not exist")
         self.file = self.path.open("rb")
         skip = resume().get(0, 0)
         while self.line < skip and self.file.readline():
