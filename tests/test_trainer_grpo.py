@@ -197,3 +197,23 @@ def test_staleness_counts_the_oldest_generated_token():
     event = trajectory(chat_prompt("q"), ids("abc"), 1.0, "g", 0, version=7)
     event.data.sequences[0].weight_versions[-1] = 4
     assert staleness(event.data, version=9, initial_version=0) == 5
+
+
+def test_tensors_score_only_generated_tokens_and_align_their_logprobs():
+    """A two-turn sequence: prompt, model tokens, a tool result (mask 0), model tokens again."""
+    event = trajectory([10, 11], [20, 21], 1.0, "g", 0, logprobs=[-0.2, -0.3])
+    seq = event.data.sequences[0]
+    seq.token_ids += [30, 31, 22]
+    seq.mask += [0, 0, 1]
+    seq.logprobs += [0.0, 0.0, -0.4]
+    seq.weight_versions += [None, None, 3]
+    second = seq.model_copy(update={"token_ids": [12, 23], "mask": [0, 1], "logprobs": [0.0, -0.5],
+                                                 "weight_versions": [None, 3]})
+    event.data.sequences.append(second)
+    batch = to_tensors([Sample(event.id, 0, 0, event.data, "g")], max_len=6)
+    # position t scores token t+1; the first sequence is cut to 6 tokens, dropping its last model token
+    assert batch.input_ids.tolist() == [[10, 11, 20, 21, 30, 31], [12, 23, 0, 0, 0, 0]]
+    assert batch.loss_mask.tolist() == [[0, 1, 1, 0, 0], [1, 0, 0, 0, 0]]
+    assert torch.allclose(batch.old_logprobs, torch.tensor([[0, -0.2, -0.3, 0, 0], [-0.5, 0, 0, 0, 0]]))
+    assert batch.attention_mask.tolist() == [[1] * 6, [1, 1, 0, 0, 0, 0]]
+    assert batch.rewards.tolist() == [1.0, 1.0] and list(batch.index) == ["g", "g"]
