@@ -302,19 +302,13 @@ def _emit(result, output_format: str, output: Path | None) -> None:
         console.print(f"Wrote {result.height} rows to {output}")
 
 
-# --- run (the rollout controller) ---------------------------------------------------------
+# --- services: each command forwards its flags to the service's own `main(argv)` -----------
+
+FORWARD = {"add_help_option": False, "context_settings": {"allow_extra_args": True, "ignore_unknown_options": True}}
 
 
-@app.command("run", add_help_option=False,
-             context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def run(ctx: typer.Context) -> None:
-    """Run an agent over a task set, recording every rollout (flags: `agentstream run --help`).
-
-    agentstream run --tasks FILE --agent "CMD" --samples N --concurrency C [--backend local|kubernetes]
-    """
-    from controller.__main__ import main as controller_main
-
-    args = list(ctx.args)
+def forward(service_main, args: list[str]) -> None:
+    """Run a service with `args`, telling it where the local broker is unless told otherwise."""
     wants_help = any(arg in ("-h", "--help") for arg in args)
     names_kafka = any(arg.split("=")[0] in ("--bootstrap-servers", "--kafka-bootstrap-servers") for arg in args)
     if not wants_help and not names_kafka and not os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
@@ -322,7 +316,26 @@ def run(ctx: typer.Context) -> None:
             os.environ["KAFKA_BOOTSTRAP_SERVERS"] = bootstrap_servers()
         except StackError as exc:
             fail(str(exc))
-    raise typer.Exit(controller_main(args))
+    raise typer.Exit(service_main(args) or 0)
+
+
+@app.command("run", **FORWARD)
+def run(ctx: typer.Context) -> None:
+    """Run an agent over a task set, recording every rollout (flags: `agentstream run --help`).
+
+    agentstream run --tasks FILE --agent "CMD" --samples N --concurrency C [--backend local|kubernetes]
+    """
+    from controller.__main__ import main as controller_main
+
+    forward(controller_main, list(ctx.args))
+
+
+@app.command("train", **FORWARD)
+def train(ctx: typer.Context) -> None:
+    """Run the trainer (`python -m trainer`); flags: `agentstream train --help`."""
+    from trainer.__main__ import main as trainer_main
+
+    forward(trainer_main, list(ctx.args))
 
 
 def main() -> None:

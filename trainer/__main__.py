@@ -1,0 +1,44 @@
+"""`python -m trainer [FLAGS]`: the trainer process (every setting is a flag; see --help)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from pydantic import ValidationError
+from pydantic_settings import CliApp
+
+from trainer.settings import TrainerSettings
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        settings = CliApp.run(TrainerSettings, cli_args=argv)
+    except ValidationError as exc:
+        problems = "; ".join(f"--{'-'.join(str(p) for p in e['loc']).replace('_', '-')}: {e['msg']}"
+                             if e["loc"] else e["msg"] for e in exc.errors(include_url=False))
+        raise SystemExit(f"trainer: bad settings: {problems}") from None
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    asyncio.run(serve(settings))
+
+
+async def serve(settings: TrainerSettings) -> None:
+    from transformers.utils import logging as hf_logging
+
+    from trainer.errors import TrainerError
+    from trainer.service import Trainer  # imports torch and verl: after --help has had its chance
+
+    hf_logging.disable_progress_bar()
+    trainer = Trainer(settings)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, trainer.stop)
+    try:
+        await trainer.run()
+    except TrainerError as exc:
+        raise SystemExit(f"trainer: {exc}") from None
+
+
+if __name__ == "__main__":
+    main()

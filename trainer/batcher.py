@@ -1,0 +1,148 @@
+"""Samples wait here until they make a batch: grouped by task, judged for staleness.
+
+When a batch is ready:
+- a group is complete when it holds `group_size` samples;
+- `groups_per_batch` complete groups, oldest first, make a batch;
+- a group that has waited `batch_timeout_s` and holds at least `min_group_size` samples is taken as
+  it is, in a batch together with whatever complete groups wait (at most `groups_per_batch` groups);
+- a group still below `min_group_size` after `group_timeout_s` is dropped (`incomplete`);
+- at the end of an offline source (`flush`) every group of at least `min_group_size` is trained
+  and the rest is dropped.
+
+Staleness is judged again when a group is taken, against the version being trained: a sample is
+as stale as its oldest model token. Samples beyond `max_staleness` are dropped (`stale`), or kept
+with a loss weight of `stale_decay ** (staleness - max_staleness)`. A group that falls below
+`min_group_size` that way is dropped whole (`incomplete`): group-relative advantages need peers.
+
+A retried attempt (same group and sample index, higher attempt number) replaces the earlier one
+(`superseded`). Samples without a task group form a group of one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from schemas.events import Trajectory
+from trainer.settings import TrainerSettings
+
+
+@dataclass(eq=False)
+class Sample:
+    """A trajectory waiting to be trained on, and where it came from."""
+
+    id: str
+    partition: int
+    offset: int
+    trajectory: Trajectory
+    group: str
+    arrived: float = 0.0
+    """monotonic seconds"""
+    staleness: int = 0
+    weight: float = 1.0
+
+
+def group_of(event_id: str, trajectory: Trajectory) -> str:
+    return trajectory.group_id or (f"task:{trajectory.task_id}" if trajectory.task_id else f"alone:{event_id}")
+
+
+def staleness(trajectory: Trajectory, version: int, initial_version: int) -> int:
+    """Versions between the trainer's and the oldest weights that generated one of the sample's tokens."""
+    versions = [initial_version if v is None else v
+                for seq in trajectory.sequences for v, m in zip(seq.weight_versions, seq.mask) if m]
+    return max(0, version - min(versions)) if versions else 0
+
+
+def weigh(sample: Sample, version: int, settings: TrainerSettings) -> bool:
+    """Set the sample's staleness and loss weight; False when it is to be dropped."""
+    sample.staleness = staleness(sample.trajectory, version, settings.initial_version)
+    over = sample.staleness - settings.max_staleness
+    if over <= 0:
+        sample.weight = 1.0
+        return True
+    if settings.stale_policy == "drop":
+        return False
+    sample.weight = settings.stale_decay ** over
+    return True
+
+
+@dataclass
+class Batch:
+    samples: list[Sample] = field(default_factory=list)
+    dropped: dict[str, list[Sample]] = field(default_factory=dict)
+    """reason → samples settled without training"""
+
+    def drop(self, reason: str, samples: list[Sample]) -> None:
+        if samples:
+            self.dropped.setdefault(reason, []).extend(samples)
+
+
+@dataclass
+class Group:
+    key: str
+    since: float
+    samples: list[Sample] = field(default_factory=list)
+
+    def age(self, now: float) -> float:
+        return now - self.since
+
+
+class Batcher:
+    def __init__(self, settings: TrainerSettings):
+        self.settings = settings
+        self.groups: dict[str, Group] = {}  # in order of first arrival
+
+    def __len__(self) -> int:
+        return sum(len(group.samples) for group in self.groups.values())
+
+    def add(self, sample: Sample) -> Sample | None:
+        """Buffer the sample; return the sample it supersedes (or itself, if a later attempt is already here)."""
+        group = self.groups.setdefault(sample.group, Group(sample.group, sample.arrived))
+        new = sample.trajectory
+        for i, old in enumerate(group.samples):
+            if old.trajectory.sample_index == new.sample_index and old.trajectory.attempt_number != new.attempt_number:
+                if new.attempt_number > old.trajectory.attempt_number:
+                    group.samples[i] = sample
+                    return old
+                return sample
+        group.samples.append(sample)
+        return None
+
+    def take(self, now: float, version: int, flush: bool = False) -> Batch:
+        """The next batch, possibly empty; `dropped` holds what expired or went stale meanwhile."""
+        s = self.settings
+        batch = Batch()
+        for group in list(self.groups.values()):
+            if len(group.samples) < s.min_group_size and (flush or group.age(now) >= s.group_timeout_s):
+                batch.drop("incomplete", self.groups.pop(group.key).samples)
+        complete = [g for g in self.groups.values() if len(g.samples) >= s.group_size]
+        due = [g for g in self.groups.values() if s.min_group_size <= len(g.samples) < s.group_size
+               and (flush or g.age(now) >= s.batch_timeout_s)]
+        if len(complete) >= s.groups_per_batch:
+            chosen = complete[: s.groups_per_batch]
+        elif due:
+            chosen = (due + complete)[: s.groups_per_batch]
+        else:
+            return batch
+        for group in chosen:
+            del self.groups[group.key]
+            fresh, stale = [], []
+            for sample in group.samples:
+                (fresh if weigh(sample, version, s) else stale).append(sample)
+            batch.drop("stale", stale)
+            if len(fresh) < s.min_group_size:
+                batch.drop("incomplete", fresh)
+            else:
+                batch.samples += fresh
+        return batch
+
+    def forget(self, partitions: set[int]) -> int:
+        """Drop buffered samples of partitions this trainer no longer owns (their new owner reads them)."""
+        forgotten = 0
+        for key, group in list(self.groups.items()):
+            kept = [sample for sample in group.samples if sample.partition not in partitions]
+            forgotten += len(group.samples) - len(kept)
+            if kept:
+                group.samples = kept
+            else:
+                del self.groups[key]
+        return forgotten

