@@ -163,10 +163,12 @@ class LocalKafka:
         return config
 
     def _format(self, libs: Path, config: Path) -> None:
-        # a Kafka cluster id is 16 random bytes in URL-safe base64 without padding
+        # a Kafka cluster id is 16 random bytes in URL-safe base64 without padding; it may start
+        # with "-", so it is passed as --cluster-id=ID, not as a separate argument
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         result = subprocess.run(
-            self._java(libs, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config), "--standalone"),
+            self._java(libs, "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(config),
+                       "--standalone"),
             capture_output=True, text=True,
         )
         if result.returncode != 0:
