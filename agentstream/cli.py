@@ -308,14 +308,13 @@ FORWARD = {"add_help_option": False, "context_settings": {"allow_extra_args": Tr
 
 
 def forward(service_main, args: list[str]) -> None:
-    """Run a service with `args`, telling it where the local broker is unless told otherwise."""
-    wants_help = any(arg in ("-h", "--help") for arg in args)
+    """Run a service with `args`, telling it where the local broker runs unless told otherwise."""
     names_kafka = any(arg.split("=")[0] in ("--bootstrap-servers", "--kafka-bootstrap-servers") for arg in args)
-    if not wants_help and not names_kafka and not os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+    if not names_kafka and not os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
         try:
             os.environ["KAFKA_BOOTSTRAP_SERVERS"] = bootstrap_servers()
-        except StackError as exc:
-            fail(str(exc))
+        except StackError:
+            pass  # no local broker: the service tries its default address and says what failed
     raise typer.Exit(service_main(args) or 0)
 
 
