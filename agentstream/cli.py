@@ -195,6 +195,18 @@ def topics_ensure(
         raise typer.Exit(2)
 
 
+# --- services ------------------------------------------------------------------------------
+
+
+@app.command("gateway", add_help_option=False,
+             context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def gateway(ctx: typer.Context) -> None:
+    """The OpenAI-compatible gateway that records every model call (flags: `agentstream gateway --help`)."""
+    from gateway.__main__ import main as gateway_main
+
+    gateway_main(ctx.args)
+
+
 def main() -> None:
     app()
 

@@ -1,0 +1,162 @@
+"""Publishing the gateway's events, with the durability the settings ask for.
+
+`ack` (the default): `record` returns only when Kafka acknowledged the event, so a response is
+finished only once it is in the log; when Kafka does not answer within the publish timeout the
+caller gets a 503 instead. `async`: `record` queues the event and returns; a crash can lose the
+events in the queue, and failures are only logged and counted.
+
+After a timeout the recorder stays "down" until the stuck event is acknowledged (the idempotent
+producer retries it until the broker is back), so while Kafka is away agents get an immediate
+503 rather than a response the log would not hold. The gateway starts even while Kafka is
+unreachable and connects when it can.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from schemas.events import Event
+from schemas.kafka import KafkaSettings, Publisher, make_producer
+
+from gateway.errors import GatewayError, unavailable
+from gateway.logs import fields
+from gateway.metrics import Metrics
+
+log = logging.getLogger("gateway.recorder")
+
+
+class Recorder:
+    def __init__(self, settings: KafkaSettings, metrics: Metrics, *, durable: bool, timeout_s: float,
+                 linger_ms: int = 0):
+        self.settings = settings
+        self.metrics = metrics
+        self.durable = durable
+        self.timeout_s = timeout_s
+        self._linger_ms = linger_ms
+        self._publisher: Publisher | None = None
+        self._stuck: asyncio.Future | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._connector: asyncio.Task | None = None
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect now if Kafka answers, else keep trying in the background."""
+        if not await self._connect_once():
+            self._connector = asyncio.create_task(self._connect_until_up())
+
+    async def _connect_once(self) -> bool:
+        producer = make_producer(self.settings, linger_ms=self._linger_ms)
+        try:
+            await producer.start()
+        except KafkaError as exc:
+            await producer.stop()
+            log.warning("Kafka is unreachable; model calls get 503 until it answers",
+                        extra=fields(bootstrap_servers=self.settings.bootstrap_servers, problem=str(exc)))
+            return False
+        self._publisher = Publisher(producer, self.settings.topics)
+        log.info("connected to Kafka", extra=fields(bootstrap_servers=self.settings.bootstrap_servers))
+        return True
+
+    async def _connect_until_up(self) -> None:
+        delay = 0.5
+        while not await self._connect_once():
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    async def stop(self) -> None:
+        if self._connector:
+            self._connector.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=self.timeout_s)
+        if self._publisher:
+            producer: AIOKafkaProducer = self._publisher.producer
+            try:
+                await asyncio.wait_for(producer.flush(), self.timeout_s)
+            except TimeoutError:
+                log.error("Kafka did not acknowledge the last events before shutdown")
+            await producer.stop()
+
+    # --- state ------------------------------------------------------------------------------
+
+    @property
+    def available(self) -> bool:
+        return self._publisher is not None and self._stuck is None
+
+    @property
+    def publisher(self) -> Publisher | None:
+        return self._publisher
+
+    def check_available(self) -> None:
+        if not self.available:
+            raise self._down()
+
+    def _down(self) -> GatewayError:
+        return unavailable(
+            f"Kafka ({self.settings.bootstrap_servers}) is not acknowledging events, so this call could not be "
+            "recorded and is not served; retry when Kafka is back", "kafka_unavailable", retry_after_s=2)
+
+    # --- publishing -------------------------------------------------------------------------
+
+    async def record(self, event: Event) -> None:
+        """Publish per the durability setting; in `ack` mode raise a 503 `GatewayError` if it is not acked."""
+        if self.durable:
+            await self.publish(event)
+        else:
+            self.record_later(event)
+
+    async def publish(self, event: Event) -> None:
+        """Publish and wait for the ack, whatever the durability setting (rewards, rollout ends, pool events)."""
+        self.check_available()
+        start = time.perf_counter()
+        future = None
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                future = await self._publisher.send(event)
+                await asyncio.shield(future)
+        except TimeoutError:
+            self.metrics.publish_failures.labels("timeout").inc()
+            self._trip(future)
+            raise self._down() from None
+        except KafkaError as exc:
+            self.metrics.publish_failures.labels(type(exc).__name__).inc()
+            log.error("Kafka refused an event", extra=fields(event_id=event.id, type=event.type, problem=str(exc)))
+            raise self._down() from None
+        self.metrics.publish.observe(time.perf_counter() - start)
+
+    def record_later(self, event: Event) -> None:
+        """Publish in the background; failures are logged, never raised."""
+        task = asyncio.create_task(self._publish_logged(event))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _publish_logged(self, event: Event) -> None:
+        try:
+            await self.publish(event)
+        except GatewayError as exc:
+            log.error("an event may not be recorded", extra=fields(event_id=event.id, type=event.type,
+                                                                   rollout_id=event.rollout_id, problem=exc.message))
+
+    def _trip(self, future: asyncio.Future | None) -> None:
+        """Stay down until `future` (the send that timed out) is acknowledged: then Kafka is back."""
+        if self._stuck is not None:
+            return
+        log.error("Kafka did not acknowledge an event in time: answering model calls with 503 until it does",
+                  extra=fields(bootstrap_servers=self.settings.bootstrap_servers, timeout_s=self.timeout_s))
+        if future is None:  # the send itself did not get through: wait for the producer's queue instead
+            future = asyncio.ensure_future(self._publisher.producer.flush())
+        self._stuck = future
+        future.add_done_callback(self._recovered)
+
+    def _recovered(self, future: asyncio.Future) -> None:
+        self._stuck = None
+        problem = "cancelled" if future.cancelled() else future.exception()
+        if problem is not None:
+            log.warning("a stuck event failed; trying Kafka again", extra=fields(problem=str(problem)))
+        else:
+            log.info("Kafka acknowledges events again; serving model calls")
