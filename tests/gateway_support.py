@@ -113,3 +113,45 @@ async def raw_records(kafka: KafkaSettings, topic: str) -> list[bytes]:
     finally:
         await consumer.stop()
     return values
+
+
+class Forwarder:
+    """A TCP hop to a port on 127.0.0.1: a second address for one real server, which a test can take down."""
+
+    def __init__(self, target_port: int):
+        self.target_port = target_port
+        self.port: int | None = None
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> Forwarder:
+        self._server = await asyncio.start_server(self._connect, "127.0.0.1", self.port or 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def stop(self) -> None:
+        self._server.close()
+        for writer in list(self._writers):
+            writer.close()
+        await self._server.wait_closed()
+
+    async def _connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self._writers |= {writer, upstream_writer}
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            try:
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                sink.close()
+                self._writers.discard(sink)
+
+        await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
