@@ -27,6 +27,8 @@ from gateway.metrics import Metrics
 
 log = logging.getLogger("gateway.pool")
 
+CHECK_TIMEOUT_S = 5.0
+
 
 @dataclass(eq=False)
 class Upstream:
@@ -38,6 +40,7 @@ class Upstream:
     weight_version: int | None = None
     in_flight: int = 0
     problem: str | None = None
+    failed_checks: int = 0
 
 
 def parse_upstreams(entries: list[str]) -> list[Upstream]:
@@ -249,17 +252,21 @@ class Pool:
 
     async def check(self, upstream: Upstream) -> None:
         try:
-            health = await self.http.get(f"{upstream.url}/health", timeout=2)
+            health = await self.http.get(f"{upstream.url}/health", timeout=CHECK_TIMEOUT_S)
             if health.status_code != 200:
                 raise httpx.HTTPStatusError(f"/health answered {health.status_code}", request=health.request,
                                             response=health)
             if upstream.discover:
-                listed = (await self.http.get(f"{upstream.url}/v1/models", timeout=2)).json()
+                listed = (await self.http.get(f"{upstream.url}/v1/models", timeout=CHECK_TIMEOUT_S)).json()
                 upstream.models = {entry["id"] for entry in listed.get("data", [])}
-            info = await self.http.get(f"{upstream.url}/weight_info", timeout=2)
+            info = await self.http.get(f"{upstream.url}/weight_info", timeout=CHECK_TIMEOUT_S)
         except (httpx.HTTPError, ValueError, KeyError) as exc:
-            self.mark_down(upstream, f"{type(exc).__name__}: {exc}")
+            upstream.failed_checks += 1
+            # a refused connection is a server that is down; a slow answer may be a busy one: twice in a row
+            if isinstance(exc, httpx.ConnectError) or upstream.failed_checks >= 2:
+                self.mark_down(upstream, f"{type(exc).__name__}: {exc}")
             return
+        upstream.failed_checks = 0
         if info.status_code == 200:
             version = self.parse_version(info.json().get("weight_version"))
             # versions only grow: a check that raced an update must not undo what pool sync set

@@ -107,9 +107,10 @@ async def raw_records(kafka: KafkaSettings, topic: str) -> list[bytes]:
         consumer.assign(partitions)
         await consumer.seek_to_beginning(*partitions)
         end = await consumer.end_offsets(partitions)
-        while any(await consumer.position(p) < end[p] for p in partitions):
-            for records in (await consumer.getmany(timeout_ms=1000)).values():
-                values += [record.value for record in records]
+        for partition in partitions:
+            while await consumer.position(partition) < end[partition]:
+                for records in (await consumer.getmany(partition, timeout_ms=1000)).values():
+                    values += [record.value for record in records]
     finally:
         await consumer.stop()
     return values
