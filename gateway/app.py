@@ -12,7 +12,7 @@ import logging
 from contextlib import asynccontextmanager
 from typing import Any
 
-import httpx
+import aiohttp
 import orjson
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -22,7 +22,8 @@ from starlette.responses import Response
 from schemas.events import Reward, RewardEvent, RolloutFinished, RolloutFinishedEvent, TurnReward
 from schemas.kafka import ensure_topics
 
-from gateway.auth import ATTEMPT_HEADER, ROLLOUT_HEADER, SESSION_HEADER, Attribution, Authenticator, Principal
+from gateway.auth import (ATTEMPT_HEADER, ROLLOUT_HEADER, SESSION_HEADER, Attribution, Authenticator, Principal,
+                          auth_headers)
 from gateway.calls import Calls
 from gateway.capture import ChatCompletions, Completions
 from gateway.errors import GatewayError, error_body
@@ -37,43 +38,46 @@ log = logging.getLogger("gateway")
 
 
 class Gateway:
-    """The parts of one gateway process, started and stopped together."""
+    """The parts of one gateway process, made and started together in the server's event loop."""
 
     def __init__(self, settings: GatewaySettings):
         self.settings = settings
         self.metrics = Metrics()
         self.auth = Authenticator(settings.keys, settings.token_secret.get_secret_value(), settings.allow_anonymous)
-        upstreams = parse_upstreams(settings.upstreams)
-        connections = settings.max_connections * max(1, len(upstreams))
-        self.http = httpx.AsyncClient(
-            timeout=httpx.Timeout(settings.upstream_timeout_s, connect=settings.connect_timeout_s, pool=30.0),
-            limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
-            trust_env=False,
-        )
+        self.upstreams = parse_upstreams(settings.upstreams)
         self.recorder = Recorder(settings, self.metrics, durable=settings.durability == "ack",
-                                 timeout_s=settings.publish_timeout_s)
-        self.pool = Pool(upstreams, self.http, self.metrics, initial_version=settings.initial_weight_version,
-                         hold_timeout_s=settings.hold_timeout_s, hold_max_s=settings.hold_max_s)
-        self.calls = Calls(settings, self.pool, self.recorder, self.metrics, self.http)
-        self.sync = PoolSync(settings, self.pool, self.recorder, self.metrics, self.http) if settings.pool_sync else None
+                                 timeout_s=settings.publish_timeout_s, linger_ms=settings.publish_linger_ms)
+        self.http: aiohttp.ClientSession | None = None
+        self.pool: Pool | None = None
+        self.calls: Calls | None = None
+        self.sync: PoolSync | None = None
         self._health: asyncio.Task | None = None
 
     async def start(self) -> None:
         problem = settings_problem(self.settings)
         if problem:
             raise RuntimeError(problem)
+        settings = self.settings
+        self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
+            limit=0, limit_per_host=settings.max_connections,
+            # below the usual 5 s of servers, so a connection is not reused just as the server drops it
+            keepalive_timeout=4.0))
+        self.pool = Pool(self.upstreams, self.http, self.metrics, initial_version=settings.initial_weight_version,
+                         hold_timeout_s=settings.hold_timeout_s, hold_max_s=settings.hold_max_s)
+        self.calls = Calls(settings, self.pool, self.recorder, self.metrics, self.http)
         if not self.pool.upstreams:
             log.warning("no upstreams configured (--upstreams MODEL=URL): every model call will get a 404")
-        if self.settings.create_topics:
+        if settings.create_topics:
             await self._ensure_topics()
         await self.recorder.start()
         await self.pool.check_all()
-        self._health = asyncio.create_task(self.pool.run_health_checks(self.settings.health_interval_s))
-        if self.sync:
+        self._health = asyncio.create_task(self.pool.run_health_checks(settings.health_interval_s))
+        if settings.pool_sync:
+            self.sync = PoolSync(settings, self.pool, self.recorder, self.metrics, self.http)
             await self.sync.start()
         log.info("gateway ready", extra=fields(
-            mode=self.settings.mode, durability=self.settings.durability, upstreams=self.pool.describe(),
-            topic_prefix=self.settings.topic_prefix, replica_id=self.settings.replica_id))
+            mode=settings.mode, durability=settings.durability, upstreams=self.pool.describe(),
+            topic_prefix=settings.topic_prefix, replica_id=settings.replica_id))
 
     async def _ensure_topics(self) -> None:
         try:
@@ -90,12 +94,13 @@ class Gateway:
         if self._health:
             self._health.cancel()
         await self.recorder.stop()
-        await self.http.aclose()
+        if self.http:
+            await self.http.close()
 
     def attribution(self, request: Request, rollout_id: str | None = None, attempt_id: str | None = None,
                     principal: Principal | None = None) -> Attribution:
         """Who the request is for, from the URL, else the headers, else the rollout token; 401/403 if not allowed."""
-        headers = request.headers
+        headers = auth_headers(request.scope)
         return self.auth.attribute(principal or self.auth.principal(headers),
                                    rollout_id or headers.get(ROLLOUT_HEADER), attempt_id or headers.get(ATTEMPT_HEADER),
                                    headers.get(SESSION_HEADER))
@@ -155,7 +160,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         finally:
             await gateway.stop()
 
-    app = FastAPI(title="agentstream gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    # FastAPI's own OpenTelemetry hooks look up providers on every request; the gateway exports Prometheus
+    app = FastAPI(title="agentstream gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
+                  telemetry={"tracing": False, "metrics": False, "logs": False})
     app.state.gateway = gateway
 
     @app.exception_handler(GatewayError)
@@ -169,24 +176,20 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                      error.status_code)
 
     # --- model calls ------------------------------------------------------------------------
+    # plain Starlette routes: the hot path needs no dependency injection (FastAPI's costs ~20% of a call)
 
-    chat, completions = ChatCompletions(), Completions()
+    def model_call(adapter):
+        async def endpoint(request: Request) -> Response:
+            params = request.path_params
+            where = gateway.attribution(request, params.get("rollout_id"), params.get("attempt_id"))
+            return await gateway.calls.serve(request, adapter, where)
+        return endpoint
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await gateway.calls.serve(request, chat, gateway.attribution(request))
-
-    @app.post("/v1/completions")
-    async def text_completions(request: Request) -> Response:
-        return await gateway.calls.serve(request, completions, gateway.attribution(request))
-
-    @app.post("/rollouts/{rollout_id}/attempts/{attempt_id}/v1/chat/completions")
-    async def rollout_chat_completions(request: Request, rollout_id: str, attempt_id: str) -> Response:
-        return await gateway.calls.serve(request, chat, gateway.attribution(request, rollout_id, attempt_id))
-
-    @app.post("/rollouts/{rollout_id}/attempts/{attempt_id}/v1/completions")
-    async def rollout_completions(request: Request, rollout_id: str, attempt_id: str) -> Response:
-        return await gateway.calls.serve(request, completions, gateway.attribution(request, rollout_id, attempt_id))
+    for adapter in (ChatCompletions(), Completions()):
+        path = adapter.path.removeprefix("/v1")
+        app.add_route(f"/v1{path}", model_call(adapter), methods=["POST"])
+        app.add_route(f"/rollouts/{{rollout_id}}/attempts/{{attempt_id}}/v1{path}", model_call(adapter),
+                      methods=["POST"])
 
     @app.get("/v1/models")
     @app.get("/rollouts/{rollout_id}/attempts/{attempt_id}/v1/models")
@@ -201,7 +204,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     @app.post("/rollouts/{rollout_id}/reward")
     @app.post("/rollouts/{rollout_id}/attempts/{attempt_id}/reward")
     async def reward(request: Request, rollout_id: str, attempt_id: str | None = None) -> Response:
-        principal = gateway.auth.principal(request.headers)  # 401 before any look at the body
+        principal = gateway.auth.principal(auth_headers(request.scope))  # 401 before any look at the body
         body = _body(await request.body(), RewardBody)
         where = gateway.attribution(request, rollout_id, attempt_id or body.attempt_id, principal)
         event = RewardEvent(source=settings.source, rollout_id=where.rollout_id, attempt_id=where.attempt_id,
@@ -212,7 +215,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     @app.post("/rollouts/{rollout_id}/finish")
     @app.post("/rollouts/{rollout_id}/attempts/{attempt_id}/finish")
     async def finish(request: Request, rollout_id: str, attempt_id: str | None = None) -> Response:
-        principal = gateway.auth.principal(request.headers)  # 401 before any look at the body
+        principal = gateway.auth.principal(auth_headers(request.scope))  # 401 before any look at the body
         body = _body(await request.body(), FinishBody)
         where = gateway.attribution(request, rollout_id, attempt_id or body.attempt_id, principal)
         event = RolloutFinishedEvent(

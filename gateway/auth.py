@@ -19,6 +19,13 @@ from gateway.errors import GatewayError
 ROLLOUT_HEADER = "x-agentstream-rollout-id"
 ATTEMPT_HEADER = "x-agentstream-attempt-id"
 SESSION_HEADER = "x-agentstream-session-id"
+_KEY_HEADERS = ("authorization", "x-api-key", "api-key")
+_WANTED = frozenset(name.encode() for name in (*_KEY_HEADERS, ROLLOUT_HEADER, ATTEMPT_HEADER, SESSION_HEADER))
+
+
+def auth_headers(scope: dict) -> dict[str, str]:
+    """The headers auth and attribution read, in one pass over the request's (lower-cased) headers."""
+    return {name.decode(): value.decode("latin-1") for name, value in scope["headers"] if name in _WANTED}
 
 
 @dataclass(frozen=True)

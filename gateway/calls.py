@@ -8,13 +8,12 @@ the event; if Kafka does not, it gets a 503 (or, mid-stream, an error event) ins
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -37,8 +36,11 @@ log = logging.getLogger("gateway.calls")
 CALL_ID_HEADER = "x-agentstream-call-id"
 _SECRET_FIELDS = frozenset({"api_key", "apikey", "authorization", "password", "secret", "access_token"})
 _NO_TOKENS = Tokens()
-# connection-level failures: the upstream never took the request, so another server may
-_FAILOVER = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError)
+# the upstream never took the request: another server may
+_REFUSED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+# a kept-alive connection closed under the request: the same server may, once more
+_DROPPED = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+_TRANSPORT = (aiohttp.ClientError, TimeoutError)
 
 
 @dataclass
@@ -107,7 +109,7 @@ class _ClosingStream(StreamingResponse):
 
 class Calls:
     def __init__(self, settings: GatewaySettings, pool: Pool, recorder: Recorder, metrics: Metrics,
-                 http: httpx.AsyncClient):
+                 http: aiohttp.ClientSession):
         self.pool = pool
         self.recorder = recorder
         self.metrics = metrics
@@ -118,7 +120,8 @@ class Calls:
         self.headers = {"content-type": "application/json"}
         if settings.upstream_api_key.get_secret_value():
             self.headers["authorization"] = f"Bearer {settings.upstream_api_key.get_secret_value()}"
-        self._closing: set[asyncio.Task] = set()
+        self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout_s,
+                                             sock_read=settings.upstream_timeout_s)
 
     async def serve(self, request: Request, adapter: Adapter, attribution: Attribution) -> Response:
         call = _Call(adapter, attribution)
@@ -131,7 +134,7 @@ class Calls:
             response, lease = await self._send(call, rewrite)
         except GatewayError as error:
             return await self._fail(call, error)
-        if response.status_code >= 400:
+        if response.status >= 400:
             return await self._relay_error(call, response, lease)
         if rewrite.stream:
             return _ClosingStream(self._stream(call, rewrite, response, lease), media_type="text/event-stream",
@@ -160,7 +163,7 @@ class Calls:
         call.model = model
         return body
 
-    async def _send(self, call: _Call, rewrite: Rewrite) -> tuple[httpx.Response, Lease]:
+    async def _send(self, call: _Call, rewrite: Rewrite) -> tuple[aiohttp.ClientResponse, Lease]:
         """Send to the first server that takes the request; fail over only when one never got it."""
         content = orjson.dumps(rewrite.body)
         sticky = call.attribution.rollout_id or call.attribution.session_id
@@ -168,23 +171,32 @@ class Calls:
         for upstream in self.pool.candidates(call.model, sticky):
             if tried:
                 await self.pool.admit(call.model)  # a hold may have begun while the last server failed
-            lease = self.pool.lease(call.model, upstream)
-            call.upstream, call.weight_version = upstream, upstream.weight_version
-            request = self.http.build_request("POST", upstream.url + call.adapter.path, content=content,
-                                              headers=self.headers)
-            try:
-                return await self.http.send(request, stream=True), lease
-            except _FAILOVER as exc:
+            for attempt in (1, 2):
+                lease = self.pool.lease(call.model, upstream)
+                call.upstream, call.weight_version = upstream, upstream.weight_version
+                try:
+                    response = await self.http.post(upstream.endpoint(call.adapter.path), data=content,
+                                                    headers=self.headers, timeout=self.timeout)
+                    return response, lease
+                except _REFUSED as exc:
+                    problem = _describe(exc)
+                except _DROPPED as exc:
+                    problem = _describe(exc)
+                    if attempt == 1:
+                        lease.close()
+                        continue
+                except _TRANSPORT as exc:
+                    lease.close()
+                    raise GatewayError(502, f"upstream {upstream.url} failed: {_describe(exc)}",
+                                       "upstream_error") from None
+                except BaseException:
+                    lease.close()
+                    raise
                 lease.close()
-                self.pool.mark_down(upstream, _describe(exc))
+                self.pool.mark_down(upstream, problem)
                 self.metrics.failovers.labels(upstream.url).inc()
-                tried.append(f"{upstream.url} ({_describe(exc)})")
-            except httpx.HTTPError as exc:
-                lease.close()
-                raise GatewayError(502, f"upstream {upstream.url} failed: {_describe(exc)}", "upstream_error") from None
-            except BaseException:
-                lease.close()
-                raise
+                tried.append(f"{upstream.url} ({problem})")
+                break
         if not tried:
             raise no_server(call.model, self.pool.models())
         raise GatewayError(502, f"no upstream serving {call.model!r} could be reached: {'; '.join(tried)}",
@@ -192,15 +204,16 @@ class Calls:
 
     # --- answers ----------------------------------------------------------------------------
 
-    async def _relay_body(self, call: _Call, rewrite: Rewrite, response: httpx.Response, lease: Lease) -> Response:
+    async def _relay_body(self, call: _Call, rewrite: Rewrite, response: aiohttp.ClientResponse,
+                          lease: Lease) -> Response:
         url = call.upstream.url
         try:
-            raw = await response.aread()
-        except httpx.HTTPError as exc:
+            raw = await response.read()
+        except _TRANSPORT as exc:
             raw, problem = None, exc
         finally:
             lease.close()
-            await response.aclose()
+            response.release()
         if raw is None:
             return await self._fail(call, GatewayError(502, f"upstream {url} failed while answering: "
                                                             f"{_describe(problem)}", "upstream_error"))
@@ -220,20 +233,20 @@ class Calls:
         return self._answer(call, 200, Response(content, 200, media_type="application/json",
                                                 headers={CALL_ID_HEADER: call.id}))
 
-    async def _relay_error(self, call: _Call, response: httpx.Response, lease: Lease) -> Response:
+    async def _relay_error(self, call: _Call, response: aiohttp.ClientResponse, lease: Lease) -> Response:
         """An upstream error goes to the agent as it is (status and body), and into the log."""
         try:
-            raw = await response.aread()
-        except httpx.HTTPError:
+            raw = await response.read()
+        except _TRANSPORT:
             raw = b""
         finally:
             lease.close()
-            await response.aclose()
+            response.release()
         try:
             payload = orjson.loads(raw)
         except orjson.JSONDecodeError:
             payload = None
-        status = response.status_code
+        status = response.status
         message = f"upstream {call.upstream.url} answered {status}: {_error_message(payload, raw)}"
         event = call.event(self.source, status, response=payload if isinstance(payload, dict) else None, error=message)
         try:
@@ -273,7 +286,7 @@ class Calls:
 
     # --- streams ----------------------------------------------------------------------------
 
-    async def _stream(self, call: _Call, rewrite: Rewrite, response: httpx.Response, lease: Lease):
+    async def _stream(self, call: _Call, rewrite: Rewrite, response: aiohttp.ClientResponse, lease: Lease):
         assembler = call.adapter.assembler(rewrite)
         relay = _Relay(call, assembler, durable=self.recorder.durable)
         try:
@@ -282,14 +295,14 @@ class Calls:
         except BaseException:
             # the agent went away (or the server is stopping): record what it got, off this cancelled task
             lease.close()
-            self._close_later(response)
+            response.close()  # the upstream sees the connection go and stops generating
             self.recorder.record_later(call.event(
                 self.source, 499, response=assembler.response(), tokens=assembler.tokens(), ttft_ms=relay.ttft_ms,
                 error="the agent disconnected before the end of the stream"))
             self._observe(call, 499, relay.ttft_ms)
             raise
         lease.close()
-        await response.aclose()
+        response.release() if relay.error is None else response.close()
         error = relay.error
         event = call.event(self.source, error.status if error else 200, response=assembler.response(),
                            tokens=assembler.tokens(), ttft_ms=relay.ttft_ms, error=error.message if error else None)
@@ -306,11 +319,6 @@ class Calls:
             yield line
         yield sse.DONE_EVENT
 
-    def _close_later(self, response: httpx.Response) -> None:
-        task = asyncio.create_task(response.aclose())
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
-
 
 class _Relay:
     """Forwards a stream chunk by chunk; in `ack` mode keeps its end back until the call is recorded."""
@@ -323,11 +331,11 @@ class _Relay:
         self.ttft_ms: float | None = None
         self.error: GatewayError | None = None
 
-    async def forward(self, response: httpx.Response):
+    async def forward(self, response: aiohttp.ClientResponse):
         url = self.call.upstream.url
         done = False
         try:
-            async for data in sse.data_of(response.aiter_bytes()):
+            async for data in sse.data_of(response.content.iter_any()):
                 if data == sse.DONE:
                     done = True
                     break
@@ -351,7 +359,7 @@ class _Relay:
                     self.tail.append(line)
                 else:
                     yield line
-        except httpx.HTTPError as exc:
+        except _TRANSPORT as exc:
             self.error = GatewayError(502, f"upstream {url} failed mid-stream: {_describe(exc)}", "upstream_error")
             return
         if not done:

@@ -32,7 +32,7 @@ def configure(level: str) -> None:
     root.setLevel(level.upper())
     # aiokafka logs every failed reconnect at error level; ours say what it means for calls
     logging.getLogger("aiokafka").setLevel(max(logging.WARNING, root.level))
-    logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))
+    logging.getLogger("aiohttp").setLevel(max(logging.WARNING, root.level))
 
 
 def fields(**values: Any) -> dict[str, Any]:

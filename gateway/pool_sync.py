@@ -20,7 +20,7 @@ import asyncio
 import logging
 import time
 
-import httpx
+import aiohttp
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 
@@ -45,7 +45,7 @@ class UpdateFailed(Exception):
 
 class PoolSync:
     def __init__(self, settings: GatewaySettings, pool: Pool, recorder: Recorder, metrics: Metrics,
-                 http: httpx.AsyncClient):
+                 http: aiohttp.ClientSession):
         self.settings = settings
         self.pool = pool
         self.recorder = recorder
@@ -178,10 +178,10 @@ class PoolSync:
 
     async def _served_version(self, server: Upstream) -> int | None:
         try:
-            response = await self.http.get(f"{server.url}/weight_info", timeout=5)
-            response.raise_for_status()
-            return self.pool.parse_version(response.json().get("weight_version"))
-        except (httpx.HTTPError, ValueError):
+            async with self.http.get(f"{server.url}/weight_info", timeout=aiohttp.ClientTimeout(total=10)) as response:
+                response.raise_for_status()
+                return self.pool.parse_version((await response.json(content_type=None)).get("weight_version"))
+        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
             return None
 
     async def _update(self, server: Upstream, model: str, version: int, uri: str, held_since: float,
@@ -205,13 +205,13 @@ class PoolSync:
                              json={"method": "reload_weights", "kwargs": {"weights_path": path}})
             load_ms = round((time.monotonic() - paused) * 1000, 1)
             await self._post(server, "/update_weight_version", json={"new_version": str(version)})
-        except (httpx.HTTPError, UpdateFailed) as exc:
+        except (aiohttp.ClientError, TimeoutError, UpdateFailed) as exc:
             error = f"{type(exc).__name__}: {exc}"
         finally:
             try:
                 await self._post(server, "/resume")
-            except (httpx.HTTPError, UpdateFailed) as exc:
-                error = f"{error + '; ' if error else ''}resume failed: {exc}"
+            except (aiohttp.ClientError, TimeoutError, UpdateFailed) as exc:
+                error = f"{error + '; ' if error else ''}resume failed: {type(exc).__name__}: {exc}"
         pause_ms = round((time.monotonic() - paused) * 1000, 1)
         self.metrics.pause.observe(pause_ms / 1000)
         if error:
@@ -222,6 +222,7 @@ class PoolSync:
         return update("ok", pause_ms, load_ms)
 
     async def _post(self, server: Upstream, path: str, timeout: float = 30.0, **kwargs) -> None:
-        response = await self.http.post(f"{server.url}{path}", timeout=timeout, **kwargs)
-        if response.status_code != 200:
-            raise UpdateFailed(f"POST {path} answered {response.status_code}: {response.text[:500]}")
+        async with self.http.post(f"{server.url}{path}", timeout=aiohttp.ClientTimeout(total=timeout),
+                                  **kwargs) as response:
+            if response.status != 200:
+                raise UpdateFailed(f"POST {path} answered {response.status}: {(await response.text())[:500]}")

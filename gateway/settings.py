@@ -33,6 +33,9 @@ class GatewaySettings(KafkaSettings):
         "async: respond at once and publish in the background (a crash can lose the last calls)",
     )
     publish_timeout_s: float = Field(5.0, description="how long a response waits for Kafka's ack before a 503")
+    publish_linger_ms: int = Field(
+        0, description="how long the producer waits to batch call events (0: send at once; under load, "
+        "records still batch while earlier ones are in flight)")
     api_keys: list[SecretStr] = Field(
         default_factory=list, description="operator keys: full access to every rollout and endpoint")
     token_secret: SecretStr = Field(

@@ -115,4 +115,4 @@ async def test_healthz_and_metrics(kafka):
         assert health.status_code == 503
         report = health.json()
         assert report["kafka"] is True and report["upstreams"][0]["healthy"] is False
-        assert "ConnectError" in report["upstreams"][0]["problem"]
+        assert "Cannot connect" in report["upstreams"][0]["problem"]
