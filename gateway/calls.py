@@ -36,10 +36,11 @@ log = logging.getLogger("gateway.calls")
 CALL_ID_HEADER = "x-agentstream-call-id"
 _SECRET_FIELDS = frozenset({"api_key", "apikey", "authorization", "password", "secret", "access_token"})
 _NO_TOKENS = Tokens()
-# the upstream never took the request: another server may
+# the upstream never took the request
 _REFUSED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
-# a kept-alive connection closed under the request: the same server may, once more
+# the connection closed under the request: a kept-alive one the server had just dropped, or a server that died
 _DROPPED = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+_UNREACHABLE = _REFUSED + _DROPPED  # another server may take the request
 _TRANSPORT = (aiohttp.ClientError, TimeoutError)
 
 
@@ -166,41 +167,43 @@ class Calls:
     async def _send(self, call: _Call, rewrite: Rewrite) -> tuple[aiohttp.ClientResponse, Lease]:
         """Send to the first server that takes the request; fail over only when one never got it."""
         content = orjson.dumps(rewrite.body)
-        sticky = call.attribution.rollout_id or call.attribution.session_id
         tried: list[str] = []
-        for upstream in self.pool.candidates(call.model, sticky):
+        for upstream in self.pool.candidates(call.model, call.attribution.rollout_id or call.attribution.session_id):
             if tried:
                 await self.pool.admit(call.model)  # a hold may have begun while the last server failed
-            for attempt in (1, 2):
-                lease = self.pool.lease(call.model, upstream)
-                call.upstream, call.weight_version = upstream, upstream.weight_version
-                try:
-                    response = await self.http.post(upstream.endpoint(call.adapter.path), data=content,
-                                                    headers=self.headers, timeout=self.timeout)
-                    return response, lease
-                except _REFUSED as exc:
-                    problem = _describe(exc)
-                except _DROPPED as exc:
-                    problem = _describe(exc)
-                    if attempt == 1:
-                        lease.close()
-                        continue
-                except _TRANSPORT as exc:
-                    lease.close()
-                    raise GatewayError(502, f"upstream {upstream.url} failed: {_describe(exc)}",
-                                       "upstream_error") from None
-                except BaseException:
-                    lease.close()
-                    raise
-                lease.close()
-                self.pool.mark_down(upstream, problem)
+            try:
+                return await self._post(call, upstream, content)
+            except _UNREACHABLE as exc:
+                self.pool.mark_down(upstream, _describe(exc))
                 self.metrics.failovers.labels(upstream.url).inc()
-                tried.append(f"{upstream.url} ({problem})")
-                break
+                tried.append(f"{upstream.url} ({_describe(exc)})")
+            except _TRANSPORT as exc:
+                raise GatewayError(502, f"upstream {upstream.url} failed: {_describe(exc)}", "upstream_error") from None
         if not tried:
             raise no_server(call.model, self.pool.models())
         raise GatewayError(502, f"no upstream serving {call.model!r} could be reached: {'; '.join(tried)}",
                            "upstream_unreachable")
+
+    async def _post(self, call: _Call, upstream: Upstream, content: bytes) -> tuple[aiohttp.ClientResponse, Lease]:
+        try:
+            return await self._post_once(call, upstream, content)
+        except _DROPPED as exc:
+            if isinstance(exc, _REFUSED):
+                raise
+            # most often a kept-alive connection the server closed just then: once more, on a new one
+            return await self._post_once(call, upstream, content)
+
+    async def _post_once(self, call: _Call, upstream: Upstream,
+                         content: bytes) -> tuple[aiohttp.ClientResponse, Lease]:
+        lease = self.pool.lease(call.model, upstream)  # counted from now, so a weight update waits for it
+        call.upstream, call.weight_version = upstream, upstream.weight_version
+        try:
+            response = await self.http.post(upstream.endpoint(call.adapter.path), data=content, headers=self.headers,
+                                            timeout=self.timeout)
+        except BaseException:
+            lease.close()
+            raise
+        return response, lease
 
     # --- answers ----------------------------------------------------------------------------
 

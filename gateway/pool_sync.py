@@ -145,8 +145,7 @@ class PoolSync:
             for event in newest.values():
                 await self.apply(event)
         except GatewayError:
-            # Kafka did not take the pool events: read these records again
-            consumer.seek(partition, records[0].offset)
+            # Kafka did not take the pool events: nothing is committed, the restarted loop reads these again
             raise KafkaError("pool events were not acknowledged") from None
         await consumer.commit({partition: records[-1].offset + 1})
 
