@@ -167,6 +167,10 @@ async def run(args: argparse.Namespace) -> dict:
 
             for mode, (_, kafka) in gateways.items():
                 recorded = await end_offset_total(kafka, kafka.topics.calls)
+                deadline = time.monotonic() + 15
+                while mode == "async" and recorded < made[mode] and time.monotonic() < deadline:
+                    await asyncio.sleep(0.5)  # async mode acknowledges later: give its last events a moment
+                    recorded = await end_offset_total(kafka, kafka.topics.calls)
                 results.setdefault("recorded", {})[mode] = {"calls": made[mode], "events": recorded}
                 if mode == "ack" and recorded != made[mode]:
                     raise SystemExit(f"durable gateway: {made[mode]} calls answered but {recorded} events in Kafka")

@@ -232,7 +232,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         kafka = gateway.recorder.available
         upstreams = gateway.pool.describe()
         ok = kafka and any(upstream["healthy"] for upstream in upstreams)
-        return _json({"status": "ok" if ok else "degraded", "kafka": kafka, "upstreams": upstreams,
+        return _json({"status": "ok" if ok else "degraded", "kafka": kafka,
+                      "unacknowledged_events": gateway.recorder.unacknowledged, "upstreams": upstreams,
                       "holds": {model: hold.version for model, hold in gateway.pool.holds.items()},
                       "replica_id": settings.replica_id}, 200 if ok else 503)
 

@@ -2,11 +2,12 @@
 
 `ack` (the default): `record` returns only when Kafka acknowledged the event, so a response is
 finished only once it is in the log; when Kafka does not answer within the publish timeout the
-caller gets a 503 instead. `async`: `record` queues the event and returns; a crash can lose the
-events in the queue, and failures are only logged and counted.
+caller gets a 503 instead. `async`: `record` hands the event to the producer and returns; a crash
+can lose the events not yet acknowledged, and failures are logged and counted, not raised.
 
-After a timeout the recorder stays "down" until the stuck event is acknowledged (the idempotent
-producer retries it until the broker is back), so while Kafka is away agents get an immediate
+After a timeout (in `async` mode: an event unacknowledged for longer than it) the recorder stays
+"down" until the stuck event is acknowledged (the idempotent producer retries it until the broker
+is back), so while Kafka is away agents get an immediate
 503 rather than a response the log would not hold. The gateway starts even while Kafka is
 unreachable and connects when it can.
 """
@@ -16,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
+from functools import partial
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
@@ -40,6 +43,8 @@ class Recorder:
         self._linger_ms = linger_ms
         self._publisher: Publisher | None = None
         self._stuck: asyncio.Future | None = None
+        self._unacked: deque[tuple[float, asyncio.Future]] = deque()
+        """`async` durability: events sent and not yet acknowledged, oldest first (roughly)"""
         self._tasks: set[asyncio.Task] = set()
         self._connector: asyncio.Task | None = None
 
@@ -70,6 +75,7 @@ class Recorder:
             delay = min(delay * 2, 5.0)
 
     async def stop(self) -> None:
+        """Flush what is queued (bounded by the publish timeout: with Kafka away, shutting down wins)."""
         if self._connector:
             self._connector.cancel()
         if self._tasks:
@@ -78,19 +84,26 @@ class Recorder:
             producer: AIOKafkaProducer = self._publisher.producer
             try:
                 await asyncio.wait_for(producer.flush(), self.timeout_s)
+                await asyncio.wait_for(producer.stop(), self.timeout_s)
             except TimeoutError:
-                log.error("Kafka did not acknowledge the last events before shutdown")
-            await producer.stop()
+                log.error("Kafka did not acknowledge the last events before shutdown",
+                          extra=fields(unacknowledged=self.unacknowledged))
 
     # --- state ------------------------------------------------------------------------------
 
     @property
     def available(self) -> bool:
-        return self._publisher is not None and self._stuck is None
+        if self._publisher is None or self._stuck is not None:
+            return False
+        if self._unacked and time.perf_counter() - self._unacked[0][0] > self.timeout_s:
+            self._trip(self._unacked[0][1])  # `async` durability: the oldest event waits too long for its ack
+            return False
+        return True
 
     @property
-    def publisher(self) -> Publisher | None:
-        return self._publisher
+    def unacknowledged(self) -> int:
+        """`async` durability: events handed to the producer and not yet acknowledged."""
+        return sum(1 for _, future in self._unacked if not future.done())
 
     def check_available(self) -> None:
         if not self.available:
@@ -108,7 +121,31 @@ class Recorder:
         if self.durable:
             await self.publish(event)
         else:
-            self.record_later(event)
+            await self.enqueue(event)
+
+    async def enqueue(self, event: Event) -> None:
+        """Hand the event to the producer and return: its ack is watched, not awaited (`async` durability)."""
+        self.check_available()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                future = await self._publisher.send(event)
+        except TimeoutError:
+            self._trip(None)
+            raise self._down() from None
+        start = time.perf_counter()
+        self._unacked.append((start, future))
+        future.add_done_callback(partial(self._acked, event, start))
+
+    def _acked(self, event: Event, start: float, future: asyncio.Future) -> None:
+        problem = "cancelled" if future.cancelled() else future.exception()
+        if problem is None:
+            self.metrics.publish.observe(time.perf_counter() - start)
+        else:
+            self.metrics.publish_failures.labels(type(problem).__name__).inc()
+            log.error("an event was not recorded", extra=fields(event_id=event.id, type=event.type,
+                                                                rollout_id=event.rollout_id, problem=str(problem)))
+        while self._unacked and self._unacked[0][1].done():
+            self._unacked.popleft()
 
     async def publish(self, event: Event) -> None:
         """Publish and wait for the ack, whatever the durability setting (rewards, rollout ends, pool events)."""

@@ -24,10 +24,15 @@ async def test_kafka_down_gives_503_and_calls_flow_again_when_it_returns(tmp_pat
     kafka = KafkaSettings(bootstrap_servers=broker.start(port=free_port()).url, topic_prefix="durable.")
     try:
         assert (await ensure_topics(kafka)).ok
-        settings = gateway_settings(kafka, [f"tiny={vllm_server.url}"], publish_timeout_s=3.0, pool_sync=False)
-        async with running_gateway(settings) as gw:
-            client = gw.openai()
+        upstreams = [f"tiny={vllm_server.url}"]
+        ack_settings = gateway_settings(kafka, upstreams, publish_timeout_s=3.0, pool_sync=False)
+        async_settings = gateway_settings(kafka, upstreams, publish_timeout_s=3.0, pool_sync=False, durability="async")
+        async with running_gateway(ack_settings) as gw, running_gateway(async_settings) as fast:
+            client, fast_client = gw.openai(), fast.openai()
             before = await client.chat.completions.with_raw_response.create(model="tiny", messages=MESSAGES, max_tokens=2)
+            fast_before = await fast_client.chat.completions.with_raw_response.create(
+                model="tiny", messages=MESSAGES, max_tokens=2)
+            await wait_for_async(lambda: fast.gateway.recorder.unacknowledged == 0, what="the async gateway's ack")
 
             assert broker.stop()
             # a stream already under way when Kafka stops: the agent gets its tokens, but not the end of the
@@ -51,19 +56,39 @@ async def test_kafka_down_gives_503_and_calls_flow_again_when_it_returns(tmp_pat
                 assert (await http.post("/rollouts/r1/reward", json={"value": 1})).status_code == 503
                 assert (await http.get("/healthz")).json()["kafka"] is False
 
+            # async durability answers without the ack, until an event waits longer than the publish timeout
+            unacked = await fast_client.chat.completions.with_raw_response.create(
+                model="tiny", messages=MESSAGES, max_tokens=2)
+
+            async def refused_by_fast() -> bool:
+                try:
+                    await fast_client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2)
+                except openai.InternalServerError as exc:
+                    return exc.status_code == 503
+                return False
+
+            await wait_for_async(refused_by_fast, timeout=30, interval=0.5, what="the async gateway to notice")
+
             broker.start()
 
-            async def served() -> str | None:
+            async def served(agent) -> str | None:
                 try:
-                    raw = await client.chat.completions.with_raw_response.create(
+                    raw = await agent.chat.completions.with_raw_response.create(
                         model="tiny", messages=MESSAGES, max_tokens=2)
                 except openai.InternalServerError:
                     return None
                 return raw.headers["x-agentstream-call-id"]
 
-            after = await wait_for_async(served, timeout=60, interval=0.5, what="calls to flow again")
-            recorded = {event.id for event in await read_events(kafka, kafka.topics.calls)}
-            assert {before.headers["x-agentstream-call-id"], after} <= recorded
+            after = await wait_for_async(lambda: served(client), timeout=60, interval=0.5, what="calls to flow again")
+            fast_after = await wait_for_async(lambda: served(fast_client), timeout=60, interval=0.5,
+                                              what="async calls to flow again")
+            expected = {before.headers["x-agentstream-call-id"], fast_before.headers["x-agentstream-call-id"], after,
+                        fast_after, unacked.headers["x-agentstream-call-id"]}  # the producer kept that one for later
+
+            async def all_recorded() -> bool:
+                return expected <= {event.id for event in await read_events(kafka, kafka.topics.calls, settle_ms=200)}
+
+            await wait_for_async(all_recorded, timeout=30, interval=0.5, what="every answered call in the log")
     finally:
         broker.stop()
 
