@@ -151,14 +151,14 @@ class Recorder:
         """Publish and wait for the ack, whatever the durability setting (rewards, rollout ends, pool events)."""
         self.check_available()
         start = time.perf_counter()
-        future = None
         try:
             async with asyncio.timeout(self.timeout_s):
-                future = await self._publisher.send(event)
-                await asyncio.shield(future)
+                # awaited directly (a shield would cost a loop turn): a timeout cancels this record's
+                # future only; the record stays in its batch, which the producer keeps sending
+                await (await self._publisher.send(event))
         except TimeoutError:
             self.metrics.publish_failures.labels("timeout").inc()
-            self._trip(future)
+            self._trip(None)
             raise self._down() from None
         except KafkaError as exc:
             self.metrics.publish_failures.labels(type(exc).__name__).inc()
@@ -180,15 +180,13 @@ class Recorder:
                                                                    rollout_id=event.rollout_id, problem=exc.message))
 
     def _trip(self, future: asyncio.Future | None) -> None:
-        """Stay down until `future` (the send that timed out) is acknowledged: then Kafka is back."""
+        """Stay down until `future` (default: everything the producer holds now) is acknowledged."""
         if self._stuck is not None:
             return
         log.error("Kafka did not acknowledge an event in time: answering model calls with 503 until it does",
                   extra=fields(bootstrap_servers=self.settings.bootstrap_servers, timeout_s=self.timeout_s))
-        if future is None:  # the send itself did not get through: wait for the producer's queue instead
-            future = asyncio.ensure_future(self._publisher.producer.flush())
-        self._stuck = future
-        future.add_done_callback(self._recovered)
+        self._stuck = future or asyncio.ensure_future(self._publisher.producer.flush())
+        self._stuck.add_done_callback(self._recovered)
 
     def _recovered(self, future: asyncio.Future) -> None:
         self._stuck = None
