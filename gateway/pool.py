@@ -192,7 +192,7 @@ class Pool:
     def applied(self, model: str, version: int, server: str, ok: bool) -> None:
         """A server finished an update (`ok`: it now serves `version`); release the hold when all did."""
         upstream = self.upstreams.get(server)
-        if ok and upstream is not None:
+        if ok and upstream is not None and (upstream.weight_version is None or version > upstream.weight_version):
             self.set_version(upstream, version)
         hold = self.holds.get(model)
         if hold is None:

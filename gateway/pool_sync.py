@@ -52,6 +52,7 @@ class PoolSync:
         self.metrics = metrics
         self.http = http
         self._tasks: list[asyncio.Task] = []
+        self._positions: dict[TopicPartition, int] = {}
         self.following = asyncio.Event()
         """set once this replica follows the topics (it holds for every update published after)"""
 
@@ -89,13 +90,21 @@ class PoolSync:
         try:
             partitions = [*await partitions_of(self.settings, topics.weights),
                           *await partitions_of(self.settings, topics.pool)]
+            if not partitions:
+                raise KafkaError(f"topics {topics.weights} and {topics.pool} do not exist yet")
             consumer.assign(partitions)
-            await consumer.seek_to_end(*partitions)
-            for partition in partitions:  # fix the start position now, not at the first fetch
-                await consumer.position(partition)
+            # from the end on the first start; after a lost connection, from where this replica was
+            fresh = [partition for partition in partitions if partition not in self._positions]
+            if fresh:
+                await consumer.seek_to_end(*fresh)
+            for partition in partitions:
+                if partition in self._positions:
+                    consumer.seek(partition, self._positions[partition])
+                await consumer.position(partition)  # fix the start position now, not at the first fetch
             self.following.set()
             async for record in consumer:
                 self.observe(record)
+                self._positions[TopicPartition(record.topic, record.partition)] = record.offset + 1
         finally:
             self.following.clear()
             await consumer.stop()
