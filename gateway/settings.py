@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import SettingsConfigDict
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from schemas.kafka import KafkaSettings
 
@@ -17,15 +18,15 @@ class GatewaySettings(KafkaSettings):
 
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8080, description="port to listen on")
-    upstreams: list[str] = Field(
+    upstreams: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="inference servers, each 'MODEL=URL' (e.g. tiny=http://127.0.0.1:8000) or a bare URL whose "
         "models are read from its /v1/models; repeat the flag or pass a JSON list for several",
     )
     mode: Literal["training", "passthrough"] = Field(
         "training",
-        description="training: ask upstreams for token ids and logprobs and record them; passthrough: forward "
-        "requests unchanged",
+        description="training: ask upstreams (vLLM) for token ids and logprobs and record them, the agent gets "
+        "the response it asked for; passthrough: forward requests unchanged (for upstreams that are not vLLM)",
     )
     durability: Literal["ack", "async"] = Field(
         "ack",
@@ -36,8 +37,9 @@ class GatewaySettings(KafkaSettings):
     publish_linger_ms: int = Field(
         0, description="how long the producer waits to batch call events (0: send at once; under load, "
         "records still batch while earlier ones are in flight)")
-    api_keys: list[SecretStr] = Field(
-        default_factory=list, description="operator keys: full access to every rollout and endpoint")
+    api_keys: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list, description="operator keys, full access to every rollout and endpoint (prefer the "
+        "environment, AGENTSTREAM_API_KEYS, to a flag: flags show in process listings)")
     token_secret: SecretStr = Field(
         SecretStr(""), description="secret that signs rollout tokens (shared with the controller)")
     allow_anonymous: bool = Field(
@@ -69,12 +71,13 @@ class GatewaySettings(KafkaSettings):
     log_level: str = Field("info", description="debug, info, warning or error")
     source: str = Field("gateway", description="the `source` of the events this gateway writes")
 
-    @field_validator("upstreams", mode="before")
+    @field_validator("upstreams", "api_keys", mode="before")
     @classmethod
-    def _split_commas(cls, value):
-        # `--upstreams a=http://x,a=http://y` is easier to type than a JSON list
-        if isinstance(value, str) and not value.lstrip().startswith("["):
-            return [part.strip() for part in value.split(",") if part.strip()]
+    def _list_from_text(cls, value):
+        # a JSON list, or `a=http://x,a=http://y`, which is easier to type
+        if isinstance(value, str):
+            text = value.strip()
+            return json.loads(text) if text.startswith("[") else [part.strip() for part in text.split(",") if part.strip()]
         return value
 
     @property

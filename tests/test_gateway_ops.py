@@ -33,10 +33,10 @@ def test_settings_come_from_the_environment_and_flags_win(monkeypatch):
     from pydantic_settings import CliApp
 
     monkeypatch.setenv("AGENTSTREAM_UPSTREAMS", '["tiny=http://127.0.0.1:1"]')
-    monkeypatch.setenv("AGENTSTREAM_API_KEYS", '["k1"]')
+    monkeypatch.setenv("AGENTSTREAM_API_KEYS", "k1,k2")
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "10.0.0.1:9092")
     settings = CliApp.run(GatewaySettings, cli_args=["--port", "9999", "--durability", "async"])
-    assert settings.upstreams == ["tiny=http://127.0.0.1:1"] and settings.keys == {"k1"}
+    assert settings.upstreams == ["tiny=http://127.0.0.1:1"] and settings.keys == {"k1", "k2"}
     assert settings.bootstrap_servers == "10.0.0.1:9092" and settings.port == 9999 and settings.durability == "async"
     assert "k1" not in repr(settings), "a key would be printed with the settings"
 
