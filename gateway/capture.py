@@ -8,7 +8,8 @@ the call event records. Streams go through a `StreamAssembler`, chunk by chunk: 
 taken from the chunks as they pass, never re-tokenized, and the chunks are assembled into the
 same response a non-streamed call would have returned.
 
-Every adapter produces the same `Tokens`, so a new API is one new adapter here.
+Every adapter produces the same `Tokens`, so a new API is one new adapter in `ADAPTERS` (the app
+serves each at its `path`, plain and rollout-scoped).
 """
 
 from __future__ import annotations
