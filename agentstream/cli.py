@@ -337,6 +337,14 @@ def train(ctx: typer.Context) -> None:
     forward(trainer_main, list(ctx.args))
 
 
+@app.command("gateway", **FORWARD)
+def gateway(ctx: typer.Context) -> None:
+    """The OpenAI-compatible gateway that records every model call (flags: `agentstream gateway --help`)."""
+    from gateway.__main__ import main as gateway_main
+
+    forward(gateway_main, list(ctx.args))
+
+
 def main() -> None:
     app()
 

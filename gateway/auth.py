@@ -1,0 +1,100 @@
+"""Who is calling, and which rollout a request belongs to.
+
+Operators hold gateway keys and may act for any rollout. Agents hold rollout tokens
+(`schemas.tokens`), bound to one rollout and attempt: a token names its rollout by itself, and a
+request that names another one is refused (403). No key, or a key that is neither, is a 401.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from schemas.tokens import InvalidToken, RolloutClaims, is_rollout_token, verify_rollout_token
+
+from gateway.errors import GatewayError
+
+ROLLOUT_HEADER = "x-agentstream-rollout-id"
+ATTEMPT_HEADER = "x-agentstream-attempt-id"
+SESSION_HEADER = "x-agentstream-session-id"
+_KEY_HEADERS = ("authorization", "x-api-key", "api-key")
+_WANTED = frozenset(name.encode() for name in (*_KEY_HEADERS, ROLLOUT_HEADER, ATTEMPT_HEADER, SESSION_HEADER))
+
+
+def auth_headers(scope: dict) -> dict[str, str]:
+    """The headers auth and attribution read, in one pass over the request's (lower-cased) headers."""
+    return {name.decode(): value.decode("latin-1") for name, value in scope["headers"] if name in _WANTED}
+
+
+@dataclass(frozen=True)
+class Principal:
+    kind: Literal["operator", "rollout", "anonymous"]
+    claims: RolloutClaims | None = None
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """Where a call or reward belongs: a rollout attempt, or a session of untracked traffic."""
+
+    rollout_id: str | None = None
+    attempt_id: str | None = None
+    session_id: str | None = None
+
+
+class Authenticator:
+    def __init__(self, keys: frozenset[str], token_secret: str, allow_anonymous: bool):
+        self._keys = tuple(key.encode() for key in keys)
+        self._secret = token_secret
+        self._anonymous = allow_anonymous
+
+    @property
+    def configured(self) -> bool:
+        return bool(self._keys or self._secret or self._anonymous)
+
+    def principal(self, headers: Mapping[str, str]) -> Principal:
+        token = _presented_key(headers)
+        if token is None:
+            if self._anonymous:
+                return Principal("anonymous")
+            raise GatewayError(401, "no API key: send 'Authorization: Bearer <gateway key or rollout token>'",
+                               "missing_api_key")
+        if is_rollout_token(token):
+            if not self._secret:
+                raise GatewayError(401, "rollout tokens are not accepted: this gateway has no token secret "
+                                   "(AGENTSTREAM_TOKEN_SECRET)", "invalid_api_key")
+            try:
+                return Principal("rollout", verify_rollout_token(self._secret, token))
+            except InvalidToken as exc:
+                raise GatewayError(401, f"invalid rollout token: {exc}", "invalid_api_key") from None
+        if any(hmac.compare_digest(token.encode(), key) for key in self._keys):
+            return Principal("operator")
+        if self._anonymous:
+            return Principal("anonymous")
+        raise GatewayError(401, "invalid API key: not a gateway key or a rollout token", "invalid_api_key")
+
+    @staticmethod
+    def attribute(principal: Principal, rollout_id: str | None, attempt_id: str | None,
+                  session_id: str | None = None) -> Attribution:
+        """The attribution of a request that names `rollout_id`/`attempt_id` (URL or headers), if allowed."""
+        claims = principal.claims
+        if claims is None:
+            return Attribution(rollout_id, attempt_id, None if rollout_id else session_id)
+        if rollout_id is not None and rollout_id != claims.rollout_id:
+            raise GatewayError(403, f"this token belongs to rollout {claims.rollout_id!r}, not {rollout_id!r}",
+                               "wrong_rollout")
+        if attempt_id is not None and attempt_id != claims.attempt_id:
+            raise GatewayError(403, f"this token belongs to attempt {claims.attempt_id!r} of rollout "
+                               f"{claims.rollout_id!r}, not attempt {attempt_id!r}", "wrong_attempt")
+        return Attribution(claims.rollout_id, claims.attempt_id)
+
+
+def _presented_key(headers: Mapping[str, str]) -> str | None:
+    authorization = headers.get("authorization")
+    if authorization:
+        scheme, _, value = authorization.partition(" ")
+        if scheme.lower() == "bearer" and value.strip():
+            return value.strip()
+    # the Anthropic SDK sends x-api-key; Azure-style clients send api-key
+    return headers.get("x-api-key") or headers.get("api-key") or None

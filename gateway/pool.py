@@ -1,0 +1,312 @@
+"""The inference pool: upstream servers per model, which one serves a request, and holds.
+
+A rollout sticks to one server (its prefix cache stays warm) by rendezvous hashing of the
+rollout id over the model's servers: every gateway replica picks the same server without
+sharing state, and a server going down moves only its own rollouts. Health checks mark servers
+up and down and read the weight version each one serves.
+
+While a model's weights are updated, its new requests wait in `admit` (bounded; then 503 with
+Retry-After) and `drain` reports when the ones in flight have finished. `pool_sync` decides when
+to hold and release; this module only keeps the state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import aiohttp
+from yarl import URL
+
+from gateway.errors import GatewayError, unavailable
+from gateway.logs import fields
+from gateway.metrics import Metrics
+
+log = logging.getLogger("gateway.pool")
+
+CHECK_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
+
+
+@dataclass(eq=False)
+class Upstream:
+    url: str
+    models: set[str]
+    discover: bool = False
+    """models come from the server's /v1/models (it was configured as a bare URL)"""
+    healthy: bool = True
+    weight_version: int | None = None
+    in_flight: int = 0
+    problem: str | None = None
+    failed_checks: int = 0
+    _endpoints: dict[str, URL] = field(default_factory=dict, repr=False)
+
+    def endpoint(self, path: str) -> URL:
+        """`url + path`, parsed once (URL parsing is a measurable part of a proxied call)."""
+        endpoint = self._endpoints.get(path)
+        if endpoint is None:
+            endpoint = self._endpoints[path] = URL(self.url + path)
+        return endpoint
+
+
+def parse_upstreams(entries: list[str]) -> list[Upstream]:
+    """`MODEL=URL` or bare `URL` entries; several models on one URL make one server."""
+    servers: dict[str, Upstream] = {}
+    for entry in entries:
+        model, url = ("", entry) if entry.startswith(("http://", "https://")) else entry.partition("=")[::2]
+        url = normalize_url(url)
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"upstream {entry!r}: expected MODEL=URL or URL, e.g. tiny=http://127.0.0.1:8000")
+        server = servers.setdefault(url, Upstream(url, set()))
+        if model:
+            server.models.add(model)
+        else:
+            server.discover = True
+    return list(servers.values())
+
+
+def normalize_url(url: str) -> str:
+    """Accept an OpenAI-style base URL too: `http://host:8000/v1/` is the server `http://host:8000`."""
+    url = url.strip().rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def _score(key: str, url: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{key}\x1f{url}".encode(), digest_size=8).digest(), "big")
+
+
+@dataclass(eq=False)
+class Hold:
+    version: int
+    pending: dict[str, int]
+    """server url -> the version it must serve before the hold ends"""
+    since: float = field(default_factory=time.monotonic)
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+    expiry: asyncio.TimerHandle | None = None
+
+
+class Lease:
+    """One request's use of a server: counted while it runs, so updates can drain."""
+
+    __slots__ = ("pool", "model", "upstream", "_open")
+
+    def __init__(self, pool: Pool, model: str, upstream: Upstream):
+        self.pool, self.model, self.upstream, self._open = pool, model, upstream, True
+        upstream.in_flight += 1
+        pool._in_flight[model] += 1
+        pool.metrics.in_flight.inc()
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            self.upstream.in_flight -= 1
+            self.pool._in_flight[self.model] -= 1
+            self.pool.metrics.in_flight.dec()
+
+
+class Pool:
+    def __init__(self, upstreams: list[Upstream], http: aiohttp.ClientSession, metrics: Metrics, *,
+                 initial_version: int = 0, hold_timeout_s: float = 30.0, hold_max_s: float = 300.0):
+        self.upstreams = {upstream.url: upstream for upstream in upstreams}
+        self.http = http
+        self.metrics = metrics
+        self.initial_version = initial_version
+        self.hold_timeout_s = hold_timeout_s
+        self.hold_max_s = hold_max_s
+        self.holds: dict[str, Hold] = {}
+        self._in_flight: Counter[str] = Counter()
+
+    # --- routing ----------------------------------------------------------------------------
+
+    def models(self) -> list[str]:
+        return sorted({model for upstream in self.upstreams.values() for model in upstream.models})
+
+    def servers(self, model: str) -> list[Upstream]:
+        return [upstream for upstream in self.upstreams.values() if model in upstream.models]
+
+    def candidates(self, model: str, sticky_key: str | None) -> list[Upstream]:
+        """The model's servers in the order to try them: healthy first; by rollout, else least busy."""
+        servers = self.servers(model)
+        if sticky_key:
+            servers.sort(key=lambda upstream: _score(sticky_key, upstream.url), reverse=True)
+        else:
+            servers.sort(key=lambda upstream: upstream.in_flight)
+        servers.sort(key=lambda upstream: not upstream.healthy)
+        return servers
+
+    def lease(self, model: str, upstream: Upstream) -> Lease:
+        return Lease(self, model, upstream)
+
+    def in_flight(self, model: str) -> int:
+        return self._in_flight[model]
+
+    def mark_down(self, upstream: Upstream, problem: str) -> None:
+        if upstream.healthy:
+            log.warning("upstream down", extra=fields(upstream=upstream.url, problem=problem))
+        upstream.healthy, upstream.problem = False, problem
+        self.metrics.upstream_healthy.labels(upstream.url).set(0)
+
+    # --- holds ------------------------------------------------------------------------------
+
+    async def admit(self, model: str) -> float:
+        """Return when `model` takes requests (seconds waited); 503 with Retry-After past the bound."""
+        if model not in self.holds:
+            return 0.0
+        start = time.monotonic()
+        deadline = start + self.hold_timeout_s
+        self.metrics.held.inc()
+        try:
+            while (hold := self.holds.get(model)) is not None:
+                try:
+                    await asyncio.wait_for(hold.released.wait(), max(0.0, deadline - time.monotonic()))
+                except TimeoutError:
+                    self.metrics.hold_timeouts.inc()
+                    raise unavailable(
+                        f"model {model!r} is loading new weights (version {hold.version}) and did not finish "
+                        f"within {self.hold_timeout_s:.0f} s; retry shortly", "model_updating", retry_after_s=2,
+                    ) from None
+        finally:
+            self.metrics.held.dec()
+        waited = time.monotonic() - start
+        self.metrics.hold_wait.observe(waited)
+        return waited
+
+    def hold(self, model: str, version: int, servers: list[str]) -> Hold | None:
+        """Hold new requests for `model` until each of `servers` serves `version`; None if all already do."""
+        behind = [url for url in servers if self._behind(url, version)]
+        if not behind:
+            return self.holds.get(model)
+        hold = self.holds.get(model)
+        if hold is None:
+            hold = self.holds[model] = Hold(version, {})
+            hold.expiry = asyncio.get_running_loop().call_later(self.hold_max_s, self._expire, model, hold)
+            log.info("holding requests for a weight update", extra=fields(model=model, version=version, servers=behind))
+        hold.version = max(hold.version, version)
+        for url in behind:
+            hold.pending[url] = max(hold.pending.get(url, version), version)
+        return hold
+
+    def applied(self, model: str, version: int, server: str, ok: bool) -> None:
+        """A server finished an update (`ok`: it now serves `version`); release the hold when all did."""
+        upstream = self.upstreams.get(server)
+        if ok and upstream is not None and (upstream.weight_version is None or version > upstream.weight_version):
+            self.set_version(upstream, version)
+        hold = self.holds.get(model)
+        if hold is None:
+            return
+        if server in hold.pending and hold.pending[server] <= version:
+            del hold.pending[server]
+        if not hold.pending:
+            self._release(model, hold)
+
+    def _behind(self, url: str, version: int) -> bool:
+        upstream = self.upstreams.get(url)
+        return upstream is not None and (upstream.weight_version is None or upstream.weight_version < version)
+
+    def _release(self, model: str, hold: Hold) -> None:
+        if self.holds.get(model) is hold:
+            del self.holds[model]
+        if hold.expiry:
+            hold.expiry.cancel()
+        hold.released.set()
+        log.info("released requests after a weight update",
+                 extra=fields(model=model, version=hold.version, held_ms=round((time.monotonic() - hold.since) * 1000, 1)))
+
+    def _expire(self, model: str, hold: Hold) -> None:
+        log.error("weight update not applied in time: releasing requests; they are served by the weights "
+                  "each server has", extra=fields(model=model, version=hold.version, servers=sorted(hold.pending),
+                                                   hold_max_s=self.hold_max_s))
+        self._release(model, hold)
+
+    async def drain(self, model: str, servers: list[Upstream], timeout: float) -> bool:
+        """Wait until no request of `model` runs here or on `servers` (other replicas' too); False at timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.in_flight(model) == 0 and all(await asyncio.gather(*(self._idle(s) for s in servers))):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.02)
+
+    async def _idle(self, upstream: Upstream) -> bool:
+        try:
+            async with self.http.get(f"{upstream.url}/metrics", timeout=CHECK_TIMEOUT) as response:
+                if response.status != 200:
+                    return True  # a server without vLLM's metrics: the local count is all we know
+                text = await response.text()
+        except (aiohttp.ClientError, TimeoutError):
+            return True
+        busy = 0.0
+        for line in text.splitlines():
+            if line.startswith(("vllm:num_requests_running{", "vllm:num_requests_waiting{")):
+                busy += float(line.rsplit(" ", 1)[1])
+        return busy == 0
+
+    # --- health -----------------------------------------------------------------------------
+
+    def set_version(self, upstream: Upstream, version: int | None) -> None:
+        upstream.weight_version = version
+        if version is not None:
+            self.metrics.upstream_version.labels(upstream.url).set(version)
+
+    def parse_version(self, reported: object) -> int | None:
+        if reported == "default":
+            return self.initial_version
+        try:
+            return int(str(reported))
+        except ValueError:
+            return None
+
+    async def check(self, upstream: Upstream) -> None:
+        try:
+            await self._get(upstream, "/health")
+            if upstream.discover:
+                listed = await self._get(upstream, "/v1/models")
+                upstream.models = {entry["id"] for entry in listed.get("data", [])}
+            info = await self._get(upstream, "/weight_info", required=False)
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, AttributeError) as exc:
+            upstream.failed_checks += 1
+            # a refused connection is a server that is down; a slow answer may be a busy one: twice in a row
+            if isinstance(exc, aiohttp.ClientConnectorError) or upstream.failed_checks >= 2:
+                self.mark_down(upstream, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+            return
+        upstream.failed_checks = 0
+        if info is not None:
+            version = self.parse_version(info.get("weight_version"))
+            # versions only grow: a check that raced an update must not undo what pool sync set
+            if version is not None and (upstream.weight_version is None or version > upstream.weight_version):
+                self.set_version(upstream, version)
+        if not upstream.healthy:
+            log.info("upstream up", extra=fields(upstream=upstream.url))
+        upstream.healthy, upstream.problem = True, None
+        self.metrics.upstream_healthy.labels(upstream.url).set(1)
+
+    async def _get(self, upstream: Upstream, path: str, required: bool = True) -> dict | None:
+        """GET a JSON endpoint (None if it does not exist and is not `required`)."""
+        async with self.http.get(f"{upstream.url}{path}", timeout=CHECK_TIMEOUT) as response:
+            if response.status == 404 and not required:
+                return None
+            if response.status != 200:
+                raise aiohttp.ClientResponseError(response.request_info, (), status=response.status,
+                                                  message=f"{path} answered {response.status}")
+            return await response.json(content_type=None) if path != "/health" else None
+
+    async def check_all(self) -> None:
+        await asyncio.gather(*(self.check(upstream) for upstream in self.upstreams.values()))
+
+    async def run_health_checks(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.check_all()
+
+    def describe(self) -> list[dict]:
+        return [{"url": u.url, "models": sorted(u.models), "healthy": u.healthy, "weight_version": u.weight_version,
+                 "in_flight": u.in_flight, "problem": u.problem} for u in self.upstreams.values()]
+
+
+def no_server(model: str, known: list[str]) -> GatewayError:
+    return GatewayError(404, f"model {model!r} is not served here; known models: {', '.join(known) or 'none'}",
+                        "model_not_found")

@@ -1,0 +1,90 @@
+"""The gateway's settings: environment (AGENTSTREAM_*), or the same names as `python -m gateway` flags."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
+
+from schemas.kafka import KafkaSettings
+
+
+class GatewaySettings(KafkaSettings):
+    model_config = SettingsConfigDict(cli_prog_name="python -m gateway")
+
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(8080, description="port to listen on")
+    upstreams: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="inference servers, each 'MODEL=URL' (e.g. tiny=http://127.0.0.1:8000) or a bare URL whose "
+        "models are read from its /v1/models; repeat the flag or pass a JSON list for several",
+    )
+    mode: Literal["training", "passthrough"] = Field(
+        "training",
+        description="training: ask upstreams (vLLM) for token ids and logprobs and record them, the agent gets "
+        "the response it asked for; passthrough: forward requests unchanged (for upstreams that are not vLLM)",
+    )
+    durability: Literal["ack", "async"] = Field(
+        "ack",
+        description="ack: the agent gets the end of a response only after Kafka acknowledged its call event; "
+        "async: respond at once and publish in the background (a crash can lose the last calls)",
+    )
+    publish_timeout_s: float = Field(5.0, description="how long a response waits for Kafka's ack before a 503")
+    publish_linger_ms: int = Field(
+        0, description="how long the producer waits to batch call events (0: send at once; under load, "
+        "records still batch while earlier ones are in flight)")
+    api_keys: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list, description="operator keys, full access to every rollout and endpoint (prefer the "
+        "environment, AGENTSTREAM_API_KEYS, to a flag: flags show in process listings)")
+    token_secret: SecretStr = Field(
+        SecretStr(""), description="secret that signs rollout tokens (shared with the controller)")
+    allow_anonymous: bool = Field(
+        False, description="accept requests without a key (local experiments only; calls are session traffic)")
+    upstream_api_key: SecretStr = Field(
+        SecretStr(""), description="bearer token the gateway sends to upstreams (agents' keys are never forwarded)")
+    connect_timeout_s: float = Field(2.0, description="upstream connect timeout; a refused connection fails over")
+    upstream_timeout_s: float = Field(600.0, description="upstream read timeout per response chunk")
+    max_connections: int = Field(512, description="open connections per upstream server")
+    health_interval_s: float = Field(2.0, description="seconds between health checks of each upstream")
+    hold_timeout_s: float = Field(
+        30.0, description="longest a request waits while its model's weights update; then 503 with Retry-After")
+    drain_timeout_s: float = Field(
+        30.0, description="longest an update waits for in-flight requests to finish before pausing a server")
+    hold_max_s: float = Field(
+        300.0, description="longest a replica holds a model for an update it never sees applied")
+    initial_weight_version: int = Field(
+        0, description="the version of weights a server reports as 'default' (before any update)")
+    pool_sync: bool = Field(True, description="follow the weights topic: hold requests while the pool updates")
+    apply_updates: bool = Field(
+        True, description="take part in applying weight updates to the servers (one replica applies each)")
+    replica_id: str = Field(
+        default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}",
+        description="this replica's name in pool events")
+    create_topics: bool = Field(True, description="create missing topics at startup")
+    shutdown_timeout_s: float = Field(
+        60.0, description="on SIGTERM, how long in-flight calls may take to finish before the process exits")
+    access_log: bool = Field(False, description="log one line per request")
+    log_level: str = Field("info", description="debug, info, warning or error")
+    source: str = Field("gateway", description="the `source` of the events this gateway writes")
+
+    @field_validator("upstreams", "api_keys", mode="before")
+    @classmethod
+    def _list_from_text(cls, value):
+        # a JSON list, or `a=http://x,a=http://y`, which is easier to type
+        if isinstance(value, str):
+            text = value.strip()
+            return json.loads(text) if text.startswith("[") else [part.strip() for part in text.split(",") if part.strip()]
+        return value
+
+    @property
+    def keys(self) -> frozenset[str]:
+        return frozenset(key.get_secret_value() for key in self.api_keys if key.get_secret_value())
+
+    @property
+    def pool_group(self) -> str:
+        """The consumer group whose one member applies each weight update (per topic prefix)."""
+        return f"{self.topic_prefix}gateway.pool-sync"
