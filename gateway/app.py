@@ -1,4 +1,5 @@
-"""The gateway's HTTP surface: OpenAI-compatible model calls, rewards, rollout ends, operations.
+"""The gateway's HTTP surface: model calls (OpenAI chat completions, completions and Responses; Anthropic
+Messages), rewards, rollout ends, operations.
 
 Model calls are served at `/v1/...` (attributed by the rollout token, or by the
 `x-agentstream-rollout-id`/`-attempt-id` headers, else recorded as session traffic) and at the
@@ -26,7 +27,7 @@ from schemas.kafka import ensure_topics
 from gateway.auth import (ATTEMPT_HEADER, ROLLOUT_HEADER, SESSION_HEADER, Attribution, Authenticator, Principal,
                           auth_headers)
 from gateway.calls import Calls
-from gateway.capture import ADAPTERS
+from gateway.adapters import ADAPTERS
 from gateway.errors import GatewayError, error_body
 from gateway.logs import fields
 from gateway.metrics import Metrics
@@ -180,13 +181,16 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                      error.status_code)
 
     # --- model calls ------------------------------------------------------------------------
-    # one adapter per API (gateway.capture); plain Starlette routes, as the hot path needs no dependency
+    # one adapter per API (gateway.adapters); plain Starlette routes, as the hot path needs no dependency
     # injection (FastAPI's would add ~30 µs to a call of ~400 µs)
 
     def model_call(adapter):
         async def endpoint(request: Request) -> Response:
             params = request.path_params
-            where = gateway.attribution(request, params.get("rollout_id"), params.get("attempt_id"))
+            try:
+                where = gateway.attribution(request, params.get("rollout_id"), params.get("attempt_id"))
+            except GatewayError as error:  # 401/403 in the API's own error shape, so its SDK raises as usual
+                return adapter.error_response(error)
             return await gateway.calls.serve(request, adapter, where)
         return endpoint
 

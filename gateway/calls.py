@@ -2,8 +2,8 @@
 
 Every call becomes exactly one `call` event, failed ones included (bad JSON, unknown model,
 upstream errors, a hold that lasted too long). In `ack` durability the agent gets the end of its
-response (the whole body, or a stream's last chunk and `[DONE]`) only after Kafka acknowledged
-the event; if Kafka does not, it gets a 503 (or, mid-stream, an error event) instead.
+response (the whole body, or a stream's last chunk and closing events, e.g. `[DONE]`) only after
+Kafka acknowledged the event; if Kafka does not, it gets a 503 (or, mid-stream, an error event) instead.
 """
 
 from __future__ import annotations
@@ -198,8 +198,8 @@ class Calls:
         lease = self.pool.lease(call.model, upstream)  # counted from now, so a weight update waits for it
         call.upstream, call.weight_version = upstream, upstream.weight_version
         try:
-            response = await self.http.post(upstream.endpoint(call.adapter.path), data=content, headers=self.headers,
-                                            timeout=self.timeout)
+            response = await self.http.post(upstream.endpoint(call.adapter.upstream_path), data=content,
+                                            headers=self.headers, timeout=self.timeout)
         except BaseException:
             lease.close()
             raise
@@ -232,7 +232,7 @@ class Calls:
         try:
             await self.recorder.record(call.event(self.source, 200, response=payload, tokens=tokens))
         except GatewayError as error:
-            return self._answer(call, error.status, error.response())
+            return self._answer(call, error.status, call.adapter.error_response(error))
         return self._answer(call, 200, Response(content, 200, media_type="application/json",
                                                 headers={CALL_ID_HEADER: call.id}))
 
@@ -251,14 +251,17 @@ class Calls:
             payload = None
         status = response.status
         message = f"upstream {call.upstream.url} answered {status}: {_error_message(payload, raw)}"
+        relayed = call.adapter.relay_error(status, raw, _error_message(payload, raw))
+        if relayed is not raw:  # translated into the API's own error shape: that is what the agent got
+            payload = orjson.loads(relayed)
         event = call.event(self.source, status, response=payload if isinstance(payload, dict) else None, error=message)
         try:
             await self.recorder.record(event)
         except GatewayError as error:
-            return self._answer(call, error.status, error.response())
+            return self._answer(call, error.status, call.adapter.error_response(error))
         headers = {CALL_ID_HEADER: call.id}
-        return self._answer(call, status, Response(raw, status, headers=headers,
-                                                   media_type=response.headers.get("content-type", "application/json")))
+        media_type = response.headers.get("content-type", "application/json") if relayed is raw else "application/json"
+        return self._answer(call, status, Response(relayed, status, headers=headers, media_type=media_type))
 
     async def _fail(self, call: _Call, error: GatewayError) -> Response:
         """A call the gateway itself refused or could not complete: recorded, then answered."""
@@ -267,7 +270,7 @@ class Calls:
                 await self.recorder.record(call.event(self.source, error.status, error=error.message))
             except GatewayError as kafka:
                 error = kafka
-        response = error.response()
+        response = call.adapter.error_response(error)
         response.headers[CALL_ID_HEADER] = call.id
         return self._answer(call, error.status, response)
 
@@ -315,12 +318,12 @@ class Calls:
             error = error or kafka
         if error:
             self._observe(call, error.status, relay.ttft_ms)
-            yield sse.event(error.body)
+            for line in assembler.error_lines(error):
+                yield line
             return
         self._observe(call, 200, relay.ttft_ms)
-        for line in relay.tail:
+        for line in relay.tail:  # the stream's end: its last chunks (in ack mode) and closing events
             yield line
-        yield sse.DONE_EVENT
 
 
 class _Relay:
@@ -341,6 +344,7 @@ class _Relay:
             async for data in sse.data_of(response.content.iter_any()):
                 if data == sse.DONE:
                     done = True
+                    self.tail += self.assembler.close()
                     break
                 try:
                     chunk = orjson.loads(data)
@@ -352,16 +356,14 @@ class _Relay:
                     self.error = GatewayError(502, f"upstream {url} failed mid-stream: {_error_message(chunk, data)}",
                                               "upstream_error")
                     return
-                out = self.assembler.feed(chunk)
+                lines = self.assembler.lines(chunk)
                 if self.ttft_ms is None and self.assembler.tokens_seen:
                     self.ttft_ms = round(self.call.elapsed_ms, 3)
-                if out is None:
-                    continue
-                line = sse.event(out)
                 if self.durable and self.assembler.finished:
-                    self.tail.append(line)
+                    self.tail += lines
                 else:
-                    yield line
+                    for line in lines:
+                        yield line
         except _TRANSPORT as exc:
             self.error = GatewayError(502, f"upstream {url} failed mid-stream: {_describe(exc)}", "upstream_error")
             return

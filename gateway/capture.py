@@ -1,24 +1,35 @@
 """What the gateway changes in a model call, and what it takes out of the answer.
 
-An `Adapter` is one API (chat completions, completions; later Responses and Messages). It
-rewrites the agent's request for the upstream (in training mode: ask for token ids and
-logprobs), and turns the upstream's answer into two things: the response the agent asked for
-(what was injected is set back to what the upstream sends when not asked), and the `Tokens`
-the call event records. Streams go through a `StreamAssembler`, chunk by chunk: token ids are
-taken from the chunks as they pass, never re-tokenized, and the chunks are assembled into the
-same response a non-streamed call would have returned.
+An `Adapter` is one API (chat completions and completions here; Responses and Messages in
+`gateway.responses` and `gateway.messages`). It rewrites the agent's request for the upstream
+(in training mode: ask for token ids and logprobs), and turns the upstream's answer into two
+things: the response the agent asked for (what was injected is set back to what the upstream
+sends when not asked), and the `Tokens` the call event records. Streams go through a
+`StreamAssembler`, chunk by chunk: token ids are taken from the chunks as they pass, never
+re-tokenized, and the chunks are assembled into the same response a non-streamed call would
+have returned.
 
-Every adapter produces the same `Tokens`, so a new API is one new adapter in `ADAPTERS` (the app
-serves each at its `path`, plain and rollout-scoped).
+An API the upstream cannot answer with token ids is a `ChatTranslation`: its calls go upstream
+as chat completions (`upstream_path`), and the answer is translated back into the API's own
+shapes, errors included.
+
+Every adapter produces the same `Tokens`, so a new API is one new adapter in
+`gateway.adapters.ADAPTERS` (the app serves each at its `path`, plain and rollout-scoped).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
+import orjson
+from starlette.responses import Response
+
 from schemas.events import ChoiceTokens, Usage
+
+from gateway import sse
+from gateway.errors import GatewayError, error_body
 
 
 @dataclass
@@ -42,6 +53,8 @@ class Rewrite:
     strip_token_ids: bool = False
     strip_logprobs: bool = False
     strip_usage_chunk: bool = False
+    request: dict[str, Any] | None = None
+    """the agent's request, for adapters that translate it (their answers echo parts of it)"""
 
 
 @dataclass
@@ -114,6 +127,19 @@ class StreamAssembler(ABC):
         self._merge(chunk)
         return chunk
 
+    def lines(self, chunk: dict[str, Any]) -> list[bytes]:
+        """Take one upstream chunk; return the SSE lines to forward to the agent for it."""
+        out = self.feed(chunk)
+        return [] if out is None else [sse.event(out)]
+
+    def close(self) -> list[bytes]:
+        """The lines that end the agent's stream; sent only once the call is recorded."""
+        return [sse.DONE_EVENT]
+
+    def error_lines(self, error: GatewayError) -> list[bytes]:
+        """The lines that end the agent's stream when the call failed mid-way."""
+        return [sse.event(error.body)]
+
     def choice(self, index: int) -> _Choice:
         choice = self._choices.get(index)
         if choice is None:
@@ -151,7 +177,23 @@ class Adapter(ABC):
     api: ClassVar[str]
     """the `Call.api` of this adapter's events"""
     path: ClassVar[str]
-    """the upstream path this API is served at"""
+    """the path this API is served at, by the gateway and (unless `upstream_path` differs) by the upstream"""
+
+    @property
+    def upstream_path(self) -> str:
+        return self.path
+
+    def error_body(self, status: int, message: str, code: str) -> dict[str, Any]:
+        """An error in this API's shape (the OpenAI one unless an adapter says otherwise)."""
+        return error_body(status, message, code)
+
+    def error_response(self, error: GatewayError) -> Response:
+        return Response(orjson.dumps(self.error_body(error.status, error.message, error.code)), error.status,
+                        headers=error.headers, media_type="application/json")
+
+    def relay_error(self, status: int, raw: bytes, message: str) -> bytes:
+        """The body an upstream error reaches the agent with: as the upstream sent it, for an API proxied as is."""
+        return raw
 
     @abstractmethod
     def rewrite(self, body: dict[str, Any], training: bool) -> Rewrite: ...
@@ -226,10 +268,10 @@ class ChatCompletions(Adapter):
         return tokens
 
     def assembler(self, rewrite: Rewrite) -> StreamAssembler:
-        return _ChatAssembler(rewrite)
+        return ChatAssembler(rewrite)
 
 
-class _ChatAssembler(StreamAssembler):
+class ChatAssembler(StreamAssembler):
     def __init__(self, rewrite: Rewrite):
         super().__init__(rewrite)
         self._head: dict[str, Any] = {}
@@ -364,4 +406,73 @@ class _CompletionsAssembler(StreamAssembler):
         return {**self._head, "object": "text_completion", "choices": choices, "usage": self._agent_usage}
 
 
-ADAPTERS: dict[str, Adapter] = {adapter.api: adapter for adapter in (ChatCompletions(), Completions())}
+# --- APIs served by translating to chat completions -------------------------------------------
+
+
+CHAT = ChatCompletions()
+
+
+class ChatTranslation(Adapter):
+    """An API whose calls go upstream as chat completions, so their tokens are the chat path's, exact.
+
+    A subclass translates the request (`to_chat`, raising a 400 `GatewayError` for input the API
+    does not allow) and the answer (`from_chat`, and a `TranslatedStream` for streams).
+    """
+
+    @property
+    def upstream_path(self) -> str:
+        return CHAT.path
+
+    @abstractmethod
+    def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The chat completions request for the agent's request."""
+
+    @abstractmethod
+    def from_chat(self, chat: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+        """The API's response for a (non-streamed) chat completion."""
+
+    def rewrite(self, body: dict[str, Any], training: bool) -> Rewrite:
+        return replace(CHAT.rewrite(self.to_chat(body), training), request=body)
+
+    def finish(self, response: dict[str, Any], rewrite: Rewrite) -> Tokens:
+        tokens = CHAT.finish(response, rewrite)
+        translated = self.from_chat(response, rewrite.request or {})
+        response.clear()
+        response.update(translated)
+        return tokens
+
+
+class TranslatedStream(ChatAssembler):
+    """Captures and assembles the upstream's chat chunks as for chat, and forwards them translated.
+
+    A subclass turns each chunk into the API's events (`translate`), ends the stream with the
+    API's closing events (`closing`) and builds the response the agent saw from what it sent.
+    """
+
+    def __init__(self, rewrite: Rewrite):
+        super().__init__(rewrite)
+        self.request = rewrite.request or {}
+
+    def lines(self, chunk: dict[str, Any]) -> list[bytes]:
+        self.feed(chunk)  # capture and the assembled chat completion, as for chat
+        return [self.frame(event) for event in self.translate(chunk)]
+
+    def close(self) -> list[bytes]:
+        return [self.frame(event) for event in self.closing()]
+
+    @staticmethod
+    def frame(event: dict[str, Any]) -> bytes:
+        """Responses and Messages streams name each event after its type."""
+        return sse.event(event, event["type"])
+
+    @abstractmethod
+    def translate(self, chunk: dict[str, Any]) -> list[dict[str, Any]]: ...
+
+    @abstractmethod
+    def closing(self) -> list[dict[str, Any]]: ...
+
+    def chat_response(self) -> dict[str, Any]:
+        """The chat completion the stream added up to (usage included)."""
+        chat = ChatAssembler.response(self)
+        chat["usage"] = self._usage
+        return chat

@@ -1,4 +1,5 @@
-"""Server-sent events, as much of them as OpenAI-style streams use: `data:` lines, blank-line separated."""
+"""Server-sent events, as much of them as the model APIs use: `data:` lines, blank-line separated, and
+(Responses, Anthropic Messages) an `event:` line naming each event."""
 
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ async def data_of(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
             yield b"\n".join(data)
 
 
-def event(payload: dict) -> bytes:
-    return b"data: " + orjson.dumps(payload) + b"\n\n"
+def event(payload: dict, name: str | None = None) -> bytes:
+    data = b"data: " + orjson.dumps(payload) + b"\n\n"
+    return data if name is None else b"event: " + name.encode() + b"\n" + data
 
 
 DONE_EVENT = b"data: [DONE]\n\n"

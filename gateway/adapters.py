@@ -1,0 +1,7 @@
+"""The APIs the gateway serves, one `Adapter` each (see `gateway.capture`)."""
+
+from __future__ import annotations
+
+from gateway.capture import Adapter, ChatCompletions, Completions
+
+ADAPTERS: dict[str, Adapter] = {adapter.api: adapter for adapter in (ChatCompletions(), Completions())}
