@@ -3,5 +3,6 @@
 from __future__ import annotations
 
 from gateway.capture import Adapter, ChatCompletions, Completions
+from gateway.responses import Responses
 
-ADAPTERS: dict[str, Adapter] = {adapter.api: adapter for adapter in (ChatCompletions(), Completions())}
+ADAPTERS: dict[str, Adapter] = {adapter.api: adapter for adapter in (ChatCompletions(), Completions(), Responses())}
