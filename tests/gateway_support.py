@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import httpx
 import uvicorn
+from anthropic import AsyncAnthropic
 from openai import AsyncOpenAI
 
 from agentstream.stack.process import free_port
@@ -36,6 +37,10 @@ class RunningGateway:
 
     def openai(self, api_key: str = OPERATOR_KEY, base_url: str | None = None, **kwargs) -> AsyncOpenAI:
         return AsyncOpenAI(api_key=api_key, base_url=base_url or f"{self.url}/v1", max_retries=0, **kwargs)
+
+    def anthropic(self, api_key: str = OPERATOR_KEY, base_url: str | None = None, **kwargs) -> AsyncAnthropic:
+        """The Anthropic SDK's client; its base URL is the gateway's without `/v1` (it sends its key as x-api-key)."""
+        return AsyncAnthropic(api_key=api_key, base_url=base_url or self.url, max_retries=0, **kwargs)
 
     def rollout_url(self, rollout_id: str, attempt_id: str) -> str:
         return f"{self.url}/rollouts/{rollout_id}/attempts/{attempt_id}/v1"
