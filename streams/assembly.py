@@ -1,0 +1,275 @@
+"""Trajectory assembly as a fold over the log: the state machine of the streams worker and of replay.
+
+Each rollout-scoped event (lifecycle, call, reward) is added to its attempt; an attempt is settled
+into a trajectory once it is due. When that is follows from event times alone, so a replay of the
+log decides exactly as the live worker did (`finalize_at`):
+
+- a controller-managed attempt ends with the controller's terminal event (`finished`, `failed`,
+  `timed_out`); an attempt no controller manages ends with the agent's `finish`;
+- a finished attempt that expects a reward from outside (its task names no reward function) waits
+  for the first reward up to `reward_grace_ms` after the end, then settles with the reward missing;
+- every ending waits `settle_ms` more for stragglers from other producers;
+- an attempt with no ending is abandoned `idle_timeout_ms` after its last event.
+
+A trajectory holds the events whose time is at most its attempt's settle time. An event that
+comes later, or for an attempt already settled, is late: it goes to the deadletter topic with the
+reason. An id seen before is a duplicate and is dropped, settled or not (at-least-once delivery
+and restarts replay events). A settled attempt's ids are kept `retention_ms`, for that purpose.
+
+State lives in two mappings the caller provides: plain dicts in replay, changelog-backed Faust
+tables in the worker. `rollouts` maps a rollout id to a JSON-able dict (its attempts' event ids,
+ending, timings); `events` maps an event id to its encoded value, for the events a trajectory is
+built from. The trajectory and any computed reward get ids derived from the attempt, so a worker
+that settles an attempt twice (it died before committing) emits the same events again, and
+consumers drop the repeats by id.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Container, Iterable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from schemas.codec import decode, encode
+from schemas.events import (
+    TERMINAL_TYPES, CallEvent, Event, RewardEvent, RolloutHeartbeatEvent, RolloutQueuedEvent, TrajectoryEvent,
+)
+from schemas.ids import derived_id
+
+from streams import rewards
+from streams.trajectory import STATUS_OF, Ending, build, trajectory_id
+
+NO_ATTEMPT = "-"
+"""the attempt of events that name a rollout but no attempt, before any attempt is known"""
+
+
+@dataclass(frozen=True)
+class Timing:
+    settle_ms: int = 1_000
+    reward_grace_ms: int = 30_000
+    idle_timeout_ms: int = 600_000
+    retention_ms: int = 6 * 3_600_000
+
+
+@dataclass
+class Settled:
+    """What settling a rollout yields: events to publish, then the state change to record."""
+
+    rollout_id: str
+    trajectories: list[TrajectoryEvent] = field(default_factory=list)
+    rewards: list[RewardEvent] = field(default_factory=list)
+    """computed by the tasks' reward functions"""
+    late: list[tuple[bytes, str]] = field(default_factory=list)
+    """(encoded event, reason): events timed after their attempt settled, for the deadletter topic"""
+    unscored: list[tuple[bytes, str]] = field(default_factory=list)
+    """(encoded trajectory, reason): trajectories whose reward function failed, for the deadletter topic"""
+    attempts: dict[str, dict] = field(default_factory=dict)
+    """attempt id → its settled marker"""
+    forgotten: list[str] = field(default_factory=list)
+    """attempts settled longer ago than the retention"""
+
+    def extend(self, other: Settled) -> None:
+        self.trajectories += other.trajectories
+        self.rewards += other.rewards
+        self.late += other.late
+        self.unscored += other.unscored
+        self.attempts.update(other.attempts)
+        self.forgotten += other.forgotten
+
+
+def finalize_at(attempt: dict[str, Any], timing: Timing) -> int:
+    """When (UTC ms, event time) the attempt settles, from what is known of it so far."""
+    end = attempt.get("end")
+    if end is None:
+        return attempt["last"] + timing.idle_timeout_ms
+    if not attempt["awaits_reward"] or end["type"] != "rollout.finished":
+        return end["time"] + timing.settle_ms
+    reward_at = attempt.get("reward_at")
+    if reward_at is not None and reward_at <= end["time"] + timing.reward_grace_ms:
+        return max(end["time"], reward_at) + timing.settle_ms
+    return end["time"] + timing.reward_grace_ms
+
+
+class Assembly:
+    def __init__(self, rollouts: MutableMapping[str, dict], events: MutableMapping[str, bytes],
+                 timing: Timing = Timing(), source: str = "streams"):
+        self.rollouts = rollouts
+        self.events = events
+        self.timing = timing
+        self.source = source
+        self.counts: Counter[str] = Counter()
+        """events, duplicates, late, trajectories, rewards_computed, reward_failures (since start)"""
+
+    # --- adding events ---------------------------------------------------------------------------
+
+    def add(self, event: Event, raw: bytes, partition: int) -> str | None:
+        """Take one event; return why it is late (for the deadletter topic), or None."""
+        rollout_id = event.rollout_id
+        state = self.rollouts.get(rollout_id) or {"partition": partition, "latest": None, "attempts": {}}
+        attempt_id = event.attempt_id or state["latest"] or NO_ATTEMPT
+        attempt = state["attempts"].get(attempt_id)
+        if attempt is not None and event.id in attempt["ids"]:
+            self.counts["duplicates"] += 1
+            if not attempt.get("settled") and not isinstance(event, RolloutHeartbeatEvent):
+                # a worker that died between writing the state and the event: handled again, it completes
+                self.events.setdefault(event.id, raw)
+            return None
+        if attempt is not None and attempt.get("settled"):
+            self.counts["late"] += 1
+            return (f"late: attempt {attempt_id} of rollout {rollout_id} was settled "
+                    f"(trajectory {attempt['settled']['trajectory']}) before this {event.type} event arrived")
+        if attempt is None:
+            attempt = state["attempts"][attempt_id] = {"ids": [], "managed": False, "awaits_reward": True,
+                                                       "last": event.time, "end": None, "reward_at": None}
+        self._apply(attempt, event)
+        self.counts["events"] += 1
+        if not isinstance(event, RolloutHeartbeatEvent):  # heartbeats only keep an attempt alive
+            self.events[event.id] = raw
+        if event.attempt_id and (state["latest"] is None or isinstance(event, RolloutQueuedEvent)):
+            state["latest"] = event.attempt_id
+        self._save(rollout_id, state)
+        return None
+
+    @staticmethod
+    def _apply(attempt: dict[str, Any], event: Event) -> None:
+        attempt["ids"].append(event.id)
+        attempt["last"] = max(attempt["last"], event.time)
+        if isinstance(event, RolloutQueuedEvent):
+            attempt["managed"] = event.data.managed
+            attempt["awaits_reward"] = event.data.task.reward_fn is None
+            attempt["reward_fn"] = event.data.task.reward_fn
+        elif isinstance(event, RewardEvent):
+            if attempt["reward_at"] is None or event.time < attempt["reward_at"]:
+                attempt["reward_at"] = event.time
+        elif event.type in TERMINAL_TYPES and attempt["end"] is None:
+            by_agent = event.type == "rollout.finished" and event.data.by == "agent"
+            if not (by_agent and attempt["managed"]):  # the controller reports how a managed attempt ended
+                attempt["end"] = {"id": event.id, "type": event.type, "time": event.time}
+
+    def _save(self, rollout_id: str, state: dict[str, Any]) -> None:
+        state["due"] = min((self._due(attempt) for attempt in state["attempts"].values()), default=None)
+        self.rollouts[rollout_id] = state  # written back whole: a Faust table records changes on assignment
+
+    def _due(self, attempt: dict[str, Any]) -> int:
+        settled = attempt.get("settled")
+        return settled["time"] + self.timing.retention_ms if settled else finalize_at(attempt, self.timing)
+
+    # --- settling ----------------------------------------------------------------------------------
+
+    def due(self, now_ms: int, partitions: Container[int] | None = None) -> list[str]:
+        """Rollouts of these partitions with an attempt to settle or to forget by `now_ms`."""
+        return [rollout_id for rollout_id, state in list(self.rollouts.items())
+                if state["due"] is not None and state["due"] <= now_ms
+                and (partitions is None or state["partition"] in partitions)]
+
+    def settle(self, rollout_id: str, now_ms: int) -> Settled:
+        """What settling the rollout's due attempts yields; nothing is changed until `record(settled)`.
+
+        The worker publishes the events first and records after the broker acknowledged them, so a
+        crash in between settles the attempt again (same ids) rather than losing its trajectory.
+        """
+        out = Settled(rollout_id)
+        state = self.rollouts.get(rollout_id)
+        for attempt_id, attempt in (state or {"attempts": {}})["attempts"].items():
+            if self._due(attempt) > now_ms:
+                continue
+            if attempt.get("settled"):
+                out.forgotten.append(attempt_id)
+            else:
+                out.extend(self._settle(rollout_id, attempt_id, attempt))
+        return out
+
+    def record(self, settled: Settled) -> None:
+        """Mark what `settle` settled as settled, and forget what it found expired."""
+        state = self.rollouts.get(settled.rollout_id)
+        if state is None:
+            return
+        done: list[str] = []
+        for attempt_id, marker in settled.attempts.items():
+            attempt = state["attempts"][attempt_id]
+            attempt["settled"] = marker
+            attempt["ids"] += [reward.id for reward in settled.rewards if reward.attempt_id == attempt_id]
+            done += attempt["ids"]
+        for attempt_id in settled.forgotten:
+            done += state["attempts"].pop(attempt_id)["ids"]  # a crash may have left some of their events
+        if state["attempts"]:
+            self._save(settled.rollout_id, state)
+        else:
+            del self.rollouts[settled.rollout_id]
+        for event_id in done:  # after the state: a crash in between leaves events behind, never loses one
+            self.events.pop(event_id, None)
+        self.counts["trajectories"] += len(settled.trajectories)
+        self.counts["rewards_computed"] += len(settled.rewards)
+        self.counts["reward_failures"] += len(settled.unscored)
+        self.counts["late"] += len(settled.late)
+
+    def _settle(self, rollout_id: str, attempt_id: str, attempt: dict[str, Any]) -> Settled:
+        out = Settled(rollout_id)
+        at = finalize_at(attempt, self.timing)
+        events: list[Event] = []
+        for event_id in attempt["ids"]:
+            raw = self.events.get(event_id)
+            if raw is None:
+                continue  # a heartbeat
+            event = decode(raw)
+            if event.time <= at:
+                events.append(event)
+            else:
+                out.late.append((raw, f"late: its time is after attempt {attempt_id} of rollout {rollout_id} "
+                                      f"settled (at {at})"))
+        end = attempt["end"]
+        status = STATUS_OF[end["type"]] if end else "abandoned"
+        reward_fn = attempt.get("reward_fn")
+        ending = Ending(status, end["time"] if end else at,
+                        reward_expected=status == "finished" and (attempt["awaits_reward"] or bool(reward_fn)))
+        trajectory = build(rollout_id, attempt_id, events, ending, self.source)
+        if reward_fn and status == "finished":
+            scored = self._score(reward_fn, rollout_id, attempt_id, events, trajectory)
+            if isinstance(scored, RewardEvent):
+                out.rewards.append(scored)
+                trajectory = build(rollout_id, attempt_id, [*events, scored], ending, self.source)
+            else:
+                out.unscored.append((encode(trajectory), scored))
+        out.trajectories.append(trajectory)
+        out.attempts[attempt_id] = {"trajectory": trajectory.id, "time": at}
+        return out
+
+    def _score(self, reward_fn: str, rollout_id: str, attempt_id: str, events: list[Event],
+               trajectory: TrajectoryEvent) -> RewardEvent | str:
+        """The computed reward's event, or why there is none."""
+        queued = next((e for e in events if isinstance(e, RolloutQueuedEvent)), None)
+        if queued is None:
+            return f"no reward for attempt {attempt_id} of rollout {rollout_id}: its queued event (the task) is missing"
+        by_id = {e.id: e.data for e in events if isinstance(e, CallEvent)}
+        calls = [by_id[turn.call_id] for turn in trajectory.data.turns]
+        try:
+            reward = rewards.score(reward_fn, rewards.Sample(queued.data.task, trajectory.data, calls))
+        except rewards.RewardError as exc:
+            return f"no reward for attempt {attempt_id} of rollout {rollout_id}: {exc}"
+        return RewardEvent(id=derived_id("reward", trajectory_id(rollout_id, attempt_id), reward_fn),
+                           time=trajectory.time, source=self.source, rollout_id=rollout_id, attempt_id=attempt_id,
+                           data=reward)
+
+
+def assemble(events: Iterable[Event], timing: Timing = Timing(), now_ms: int | None = None,
+             source: str = "streams") -> list[TrajectoryEvent]:
+    """The trajectories of every attempt in `events` (in log order) that is due by `now_ms`.
+
+    Without `now_ms`, every attempt with an ending settles as if its grace periods had passed; those
+    with none stay open. For tests, and for tools that hold a whole history in memory.
+    """
+    assembly = Assembly({}, {}, timing, source)
+    latest = 0
+    for event in events:
+        if event.rollout_id and event.type != "trajectory":
+            assembly.add(event, encode(event), 0)
+            latest = max(latest, event.time)
+    if now_ms is None:
+        now_ms = latest + max(timing.settle_ms, timing.reward_grace_ms)
+    trajectories = []
+    for rollout_id in assembly.due(now_ms):
+        settled = assembly.settle(rollout_id, now_ms)
+        assembly.record(settled)
+        trajectories += settled.trajectories
+    return trajectories

@@ -1,0 +1,133 @@
+"""One attempt's events in, its trajectory out: a pure function, shared by the live worker and replay.
+
+Turns are the attempt's successful calls that carry token ids, in the order they were made. Turns
+merge into one token sequence when each call's prompt extends the previous prompt plus completion
+token for token (what a chat template does when the agent appends the model's answer and a tool
+result); the tokens between are the environment's (mask 0), the completions the model's (mask 1).
+A turn whose prompt does not extend the sequence starts a new one and counts as a mismatch (the
+agent rewrote its history, or a template re-rendered earlier turns differently).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+from schemas.events import (
+    Call, CallEvent, Event, RewardEvent, RewardRecord, RolloutQueued, RolloutQueuedEvent, Sequence, Trajectory,
+    TrajectoryEvent, Turn,
+)
+from schemas.ids import derived_id
+
+STATUS_OF = {"rollout.finished": "finished", "rollout.failed": "failed", "rollout.timed_out": "timed_out"}
+
+
+def trajectory_id(rollout_id: str, attempt_id: str) -> str:
+    return derived_id("trajectory", rollout_id, attempt_id)
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How the attempt ended, as the assembler decided it."""
+
+    status: str
+    """finished, failed, timed_out or abandoned"""
+    finished_at: int
+    """UTC ms: the terminal event's time, or when an abandoned attempt was given up on"""
+    reward_expected: bool = False
+
+
+def build(rollout_id: str, attempt_id: str, events: Seq[Event], ending: Ending, source: str) -> TrajectoryEvent:
+    """The trajectory of one attempt from its events, in whatever order they arrived.
+
+    Events are taken once each, in the order of their time (then id): a worker reads the rollouts,
+    calls and rewards topics side by side, so arrival order differs between runs, and the same
+    events must always make the same trajectory.
+    """
+    events = sorted({e.id: e for e in events}.values(), key=lambda e: (e.time, e.id))
+    queued = next((e.data for e in events if isinstance(e, RolloutQueuedEvent)), None)
+    calls = sorted((e for e in events if isinstance(e, CallEvent)), key=lambda e: (e.data.started_at, e.id))
+    turns = [_turn(call.id, call.data) for call in calls if _is_turn(call.data)]
+    sequences, mismatches = merge(turns)
+    rewards = [_reward_record(e) for e in events if isinstance(e, RewardEvent)]
+    _apply_turn_rewards(turns, rewards)
+    reward = rewards[-1].value if rewards else None
+    started_at = min((e.time for e in events), default=None)
+    data = Trajectory(
+        model=(queued.model if queued else None) or (calls[0].data.model if calls else None),
+        status=ending.status,
+        reward=reward,
+        reward_missing=reward is None and ending.reward_expected,
+        rewards=rewards,
+        turns=turns,
+        sequences=sequences,
+        merged=len(sequences) == 1,
+        merge_mismatches=mismatches,
+        finished_at=ending.finished_at,
+        started_at=started_at,
+        duration_ms=ending.finished_at - started_at if started_at is not None else None,
+        lineage=[e.id for e in events],
+        **(_task_fields(queued) if queued else {}),
+    )
+    return TrajectoryEvent(id=trajectory_id(rollout_id, attempt_id), time=ending.finished_at, source=source,
+                           rollout_id=rollout_id, attempt_id=attempt_id, data=data)
+
+
+def _task_fields(queued: RolloutQueued) -> dict:
+    return dict(task_id=queued.task.id, group_id=queued.group_id, split=queued.split, epoch=queued.epoch,
+                sample_index=queued.sample_index, attempt_number=queued.attempt_number,
+                weight_version_launch=queued.weight_version)
+
+
+def _is_turn(call: Call) -> bool:
+    return call.status == 200 and bool(call.completion_token_ids) and call.prompt_token_ids is not None
+
+
+def _turn(call_id: str, call: Call) -> Turn:
+    ids = call.completion_token_ids or []
+    logprobs = call.logprobs if call.logprobs is not None and len(call.logprobs) == len(ids) else [0.0] * len(ids)
+    return Turn(call_id=call_id, sequence=0, prompt_token_ids=call.prompt_token_ids or [], completion_token_ids=ids,
+                logprobs=logprobs, weight_version=call.weight_version, finish_reason=call.finish_reason,
+                latency_ms=call.latency_ms)
+
+
+def merge(turns: list[Turn]) -> tuple[list[Sequence], int]:
+    """Token sequences for training, and how many turns did not extend the sequence before them."""
+    sequences: list[Sequence] = []
+    mismatches = 0
+    for index, turn in enumerate(turns):
+        current = sequences[-1] if sequences else None
+        prompt = turn.prompt_token_ids
+        if current is not None and prompt[: len(current.token_ids)] == current.token_ids:
+            added = prompt[len(current.token_ids):]
+        else:
+            mismatches += current is not None
+            current = Sequence(token_ids=[], mask=[], logprobs=[], weight_versions=[], prompt_length=len(prompt),
+                               turns=[])
+            sequences.append(current)
+            added = prompt
+        completion = turn.completion_token_ids
+        current.token_ids += added + completion
+        current.mask += [0] * len(added) + [1] * len(completion)
+        current.logprobs += [0.0] * len(added) + turn.logprobs
+        current.weight_versions += [None] * len(added) + [turn.weight_version] * len(completion)
+        current.turns.append(index)
+        turn.sequence = len(sequences) - 1
+    return sequences, mismatches
+
+
+def _reward_record(event: RewardEvent) -> RewardRecord:
+    return RewardRecord(event_id=event.id, value=event.data.value, reward_fn=event.data.reward_fn,
+                        turns=event.data.turns)
+
+
+def _apply_turn_rewards(turns: list[Turn], rewards: list[RewardRecord]) -> None:
+    """Per-turn rewards, named by call id or position; a later reward overrides an earlier one."""
+    by_call = {turn.call_id: turn for turn in turns}
+    for record in rewards:
+        for given in record.turns:
+            turn = by_call.get(given.call_id) if given.call_id else None
+            if turn is None and given.turn is not None and 0 <= given.turn < len(turns):
+                turn = turns[given.turn]
+            if turn is not None:
+                turn.reward = given.value

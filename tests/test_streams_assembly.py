@@ -1,0 +1,240 @@
+"""Trajectory assembly as a pure fold: merging, endings, rewards, duplicates and late events."""
+
+from __future__ import annotations
+
+import pytest
+
+import schemas as s
+from schemas.codec import encode
+from streams.assembly import Assembly, Timing, assemble, finalize_at
+from tests.streams_support import Rollout
+
+TIMING = Timing(settle_ms=100, reward_grace_ms=5_000, idle_timeout_ms=60_000, retention_ms=600_000)
+
+
+def feed(assembly: Assembly, events: list[s.Event]) -> list[str | None]:
+    return [assembly.add(event, encode(event), 0) for event in events]
+
+
+def settle_all(assembly: Assembly, now_ms: int):
+    from streams.assembly import Settled
+
+    out = Settled("all")
+    for rollout_id in assembly.due(now_ms):
+        settled = assembly.settle(rollout_id, now_ms)
+        assembly.record(settled)
+        out.extend(settled)
+    return out
+
+
+def test_turns_that_extend_each_other_merge_into_one_masked_sequence():
+    rollout = Rollout("r-merge")
+    events = rollout.two_turns(merged=True, reward=0.5)
+    (trajectory,) = assemble(events, TIMING)
+    data = trajectory.data
+    assert trajectory.id == s.derived_id("trajectory", "r-merge", "a1") and trajectory.attempt_id == "a1"
+    assert data.merged and data.merge_mismatches == 0 and len(data.sequences) == 1
+    (sequence,) = data.sequences
+    assert sequence.token_ids == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert sequence.mask == [0, 0, 0, 1, 1, 0, 0, 1, 1]
+    assert sequence.logprobs == [0, 0, 0, -0.5, -0.5, 0, 0, -0.5, -0.5]
+    assert sequence.weight_versions == [None, None, None, 0, 0, None, None, 0, 0]
+    assert sequence.prompt_length == 3 and sequence.turns == [0, 1]
+    assert [turn.call_id for turn in data.turns] == [events[1].id, events[2].id]
+    assert data.status == "finished" and data.reward == 0.5 and not data.reward_missing
+    assert (data.task_id, data.group_id, data.model, data.weight_version_launch) == ("t1", "g", "tiny", 0)
+    assert data.lineage == [event.id for event in events]
+    assert data.finished_at == events[-1].time and data.started_at == events[0].time
+
+
+def test_a_turn_that_rewrites_history_starts_a_new_sequence_and_counts_as_a_mismatch():
+    (trajectory,) = assemble(Rollout("r-split").two_turns(merged=False), TIMING)
+    data = trajectory.data
+    assert not data.merged and data.merge_mismatches == 1
+    assert [seq.token_ids for seq in data.sequences] == [[1, 2, 3, 4, 5], [1, 9, 3, 6, 7, 8, 9]]
+    assert [seq.mask for seq in data.sequences] == [[0, 0, 0, 1, 1], [0, 0, 0, 0, 0, 1, 1]]
+    assert [turn.sequence for turn in data.turns] == [0, 1]
+
+
+def test_failed_calls_are_lineage_not_turns_and_per_turn_rewards_land_on_their_turns():
+    rollout = Rollout("r-turns")
+    first, failed, second = rollout.call([1], [2], "a"), rollout.call([1], [], status=500), rollout.call([1, 2, 3], [4])
+    reward = rollout.reward(1.0, [s.TurnReward(call_id=second.id, value=0.9), s.TurnReward(turn=0, value=0.1)])
+    (trajectory,) = assemble([rollout.queued(), first, failed, second, reward, rollout.finished()], TIMING)
+    assert [turn.call_id for turn in trajectory.data.turns] == [first.id, second.id]
+    assert [turn.reward for turn in trajectory.data.turns] == [0.1, 0.9]
+    assert failed.id in trajectory.data.lineage
+
+
+def test_duplicates_are_dropped_and_events_for_a_settled_attempt_are_late():
+    rollout = Rollout("r-dup")
+    events = rollout.two_turns()
+    assembly = Assembly({}, {}, TIMING)
+    assert feed(assembly, events + events[1:3]) == [None] * 7
+    (trajectory,) = settle_all(assembly, events[-1].time + TIMING.settle_ms).trajectories
+    assert len(trajectory.data.turns) == 2 and assembly.counts["duplicates"] == 2
+    assert feed(assembly, [events[1]]) == [None]  # a duplicate after settling is still just a duplicate
+    late_call = rollout.call([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [11])
+    (reason,) = feed(assembly, [late_call])
+    assert reason.startswith("late: attempt a1 of rollout r-dup was settled") and trajectory.id in reason
+
+
+def test_an_event_timed_after_the_settle_time_is_late_even_when_it_arrives_first():
+    rollout = Rollout("r-straggler")
+    events = rollout.two_turns()
+    straggler = rollout.call([9], [9])
+    straggler.time = events[-1].time + TIMING.settle_ms + 1
+    assembly = Assembly({}, {}, TIMING)
+    feed(assembly, events + [straggler])
+    settled = settle_all(assembly, straggler.time + TIMING.settle_ms)
+    assert straggler.id not in settled.trajectories[0].data.lineage
+    ((raw, reason),) = settled.late
+    assert s.decode(raw).id == straggler.id and reason.startswith("late: its time is after")
+
+
+def test_a_finished_attempt_waits_for_its_reward_up_to_the_grace_period():
+    rollout = Rollout("r-grace")
+    events = rollout.two_turns(reward=None)
+    end = events[-1].time
+    assembly = Assembly({}, {}, TIMING)
+    feed(assembly, events)
+    assert assembly.due(end + TIMING.settle_ms) == []  # still waiting for the reward
+    reward = rollout.reward(0.7)
+    feed(assembly, [reward])
+    assert assembly.due(reward.time + TIMING.settle_ms) == ["r-grace"]
+    (trajectory,) = settle_all(assembly, reward.time + TIMING.settle_ms).trajectories
+    assert trajectory.data.reward == 0.7
+
+    silent = Rollout("r-silent")
+    assembly = Assembly({}, {}, TIMING)
+    feed(assembly, silent.two_turns(reward=None))
+    attempt = assembly.rollouts["r-silent"]["attempts"]["a1"]
+    assert finalize_at(attempt, TIMING) == attempt["end"]["time"] + TIMING.reward_grace_ms
+    (trajectory,) = settle_all(assembly, attempt["end"]["time"] + TIMING.reward_grace_ms).trajectories
+    assert trajectory.data.reward is None and trajectory.data.reward_missing
+
+
+def test_a_managed_attempt_ends_with_the_controller_an_unmanaged_one_with_the_agent():
+    managed = Rollout("r-managed")
+    events = [managed.queued(), managed.call([1], [2]), managed.reward(1.0), managed.finished(by="agent")]
+    assembly = Assembly({}, {}, TIMING)
+    feed(assembly, events)
+    assert assembly.due(events[-1].time + TIMING.reward_grace_ms) == []
+    controller_end = managed.finished(by="controller")
+    feed(assembly, [controller_end])
+    (trajectory,) = settle_all(assembly, controller_end.time + TIMING.settle_ms).trajectories
+    assert trajectory.data.finished_at == controller_end.time and events[-1].id in trajectory.data.lineage
+
+    unmanaged = Rollout("r-unmanaged", managed=False)
+    events = [unmanaged.queued(), unmanaged.call([1], [2]), unmanaged.reward(1.0), unmanaged.finished(by="agent")]
+    (trajectory,) = assemble(events, TIMING)
+    assert trajectory.data.finished_at == events[-1].time
+
+
+def test_a_rollout_with_no_queued_event_and_no_attempt_ids_still_assembles():
+    """Traffic of a harness that names only its rollout (a header), then posts a reward and a finish."""
+    from streams.assembly import NO_ATTEMPT
+
+    rollout = Rollout("r-bare", managed=False)
+    events = [rollout.call([1, 2], [3]), rollout.reward(1.0), rollout.finished(by="agent")]
+    for event in events:
+        event.attempt_id = None
+    (trajectory,) = assemble(events, TIMING)
+    assert trajectory.attempt_id == NO_ATTEMPT and trajectory.data.turns[0].call_id == events[0].id
+    assert trajectory.data.task_id is None and trajectory.data.reward == 1.0
+
+
+def test_silent_attempts_are_abandoned_after_the_idle_timeout():
+    rollout = Rollout("r-idle")
+    events = [rollout.queued(), rollout.call([1], [2])]
+    assembly = Assembly({}, {}, TIMING)
+    feed(assembly, events)
+    assert assembly.due(events[-1].time + TIMING.idle_timeout_ms - 1) == []
+    (trajectory,) = settle_all(assembly, events[-1].time + TIMING.idle_timeout_ms).trajectories
+    assert trajectory.data.status == "abandoned" and not trajectory.data.reward_missing
+    assert trajectory.data.finished_at == events[-1].time + TIMING.idle_timeout_ms
+
+
+def test_failed_attempts_settle_at_once_without_a_computed_reward():
+    rollout = Rollout("r-failed", reward_fn="streams.rewards:exact_match", metadata={"answer": "4"})
+    events = [rollout.queued(), rollout.call([1], [2], "4"), rollout.failed()]
+    (trajectory,) = assemble(events, TIMING, now_ms=events[-1].time + TIMING.settle_ms)
+    assert trajectory.data.status == "failed" and trajectory.data.reward is None
+
+
+def test_a_reward_function_scores_the_answer_as_a_reward_event_in_the_trajectory():
+    rollout = Rollout("r-fn", reward_fn="streams.rewards:exact_match", metadata={"answer": "89"})
+    events = rollout.two_turns(reward=None)
+    assembly = Assembly({}, {}, TIMING, source="streams-test")
+    feed(assembly, events)
+    settled = settle_all(assembly, events[-1].time + TIMING.settle_ms)  # no grace: the function gives the reward
+    (reward,), (trajectory,) = settled.rewards, settled.trajectories
+    assert reward.data.value == 1.0 and reward.data.reward_fn == "streams.rewards:exact_match"
+    assert reward.id == s.derived_id("reward", trajectory.id, "streams.rewards:exact_match")
+    assert reward.source == "streams-test" and reward.rollout_id == "r-fn"
+    assert trajectory.data.reward == 1.0 and trajectory.data.rewards[-1].event_id == reward.id
+    assert trajectory.data.lineage[-1] == reward.id
+    assert feed(assembly, [reward]) == [None] and assembly.counts["duplicates"] == 1  # it comes back: dropped
+
+
+def test_a_failing_reward_function_leaves_the_reward_missing_and_says_why():
+    rollout = Rollout("r-fn-bad", reward_fn="streams.rewards:exact_match")  # no metadata["answer"]
+    events = rollout.two_turns(reward=None)
+    assembly = Assembly({}, {}, TIMING)
+    feed(assembly, events)
+    settled = settle_all(assembly, events[-1].time + TIMING.settle_ms)
+    assert settled.rewards == [] and settled.trajectories[0].data.reward_missing
+    ((raw, reason),) = settled.unscored
+    assert s.decode(raw).type == "trajectory" and "has no metadata['answer']" in reason
+
+
+def test_settled_attempts_are_forgotten_after_the_retention():
+    rollout = Rollout("r-forget")
+    events = rollout.two_turns()
+    assembly = Assembly({}, {}, TIMING)
+    feed(assembly, events)
+    settle_all(assembly, events[-1].time + TIMING.settle_ms)
+    assert assembly.events == {} and "r-forget" in assembly.rollouts
+    settle_all(assembly, events[-1].time + TIMING.settle_ms + TIMING.retention_ms)
+    assert assembly.rollouts == {}
+
+
+def test_settling_twice_from_the_same_log_gives_the_same_events():
+    """What a worker that died before committing does: the same trajectory and reward, same ids."""
+    rollout = Rollout("r-twice", reward_fn="streams.rewards:numeric_answer", metadata={"answer": 89})
+    events = rollout.two_turns(reward=None)
+    first, second = (assemble(events, TIMING) for _ in range(2))
+    assert [encode(t) for t in first] == [encode(t) for t in second]
+
+
+@pytest.mark.parametrize("answer,function,metadata,expected", [
+    ("  Paris ", "exact_match", {"answer": "paris"}, 1.0),
+    ("Lyon", "exact_match", {"answer": "paris"}, 0.0),
+    ("so it is 1,234.5", "numeric_answer", {"answer": "1234.5"}, 1.0),
+    ("3 then 4", "numeric_answer", {"answer": 3}, 0.0),
+    ("no number", "numeric_answer", {"answer": 3}, 0.0),
+    ("The answer: B.", "regex_match", {"pattern": r"answer: [AB]\b"}, 1.0),
+    ("12ab", "character_share", {"characters": "0123456789"}, 0.5),
+    ("", "character_share", {"characters": "0123456789"}, 0.0),
+])
+def test_the_shipped_reward_functions(answer, function, metadata, expected):
+    from streams import rewards
+
+    rollout = Rollout("r", metadata=metadata)
+    call = rollout.call([1], [2], answer)
+    sample = rewards.Sample(rollout.queued().data.task, s.Trajectory(status="finished", turns=[], sequences=[],
+                                                                     merged=True, finished_at=0, lineage=[]),
+                            [call.data])
+    assert rewards.score(f"streams.rewards:{function}", sample).value == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("name,message", [
+    ("exact_match", "write it as module:function"),
+    ("no_such_module:f", "cannot import 'no_such_module'"),
+    ("streams.rewards:nope", "has no function 'nope'"),
+])
+def test_bad_reward_function_names_say_what_is_wrong(name, message):
+    from streams import rewards
+
+    with pytest.raises(rewards.RewardError, match=message):
+        rewards.load(name)
