@@ -174,14 +174,19 @@ def schemas_export(directory: Annotated[Path, typer.Argument(help="folder to wri
 
 @topics_app.command("ensure")
 def topics_ensure(
-    prefix: Annotated[str, typer.Option(envvar="AGENTSTREAM_TOPIC_PREFIX", help="topic name prefix")] = "",
-    partitions: Annotated[int, typer.Option(envvar="AGENTSTREAM_PARTITIONS", help="partitions of rollout-scoped topics")] = 4,
+    prefix: Annotated[Optional[str], typer.Option(help="topic name prefix [env AGENTSTREAM_TOPIC_PREFIX]")] = None,
+    partitions: Annotated[Optional[int], typer.Option(
+        help="partitions of rollout-scoped topics [env AGENTSTREAM_PARTITIONS; default 4]")] = None,
+    replication_factor: Annotated[Optional[int], typer.Option(
+        help="replicas of each topic [env AGENTSTREAM_REPLICATION_FACTOR; default 1]")] = None,
 ) -> None:
     """Create the topics that are missing and report those that differ from their spec."""
     from schemas.kafka import KafkaSettings, ensure_topics
 
+    given = {"topic_prefix": prefix, "partitions": partitions, "replication_factor": replication_factor}
     try:
-        settings = KafkaSettings(bootstrap_servers=bootstrap_servers(), topic_prefix=prefix, partitions=partitions)
+        settings = KafkaSettings(bootstrap_servers=bootstrap_servers(),
+                                 **{name: value for name, value in given.items() if value is not None})
     except StackError as exc:
         fail(str(exc))
     report = asyncio.run(ensure_topics(settings))
@@ -343,6 +348,14 @@ def gateway(ctx: typer.Context) -> None:
     from gateway.__main__ import main as gateway_main
 
     forward(gateway_main, list(ctx.args))
+
+
+@app.command("streams", **FORWARD)
+def streams(ctx: typer.Context) -> None:
+    """A streams worker: trajectory assembly and windowed analytics (flags: `agentstream streams --help`)."""
+    from streams.__main__ import main as streams_main
+
+    forward(streams_main, ["worker", *ctx.args])
 
 
 def main() -> None:

@@ -1,0 +1,65 @@
+"""`python -m streams worker [FLAGS]` (also `agentstream streams`): run a streams worker until SIGTERM.
+
+Workers of one app id split the partitions between them: start another to scale out (up to the
+partition count), stop one and the others take its partitions and state over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import faust
+from pydantic import ValidationError
+from pydantic_settings import CliApp
+
+from schemas.kafka import ensure_topics, partitions_of
+from schemas.topics import topic_specs
+from streams.app import changelog_specs, create_app, ticks_spec
+from streams.settings import StreamsSettings
+
+USAGE = "usage: python -m streams worker [--help] [FLAGS]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        print(f"{USAGE}\n\nRun a streams worker: trajectory assembly and windowed analytics. "
+              "`python -m streams worker --help` lists the flags.")
+        return 0 if args else 2
+    if args[0] != "worker":
+        print(f"error: unknown command {args[0]!r}\n{USAGE}", file=sys.stderr)
+        return 2
+    try:
+        settings = CliApp.run(StreamsSettings, cli_args=args[1:])
+    except ValidationError as exc:
+        for error in exc.errors(include_url=False):
+            where = ".".join(str(part) for part in error["loc"])
+            print(f"error: {where + ': ' if where else ''}{error['msg']}", file=sys.stderr)
+        return 2
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        partitions = loop.run_until_complete(prepare_topics(settings))
+    except Exception as exc:
+        print(f"error: cannot prepare the topics on {settings.bootstrap_servers} ({type(exc).__name__}: {exc}); "
+              "start the local broker with `agentstream kafka start`, or set KAFKA_BOOTSTRAP_SERVERS", file=sys.stderr)
+        return 1
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    app = create_app(settings, partitions)
+    loop.run_until_complete(ensure_topics(settings, changelog_specs(app, settings)))
+    worker = faust.Worker(app, loop=loop, loglevel=settings.log_level.upper(), quiet=True, redirect_stdouts=False)
+    worker.execute_from_commandline()  # exits the process when the worker stops
+    return 0
+
+
+async def prepare_topics(settings: StreamsSettings) -> int:
+    """Create what is missing; the partition count of the rollout-scoped topics as they are."""
+    await ensure_topics(settings, topic_specs(settings.partitions))
+    partitions = len(await partitions_of(settings, settings.topics.rollouts))
+    await ensure_topics(settings, [ticks_spec(settings, partitions)])
+    return partitions
+
+
+if __name__ == "__main__":
+    sys.exit(main())

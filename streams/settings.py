@@ -1,0 +1,60 @@
+"""The streams worker's settings: environment (`AGENTSTREAM_…`) and flags of `python -m streams worker`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
+
+from schemas.kafka import KafkaSettings
+from streams.assembly import Timing
+
+
+class StreamsSettings(KafkaSettings):
+    """Assemble trajectories from rollouts, calls and rewards; serve and publish windowed analytics."""
+
+    model_config = SettingsConfigDict(cli_prog_name="python -m streams worker")
+
+    # --- assembly ----------------------------------------------------------------------------------
+    settle_s: float = Field(1.0, ge=0, description="after an attempt ends (or its reward arrives), how long "
+                            "events from other producers may still join its trajectory (by event time)")
+    reward_grace_s: float = Field(30.0, ge=0, description="how long a finished attempt whose task has no reward "
+                                  "function waits for a reward before its trajectory is emitted without one")
+    idle_timeout_s: float = Field(600.0, gt=0, description="an attempt with no event for this long and no ending "
+                                  "is closed as abandoned")
+    retention_s: float = Field(6 * 3600.0, gt=0, description="how long a settled attempt's event ids are kept, "
+                               "to drop duplicates and deadletter late events")
+    tick_s: float = Field(0.25, gt=0, description="how often the worker looks for attempts due to settle")
+
+    # --- analytics ---------------------------------------------------------------------------------
+    windows_s: Annotated[list[int], NoDecode] = Field(
+        default_factory=lambda: [10, 60], description="tumbling window sizes in seconds, comma-separated")
+    window_history: int = Field(60, ge=1, description="windows of each size kept for the web view")
+    metrics_interval_s: float = Field(2.0, gt=0, description="how often changed windows go to the metrics topic")
+
+    # --- the process -------------------------------------------------------------------------------
+    app_id: str = Field("agentstream-streams", description="Faust application id: the consumer group and the "
+                        "prefix of its changelog topics (the topic prefix is put before it)")
+    web_host: str = Field("127.0.0.1", description="address of the worker's web server (analytics as JSON)")
+    web_port: int = Field(6066, description="port of the worker's web server")
+    data_dir: Path = Field(Path(".streams"), description="the worker's local state folder")
+    source: str = Field("streams", description="the `source` of the events this worker writes")
+    log_level: str = Field("info", description="debug, info, warning or error")
+
+    @field_validator("windows_s", mode="before")
+    @classmethod
+    def _windows_from_text(cls, value):
+        if isinstance(value, str):
+            return [int(part) for part in value.replace("[", "").replace("]", "").split(",") if part.strip()]
+        return value
+
+    @property
+    def group_id(self) -> str:
+        return f"{self.topic_prefix}{self.app_id}"
+
+    @property
+    def timing(self) -> Timing:
+        return Timing(settle_ms=int(self.settle_s * 1000), reward_grace_ms=int(self.reward_grace_s * 1000),
+                      idle_timeout_ms=int(self.idle_timeout_s * 1000), retention_ms=int(self.retention_s * 1000))
