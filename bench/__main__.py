@@ -1,0 +1,39 @@
+"""`python -m bench [NAME …]` (`make bench`): run the benchmarks, each as `python -m bench.NAME`.
+
+Each prints a table and writes bench/results/NAME.json; figures are ratios against a baseline
+measured in the same run, because these machines are noisy.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+BENCHMARKS = {
+    "gateway_overhead": "the gateway's added latency and throughput against calling the upstream directly",
+    "streams_assembly": "events per second one streams worker assembles, finish-to-trajectory delay",
+    "query": "events per second scanned into polars, and SQL over a million call events",
+    "controller_launch": "how fast the controller launches attempts",
+    "trainer_throughput": "trainer samples per second, and the update's share of its time",
+    "trainer_learning": "how fast the trainer's update teaches the tiny model the demo's task",
+}
+
+
+def main(argv: list[str]) -> int:
+    names = argv or list(BENCHMARKS)
+    unknown = [name for name in names if name not in BENCHMARKS]
+    if unknown:
+        print(f"unknown benchmark(s) {unknown}; choose from: {', '.join(BENCHMARKS)}", file=sys.stderr)
+        return 2
+    failed = []
+    for name in names:
+        print(f"\n== bench.{name}: {BENCHMARKS[name]}", flush=True)
+        if subprocess.run([sys.executable, "-m", f"bench.{name}"]).returncode != 0:
+            failed.append(name)
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,29 @@
+"""`agentstream demo`, short: every service as its own process, a few weight versions end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from rich.console import Console
+
+from agentstream.demo import DemoConfig, run_demo
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def test_a_short_demo_trains_swaps_and_reports(kafka_bootstrap, tmp_path, monkeypatch):
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)
+    config = DemoConfig(versions=2, samples=4, tasks=2, concurrency=4, out=tmp_path / "demo",
+                        vllm_name=f"pytest-demo-{os.getpid()}")
+    result = run_demo(config, Console(width=120, record=True))
+
+    assert json.loads((tmp_path / "demo" / "summary.json").read_text()) == json.loads(json.dumps(result))
+    assert (tmp_path / "demo" / "reward.png").stat().st_size > 0
+    curve = result["curve"]
+    # answers written by the starting weights and by each new version, each version swapped in
+    assert {"0", "1", "2"} <= set(map(str, curve)) and all(curve[v] is not None for v in curve)
+    assert result["reward_start"] is not None and result["reward_end"] is not None
+    assert 0 < result["pause_ms_p50"] <= result["pause_ms_max"]
+    assert result["samples_per_version"] == 8
