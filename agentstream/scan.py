@@ -42,11 +42,12 @@ async def scan(
     settings: KafkaSettings, topic: str, bounds: Bounds = Bounds(), batch_size: int = 5000,
     on_progress: Callable[[ScanProgress], None] | None = None,
 ) -> AsyncIterator[list[ConsumerRecord]]:
-    """Yield batches of records of `topic` within `bounds`, each partition in offset order."""
-    partitions = await partitions_of(settings, topic)
-    if not partitions:
-        raise LookupError(f"topic {topic!r} does not exist on {settings.bootstrap_servers}; "
-                          "check the topic prefix (--prefix / AGENTSTREAM_TOPIC_PREFIX)")
+    """Yield batches of records of `topic` within `bounds`, each partition in offset order.
+
+    `on_progress` is called with each batch before it is yielded: its `positions` are then where a
+    scan that resumes after this batch starts.
+    """
+    partitions = await _partitions(settings, topic)
     consumer = make_consumer(settings, group_id=None, enable_auto_commit=False, max_poll_records=batch_size)
     await consumer.start()
     try:
@@ -71,11 +72,35 @@ async def scan(
                     consumer.pause(tp)
             if batch:
                 progress.done += len(batch)
-                yield batch
                 if on_progress:
                     on_progress(progress)
+                yield batch
     finally:
         await consumer.stop()
+
+
+async def resolve(settings: KafkaSettings, topic: str, bounds: Bounds = Bounds()) -> dict[int, tuple[int, int]]:
+    """The range `bounds` names now, as offsets: partition → (first, stop before).
+
+    Times and the log's end become fixed offsets, so a scan of them is the same range later on
+    (what a resumed replay needs: the log grows meanwhile, and an age like `10m` moves).
+    """
+    partitions = await _partitions(settings, topic)
+    consumer = make_consumer(settings, group_id=None)
+    await consumer.start()
+    try:
+        starts, ends = await _range(consumer, partitions, bounds)
+    finally:
+        await consumer.stop()
+    return {tp.partition: (starts[tp], max(starts[tp], ends[tp])) for tp in partitions}
+
+
+async def _partitions(settings: KafkaSettings, topic: str) -> list[TopicPartition]:
+    partitions = await partitions_of(settings, topic)
+    if not partitions:
+        raise LookupError(f"topic {topic!r} does not exist on {settings.bootstrap_servers}; "
+                          "check the topic prefix (--prefix / AGENTSTREAM_TOPIC_PREFIX)")
+    return partitions
 
 
 async def _range(consumer, partitions: list[TopicPartition], bounds: Bounds):
