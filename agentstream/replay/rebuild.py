@@ -1,0 +1,232 @@
+"""Trajectories rebuilt from the raw log (rollouts, calls, rewards) with the streams worker's fold.
+
+The events of each partition are fed to `streams.assembly.Assembly` in event-time order, merged
+across the three topics, and an attempt is settled as soon as an event later than its settle time
+comes next (or when the range closes). That is what the live worker decides by its watermark, and
+since trajectory ids derive from the attempt and `build` sorts events, the same events make the
+same trajectories, byte for byte.
+
+With a new reward function, every task names it instead of its own, and the rewards computed
+earlier (reward events with `reward_fn` set) are left out: only what agents posted is carried
+over, and the new function scores every finished attempt.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter, deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from agentstream.replay.selection import Selection
+from agentstream.replay.sources import Item
+from agentstream.replay.state import int_keys
+from agentstream.scan import Bounds, ScanProgress, scan
+from schemas.codec import DecodeError, decode, encode
+from schemas.events import CallEvent, Event, RewardEvent, RolloutQueuedEvent, TrajectoryEvent
+from schemas.kafka import KafkaSettings
+from streams.assembly import Assembly, Settled, Timing
+
+RAW = ("rollouts", "calls", "rewards")
+"""the sources, in the order that breaks ties between events of the same time"""
+REASONS_KEPT = 5
+
+
+@dataclass
+class Pending:
+    time: int
+    offset: int
+    event: Event
+    raw: bytes
+
+
+class Rebuild:
+    def __init__(self, settings: KafkaSettings, ranges: dict[str, dict[int, tuple[int, int]]],
+                 position: dict[str, Any] | None, *, timing: Timing, closing_ms: int, selection: Selection,
+                 counts: Counter[str], reward_fn: str | None = None, with_calls: bool = False,
+                 source: str = "streams", batch_size: int = 5000):
+        self.settings = settings
+        self.timing = timing
+        self.closing_ms = closing_ms
+        self.selection = selection
+        self.reward_fn = reward_fn
+        self.with_calls = with_calls
+        self.batch_size = batch_size
+        self.partitions = sorted(ranges["rollouts"])
+        self.ends = {t: {p: end for p, (_, end) in ranges[t].items()} for t in RAW}
+        self.counts = counts
+        if position:
+            self.next = {t: int_keys(position["next"][t]) for t in RAW}
+            saved = int_keys(position["assembly"])
+        else:
+            self.next = {t: {p: start for p, (start, _) in ranges[t].items()} for t in RAW}
+            saved = {}
+        self.scanned = {t: dict(self.next[t]) for t in RAW}
+        """next offset each scan will deliver, per topic and partition"""
+        self.assemblies: dict[int, Assembly] = {}
+        self.due: dict[int, list[tuple[int, str]]] = {}
+        """per partition: a heap of (due time, rollout id); entries whose time is no longer the rollout's are stale"""
+        for p in self.partitions:
+            state = saved.get(p, {"rollouts": {}, "events": {}})
+            events = {event_id: raw.encode() for event_id, raw in state["events"].items()}
+            self.assemblies[p] = Assembly(state["rollouts"], events, timing, source)
+            self.due[p] = [(s["due"], rid) for rid, s in state["rollouts"].items() if s["due"] is not None]
+            heapq.heapify(self.due[p])
+        self.queues: dict[tuple[str, int], deque[Pending]] = {(t, p): deque() for t in RAW for p in self.partitions}
+        self.remaining = sum(max(0, self.ends[t][p] - self.next[t][p]) for t in RAW for p in self.partitions)
+        self.read = 0
+        self.reasons: list[str] = list(position.get("reasons", [])) if position else []
+        """the first reasons for late events and failed reward functions, to show"""
+
+    # --- reading -----------------------------------------------------------------------------
+
+    async def chunks(self) -> AsyncIterator[list[Item]]:
+        def progressed(topic: str):
+            def update(progress: ScanProgress) -> None:
+                self.scanned[topic].update(progress.positions)
+            return update
+
+        names = {t: self.settings.topics.name(t) for t in RAW}
+        scans = {t: scan(self.settings, names[t], Bounds(start_offsets=dict(self.next[t]),
+                                                         end_offsets=dict(self.ends[t])),
+                         self.batch_size, on_progress=progressed(t)) for t in RAW}
+        try:
+            while True:
+                out: list[Item] = []
+                for p in self.partitions:
+                    self._drain(p, out)
+                self._update_next()
+                wanted = [t for t in RAW if any(self._waiting(t, p) for p in self.partitions)]
+                if not wanted:
+                    break
+                yield out
+                for t in wanted:
+                    batch = await anext(scans[t], None)
+                    if batch is None:  # the scan ended: every partition of it is read to its end
+                        self.scanned[t].update(self.ends[t])
+                    else:
+                        self.read += len(batch)
+                        self._queue(t, batch)
+            for p in self.partitions:
+                self._settle(p, self.closing_ms, out)
+            self.counts["open"] = sum(1 for a in self.assemblies.values() for state in a.rollouts.values()
+                                      for attempt in state["attempts"].values() if not attempt.get("settled"))
+            yield out
+        finally:
+            for gen in scans.values():
+                await gen.aclose()
+
+    def _waiting(self, topic: str, partition: int) -> bool:
+        """The merge of this partition needs the next record of this topic, which is not yet read."""
+        return not self.queues[topic, partition] and self.scanned[topic][partition] < self.ends[topic][partition]
+
+    def _queue(self, topic: str, records) -> None:
+        for record in records:
+            try:
+                event = decode(record.value)
+            except DecodeError:
+                self.counts["undecodable"] += 1
+                continue
+            raw = record.value
+            if event.topic != topic:
+                self.counts["misplaced"] += 1
+                continue
+            if event.rollout_id is None:
+                self.counts["without_rollout"] += 1  # session calls: no trajectory to make
+                continue
+            if not self.selection.wants_rollout(event.rollout_id):
+                continue  # safe to skip: an attempt settles by its own events' times (see _drain)
+            if self.reward_fn:
+                if isinstance(event, RewardEvent) and event.data.reward_fn:
+                    self.counts["computed_rewards_left_out"] += 1
+                    continue
+                if isinstance(event, RolloutQueuedEvent):
+                    event.data.task.reward_fn = self.reward_fn
+                    raw = encode(event)
+            self.queues[topic, record.partition].append(Pending(event.time, record.offset, event, raw))
+
+    def _update_next(self) -> None:
+        """Resume at the first record not yet handed to the assembly."""
+        for (t, p), queue in self.queues.items():
+            self.next[t][p] = queue[0].offset if queue else self.scanned[t][p]
+
+    # --- the merge ---------------------------------------------------------------------------
+
+    def _drain(self, partition: int, out: list[Item]) -> None:
+        """Feed the partition's events in time order while every topic's next event is known."""
+        assembly = self.assemblies[partition]
+        while True:
+            head: tuple[int, int, str] | None = None
+            for index, t in enumerate(RAW):
+                queue = self.queues[t, partition]
+                if queue:
+                    if head is None or (queue[0].time, index) < head[:2]:
+                        head = (queue[0].time, index, t)
+                elif self._waiting(t, partition):
+                    return
+            if head is None:
+                return
+            pending = self.queues[head[2], partition].popleft()
+            # everything due before this event's time settles first, as the live watermark would have it;
+            # an attempt's own later events then come late, whichever rollouts the selection skipped
+            self._settle(partition, pending.time - 1, out)
+            rollout_id = pending.event.rollout_id
+            before = assembly.rollouts.get(rollout_id, {}).get("due")
+            duplicates = assembly.counts["duplicates"]
+            if late := assembly.add(pending.event, pending.raw, partition):
+                self.counts["late"] += 1
+                self._reason(late)
+            self.counts["duplicates"] += assembly.counts["duplicates"] - duplicates
+            due = assembly.rollouts[rollout_id]["due"]
+            if due is not None and due != before:
+                heapq.heappush(self.due[partition], (due, rollout_id))
+
+    def _settle(self, partition: int, now: int, out: list[Item]) -> None:
+        assembly, heap = self.assemblies[partition], self.due[partition]
+        while heap and heap[0][0] <= now:
+            due, rollout_id = heapq.heappop(heap)
+            state = assembly.rollouts.get(rollout_id)
+            if state is None or state["due"] != due:
+                continue
+            settled = assembly.settle(rollout_id, now)
+            out += [Item(trajectory, self._calls(assembly, trajectory)) for trajectory in settled.trajectories]
+            self._account(settled)
+            assembly.record(settled)
+            state = assembly.rollouts.get(rollout_id)
+            if state is not None and state["due"] is not None:
+                heapq.heappush(heap, (state["due"], rollout_id))
+
+    def _calls(self, assembly: Assembly, trajectory: TrajectoryEvent) -> dict:
+        """The turns' calls, read from the assembly's store before `record` forgets them."""
+        if not self.with_calls:
+            return {}
+        found = {}
+        for turn in trajectory.data.turns:
+            raw = assembly.events.get(turn.call_id)
+            if raw is not None:
+                found[turn.call_id] = decode(raw, expect=CallEvent).data
+        return found
+
+    def _account(self, settled: Settled) -> None:
+        self.counts["trajectories"] += len(settled.trajectories)
+        self.counts["rewards_computed"] += len(settled.rewards)
+        self.counts["reward_failures"] += len(settled.unscored)
+        self.counts["late"] += len(settled.late)
+        for _, reason in settled.unscored + settled.late:
+            self._reason(reason)
+
+    def _reason(self, reason: str) -> None:
+        if len(self.reasons) < REASONS_KEPT:
+            self.reasons.append(reason)
+
+    # --- resuming ----------------------------------------------------------------------------
+
+    def position(self) -> dict[str, Any]:
+        """The read positions and the open attempts' state: what a resume needs besides the counts."""
+        return {
+            "next": {t: dict(self.next[t]) for t in RAW},
+            "assembly": {p: {"rollouts": a.rollouts, "events": {k: v.decode() for k, v in a.events.items()}}
+                         for p, a in self.assemblies.items()},
+            "reasons": self.reasons,
+        }

@@ -1,0 +1,274 @@
+"""A replay: a range of the log, through a source and a selection, into a sink, resumable.
+
+    source (a trajectories topic, or a rebuild from the raw topics) ─▶ selection ─▶ sink
+
+The first run pins the range as offsets and saves a state file. From then on, every checkpoint
+makes the sink's output durable and then saves the source's position with it, so a run killed at
+any point (SIGKILL included) is resumed by running the same command again, and the range ends up
+in the output exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from agentstream.replay.rebuild import RAW, Rebuild
+from agentstream.replay.selection import Selection
+from agentstream.replay.sinks import JsonlSink, ParquetSink, Sink, TopicSink
+from agentstream.replay.sources import Source, StoredTrajectories
+from agentstream.replay.state import ReplayError, ReplayState
+from agentstream.scan import Bounds, parse_offsets, parse_time, resolve
+from schemas.ids import now_ms
+from schemas.kafka import KafkaSettings
+from streams import rewards
+from streams.assembly import Timing
+
+SINKS = ("topic", "events", "chat", "parquet")
+"""topic: trajectory events to a new topic; events: the same, as JSONL (the trainer's offline file);
+chat: dataset rows as JSONL; parquet: dataset rows as Parquet"""
+
+
+@dataclass(frozen=True)
+class RangeSpec:
+    """The range as the operator wrote it (ages like `10m` are resolved once, at the first run)."""
+
+    since: str | None = None
+    until: str | None = None
+    from_offsets: str | None = None
+    to_offsets: str | None = None
+
+
+@dataclass(frozen=True)
+class RebuildSpec:
+    """How trajectories are rebuilt from the raw topics: as the live worker's settings say."""
+
+    reward_fn: str | None = None
+    timing: Timing = Timing()
+    lookback_ms: int = 3_600_000
+    source: str = "streams"
+
+
+@dataclass(frozen=True)
+class Job:
+    source: str
+    """"raw" (rebuild from rollouts, calls and rewards) or the base name of a trajectories topic"""
+    sink: str
+    target: str
+    """the output topic's base name (sink "topic") or the output file"""
+    range: RangeSpec = RangeSpec()
+    rollouts: frozenset[str] = frozenset()
+    versions: frozenset[int] = frozenset()
+    rebuild: RebuildSpec = RebuildSpec()
+
+    @property
+    def raw(self) -> bool:
+        return self.source == "raw"
+
+    def signature(self) -> dict[str, Any]:
+        """What must not change between a run and its resume, as JSON would give it back."""
+        body = asdict(self)
+        body["rollouts"], body["versions"] = sorted(self.rollouts), sorted(self.versions)
+        if not self.raw:
+            del body["rebuild"]
+        return orjson.loads(orjson.dumps(body))
+
+    def check(self) -> None:
+        if self.sink not in SINKS:
+            raise ReplayError(f"unknown output {self.sink!r}: use one of {', '.join(SINKS)}")
+        if self.sink == "topic" and not self.raw:
+            raise ReplayError("a rebuild into a topic reads the raw events: use --from raw")
+        if self.rebuild.reward_fn and not self.raw:
+            raise ReplayError(f"a new reward function rescores the raw events, not the stored trajectories of "
+                              f"{self.source!r}: use --from raw")
+        if self.raw and (self.range.from_offsets or self.range.to_offsets):
+            raise ReplayError("offsets name positions in one topic, and a rebuild reads three (rollouts, calls, "
+                              "rewards): bound it by time (--since/--until), or select --rollouts/--versions")
+        if self.rebuild.reward_fn:
+            try:
+                rewards.load(self.rebuild.reward_fn)
+            except rewards.RewardError as exc:
+                raise ReplayError(str(exc)) from None
+
+
+@dataclass
+class Options:
+    """How to run, none of which changes the output."""
+
+    state: Path
+    restart: bool = False
+    checkpoint_s: float = 5.0
+    """the least time between checkpoints (more where saving the state takes long); 0: after every chunk"""
+    batch_size: int = 5000
+    crash_at: str = ""
+    """fault injection for tests: `after_output:N` (or `after_state:N`) SIGKILLs this process at the
+    Nth checkpoint that wrote output, after the output is durable (or after the state is saved)"""
+
+
+@dataclass
+class Progress:
+    remaining: int
+    """records of the range this run reads"""
+    read: int = 0
+    written: int = 0
+    """trajectories in the output, over every run"""
+
+
+@dataclass
+class Summary:
+    written: int
+    counts: dict[str, int]
+    reasons: list[str] = field(default_factory=list)
+    resumed: bool = False
+    already_done: bool = False
+    read: int = 0
+    seconds: float = 0.0
+
+
+def default_state(settings: KafkaSettings, job: Job) -> Path:
+    if job.sink == "topic":
+        return Path("runs") / "replay" / f"{settings.topics.name(job.target)}.state.json"
+    return Path(f"{job.target}.replay-state.json")
+
+
+async def replay(settings: KafkaSettings, job: Job, options: Options,
+                 on_progress: Callable[[Progress], None] | None = None) -> Summary:
+    job.check()
+    started = time.monotonic()
+    state = ReplayState.load(options.state) if not options.restart else None
+    if state is not None and state.job != job.signature():
+        changed = sorted(k for k in set(state.job) | set(job.signature()) if state.job.get(k) != job.signature().get(k))
+        raise ReplayError(f"the resume state {options.state} belongs to another replay (it differs in: "
+                          f"{', '.join(changed)}); run that one again to finish it, pass --state elsewhere, "
+                          "or --restart to start over")
+    resumed = state is not None and state.source is not None
+    if state is None:
+        state = await _plan(settings, job)
+    sink = _sink(settings, job, state)
+    if state.done:
+        if isinstance(sink, ParquetSink):
+            sink.cleanup()
+        return Summary(state.sink.get("written", 0), state.counts, already_done=True)
+    if not state.sink:
+        if options.restart:
+            sink.discard()
+        state.sink = await sink.create()
+        state.save(options.state)  # the pinned range, before any output
+    counts = Counter(state.counts)
+    try:
+        await sink.open(state.sink)
+        source = _source(settings, job, state, counts, options)
+        progress = Progress(remaining=source.remaining, written=sink.written)
+        selection = _selection(job, state)
+        crash = _CrashPoint(options.crash_at)
+        pause = options.checkpoint_s
+        last = time.monotonic()
+
+        async def checkpoint() -> float:
+            """Output first, then the state; returns how long it took."""
+            begun = time.monotonic()
+            before = state.sink["written"]
+            state.sink = await sink.commit()
+            crash.reached("after_output", state.sink["written"] > before)
+            state.source, state.counts = source.position(), dict(counts)
+            state.save(options.state)
+            crash.reached("after_state", state.sink["written"] > before)
+            return time.monotonic() - begun
+
+        async for items in source.chunks():
+            chosen = [item for item in items if selection.wants(item.trajectory)]
+            counts["not_selected"] += len(items) - len(chosen)
+            await sink.write(chosen)
+            progress.read, progress.written = source.read, sink.written
+            if on_progress:
+                on_progress(progress)
+            if time.monotonic() - last >= pause:
+                # a rebuild's state holds the open attempts (and settled ones' ids, against late
+                # duplicates): where it is large, checkpoint less often, at most a tenth of the time
+                took = await checkpoint()
+                pause = max(options.checkpoint_s, 9 * took) if options.checkpoint_s else 0
+                last = time.monotonic()
+        await checkpoint()
+        await sink.finish()
+        state.done, state.source = True, None  # a finished replay needs no position: keep the file small
+        state.save(options.state)
+    finally:
+        await sink.close()
+    if isinstance(sink, ParquetSink):
+        sink.cleanup()
+    return Summary(sink.written, dict(counts), list(getattr(source, "reasons", [])), resumed=resumed,
+                   read=source.read, seconds=time.monotonic() - started)
+
+
+async def _plan(settings: KafkaSettings, job: Job) -> ReplayState:
+    """Resolve the range to offsets, now, once."""
+    now = now_ms()
+    r = job.range
+    try:
+        since = parse_time(r.since, now) if r.since else None
+        until = parse_time(r.until, now) if r.until else None
+        bounds = Bounds(since_ms=since, until_ms=until,
+                        start_offsets=parse_offsets(r.from_offsets) if r.from_offsets else {},
+                        end_offsets=parse_offsets(r.to_offsets) if r.to_offsets else {})
+    except ValueError as exc:
+        raise ReplayError(str(exc)) from None
+    try:
+        if not job.raw:
+            ranges = {job.source: await resolve(settings, settings.topics.name(job.source), bounds)}
+            return ReplayState(job.signature(), ranges)
+        # an attempt running across `since` began earlier: read its beginning too, leave it out (Selection)
+        read_from = since - job.rebuild.lookback_ms if since is not None else None
+        ranges = {t: await resolve(settings, settings.topics.name(t), Bounds(since_ms=read_from, until_ms=until))
+                  for t in RAW}
+    except LookupError as exc:
+        raise ReplayError(str(exc)) from None
+    counts = {t: len(parts) for t, parts in ranges.items()}
+    if len(set(counts.values())) > 1:
+        raise ReplayError(f"the raw topics have different partition counts ({counts}): a rollout's events are not "
+                          "in one partition, so they cannot be joined; recreate the topics with one count")
+    closing = min(until, now) if until is not None else now
+    return ReplayState(job.signature(), ranges, plan={"closing_ms": closing, "started_from_ms": since})
+
+
+def _selection(job: Job, state: ReplayState) -> Selection:
+    return Selection(job.rollouts, job.versions, state.plan.get("started_from_ms"))
+
+
+def _sink(settings: KafkaSettings, job: Job, state: ReplayState) -> Sink:
+    if job.sink == "topic":
+        return TopicSink(settings, job.target, len(state.ranges["rollouts"]))
+    path = Path(job.target)
+    if job.sink == "parquet":
+        return ParquetSink(path)
+    return JsonlSink.events(path) if job.sink == "events" else JsonlSink.chat(path)
+
+
+def _source(settings: KafkaSettings, job: Job, state: ReplayState, counts: Counter[str], options: Options) -> Source:
+    if not job.raw:
+        return StoredTrajectories(settings, settings.topics.name(job.source), state.ranges[job.source], state.source,
+                                  counts, options.batch_size)
+    spec = job.rebuild
+    return Rebuild(settings, state.ranges, state.source, timing=spec.timing, closing_ms=state.plan["closing_ms"],
+                   selection=_selection(job, state), counts=counts, reward_fn=spec.reward_fn,
+                   with_calls=job.sink in ("chat", "parquet"), source=spec.source, batch_size=options.batch_size)
+
+
+class _CrashPoint:
+    def __init__(self, spec: str):
+        point, _, count = spec.partition(":")
+        self.point, self.left = point, int(count or 1)
+
+    def reached(self, point: str, wrote: bool) -> None:
+        if point != self.point or not wrote:
+            return
+        self.left -= 1
+        if self.left == 0:
+            os.kill(os.getpid(), signal.SIGKILL)

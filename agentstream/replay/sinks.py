@@ -1,0 +1,265 @@
+"""Where a replay's trajectories go: a new topic, a JSONL file, or a Parquet file.
+
+Every sink buffers what it is given and makes it durable in `commit()`, which returns the sink's
+position; the replay saves that position in its state after the commit. `open(position)` makes
+the output match a saved position again, whatever a killed run left behind:
+- a file is cut back to the bytes (JSONL) or parts (Parquet) the state counts;
+- a topic cannot be cut: the trajectories written after the saved end offsets are read back, and
+  the same trajectories (a rebuild makes the same ids) are not written again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import orjson
+import polars as pl
+from aiokafka.structs import RecordMetadata
+
+from agentstream.replay import dataset
+from agentstream.replay.sources import Item
+from agentstream.replay.state import ReplayError, fsync_dir, int_keys
+from agentstream.scan import Bounds, resolve, scan
+from schemas.codec import encode
+from schemas.kafka import KafkaSettings, ensure_topics, make_producer
+from schemas.topics import TopicSpec, topic_specs
+
+
+class Sink(Protocol):
+    written: int
+    """trajectories written (and durable at the last commit), over every run of the replay"""
+
+    async def create(self) -> dict[str, Any]:
+        """Make the empty output, refusing to overwrite one; return its position."""
+
+    async def open(self, position: dict[str, Any]) -> None:
+        """Continue the output from a saved position."""
+
+    async def write(self, items: list[Item]) -> None: ...
+
+    async def commit(self) -> dict[str, Any]:
+        """Make everything written durable; return the position to save."""
+
+    async def finish(self) -> None:
+        """The source is done and committed: complete the output."""
+
+    async def close(self) -> None:
+        """Release what the sink holds (also after an error)."""
+
+    def discard(self) -> None:
+        """Delete the output (to start over)."""
+
+
+# --- topics --------------------------------------------------------------------------------------
+
+LIVE_TOPICS = frozenset(spec.base for spec in topic_specs(1))
+
+
+class TopicSink:
+    """Trajectory events to a new topic under the prefix, keyed by rollout id like the live one."""
+
+    def __init__(self, settings: KafkaSettings, base: str, partitions: int):
+        if base in LIVE_TOPICS:
+            raise ReplayError(f"--to-topic {base} is a live topic of agentstream; write the rebuild to a new one, "
+                              f"e.g. --to-topic {base}-rebuilt")
+        self.settings = settings
+        self.base = base
+        self.topic = settings.topics.name(base)
+        self.partitions = partitions
+        self.producer = None
+        self.sent: list[asyncio.Future[RecordMetadata]] = []
+        self.ends: dict[int, int] = {}
+        self.present: set[str] = set()
+        """ids written after the saved position by a run that was killed: not written again"""
+        self.written = 0
+        self.skipped_present = 0
+
+    async def create(self) -> dict[str, Any]:
+        report = await ensure_topics(self.settings, [TopicSpec(self.base, self.partitions)])
+        if not report.ok:
+            raise ReplayError(f"output topic {self.topic}: {'; '.join(report.mismatches)}; choose another --to-topic")
+        ranges = await resolve(self.settings, self.topic)
+        if any(end > start for start, end in ranges.values()):
+            raise ReplayError(f"output topic {self.topic} already holds records; choose a new --to-topic "
+                              "(a topic cannot be emptied, and a second copy would be read twice)")
+        return {"ends": {p: end for p, (_, end) in ranges.items()}, "written": 0}
+
+    async def open(self, position: dict[str, Any]) -> None:
+        self.ends = int_keys(position["ends"])
+        self.written = position["written"]
+        after = Bounds(start_offsets=dict(self.ends))
+        async for batch in scan(self.settings, self.topic, after):
+            self.present.update(orjson.loads(record.value)["id"] for record in batch)
+        self.producer = make_producer(self.settings)
+        await self.producer.start()
+
+    async def write(self, items: list[Item]) -> None:
+        for item in items:
+            event = item.trajectory
+            if event.id in self.present:
+                self.skipped_present += 1
+                self.written += 1
+                continue
+            self.sent.append(await self.producer.send(self.topic, encode(event), key=event.key))
+            self.written += 1
+
+    async def commit(self) -> dict[str, Any]:
+        sent, self.sent = self.sent, []
+        for metadata in await asyncio.gather(*sent):
+            self.ends[metadata.partition] = max(self.ends.get(metadata.partition, 0), metadata.offset + 1)
+        return {"ends": dict(self.ends), "written": self.written}
+
+    async def finish(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        if self.producer is not None:
+            await self.producer.stop()
+
+    def discard(self) -> None:
+        pass  # nothing to delete: create() refuses a topic that holds records
+
+
+# --- files ---------------------------------------------------------------------------------------
+
+
+def _refuse_existing(*paths: Path) -> None:
+    for path in paths:
+        if path.exists():
+            raise ReplayError(f"{path} exists and no resume state says this replay wrote it; move it away, "
+                              "or pass --restart to overwrite it")
+
+
+class JsonlSink:
+    """One JSON line per row: encoded trajectory events (the trainer's offline file), or dataset rows."""
+
+    def __init__(self, path: Path, lines: Callable[[Item], list[bytes]]):
+        self.path = path
+        self.lines = lines
+        self.file = None
+        self.written = 0
+
+    @classmethod
+    def events(cls, path: Path) -> JsonlSink:
+        return cls(path, lambda item: [encode(item.trajectory)])
+
+    @classmethod
+    def chat(cls, path: Path) -> JsonlSink:
+        return cls(path, lambda item: [orjson.dumps(row) for row in dataset.rows(item.trajectory, item.calls)])
+
+    async def create(self) -> dict[str, Any]:
+        _refuse_existing(self.path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.touch()
+        return {"bytes": 0, "written": 0}
+
+    async def open(self, position: dict[str, Any]) -> None:
+        size = self.path.stat().st_size if self.path.exists() else -1
+        if size < position["bytes"]:
+            raise ReplayError(f"{self.path} is shorter than this replay's resume state says it wrote "
+                              f"({max(size, 0)} < {position['bytes']} bytes): it was changed since; "
+                              "pass --restart to write it again")
+        self.file = self.path.open("r+b")
+        self.file.truncate(position["bytes"])  # what a killed run wrote after its last saved state
+        self.file.seek(position["bytes"])
+        self.written = position["written"]
+
+    async def write(self, items: list[Item]) -> None:
+        for item in items:
+            for line in self.lines(item):
+                self.file.write(line + b"\n")
+            self.written += 1
+
+    async def commit(self) -> dict[str, Any]:
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        return {"bytes": self.file.tell(), "written": self.written}
+
+    async def finish(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+    def discard(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+class ParquetSink:
+    """Dataset rows as one Parquet file, written as numbered parts (one per commit) and joined at the end.
+
+    A Parquet file cannot be appended to, so a killed run leaves parts; the state counts the
+    durable ones, and parts beyond the count are deleted on resume.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.parts = path.with_name(path.name + ".parts")
+        self.buffer: list[dict] = []
+        self.count = 0
+        self.written = 0
+
+    def _part(self, index: int) -> Path:
+        return self.parts / f"part-{index:06d}.parquet"
+
+    async def create(self) -> dict[str, Any]:
+        _refuse_existing(self.path, self.parts)
+        self.parts.mkdir(parents=True)
+        return {"parts": 0, "written": 0}
+
+    async def open(self, position: dict[str, Any]) -> None:
+        self.count, self.written = position["parts"], position["written"]
+        missing = [i for i in range(self.count) if not self._part(i).is_file()]
+        if missing:
+            raise ReplayError(f"{self.parts} lacks parts this replay's resume state counts ({self._part(missing[0])}); "
+                              "pass --restart to write the dataset again")
+        for path in self.parts.iterdir():
+            if path.suffix != ".parquet" or int(path.stem.rpartition("-")[2]) >= self.count:
+                path.unlink()  # a temporary file, or a part written after the last saved state
+
+    async def write(self, items: list[Item]) -> None:
+        for item in items:
+            self.buffer += dataset.rows(item.trajectory, item.calls, messages_as_json=True)
+            self.written += 1
+
+    async def commit(self) -> dict[str, Any]:
+        if self.buffer:
+            frame = pl.DataFrame(self.buffer, schema=dataset.SCHEMA)
+            _write_atomically(self._part(self.count), frame.write_parquet)
+            self.count += 1
+            self.buffer = []
+        return {"parts": self.count, "written": self.written}
+
+    async def finish(self) -> None:
+        parts = [self._part(i) for i in range(self.count)]
+        if parts:
+            joined = pl.scan_parquet(parts, schema=dataset.SCHEMA)
+            _write_atomically(self.path, lambda tmp: joined.sink_parquet(tmp))
+        else:
+            _write_atomically(self.path, pl.DataFrame(schema=dataset.SCHEMA).write_parquet)
+
+    async def close(self) -> None:
+        pass
+
+    def cleanup(self) -> None:
+        """After the replay is done: the parts are in the file."""
+        shutil.rmtree(self.parts, ignore_errors=True)
+
+    def discard(self) -> None:
+        self.path.unlink(missing_ok=True)
+        self.cleanup()
+
+
+def _write_atomically(path: Path, write: Callable[[Path], object]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    with tmp.open("rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)

@@ -1,0 +1,75 @@
+"""Where a replay's trajectories come from: a trajectories topic as it is, or a rebuild (rebuild.py).
+
+A source yields chunks of items; between two chunks, `position()` is where a replay that has made
+the chunks so far durable resumes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from agentstream.scan import Bounds, ScanProgress, scan
+from agentstream.replay.state import int_keys
+from schemas.codec import DecodeError, decode
+from schemas.events import Call, TrajectoryEvent
+from schemas.kafka import KafkaSettings
+
+
+@dataclass
+class Item:
+    trajectory: TrajectoryEvent
+    calls: dict[str, Call] = field(default_factory=dict)
+    """the calls of its turns by id, where the source has them (a rebuild does): the dataset's messages"""
+
+
+class Source(Protocol):
+    counts: Counter[str]
+    """records left out, by reason; and what the source made"""
+
+    def chunks(self) -> AsyncIterator[list[Item]]: ...
+
+    def position(self) -> dict[str, Any]: ...
+
+    @property
+    def remaining(self) -> int:
+        """records of the range left to read when the source started"""
+
+    @property
+    def read(self) -> int:
+        """records read since the source started"""
+
+
+class StoredTrajectories:
+    """The trajectory events of one topic (the live `trajectories`, or a rebuild's), in a range."""
+
+    def __init__(self, settings: KafkaSettings, topic: str, ranges: dict[int, tuple[int, int]],
+                 position: dict[str, Any] | None, counts: Counter[str], batch_size: int = 5000):
+        self.settings = settings
+        self.topic = topic
+        self.ends = {p: end for p, (_, end) in ranges.items()}
+        self.next = int_keys(position["next"]) if position else {p: start for p, (start, _) in ranges.items()}
+        self.batch_size = batch_size
+        self.counts = counts
+        self.remaining = sum(max(0, self.ends[p] - self.next[p]) for p in self.ends)
+        self.read = 0
+
+    async def chunks(self) -> AsyncIterator[list[Item]]:
+        def progressed(progress: ScanProgress) -> None:
+            self.next.update(progress.positions)
+
+        bounds = Bounds(start_offsets=dict(self.next), end_offsets=dict(self.ends))
+        async for batch in scan(self.settings, self.topic, bounds, self.batch_size, on_progress=progressed):
+            self.read += len(batch)
+            items = []
+            for record in batch:
+                try:
+                    items.append(Item(decode(record.value, expect=TrajectoryEvent)))
+                except DecodeError:
+                    self.counts["undecodable"] += 1
+            yield items
+
+    def position(self) -> dict[str, Any]:
+        return {"next": dict(self.next)}

@@ -1,0 +1,336 @@
+"""Replay against a real broker: rebuilt trajectories equal a real streams worker's, datasets round-trip,
+a killed replay resumes and covers its range exactly once, and `agentstream top` shows the windows."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import uuid
+
+import orjson
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+import schemas as s
+from agentstream.cli import app
+from agentstream.replay import parse_versions
+from agentstream.scan import scan
+from agentstream.top import TopView
+from schemas.codec import encode
+from schemas.kafka import KafkaSettings, ensure_topics
+from streams.assembly import Timing, assemble
+from streams.rewards import Sample
+from tests.streams_support import REPO, Rollout, StreamsWorker, TopicWatch, live, publish
+
+pytestmark = pytest.mark.timeout(240)
+WORKER_TIMING = ["--settle-s", "0.2", "--reward-grace-s", "2"]  # what StreamsWorker runs with
+NEW_FN = "tests.test_replay:answer_length"
+
+
+def answer_length(sample: Sample) -> float:
+    """The reward function a rebuild swaps in."""
+    return len(sample.answer) / 10
+
+
+def recorded_rollouts() -> tuple[list[s.Event], dict[str, str]]:
+    """A mix of attempts: merged and split turns, agent rewards, computed rewards, a missing reward, a failure,
+    an attempt no controller manages, two weight versions, repeated events. Returns the events and each
+    rollout's case."""
+    cases: dict[str, str] = {}
+    events: list[s.Event] = []
+
+    def add(case: str, rollout: Rollout, made: list[s.Event]) -> None:
+        cases[rollout.rollout_id] = case
+        events.extend(made)
+
+    for i in range(4):
+        add("rewarded", r := live(Rollout(f"r-ok-{i}", version=1 + i % 2, group_id="g")), r.two_turns(reward=i / 4))
+    for i in range(2):
+        add("split", r := live(Rollout(f"r-split-{i}", version=2)), r.two_turns(merged=False, reward=0.5))
+    for i in range(3):
+        add("scored", r := live(Rollout(f"r-fn-{i}", reward_fn="streams.rewards:exact_match",
+                                        metadata={"answer": "89"})), r.two_turns(reward=None))
+    add("missing", r := live(Rollout("r-missing")), r.two_turns(reward=None))
+    add("failed", r := live(Rollout("r-failed")), [r.queued(), r.call([1, 2], [3], "3"), r.failed()])
+    r = live(Rollout("r-agent", managed=False))
+    add("agent", r, [r.call([5, 6], [7, 8], "78"), r.reward(1.0), r.finished(by="agent")])
+    return events + [events[1], events[7]], cases
+
+
+@pytest.fixture(scope="module")
+async def recorded(kafka_bootstrap, tmp_path_factory):
+    """A log a real streams worker has assembled: (settings, live trajectories by id, rollout cases)."""
+    kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:10]}.", partitions=4)
+    assert (await ensure_topics(kafka)).ok
+    tmp = tmp_path_factory.mktemp("replay-worker")
+    worker = StreamsWorker(kafka, tmp / "data", tmp / "worker.log").start()
+    try:
+        events, cases = recorded_rollouts()
+        async with TopicWatch(kafka, "trajectories") as watch:
+            await publish(kafka, events)
+            await watch.until(lambda seen: {e.rollout_id for e in seen} == set(cases), timeout=60,
+                              what="a trajectory for every rollout")
+    finally:
+        worker.stop()
+    trajectories = {e.id: e for e in watch.events}
+    assert len(trajectories) == len(cases)
+    return kafka, trajectories, cases
+
+
+async def cli(kafka: KafkaSettings, monkeypatch, *args: str):
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
+    monkeypatch.setenv("COLUMNS", "200")
+    prefix = [] if "--prefix" in args else ["--prefix", kafka.topic_prefix]
+    return await asyncio.to_thread(CliRunner().invoke, app, [*args, *prefix])
+
+
+def cli_process(kafka: KafkaSettings, *args: str) -> subprocess.CompletedProcess:
+    """The command as a real process (to be SIGKILLed); the prefix goes before any `--` (the trainer's flags)."""
+    at = args.index("--") if "--" in args else len(args)
+    args = (*args[:at], "--prefix", kafka.topic_prefix, *args[at:])
+    return subprocess.run([sys.executable, "-m", "agentstream", *args], cwd=REPO,
+                          env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers},
+                          capture_output=True, text=True, timeout=120)
+
+
+async def read_topic(kafka: KafkaSettings, base: str) -> list[tuple[int, s.TrajectoryEvent]]:
+    return [(record.partition, s.decode(record.value)) async for batch in scan(kafka, kafka.topics.name(base))
+            for record in batch]
+
+
+async def partitions_of_live(kafka: KafkaSettings) -> dict[str, int]:
+    return {event.id: partition for partition, event in await read_topic(kafka, "trajectories")}
+
+
+# --- rebuild ---------------------------------------------------------------------------------
+
+
+async def test_rebuild_from_raw_events_reproduces_the_live_trajectories_exactly(recorded, monkeypatch, tmp_path):
+    kafka, live_ones, _ = recorded
+    result = await cli(kafka, monkeypatch, "replay", "rebuild", "--to-topic", "rebuilt", *WORKER_TIMING,
+                       "--state", str(tmp_path / "state.json"))
+    assert result.exit_code == 0, result.output
+    rebuilt = await read_topic(kafka, "rebuilt")
+    assert sorted(e.id for _, e in rebuilt) == sorted(live_ones)  # each once
+    for _, event in rebuilt:
+        assert encode(event) == encode(live_ones[event.id])  # same ids, token ids, rewards, lineage, times
+    where = await partitions_of_live(kafka)
+    assert all(partition == where[event.id] for partition, event in rebuilt)
+
+    again = await cli(kafka, monkeypatch, "replay", "rebuild", "--to-topic", "rebuilt", *WORKER_TIMING,
+                      "--state", str(tmp_path / "state.json"))
+    assert again.exit_code == 0 and "already complete" in again.output
+
+
+def without_rewards(trajectory: s.Trajectory, reward_ids: set[str]) -> dict:
+    body = trajectory.model_dump()
+    for name in ("reward", "reward_missing", "rewards"):
+        body.pop(name)
+    body["lineage"] = [i for i in body["lineage"] if i not in reward_ids]
+    for turn in body["turns"]:
+        turn.pop("reward")
+    return body
+
+
+async def test_rebuild_with_a_new_reward_function_changes_only_the_rewards(recorded, monkeypatch, tmp_path):
+    kafka, live_ones, cases = recorded
+    result = await cli(kafka, monkeypatch, "replay", "rebuild", "--to-topic", "rescored", "--reward-fn", NEW_FN,
+                       *WORKER_TIMING, "--state", str(tmp_path / "state.json"))
+    assert result.exit_code == 0, result.output
+    rescored = {e.id: e for _, e in await read_topic(kafka, "rescored")}
+    assert set(rescored) == set(live_ones)
+    for event_id, new in rescored.items():
+        old = live_ones[event_id]
+        reward_ids = {r.event_id for r in old.data.rewards + new.data.rewards}
+        assert without_rewards(new.data, reward_ids) == without_rewards(old.data, reward_ids)
+        assert (new.time, new.rollout_id, new.attempt_id) == (old.time, old.rollout_id, old.attempt_id)
+        if cases[new.rollout_id] in ("failed", "agent"):  # only finished attempts of a task are scored
+            assert new.data == old.data
+            continue
+        assert new.data.reward == 0.2 and not new.data.reward_missing  # every answer is "89"
+        assert [r.reward_fn for r in new.data.rewards if r.reward_fn] == [NEW_FN]
+        # what agents posted is carried over; what the old function computed is not
+        posted = [r for r in old.data.rewards if r.reward_fn is None]
+        assert [r for r in new.data.rewards if r.reward_fn is None] == posted
+    assert {live_ones[i].data.reward for i in live_ones if cases[live_ones[i].rollout_id] == "scored"} == {1.0}
+
+
+# --- export ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("suffix", ["jsonl", "parquet"])
+async def test_an_exported_dataset_round_trips(recorded, monkeypatch, tmp_path, suffix):
+    kafka, live_ones, _ = recorded
+    out = tmp_path / f"data.{suffix}"
+    result = await cli(kafka, monkeypatch, "replay", "export", str(out), *WORKER_TIMING)
+    assert result.exit_code == 0, result.output
+    rows = pl.read_parquet(out).to_dicts() if suffix == "parquet" else [
+        orjson.loads(line) for line in out.read_bytes().splitlines()]
+    expected = {(t.id, i): (t, seq) for t in live_ones.values() for i, seq in enumerate(t.data.sequences)}
+    assert sorted((r["trajectory_id"], r["sequence"]) for r in rows) == sorted(expected)
+    for row in rows:
+        trajectory, sequence = expected[row["trajectory_id"], row["sequence"]]
+        assert row["token_ids"] == sequence.token_ids and row["mask"] == sequence.mask
+        assert row["logprobs"] == sequence.logprobs and row["weight_versions"] == sequence.weight_versions
+        assert row["reward"] == trajectory.data.reward and row["group_id"] == trajectory.data.group_id
+        messages = orjson.loads(row["messages"]) if suffix == "parquet" else row["messages"]
+        assert messages[-1]["role"] == "assistant" and messages[-1]["content"] in ("3", "45", "89", "78")
+    assert not list(tmp_path.glob("*.parts")), "the parts were joined and removed"
+
+
+async def test_selection_by_rollouts_and_versions_from_the_stored_topic(recorded, monkeypatch, tmp_path):
+    kafka, live_ones, _ = recorded
+    out = tmp_path / "picked.jsonl"
+    result = await cli(kafka, monkeypatch, "replay", "export", str(out), "--format", "events", "--from",
+                       "trajectories", "--rollouts", "r-ok-0,r-ok-1,r-ok-2,r-split-0,r-missing", "--versions", "1")
+    assert result.exit_code == 0, result.output
+    picked = [s.decode(line) for line in out.read_bytes().splitlines()]
+    # r-ok-0 and r-ok-2 ran version 1; r-ok-1 and r-split-0 version 2; r-missing version 0
+    assert sorted(e.rollout_id for e in picked) == ["r-ok-0", "r-ok-2"]
+    assert all(encode(e) == encode(live_ones[e.id]) for e in picked)
+    assert parse_versions("1,3-5") == {1, 3, 4, 5}
+
+
+# --- resuming --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+async def spread(kafka_bootstrap):
+    """Rollouts a second apart (so a rebuild settles them all along the range, not all at its end), and the
+    trajectories the assembly's reference fold makes of them: (settings, expected trajectories by id)."""
+    kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:10]}.", partitions=4)
+    assert (await ensure_topics(kafka)).ok
+    base = s.now_ms() - 60_000
+    events = []
+    for i in range(24):
+        rollout = Rollout(f"r-spread-{i}", time=base + i * 1000)
+        events += rollout.two_turns(reward=i / 24)
+    await publish(kafka, events)
+    expected = assemble(events, Timing(settle_ms=200, reward_grace_ms=2000))
+    assert len(expected) == 24
+    return kafka, {e.id: e for e in expected}
+
+
+async def test_a_rebuild_killed_mid_range_resumes_and_writes_each_trajectory_once(spread, tmp_path):
+    kafka, expected = spread
+    args = ["replay", "rebuild", "--to-topic", "resumed", *WORKER_TIMING, "--state", str(tmp_path / "state.json"),
+            "--batch-size", "3", "--checkpoint-s", "0"]
+    killed = await asyncio.to_thread(cli_process, kafka, *args, "--crash-at", "after_output:3")
+    assert killed.returncode == -9, killed.stdout + killed.stderr  # killed after the output, before the state
+    partial = await read_topic(kafka, "resumed")
+    assert 0 < len(partial) < len(expected)
+    finished = await asyncio.to_thread(cli_process, kafka, *args)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    written = [event for _, event in await read_topic(kafka, "resumed")]
+    assert sorted(e.id for e in written) == sorted(expected)  # nothing skipped, nothing twice
+    assert all(encode(e) == encode(expected[e.id]) for e in written)
+
+
+@pytest.mark.parametrize("fmt,crash", [("parquet", "after_output:2"), ("chat", "after_output:3"),
+                                       ("events", "after_state:3")])
+async def test_an_export_killed_mid_range_resumes_and_covers_it_exactly_once(spread, tmp_path, fmt, crash):
+    kafka, expected = spread
+    out = tmp_path / f"out.{fmt}"
+    args = ["replay", "export", str(out), "--format", fmt, *WORKER_TIMING, "--batch-size", "3", "--checkpoint-s", "0"]
+    killed = await asyncio.to_thread(cli_process, kafka, *args, "--crash-at", crash)
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    if fmt == "parquet":
+        assert not out.exists() and list(out.with_name("out.parquet.parts").glob("part-*.parquet"))
+    else:
+        assert 0 < len(out.read_bytes().splitlines()) < len(expected)
+    finished = await asyncio.to_thread(cli_process, kafka, *args)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    if fmt == "parquet":
+        ids = pl.read_parquet(out)["trajectory_id"].to_list()
+    elif fmt == "chat":
+        ids = [orjson.loads(line)["trajectory_id"] for line in out.read_bytes().splitlines()]
+    else:
+        ids = [s.decode(line).id for line in out.read_bytes().splitlines()]
+    assert sorted(ids) == sorted(expected)  # one sequence each: one row each
+
+
+# --- training --------------------------------------------------------------------------------
+
+
+async def test_replay_train_feeds_the_selected_trajectories_to_the_offline_trainer(spread, tiny_model_dirs, tmp_path):
+    kafka, expected = spread
+    picked = [f"r-spread-{i}" for i in (3, 5, 8, 13)]
+    args = ["replay", "train", "--from", "raw", "--rollouts", ",".join(picked), *WORKER_TIMING,
+            "--stage", str(tmp_path / "stage.jsonl"), "--",
+            "--base-model", str(tiny_model_dirs[0]), "--checkpoint-dir", str(tmp_path / "ckpt"),
+            "--group-size", "4", "--groups-per-batch", "1", "--lr", "1e-3"]
+    result = await asyncio.to_thread(cli_process, kafka, *args)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (weights,) = [s.decode(record.value) async for batch in scan(kafka, kafka.topics.weights) for record in batch]
+    assert sorted(weights.data.lineage) == sorted(e.id for e in expected.values() if e.rollout_id in picked)
+    assert weights.data.version == 1 and weights.data.metrics["samples"] == 4
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+
+async def test_errors_name_the_fix(recorded, monkeypatch, tmp_path):
+    kafka, _, _ = recorded
+    cases = [
+        (["replay", "rebuild", "--to-topic", "trajectories"], "--to-topic trajectories-rebuilt"),
+        (["replay", "export", str(tmp_path / "x.jsonl"), "--from-offsets", "0:1"], "bound it by time"),
+        (["replay", "export", str(tmp_path / "x.jsonl"), "--from", "trajectories", "--reward-fn", NEW_FN],
+         "use --from raw"),
+        (["replay", "export", str(tmp_path / "x.jsonl"), "--reward-fn", "nowhere:fn"], "cannot import"),
+        (["replay", "rebuild", "--to-topic", "calls-copy", "--prefix", "no-such."], "check the topic prefix"),
+    ]
+    for args, fix in cases:
+        result = await cli(kafka, monkeypatch, *args)
+        assert result.exit_code == 1 and fix in result.output, (args, result.output)
+    (tmp_path / "taken.jsonl").write_text("mine\n")
+    taken = await cli(kafka, monkeypatch, "replay", "export", str(tmp_path / "taken.jsonl"))
+    assert taken.exit_code == 1 and "--restart" in taken.output
+    first = await cli(kafka, monkeypatch, "replay", "export", str(tmp_path / "a.jsonl"), "--rollouts", "r-ok-0")
+    assert first.exit_code == 0, first.output
+    other = await cli(kafka, monkeypatch, "replay", "export", str(tmp_path / "a.jsonl"), "--rollouts", "r-ok-1",
+                      "--state", str(tmp_path / "a.jsonl.replay-state.json"))
+    assert other.exit_code == 1 and "differs in: rollouts" in other.output, other.output
+
+
+# --- top -------------------------------------------------------------------------------------
+
+
+def metrics(start: int, partition: int, version: int, **values: float) -> s.MetricsEvent:
+    return s.MetricsEvent(source="streams", data=s.Metrics(
+        window_s=10, window_start=start, group={"model": "tiny", "weight_version": str(version),
+                                                "partition": str(partition)}, values=values))
+
+
+async def test_top_once_merges_partitions_and_keeps_the_latest_of_each_window(kafka, monkeypatch):
+    start = s.now_ms() // 10_000 * 10_000
+    events = [
+        metrics(start, 0, 1, calls=1, trajectories=0),  # superseded by the next event of its window and group
+        metrics(start, 0, 1, calls=4, errors=1, tokens_out=20, trajectories=2, rewarded=2, reward_sum=0.5,
+                latency_b10=4),
+        metrics(start, 1, 1, calls=2, tokens_out=10, trajectories=1, rewarded=1, reward_sum=1.0, latency_b10=2),
+        metrics(start, 1, 2, calls=4, trajectories=2, rewarded=2, reward_sum=2.0, latency_b20=4),
+        metrics(start - 10_000, 0, 1, calls=10),
+        s.PoolUpdateEvent(source="gateway", data=s.PoolUpdate(
+            model="tiny", version=2, server="http://vllm-a", status="ok", pause_ms=123.4, load_ms=100.0,
+            held_ms=130.0, applied_by="gw-1")),
+    ]
+    await publish(kafka, events)
+    view = TopView()
+    async for batch in scan(kafka, kafka.topics.metrics):
+        for record in batch:
+            view.add(record.value)
+    newest, older = view.by_window(10)
+    assert (newest["calls"], newest["calls_per_s"], newest["errors"], newest["trajectories"]) == (10, 1.0, 1, 5)
+    assert newest["reward_mean"] == pytest.approx(3.5 / 5) and older["calls"] == 10
+    by_version = {row["weight_version"]: row for row in view.by_version(10)}
+    assert by_version["1"]["reward_mean"] == pytest.approx(0.5) and by_version["1"]["calls"] == 16
+    assert by_version["2"]["reward_mean"] == 1.0 and by_version["1"]["latency_p50_ms"] == pytest.approx(4.657, abs=1e-3)
+
+    result = await cli(kafka, monkeypatch, "top", "--once", "--history", "1h")
+    assert result.exit_code == 0, result.output
+    assert "123.4" in result.output and "http://vllm-a" in result.output  # the pool's pause
+    assert "0.700" in result.output and "1.000" in result.output  # reward means: the window, version 2
+    assert "1 (10.0 %)" in result.output  # 1 error in 10 calls
