@@ -120,3 +120,18 @@ async def test_sql_command_writes_csv_and_parquet(kafka, tmp_path, monkeypatch):
     assert pl.read_parquet(parquet).height == 2
     missing = await invoke(["sql", "SELECT 1 FROM calls", "--prefix", "no-such-prefix."])
     assert missing.exit_code == 1 and "does not exist" in missing.output
+
+
+def weights(version: int, base: int, lineage: list[str]) -> s.WeightsEvent:
+    return s.WeightsEvent(source="test", data=s.Weights(model="tiny", version=version, uri=f"/ckpt/v{version}",
+                                                        step=version, base_version=base, lineage=lineage))
+
+
+async def test_staleness_of_trained_samples(kafka):
+    launched = [trajectory(f"s{i}", version, reward) for i, (version, reward) in
+                enumerate([(0, 0.0), (0, 1.0), (0, 1.0), (1, 0.5)])]
+    # version 1 trained from 0 on two fresh samples; version 2 from 1 on one sample a version old and one fresh
+    await publish(kafka, launched + [weights(1, 0, [launched[0].id, launched[1].id]),
+                                     weights(2, 1, [launched[2].id, launched[3].id])])
+    result = await run_sql(kafka, NAMED_QUERIES["staleness"])
+    assert result.rows() == [(1, 0, 2, 0.5), (2, 0, 1, 0.5), (2, 1, 1, 1.0)]
