@@ -19,6 +19,8 @@ RESULTS = Path(__file__).parent / "results"
 class Report:
     name: str
     rows: list[tuple[str, str, float | None]] = field(default_factory=list)
+    details: dict = field(default_factory=dict)
+    """raw figures, written to the JSON file as they are"""
 
     def add(self, what: str, figure: str, ratio: float | None = None) -> None:
         self.rows.append((what, figure, ratio))
@@ -35,4 +37,5 @@ class Report:
             "name": self.name, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
             "rows": [{"measurement": w, "figure": f, "ratio": r} for w, f, r in self.rows],
+            **({"details": self.details} if self.details else {}),
         }, indent=2) + "\n")

@@ -1,0 +1,561 @@
+"""Streams assembly: events per second one worker assembles, and the delay from a rollout's finish
+event to its trajectory (p50, p99).
+
+Against a real broker (a throwaway local one, or KAFKA_BOOTSTRAP_SERVERS) and a real
+`python -m streams worker` process, on a fresh topic prefix, in one run:
+
+1. Throughput. N rollouts (queued, two calls with prompts of a few hundred tokens, reward,
+   finished; event times an hour ago, as when a worker catches up after a restart) are published
+   before the worker starts. The worker's rate is its events over the time from the first event it
+   handled (the timestamp of its first table changelog record) to its last trajectory (that
+   record's timestamp); the time from spawning the process is reported too. Baselines, same run:
+   a plain consumer (`schemas.kafka.make_consumer`) reading and decoding the same three topics
+   end to end, and the fold alone, in-process (`Assembly` over dicts: decode, add, settle,
+   record), an upper bound.
+2. Latency. With the worker caught up, rollouts are published live at a steady rate, each event
+   acknowledged before the next; for each rollout, the time from the broker's ack of its finish
+   event to its trajectory being read by a consumer, and that minus the worker's `--settle-s`,
+   which it waits after a finish by design. Baseline, at the same time, on the same broker and
+   through the same consumer: one record produced (acked) and consumed.
+
+    uv run python -m bench.streams_assembly [--rollouts 1500] [--rate 20] [--seconds 25] [--settle-s 1] [--tick-s 0.25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+import schemas as s
+from agentstream.stack.kafka import LocalKafka
+from agentstream.stack.process import free_port, spawn, stop_pid, tail
+from bench.report import Report
+from schemas.codec import decode, encode
+from schemas.kafka import KafkaSettings, Publisher, ensure_topics, make_consumer, make_producer, partitions_of
+from schemas.topics import TopicSpec, topic_specs
+from streams.app import ASSEMBLED
+from streams.assembly import Assembly, Timing
+from streams.settings import StreamsSettings
+
+console = Console()
+ROOT = Path(__file__).parent.parent
+PROMPT, COMPLETION, FOLLOW_UP = 300, 120, 40
+"""tokens: the first prompt, each completion, the user's turn added before the second call"""
+EVENTS_PER_ROLLOUT = 5
+PING = "bench-ping"
+
+
+# --- events ---------------------------------------------------------------------------------------
+
+def call_event(ids: dict, time_ms: int, prompt: list[int], completion: list[int], rng: random.Random) -> s.CallEvent:
+    text = "".join(chr(97 + t % 26) for t in completion)
+    return s.CallEvent(**ids, time=time_ms, data=s.Call(
+        api="chat.completions", model="tiny", upstream="http://127.0.0.1:8000", weight_version=0, status=200,
+        started_at=time_ms - 800, latency_ms=800.0,
+        request={"model": "tiny", "max_tokens": 256, "messages": [
+            {"role": "system", "content": "You are a careful assistant. " * 8},
+            {"role": "user", "content": "".join(chr(97 + t % 26) for t in prompt)}]},
+        response={"id": f"chatcmpl-{rng.getrandbits(64):x}", "object": "chat.completion", "model": "tiny",
+                  "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+                  "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(completion)}},
+        prompt_token_ids=prompt, completion_token_ids=completion,
+        logprobs=[round(-rng.random() * 3, 6) for _ in completion], finish_reason="stop",
+        usage=s.Usage(prompt_tokens=len(prompt), completion_tokens=len(completion),
+                      total_tokens=len(prompt) + len(completion))))
+
+
+def rollout_events(rollout_id: str, rng: random.Random, clock: Callable[[], int]) -> Iterator[s.Event]:
+    """queued, two calls (the second's prompt extends the first turn), reward, finished.
+
+    Lazily: each event takes its time from `clock()` when it is built (live rollouts build each
+    event just before publishing it).
+    """
+    ids = dict(source="bench", rollout_id=rollout_id, attempt_id=f"{rollout_id}-a1")
+    task = s.Task(id=f"task-{rollout_id}", input={"prompt": "Add the numbers and explain each step."})
+    yield s.RolloutQueuedEvent(**ids, time=clock(), data=s.RolloutQueued(
+        task=task, group_id=f"g-{rollout_id}", weight_version=0, model="tiny", managed=True))
+    prompt = [rng.randrange(256) for _ in range(PROMPT)]
+    first = [rng.randrange(256) for _ in range(COMPLETION)]
+    yield call_event(ids, clock(), prompt, first, rng)
+    second_prompt = prompt + first + [rng.randrange(256) for _ in range(FOLLOW_UP)]
+    yield call_event(ids, clock(), second_prompt, [rng.randrange(256) for _ in range(COMPLETION)], rng)
+    yield s.RewardEvent(**ids, time=clock(), data=s.Reward(value=rng.random()))
+    yield s.RolloutFinishedEvent(**ids, time=clock(), data=s.RolloutFinished(by="controller", exit_code=0))
+
+
+def history(count: int, prefix: str) -> list[s.Event]:
+    """`count` rollouts whose events were written an hour ago, 50 ms apart, 10 ms between events."""
+    rng = random.Random(0)
+    start = s.now_ms() - 3_600_000
+    events = []
+    for i in range(count):
+        times = iter(range(start + 50 * i, start + 50 * i + 10 * EVENTS_PER_ROLLOUT, 10))
+        events += rollout_events(f"{prefix}{i}", rng, lambda: next(times))
+    return events
+
+
+# --- helpers --------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def kafka_broker(workdir: Path) -> Iterator[str]:
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        yield os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+        return
+    broker = LocalKafka(workdir / "kafka", default_port=None)
+    with console.status("Starting Kafka…"):
+        state = broker.start(say=lambda message: None)
+    try:
+        yield state.url
+    finally:
+        broker.stop()
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class CpuWatch:
+    """Samples of a process's scheduler times (Linux): when, seconds on a CPU, seconds runnable but
+    waiting for one; whatever else passes, it was blocked (on the network: acks, fetches) or idle."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.samples: list[tuple[float, float, float]] = []
+
+    def sample(self) -> None:
+        run = wait = 0
+        try:
+            for task in Path(f"/proc/{self.pid}/task").iterdir():
+                with contextlib.suppress(OSError, ValueError):
+                    on_cpu, queued, _ = (task / "schedstat").read_text().split()
+                    run, wait = run + int(on_cpu), wait + int(queued)
+        except OSError:
+            return  # not Linux, or the process is gone
+        self.samples.append((time.time(), run / 1e9, wait / 1e9))
+
+    def between(self, start: float, end: float) -> dict | None:
+        """Shares of the wall time from `start` to `end` (the nearest samples) and CPU seconds."""
+        if len(self.samples) < 2:
+            return None
+        first = min(self.samples, key=lambda sample: abs(sample[0] - start))
+        last = min(self.samples, key=lambda sample: abs(sample[0] - end))
+        wall = last[0] - first[0]
+        if wall <= 0:
+            return None
+        run, wait = last[1] - first[1], last[2] - first[2]
+        return {"wall_s": wall, "cpu_s": run, "on_cpu": run / wall, "waiting_for_cpu": wait / wall,
+                "blocked_or_idle": max(0.0, 1 - (run + wait) / wall)}
+
+
+def cpu_pressure() -> float | None:
+    """The share of the last 10 s in which some task waited for a CPU (Linux PSI), or None."""
+    try:
+        return float(Path("/proc/pressure/cpu").read_text().split()[1].removeprefix("avg10=")) / 100
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console, transient=True)
+
+
+async def fill(kafka: KafkaSettings, events: list[s.Event]) -> None:
+    producer = make_producer(kafka, linger_ms=20)
+    await producer.start()
+    try:
+        publisher = Publisher(producer, kafka.topics)
+        pending = []
+        for event in events:
+            pending.append(await publisher.send(event))
+            if len(pending) >= 2000:
+                await asyncio.gather(*pending)
+                pending.clear()
+        await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+
+
+async def assigned_consumer(kafka: KafkaSettings, topics: list[str], at_end: bool):
+    """A consumer without a group, assigned every partition of `topics`, at their beginning or end."""
+    consumer = make_consumer(kafka, group_id=None)
+    await consumer.start()
+    partitions = [tp for topic in topics for tp in await partitions_of(kafka, topic)]
+    consumer.assign(partitions)
+    if at_end:
+        await consumer.seek_to_end(*partitions)
+        for tp in partitions:  # resolve the positions now, not at the first fetch
+            await consumer.position(tp)
+    else:
+        await consumer.seek_to_beginning(*partitions)
+    return consumer, partitions
+
+
+# --- baselines ------------------------------------------------------------------------------------
+
+async def read_and_decode(kafka: KafkaSettings) -> tuple[int, float]:
+    """(events, seconds): a plain consumer reading and decoding the assembled topics to their end."""
+    consumer, partitions = await assigned_consumer(kafka, [kafka.topics.name(base) for base in ASSEMBLED], False)
+    try:
+        ends = await consumer.end_offsets(partitions)
+        left = {tp for tp in partitions if ends[tp] > 0}
+        count = 0
+        began = time.perf_counter()
+        while left:
+            for tp, records in (await consumer.getmany(timeout_ms=500)).items():
+                for record in records:
+                    decode(record.value)
+                count += len(records)
+                if records and records[-1].offset + 1 >= ends[tp]:
+                    left.discard(tp)
+        return count, time.perf_counter() - began
+    finally:
+        await consumer.stop()
+
+
+def fold(raws: list[bytes], timing: Timing, decoded: list[s.Event] | None = None) -> tuple[float, int]:
+    """(seconds, trajectories): the assembly alone over dicts; `decoded` skips decoding."""
+    assembly = Assembly({}, {}, timing, "bench")
+    began = time.perf_counter()
+    latest = 0
+    for n, raw in enumerate(raws):
+        event = decoded[n] if decoded else decode(raw)
+        assembly.add(event, raw, 0)
+        latest = max(latest, event.time)
+    trajectories = 0
+    for rollout_id in assembly.due(latest + timing.settle_ms):
+        settled = assembly.settle(rollout_id, latest + timing.settle_ms)
+        assembly.record(settled)
+        trajectories += len(settled.trajectories)
+    return time.perf_counter() - began, trajectories
+
+
+# --- the worker -----------------------------------------------------------------------------------
+
+class Worker:
+    """`python -m streams worker` as a process of its own."""
+
+    def __init__(self, kafka: KafkaSettings, workdir: Path, settle_s: float, tick_s: float):
+        self.settings = StreamsSettings(bootstrap_servers=kafka.bootstrap_servers, topic_prefix=kafka.topic_prefix,
+                                        settle_s=settle_s, tick_s=tick_s)
+        self.port = free_port()
+        self.log = workdir / "worker.log"
+        self.cmd = [sys.executable, "-m", "streams", "worker", "--bootstrap-servers", kafka.bootstrap_servers,
+                    "--topic-prefix", kafka.topic_prefix, "--web-port", str(self.port),
+                    "--data-dir", str(workdir / "streams"), "--settle-s", str(settle_s), "--tick-s", str(tick_s),
+                    "--log-level", "warning"]
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.process = spawn(self.cmd, self.log, cwd=ROOT)
+
+    def check(self) -> None:
+        if self.process.poll() is not None:
+            raise SystemExit(f"the streams worker exited ({self.process.returncode}); "
+                             f"log ({self.log}):\n{tail(self.log)}")
+
+    def analytics(self) -> dict | None:
+        try:
+            response = httpx.get(f"http://127.0.0.1:{self.port}/analytics", timeout=5)
+        except httpx.HTTPError:
+            return None
+        return response.json() if response.status_code == 200 else None
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop_pid(self.process.pid, grace=30)
+
+    @property
+    def changelog(self) -> str:
+        """The topic of the table every handled event writes to (its record times say when each was handled)."""
+        return f"{self.settings.group_id}-assembly-events-changelog"
+
+
+async def first_timestamp(kafka: KafkaSettings, topic: str) -> int:
+    """The smallest record timestamp (ms) in `topic`."""
+    consumer, partitions = await assigned_consumer(kafka, [topic], False)
+    try:
+        ends = await consumer.end_offsets(partitions)
+        first = []
+        for tp in partitions:
+            if ends[tp]:
+                record = (await consumer.getmany(tp, timeout_ms=5000, max_records=1)).get(tp)
+                first += [record[0].timestamp] if record else []
+        return min(first)
+    finally:
+        await consumer.stop()
+
+
+async def catch_up(kafka: KafkaSettings, worker: Worker, rollouts: int, timeout: float) -> dict:
+    """Start the worker on the published history; times until every rollout has its trajectory."""
+    consumer, _ = await assigned_consumer(kafka, [kafka.topics.trajectories], False)
+    seen: dict[str, int] = {}
+    copies = 0
+    try:
+        with progress() as bar:
+            task = bar.add_task("worker catching up: trajectories", total=rollouts)
+            spawned = time.time()
+            worker.start()
+            watch = CpuWatch(worker.process.pid)
+            deadline = time.monotonic() + timeout
+            while len(seen) < rollouts:
+                worker.check()
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"{len(seen)}/{rollouts} trajectories after {timeout:.0f} s; log: {worker.log}")
+                for records in (await consumer.getmany(timeout_ms=200)).values():
+                    for record in records:
+                        copies += 1
+                        seen.setdefault(record.key.decode(), record.timestamp)
+                bar.update(task, completed=len(seen))
+                watch.sample()
+            done = time.time()
+    finally:
+        await consumer.stop()
+    first_handled = await first_timestamp(kafka, worker.changelog)
+    last_trajectory = max(seen.values())
+    return {"spawned": spawned, "done": done, "first_handled_ms": first_handled, "last_trajectory_ms": last_trajectory,
+            "processing_s": (last_trajectory - first_handled) / 1000, "from_spawn_s": done - spawned,
+            "startup_s": first_handled / 1000 - spawned, "trajectory_records": copies,
+            "worker_cpu": watch.between(first_handled / 1000, last_trajectory / 1000)}
+
+
+# --- latency --------------------------------------------------------------------------------------
+
+async def live_delays(kafka: KafkaSettings, worker: Worker, rate: float, seconds: float, ping_rate: float,
+                      settle_s: float) -> dict:
+    """Publish live rollouts at `rate`/s for `seconds`, and pings at `ping_rate`/s; delays in seconds."""
+    ping_topic = kafka.topics.name(PING)
+    consumer, _ = await assigned_consumer(kafka, [kafka.topics.trajectories, ping_topic], True)
+    producer = make_producer(kafka)
+    await producer.start()
+    publisher = Publisher(producer, kafka.topics)
+    acked: dict[str, float] = {}  # rollout id → wall time the broker acknowledged its finish event
+    seen: dict[str, tuple[float, int]] = {}  # rollout id → (wall time read, record timestamp ms)
+    pings: dict[bytes, float] = {}  # ping → wall time its send began
+    round_trips: list[float] = []
+    rng = random.Random(1)
+    prefix = f"live-{uuid.uuid4().hex[:6]}-"
+    count = int(rate * seconds)
+
+    async def read() -> None:
+        while True:
+            for tp, records in (await consumer.getmany(timeout_ms=100)).items():
+                now = time.time()
+                for record in records:
+                    if tp.topic == ping_topic:
+                        round_trips.append(now - pings[record.value])
+                    else:
+                        seen.setdefault(record.key.decode(), (now, record.timestamp))
+
+    async def one(n: int) -> None:
+        rollout_id = f"{prefix}{n}"
+        for event in rollout_events(rollout_id, random.Random(rng.random()), s.now_ms):
+            await publisher.publish(event)
+        acked[rollout_id] = time.time()
+
+    async def ping() -> None:
+        began = time.monotonic()
+        for n in range(int(ping_rate * seconds)):
+            await asyncio.sleep(max(0.0, began + n / ping_rate - time.monotonic()))
+            value = str(n).encode()
+            pings[value] = time.time()
+            await producer.send_and_wait(ping_topic, value, key=b"ping")
+
+    reader = asyncio.create_task(read())
+    try:
+        with progress() as bar:
+            task = bar.add_task(f"live rollouts at {rate:g}/s: trajectories", total=count)
+            pinger = asyncio.create_task(ping())
+            watch = CpuWatch(worker.process.pid)
+            watch.sample()
+            publishing = [time.time(), 0.0]
+            began = time.monotonic()
+            rollouts = []
+            for n in range(count):
+                await asyncio.sleep(max(0.0, began + n / rate - time.monotonic()))
+                worker.check()
+                rollouts.append(asyncio.create_task(one(n)))
+                bar.update(task, completed=len(seen))
+            await asyncio.gather(*rollouts, pinger)
+            watch.sample()
+            publishing[1] = time.time()
+            deadline = time.monotonic() + settle_s + 30
+            while len(seen) < count:
+                worker.check()
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"{len(seen)}/{count} live trajectories 30 s after the last; log: {worker.log}")
+                bar.update(task, completed=len(seen))
+                await asyncio.sleep(0.1)
+    finally:
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+        await producer.stop()
+        await consumer.stop()
+    order = sorted(acked, key=acked.get)
+    return {"delays": [seen[rid][0] - acked[rid] for rid in order],
+            "written": [seen[rid][1] / 1000 - acked[rid] for rid in order],
+            "round_trips": round_trips, "worker_cpu": watch.between(publishing[0], publishing[1])}
+
+
+# --- the run --------------------------------------------------------------------------------------
+
+async def run(args: argparse.Namespace, workdir: Path, bootstrap: str) -> dict:
+    kafka = KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=f"bench-streams-{uuid.uuid4().hex[:8]}.")
+    report = await ensure_topics(kafka, [*topic_specs(kafka.partitions),
+                                         TopicSpec(PING, 1, retention_ms=3_600_000, key="none")])
+    assert report.ok, report.mismatches
+    timing = Timing(settle_ms=int(args.settle_s * 1000))
+    results: dict = {"rollouts": args.rollouts, "events": args.rollouts * EVENTS_PER_ROLLOUT,
+                     "partitions": kafka.partitions, "settle_s": args.settle_s, "tick_s": args.tick_s,
+                     "cpus": os.cpu_count(),
+                     "load_before": os.getloadavg()[0], "cpu_pressure_before": cpu_pressure(),
+                     "tokens": {"prompt": PROMPT, "completion": COMPLETION, "follow_up": FOLLOW_UP}}
+
+    with console.status(f"Publishing {args.rollouts} rollouts ({results['events']} events)…"):
+        events = history(args.rollouts, "r")
+        raws = [encode(event) for event in events]
+        await fill(kafka, events)
+    results["event_bytes_mean"] = statistics.fmean(len(raw) for raw in raws)
+    console.print(f"published {len(events)} events, {results['event_bytes_mean'] / 1024:.1f} KiB each on average")
+
+    with console.status("Baseline: a plain consumer reading and decoding the three topics…"):
+        read, read_s = await read_and_decode(kafka)
+    assert read == len(events), (read, len(events))
+    results["consumer_events_per_s"] = read / read_s
+    console.print(f"plain consumer + decode: {read / read_s:,.0f} events/s")
+
+    with console.status("The fold in-process…"):
+        fold_s, made = fold(raws, timing)
+        assert made == args.rollouts, made
+        decoded = [decode(raw) for raw in raws]
+        fold_bare_s, _ = fold(raws, timing, decoded)
+    results["fold_events_per_s"] = len(raws) / fold_s
+    results["fold_without_decode_events_per_s"] = len(raws) / fold_bare_s
+    console.print(f"fold (decode, add, settle, record): {len(raws) / fold_s:,.0f} events/s; "
+                  f"without decoding {len(raws) / fold_bare_s:,.0f} events/s")
+
+    worker = Worker(kafka, workdir, args.settle_s, args.tick_s)
+    try:
+        caught = await catch_up(kafka, worker, args.rollouts, timeout=args.timeout)
+        results["catch_up"] = caught
+        results["worker_events_per_s"] = len(events) / caught["processing_s"]
+        results["worker_events_per_s_from_spawn"] = len(events) / caught["from_spawn_s"]
+        console.print(f"worker: {results['worker_events_per_s']:,.0f} events/s over {caught['processing_s']:.1f} s "
+                      f"(first event handled {caught['startup_s']:.1f} s after spawning)")
+        view = worker.analytics() or {}
+        results["worker_counts"] = view.get("assembly", {})
+
+        await asyncio.sleep(1.0)  # let the worker's commit and its last ticks pass
+        live = await live_delays(kafka, worker, args.rate, args.seconds, args.ping_rate, args.settle_s)
+    finally:
+        with console.status("Stopping the worker…"):
+            worker.stop()
+    delays, written, trips = live["delays"], live["written"], live["round_trips"]
+    results["latency"] = {
+        "rollouts": len(delays), "rate_per_s": args.rate, "seconds": args.seconds,
+        "delay_p50_s": percentile(delays, 0.5), "delay_p99_s": percentile(delays, 0.99),
+        "delay_max_s": max(delays),
+        "over_settle_p50_s": percentile(delays, 0.5) - args.settle_s,
+        "over_settle_p99_s": percentile(delays, 0.99) - args.settle_s,
+        "written_p50_s": percentile(written, 0.5), "written_p99_s": percentile(written, 0.99),
+        "ping_count": len(trips), "ping_p50_s": percentile(trips, 0.5), "ping_p99_s": percentile(trips, 0.99),
+    }
+    third = max(1, len(delays) // 3)
+    results["latency"].update({
+        "first_third_p50_s": statistics.median(delays[:third]), "last_third_p50_s": statistics.median(delays[-third:]),
+        "worker_cpu": live["worker_cpu"]})
+    results["load_after"] = os.getloadavg()[0]
+    results["cpu_pressure_after"] = cpu_pressure()
+    return results
+
+
+def shares(cpu: dict | None) -> str:
+    if not cpu:
+        return "n/a (no /proc)"
+    return (f"{cpu['on_cpu']:.0%} on a CPU, {cpu['waiting_for_cpu']:.0%} waiting for one, "
+            f"{cpu['blocked_or_idle']:.0%} blocked/idle")
+
+
+def show(results: dict) -> None:
+    report = Report("streams_assembly")
+    ms = lambda value: f"{value * 1000:,.0f} ms"  # noqa: E731
+    base = results["consumer_events_per_s"]
+    caught = results["catch_up"]
+    worker = results["worker_events_per_s"]
+    report.add(f"baseline: plain consumer reads + decodes the 3 topics ({results['events']} events)",
+               f"{base:,.0f} events/s", 1.0)
+    report.add(f"worker assembles {results['rollouts']} rollouts (first event handled → last trajectory)",
+               f"{worker:,.0f} events/s ({caught['processing_s']:.1f} s)", worker / base)
+    report.add("worker, from spawning the process (start-up included)",
+               f"{results['worker_events_per_s_from_spawn']:,.0f} events/s ({caught['from_spawn_s']:.1f} s)",
+               results["worker_events_per_s_from_spawn"] / base)
+    report.add("fold in-process: decode + add + settle + record (upper bound)",
+               f"{results['fold_events_per_s']:,.0f} events/s", results["fold_events_per_s"] / base)
+    bare = results["fold_without_decode_events_per_s"]
+    report.add("fold in-process, events already decoded", f"{bare:,.0f} events/s", bare / base)
+    cpu = caught["worker_cpu"]
+    if cpu:
+        report.add("worker while assembling", shares(cpu))
+        per_event = cpu["cpu_s"] / results["events"]
+        report.add("worker CPU per event (whole process)", f"{per_event * 1000:.2f} ms = {1 / per_event:,.0f} events/s "
+                   "on a core of its own, never blocked", 1 / per_event / base)
+    lat = results["latency"]
+    report.add(f"baseline: produce (acked) → consume one record, p50 ({lat['ping_count']} records)",
+               ms(lat["ping_p50_s"]), 1.0)
+    report.add("baseline: produce (acked) → consume one record, p99", ms(lat["ping_p99_s"]), 1.0)
+    report.add(f"finish acked → trajectory read, p50 ({lat['rollouts']} rollouts at {lat['rate_per_s']:g}/s)",
+               ms(lat["delay_p50_s"]), lat["delay_p50_s"] / lat["ping_p50_s"])
+    report.add("finish acked → trajectory read, p99", ms(lat["delay_p99_s"]), lat["delay_p99_s"] / lat["ping_p99_s"])
+    report.add(f"  minus --settle-s {results['settle_s']:g}, p50 (timer: every --tick-s {results['tick_s']:g})",
+               ms(lat["over_settle_p50_s"]), lat["over_settle_p50_s"] / lat["ping_p50_s"])
+    report.add(f"  minus --settle-s {results['settle_s']:g}, p99", ms(lat["over_settle_p99_s"]),
+               lat["over_settle_p99_s"] / lat["ping_p99_s"])
+    report.add("finish acked → trajectory written (its record timestamp), p50 / p99",
+               f"{ms(lat['written_p50_s'])} / {ms(lat['written_p99_s'])}")
+    report.add("delay p50, first third of the rollouts / last third (growing: the worker fell behind)",
+               f"{ms(lat['first_third_p50_s'])} / {ms(lat['last_third_p50_s'])}")
+    if lat["worker_cpu"]:
+        report.add("worker while live", shares(lat["worker_cpu"]))
+    report.details = results
+    pressure = results["cpu_pressure_before"], results["cpu_pressure_after"]
+    report.print("ratio: events/s vs. the plain consumer; delays vs. the produce → consume round trip (same run). "
+                 f"Load average {results['load_before']:.1f} → {results['load_after']:.1f} on {results['cpus']} CPUs"
+                 + (f", CPU pressure {pressure[0]:.0%} → {pressure[1]:.0%}" if None not in pressure else "")
+                 + "; Kafka, the worker and this client share them.")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rollouts", type=int, default=1500, help="rollouts published before the worker starts")
+    parser.add_argument("--rate", type=float, default=20.0, help="live rollouts per second in the latency phase")
+    parser.add_argument("--seconds", type=float, default=25.0, help="length of the latency phase")
+    parser.add_argument("--ping-rate", type=float, default=10.0, help="baseline round trips per second meanwhile")
+    parser.add_argument("--settle-s", type=float, default=1.0, help="the worker's --settle-s (its default)")
+    parser.add_argument("--tick-s", type=float, default=StreamsSettings.model_fields["tick_s"].default,
+                        help="the worker's --tick-s (its default): how often it looks for attempts due to settle")
+    parser.add_argument("--timeout", type=float, default=150.0, help="give up catching up after this long")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="bench-streams-") as tmp, kafka_broker(Path(tmp)) as bootstrap:
+        results = asyncio.run(run(args, Path(tmp), bootstrap))
+    show(results)
+
+
+if __name__ == "__main__":
+    main()
