@@ -95,7 +95,8 @@ class TopicSink:
         after = Bounds(start_offsets=dict(self.ends))
         async for batch in scan(self.settings, self.topic, after):
             self.present.update(orjson.loads(record.value)["id"] for record in batch)
-        self.producer = make_producer(self.settings)
+        # a replay writes in bulk: batches of many trajectories (each ~10 kB), not a record per request
+        self.producer = make_producer(self.settings, linger_ms=20, max_batch_size=1024 * 1024)
         await self.producer.start()
 
     async def write(self, items: list[Item]) -> None:
@@ -146,7 +147,7 @@ class JsonlSink:
 
     @classmethod
     def events(cls, path: Path) -> JsonlSink:
-        return cls(path, lambda item: [encode(item.trajectory)])
+        return cls(path, lambda item: [item.raw or encode(item.trajectory)])
 
     @classmethod
     def chat(cls, path: Path) -> JsonlSink:

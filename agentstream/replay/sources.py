@@ -23,6 +23,8 @@ class Item:
     trajectory: TrajectoryEvent
     calls: dict[str, Call] = field(default_factory=dict)
     """the calls of its turns by id, where the source has them (a rebuild does): the dataset's messages"""
+    raw: bytes | None = None
+    """the event as the topic holds it, where it was read from one (written as is, not encoded again)"""
 
 
 class Source(Protocol):
@@ -66,7 +68,7 @@ class StoredTrajectories:
             items = []
             for record in batch:
                 try:
-                    items.append(Item(decode(record.value, expect=TrajectoryEvent)))
+                    items.append(Item(decode(record.value, expect=TrajectoryEvent), raw=record.value))
                 except DecodeError:
                     self.counts["undecodable"] += 1
             yield items
