@@ -1,0 +1,137 @@
+"""Replay speed: raw events per second a rebuild folds into trajectories, and what its outputs add.
+
+    uv run python -m bench.replay [--rollouts 10000]
+
+Against a throwaway local broker: N rollouts (queued, two calls with prompts of a few hundred
+tokens, a reward, finished; a tenth scored by a reward function) are published, then, in one run:
+- baseline: a scan of the three raw topics that only counts records (what Kafka and aiokafka cost);
+- `replay rebuild` into a new topic, `replay export` to Parquet (chat rows, with the calls'
+  messages), and `replay rebuild --reward-fn` (rescoring every attempt), each from the raw topics;
+- `replay export --from` the rebuilt topic (stored trajectories, no rebuild), against a count-only
+  scan of that topic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import schemas as s
+from agentstream.replay import Job, Options, RebuildSpec, replay
+from agentstream.scan import scan
+from agentstream.stack.kafka import LocalKafka
+from bench.report import Report
+from schemas.kafka import KafkaSettings, Publisher, ensure_topics, make_producer
+from streams.assembly import Timing
+
+RAW = ("rollouts", "calls", "rewards")
+
+
+def rollout_events(i: int, at: int, rng: random.Random) -> list[s.Event]:
+    ids = dict(source="bench", rollout_id=f"r{i}", attempt_id="a1")
+    scored = i % 10 == 0
+    task = s.Task(id=f"t{i % 50}", input={"prompt": "p"}, reward_fn="streams.rewards:exact_match" if scored else None,
+                  metadata={"answer": "42"})
+    prompt = [rng.randrange(256) for _ in range(300)]
+    first, second = [rng.randrange(256) for _ in range(40)], [rng.randrange(256) for _ in range(40)]
+    tool = [rng.randrange(256) for _ in range(60)]
+
+    def call(n: int, prompt_ids: list[int], completion: list[int]) -> s.CallEvent:
+        return s.CallEvent(**ids, time=at + n, data=s.Call(
+            api="chat.completions", model="tiny", weight_version=i // 1000, status=200, started_at=at + n - 5,
+            latency_ms=40.0, request={"messages": [{"role": "user", "content": "x" * 300}]},
+            response={"choices": [{"message": {"role": "assistant", "content": "42"}}]},
+            prompt_token_ids=prompt_ids, completion_token_ids=completion, logprobs=[-0.5] * len(completion),
+            finish_reason="stop"))
+
+    events: list[s.Event] = [
+        s.RolloutQueuedEvent(**ids, time=at, data=s.RolloutQueued(task=task, group_id=f"g{i % 50}",
+                                                                   weight_version=i // 1000, model="tiny")),
+        call(10, prompt, first), call(20, prompt + first + tool, second)]
+    if not scored:
+        events.append(s.RewardEvent(**ids, time=at + 30, data=s.Reward(value=rng.random())))
+    return events + [s.RolloutFinishedEvent(**ids, time=at + 40, data=s.RolloutFinished(by="controller"))]
+
+
+async def fill(settings: KafkaSettings, rollouts: int) -> int:
+    rng = random.Random(0)
+    start = s.now_ms() - 3_600_000
+    producer = make_producer(settings, linger_ms=20)
+    await producer.start()
+    count, pending = 0, []
+    try:
+        publisher = Publisher(producer, settings.topics)
+        for i in range(rollouts):
+            for event in rollout_events(i, start + i * 50, rng):
+                pending.append(await publisher.send(event))
+                count += 1
+            if len(pending) >= 5000:
+                await asyncio.gather(*pending)
+                pending.clear()
+        await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+    return count
+
+
+async def count_scan(settings: KafkaSettings, bases: tuple[str, ...]) -> int:
+    return sum([len(batch) for base in bases async for batch in scan(settings, settings.topics.name(base))])
+
+
+async def timed(coroutine) -> tuple[object, float]:
+    start = time.perf_counter()
+    result = await coroutine
+    return result, time.perf_counter() - start
+
+
+async def main(rollouts: int) -> None:
+    report = Report("replay")
+    timing = Timing(settle_ms=1000, reward_grace_ms=30_000)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        broker = LocalKafka(out / "kafka", default_port=None)
+        state = broker.start()
+        try:
+            settings = KafkaSettings(bootstrap_servers=state.url, topic_prefix="bench.", partitions=4)
+            await ensure_topics(settings)
+            print(f"publishing {rollouts:,} rollouts…", flush=True)
+            events = await fill(settings, rollouts)
+
+            counted, raw_s = await timed(count_scan(settings, RAW))
+            assert counted == events
+            report.add(f"raw scan of rollouts, calls, rewards (count only), {events:,} events",
+                       f"{events / raw_s:,.0f} events/s", 1.0)
+            runs = [
+                ("rebuild into a topic", Job("raw", "topic", "rebuilt", rebuild=RebuildSpec(timing=timing))),
+                ("rebuild, export to Parquet (chat rows)",
+                 Job("raw", "parquet", str(out / "data.parquet"), rebuild=RebuildSpec(timing=timing))),
+                ("rebuild with a new reward function into a topic",
+                 Job("raw", "topic", "rescored", rebuild=RebuildSpec("streams.rewards:numeric_answer", timing))),
+            ]
+            for label, job in runs:
+                summary, took = await timed(replay(settings, job, Options(out / f"{label}.state")))
+                assert summary.written == rollouts, (label, summary)
+                report.add(label, f"{events / took:,.0f} events/s", raw_s / took)
+
+            counted, stored_s = await timed(count_scan(settings, ("rebuilt",)))
+            report.add(f"scan of the rebuilt topic (count only), {counted:,} trajectories",
+                       f"{counted / stored_s:,.0f} trajectories/s", 1.0)
+            job = Job("rebuilt", "events", str(out / "stored.jsonl"))
+            summary, took = await timed(replay(settings, job, Options(out / "stored.state")))
+            assert summary.written == rollouts
+            report.add("export stored trajectories (JSONL events)", f"{counted / took:,.0f} trajectories/s",
+                       stored_s / took)
+        finally:
+            broker.stop()
+    report.print("ratio: throughput vs. the count-only scan above it")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rollouts", type=int, default=10_000)
+    args = parser.parse_args()
+    asyncio.run(main(args.rollouts))
