@@ -20,7 +20,7 @@ from agentstream.replay import parse_versions
 from agentstream.scan import scan
 from agentstream.top import TopView
 from schemas.codec import encode
-from schemas.kafka import KafkaSettings, ensure_topics
+from schemas.kafka import KafkaSettings, ensure_topics, make_producer
 from streams.assembly import Timing, assemble
 from streams.rewards import Sample
 from tests.streams_support import REPO, Rollout, StreamsWorker, TopicWatch, live, publish
@@ -192,6 +192,32 @@ async def test_selection_by_rollouts_and_versions_from_the_stored_topic(recorded
     assert sorted(e.rollout_id for e in picked) == ["r-ok-0", "r-ok-2"]
     assert all(encode(e) == encode(live_ones[e.id]) for e in picked)
     assert parse_versions("1,3-5") == {1, 3, 4, 5}
+
+
+async def test_a_time_range_rebuilds_the_attempts_that_started_in_it_whole(kafka, monkeypatch, tmp_path):
+    base = s.now_ms() - 60_000
+    rollouts = [Rollout(f"r-t{i}", time=base + i * 1000) for i in range(10)]
+    events = [e for rollout in rollouts for e in rollout.two_turns()]
+    straddling = Rollout("r-long", time=base + 3500)  # starts before --since, ends after it
+    events += straddling.two_turns()[:-1] + [straddling.finished(after_ms=1500)]
+    producer = make_producer(kafka)
+    await producer.start()
+    try:  # record timestamps as event times, as they are when events are written live
+        for event in events:
+            await producer.send_and_wait(kafka.topics.name(event.topic), encode(event), key=event.key,
+                                         timestamp_ms=event.time)
+    finally:
+        await producer.stop()
+    since, until = base + 4010, base + 9000
+    out = tmp_path / "range.jsonl"
+    result = await cli(kafka, monkeypatch, "replay", "export", str(out), "--format", "events", *WORKER_TIMING,
+                       "--since", str(since), "--until", str(until), "--lookback-s", "2")
+    assert result.exit_code == 0, result.output
+    got = {e.rollout_id: e for e in map(s.decode, out.read_bytes().splitlines())}
+    # r-t4 … r-t8 started in the range and settled before its end; r-long started before it; r-t9 settles after
+    assert sorted(got) == [f"r-t{i}" for i in range(4, 9)]
+    whole = {e.rollout_id: e for e in assemble(events, Timing(settle_ms=200, reward_grace_ms=2000))}
+    assert all(encode(event) == encode(whole[rollout_id]) for rollout_id, event in got.items())
 
 
 # --- resuming --------------------------------------------------------------------------------
