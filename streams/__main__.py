@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(settings, partitions)
     loop.run_until_complete(ensure_topics(settings, changelog_specs(app, settings)))
     worker = faust.Worker(app, loop=loop, loglevel=settings.log_level.upper(), quiet=True, redirect_stdouts=False)
+    worker.spinner = None  # its log handler puts the root logger at DEBUG: a record per Kafka request
     worker.execute_from_commandline()  # exits the process when the worker stops
     return 0
 

@@ -89,16 +89,19 @@ def create_app(settings: StreamsSettings, partitions: int) -> faust.App:
     events = app.tables.add(DurableTable(app, name="assembly-events", partitions=partitions, key_type=str,
                                          value_type=bytes))
     assembly = Assembly(rollouts, events, settings.timing, settings.source)
+
+    @rollouts.on_recover
+    async def index_recovered_state() -> None:
+        assembly.reindex()
     counts: Counter[str] = Counter()
     """what the worker itself dropped or deadlettered (the assembly counts the rest)"""
     ticking: dict[int, float] = {}
     """partition → when its tick was sent (monotonic), until the agent handles it"""
 
-    async def publish(topic: str, event: Event, now: bool = False) -> None:
-        """Send as part of handling the current event (at its commit), or `now`, waiting for the broker's ack."""
-        sent = await out[topic].send(key=event.key, value=encode(event), force=now)
-        if now:
-            await sent
+    async def publish(topic: str, event: Event, now: bool = False):
+        """Send as part of handling the current event (at its commit), or `now`: the broker's ack is
+        then the returned future."""
+        return await out[topic].send(key=event.key, value=encode(event), force=now)
 
     async def deadletter(message, kind: str | None, reason: str) -> None:
         if kind:
@@ -109,16 +112,15 @@ def create_app(settings: StreamsSettings, partitions: int) -> faust.App:
 
     async def emit(settled: Settled) -> None:
         """Publish what settling yielded, acknowledged, before the state says the attempts are settled."""
-        for reward in settled.rewards:
-            await publish("rewards", reward, now=True)
-        for trajectory in settled.trajectories:
-            await publish("trajectories", trajectory, now=True)
+        sent = [await publish("rewards", reward, now=True) for reward in settled.rewards]
+        sent += [await publish("trajectories", trajectory, now=True) for trajectory in settled.trajectories]
         for raw_event, reason in settled.late + settled.unscored:
             event = decode(raw_event)
-            await publish("deadletter", DeadletterEvent(
+            sent.append(await publish("deadletter", DeadletterEvent(
                 id=derived_id("streams.deadletter", event.id), source=settings.source,
                 data=Deadletter(topic=topics.name(event.topic), key=event.rollout_id, value=raw_event.decode(),
-                                reason=reason, consumer=settings.source)), now=True)
+                                reason=reason, consumer=settings.source)), now=True))
+        await asyncio.gather(*sent)
         assembly.record(settled)
 
     source_names = [topics.name(base) for base in ASSEMBLED]
@@ -131,7 +133,7 @@ def create_app(settings: StreamsSettings, partitions: int) -> faust.App:
 
     async def settle_due(partition: int) -> None:
         now = watermark(partition)
-        for rollout_id in assembly.due(now, {partition}):
+        for rollout_id in assembly.due(now, [partition]):
             await emit(assembly.settle(rollout_id, now))
 
     async def handle(message) -> None:
@@ -184,7 +186,7 @@ def create_app(settings: StreamsSettings, partitions: int) -> faust.App:
     async def tick() -> None:
         clock = time.monotonic()
         for partition in active_partitions():
-            if not assembly.due(watermark(partition), {partition}):
+            if not assembly.due(watermark(partition), [partition]):
                 continue
             if clock - ticking.get(partition, -1e9) > 5.0:  # resend a tick that got lost in a rebalance
                 ticking[partition] = clock

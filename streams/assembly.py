@@ -26,8 +26,9 @@ consumers drop the repeats by id.
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Container, Iterable, MutableMapping
+import heapq
+from collections import Counter, defaultdict
+from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,6 +101,24 @@ class Assembly:
         self.source = source
         self.counts: Counter[str] = Counter()
         """events, duplicates, late, trajectories, rewards_computed, reward_failures (since start)"""
+        self._due_at: dict[str, int] = {}
+        """rollout id → when it is next due: an index of `rollouts`, so finding due work is not a scan"""
+        self._queue: dict[int, list[tuple[int, str]]] = defaultdict(list)
+        """partition → heap of (due, rollout id); entries that no longer match `_due_at` are stale"""
+        self.reindex()
+
+    def reindex(self) -> None:
+        """Rebuild the due index from `rollouts` (after a worker restored or took over a table)."""
+        self._due_at.clear()
+        self._queue.clear()
+        for rollout_id, state in list(self.rollouts.items()):
+            self._index(rollout_id, state)
+
+    def _index(self, rollout_id: str, state: dict[str, Any]) -> None:
+        due = state["due"]
+        if self._due_at.get(rollout_id) != due:
+            self._due_at[rollout_id] = due
+            heapq.heappush(self._queue[state["partition"]], (due, rollout_id))
 
     # --- adding events ---------------------------------------------------------------------------
 
@@ -148,8 +167,9 @@ class Assembly:
                 attempt["end"] = {"id": event.id, "type": event.type, "time": event.time}
 
     def _save(self, rollout_id: str, state: dict[str, Any]) -> None:
-        state["due"] = min((self._due(attempt) for attempt in state["attempts"].values()), default=None)
+        state["due"] = min(self._due(attempt) for attempt in state["attempts"].values())
         self.rollouts[rollout_id] = state  # written back whole: a Faust table records changes on assignment
+        self._index(rollout_id, state)
 
     def _due(self, attempt: dict[str, Any]) -> int:
         settled = attempt.get("settled")
@@ -157,11 +177,20 @@ class Assembly:
 
     # --- settling ----------------------------------------------------------------------------------
 
-    def due(self, now_ms: int, partitions: Container[int] | None = None) -> list[str]:
+    def due(self, now_ms: int, partitions: Iterable[int] | None = None) -> list[str]:
         """Rollouts of these partitions with an attempt to settle or to forget by `now_ms`."""
-        return [rollout_id for rollout_id, state in list(self.rollouts.items())
-                if state["due"] is not None and state["due"] <= now_ms
-                and (partitions is None or state["partition"] in partitions)]
+        found: dict[str, None] = {}
+        for partition in self._queue if partitions is None else partitions:
+            heap = self._queue.get(partition)
+            current = []
+            while heap and heap[0][0] <= now_ms:
+                due, rollout_id = heapq.heappop(heap)
+                if self._due_at.get(rollout_id) == due and rollout_id not in found:
+                    found[rollout_id] = None
+                    current.append((due, rollout_id))
+            for entry in current:  # still due until settled: settling re-indexes them
+                heapq.heappush(heap, entry)
+        return list(found)
 
     def settle(self, rollout_id: str, now_ms: int) -> Settled:
         """What settling the rollout's due attempts yields; nothing is changed until `record(settled)`.
@@ -197,6 +226,7 @@ class Assembly:
             self._save(settled.rollout_id, state)
         else:
             del self.rollouts[settled.rollout_id]
+            del self._due_at[settled.rollout_id]
         for event_id in done:  # after the state: a crash in between leaves events behind, never loses one
             self.events.pop(event_id, None)
         self.counts["trajectories"] += len(settled.trajectories)

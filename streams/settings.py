@@ -26,7 +26,7 @@ class StreamsSettings(KafkaSettings):
                                   "is closed as abandoned")
     retention_s: float = Field(6 * 3600.0, gt=0, description="how long a settled attempt's event ids are kept, "
                                "to drop duplicates and deadletter late events")
-    tick_s: float = Field(0.25, gt=0, description="how often the worker looks for attempts due to settle")
+    tick_s: float = Field(0.1, gt=0, description="how often the worker looks for attempts due to settle")
 
     # --- analytics ---------------------------------------------------------------------------------
     windows_s: Annotated[list[int], NoDecode] = Field(
