@@ -13,7 +13,6 @@ over, and the new function scores every finished attempt.
 
 from __future__ import annotations
 
-import heapq
 from collections import Counter, deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -65,14 +64,10 @@ class Rebuild:
         self.scanned = {t: dict(self.next[t]) for t in RAW}
         """next offset each scan will deliver, per topic and partition"""
         self.assemblies: dict[int, Assembly] = {}
-        self.due: dict[int, list[tuple[int, str]]] = {}
-        """per partition: a heap of (due time, rollout id); entries whose time is no longer the rollout's are stale"""
         for p in self.partitions:
             state = saved.get(p, {"rollouts": {}, "events": {}})
             events = {event_id: raw.encode() for event_id, raw in state["events"].items()}
             self.assemblies[p] = Assembly(state["rollouts"], events, timing, source)
-            self.due[p] = [(s["due"], rid) for rid, s in state["rollouts"].items() if s["due"] is not None]
-            heapq.heapify(self.due[p])
         self.queues: dict[tuple[str, int], deque[Pending]] = {(t, p): deque() for t in RAW for p in self.partitions}
         self.remaining = sum(max(0, self.ends[t][p] - self.next[t][p]) for t in RAW for p in self.partitions)
         self.read = 0
@@ -171,31 +166,19 @@ class Rebuild:
             # everything due before this event's time settles first, as the live watermark would have it;
             # an attempt's own later events then come late, whichever rollouts the selection skipped
             self._settle(partition, pending.time - 1, out)
-            rollout_id = pending.event.rollout_id
-            before = assembly.rollouts.get(rollout_id, {}).get("due")
             duplicates = assembly.counts["duplicates"]
             if late := assembly.add(pending.event, pending.raw, partition):
                 self.counts["late"] += 1
                 self._reason(late)
             self.counts["duplicates"] += assembly.counts["duplicates"] - duplicates
-            due = assembly.rollouts[rollout_id]["due"]
-            if due is not None and due != before:
-                heapq.heappush(self.due[partition], (due, rollout_id))
 
     def _settle(self, partition: int, now: int, out: list[Item]) -> None:
-        assembly, heap = self.assemblies[partition], self.due[partition]
-        while heap and heap[0][0] <= now:
-            due, rollout_id = heapq.heappop(heap)
-            state = assembly.rollouts.get(rollout_id)
-            if state is None or state["due"] != due:
-                continue
+        assembly = self.assemblies[partition]
+        for rollout_id in assembly.due(now, [partition]):
             settled = assembly.settle(rollout_id, now)
             out += [Item(trajectory, self._calls(assembly, trajectory)) for trajectory in settled.trajectories]
             self._account(settled)
             assembly.record(settled)
-            state = assembly.rollouts.get(rollout_id)
-            if state is not None and state["due"] is not None:
-                heapq.heappush(heap, (state["due"], rollout_id))
 
     def _calls(self, assembly: Assembly, trajectory: TrajectoryEvent) -> dict:
         """The turns' calls, read from the assembly's store before `record` forgets them."""
