@@ -157,6 +157,7 @@ def create_app(settings: StreamsSettings, partitions: int) -> faust.App:
         late = assembly.add(event, message.value, message.partition)
         if late:
             await deadletter(message, None, late)  # the assembly counted it
+        await settle_due(message.partition)  # while events flow, no tick is needed
 
     @app.agent(sources, name="assemble")
     async def assemble(stream):
