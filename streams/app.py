@@ -1,25 +1,29 @@
 """The Faust application: trajectory assembly and windowed analytics over the log.
 
     rollouts ┐
-    calls    ├─▶ assemble ─(tables: rollouts, events)─▶ trajectories, rewards (computed), deadletter
+    calls    ├─▶ assemble ─(table: rollouts, events, positions)─▶ trajectories, rewards, deadletter
     rewards  ┘       ▲
     ticks ───────────┘   (the timer's nudge: an attempt of this partition is due)
 
     calls, trajectories ─▶ analyse ─(tumbling windowed tables)─▶ metrics topic, GET /analytics
 
 All rollout-scoped topics share one partition count, so each agent reads a rollout's events from
-one partition, in order, and each table key is written from one partition: the changelogs are
+one partition, and each table key is written from one partition: the changelogs are
 co-partitioned with the sources and a rebalance moves state with its partition.
 
 Settling is time-driven, but a Faust table can only be changed while an agent handles an event
-of the key's partition. So the timer only looks: when an attempt of partition P is due, it sends
-a tick to partition P of the worker's own `ticks` topic, and the assembly agent settles P's due
-attempts when the tick arrives.
+of the key's partition. Due attempts are settled after each event of their partition; for a
+quiet partition the timer sends a tick to the worker's own `ticks` topic, and the assembly agent
+settles when the tick arrives.
 
-Processing is at-least-once: Faust commits a source offset after the messages sent while handling
-it and the table changes are acknowledged. After a crash, events since the last commit are handled
-again: the assembly drops them as duplicates, and an attempt settled twice yields the same
-trajectory id, which consumers drop. Analytics may count such events twice; they are a view.
+Exactly-once handling of the sources does not rest on Faust's offset commits. The assembly's
+table records, per source partition, the next offset it will handle, in the same changelog as
+the state those events built, and each change is acknowledged before the next event: a record
+delivered again is skipped, and a record delivered after a gap (faust-streaming 0.15.3 can drop
+records around a restart) makes the worker read the partition again from the gap. Trajectories
+and computed rewards are published, and acknowledged, before the state marks their attempt
+settled, and their ids derive from the attempt: a crash repeats them at worst, and consumers
+drop the repeat. Analytics are at-least-once: a view.
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator, MutableMapping
 from datetime import timedelta
+from typing import Any
 
 import faust
 from aiokafka.errors import KafkaError
@@ -37,9 +43,7 @@ from faust.types import TP
 from faust.web import Request, Response, View
 
 from schemas.codec import DecodeError, decode, encode
-from schemas.events import (
-    CallEvent, DeadletterEvent, Deadletter, Event, Metrics, MetricsEvent, RewardEvent, TrajectoryEvent,
-)
+from schemas.events import CallEvent, Deadletter, DeadletterEvent, Event, Metrics, MetricsEvent, TrajectoryEvent
 from schemas.ids import derived_id, now_ms
 from schemas.kafka import deadletter_event
 from schemas.topics import FOREVER, TopicSpec
@@ -51,11 +55,15 @@ from streams.settings import StreamsSettings
 log = logging.getLogger("streams")
 ASSEMBLED = ("rollouts", "calls", "rewards")
 ANALYSED = ("calls", "trajectories")
+RAW = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+STALL_S = 10.0
+"""the assembly idle this long while behind a source partition's end: read it again"""
+RESEEK_S = 5.0
+"""a gap still open this long after its seek: seek again"""
 
 
 def create_app(settings: StreamsSettings, partitions: int) -> faust.App:
     """The worker's app; `partitions` is the rollout-scoped topics' partition count."""
-    topics = settings.topics
     app = faust.App(
         settings.group_id,
         broker=[f"kafka://{server.strip()}" for server in settings.bootstrap_servers.split(",")],
@@ -80,35 +88,74 @@ def create_app(settings: StreamsSettings, partitions: int) -> faust.App:
         web_port=settings.web_port,
         web_enabled=True,
     )
-    raw = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
-    ticks = app.topic(ticks_topic(settings), **raw)
-    sources = app.topic(*(topics.name(base) for base in ASSEMBLED), ticks_topic(settings), **raw)
-    out = {base: app.topic(topics.name(base), **raw) for base in ("trajectories", "rewards", "deadletter", "metrics")}
-
-    rollouts = app.tables.add(DurableTable(app, name="assembly-rollouts", partitions=partitions))  # JSON
-    events = app.tables.add(DurableTable(app, name="assembly-events", partitions=partitions, key_type=str,
-                                         value_type=bytes))
-    assembly = Assembly(rollouts, events, settings.timing, settings.source)
-
-    @rollouts.on_recover
-    async def index_recovered_state() -> None:
-        assembly.reindex()
-    counts: Counter[str] = Counter()
-    """what the worker itself dropped or deadlettered (the assembly counts the rest)"""
-    ticking: dict[int, float] = {}
-    """partition → when its tick was sent (monotonic), until the agent handles it"""
+    out = {base: app.topic(settings.topics.name(base), **RAW)
+           for base in ("trajectories", "rewards", "deadletter", "metrics")}
 
     async def publish(topic: str, event: Event, now: bool = False):
         """Send as part of handling the current event (at its commit), or `now`: the broker's ack is
         then the returned future."""
         return await out[topic].send(key=event.key, value=encode(event), force=now)
 
-    async def deadletter(message, kind: str | None, reason: str) -> None:
-        if kind:
-            counts[kind] += 1
-        event = deadletter_event(message, reason, settings.source)
-        event.id = derived_id("streams.deadletter", message.topic, str(message.partition), str(message.offset))
-        await publish("deadletter", event)
+    assembly_view = add_assembly(app, settings, partitions, publish)
+    windows_view = add_analytics(app, settings, partitions, publish)
+
+    @app.page("/analytics")
+    class AnalyticsView(View):
+        async def get(self, request: Request) -> Response:
+            return self.json({**assembly_view(), "windows": windows_view()})
+
+    return app
+
+
+# --- assembly ----------------------------------------------------------------------------------
+
+
+def add_assembly(app: faust.App, settings: StreamsSettings, partitions: int, publish) -> Callable[[], dict]:
+    """The assembly agent, its table and timers; returns the function that describes its state."""
+    topics = settings.topics
+    sources = [topics.name(base) for base in ASSEMBLED]
+    ticks_name = ticks_topic(settings)
+    ticks = app.topic(ticks_name, **RAW)
+    table = app.tables.add(DurableTable(app, name="assembly", partitions=partitions))
+    # one table, so that a partition's state, its events and its position share one ordered changelog
+    assembly = Assembly(Keyspace(table, "r:"), Keyspace(table, "e:", bytes.decode, str.encode),
+                        settings.timing, settings.source)
+    positions = Keyspace(table, "p:")
+    """'topic:partition' → the next offset of that source partition to handle"""
+    counts: Counter[str] = Counter()
+    """what the worker itself dropped, deadlettered or read again (the assembly counts the rest)"""
+    last_time: dict[TP, int] = {}
+    """source partition → the latest event time handled (since it was assigned)"""
+    gaps: dict[TP, float] = {}
+    """source partition → when it was last sought back to a gap (monotonic)"""
+    ticking: dict[int, float] = {}
+    """partition → when its tick was sent (monotonic), until the agent handles it"""
+    handled_at = [time.monotonic()]
+
+    @table.on_recover
+    async def index_recovered_state() -> None:
+        assembly.reindex()
+        log.info("state recovered: %d keys", len(table))
+
+    def position(tp: TP) -> tuple[int, int | None]:
+        """(next offset to handle, the log's end as last fetched) of a source partition."""
+        start = positions.get(f"{tp.topic}:{tp.partition}")
+        if start is None:  # never handled: where the consumer started reading
+            start = app.consumer._read_offset.get(tp) or 0
+        return start, app.consumer.highwater(tp)
+
+    def watermark(partition: int) -> int:
+        """The event time up to which attempts of `partition` may settle: now, once every source
+        topic's partition has been handled to its end; else the time of the last event handled from
+        the one behind. Faust reads the three topics side by side, not in the order they were
+        written, so a worker catching up may see an attempt's finish before its calls."""
+        mark = now_ms()
+        for topic in sources:
+            tp = TP(topic, partition)
+            start, end = position(tp)
+            if end is None or start < end:
+                mark = min(mark, last_time.get(tp, 0))
+        return mark
 
     async def emit(settled: Settled) -> None:
         """Publish what settling yielded, acknowledged, before the state says the attempts are settled."""
@@ -123,30 +170,56 @@ def create_app(settings: StreamsSettings, partitions: int) -> faust.App:
         await asyncio.gather(*sent)
         assembly.record(settled)
 
-    source_names = [topics.name(base) for base in ASSEMBLED]
-    read: dict[TP, tuple[int, int]] = {}
-    """source topic partition → (offset, event time) of the last event the assembly handled"""
-
-    def watermark(partition: int) -> int:
-        """The time up to which the partition's events have all been handled (see `settle_at`)."""
-        return settle_at(partition, source_names, read, app.consumer, now_ms())
-
     async def settle_due(partition: int) -> None:
         now = watermark(partition)
         for rollout_id in assembly.due(now, [partition]):
             await emit(assembly.settle(rollout_id, now))
 
+    async def deadletter(message, kind: str | None, reason: str) -> None:
+        if kind:
+            counts[kind] += 1
+        event = deadletter_event(message, reason, settings.source)
+        event.id = derived_id("streams.deadletter", message.topic, str(message.partition), str(message.offset))
+        await publish("deadletter", event)
+
+    async def in_order(message) -> bool:
+        """Whether this record is the next of its partition; after a gap, read it again from there."""
+        expected = positions.get(f"{message.topic}:{message.partition}")
+        if expected is None or message.offset == expected:
+            return True
+        if message.offset < expected:
+            counts["redelivered"] += 1
+        elif time.monotonic() - gaps.get(message.tp, -1e9) > RESEEK_S:
+            log.warning("%s:%d: record %d arrived before %d: reading the partition again from %d",
+                        message.topic, message.partition, message.offset, expected, expected)
+            counts["gaps"] += 1
+            gaps[message.tp] = time.monotonic()
+            await app.consumer.seek(message.tp, expected)
+        return False
+
     async def handle(message) -> None:
-        if message.topic == ticks_topic(settings):
+        if message.topic == ticks_name:
             ticking.pop(message.partition, None)
             return await settle_due(message.partition)
-        last_time = read.get(message.tp, (0, 0))[1]
+        if not await in_order(message):
+            return
+        gaps.pop(message.tp, None)
+        try:
+            await assemble_one(message)
+        except (KafkaError, ProducerSendError):
+            raise
+        except Exception as exc:  # a bug meeting an odd event: set the event aside, keep going
+            log.exception("the assembly failed on %s:%d@%d", message.topic, message.partition, message.offset)
+            await deadletter(message, "failed", f"the assembly failed on this event: {type(exc).__name__}: {exc}")
+        positions[f"{message.topic}:{message.partition}"] = message.offset + 1
+        await settle_due(message.partition)  # while events flow, no tick is needed
+
+    async def assemble_one(message) -> None:
         try:
             event = decode(message.value)
         except DecodeError as exc:
-            read[message.tp] = (message.offset, last_time)
             return await deadletter(message, "undecodable", f"undecodable: {exc}")
-        read[message.tp] = (message.offset, max(last_time, event.time))
+        last_time[message.tp] = max(last_time.get(message.tp, 0), event.time)
         if event.topic not in ASSEMBLED or topics.name(event.topic) != message.topic:
             return await deadletter(message, "misplaced", f"a {event.type} event does not belong on {message.topic}")
         if event.rollout_id is None:
@@ -157,28 +230,27 @@ def create_app(settings: StreamsSettings, partitions: int) -> faust.App:
         late = assembly.add(event, message.value, message.partition)
         if late:
             await deadletter(message, None, late)  # the assembly counted it
-        await settle_due(message.partition)  # while events flow, no tick is needed
 
-    @app.agent(sources, name="assemble")
+    @app.agent(app.topic(*sources, ticks_name, **RAW), name="assemble")
     async def assemble(stream):
         async for record in stream.events():
             message = record.message
+            handled_at[0] = time.monotonic()
             try:
                 await handle(message)
+                await table.written()
             except (KafkaError, ProducerSendError) as exc:
-                # nothing is committed past this event: the next worker handles it again
+                # nothing is recorded past this event: the next worker handles it again
                 await app.crash(exc)
                 raise
-            except Exception as exc:  # a bug meeting an odd event: set the event aside, keep going
-                log.exception("the assembly failed on %s:%d@%d", message.topic, message.partition, message.offset)
-                await deadletter(message, "failed", f"the assembly failed on this event: {type(exc).__name__}: {exc}")
-            await rollouts.written()
-            await events.written()
+            except Exception:  # settling failed (a bug): the attempts stay due and are tried again
+                log.exception("settling after %s:%d@%d failed", message.topic, message.partition, message.offset)
 
     @app.on_partitions_revoked.connect
-    async def forget_positions(app, revoked, **kwargs) -> None:
+    async def forget_partitions(app, revoked, **kwargs) -> None:
         for tp in revoked:
-            read.pop(tp, None)
+            last_time.pop(tp, None)
+            gaps.pop(tp, None)
 
     def active_partitions() -> set[int]:
         return {tp.partition for tp in app.assignor.assigned_actives() if tp.topic == topics.rollouts}
@@ -193,56 +265,31 @@ def create_app(settings: StreamsSettings, partitions: int) -> faust.App:
                 ticking[partition] = clock
                 await ticks.send(key=b"tick", value=b"tick", partition=partition, force=True)
 
-    windows = {size: app.Table(f"analytics-{size}s", default=dict, partitions=partitions).tumbling(size, expires=timedelta(
-                                   seconds=size * settings.window_history)).relative_to_stream()
-               for size in settings.windows_s}
-    changed: set[tuple[int, str, float]] = set()
+    @app.timer(interval=STALL_S / 2)
+    async def watchdog() -> None:
+        """Read again a source partition the worker is behind on but no longer receives records of
+        (records dropped at its end, where no later record shows the gap)."""
+        if time.monotonic() - handled_at[0] < STALL_S:
+            return
+        for partition in active_partitions():
+            for topic in sources:
+                tp = TP(topic, partition)
+                start, end = position(tp)
+                if end is not None and start < end:
+                    log.warning("%s:%d stalled at offset %d of %d: reading it again from there", topic, partition,
+                                start, end)
+                    counts["stalls"] += 1
+                    await app.consumer.seek(tp, start)
+                    handled_at[0] = time.monotonic()
 
-    @app.agent(app.topic(*(topics.name(base) for base in ANALYSED), **raw), name="analyse")
-    async def analyse(stream):
-        async for record in stream.events():
-            message = record.message
-            try:
-                event = decode(message.value)
-            except DecodeError:
-                continue  # the assembly agent deadletters what it reads; trajectories are ours
-            if isinstance(event, CallEvent):
-                key, fold = group_key(event.data.model, event.data.weight_version, message.partition), \
-                    lambda agg: analytics.add_call(agg, event.data)
-            elif isinstance(event, TrajectoryEvent):
-                key, fold = group_key(event.data.model, wrote_it(event), message.partition), \
-                    lambda agg: analytics.add_trajectory(agg, event.data)
-            else:
-                continue
-            for size, table in windows.items():
-                table[key] = fold(table[key].current())
-                changed.add((size, key, table.table.window.current(message.timestamp)))
+    def describe() -> dict:
+        actives = sorted(active_partitions())
+        return {
+            "assembly": {**assembly.counts, **counts, "partitions": actives},
+            "sources": {f"{topic}:{p}": position(TP(topic, p)) for p in actives for topic in sources},
+        }
 
-    @app.timer(interval=settings.metrics_interval_s)
-    async def publish_metrics() -> None:
-        pending = list(changed)
-        changed.clear()
-        for size, key, window in pending:
-            value = windows[size].table.data.get((key, window))
-            if value is None:
-                continue
-            model, version, partition = key.split("|")
-            await publish("metrics", MetricsEvent(source=settings.source, data=Metrics(
-                window_s=size, window_start=int(window[0] * 1000),
-                group={"model": model, "weight_version": version, "partition": partition}, values=value)))
-
-    @app.page("/analytics")
-    class AnalyticsView(View):
-        async def get(self, request: Request) -> Response:
-            return self.json({
-                "assembly": {**assembly.counts, **counts, "rollouts_held": len(rollouts),
-                             "partitions": sorted(active_partitions())},
-                "sources": {f"{topic}:{partition}": source_position(TP(topic, partition), read, app.consumer)
-                            for partition in sorted(active_partitions()) for topic in source_names},
-                "windows": {str(size): window_view(windows[size].table, size) for size in windows},
-            })
-
-    return app
+    return describe
 
 
 class DurableTable(faust.Table):
@@ -250,9 +297,8 @@ class DurableTable(faust.Table):
 
     faust-streaming 0.15.3 commits a source offset after `producer.flush()`, but its buffer's flush
     returns while a changelog message is still on its way to the client (the one being handed over,
-    or any after 0.1 s without progress), so a crash just after a commit could lose a table change
-    whose event is never read again. The assembly agent awaits its changes before it takes the next
-    event: an event is only ever committed after its changes are durable.
+    or any after 0.1 s without progress). The assembly agent awaits its changes before it takes the
+    next event, so what the table records is durable before anything that follows it.
     """
 
     def __init__(self, *args, **kwargs) -> None:
@@ -270,6 +316,81 @@ class DurableTable(faust.Table):
             await asyncio.gather(*pending)
 
 
+class Keyspace(MutableMapping):
+    """The keys of a table that start with `prefix`, as a mapping of their own."""
+
+    def __init__(self, table: MutableMapping, prefix: str, encode: Callable[[Any], Any] | None = None,
+                 decode: Callable[[Any], Any] | None = None):
+        self.table = table
+        self.prefix = prefix
+        self.encode = encode
+        self.decode = decode
+
+    def __getitem__(self, key: str) -> Any:
+        value = self.table[self.prefix + key]
+        return self.decode(value) if self.decode else value
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.table[self.prefix + key] = self.encode(value) if self.encode else value
+
+    def __delitem__(self, key: str) -> None:
+        del self.table[self.prefix + key]
+
+    def __iter__(self) -> Iterator[str]:
+        cut = len(self.prefix)
+        return (key[cut:] for key in list(self.table.keys()) if key.startswith(self.prefix))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+# --- analytics ---------------------------------------------------------------------------------
+
+
+def add_analytics(app: faust.App, settings: StreamsSettings, partitions: int, publish) -> Callable[[], dict]:
+    """The analytics agent, its windowed tables and the metrics timer; returns the windows' view."""
+    topics = settings.topics
+    windows = {size: app.Table(f"analytics-{size}s", default=dict, partitions=partitions)
+               .tumbling(size, expires=timedelta(seconds=size * settings.window_history)).relative_to_stream()
+               for size in settings.windows_s}
+    changed: set[tuple[int, str, tuple[float, float]]] = set()
+
+    @app.agent(app.topic(*(topics.name(base) for base in ANALYSED), **RAW), name="analyse")
+    async def analyse(stream):
+        async for record in stream.events():
+            message = record.message
+            try:
+                event = decode(message.value)
+            except DecodeError:
+                continue  # the assembly agent deadletters what it reads; trajectories are ours
+            if isinstance(event, CallEvent):
+                key = group_key(event.data.model, event.data.weight_version, message.partition)
+                add = analytics.add_call
+            elif isinstance(event, TrajectoryEvent):
+                key = group_key(event.data.model, wrote_it(event), message.partition)
+                add = analytics.add_trajectory
+            else:
+                continue
+            for size, table in windows.items():
+                table[key] = add(table[key].current(), event.data)
+                changed.add((size, key, table.table.window.current(message.timestamp)))
+
+    @app.timer(interval=settings.metrics_interval_s)
+    async def publish_metrics() -> None:
+        pending = list(changed)
+        changed.clear()
+        for size, key, window in pending:
+            value = windows[size].table.data.get((key, window))
+            if value is None:
+                continue
+            model, version, partition = key.split("|")
+            await publish("metrics", MetricsEvent(source=settings.source, data=Metrics(
+                window_s=size, window_start=int(window[0] * 1000),
+                group={"model": model, "weight_version": version, "partition": partition}, values=value)))
+
+    return lambda: {str(size): window_view(windows[size].table, size) for size in windows}
+
+
 def group_key(model: str | None, version: int | None, partition: int) -> str:
     return f"{model or ''}|{'' if version is None else version}|{partition}"
 
@@ -280,29 +401,19 @@ def wrote_it(event: TrajectoryEvent) -> int | None:
     return min(versions) if versions else None
 
 
-def settle_at(partition: int, sources: list[str], read: dict[TP, tuple[int, int]], consumer, now: int) -> int:
-    """The event time up to which attempts of `partition` may settle: now, once every source topic's
-    partition has been read to its end; else the time of the last event read from the one behind.
-
-    The three sources are separate topics: Faust reads them side by side, not in the order they
-    were written, so a worker catching up (after a restart, say) may see an attempt's finish before
-    its calls. Settling by this watermark instead of the clock waits for them.
-    """
-    mark = now
-    for topic in sources:
-        position, end, last_time = source_position(TP(topic, partition), read, consumer)
-        if end is None or position < end:
-            mark = min(mark, last_time)
-    return mark
+def window_view(table, size: int) -> list[dict]:
+    """The local windows, newest first: per window and (model, weight version), the partitions merged."""
+    merged: dict[tuple[float, str, str], list[dict]] = {}
+    for (key, (start, _end)), value in list(table.data.items()):
+        model, version, _partition = key.split("|")
+        merged.setdefault((start, model, version), []).append(value)
+    rows = [{"window_start": int(start * 1000), "window_s": size, "model": model or None,
+             "weight_version": int(version) if version else None, **analytics.summary(analytics.merge(values))}
+            for (start, model, version), values in merged.items()]
+    return sorted(rows, key=lambda row: (-row["window_start"], row["model"] or "", row["weight_version"] or -1))
 
 
-def source_position(tp: TP, read: dict[TP, tuple[int, int]], consumer) -> tuple[int, int | None, int]:
-    """(next offset to handle, the log's end as last fetched, time of the last event handled)."""
-    last = read.get(tp)
-    if last is not None:
-        return last[0] + 1, consumer.highwater(tp), last[1]
-    # nothing handled since the partition was assigned: the consumer's start (the committed offset)
-    return consumer._read_offset.get(tp) or 0, consumer.highwater(tp), 0
+# --- topics ------------------------------------------------------------------------------------
 
 
 def changelog_specs(app: faust.App, settings: StreamsSettings) -> list[TopicSpec]:
@@ -328,15 +439,3 @@ def ticks_spec(settings: StreamsSettings, partitions: int) -> TopicSpec:
 
 def ticks_topic(settings: StreamsSettings) -> str:
     return settings.topics.name(ticks_spec(settings, 0).base)
-
-
-def window_view(table, size: int) -> list[dict]:
-    """The local windows, newest first: per window and (model, weight version), the partitions merged."""
-    merged: dict[tuple[float, str, str], list[dict]] = {}
-    for (key, (start, _end)), value in list(table.data.items()):
-        model, version, _partition = key.split("|")
-        merged.setdefault((start, model, version), []).append(value)
-    rows = [{"window_start": int(start * 1000), "window_s": size, "model": model or None,
-             "weight_version": int(version) if version else None, **analytics.summary(analytics.merge(values))}
-            for (start, model, version), values in merged.items()]
-    return sorted(rows, key=lambda row: (-row["window_start"], row["model"] or "", row["weight_version"] or -1))
