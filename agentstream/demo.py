@@ -297,6 +297,8 @@ def summary(progress: Progress, config: DemoConfig, console: Console, elapsed_s:
         "reward_start": start_reward, "reward_end": end_reward,
         "pause_ms_p50": pauses[len(pauses) // 2] if pauses else None, "pause_ms_max": pauses[-1] if pauses else None,
         "curve": {v: row.reward_mean for v, row in sorted(progress.rows.items())},
+        "per_version": {v: {"answers": len(row.rewards), "reward_mean": row.reward_mean, "trained_on": row.trained,
+                            "pause_ms": row.pause_ms} for v, row in sorted(progress.rows.items())},
     }
     (config.out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
     plot(progress, config.out / "reward.png")

@@ -151,7 +151,8 @@ async def test_weight_swap_under_streaming_load_with_two_replicas(kafka, vllm_se
         assert again.status == "ok" and again.pause_ms == 0
         pool_events = await read_events(kafka, kafka.topics.pool, count=3)
         restored = [e for e in pool_events if e.data.version == new_version + 1]
-        assert len(restored) == 2 and restored[0].id == restored[1].id, "a repeated update must repeat its event id"
+        # at least the apply and its repeat; a rebalance under load may deliver the update once more
+        assert len(restored) >= 2 and len({e.id for e in restored}) == 1, "a repeated update must repeat its event id"
 
 
 def first_token_logprobs(vllm_server, prompt: str) -> list[float]:
