@@ -3,13 +3,16 @@
 It answers `/v1/chat/completions` and `/v1/completions` (streamed or not) with a fixed number
 of tokens, in vLLM's shapes: token ids and logprobs when asked (`return_token_ids`, `logprobs`),
 and the endpoints the gateway's health checks use. A raw ASGI app on uvicorn (uvloop, httptools).
+`--delay-ms` makes each answer take that long without using the CPU: a model's service time, so
+that clients call at the pace agents do rather than as fast as the machine allows.
 
-    python -m bench.fake_upstream --port 8001
+    python -m bench.fake_upstream --port 8001 [--delay-ms 20]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import time
 
 import orjson
@@ -18,6 +21,7 @@ import uvicorn
 JSON = [(b"content-type", b"application/json")]
 SSE = [(b"content-type", b"text/event-stream")]
 PROMPT_IDS = list(range(97, 97 + 21))
+DELAY_S = 0.0
 
 
 async def _reply(send, status: int, body: bytes, headers=JSON) -> None:
@@ -74,6 +78,8 @@ async def app(scope, receive, send) -> None:
         return await _reply(send, 404, b'{"error":{"message":"not found"}}')
     chat = path == "/v1/chat/completions"
     request = orjson.loads(body)
+    if DELAY_S:
+        await asyncio.sleep(DELAY_S)
     ids, text = _completion(request, chat)
     prompt = PROMPT_IDS if request.get("return_token_ids") else None
     head = {"id": "cmpl-bench", "object": "chat.completion" if chat else "text_completion",
@@ -104,7 +110,10 @@ async def app(scope, receive, send) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=8001)
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="each answer's service time")
     args = parser.parse_args(argv)
+    global DELAY_S
+    DELAY_S = args.delay_ms / 1000
     uvicorn.run(app, host="127.0.0.1", port=args.port, loop="uvloop", http="httptools", access_log=False,
                 log_level="warning", backlog=4096)
 

@@ -1,5 +1,5 @@
 """The gateway's HTTP surface: model calls (OpenAI chat completions, completions and Responses; Anthropic
-Messages), rewards, rollout ends, operations.
+Messages, and its count_tokens), rewards, rollout ends, operations.
 
 Model calls are served at `/v1/...` (attributed by the rollout token, or by the
 `x-agentstream-rollout-id`/`-attempt-id` headers, else recorded as session traffic) and at the
@@ -199,6 +199,16 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         app.add_route(f"/v1{path}", model_call(adapter), methods=["POST"])
         app.add_route(f"/rollouts/{{rollout_id}}/attempts/{{attempt_id}}/v1{path}", model_call(adapter),
                       methods=["POST"])
+
+    @app.post("/v1/messages/count_tokens")
+    @app.post("/rollouts/{rollout_id}/attempts/{attempt_id}/v1/messages/count_tokens")
+    async def count_tokens(request: Request, rollout_id: str | None = None, attempt_id: str | None = None) -> Response:
+        messages = ADAPTERS["messages"]
+        try:
+            where = gateway.attribution(request, rollout_id, attempt_id)
+        except GatewayError as error:
+            return messages.error_response(error)
+        return await gateway.calls.count_tokens(request, messages, where)
 
     @app.get("/v1/models")
     @app.get("/rollouts/{rollout_id}/attempts/{attempt_id}/v1/models")

@@ -26,6 +26,7 @@ from gateway.auth import Attribution
 from gateway.capture import Adapter, Rewrite, StreamAssembler, Tokens
 from gateway.errors import GatewayError
 from gateway.logs import fields
+from gateway.messages import Messages
 from gateway.metrics import Metrics
 from gateway.pool import Lease, Pool, Upstream, no_server
 from gateway.recorder import Recorder
@@ -132,7 +133,7 @@ class Calls:
             self.recorder.check_available()
             await self.pool.admit(call.model)
             rewrite = adapter.rewrite(body, self.training)
-            response, lease = await self._send(call, rewrite)
+            response, lease = await self._send(call, rewrite.body, adapter.upstream_path)
         except GatewayError as error:
             return await self._fail(call, error)
         if response.status >= 400:
@@ -141,6 +142,33 @@ class Calls:
             return _ClosingStream(self._stream(call, rewrite, response, lease), media_type="text/event-stream",
                                   headers={CALL_ID_HEADER: call.id, "cache-control": "no-cache"})
         return await self._relay_body(call, rewrite, response, lease)
+
+    async def count_tokens(self, request: Request, adapter: Messages, attribution: Attribution) -> Response:
+        """Anthropic's `messages.count_tokens`: the length of the prompt a `/v1/messages` call with this body
+        renders, by the upstream's /tokenize. It generates nothing, so it is no call event."""
+        call = _Call(adapter, attribution)
+        try:
+            body = self._parse(call, await request.body())
+            response, lease = await self._send(call, adapter.tokenize_request(body), "/tokenize")
+            try:
+                raw = await response.read()
+            except _TRANSPORT as exc:
+                raise GatewayError(502, f"upstream {call.upstream.url} failed while answering: {_describe(exc)}",
+                                   "upstream_error") from None
+            finally:
+                lease.close()
+                response.release()
+            try:
+                payload = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                payload = None
+            if response.status >= 400:
+                return Response(adapter.relay_error(response.status, raw, _error_message(payload, raw)),
+                                response.status, media_type="application/json")
+            counted = adapter.count_tokens_response(payload if isinstance(payload, dict) else {})
+        except GatewayError as error:
+            return adapter.error_response(error)
+        return Response(orjson.dumps(counted), media_type="application/json")
 
     # --- request ----------------------------------------------------------------------------
 
@@ -164,15 +192,15 @@ class Calls:
         call.model = model
         return body
 
-    async def _send(self, call: _Call, rewrite: Rewrite) -> tuple[aiohttp.ClientResponse, Lease]:
+    async def _send(self, call: _Call, body: dict[str, Any], path: str) -> tuple[aiohttp.ClientResponse, Lease]:
         """Send to the first server that takes the request; fail over only when one never got it."""
-        content = orjson.dumps(rewrite.body)
+        content = orjson.dumps(body)
         tried: list[str] = []
         for upstream in self.pool.candidates(call.model, call.attribution.rollout_id or call.attribution.session_id):
             if tried:
                 await self.pool.admit(call.model)  # a hold may have begun while the last server failed
             try:
-                return await self._post(call, upstream, content)
+                return await self._post(call, upstream, path, content)
             except _UNREACHABLE as exc:
                 self.pool.mark_down(upstream, _describe(exc))
                 self.metrics.failovers.labels(upstream.url).inc()
@@ -184,21 +212,22 @@ class Calls:
         raise GatewayError(502, f"no upstream serving {call.model!r} could be reached: {'; '.join(tried)}",
                            "upstream_unreachable")
 
-    async def _post(self, call: _Call, upstream: Upstream, content: bytes) -> tuple[aiohttp.ClientResponse, Lease]:
+    async def _post(self, call: _Call, upstream: Upstream, path: str,
+                    content: bytes) -> tuple[aiohttp.ClientResponse, Lease]:
         try:
-            return await self._post_once(call, upstream, content)
+            return await self._post_once(call, upstream, path, content)
         except _DROPPED as exc:
             if isinstance(exc, _REFUSED):
                 raise
             # most often a kept-alive connection the server closed just then: once more, on a new one
-            return await self._post_once(call, upstream, content)
+            return await self._post_once(call, upstream, path, content)
 
-    async def _post_once(self, call: _Call, upstream: Upstream,
+    async def _post_once(self, call: _Call, upstream: Upstream, path: str,
                          content: bytes) -> tuple[aiohttp.ClientResponse, Lease]:
         lease = self.pool.lease(call.model, upstream)  # counted from now, so a weight update waits for it
         call.upstream, call.weight_version = upstream, upstream.weight_version
         try:
-            response = await self.http.post(upstream.endpoint(call.adapter.upstream_path), data=content,
+            response = await self.http.post(upstream.endpoint(path), data=content,
                                             headers=self.headers, timeout=self.timeout)
         except BaseException:
             lease.close()

@@ -44,6 +44,10 @@ _MESSAGES_FIELDS = frozenset({
     "inference_geo", "speed", "diagnostics", "user_profile_id", "workspace_id", "context_management", "mcp_servers",
 })
 
+# what of the chat request vLLM's /tokenize takes to render the same prompt
+_TOKENIZE_FIELDS = ("model", "messages", "tools", "add_generation_prompt", "continue_final_message", "chat_template",
+                    "chat_template_kwargs")
+
 
 class Messages(ChatTranslation):
     api = "messages"
@@ -85,6 +89,19 @@ class Messages(ChatTranslation):
             # usage on every chunk: message_start tells the input tokens, message_delta the output tokens
             chat["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
         return chat
+
+    def tokenize_request(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The upstream `/tokenize` request for a `count_tokens` body: the prompt of the chat request a
+        `/v1/messages` call with this body sends (count_tokens has no `max_tokens`; it changes no prompt)."""
+        chat = self.to_chat({**body, "max_tokens": 1})
+        return {key: chat[key] for key in _TOKENIZE_FIELDS if key in chat}
+
+    @staticmethod
+    def count_tokens_response(tokenized: dict[str, Any]) -> dict[str, Any]:
+        count = tokenized.get("count")
+        if not isinstance(count, int):
+            raise GatewayError(502, "the upstream's /tokenize answer has no token count", "upstream_error")
+        return {"input_tokens": count}
 
     # --- answer ---------------------------------------------------------------------------------
 

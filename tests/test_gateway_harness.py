@@ -144,10 +144,11 @@ async def test_anthropic_sdk_messages_plain_and_streamed_with_exact_tokens(gw, k
 
     calls = {event.id: event.data for event in await read_events(kafka, kafka.topics.calls, count=2)}
     prompt = chat_prompt(tokenizer, CHAT_MESSAGES)
-    # vLLM's own /v1/messages translation counts the same prompt
-    counted = httpx.post(f"{vllm_server.url}/v1/messages/count_tokens", timeout=60, json={
-        "model": "tiny", "system": SYSTEM, "messages": params["messages"]}).json()
-    assert counted["input_tokens"] == len(prompt) == message.usage.input_tokens
+    # count_tokens counts the prompt a call renders: Claude Code's per-request billing block is not in it
+    system = [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1; cch=0;"},
+              {"type": "text", "text": SYSTEM}]
+    counted = await client.messages.count_tokens(model="tiny", system=system, messages=params["messages"])
+    assert counted.input_tokens == len(prompt) == message.usage.input_tokens
     for raw, streamed in ((plain, False), (stream, True)):
         call = calls[call_id(raw)]
         assert call.api == "messages" and call.streamed is streamed
@@ -264,6 +265,13 @@ async def test_errors_come_in_each_apis_own_shape_and_are_recorded(gw, kafka, vl
     with pytest.raises(anthropic.NotFoundError) as unknown:
         await agent.messages.create(model="gpt-9", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
     assert "tiny" in unknown.value.body["error"]["message"]
+    with pytest.raises(anthropic.AuthenticationError):
+        await gw.anthropic(api_key="wrong").messages.count_tokens(model="tiny", messages=[{"role": "user",
+                                                                                          "content": "hi"}])
+    with pytest.raises(anthropic.BadRequestError) as no_messages:
+        await agent.messages.count_tokens(model="tiny", messages=[])
+    assert no_messages.value.body["error"]["type"] == "invalid_request_error"
+    assert "'messages' is required" in no_messages.value.body["error"]["message"]
     with pytest.raises(anthropic.BadRequestError) as too_long:  # the upstream's 400, reshaped
         await agent.messages.create(model="tiny", max_tokens=4096, messages=[{"role": "user", "content": "hi"}])
     assert too_long.value.body["error"]["type"] == "invalid_request_error"
