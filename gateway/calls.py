@@ -89,6 +89,22 @@ def _describe(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
+async def _body_of(response: aiohttp.ClientResponse, lease: Lease) -> bytes:
+    """The whole answer; the lease and the connection are let go either way."""
+    try:
+        return await response.read()
+    finally:
+        lease.close()
+        response.release()
+
+
+def _json_of(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+
+
 def _error_message(payload: Any, raw: bytes) -> str:
     if isinstance(payload, dict):
         error = payload.get("error", payload)
@@ -151,17 +167,11 @@ class Calls:
             body = self._parse(call, await request.body())
             response, lease = await self._send(call, adapter.tokenize_request(body), "/tokenize")
             try:
-                raw = await response.read()
+                raw = await _body_of(response, lease)
             except _TRANSPORT as exc:
                 raise GatewayError(502, f"upstream {call.upstream.url} failed while answering: {_describe(exc)}",
                                    "upstream_error") from None
-            finally:
-                lease.close()
-                response.release()
-            try:
-                payload = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                payload = None
+            payload = _json_of(raw)
             if response.status >= 400:
                 return Response(adapter.relay_error(response.status, raw, _error_message(payload, raw)),
                                 response.status, media_type="application/json")
@@ -240,19 +250,11 @@ class Calls:
                           lease: Lease) -> Response:
         url = call.upstream.url
         try:
-            raw = await response.read()
+            raw = await _body_of(response, lease)
         except _TRANSPORT as exc:
-            raw, problem = None, exc
-        finally:
-            lease.close()
-            response.release()
-        if raw is None:
             return await self._fail(call, GatewayError(502, f"upstream {url} failed while answering: "
-                                                            f"{_describe(problem)}", "upstream_error"))
-        try:
-            payload = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            payload = None
+                                                            f"{_describe(exc)}", "upstream_error"))
+        payload = _json_of(raw)
         if not isinstance(payload, dict):
             return await self._fail(call, GatewayError(502, f"upstream {url} answered with a body that is not a "
                                                             "JSON object", "upstream_error"))
@@ -268,16 +270,10 @@ class Calls:
     async def _relay_error(self, call: _Call, response: aiohttp.ClientResponse, lease: Lease) -> Response:
         """An upstream error goes to the agent as it is (status and body), and into the log."""
         try:
-            raw = await response.read()
+            raw = await _body_of(response, lease)
         except _TRANSPORT:
             raw = b""
-        finally:
-            lease.close()
-            response.release()
-        try:
-            payload = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            payload = None
+        payload = _json_of(raw)
         status = response.status
         message = f"upstream {call.upstream.url} answered {status}: {_error_message(payload, raw)}"
         relayed = call.adapter.relay_error(status, raw, _error_message(payload, raw))
