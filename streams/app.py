@@ -17,13 +17,16 @@ quiet partition the timer sends a tick to the worker's own `ticks` topic, and th
 settles when the tick arrives.
 
 Exactly-once handling of the sources does not rest on Faust's offset commits. The assembly's
-table records, per source partition, the next offset it will handle, in the same changelog as
-the state those events built, and each change is acknowledged before the next event: a record
-delivered again is skipped, and a record delivered after a gap (faust-streaming 0.15.3 can drop
-records around a restart) makes the worker read the partition again from the gap. Trajectories
-and computed rewards are published, and acknowledged, before the state marks their attempt
-settled, and their ids derive from the attempt: a crash repeats them at worst, and consumers
-drop the repeat. Analytics are at-least-once: a view.
+table records, per source partition, the next offset it will handle, in the same changelog
+partition as the state those events built, written in order after it: whatever prefix of that
+changelog a crash leaves, the position restored is never ahead of the state. A record delivered
+again is skipped, one the state already holds is a duplicate by id, and a record delivered after
+a gap (Faust committed past the restored position, or faust-streaming 0.15.3 dropped records
+around a restart) makes the worker read the partition again from the gap. So changes need no
+acknowledgement one by one: they flow, batched by the producer, and the agent waits only when
+too many are on their way. Trajectories and computed rewards are published, and acknowledged,
+before the state marks their attempt settled, and their ids derive from the attempt: a crash
+repeats them at worst, and consumers drop the repeat. Analytics are at-least-once: a view.
 """
 
 from __future__ import annotations
@@ -60,6 +63,8 @@ STALL_S = 10.0
 """the assembly idle this long while behind a source partition's end: read it again"""
 RESEEK_S = 5.0
 """a gap still open this long after its seek: seek again"""
+UNACKNOWLEDGED_MAX = 2000
+"""table changes on their way to the broker before the assembly waits for them"""
 
 
 def create_app(settings: StreamsSettings, partitions: int) -> faust.App:
@@ -180,7 +185,7 @@ def add_assembly(app: faust.App, settings: StreamsSettings, partitions: int, pub
             counts[kind] += 1
         event = deadletter_event(message, reason, settings.source)
         event.id = derived_id("streams.deadletter", message.topic, str(message.partition), str(message.offset))
-        await publish("deadletter", event)
+        await (await publish("deadletter", event, now=True))  # in the log before the position passes the record
 
     async def in_order(message) -> bool:
         """Whether this record is the next of its partition; after a gap, read it again from there."""
@@ -238,7 +243,8 @@ def add_assembly(app: faust.App, settings: StreamsSettings, partitions: int, pub
             handled_at[0] = time.monotonic()
             try:
                 await handle(message)
-                await table.written()
+                if table.unacknowledged > UNACKNOWLEDGED_MAX:
+                    await table.written()
             except (KafkaError, ProducerSendError) as exc:
                 # nothing is recorded past this event: the next worker handles it again
                 await app.crash(exc)
@@ -297,13 +303,17 @@ class DurableTable(faust.Table):
 
     faust-streaming 0.15.3 commits a source offset after `producer.flush()`, but its buffer's flush
     returns while a changelog message is still on its way to the client (the one being handed over,
-    or any after 0.1 s without progress). The assembly agent awaits its changes before it takes the
-    next event, so what the table records is durable before anything that follows it.
+    or any after 0.1 s without progress). So the assembly does not rely on those commits (see the
+    module's docstring); it awaits its changes only to bound how many are on their way.
     """
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._unacknowledged: list[asyncio.Future] = []
+
+    @property
+    def unacknowledged(self) -> int:
+        return len(self._unacknowledged)
 
     def send_changelog(self, *args, **kwargs):
         sent = super().send_changelog(*args, **kwargs)
