@@ -12,14 +12,17 @@ translated messages: the exact prompt the model saw, as for a chat call.
 
 Input items become chat messages the way vLLM's Responses server builds them (instructions as a
 leading system message; a function call joins the assistant message before it; a function call
-output is a `tool` message). Function tools only: built-in tools, `previous_response_id`,
-`conversation` and prompt templates need state or services the gateway does not have, and are a
-400. Fields the Responses API does not define (vLLM's `seed`, `top_k`, `allowed_token_ids`...)
+output is a `tool` message). Function tools, and custom (freeform) tools such as Codex's
+`apply_patch`: the model sees a custom tool as a function of one string, `input` (with the tool's
+grammar, if any, in its description), and its call comes back as a custom tool call; streamed,
+the input arrives whole when the call ends. Built-in tools, `previous_response_id`, `conversation`
+and prompt templates need state or services the gateway does not have, and are a 400. Fields the Responses API does not define (vLLM's `seed`, `top_k`, `allowed_token_ids`...)
 pass through to the chat request.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -45,6 +48,9 @@ _RESPONSES_FIELDS = frozenset({
     "access_programs", "moderation", "image", *_NEEDS_STATE,
 })
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text", "summary_text", "reasoning_text", "refusal"})
+# a custom (freeform) tool, such as Codex's apply_patch, is a function of one string to a chat model
+_CUSTOM_INPUT = {"type": "object", "properties": {"input": {"type": "string", "description": "the tool's input"}},
+                 "required": ["input"]}
 
 
 class Responses(ChatTranslation):
@@ -100,10 +106,13 @@ class Responses(ChatTranslation):
         if message.get("content") or not calls and not items:
             logprobs = _logprobs(logprob_entries(choice)) if _LOGPROBS in (request.get("include") or []) else []
             items.append(_message_item(ids.message, message.get("content") or "", logprobs))
+        custom = custom_tools(request)
         for index, call in enumerate(calls):
             function = call.get("function") or {}
-            items.append(_call_item(ids.call(index), call.get("id") or ids.call(index), function.get("name") or "",
-                                    function.get("arguments") or ""))
+            name, arguments = function.get("name") or "", function.get("arguments") or ""
+            call_id = call.get("id") or ids.call(index)
+            items.append(_custom_call_item(ids.call(index), call_id, name, _custom_input(arguments)) if name in custom
+                         else _call_item(ids.call(index), call_id, name, arguments))
         if choice.get("finish_reason") == "length":
             items[-1]["status"] = "incomplete"  # the item the limit cut short
         return response_object(request, chat.get("id"), chat.get("created"), chat.get("model"), items,
@@ -130,15 +139,16 @@ def _messages(instructions: Any, items: Any) -> list[dict[str, Any]]:
         last = messages[-1] if messages and messages[-1]["role"] == "assistant" else None
         if kind == "message":
             _add_message(messages, last, item, where)
-        elif kind == "function_call":
+        elif kind in ("function_call", "custom_tool_call"):
+            arguments = (text_of(item.get("arguments", ""), f"{where}.arguments") if kind == "function_call"
+                         else json.dumps({"input": text_of(item.get("input"), f"{where}.input")}))
             call = {"id": text_of(item.get("call_id"), f"{where}.call_id"), "type": "function",
-                    "function": {"name": text_of(item.get("name"), f"{where}.name"),
-                                 "arguments": text_of(item.get("arguments", ""), f"{where}.arguments")}}
+                    "function": {"name": text_of(item.get("name"), f"{where}.name"), "arguments": arguments}}
             if last is not None:  # the call belongs to the assistant turn before it
                 last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             output = item.get("output")
             content = output if isinstance(output, str) else _text(output, f"{where}.output")
             messages.append({"role": "tool", "tool_call_id": text_of(item.get("call_id"), f"{where}.call_id"),
@@ -157,7 +167,8 @@ def _messages(instructions: Any, items: Any) -> list[dict[str, Any]]:
                               "send the items themselves")
         else:
             raise bad_request(f"{where}: input items of type {kind!r} are not supported by this gateway "
-                              "(it serves messages, function calls and their outputs, and reasoning)")
+                              "(it serves messages, function and custom tool calls and their outputs, and "
+                              "reasoning)")
     return messages
 
 
@@ -204,9 +215,13 @@ def _text(parts: Any, where: str) -> str:
 
 def _tool(tool: Any, where: str) -> dict[str, Any]:
     tool = object_of(tool, where)
+    if tool.get("type") == "custom":
+        return {"type": "function", "function": {"name": text_of(tool.get("name"), f"{where}.name"),
+                                                 "description": _custom_description(tool, where),
+                                                 "parameters": _CUSTOM_INPUT}}
     if tool.get("type") != "function":
         raise bad_request(f"{where}: tools of type {tool.get('type')!r} are not supported by this gateway "
-                          "(function tools are)")
+                          "(function and custom tools are)")
     function = {"name": text_of(tool.get("name"), f"{where}.name")}
     for key in ("description", "parameters", "strict"):
         if tool.get(key) is not None:
@@ -214,13 +229,40 @@ def _tool(tool: Any, where: str) -> dict[str, Any]:
     return {"type": "function", "function": function}
 
 
+def _custom_description(tool: dict[str, Any], where: str) -> str:
+    """A custom tool's description, with the grammar its input follows, if it names one."""
+    description = tool.get("description") or ""
+    form = object_of(tool.get("format") or {}, f"{where}.format")
+    if form.get("type") == "grammar" and form.get("definition"):
+        description += (f"\n\nThe input follows this {form.get('syntax') or ''} grammar:\n"
+                        f"{text_of(form['definition'], f'{where}.format.definition')}")
+    return description
+
+
+def custom_tools(request: dict[str, Any]) -> frozenset[str]:
+    """The names of the request's custom tools: their calls are answered as custom tool calls."""
+    tools = request.get("tools")
+    return frozenset(tool.get("name") for tool in tools if isinstance(tool, dict) and tool.get("type") == "custom") \
+        if isinstance(tools, list) else frozenset()
+
+
+def _custom_input(arguments: str) -> str:
+    """The input of a custom tool call, from the arguments of the function call the model made."""
+    try:
+        value = json.loads(arguments or "{}")
+    except json.JSONDecodeError:
+        return arguments  # not the JSON asked for: the model's text is the closest to an input there is
+    return value["input"] if isinstance(value, dict) and isinstance(value.get("input"), str) else arguments
+
+
 def _tool_choice(choice: Any) -> Any:
     if choice in ("none", "auto", "required"):
         return choice
-    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+    if isinstance(choice, dict) and choice.get("type") in ("function", "custom") and isinstance(choice.get("name"),
+                                                                                                  str):
         return {"type": "function", "function": {"name": choice["name"]}}
     raise bad_request(f"tool_choice {choice!r} is not supported by this gateway: use 'none', 'auto', 'required' "
-                      "or {'type': 'function', 'name': ...}")
+                      "or {'type': 'function' or 'custom', 'name': ...}")
 
 
 def _response_format(text: Any) -> dict[str, Any] | None:
@@ -278,6 +320,12 @@ def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: st
             "status": status}
 
 
+def _custom_call_item(item_id: str, call_id: str, name: str, tool_input: str,
+                      status: str = "completed") -> dict[str, Any]:
+    return {"id": item_id, "type": "custom_tool_call", "call_id": call_id, "name": name, "input": tool_input,
+            "status": status}
+
+
 def _usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
     if not usage:
         return None
@@ -326,6 +374,9 @@ class _ResponsesStream(TranslatedStream):
         self.open: dict[str, Any] | None = None
         """the item being streamed"""
         self.call_items: dict[int, dict[str, Any]] = {}
+        self.custom = custom_tools(self.request)
+        self.custom_arguments: dict[str, str] = {}
+        """custom tool call item id → the function arguments so far (its input is known at their end)"""
         self.with_logprobs = _LOGPROBS in (self.request.get("include") or [])
 
     def event(self, kind: str, **fields: Any) -> dict[str, Any]:
@@ -398,12 +449,18 @@ class _ResponsesStream(TranslatedStream):
         function = call.get("function") or {}
         events: list[dict[str, Any]] = []
         if index not in self.call_items:
-            item = _call_item(self.ids.call(index), call.get("id") or self.ids.call(index), function.get("name") or "",
-                              "", status="in_progress")
+            name, call_id = function.get("name") or "", call.get("id") or self.ids.call(index)
+            if name in self.custom:
+                item = _custom_call_item(self.ids.call(index), call_id, name, "", status="in_progress")
+                self.custom_arguments[item["id"]] = ""
+            else:
+                item = _call_item(self.ids.call(index), call_id, name, "", status="in_progress")
             self.call_items[index] = item
             events += self.open_item(item)
         item = self.call_items[index]
-        if function.get("arguments"):
+        if item["type"] == "custom_tool_call":
+            self.custom_arguments[item["id"]] += function.get("arguments") or ""
+        elif function.get("arguments"):
             item["arguments"] += function["arguments"]
             events.append(self.event("response.function_call_arguments.delta", item_id=item["id"],
                                      output_index=self.items.index(item), delta=function["arguments"]))
@@ -429,6 +486,12 @@ class _ResponsesStream(TranslatedStream):
                                   content_index=0, text=part["text"]),
                        self.event("response.content_part.done", item_id=item["id"], output_index=index,
                                   content_index=0, part=part)]
+        elif item["type"] == "custom_tool_call":
+            item["input"] = _custom_input(self.custom_arguments[item["id"]])
+            events += [self.event("response.custom_tool_call_input.delta", item_id=item["id"], output_index=index,
+                                  delta=item["input"]),
+                       self.event("response.custom_tool_call_input.done", item_id=item["id"], output_index=index,
+                                  input=item["input"])]
         else:
             events.append(self.event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
                                      name=item["name"], arguments=item["arguments"]))

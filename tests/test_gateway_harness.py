@@ -6,6 +6,7 @@ multi-turn trajectories), and the translations on their own for what the tiny mo
 from __future__ import annotations
 
 import copy
+import json
 import string
 
 import anthropic
@@ -343,9 +344,9 @@ STREAM = [
 ]
 
 
-def run_stream(adapter, request: dict) -> tuple[list[dict], object]:
+def run_stream(adapter, request: dict, stream: list[dict] = STREAM) -> tuple[list[dict], object]:
     assembler = adapter.assembler(adapter.rewrite({**request, "stream": True}, training=True))
-    lines = [line for piece in STREAM for line in assembler.lines(copy.deepcopy(piece))] + assembler.close()
+    lines = [line for piece in stream for line in assembler.lines(copy.deepcopy(piece))] + assembler.close()
     events = []
     for line in lines:
         name, data = line.decode().removesuffix("\n\n").split("\n")
@@ -381,6 +382,52 @@ def test_responses_translation_of_tool_calls_and_reasoning():
 
     failed = assembler.error_lines(GatewayError(503, "Kafka is away", "kafka_unavailable"))
     assert b"event: response.failed" in failed[0] and b"Kafka is away" in failed[0]
+
+
+PATCH = "*** Begin Patch\n*** Add File: a.txt\n+hi\n*** End Patch"
+APPLY_PATCH = {"type": "custom", "name": "apply_patch", "description": "Edit files.",
+               "format": {"type": "grammar", "syntax": "lark", "definition": "start: begin_patch hunk+ end_patch"}}
+
+
+def test_responses_custom_tools_are_functions_of_one_string_to_the_model():
+    # Codex's freeform apply_patch: called, answered, and in the history of the next turn
+    request = {"model": "tiny", "input": "patch it", "tools": [APPLY_PATCH],
+               "tool_choice": {"type": "custom", "name": "apply_patch"}}
+    rewrite = RESPONSES.rewrite(request, training=True)
+    [tool] = rewrite.body["tools"]
+    assert tool["function"]["name"] == "apply_patch" and tool["function"]["parameters"]["required"] == ["input"]
+    assert tool["function"]["description"].startswith("Edit files.")
+    assert "start: begin_patch hunk+ end_patch" in tool["function"]["description"], "the grammar guides the model"
+    assert rewrite.body["tool_choice"] == {"type": "function", "function": {"name": "apply_patch"}}
+
+    call = {"id": "call_7", "type": "function",
+            "function": {"name": "apply_patch", "arguments": json.dumps({"input": PATCH})}}
+    response = chat_completion(tool_calls=[call])
+    RESPONSES.finish(response, rewrite)
+    Response.model_validate(response)
+    [item] = response["output"]
+    assert (item["type"], item["call_id"], item["name"], item["input"]) == ("custom_tool_call", "call_7",
+                                                                            "apply_patch", PATCH)
+
+    arguments = json.dumps({"input": PATCH})
+    stream = [chunk({"role": "assistant"}),
+              chunk({"tool_calls": [{"index": 0, "id": "call_7", "type": "function",
+                                     "function": {"name": "apply_patch", "arguments": arguments[:20]}}]}, ids=[2]),
+              chunk({"tool_calls": [{"index": 0, "function": {"arguments": arguments[20:]}}]}, ids=[3],
+                    finish="tool_calls")]
+    events, assembler = run_stream(RESPONSES, request, stream)
+    assert [e["type"] for e in events[2:-1]] == [
+        "response.output_item.added", "response.custom_tool_call_input.delta",
+        "response.custom_tool_call_input.done", "response.output_item.done"]
+    assert events[-2]["item"]["input"] == PATCH and events[-1]["response"] == assembler.response()
+    assert assembler.response()["output"][0]["type"] == "custom_tool_call"
+
+    history = RESPONSES.rewrite({"model": "tiny", "tools": [APPLY_PATCH], "input": [
+        {"role": "user", "content": "patch it"},
+        {"type": "custom_tool_call", "call_id": "call_7", "name": "apply_patch", "input": PATCH},
+        {"type": "custom_tool_call_output", "call_id": "call_7", "output": "Done."}]}, training=True).body
+    assert history["messages"][1]["tool_calls"][0]["function"] == {"name": "apply_patch", "arguments": arguments}
+    assert history["messages"][2] == {"role": "tool", "tool_call_id": "call_7", "content": "Done."}
 
 
 def test_messages_translation_of_tool_calls_and_reasoning():
