@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import statistics
 import subprocess
 import sys
 import tempfile

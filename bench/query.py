@@ -21,8 +21,9 @@ import schemas as s
 from agentstream.query import NAMED_QUERIES, columns_in, load_table
 from agentstream.scan import scan
 from agentstream.stack.kafka import LocalKafka
+from bench.load import publish_all
 from bench.report import Report
-from schemas.kafka import KafkaSettings, Publisher, ensure_topics, make_producer
+from schemas.kafka import KafkaSettings, ensure_topics
 
 
 def call_event(i: int, rng: random.Random) -> s.CallEvent:
@@ -39,19 +40,7 @@ def call_event(i: int, rng: random.Random) -> s.CallEvent:
 
 async def fill(settings: KafkaSettings, count: int) -> None:
     rng = random.Random(0)
-    producer = make_producer(settings, linger_ms=20)
-    await producer.start()
-    try:
-        publisher = Publisher(producer, settings.topics)
-        pending = []
-        for i in range(count):
-            pending.append(await publisher.send(call_event(i, rng)))
-            if len(pending) >= 5000:
-                await asyncio.gather(*pending)
-                pending.clear()
-        await asyncio.gather(*pending)
-    finally:
-        await producer.stop()
+    await publish_all(settings, (call_event(i, rng) for i in range(count)))
 
 
 async def raw_scan(settings: KafkaSettings) -> int:

@@ -24,8 +24,9 @@ import schemas as s
 from agentstream.replay import Job, Options, RebuildSpec, replay
 from agentstream.scan import scan
 from agentstream.stack.kafka import LocalKafka
+from bench.load import publish_all
 from bench.report import Report
-from schemas.kafka import KafkaSettings, Publisher, ensure_topics, make_producer
+from schemas.kafka import KafkaSettings, ensure_topics
 from streams.assembly import Timing
 
 RAW = ("rollouts", "calls", "rewards")
@@ -60,22 +61,8 @@ def rollout_events(i: int, at: int, rng: random.Random) -> list[s.Event]:
 async def fill(settings: KafkaSettings, rollouts: int) -> int:
     rng = random.Random(0)
     start = s.now_ms() - 3_600_000
-    producer = make_producer(settings, linger_ms=20)
-    await producer.start()
-    count, pending = 0, []
-    try:
-        publisher = Publisher(producer, settings.topics)
-        for i in range(rollouts):
-            for event in rollout_events(i, start + i * 50, rng):
-                pending.append(await publisher.send(event))
-                count += 1
-            if len(pending) >= 5000:
-                await asyncio.gather(*pending)
-                pending.clear()
-        await asyncio.gather(*pending)
-    finally:
-        await producer.stop()
-    return count
+    return await publish_all(settings, (event for i in range(rollouts)
+                                        for event in rollout_events(i, start + i * 50, rng)))
 
 
 async def count_scan(settings: KafkaSettings, bases: tuple[str, ...]) -> int:

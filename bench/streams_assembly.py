@@ -44,6 +44,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 import schemas as s
 from agentstream.stack.kafka import LocalKafka
 from agentstream.stack.process import free_port, spawn, stop_pid, tail
+from bench.load import publish_all
 from bench.report import Report
 from schemas.codec import decode, encode
 from schemas.kafka import KafkaSettings, Publisher, ensure_topics, make_consumer, make_producer, partitions_of
@@ -174,22 +175,6 @@ def cpu_pressure() -> float | None:
 def progress() -> Progress:
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     console=console, transient=True)
-
-
-async def fill(kafka: KafkaSettings, events: list[s.Event]) -> None:
-    producer = make_producer(kafka, linger_ms=20)
-    await producer.start()
-    try:
-        publisher = Publisher(producer, kafka.topics)
-        pending = []
-        for event in events:
-            pending.append(await publisher.send(event))
-            if len(pending) >= 2000:
-                await asyncio.gather(*pending)
-                pending.clear()
-        await asyncio.gather(*pending)
-    finally:
-        await producer.stop()
 
 
 async def assigned_consumer(kafka: KafkaSettings, topics: list[str], at_end: bool):
@@ -431,7 +416,7 @@ async def run(args: argparse.Namespace, workdir: Path, bootstrap: str) -> dict:
     with console.status(f"Publishing {args.rollouts} rollouts ({results['events']} events)…"):
         events = history(args.rollouts, "r")
         raws = [encode(event) for event in events]
-        await fill(kafka, events)
+        await publish_all(kafka, events)
     results["event_bytes_mean"] = statistics.fmean(len(raw) for raw in raws)
     console.print(f"published {len(events)} events, {results['event_bytes_mean'] / 1024:.1f} KiB each on average")
 
