@@ -1,0 +1,1 @@
+"""End-to-end recipes built from the parts (`agentstream recipe …`)."""

@@ -1,0 +1,95 @@
+"""The sandbox contract every backend keeps, and what callers (harness, grader, task builder) use.
+
+A sandbox holds one workspace (a directory the caller owns on the host). Commands run inside it with:
+  - the workspace as the only writable tree (mounted at `WORKSPACE_MOUNT`), a private /tmp;
+  - the system read-only, plus the read-only `binds` the caller names (a task's Python environment);
+  - no network (`Network.NONE`), or only the gateway (`Network.GATEWAY`, for whole-harness mode);
+  - an environment built from nothing but `env` (no variable of the caller's leaks in: no credentials);
+  - the `Limits` below, per command and per attempt.
+A command that breaks a limit is ended and reported in its `CommandResult`; it never raises. Errors
+that are the caller's (a workspace that does not exist, bubblewrap missing) raise `SandboxError`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+WORKSPACE_MOUNT = Path("/workspace")
+"""where the workspace appears inside every sandbox"""
+
+
+class SandboxError(Exception):
+    """The caller's mistake or a missing host tool; the message names the fix."""
+
+
+class Network(enum.Enum):
+    NONE = "none"
+    """tools-only mode: the harness runs outside, its commands inside, with no network at all"""
+    GATEWAY = "gateway"
+    """whole-harness mode: the one address the sandbox can reach is the gateway"""
+
+
+@dataclass(frozen=True)
+class Limits:
+    cpu_seconds: int = 120
+    """RLIMIT_CPU per command"""
+    memory_bytes: int = 4 << 30
+    """RLIMIT_AS per process"""
+    processes: int = 256
+    """RLIMIT_NPROC (a fork bomb ends here)"""
+    file_size_bytes: int = 256 << 20
+    """RLIMIT_FSIZE"""
+    command_timeout_s: float = 120.0
+    """wall clock per command"""
+    attempt_timeout_s: float = 1800.0
+    """wall clock for everything run in one sandbox"""
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    command: str
+    exit_code: int
+    """the command's exit code; negative for a signal"""
+    output: str
+    """stdout and stderr interleaved, as a terminal would show them (truncated past a limit)"""
+    duration_s: float
+    limit: str | None = None
+    """set when a limit ended the command: 'command_timeout', 'attempt_timeout', 'cpu', 'memory', 'processes', 'file_size'"""
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and self.limit is None
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    workspace: Path
+    """host directory mounted read-write at WORKSPACE_MOUNT"""
+    limits: Limits = field(default_factory=Limits)
+    network: Network = Network.NONE
+    binds: Sequence[tuple[Path, Path]] = ()
+    """(host path, sandbox path) pairs mounted read-only"""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """the whole environment of commands (PATH, HOME and the like are filled in if missing)"""
+    gateway_url: str | None = None
+    """with Network.GATEWAY: the gateway as the host sees it"""
+
+
+class Sandbox(Protocol):
+    spec: SandboxSpec
+
+    def run(self, command: str, timeout_s: float | None = None, cwd: str | None = None) -> CommandResult:
+        """Run a shell command (bash -c) inside the sandbox, cwd relative to the workspace."""
+        ...
+
+    def close(self) -> None:
+        """End everything still running inside; idempotent."""
+        ...
+
+    def __enter__(self) -> Sandbox: ...
+
+    def __exit__(self, *exc: object) -> None: ...
