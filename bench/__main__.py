@@ -16,6 +16,7 @@ BENCHMARKS = {
     "replay": "raw events per second a replay rebuilds into trajectories (topic, Parquet, new reward)",
     "controller_launch": "how fast the controller launches attempts",
     "trainer_throughput": "trainer samples per second, and the update's share of its time",
+    "sandbox_overhead": "the local sandbox's start-up and per-command cost against a bare subprocess",
     "trainer_learning": "how fast the trainer's update teaches the tiny model the demo's task",
 }
 

@@ -49,6 +49,8 @@ class Limits:
     """wall clock for everything run in one sandbox, counted from its creation"""
     tmp_bytes: int = 1 << 30
     """size of the private /tmp (a tmpfs: it is memory)"""
+    disk_bytes: int = 8 << 30
+    """size of the workspace (Kubernetes: its emptyDir's sizeLimit; the local backend has no quotas)"""
     cpus: float = 1.0
     """CPU cores (Kubernetes: the container's cpu limit; the local backend has no cgroups to enforce it)"""
 

@@ -58,7 +58,7 @@ ETC_SHARED = (
     "python3", "python3.11", "mime.types", "magic", "magic.mime", "inputrc", "terminfo", "locale.alias",
     "gai.conf", "host.conf", "shells",
 )
-"""the host's /etc entries a command may see; everything else in /etc (gitconfig with its credential
+"""the host's /etc entries a command may see (copied once per sandbox); everything else in /etc (gitconfig with its credential
 helper, pip.conf, npmrc, ssh, shadow, ssl/private, …) is absent, and the identity files are written anew"""
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 REAPER = '/bin/bash -c "$1"; exit'
@@ -129,7 +129,8 @@ class LocalSandbox:
             owner = spec.workspace.stat()
             self._owner = (owner.st_uid, owner.st_gid)
             chown_tree(spec.workspace, self.uid, self.uid)
-            self._ns = namespaces.create(STAGE, self._staged(), self._etc_files(), self._listen_port())
+            etc = [(Path("/etc") / entry, f"etc/{entry}") for entry in ETC_SHARED]
+            self._ns = namespaces.create(STAGE, self._staged(), etc, self._etc_files(), self._listen_port())
             if spec.network is Network.GATEWAY:
                 assert self._ns.listener is not None
                 self._relay = relay.Relay(self._ns.listener, _gateway_address(spec.gateway_url or ""))
@@ -213,10 +214,7 @@ class LocalSandbox:
         argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.tmp_bytes), "--tmpfs", "/dev/shm",
                  "--remount-ro", "/dev", "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp",
                  "--dir", "/var", "--symlink", "../tmp", "/var/tmp"]
-        for entry in ETC_SHARED:
-            argv += ["--ro-bind-try", f"/etc/{entry}", f"/etc/{entry}"]
-        for name in self._etc_files():
-            argv += ["--ro-bind", str(STAGE / name), f"/{name}"]
+        argv += ["--ro-bind", str(STAGE / "etc"), "/etc"]
         argv += ["--bind", str(STAGE / "workspace"), str(WORKSPACE_MOUNT)]
         for n, (_, target) in enumerate(self.spec.binds):
             argv += ["--ro-bind", str(STAGE / f"bind-{n}"), str(target)]

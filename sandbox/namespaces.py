@@ -82,9 +82,11 @@ class Namespaces:
         self.mount_fd = self.net_fd = -1
 
 
-def create(stage: Path, binds: Sequence[tuple[Path, str]], files: dict[str, str], listen_port: int | None, tmpfs_bytes: int = 16 << 20) -> Namespaces:
+def create(stage: Path, binds: Sequence[tuple[Path, str]], copies: Sequence[tuple[Path, str]],
+           files: dict[str, str], listen_port: int | None, tmpfs_bytes: int = 64 << 20) -> Namespaces:
     """New mount + network namespaces with `stage` holding `binds` (host path → name under stage, bound
-    read-write; bubblewrap decides what it binds read-only) and `files` (name → text, readable by all).
+    read-write; bubblewrap decides what it binds read-only), `copies` (host path → name, copied: one
+    mount per command instead of one per entry) and `files` (name → text, readable by all).
     With `listen_port`, a socket listens on 127.0.0.1:port inside."""
     outcome: dict[str, object] = {}
 
@@ -101,6 +103,12 @@ def create(stage: Path, binds: Sequence[tuple[Path, str]], files: dict[str, str]
                 else:
                     target.touch()
                 _mount(str(source), target, None, MS_BIND | MS_REC)
+            for source, name in copies:
+                if source.is_dir():
+                    shutil.copytree(source, stage / name, symlinks=True)
+                elif source.exists():
+                    (stage / name).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(source, stage / name, follow_symlinks=False)
             for name, text in files.items():
                 path = stage / name
                 path.parent.mkdir(parents=True, exist_ok=True)

@@ -66,6 +66,10 @@ def test_a_command_runs_in_the_workspace_as_an_unprivileged_uid_with_the_rlimits
         assert not {"root", "home", "work", "opt", "srv"} & set(lines), "only the system and the workspace are there"
         # a whole process tree of the uid lives only as long as the command
         assert processes_of(box.uid) == 0
+        etc = box.run("ls -A /etc /etc/ssl").output.split()
+        assert {"passwd", "hosts", "ld.so.cache", "certs"} <= set(etc), etc
+        assert not {"gitconfig", "pip.conf", "npmrc", "shadow", "gshadow", "ssh", "private", "environment"} & set(etc)
+        assert "agent:x:1000" in box.run("cat /etc/passwd").output
     made = tmp_path / "workspace" / "made.txt"
     assert made.read_text() == "made\n" and made.stat().st_uid == os.getuid(), "close hands files back to the owner"
 
