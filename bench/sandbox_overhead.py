@@ -79,7 +79,7 @@ class Server:
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.0"
 
-            def do_GET(self):  # noqa: N802
+            def do_GET(self):
                 self.send_response(200)
                 self.send_header("Content-Length", "2")
                 self.end_headers()
@@ -134,7 +134,8 @@ def main() -> None:
             script.write_text(CLIENT)
             direct = float(subprocess.run(["/usr/bin/python3", str(script), url, str(args.requests)],
                                           capture_output=True, text=True, check=True).stdout)
-            spec = SandboxSpec(workspace, network=Network.GATEWAY, gateway_url=url, binds=[(script, Path("/client.py"))])
+            spec = SandboxSpec(workspace, network=Network.GATEWAY, gateway_url=url,
+                               binds=[(script, Path("/client.py"))])
             with LocalSandbox(spec) as box:
                 result = box.run(f"python3 /client.py {url} {args.requests}")
                 assert result.ok, result.output

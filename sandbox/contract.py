@@ -65,7 +65,8 @@ class CommandResult:
     """stdout and stderr interleaved, as a terminal would show them (truncated past a limit)"""
     duration_s: float
     limit: str | None = None
-    """set when a limit ended the command: 'command_timeout', 'attempt_timeout', 'cpu', 'memory', 'processes', 'file_size'"""
+    """set when a limit ended the command: 'command_timeout', 'attempt_timeout', 'cpu', 'memory', 'processes',
+    'file_size'"""
 
     @property
     def ok(self) -> bool:

@@ -20,7 +20,6 @@ One `LocalSandbox` per attempt (it must be created by root):
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import random
 import re
@@ -58,8 +57,9 @@ ETC_SHARED = (
     "python3", "python3.11", "mime.types", "magic", "magic.mime", "inputrc", "terminfo", "locale.alias",
     "gai.conf", "host.conf", "shells",
 )
-"""the host's /etc entries a command may see (copied once per sandbox); everything else in /etc (gitconfig with its credential
-helper, pip.conf, npmrc, ssh, shadow, ssl/private, …) is absent, and the identity files are written anew"""
+"""the host's /etc entries a command may see (copied once per sandbox); everything else in /etc (gitconfig
+with its credential helper, pip.conf, npmrc, ssh, shadow, ssl/private, …) is absent, and the identity
+files (passwd, group, hosts, resolv.conf, nsswitch.conf) are written anew"""
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 REAPER = '/bin/bash -c "$1"; exit'
 """pid 1 of each command: a bash that runs the command as its child (never exec'ed in its place, thanks to
@@ -74,18 +74,19 @@ MISSING_TOOL = {
 _FORK_FAILED = re.compile(r"fork: (retry: )?Resource temporarily unavailable|Cannot fork")
 _FAILURE_MESSAGES = (
     ("processes", re.compile(r"BlockingIOError: \[Errno 11\]")),
-    ("memory", re.compile(r"MemoryError|Cannot allocate memory|std::bad_alloc|xmalloc: .*cannot allocate|out of memory")),
+    ("memory", re.compile(r"MemoryError|Cannot allocate memory|std::bad_alloc|xmalloc: .*cannot allocate|"
+                          r"out of memory")),
     ("file_size", re.compile(r"File too large")),
 )
 
 
 def inside_gateway_url(url: str) -> str:
     """The gateway URL as a whole-harness sandbox must use it: the same, unless its host is an IP address
-    other than loopback (then 127.0.0.1, where the relay listens). Host names resolve to the relay via
+    other than 127.0.0.1 (then 127.0.0.1, where the relay listens). Host names resolve to the relay via
     the sandbox's /etc/hosts, so TLS names and virtual hosts still match."""
     parts = urlsplit(url)
     host = parts.hostname or ""
-    if _is_ip(host) and host not in ("127.0.0.1", "::1"):
+    if _is_ip(host) and host != "127.0.0.1":
         netloc = f"127.0.0.1:{_port(parts)}"
         return urlunsplit(parts._replace(netloc=netloc))
     return url
@@ -165,10 +166,10 @@ class LocalSandbox:
                 raise SandboxError(f"bind source {source} does not exist")
             if not Path(target).is_absolute() or Path(target) == WORKSPACE_MOUNT:
                 raise SandboxError(f"bind target {target} must be an absolute path other than {WORKSPACE_MOUNT}")
-        if spec.network is Network.GATEWAY:
-            if not spec.gateway_url or urlsplit(spec.gateway_url).scheme not in ("http", "https"):
-                raise SandboxError("Network.GATEWAY needs SandboxSpec.gateway_url, the gateway as the host sees it "
-                                   "(http://host:port/…)")
+        gateway = urlsplit(spec.gateway_url or "")
+        if spec.network is Network.GATEWAY and (not gateway.hostname or gateway.scheme not in ("http", "https")):
+            raise SandboxError("Network.GATEWAY needs SandboxSpec.gateway_url, the gateway as the host sees it "
+                               "(http://host:port/…)")
 
     def _staged(self) -> list[tuple[Path, str]]:
         return [(self.spec.workspace.resolve(), "workspace")] + [
@@ -180,13 +181,14 @@ class LocalSandbox:
         return _gateway_address(self.spec.gateway_url or "")[1]
 
     def _etc_files(self) -> dict[str, str]:
-        hosts = "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost\n"
+        hosts = "127.0.0.1\tlocalhost sandbox\n"  # no ::1: the relay listens on IPv4 only
         if self.spec.network is Network.GATEWAY:
             host = urlsplit(self.spec.gateway_url or "").hostname or ""
             if host and not _is_ip(host) and host != "localhost":
                 hosts += f"127.0.0.1\t{host}\n"  # the relay answers for the gateway's name
         return {
-            "etc/passwd": f"root:x:0:0:root:/root:/usr/sbin/nologin\nagent:x:{INSIDE_UID}:{INSIDE_UID}:agent:/tmp:/bin/bash\n"
+            "etc/passwd": "root:x:0:0:root:/root:/usr/sbin/nologin\n"
+                          f"agent:x:{INSIDE_UID}:{INSIDE_UID}:agent:/tmp:/bin/bash\n"
                           "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
             "etc/group": f"root:x:0:\nagent:x:{INSIDE_UID}:\nnogroup:x:65534:\n",
             "etc/hosts": hosts,
@@ -200,9 +202,11 @@ class LocalSandbox:
         """Everything of the command line but the per-command part (cwd, the command)."""
         limits = self.spec.limits
         argv = [*self._ns.nsenter(), f"--setuid={self.uid}", f"--setgid={self.uid}", "--",
-                shutil.which("prlimit"), f"--cpu={limits.cpu_seconds}:{limits.cpu_seconds + 1}", f"--as={limits.memory_bytes}",
+                shutil.which("prlimit"), f"--cpu={limits.cpu_seconds}:{limits.cpu_seconds + 1}",
+                f"--as={limits.memory_bytes}",
                 f"--nproc={limits.processes}", f"--fsize={limits.file_size_bytes}", "--core=0", "--",
-                shutil.which("bwrap"), "--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+                shutil.which("bwrap"), "--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-ipc",
+                "--unshare-uts",
                 "--unshare-cgroup-try", "--hostname", "sandbox", "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID),
                 "--cap-drop", "ALL", "--die-with-parent", "--new-session", "--as-pid-1"]
         for name in SYSTEM_DIRS:

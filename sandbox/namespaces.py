@@ -45,7 +45,9 @@ def _check(result: int, what: str) -> None:
 
 
 def _mount(source: str | None, target: Path, fstype: str | None, flags: int, data: str | None = None) -> None:
-    encode = lambda value: None if value is None else os.fsencode(value)  # noqa: E731
+    def encode(value: str | None) -> bytes | None:
+        return None if value is None else os.fsencode(value)
+
     _check(_libc.mount(encode(source), encode(str(target)), encode(fstype), flags, encode(data)), f"mount {target}")
 
 
@@ -68,7 +70,8 @@ class Namespaces:
 
     def nsenter(self) -> list[str]:
         """The nsenter arguments that put a child (given `fds` as pass_fds) into both namespaces."""
-        return [shutil.which("nsenter") or "nsenter", f"--mount=/proc/self/fd/{self.mount_fd}", f"--net=/proc/self/fd/{self.net_fd}"]
+        return [shutil.which("nsenter") or "nsenter", f"--mount=/proc/self/fd/{self.mount_fd}",
+                f"--net=/proc/self/fd/{self.net_fd}"]
 
     def close(self) -> None:
         if self.listener is not None:

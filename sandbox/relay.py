@@ -15,6 +15,8 @@ import threading
 log = logging.getLogger(__name__)
 
 CHUNK = 64 << 10
+MAX_CONNECTIONS = 64
+"""open relayed connections per sandbox; more are refused (each costs two threads of this process)"""
 
 
 class Relay:
@@ -22,6 +24,7 @@ class Relay:
         self.listener = listener
         self.target = target
         self.connections = 0
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._thread = threading.Thread(target=self._accept, name=f"sandbox-relay-{target[1]}", daemon=True)
         self._thread.start()
 
@@ -31,8 +34,17 @@ class Relay:
                 inside, _ = self.listener.accept()
             except OSError:
                 return  # the listener was shut down: the sandbox closed
+            if not self._slots.acquire(blocking=False):
+                inside.close()  # a sandbox opening connections by the thousand gets refused, not served
+                continue
             self.connections += 1
-            threading.Thread(target=self._connect, args=(inside,), daemon=True).start()
+            threading.Thread(target=self._serve, args=(inside,), daemon=True).start()
+
+    def _serve(self, inside: socket.socket) -> None:
+        try:
+            self._connect(inside)
+        finally:
+            self._slots.release()
 
     def _connect(self, inside: socket.socket) -> None:
         try:

@@ -21,7 +21,15 @@ import pytest
 
 from agentstream.stack.process import free_port
 from sandbox.contract import WORKSPACE_MOUNT, Limits, Network, SandboxError, SandboxSpec
-from sandbox.local import OUTPUT_LIMIT, UID_BASE, UID_SLOTS, LocalSandbox, inside_gateway_url, processes_of, python_binds
+from sandbox.local import (
+    OUTPUT_LIMIT,
+    UID_BASE,
+    UID_SLOTS,
+    LocalSandbox,
+    inside_gateway_url,
+    processes_of,
+    python_binds,
+)
 from tests.conftest import wait_for
 
 AGENTS = Path(__file__).parent / "sandbox_agents"
@@ -60,7 +68,8 @@ def test_a_command_runs_in_the_workspace_as_an_unprivileged_uid_with_the_rlimits
         lines = result.output.splitlines()
         assert lines[:2] == [str(WORKSPACE_MOUNT), "1000"]
         assert all(line.split()[-1] in ("0000000000000000", "1") for line in lines[2:6]), lines[2:6]
-        limits = [line.split()[-1] for line in lines if line.startswith(("cpu time", "virtual", "max user", "file size", "core"))]
+        named = ("cpu time", "virtual", "max user", "file size", "core")
+        limits = [line.split()[-1] for line in lines if line.startswith(named)]
         assert sorted(limits) == sorted(["7", str(3 << 20), "40", str((5 << 20) // 1024), "0"])
         assert set(lines) >= {"bin", "etc", "proc", "tmp", "usr", "workspace"}
         assert not {"root", "home", "work", "opt", "srv"} & set(lines), "only the system and the workspace are there"
@@ -233,7 +242,7 @@ class Upstream:
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802
+            def do_GET(self):
                 outer.requests += 1
                 payload = json.dumps({"body": outer.body, "path": self.path}).encode()
                 self.send_response(200)

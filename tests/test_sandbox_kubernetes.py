@@ -15,16 +15,22 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+import schemas as s
 from controller.attempt import Attempt
 from controller.kubernetes import api_client, default_job, merge, render_job
 from controller.tasks import PlannedRollout
 from sandbox.contract import Limits, Network, SandboxError
 from sandbox.kubernetes import (
-    CONTAINER, NETWORK_LABEL, GatewayPeer, PodSandbox, job_template, network_policy, pod, pod_spec,
+    CONTAINER,
+    NETWORK_LABEL,
+    GatewayPeer,
+    PodSandbox,
+    job_template,
+    network_policy,
+    pod,
+    pod_spec,
 )
 from tests.kube_cluster import kube_cluster  # noqa: F401 (fixture)
-
-import schemas as s
 
 LIMITS = Limits(cpus=1.5, memory_bytes=6 << 30, attempt_timeout_s=5400, tmp_bytes=1 << 30, disk_bytes=8 << 30)
 GATEWAY = GatewayPeer(pod_labels={"app.kubernetes.io/name": "agentstream-gateway"}, port=8000,
@@ -71,8 +77,9 @@ def test_pod_spec_and_policies_as_built():
     assert closed["policyTypes"] == ["Ingress", "Egress"] and closed["ingress"] == [] and closed["egress"] == []
     (only_gateway,) = network_policy(Network.GATEWAY, GATEWAY)["spec"]["egress"]
     assert only_gateway["ports"] == [{"protocol": "TCP", "port": 8000}]
-    assert only_gateway["to"] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "agentstream-gateway"}},
-                                   "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "agentstream"}}}]
+    assert only_gateway["to"] == [{
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "agentstream-gateway"}},
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "agentstream"}}}]
     with_dns = network_policy(Network.GATEWAY, GATEWAY, allow_dns=True)["spec"]["egress"]
     assert len(with_dns) == 2 and {p["port"] for p in with_dns[1]["ports"]} == {53}
     assert "dnsPolicy" not in pod_spec(PodSandbox(allow_dns=True))
