@@ -126,10 +126,10 @@ class LocalSandbox:
         self.deadline = self.started + spec.limits.attempt_timeout_s
         self._lease = UidLease.acquire()
         self.uid = self._lease.uid
+        self.workspace = spec.workspace.resolve()
         try:
-            owner = spec.workspace.stat()
-            self._owner = (owner.st_uid, owner.st_gid)
-            chown_tree(spec.workspace, self.uid, self.uid)
+            self._owner = workspace_owner(self.workspace)
+            chown_tree(self.workspace, self.uid, self.uid)
             etc = [(Path("/etc") / entry, f"etc/{entry}") for entry in ETC_SHARED]
             self._ns = namespaces.create(STAGE, self._staged(), etc, self._etc_files(), self._listen_port())
             if spec.network is Network.GATEWAY:
@@ -172,7 +172,7 @@ class LocalSandbox:
                                "(http://host:port/…)")
 
     def _staged(self) -> list[tuple[Path, str]]:
-        return [(self.spec.workspace.resolve(), "workspace")] + [
+        return [(self.workspace, "workspace")] + [
             (Path(source).resolve(), f"bind-{n}") for n, (source, _) in enumerate(self.spec.binds)]
 
     def _listen_port(self) -> int | None:
@@ -298,7 +298,7 @@ class LocalSandbox:
         if self._ns is not None:
             self._ns.close()
         if hasattr(self, "_owner"):
-            chown_tree(self.spec.workspace, *self._owner)
+            chown_tree(self.workspace, *self._owner)
         self._lease.release()
 
     def __enter__(self) -> LocalSandbox:
@@ -442,6 +442,15 @@ def await_no_processes(uid: int, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while processes_of(uid) and time.monotonic() < deadline:
         time.sleep(0.005)
+
+
+def workspace_owner(workspace: Path) -> tuple[int, int]:
+    """Who gets the workspace back on close: its owner, or, if a sandbox that crashed left it owned by a
+    sandbox uid, the owner of the folder it is in."""
+    info = workspace.stat()
+    if UID_BASE <= info.st_uid < UID_BASE + UID_SLOTS:
+        info = workspace.parent.stat()
+    return info.st_uid, info.st_gid
 
 
 def chown_tree(root: Path, uid: int, gid: int) -> None:

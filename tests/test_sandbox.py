@@ -79,6 +79,8 @@ def test_a_command_runs_in_the_workspace_as_an_unprivileged_uid_with_the_rlimits
         assert {"passwd", "hosts", "ld.so.cache", "certs"} <= set(etc), etc
         assert not {"gitconfig", "pip.conf", "npmrc", "shadow", "gshadow", "ssh", "private", "environment"} & set(etc)
         assert "agent:x:1000" in box.run("cat /etc/passwd").output
+        nested = box.run("unshare -Ur id")  # no user namespace inside: no capabilities to be had there
+        assert nested.exit_code != 0 and "unshare failed" in nested.output, nested  # user.max_user_namespaces=0
     made = tmp_path / "workspace" / "made.txt"
     assert made.read_text() == "made\n" and made.stat().st_uid == os.getuid(), "close hands files back to the owner"
 
@@ -150,6 +152,21 @@ def test_writes_outside_the_workspace_are_refused(tmp_path: Path):
         assert not outside.exists() and not (AGENTS / "pwned").exists() and not Path("/pwned").exists()
         assert not (tmp_path / "escaped.txt").exists() and (tmp_path / "workspace" / "inside.txt").exists()
         assert_recovers(box)
+
+
+def test_links_planted_in_the_workspace_do_not_turn_close_against_the_host(tmp_path: Path):
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    os.chown(workspace, UID_BASE + 7, UID_BASE + 7)  # as a sandbox that crashed would leave it
+    with sandbox(tmp_path) as box:
+        planted = box.run("ln -s /etc/passwd passwd-link; ln -s / root-link; mkdir d; ln -s /usr/bin d/bin-link; "
+                          "ln /etc/hosts hard-link; echo done")
+        assert planted.output.endswith("done\n") and "hard-link" in planted.output  # the hard link is refused
+    assert Path("/etc/passwd").stat().st_uid == 0 and Path("/usr/bin").stat().st_uid == 0
+    assert Path("/").stat().st_uid == 0
+    for name in ("passwd-link", "root-link", "d/bin-link"):
+        assert (workspace / name).lstat().st_uid == tmp_path.stat().st_uid
+    assert workspace.stat().st_uid == tmp_path.stat().st_uid, "a crashed sandbox's uid is not handed back"
 
 
 def test_tools_only_sandbox_reaches_no_network(tmp_path: Path):
