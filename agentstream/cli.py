@@ -16,7 +16,7 @@ from agentstream.stack import StackError, bootstrap_servers, default_kafka_dir
 console = Console()
 # the help's panels and commands, in the order a user meets them
 LOOP, LOG, STACK = "The loop: run agents, record, learn", "The log: replay and query", "The local stack"
-ORDER = ("demo", "run", "gateway", "streams", "train", "replay", "sql", "top", "kafka", "vllm", "model", "topics",
+ORDER = ("demo", "run", "gateway", "streams", "train", "sandbox", "replay", "sql", "top", "kafka", "vllm", "model", "topics",
          "schemas")
 
 
@@ -607,6 +607,78 @@ def streams(ctx: typer.Context) -> None:
     from streams.__main__ import main as streams_main
 
     forward(streams_main, ["worker", *ctx.args])
+
+
+# --- sandbox ---------------------------------------------------------------------------------
+
+sandbox_app = typer.Typer(help="Sandboxes for the code agents run: bubblewrap here, Pods on Kubernetes.",
+                          no_args_is_help=True)
+app.add_typer(sandbox_app, name="sandbox", rich_help_panel=LOOP)
+
+
+def _pairs(values: list[str], option: str) -> dict[str, str]:
+    if any("=" not in value for value in values):
+        fail(f"{option} takes KEY=VALUE")
+    return dict(value.split("=", 1) for value in values)
+
+
+@sandbox_app.command("run")
+def sandbox_run(
+    workspace: Annotated[Path, typer.Argument(help="host folder mounted read-write at /workspace")],
+    command: Annotated[str, typer.Argument(help="a shell command, run with bash -c inside")],
+    timeout: Annotated[float, typer.Option(help="wall clock for the command, seconds")] = 120.0,
+    bind: Annotated[Optional[list[str]], typer.Option(help="HOST:INSIDE, mounted read-only (repeatable)")] = None,
+    env: Annotated[Optional[list[str]], typer.Option(help="KEY=VALUE for the command (repeatable)")] = None,
+    gateway_url: Annotated[Optional[str], typer.Option(help="whole-harness mode: the only address reachable")] = None,
+) -> None:
+    """Run one command in the local sandbox (as root: it needs bubblewrap) and exit with its code."""
+    from sandbox.contract import Limits, Network, SandboxError, SandboxSpec
+    from sandbox.local import LocalSandbox
+
+    binds = [(Path(host), Path(inside)) for host, _, inside in (b.partition(":") for b in bind or [])]
+    spec = SandboxSpec(workspace, Limits(command_timeout_s=timeout), Network.GATEWAY if gateway_url else Network.NONE,
+                       binds, _pairs(env or [], "--env"), gateway_url)
+    try:
+        with LocalSandbox(spec) as box:
+            result = box.run(command)
+    except SandboxError as exc:
+        fail(str(exc))
+    typer.echo(result.output, nl=False)
+    if result.limit:
+        console.print(f"[yellow]stopped by the sandbox's {result.limit} limit[/yellow]")
+    raise typer.Exit(result.exit_code if result.exit_code >= 0 else 128 - result.exit_code)
+
+
+@sandbox_app.command("k8s-manifests")
+def sandbox_k8s_manifests(
+    out: Annotated[Path, typer.Argument(help="folder for job-template.yaml and networkpolicy.yaml")],
+    gateway_label: Annotated[Optional[list[str]], typer.Option(
+        help="KEY=VALUE of the gateway's pods (repeatable); without it: no network at all")] = None,
+    gateway_port: Annotated[int, typer.Option(help="the port the gateway's pods listen on")] = 8000,
+    gateway_namespace_label: Annotated[Optional[list[str]], typer.Option(
+        help="KEY=VALUE of the gateway's namespace, if not the sandboxes' own (repeatable)")] = None,
+    gateway_service_ip: Annotated[Optional[str], typer.Option(help="the gateway Service's ClusterIP")] = None,
+    gateway_host: Annotated[Optional[str], typer.Option(help="the gateway's host name in OPENAI_BASE_URL")] = None,
+    cpus: Annotated[float, typer.Option(help="CPU cores per sandbox")] = 1.0,
+    memory_gib: Annotated[float, typer.Option(help="memory per sandbox, GiB")] = 4.0,
+    attempt_timeout: Annotated[float, typer.Option(help="seconds an attempt may run")] = 1800.0,
+    allow_dns: Annotated[bool, typer.Option(help="let sandboxes query kube-dns (a channel out)")] = False,
+) -> None:
+    """Write the sandbox's Job template (for `agentstream run --k8s-job-template`) and its NetworkPolicy."""
+    from sandbox.contract import Limits, Network
+    from sandbox.kubernetes import GatewayPeer, PodSandbox, write_manifests
+
+    gateway = None
+    if gateway_label:
+        namespace_labels = _pairs(gateway_namespace_label, "--gateway-namespace-label") \
+            if gateway_namespace_label else None
+        gateway = GatewayPeer(_pairs(gateway_label, "--gateway-label"), gateway_port, namespace_labels,
+                              gateway_service_ip, gateway_host)
+    limits = Limits(cpus=cpus, memory_bytes=int(memory_gib * (1 << 30)), attempt_timeout_s=attempt_timeout)
+    sandbox = PodSandbox(limits=limits, network=Network.GATEWAY if gateway else Network.NONE, gateway=gateway,
+                         allow_dns=allow_dns)
+    for path in write_manifests(out, sandbox):
+        console.print(f"wrote {path}")
 
 
 def main() -> None:

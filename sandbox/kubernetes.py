@@ -33,7 +33,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from sandbox.contract import WORKSPACE_MOUNT, Limits, Network, SandboxError
 
@@ -206,3 +209,17 @@ def _check(sandbox: PodSandbox) -> None:
         raise SandboxError("Network.GATEWAY needs PodSandbox.gateway (the gateway's pods, port and Service)")
     if sandbox.seed_from and not sandbox.image:
         raise SandboxError("seed_from copies a folder of the image: give PodSandbox.image too")
+
+
+def write_manifests(folder: Path, sandbox: PodSandbox) -> list[Path]:
+    """`job-template.yaml` (for the controller's --k8s-job-template) and `networkpolicy.yaml` (to apply
+    once per namespace: the policy of this sandbox's network mode)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, manifest in (("job-template.yaml", job_template(sandbox)),
+                           ("networkpolicy.yaml", network_policy(sandbox.network, sandbox.gateway,
+                                                                 allow_dns=sandbox.allow_dns))):
+        path = folder / name
+        path.write_text(yaml.safe_dump(manifest, sort_keys=False))
+        written.append(path)
+    return written

@@ -351,3 +351,16 @@ def test_gateway_port_taken_on_the_host_does_not_matter(tmp_path: Path):
                 assert report(box.run(f"python3 /agents/net_probe.py {url}/models"))["reached"]
         with socket.create_connection(("127.0.0.1", gateway.port)):
             pass  # and the host's own listener was never disturbed
+
+
+def test_the_cli_runs_one_command(tmp_path: Path):
+    from typer.testing import CliRunner
+
+    from agentstream.cli import app
+
+    (tmp_path / "workspace").mkdir()
+    result = CliRunner().invoke(app, ["sandbox", "run", str(tmp_path / "workspace"), "echo $GREETING; exit 3",
+                                      "--env", "GREETING=hello"])
+    assert (result.exit_code, result.output) == (3, "hello\n")
+    timed_out = CliRunner().invoke(app, ["sandbox", "run", str(tmp_path / "workspace"), "sleep 30", "--timeout", "0.5"])
+    assert timed_out.exit_code == 128 + signal.SIGKILL and "command_timeout limit" in timed_out.output

@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -162,3 +163,25 @@ def test_the_controllers_job_takes_the_sandbox_as_its_template(namespace):
     assert_locked_down({**spec, "volumes": spec["volumes"]})
     # Pod Security admission enforces on pods, not Jobs: the Job's pod must pass it too
     client.CoreV1Api(api).create_namespaced_pod(name, {"metadata": {"name": "from-job"}, "spec": spec})
+
+
+def test_the_cli_writes_manifests_the_controller_loads(tmp_path: Path):
+    from typer.testing import CliRunner
+
+    from agentstream.cli import app
+    from controller.kubernetes import load_template
+
+    result = CliRunner().invoke(app, ["sandbox", "k8s-manifests", str(tmp_path), "--gateway-label", "app=gw",
+                                      "--gateway-port", "8080", "--gateway-service-ip", "10.0.0.9",
+                                      "--gateway-host", "gw.agentstream.svc", "--attempt-timeout", "600"])
+    assert result.exit_code == 0, result.output
+    template = load_template(tmp_path / "job-template.yaml")
+    assert template["spec"]["activeDeadlineSeconds"] == 600
+    spec = template["spec"]["template"]["spec"]
+    assert spec["hostAliases"] == [{"ip": "10.0.0.9", "hostnames": ["gw.agentstream.svc"]}]
+    policy = yaml.safe_load((tmp_path / "networkpolicy.yaml").read_text())
+    assert policy["spec"]["egress"] == [{"to": [{"podSelector": {"matchLabels": {"app": "gw"}}}],
+                                         "ports": [{"protocol": "TCP", "port": 8080}]}]
+    closed = CliRunner().invoke(app, ["sandbox", "k8s-manifests", str(tmp_path / "closed")])
+    assert closed.exit_code == 0 and yaml.safe_load((tmp_path / "closed" / "networkpolicy.yaml").read_text())[
+        "spec"]["egress"] == []
