@@ -57,7 +57,7 @@ ETC_SHARED = (
     "python3", "python3.11", "mime.types", "magic", "magic.mime", "inputrc", "terminfo", "locale.alias",
     "gai.conf", "host.conf", "shells",
 )
-"""the host's /etc entries a command may see (copied once per sandbox); everything else in /etc (gitconfig
+"""the host's /etc entries a command may see (gathered once per sandbox); everything else in /etc (gitconfig
 with its credential helper, pip.conf, npmrc, ssh, shadow, ssl/private, …) is absent, and the identity
 files (passwd, group, hosts, resolv.conf, nsswitch.conf) are written anew"""
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")

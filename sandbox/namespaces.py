@@ -31,7 +31,7 @@ from sandbox.contract import SandboxError
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWNET = 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 _IFREQ = struct.Struct("16sH22x")
 
@@ -49,6 +49,15 @@ def _mount(source: str | None, target: Path, fstype: str | None, flags: int, dat
         return None if value is None else os.fsencode(value)
 
     _check(_libc.mount(encode(source), encode(str(target)), encode(fstype), flags, encode(data)), f"mount {target}")
+
+
+def _bind(source: Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if source.is_dir():
+        target.mkdir()
+    else:
+        target.touch()
+    _mount(str(source), target, None, MS_BIND | MS_REC)
 
 
 def _loopback_up() -> None:
@@ -85,11 +94,12 @@ class Namespaces:
         self.mount_fd = self.net_fd = -1
 
 
-def create(stage: Path, binds: Sequence[tuple[Path, str]], copies: Sequence[tuple[Path, str]],
-           files: dict[str, str], listen_port: int | None, tmpfs_bytes: int = 64 << 20) -> Namespaces:
+def create(stage: Path, binds: Sequence[tuple[Path, str]], shared: Sequence[tuple[Path, str]],
+           files: dict[str, str], listen_port: int | None, tmpfs_bytes: int = 16 << 20) -> Namespaces:
     """New mount + network namespaces with `stage` holding `binds` (host path → name under stage, bound
-    read-write; bubblewrap decides what it binds read-only), `copies` (host path → name, copied: one
-    mount per command instead of one per entry) and `files` (name → text, readable by all).
+    read-write; bubblewrap decides what it binds read-only), `shared` (host path → name, bound read-only
+    if it exists: gathered here so that a command binds their folder once, not each of them) and `files`
+    (name → text, readable by all).
     With `listen_port`, a socket listens on 127.0.0.1:port inside."""
     outcome: dict[str, object] = {}
 
@@ -99,19 +109,11 @@ def create(stage: Path, binds: Sequence[tuple[Path, str]], copies: Sequence[tupl
             _mount(None, Path("/"), None, MS_REC | MS_PRIVATE)  # before any mount: nothing reaches the host
             _mount("tmpfs", stage, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0755,size={tmpfs_bytes}")
             for source, name in binds:
-                target = stage / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                if source.is_dir():
-                    target.mkdir()
-                else:
-                    target.touch()
-                _mount(str(source), target, None, MS_BIND | MS_REC)
-            for source, name in copies:
-                if source.is_dir():
-                    shutil.copytree(source, stage / name, symlinks=True)
-                elif source.exists():
-                    (stage / name).parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copy2(source, stage / name, follow_symlinks=False)
+                _bind(source, stage / name)
+            for source, name in shared:
+                if source.exists():
+                    _bind(source, stage / name)
+                    _mount(None, stage / name, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
             for name, text in files.items():
                 path = stage / name
                 path.parent.mkdir(parents=True, exist_ok=True)
