@@ -56,6 +56,36 @@ def assert_recovers(box: LocalSandbox) -> None:
     assert (box.spec.workspace / "next-ran").exists()
 
 
+class Upstream:
+    """A tiny HTTP server on the host standing in for the gateway (the relay under test is plain TCP)."""
+
+    def __init__(self, body: str, host: str = "127.0.0.1"):
+        self.body, self.requests, self.host, self.port = body, 0, host, free_port()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                outer.requests += 1
+                payload = json.dumps({"body": outer.body, "path": self.path}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer((host, self.port), Handler)
+
+    def __enter__(self) -> Upstream:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 # --- what a command sees ----------------------------------------------------------------------
 
 
@@ -170,13 +200,14 @@ def test_links_planted_in_the_workspace_do_not_turn_close_against_the_host(tmp_p
 
 
 def test_tools_only_sandbox_reaches_no_network(tmp_path: Path):
-    with Upstream("host-service") as host_service:
-        targets = [f"127.0.0.1:{host_service.port}", f"http://127.0.0.1:{host_service.port}/", "10.0.0.1:80",
+    with Upstream("gateway") as gateway, Upstream("host-service") as host_service:
+        targets = [f"http://127.0.0.1:{gateway.port}/v1/models", f"127.0.0.1:{gateway.port}",
+                   f"127.0.0.1:{host_service.port}", f"http://127.0.0.1:{host_service.port}/", "10.0.0.1:80",
                    "dns:pypi.org", "1.1.1.1:53"]
         with sandbox(tmp_path) as box:
             probe = report(box.run(f"python3 /agents/net_probe.py {' '.join(targets)}", timeout_s=30))
             assert probe["reached"] == [] and set(probe["failed"]) == set(targets), probe
-            assert host_service.requests == 0
+            assert gateway.requests == 0 and host_service.requests == 0
             assert_recovers(box)
 
 
@@ -251,36 +282,6 @@ box.run("sleep 300")
 # --- whole-harness mode -----------------------------------------------------------------------
 
 
-class Upstream:
-    """A tiny HTTP server on the host standing in for the gateway (the relay under test is plain TCP)."""
-
-    def __init__(self, body: str, host: str = "127.0.0.1"):
-        self.body, self.requests, self.host, self.port = body, 0, host, free_port()
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                outer.requests += 1
-                payload = json.dumps({"body": outer.body, "path": self.path}).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer((host, self.port), Handler)
-
-    def __enter__(self) -> Upstream:
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def test_whole_harness_sandbox_reaches_the_gateway_and_nothing_else(tmp_path: Path):
     # the gateway on 127.0.0.2 (a host address the sandbox's own loopback would not answer for)
     with Upstream("gateway", host="127.0.0.2") as gateway, Upstream("other") as other:
@@ -293,7 +294,7 @@ def test_whole_harness_sandbox_reaches_the_gateway_and_nothing_else(tmp_path: Pa
             (reached,) = report(harness)["reached"]
             assert json.loads(reached[1]) == {"body": "gateway", "path": "/rollouts/r1/attempts/a1/v1/models"}
             targets = [f"127.0.0.1:{other.port}", f"127.0.0.2:{gateway.port}", f"127.0.0.2:{other.port}",
-                       "dns:pypi.org", "10.0.0.1:80", "[::1]:22".replace("[", "").replace("]", "")]
+                       "dns:pypi.org", "10.0.0.1:80", "::1:22"]
             probe = report(box.run(f"python3 /agents/net_probe.py {' '.join(targets)}", timeout_s=30))
             assert probe["reached"] == [] and other.requests == 0, probe
             assert gateway.requests == 1 and box.relayed_connections == 1
@@ -308,6 +309,22 @@ def test_a_gateway_name_resolves_to_the_relay_inside(tmp_path: Path):
         assert inside_gateway_url(url) == url
         with sandbox(tmp_path, network=Network.GATEWAY, gateway_url=url) as box:
             assert report(box.run(f"python3 /agents/net_probe.py {url}/models"))["reached"]
+
+
+def test_gateway_port_taken_on_the_host_does_not_matter(tmp_path: Path):
+    """The relay listens inside the sandbox's own network namespace, so two sandboxes (or the host)
+    may use the gateway's port at the same time."""
+    with Upstream("gw") as gateway:
+        url = f"http://127.0.0.1:{gateway.port}/v1"
+        (tmp_path / "a").mkdir()
+        (tmp_path / "b").mkdir()
+        with sandbox(tmp_path / "a", network=Network.GATEWAY, gateway_url=url) as one, \
+                sandbox(tmp_path / "b", network=Network.GATEWAY, gateway_url=url) as two:
+            assert one.uid != two.uid
+            for box in (one, two):
+                assert report(box.run(f"python3 /agents/net_probe.py {url}/models"))["reached"]
+        with socket.create_connection(("127.0.0.1", gateway.port)):
+            pass  # and the host's own listener was never disturbed
 
 
 # --- the caller's errors --------------------------------------------------------------------
@@ -335,22 +352,6 @@ def test_callers_errors_name_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("PATH", str(tools))
     with pytest.raises(SandboxError, match="apt-get install -y bubblewrap"):
         LocalSandbox(SandboxSpec(tmp_path / "ws"))
-
-
-def test_gateway_port_taken_on_the_host_does_not_matter(tmp_path: Path):
-    """The relay listens inside the sandbox's own network namespace, so two sandboxes (or the host)
-    may use the gateway's port at the same time."""
-    with Upstream("gw") as gateway:
-        url = f"http://127.0.0.1:{gateway.port}/v1"
-        (tmp_path / "a").mkdir()
-        (tmp_path / "b").mkdir()
-        with sandbox(tmp_path / "a", network=Network.GATEWAY, gateway_url=url) as one, \
-                sandbox(tmp_path / "b", network=Network.GATEWAY, gateway_url=url) as two:
-            assert one.uid != two.uid
-            for box in (one, two):
-                assert report(box.run(f"python3 /agents/net_probe.py {url}/models"))["reached"]
-        with socket.create_connection(("127.0.0.1", gateway.port)):
-            pass  # and the host's own listener was never disturbed
 
 
 def test_the_cli_runs_one_command(tmp_path: Path):
