@@ -248,7 +248,7 @@ class LocalSandbox:
                 "--", "/bin/bash", "-c", REAPER, "sandbox", command]
         try:
             process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT, env={}, pass_fds=(*self._ns.fds, status_write),
+                                       stderr=subprocess.STDOUT, env={}, pass_fds=(status_write,),
                                        start_new_session=True)
         finally:
             os.close(status_write)

@@ -9,8 +9,8 @@ it, so inside this namespace they sit under a path anyone may traverse. The same
 network namespace and brings its loopback up: nothing listens there unless the gateway relay does.
 
 The thread ends; the namespaces live on through two open descriptors (`/proc/thread-self/ns/*`).
-Commands enter them with `nsenter --mount=/proc/self/fd/N --net=/proc/self/fd/M` (the descriptors
-passed down), drop to the sandbox uid, and start bubblewrap from there. Closing the descriptors after
+Commands enter them with `nsenter --mount=/proc/<this pid>/fd/N --net=/proc/<this pid>/fd/M` (nothing
+inherited), drop to the sandbox uid, and start bubblewrap from there. Closing the descriptors after
 the last command ends frees both namespaces; the host never sees a mount.
 """
 
@@ -73,14 +73,12 @@ class Namespaces:
     listener: socket.socket | None
     """a listening TCP socket inside the network namespace (127.0.0.1:listen_port), if one was asked for"""
 
-    @property
-    def fds(self) -> tuple[int, int]:
-        return self.mount_fd, self.net_fd
-
     def nsenter(self) -> list[str]:
-        """The nsenter arguments that put a child (given `fds` as pass_fds) into both namespaces."""
-        return [shutil.which("nsenter") or "nsenter", f"--mount=/proc/self/fd/{self.mount_fd}",
-                f"--net=/proc/self/fd/{self.net_fd}"]
+        """The nsenter arguments that put a child of this process into both namespaces. nsenter (root)
+        opens them through this process's /proc entry, so the descriptors are never inherited by the
+        sandbox (they are close-on-exec)."""
+        here = f"/proc/{os.getpid()}/fd"
+        return [shutil.which("nsenter") or "nsenter", f"--mount={here}/{self.mount_fd}", f"--net={here}/{self.net_fd}"]
 
     def close(self) -> None:
         if self.listener is not None:

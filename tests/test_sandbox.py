@@ -109,6 +109,8 @@ def test_a_command_runs_in_the_workspace_as_an_unprivileged_uid_with_the_rlimits
         assert {"passwd", "hosts", "ld.so.cache", "certs"} <= set(etc), etc
         assert not {"gitconfig", "pip.conf", "npmrc", "shadow", "gshadow", "ssh", "private", "environment"} & set(etc)
         assert "agent:x:1000" in box.run("cat /etc/passwd").output
+        fds = box.run("ls /proc/self/fd").output.split()
+        assert fds == ["0", "1", "2", "3"], "stdin, stdout, stderr and ls's own: nothing of the host inherited"
         nested = box.run("unshare -Ur id")  # no user namespace inside: no capabilities to be had there
         assert nested.exit_code != 0 and "unshare failed" in nested.output, nested  # user.max_user_namespaces=0
     made = tmp_path / "workspace" / "made.txt"
