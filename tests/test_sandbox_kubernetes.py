@@ -91,6 +91,24 @@ def test_pod_spec_and_policies_as_built():
         pod_spec(PodSandbox(network=Network.GATEWAY))
 
 
+def test_every_field_is_a_field_of_the_api():
+    """Offline, without a server: the client's models drop unknown fields, so a misspelt one would not
+    survive the round trip (the real API server's checks follow below)."""
+    api = client.ApiClient()
+
+    def round_trip(manifest: dict, kind: str) -> dict:
+        return api.sanitize_for_serialization(api._ApiClient__deserialize(manifest, kind))
+
+    manifests = [(pod("harness", HARNESS), "V1Pod"), (pod("tools", PodSandbox(limits=LIMITS)), "V1Pod"),
+                 (job_template(HARNESS), "V1Job"), (network_policy(Network.GATEWAY, GATEWAY, allow_dns=True),
+                                                    "V1NetworkPolicy"), (network_policy(Network.NONE), "V1NetworkPolicy")]
+    for manifest, kind in manifests:
+        assert round_trip(manifest, kind) == manifest, kind
+    misspelt = pod("harness", HARNESS)
+    misspelt["spec"]["containers"][0]["securityContext"]["readOnlyRootFS"] = True
+    assert round_trip(misspelt, "V1Pod") != misspelt
+
+
 # --- through the real API server --------------------------------------------------------------
 
 
