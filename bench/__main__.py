@@ -16,6 +16,7 @@ BENCHMARKS = {
     "replay": "raw events per second a replay rebuilds into trajectories (topic, Parquet, new reward)",
     "controller_launch": "how fast the controller launches attempts",
     "trainer_throughput": "trainer samples per second, and the update's share of its time",
+    "swe_grading": "seconds per grading in a fresh sandbox vs. the bare test run; coding tasks built per minute",
     "trainer_learning": "how fast the trainer's update teaches the tiny model the demo's task",
 }
 

@@ -184,3 +184,25 @@ async def test_a_diff_event_in_gives_a_reward_event_out(task, kafka, tmp_path):
     # every diff was answered: the group's position is past all four, so a restart grades nothing again
     committed = service.offsets.committable()
     assert sum(committed.values()) == 4
+
+
+def test_the_streams_fold_keeps_a_diff_event_and_waits_for_the_graders_reward(task):
+    from schemas.events import Reward, RolloutFinished, RolloutFinishedEvent, RolloutQueued, RolloutQueuedEvent
+    from streams.assembly import Timing, assemble
+
+    instance, _ = task
+    attempt = dict(source="test", rollout_id="r-1", attempt_id="a-1")
+    task_payload = instance.rollout_task()
+    assert "patch" not in str(task_payload.input) and instance.test_patch not in str(task_payload.model_dump())
+    queued = RolloutQueuedEvent(**attempt, time=1_000, data=RolloutQueued(task=task_payload, group_id="g"))
+    diff = RolloutDiffEvent(**attempt, time=2_000, data=RolloutDiff(instance_id=instance.instance_id,
+                                                                    base_commit=instance.base_commit,
+                                                                    diff=instance.patch, size=len(instance.patch)))
+    finished = RolloutFinishedEvent(**attempt, time=2_001, data=RolloutFinished(by="controller", exit_code=0))
+    reward = reward_event(diff, 1.0, {"resolved": True}).model_copy(update={"time": 9_000})
+    timing = Timing(reward_grace_ms=30_000)
+    (trajectory,) = assemble([queued, diff, finished, reward], timing)
+    assert diff.id in trajectory.data.lineage and trajectory.data.reward == 1.0
+    # without the grader's reward, the trajectory waits the grace and then says the reward is missing
+    (waited,) = assemble([queued, diff, finished], timing)
+    assert waited.data.reward is None and waited.data.reward_missing

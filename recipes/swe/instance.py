@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from schemas.events import Task
+
 VALIDATION_SHARE = 0.25
 """the share of generated tasks whose instance id hashes into the validation split"""
 
@@ -40,6 +42,12 @@ class Instance(BaseModel):
     def agent_task(self) -> dict[str, str]:
         """What the agent may see: the id and the problem statement (never a patch or the tests)."""
         return {"instance_id": self.instance_id, "problem_statement": self.problem_statement}
+
+    def rollout_task(self) -> Task:
+        """The rollout's task: the agent's view as its input (the controller writes it where the agent
+        reads it); no reward function, as the grader's reward comes from outside the streams."""
+        return Task(id=self.instance_id, input=self.agent_task(), reward_fn=None,
+                    metadata={"repo": self.repo, "base_commit": self.base_commit, "split": self.split})
 
 
 def split_of(instance_id: str, validation_share: float = VALIDATION_SHARE) -> Literal["train", "validation"]:
