@@ -206,3 +206,36 @@ def test_the_streams_fold_keeps_a_diff_event_and_waits_for_the_graders_reward(ta
     # without the grader's reward, the trajectory waits the grace and then says the reward is missing
     (waited,) = assemble([queued, diff, finished], timing)
     assert waited.data.reward is None and waited.data.reward_missing
+
+
+def _part(path: str, body: str = "+x = 1\n", header: str = "new file mode 100644\n") -> str:
+    return f"diff --git a/{path} b/{path}\n{header}--- /dev/null\n+++ b/{path}\n@@ -0,0 +1 @@\n{body}"
+
+
+def test_sift_strips_what_would_change_how_the_tests_run_and_keeps_the_source():
+    from recipes.swe.diffs import sift
+
+    rename = ("diff --git a/toolz/tests/test_x.py b/toolz/x.py\nsimilarity index 100%\n"
+              "rename from toolz/tests/test_x.py\nrename to toolz/x.py\n")
+    symlink = ("diff --git a/toolz/link.py b/toolz/link.py\nnew file mode 120000\n--- /dev/null\n+++ b/toolz/link.py\n"
+               "@@ -0,0 +1 @@\n+/etc/passwd\n\\ No newline at end of file\n")
+    parts = {
+        "toolz/itertoolz.py": None,
+        "toolz/tests/test_itertoolz.py": "test file",
+        "tests/helpers.py": "test file",
+        "src/conftest.py": "test configuration",
+        "pyproject.toml": "test configuration",
+        "tox.ini": "test configuration",
+        "setup.cfg": "test configuration",
+        "easy.pth": "interpreter start-up hook",
+        "toolz/usercustomize.py": "interpreter start-up hook",
+        "pytest.py": "shadows a module the test run imports",
+        "_pytest/python.py": "shadows a module the test run imports",
+        "json.py": "shadows a module the test run imports",
+        "../outside.py": "outside the repository",
+    }
+    diff = "".join(_part(path) for path in parts) + rename + symlink
+    kept, stripped = sift(diff)
+    reasons = {s.path: s.reason for s in stripped}
+    assert reasons == {**{p: r for p, r in parts.items() if r}, "toolz/x.py": "test file", "toolz/link.py": "symlink"}
+    assert kept == _part("toolz/itertoolz.py")
