@@ -12,7 +12,7 @@ from pathlib import Path
 
 from recipes.swe.build import Built, build
 
-LIMIT = 3
+LIMIT = 2
 
 
 @cache
