@@ -283,7 +283,8 @@ class Builder:
 
 def problem_statement(package: Package, failing: list[str], run: SuiteRun, repo: Path, pristine: str) -> str:
     """What the failing tests printed, never their code: the exception and message of each (lines that
-    appear in the test file are dropped, addresses scrubbed)."""
+    appear in the test file and pytest's `+ where`/`+ and` expansions of the test's expressions are
+    dropped, addresses scrubbed)."""
     code_lines = set()
     for path in {test.split("::")[0] for test in failing}:
         code_lines |= {line.strip() for line in repos.read(repo, pristine, path).splitlines() if len(line.strip()) > 3}
@@ -291,7 +292,7 @@ def problem_statement(package: Package, failing: list[str], run: SuiteRun, repo:
     for test in failing[:3]:
         message = run.messages.get(_junit_key(test), "")
         kept = [line.rstrip() for line in testrun.scrub(message).splitlines()
-                if line.strip() and line.strip() not in code_lines and not line.lstrip().startswith("+  where")]
+                if line.strip() and line.strip() not in code_lines and not line.lstrip().startswith("+")]  # "+ where …"/"+ and …": the test's sub-expressions
         name = test.split("::")[-1]
         shown.append(f"{name}:\n" + "\n".join(f"    {line}" for line in kept[:12] or ["(no message)"]))
     more = f"\n\n({len(failing) - 3} more failing check(s) not shown.)" if len(failing) > 3 else ""
