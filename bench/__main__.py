@@ -17,6 +17,7 @@ BENCHMARKS = {
     "controller_launch": "how fast the controller launches attempts",
     "trainer_throughput": "trainer samples per second, and the update's share of its time",
     "sandbox_overhead": "the local sandbox's start-up and per-command cost against a bare subprocess",
+    "swe_grading": "seconds per grading in a fresh sandbox vs. the bare test run; coding tasks built per minute",
     "trainer_learning": "how fast the trainer's update teaches the tiny model the demo's task",
 }
 

@@ -105,6 +105,16 @@ class RolloutTimedOut(Payload):
     will_retry: bool = False
 
 
+class RolloutDiff(Payload):
+    """What a coding agent changed in its workspace, for a grader to apply in a fresh sandbox."""
+
+    instance_id: str = Field(description="the task (SWE-bench instance) the diff answers")
+    base_commit: str = Field(description="the commit the agent's workspace was checked out from")
+    diff: str = Field(description="`git diff` of the workspace against base_commit, new files included")
+    size: int = Field(description="bytes of the whole diff, before any truncation")
+    truncated: bool = Field(False, description="the diff was cut to fit an event; a grader scores it 0")
+
+
 class RolloutQueuedEvent(Event):
     topic: ClassVar[str] = "rollouts"
     type: Literal["rollout.queued"] = "rollout.queued"
@@ -139,6 +149,12 @@ class RolloutTimedOutEvent(Event):
     topic: ClassVar[str] = "rollouts"
     type: Literal["rollout.timed_out"] = "rollout.timed_out"
     data: RolloutTimedOut
+
+
+class RolloutDiffEvent(Event):
+    topic: ClassVar[str] = "rollouts"
+    type: Literal["rollout.diff"] = "rollout.diff"
+    data: RolloutDiff
 
 
 # --- model calls (topic: calls) --------------------------------------------------------------
@@ -366,6 +382,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     RolloutFinishedEvent,
     RolloutFailedEvent,
     RolloutTimedOutEvent,
+    RolloutDiffEvent,
     CallEvent,
     RewardEvent,
     TrajectoryEvent,

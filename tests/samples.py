@@ -29,6 +29,8 @@ def sample_events() -> list[s.Event]:
         s.RolloutFinishedEvent(**rollout, data=s.RolloutFinished(by="controller", exit_code=0, duration_ms=900)),
         s.RolloutFailedEvent(**rollout, data=s.RolloutFailed(exit_code=1, error="exit code 1", will_retry=True)),
         s.RolloutTimedOutEvent(**rollout, data=s.RolloutTimedOut(timeout_s=5, duration_ms=5000)),
+        s.RolloutDiffEvent(**rollout, data=s.RolloutDiff(instance_id="i-1", base_commit="abc123",
+                                                         diff="--- a/x\n+++ b/x\n", size=18)),
         s.CallEvent(**rollout, data=call),
         s.RewardEvent(**rollout, data=s.Reward(value=1.0, turns=[s.TurnReward(turn=0, value=1.0)])),
         s.TrajectoryEvent(**rollout, data=s.Trajectory(

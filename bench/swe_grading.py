@@ -1,0 +1,84 @@
+"""The coding recipe's grader and task builder: seconds per grading, tasks built per minute.
+
+Grading: the grader on each task's gold patch (checkout, strip, apply, revert and apply the test
+patch, FAIL_TO_PASS + PASS_TO_PASS under pytest in a fresh bubblewrap sandbox). Baseline, measured in
+the same run on the same tasks: the same pytest command on the same tree, on the host, outside any
+sandbox (the test run alone). The ratio is what isolation and a fresh start cost per grading.
+
+Building: `build` with a fresh repos folder (sdist and test venv cached), tasks and candidates per
+minute. Baseline: one bare run of the package's whole suite on the host, the work each candidate needs
+at least once.
+
+    uv run python -m bench.swe_grading [--tasks 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from bench.report import Report
+from recipes.swe import repos, testrun
+from recipes.swe.build import TOOLZ, build, fetch_sdist
+from recipes.swe.grader import Grader, apply
+from recipes.swe.instance import Instance
+
+
+def bare_run(instance: Instance, repos_dir: Path, env: Path, ids: list[str] | None) -> float:
+    """The grading's test run (or the whole suite, ids=None) on the host, no sandbox."""
+    with tempfile.TemporaryDirectory() as scratch:
+        tree = Path(scratch) / "tree"
+        repos.checkout(repos.repo_path(repos_dir, instance.repo), instance.base_commit, tree)
+        assert apply(tree, instance.test_patch) is None and apply(tree, instance.patch) is None
+        command = testrun.pytest_command(env, ids or ())
+        # the venv's .pth points at /workspace, which the host lacks: the tree goes on PYTHONPATH (-I off)
+        command = command.replace(" -I ", " ")
+        began = time.perf_counter()
+        subprocess.run(command, shell=True, cwd=tree, capture_output=True, env={**os.environ, "PYTHONPATH": str(tree)})
+        return time.perf_counter() - began
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tasks", type=int, default=4, help="tasks to grade (and to build)")
+    args = parser.parse_args()
+    report = Report("swe_grading")
+    with tempfile.TemporaryDirectory(prefix="bench-swe-") as scratch:
+        repos_dir = Path(scratch) / "repos"
+        fetch_sdist(TOOLZ)  # cached once, like the test venv: not part of the build's rate
+        env = testrun.ensure_env(repos.default_envs_dir() / repos.slug(TOOLZ.repo))
+        began = time.perf_counter()
+        built = build(limit=args.tasks, repos_dir=repos_dir, workers=2)
+        build_s = time.perf_counter() - began
+        instances = built.instances
+        suite_bare = bare_run(instances[0], repos_dir, env, None)
+
+        grader = Grader(repos_dir=repos_dir)
+        graded, bare = [], []
+        for instance in instances:
+            began = time.perf_counter()
+            result = grader.grade(instance, instance.patch)
+            graded.append(time.perf_counter() - began)
+            assert result.reward == 1.0, result.details
+            bare.append(bare_run(instance, repos_dir, env,
+                                 [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS]))
+    grade_s, bare_s = statistics.median(graded), statistics.median(bare)
+    report.add("bare test run of one task (host, no sandbox), median", f"{bare_s:.2f} s", 1.0)
+    report.add("grading one task (fresh sandbox, gold patch), median", f"{grade_s:.2f} s", grade_s / bare_s)
+    report.add("bare run of the whole toolz suite (host)", f"{suite_bare:.2f} s", 1.0)
+    per_candidate = build_s / max(built.tried, 1)
+    report.add("build: seconds per candidate tried (2 workers)", f"{per_candidate:.2f} s", per_candidate / suite_bare)
+    report.add("build: tasks per minute", f"{len(instances) / build_s * 60:.1f}", None)
+    report.add("build: candidates per minute", f"{built.tried / build_s * 60:.1f}", None)
+    report.details.update(graded_s=graded, bare_s=bare, build_s=build_s, tried=built.tried, kept=len(instances),
+                          rejected=built.rejected, load_average=os.getloadavg())
+    report.print("ratio vs. the bare run on the host in the same run")
+
+
+if __name__ == "__main__":
+    main()
