@@ -25,7 +25,6 @@ QUERIES: dict[str, str] = {
                 SUM(usage_completion_tokens) AS tokens_out, SUM(CASE WHEN status >= 400 THEN 1 ELSE 0 END) AS errors,
                 MIN(time) AS first_ms FROM calls""",
     "rollouts": "SELECT COUNT(*) AS rollouts, AVG(reward) AS reward_mean, MIN(time) AS first_ms FROM trajectories",
-    "lifecycle": "SELECT type, COUNT(*) AS events FROM rollouts GROUP BY type ORDER BY type",
     "latency": NAMED_QUERIES["latency-by-upstream"],
     "servers": """SELECT server, model, MAX(version) AS version, MAX(time) AS updated_ms
                   FROM pool WHERE status = 'ok' GROUP BY server, model ORDER BY server""",

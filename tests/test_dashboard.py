@@ -64,6 +64,8 @@ async def stat(page, name: str) -> float:
 async def test_the_dashboard_in_a_browser(kafka):
     from playwright.async_api import async_playwright, expect
 
+    if not Path(CHROMIUM).exists():
+        pytest.fail("no chromium: install Debian's (apt-get install -y chromium); .ci/run does")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     events = known_events(int(time.time() * 1000))
     await publish_all(kafka, events)

@@ -226,7 +226,7 @@ async function renderOverview() {
     <div class="stats">
       ${stat("calls", "calls / s", num(r.calls_per_s, 2), `${int(calls.calls || 0)} calls · ${int(calls.errors || 0)} errors`, calls.calls || 0)}
       ${stat("rollouts", "rollouts / s", num(r.rollouts_per_s, 2), `${int(rollouts.rollouts || 0)} trajectories`, rollouts.rollouts || 0)}
-      ${stat("tokens", "tokens / s", num(r.tokens_per_s, 0), `${int(calls.tokens_out || 0)} generated · ${int(calls.tokens_in || 0)} prompt`, (calls.tokens_in || 0) + (calls.tokens_out || 0))}
+      ${stat("tokens", "tokens / s", num(r.tokens_per_s, r.tokens_per_s < 10 ? 2 : 0), `${int(calls.tokens_out || 0)} generated · ${int(calls.tokens_in || 0)} prompt`, (calls.tokens_in || 0) + (calls.tokens_out || 0))}
       ${stat("reward", "reward mean", num(rollouts.reward_mean, 3), "all trajectories in range", rollouts.reward_mean ?? "")}
       ${stat("settle", "finish → trajectory", ms(settle.p50_ms), `p99 ${ms(settle.p99_ms)}`, settle.p50_ms ?? "")}
       ${stat("lag", "streams lag", o.lag.error ? "–" : int(lagTotal), o.lag.error ? "no consumer group yet" : "records not yet processed", o.lag.error ? "" : lagTotal)}
@@ -266,8 +266,6 @@ async function renderOverview() {
         <h3>Streams lag</h3>
         ${o.lag.error ? `<div class="empty">group ${esc(o.lag.group)}: ${esc(o.lag.error)}</div>` :
           table(Object.entries(o.lag.topics).map(([topic, n]) => ({ topic, n })), [{ key: "topic", label: "input topic" }, { key: "n", label: "records behind", num: true, fmt: int }])}
-        <h3>Rollout lifecycle events</h3>
-        ${table(o.lifecycle.rows, [{ key: "type", label: "type" }, { key: "events", label: "events", num: true, fmt: int }])}
       </div>
     </div>`;
 }
@@ -282,7 +280,7 @@ function drawOverviewCharts() {
     series.push({ name: `${split} reward`, color, points: rows.map((r) => [r.weight_version, r.reward_mean]) });
     series.push({ name: `${split} pass rate`, color, dashed: true, points: rows.map((r) => [r.weight_version, r.pass_rate]) });
   }
-  Charts.line($("#chart-reward"), series, { xName: "version", xFmt: (v) => `v${v}`, yFmt: (v) => v.toFixed(2) });
+  Charts.line($("#chart-reward"), series, { xName: "version", xFmt: (v) => `v${v}`, yFmt: (v) => v.toFixed(2), xMinStep: 1 });
   Charts.bars($("#chart-swaps"), o.swaps.rows.map((s) => ({
     t: s.time, v: s.pause_ms, color: s.status === "ok" ? versionColor(s.version) : "#f06a6a",
     label: `v${s.version} on ${s.server}: paused ${ms(s.pause_ms)} (${s.status})`,

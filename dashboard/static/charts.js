@@ -17,16 +17,18 @@ const Charts = (() => {
     return (v) => r0 + ((v - d0) / span) * (r1 - r0);
   }
 
-  function ticks(lo, hi, n) {
+  // about n round values between lo and hi, no closer than minStep (1 for versions, 1 s for times)
+  function ticks(lo, hi, n, minStep = 0) {
     if (hi === lo) return [lo];
     const step = Math.pow(10, Math.floor(Math.log10((hi - lo) / n)));
-    const nice = [1, 2, 5, 10].map((m) => m * step).find((s) => (hi - lo) / s <= n) || step * 10;
+    const found = [1, 2, 5, 10].map((m) => m * step).find((s) => (hi - lo) / s <= n) || step * 10;
+    const nice = minStep ? Math.max(minStep, Math.ceil(found / minStep) * minStep) : found;
     const out = [];
     for (let v = Math.ceil(lo / nice) * nice; v <= hi + 1e-9; v += nice) out.push(+v.toFixed(10));
     return out;
   }
 
-  function frame(el, xs, ys, xFmt, yFmt) {
+  function frame(el, xs, ys, xFmt, yFmt, xMinStep = 0) {
     el.innerHTML = "";
     const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, width: "100%", role: "img" }, el);
     const [x0, x1] = [Math.min(...xs), Math.max(...xs)];
@@ -36,7 +38,7 @@ const Charts = (() => {
       svg("line", { x1: M.l, x2: W - M.r, y1: y(v), y2: y(v), class: "grid-line" }, root);
       svg("text", { x: M.l - 6, y: y(v) + 4, "text-anchor": "end" }, root).textContent = yFmt(v);
     }
-    for (const v of ticks(x0, x1, 8)) {
+    for (const v of ticks(x0, x1, 8, xMinStep)) {
       svg("text", { x: x(v), y: H - 8, "text-anchor": "middle" }, root).textContent = xFmt(v);
     }
     return { root, x, y };
@@ -47,7 +49,7 @@ const Charts = (() => {
     const all = series.flatMap((s) => s.points).filter((p) => p[1] !== null && p[1] !== undefined);
     if (!all.length) { el.innerHTML = '<div class="empty">nothing in this range</div>'; return; }
     const { root, x, y } = frame(el, all.map((p) => p[0]), all.map((p) => p[1]),
-      opts.xFmt || String, opts.yFmt || ((v) => v.toFixed(2)));
+      opts.xFmt || String, opts.yFmt || ((v) => v.toFixed(2)), opts.xMinStep || 0);
     for (const s of series) {
       const pts = s.points.filter((p) => p[1] !== null && p[1] !== undefined);
       if (!pts.length) continue;
@@ -71,7 +73,7 @@ const Charts = (() => {
     const pad = Math.max(1000, (Math.max(...ts) - Math.min(...ts)) * 0.03);
     const { root, x, y } = frame(el, [Math.min(...ts) - pad, Math.max(...ts) + pad], items.map((i) => i.v),
       (t) => new Date(t).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" }),
-      opts.yFmt || ((v) => v.toFixed(0)));
+      opts.yFmt || ((v) => v.toFixed(0)), 1000);
     for (const item of items) {
       const top = y(item.v), base = y(0);
       const bar = svg("rect", { x: x(item.t) - 3, y: top, width: 6, height: Math.max(1, base - top), fill: item.color || "#5fb3ff", rx: 1 }, root);
