@@ -11,6 +11,7 @@ the topics are keyed by rollout id, so its partition is known and only that one 
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Literal
@@ -71,6 +72,9 @@ class Filters:
             conditions.append(_col(df, "weight_version_launch") == self.version)
         for condition in conditions:
             df = df.filter(condition.fill_null(False))
+        if self.where and _READS_FILES.search(self.where):
+            raise FilterError("where: a condition over the list's columns only; polars' read_* table functions "
+                              "(files on the server) are not allowed")
         if self.where and df.height:
             try:
                 df = pl.SQLContext({"trajectories": df}, eager=True).execute(
@@ -79,6 +83,10 @@ class Filters:
                 raise FilterError(f"cannot apply where={self.where!r}: {_first_line(exc)}. Columns: "
                                   f"{', '.join(sorted(LIST_COLUMNS))}; e.g. where=reward > 0.5 AND status = 'finished'")
         return df
+
+
+_READS_FILES = re.compile(r"\bread_\w+\s*\(|\bscan_\w+\s*\(", re.IGNORECASE)
+"""polars SQL's table functions (read_csv('/etc/passwd'), …): a filter reads the list, not the server's disk"""
 
 
 def _col(df: pl.DataFrame, name: str) -> pl.Expr:

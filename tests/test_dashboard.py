@@ -150,6 +150,23 @@ async def test_the_dashboard_in_a_browser(kafka):
             await expect(page.locator('[data-stat="calls"]')).to_have_attribute("data-value", str(int(before) + 2),
                                                                                timeout=20_000)
             await page.screenshot(path=ARTIFACTS / "live.png", full_page=True)
+
+            # what agents wrote is shown as text, never run as markup: an attack in every field it controls
+            attack = '<img src=x onerror="window.pwned=1">'
+            hostile = rollout(7, 1, attack, "train", 1.0, turns=1, base_ms=int(time.time() * 1000))
+            for event in hostile:
+                if isinstance(event, s.CallEvent):
+                    event.data.request["messages"][1]["content"] = attack
+                    event.data.response["choices"][0]["message"]["content"] = f"<script>window.pwned=2</script>{attack}"
+            await publish_all(kafka, hostile)
+            await page.goto(f"{url}/#/rollouts?task=onerror")
+            await expect(page.locator("#rollouts tbody tr")).to_have_count(1)
+            await page.click("#rollouts tbody tr")
+            await expect(page.locator(".msg.assistant").first).to_contain_text("<script>window.pwned=2</script>")
+            for tab in ("tokens", "rewards", "lifecycle", "lineage", "conversation"):
+                await page.click(f'.tabs button[data-tab="{tab}"]')
+            assert await page.evaluate("window.pwned") is None
+            assert await page.locator("#view img").count() == 0
         finally:
             await browser.close()
 
@@ -177,6 +194,7 @@ async def test_the_api_needs_an_operator_key_and_explains_bad_filters(kafka):
                              ("status=done", "status.0: Input should be 'finished'"),
                              ("where=reward >>> 1", "cannot apply where="),
                              ("where=no_such_column = 1", "cannot apply where="),
+                             ("where=rollout_id IN (SELECT column_1 FROM read_csv('/etc/passwd'))", "not allowed"),
                              ("cursor=yesterday", "cannot read cursor"),
                              ("since=last tuesday", "since: cannot read time"),
                              ("limit=100000", "limit: at most"),

@@ -469,7 +469,7 @@ function rewardsHtml(d) {
   if (!d.rewards.length) return top + '<div class="empty">no reward event for this attempt</div>';
   return top + d.rewards.map((r) => `<div class="card" style="margin-bottom:10px">
       <h2>${num(r.data.value, 3)} <span class="muted" style="font-weight:400">· ${esc(r.data.reward_fn || "posted by the agent")} · ${when(r.time)}</span></h2>
-      ${r.data.turns.length ? `<div class="muted">per turn: ${r.data.turns.map((x) => `${x.call_id ? short(x.call_id) : `turn ${x.turn + 1}`} = ${num(x.value, 3)}`).join(", ")}</div>` : ""}
+      ${r.data.turns.length ? `<div class="muted">per turn: ${r.data.turns.map((x) => `${x.call_id ? esc(short(x.call_id)) : `turn ${x.turn + 1}`} = ${num(x.value, 3)}`).join(", ")}</div>` : ""}
       ${detailsHtml(r.data.details)}</div>`).join("");
 }
 
@@ -479,7 +479,7 @@ function lifecycleHtml(d) {
   const mine = d.trajectory.attempt_id;
   const rows = events.map((e) => {
     const x = e.data, facts = [];
-    if (x.worker) facts.push(`${x.launcher} worker ${x.worker}`);
+    if (x.worker) facts.push(`${esc(x.launcher)} worker ${esc(x.worker)}`);
     if (x.exit_code !== undefined && x.exit_code !== null) facts.push(`exit ${x.exit_code}`);
     if (x.duration_ms) facts.push(ms(x.duration_ms));
     if (x.elapsed_ms) facts.push(`${ms(x.elapsed_ms)} in`);
