@@ -20,7 +20,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"agentstream dashboard on http://{settings.host}:{settings.port} (topics {settings.topic_prefix or '(no prefix)'}"
           f" on {settings.bootstrap_servers})", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False)
+    # open pages hold their event streams open: on SIGTERM give requests a few seconds, not forever
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False,
+                timeout_graceful_shutdown=5)
     return 0
 
 

@@ -72,7 +72,7 @@ const Charts = (() => {
     const ts = items.map((i) => i.t);
     const pad = Math.max(1000, (Math.max(...ts) - Math.min(...ts)) * 0.03);
     const { root, x, y } = frame(el, [Math.min(...ts) - pad, Math.max(...ts) + pad], items.map((i) => i.v),
-      (t) => new Date(t).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" }),
+      (t) => new Date(t).toLocaleTimeString([], { hour12: false }),
       opts.yFmt || ((v) => v.toFixed(0)), 1000);
     for (const item of items) {
       const top = y(item.v), base = y(0);
