@@ -136,7 +136,9 @@ function scheduleRefresh() {
   const route = state.route?.name;
   if (route !== "overview" && !(route === "rollouts" && !state.route.params.get("cursor"))) return;
   if (state.refreshTimer) return;
-  const wait = Math.max(0, 3000 - (Date.now() - state.lastRefresh));
+  // a view that took long to read is read again less often: at most a third of the time spent reading
+  const every = Math.max(3000, 3 * (state.overview?.took_ms || 0));
+  const wait = Math.max(0, every - (Date.now() - state.lastRefresh));
   state.refreshTimer = setTimeout(() => { state.refreshTimer = null; render({ quiet: true }); }, wait);
 }
 
