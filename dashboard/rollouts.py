@@ -131,14 +131,15 @@ ORDER = ["kafka_timestamp", "kafka_partition", "kafka_offset"]
 
 
 async def search(settings: KafkaSettings, filters: Filters, since_ms: int | None, until_ms: int | None,
-                 limit: int, cursor: Cursor | None = None, budget: int = 2_000_000) -> Page:
+                 limit: int, cursor: Cursor | None = None, budget: int = 2_000_000,
+                 first_chunk: int = FIRST_CHUNK) -> Page:
     if cursor is not None:
         until_ms = min(until_ms, cursor.timestamp + 1) if until_ms is not None else cursor.timestamp + 1
     ranges = await resolve(settings, settings.topics.trajectories, Bounds(since_ms=since_ms, until_ms=until_ms))
     lows = {p: stop for p, (_, stop) in ranges.items()}  # read so far: [low, stop) per partition
     oldest: dict[int, int] = {}  # per partition, the timestamp of the oldest record read
     matches: list[pl.DataFrame] = []
-    chunk, scanned = FIRST_CHUNK, 0
+    chunk, scanned = first_chunk, 0
     while True:
         starts = {p: max(first, lows[p] - chunk) for p, (first, _) in ranges.items()}
         part, _ = await load_table(settings, "trajectories", Bounds(start_offsets=starts, end_offsets=dict(lows)),
@@ -153,9 +154,10 @@ async def search(settings: KafkaSettings, filters: Filters, since_ms: int | None
             matches.append(filters.apply(part))
         open_ = [p for p, (first, _) in ranges.items() if lows[p] > first]
         found = pl.concat(matches, how="diagonal_relaxed") if matches else pl.DataFrame()
-        # records newer than every open partition's oldest read are all read: those rows are final
+        # records newer than every open partition's oldest read are all read: those rows are final (not those
+        # as old: a partition's unread records may share its oldest read timestamp)
         horizon = max((oldest[p] for p in open_ if p in oldest), default=None)
-        ready = found.filter(pl.col("kafka_timestamp") >= horizon) if horizon is not None and found.height else found
+        ready = found.filter(pl.col("kafka_timestamp") > horizon) if horizon is not None and found.height else found
         if ready.height >= limit or not open_ or scanned >= budget:
             break
         chunk *= 4

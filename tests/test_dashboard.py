@@ -212,3 +212,34 @@ async def test_the_api_needs_an_operator_key_and_explains_bad_filters(kafka):
 def test_it_refuses_to_start_without_a_key():
     with pytest.raises(ValueError, match="AGENTSTREAM_API_KEYS"):
         create_app(DashboardSettings(api_keys=[]))
+
+
+async def test_the_list_pages_newest_first_reading_only_what_a_page_needs(kafka):
+    from dashboard.rollouts import Filters, Cursor, search
+
+    base = int(time.time() * 1000)
+    published = [e for i in range(120) for e in rollout(i, i // 40, f"t{i % 3}", "train", (i % 5) / 4, turns=1,
+                                                       status="failed" if i % 4 == 0 else "finished", base_ms=base)
+                 if isinstance(e, s.TrajectoryEvent)]
+    for start in range(0, len(published), 20):  # in six moments, as a live log fills
+        await publish_all(kafka, published[start:start + 20])
+
+    async def walk(filters: Filters) -> tuple[list[dict], list[int]]:
+        rows, scanned, cursor = [], [], None
+        while True:
+            page = await search(kafka, filters, None, None, limit=10, cursor=cursor, first_chunk=4)
+            rows += page.rows
+            scanned.append(page.scanned)
+            if page.next_cursor is None:
+                return rows, scanned
+            cursor = Cursor.parse(page.next_cursor)
+
+    rows, scanned = await walk(Filters())
+    assert sorted(r["rollout_id"] for r in rows) == sorted(e.rollout_id for e in published)  # each once
+    keys = [(r["kafka_timestamp"], r["kafka_partition"], r["kafka_offset"]) for r in rows]
+    assert keys == sorted(keys, reverse=True)  # newest first, across partitions
+    assert scanned[0] < len(published)  # the first page read the log's end, not all of it
+
+    failed, _ = await walk(Filters(statuses=("failed",), reward_min=0.5))
+    expected = {e.rollout_id for e in published if e.data.status == "failed" and e.data.reward >= 0.5}
+    assert {r["rollout_id"] for r in failed} == expected and len(failed) == len(expected) > 0
