@@ -1,5 +1,5 @@
 # agentstream's images from one file:
-#   docker build --target services -t agentstream:services .   # gateway, streams, controller (no torch)
+#   docker build --target services -t agentstream:services .   # gateway, streams, controller, dashboard (no torch)
 #   docker build --target trainer  -t agentstream:trainer  .   # trainer (torch, transformers, verl)
 #   docker build --target vllm-cpu -t agentstream:vllm-cpu .   # vLLM-CPU, for machines without a GPU
 # Dependencies come from uv.lock, so an image has exactly the versions the tests ran with.
@@ -22,6 +22,7 @@ COPY streams ./streams
 COPY controller ./controller
 COPY trainer ./trainer
 COPY agentstream ./agentstream
+COPY dashboard ./dashboard
 COPY examples ./examples
 RUN uv sync --frozen --no-dev --no-editable --extra kubernetes
 
@@ -41,7 +42,7 @@ COPY --from=build-services /opt/venv /opt/venv
 COPY --from=build-services /app/examples /app/examples
 WORKDIR /app
 USER agentstream
-# each compose service names its own command: python -m gateway | streams worker | controller
+# each compose service names its own command: python -m gateway | streams worker | controller | dashboard
 CMD ["agentstream", "--help"]
 
 FROM runtime AS trainer

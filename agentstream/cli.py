@@ -16,7 +16,7 @@ from agentstream.stack import StackError, bootstrap_servers, default_kafka_dir
 console = Console()
 # the help's panels and commands, in the order a user meets them
 LOOP, LOG, STACK = "The loop: run agents, record, learn", "The log: replay and query", "The local stack"
-ORDER = ("demo", "run", "gateway", "streams", "grade", "train", "sandbox", "tasks", "replay", "sql", "top", "kafka", "vllm", "model", "topics",
+ORDER = ("demo", "run", "gateway", "streams", "grade", "train", "sandbox", "tasks", "replay", "sql", "top", "dashboard", "kafka", "vllm", "model", "topics",
          "schemas")
 
 
@@ -531,6 +531,15 @@ def top(
         fail(str(exc))
     except KeyboardInterrupt:
         pass
+
+
+@app.command("dashboard", rich_help_panel=LOG, add_help_option=False,
+             context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def dashboard(ctx: typer.Context) -> None:
+    """The web dashboard: overview, rollouts, each trajectory down to its tokens (flags: `agentstream dashboard --help`)."""
+    from dashboard.__main__ import main as dashboard_main
+
+    forward(dashboard_main, list(ctx.args))
 
 
 # --- services: each command forwards its flags to the service's own `main(argv)` -----------

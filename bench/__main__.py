@@ -13,6 +13,7 @@ BENCHMARKS = {
     "gateway_overhead": "the gateway's added latency and throughput against calling the upstream directly",
     "streams_assembly": "events per second one streams worker assembles, finish-to-trajectory delay",
     "query": "events per second scanned into polars, and SQL over a million call events",
+    "dashboard": "time to first render of the dashboard's views on a million events, against `agentstream sql`",
     "replay": "raw events per second a replay rebuilds into trajectories (topic, Parquet, new reward)",
     "controller_launch": "how fast the controller launches attempts",
     "trainer_throughput": "trainer samples per second, and the update's share of its time",

@@ -32,6 +32,7 @@ SETTINGS = {
     "streams": "streams.settings:StreamsSettings",
     "controller": "controller.settings:ControllerSettings",
     "trainer": "trainer.settings:TrainerSettings",
+    "dashboard": "dashboard.settings:DashboardSettings",
     "agentstream": "schemas.kafka:KafkaSettings",
 }
 

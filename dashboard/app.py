@@ -1,0 +1,215 @@
+"""The dashboard's HTTP app: the page and its assets, a JSON API over the log, and live events (SSE).
+
+Every /api route needs an operator key (the gateway's keys, checked by the gateway's own
+`Authenticator`): the log holds prompts. The page itself holds no data and asks for the key.
+Errors use the project's error shape `{"error": {"message", "type", "code"}}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Annotated, Literal
+
+import orjson
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+
+from agentstream.scan import Bounds, parse_time
+from dashboard import compare as compare_
+from dashboard import overview as overview_
+from dashboard import rollouts as rollouts_
+from dashboard.live import Live
+from dashboard.settings import DashboardSettings
+from gateway.auth import Authenticator, auth_headers
+from gateway.errors import GatewayError as APIError
+
+STATIC = Path(__file__).parent / "static"
+
+
+def json_response(body, status: int = 200) -> Response:
+    return Response(orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS), status, media_type="application/json")
+
+
+def _time(text: str | None, name: str) -> int | None:
+    if text is None or text.strip() in ("", "all"):
+        return None
+    try:
+        return parse_time(text)
+    except ValueError as exc:
+        raise APIError(400, f"{name}: {exc}", "invalid_time") from None
+
+
+def _span(since: str | None, until: str | None) -> overview_.Range:
+    until_ms = _time(until, "until")
+    return overview_.Range(_time(since, "since"), until_ms if until_ms is not None else int(time.time() * 1000))
+
+
+class OverviewCache:
+    """One read of the log per range and `ttl_s`, shared by every page asking meanwhile."""
+
+    def __init__(self, settings: DashboardSettings):
+        self.settings = settings
+        self.entries: dict[tuple, tuple[float, asyncio.Task]] = {}
+
+    async def get(self, since: str | None, until: str | None) -> dict:
+        key = (since, until)
+        now = time.monotonic()
+        entry = self.entries.get(key)
+        if entry is None or entry[0] < now or (entry[1].done() and entry[1].exception()):
+            span = _span(since, until)
+            task = asyncio.create_task(self._read(span))
+            self.entries = {k: v for k, v in self.entries.items() if v[0] >= now}
+            self.entries[key] = (now + self.settings.overview_cache_s, task)
+            entry = self.entries[key]
+        return await asyncio.shield(entry[1])
+
+    async def _read(self, span: overview_.Range) -> dict:
+        return await overview_.overview(self.settings, span, self.settings.streams_group)
+
+
+def create_app(settings: DashboardSettings) -> FastAPI:
+    if not settings.keys:
+        raise ValueError("the dashboard shows prompts and needs an operator key: set AGENTSTREAM_API_KEYS "
+                         "(the gateway's keys)")
+    authenticator = Authenticator(settings.keys, token_secret="", allow_anonymous=False)
+    live = Live(settings)
+    cache = OverviewCache(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await live.start()
+        yield
+        await live.stop()
+
+    def operator(request: Request) -> None:
+        try:
+            principal = authenticator.principal(auth_headers(request.scope))
+        except APIError as exc:
+            raise APIError(401, "the dashboard needs an operator key (one of the gateway's AGENTSTREAM_API_KEYS): "
+                           "send 'Authorization: Bearer <key>'", exc.code) from None
+        if principal.kind != "operator":
+            raise APIError(401, "the dashboard needs an operator key", "invalid_api_key")
+
+    api = APIRouter(prefix="/api", dependencies=[Depends(operator)])
+
+    @api.get("/session")
+    async def session() -> Response:
+        return json_response({"prefix": settings.topic_prefix, "bootstrap_servers": settings.bootstrap_servers,
+                              "page_size_max": settings.page_size_max})
+
+    @api.get("/overview")
+    async def get_overview(since: str = "1h", until: str | None = None) -> Response:
+        return json_response(await cache.get(since, until))
+
+    @api.get("/rollouts")
+    async def list_rollouts(
+        q: Annotated[str | None, Query(description="text in the rollout, attempt, task or group id")] = None,
+        task: str | None = None,
+        status: Annotated[list[rollouts_.Status], Query()] = [],
+        split: Literal["train", "validation"] | None = None,
+        reward_min: float | None = None,
+        reward_max: float | None = None,
+        version: int | None = None,
+        where: Annotated[str | None, Query(description="a SQL condition over the list's columns")] = None,
+        since: str | None = "1h",
+        until: str | None = None,
+        limit: Annotated[int, Query(ge=1)] = 50,
+        cursor: str | None = None,
+    ) -> Response:
+        if limit > settings.page_size_max:
+            raise APIError(400, f"limit: at most {settings.page_size_max} rows a page", "invalid_limit")
+        if reward_min is not None and reward_max is not None and reward_min > reward_max:
+            raise APIError(400, f"reward_min ({reward_min}) is above reward_max ({reward_max})", "invalid_filter")
+        filters = rollouts_.Filters(text=q or None, task=task or None, statuses=tuple(status), split=split,
+                                    reward_min=reward_min, reward_max=reward_max, version=version,
+                                    where=(where or "").strip() or None)
+        started = time.perf_counter()
+        page = await rollouts_.search(settings, filters, _time(since, "since"), _time(until, "until"), limit,
+                                      rollouts_.Cursor.parse(cursor) if cursor else None)
+        return json_response({"rows": page.rows, "next_cursor": page.next_cursor, "scanned": page.scanned,
+                              "complete": page.complete, "took_ms": round((time.perf_counter() - started) * 1000, 1)})
+
+    @api.get("/rollouts/{rollout_id}")
+    async def get_rollout(rollout_id: str, partition: Annotated[int | None, Query(ge=0)] = None,
+                          offset: Annotated[int | None, Query(ge=0)] = None, attempt: str | None = None) -> Response:
+        found, read = await rollouts_.find_trajectories(settings, rollout_id, partition, offset,
+                                                        budget=settings.scan_records_max)
+        if not found:
+            where = f"at partition {partition}, offset {offset}" if offset is not None else \
+                f"in the newest {read:,} records of its partition"
+            raise APIError(404, f"no trajectory of rollout {rollout_id!r} {where}", "rollout_not_found")
+        chosen = next((t for t in found if t.attempt_id == attempt), found[0]) if attempt else found[0]
+        related = await rollouts_.related(settings, chosen)
+        return json_response({
+            "trajectory": chosen.model_dump(mode="json"),
+            "attempts": [{"attempt_id": t.attempt_id, "status": t.data.status, "reward": t.data.reward,
+                          "attempt_number": t.data.attempt_number} for t in found],
+            "rollout_events": [e.model_dump(mode="json") for e in related["rollouts"]],
+            "calls": [e.model_dump(mode="json") for e in related["calls"] if e.attempt_id == chosen.attempt_id],
+            "rewards": [e.model_dump(mode="json") for e in related["rewards"] if e.attempt_id == chosen.attempt_id],
+            "trained_by": [live.versions.get(v, {"version": v}) for v in live.trained_by.get(chosen.id, [])],
+            "read": read,
+        })
+
+    @api.get("/compare")
+    async def get_compare(a: int, b: int, since: str | None = "1h", until: str | None = None,
+                          split: Literal["train", "validation"] | None = None) -> Response:
+        span = _span(since, until)
+        return json_response(await compare_.compare(settings, a, b, span.bounds, split))
+
+    @api.get("/events")
+    async def events(request: Request) -> StreamingResponse:
+        queue = live.subscribe()
+
+        async def stream():
+            try:
+                yield b"retry: 2000\n\n"
+                while not await request.is_disconnected():
+                    try:
+                        notice = await asyncio.wait_for(queue.get(), timeout=1.0)
+                    except asyncio.TimeoutError:
+                        notice = {"kind": "rates", "rates": live.rates(), "error": live.error}
+                    yield b"data: " + orjson.dumps(notice) + b"\n\n"
+            finally:
+                live.unsubscribe(queue)
+
+        return StreamingResponse(stream(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+    app = FastAPI(title="agentstream dashboard", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.include_router(api)
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> Response:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> Response:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:]) or 'request'}: {e['msg']}"
+                             + (f" (got {e['input']!r})" if e.get("input") is not None else "")
+                             for e in exc.errors())
+        return APIError(400, problems, "invalid_filter").response()
+
+    @app.exception_handler(rollouts_.FilterError)
+    async def bad_filter(request: Request, exc: rollouts_.FilterError) -> Response:
+        return APIError(400, str(exc), "invalid_filter").response()
+
+    @app.exception_handler(LookupError)
+    async def missing(request: Request, exc: LookupError) -> Response:
+        return APIError(404, str(exc), "not_found").response()
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> Response:
+        return json_response({"ok": True, "following": live.error is None})
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> FileResponse:
+        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    return app

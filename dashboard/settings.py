@@ -1,0 +1,46 @@
+"""The dashboard's settings: environment (AGENTSTREAM_*), or the same names as `python -m dashboard` flags."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
+
+from schemas.kafka import KafkaSettings
+
+
+class DashboardSettings(KafkaSettings):
+    model_config = SettingsConfigDict(cli_prog_name="python -m dashboard")
+
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(8090, description="port to listen on")
+    api_keys: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list, description="operator keys (the gateway's, AGENTSTREAM_API_KEYS): the dashboard shows "
+        "prompts, so every API call needs one (prefer the environment to a flag: flags show in process listings)")
+    streams_app_id: str = Field("agentstream-streams", description="the streams worker's application id (its "
+                                "consumer group, under the topic prefix), for the streams lag")
+    overview_cache_s: float = Field(5.0, description="how long an overview stays fresh before the log is read again")
+    page_size_max: int = Field(500, description="most rollouts one page of the list may ask for")
+    scan_records_max: int = Field(
+        200_000, description="most records one trajectory look-up by id reads before it gives up (the list's links "
+        "name the exact record and read one)")
+    log_level: str = Field("info", description="debug, info, warning or error")
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _list_from_text(cls, value):
+        # the gateway's format: a JSON list or `key1,key2`
+        if isinstance(value, str):
+            text = value.strip()
+            return json.loads(text) if text.startswith("[") else [part.strip() for part in text.split(",") if part.strip()]
+        return value
+
+    @property
+    def keys(self) -> frozenset[str]:
+        return frozenset(key.get_secret_value() for key in self.api_keys if key.get_secret_value())
+
+    @property
+    def streams_group(self) -> str:
+        return f"{self.topic_prefix}{self.streams_app_id}"
