@@ -21,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
-from schemas.events import Reward, RewardEvent, RolloutFinished, RolloutFinishedEvent, TurnReward
+from schemas.events import (Reward, RewardEvent, RolloutDiff, RolloutDiffEvent, RolloutFinished, RolloutFinishedEvent,
+                            TurnReward)
 from schemas.kafka import ensure_topics
 
 from gateway.auth import (ATTEMPT_HEADER, ROLLOUT_HEADER, SESSION_HEADER, Attribution, Authenticator, Principal,
@@ -139,6 +140,19 @@ class FinishBody(BaseModel):
     attempt_id: str | None = None
 
 
+class DiffBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    instance_id: str
+    base_commit: str
+    diff: str
+    outcome: str = Field(min_length=1, max_length=64)
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+MAX_DIFF_BYTES = 512 * 1024
+"""a diff larger than this is refused (413): one event must fit in a Kafka record with room to spare"""
+
+
 def _json(payload: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(payload), status, media_type="application/json")
 
@@ -241,6 +255,21 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             source=settings.source, rollout_id=where.rollout_id, attempt_id=where.attempt_id,
             data=RolloutFinished(by="agent", exit_code=body.exit_code, duration_ms=body.duration_ms,
                                  details=body.details))
+        await gateway.recorder.publish(event)
+        return _json({"id": event.id, "rollout_id": event.rollout_id, "attempt_id": event.attempt_id})
+
+    @app.post("/rollouts/{rollout_id}/attempts/{attempt_id}/diff")
+    async def diff(request: Request, rollout_id: str, attempt_id: str) -> Response:
+        """The attempt's final diff (coding agents): a `rollout.diff` event a grader scores."""
+        principal = gateway.auth.principal(auth_headers(request.scope))  # 401 before any look at the body
+        where = gateway.attribution(request, rollout_id, attempt_id, principal)
+        raw = await request.body()
+        if len(raw) > MAX_DIFF_BYTES:
+            raise GatewayError(413, f"the diff body is {len(raw)} bytes, more than the {MAX_DIFF_BYTES} allowed: "
+                               "leave generated and binary files out of the diff", "diff_too_large")
+        body = _body(raw, DiffBody)
+        event = RolloutDiffEvent(source=settings.source, rollout_id=where.rollout_id, attempt_id=where.attempt_id,
+                                 data=RolloutDiff(**body.model_dump()))
         await gateway.recorder.publish(event)
         return _json({"id": event.id, "rollout_id": event.rollout_id, "attempt_id": event.attempt_id})
 

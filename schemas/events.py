@@ -105,6 +105,22 @@ class RolloutTimedOut(Payload):
     will_retry: bool = False
 
 
+class RolloutDiff(Payload):
+    """The final state of a coding attempt's workspace: what a grader scores, in the log like every call.
+
+    Posted by the harness through the gateway (authenticated with the rollout token) when the agent
+    ends, before it exits. Grading reads only this (and its task's hidden tests), so history can be
+    re-graded with other tests without running an agent again.
+    """
+
+    instance_id: str = Field(description="the task (SWE-bench instance id)")
+    base_commit: str = Field(description="the commit the workspace was checked out at")
+    diff: str = Field(description="`git diff` of the workspace against base_commit, new files included, binary files left out")
+    outcome: str = Field(description="how the agent ended: submitted, step_limit, time_limit, format_errors, "
+                         "context_overflow, sandbox_timeout, model_error, harness_error")
+    details: dict[str, Any] = Field(default_factory=dict, description="e.g. steps taken, binary files left out")
+
+
 class RolloutQueuedEvent(Event):
     topic: ClassVar[str] = "rollouts"
     type: Literal["rollout.queued"] = "rollout.queued"
@@ -139,6 +155,12 @@ class RolloutTimedOutEvent(Event):
     topic: ClassVar[str] = "rollouts"
     type: Literal["rollout.timed_out"] = "rollout.timed_out"
     data: RolloutTimedOut
+
+
+class RolloutDiffEvent(Event):
+    topic: ClassVar[str] = "rollouts"
+    type: Literal["rollout.diff"] = "rollout.diff"
+    data: RolloutDiff
 
 
 # --- model calls (topic: calls) --------------------------------------------------------------
@@ -366,6 +388,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     RolloutFinishedEvent,
     RolloutFailedEvent,
     RolloutTimedOutEvent,
+    RolloutDiffEvent,
     CallEvent,
     RewardEvent,
     TrajectoryEvent,
