@@ -16,7 +16,7 @@ from agentstream.stack import StackError, bootstrap_servers, default_kafka_dir
 console = Console()
 # the help's panels and commands, in the order a user meets them
 LOOP, LOG, STACK = "The loop: run agents, record, learn", "The log: replay and query", "The local stack"
-ORDER = ("demo", "run", "gateway", "streams", "train", "replay", "sql", "top", "kafka", "vllm", "model", "topics",
+ORDER = ("demo", "recipe", "run", "eval", "gateway", "streams", "train", "replay", "sql", "top", "kafka", "vllm", "model", "topics",
          "schemas")
 
 
@@ -599,6 +599,45 @@ def demo(
         fail(str(exc))
     if result["reward_start"] is None or result["reward_end"] is None:
         raise typer.Exit(1)
+
+
+@app.command("eval", rich_help_panel=LOOP)
+def eval_command(
+    tasks: Annotated[Path, typer.Option(help="validation task file (every row is evaluated as validation)")],
+    agent: Annotated[str, typer.Option(help="the agent command, as for `agentstream run`")],
+    model: Annotated[str, typer.Option(help="the served model name")],
+    gateway_url: Annotated[str, typer.Option(help="the gateway, as agents reach it")] = "http://127.0.0.1:8000",
+    token_secret: Annotated[str, typer.Option(envvar="AGENTSTREAM_TOKEN_SECRET", help="the gateway's token secret")] = "",
+    version: Annotated[Optional[int], typer.Option(help="the version being measured (default: the latest published)")] = None,
+    follow: Annotated[bool, typer.Option(help="evaluate the version serving now, then each new one as the pool loads it")] = False,
+    max_versions: Annotated[Optional[int], typer.Option(help="with --follow: stop after this many versions")] = None,
+    samples: Annotated[int, typer.Option("--samples", "-k", help="samples per task (pass@k)")] = 1,
+    concurrency: Annotated[int, typer.Option(help="agents running at once")] = 2,
+    timeout_s: Annotated[float, typer.Option(help="seconds an attempt may run")] = 600.0,
+    threshold: Annotated[float, typer.Option(help="a sample passes when its reward reaches this")] = 1.0,
+    out: Annotated[Path, typer.Option(help="folder for the eval runs' task files and agent logs")] = Path("runs/eval"),
+    prefix: Prefix = "",
+) -> None:
+    """Pass@1 and pass@k of a weight version on the validation tasks, recorded as `eval` events.
+
+    Runs the tasks through the controller like any run (k samples each, all validation split, never
+    trained on); see them with `agentstream sql -q pass-rate-by-version`.
+    """
+    from agentstream.eval import EvalConfig, run_eval
+    from controller.tasks import TaskFileError
+
+    if not token_secret:
+        fail("no token secret: pass --token-secret or set AGENTSTREAM_TOKEN_SECRET to the gateway's")
+    if follow and version is not None:
+        fail("--version measures one version; --follow measures each as it appears: give one of them")
+    config = EvalConfig(tasks=tasks, agent=agent, gateway_url=gateway_url, token_secret=token_secret, model=model,
+                        samples=samples, concurrency=concurrency, timeout_s=timeout_s, threshold=threshold, out=out)
+    try:
+        asyncio.run(run_eval(_kafka_settings(prefix), config, version, follow, max_versions, say=_say))
+    except (TaskFileError, RuntimeError, TimeoutError) as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        raise typer.Exit(130)
 
 
 @app.command("streams", rich_help_panel=LOOP, **FORWARD)

@@ -381,6 +381,40 @@ class MetricsEvent(Event):
     data: Metrics
 
 
+class Eval(Payload):
+    """Pass rates of one weight version on the validation tasks (`agentstream eval`).
+
+    A sample passes when its grader's reward reaches `threshold`. A sample with no reward (the harness
+    crashed, the attempt timed out, no diff was posted) counts as not passed and is counted in
+    `unscored` with its reason: never a silent zero.
+    """
+
+    model: str | None = None
+    weight_version: int = Field(description="the version the evaluation was run at")
+    served_versions: list[int] = Field(default_factory=list, description="versions that generated the samples' tokens")
+    run_id: str = Field(description="the controller run of the evaluation's rollouts")
+    tasks: int
+    k: int = Field(description="samples per task")
+    samples: int
+    pass_at_1: float = Field(description="mean over tasks of passed / samples")
+    pass_at_k: float = Field(description="mean over tasks of the unbiased pass@k estimate")
+    solved_tasks: int = Field(description="tasks with at least one passing sample")
+    threshold: float = 1.0
+    unscored: dict[str, int] = Field(default_factory=dict, description="samples without a reward, by reason")
+    per_task: dict[str, list[float | None]] = Field(default_factory=dict, description="task id → each sample's reward")
+    lineage: list[str] = Field(default_factory=list, description="ids of the trajectories measured")
+
+
+class EvalEvent(Event):
+    topic: ClassVar[str] = "metrics"
+    type: Literal["eval"] = "eval"
+    data: Eval
+
+    @property
+    def key(self) -> bytes | None:
+        return (self.data.model or "").encode()
+
+
 EVENT_TYPES: tuple[type[Event], ...] = (
     RolloutQueuedEvent,
     RolloutStartedEvent,
@@ -396,6 +430,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     PoolUpdateEvent,
     DeadletterEvent,
     MetricsEvent,
+    EvalEvent,
 )
 
 AnyEvent = Annotated[Union[EVENT_TYPES], Field(discriminator="type")]  # type: ignore[valid-type]
