@@ -22,8 +22,8 @@ failed attempt with the reason, and no diff (so no made-up score) is posted.
 
 Settings (environment): AGENTSTREAM_SWE_CONFIG (a mini-swe-agent YAML; default recipes/swe/mini.yaml),
 AGENTSTREAM_SWE_STEP_LIMIT, AGENTSTREAM_SWE_MAX_TOKENS, AGENTSTREAM_SWE_TEMPERATURE,
-AGENTSTREAM_SWE_COMMAND_TIMEOUT_S, AGENTSTREAM_SWE_ATTEMPT_TIMEOUT_S, AGENTSTREAM_SWE_REPOS (where
-task repositories are), AGENTSTREAM_SWE_WORKSPACE (parent of workspaces; default a temp folder).
+AGENTSTREAM_SWE_COMMAND_TIMEOUT_S, AGENTSTREAM_SWE_ATTEMPT_TIMEOUT_S, AGENTSTREAM_SWE_MODEL_KWARGS (JSON
+added to litellm's arguments, e.g. stop words), AGENTSTREAM_SWE_REPOS (where task repositories are), AGENTSTREAM_SWE_WORKSPACE (parent of workspaces; default a temp folder).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("MSWEA_COST_TRACKING", "ignore_errors")
 
-from recipes.swe.workspace import TaskInput, checkout, final_diff  # noqa: E402
+from recipes.swe.workspace import TaskInput, checkout, final_diff, test_env_binds  # noqa: E402
 
 HERE = Path(__file__).parent
 DEFAULT_CONFIG = HERE / "mini.yaml"
@@ -73,6 +73,7 @@ class HarnessSettings:
     temperature: float
     command_timeout_s: int
     attempt_timeout_s: int
+    model_kwargs: dict[str, Any]
 
     @classmethod
     def from_env(cls) -> HarnessSettings:
@@ -89,14 +90,19 @@ class HarnessSettings:
                    max_tokens=int(env.get("AGENTSTREAM_SWE_MAX_TOKENS", "512")),
                    temperature=float(env.get("AGENTSTREAM_SWE_TEMPERATURE", "1.0")),
                    command_timeout_s=int(env.get("AGENTSTREAM_SWE_COMMAND_TIMEOUT_S", "60")),
-                   attempt_timeout_s=int(env.get("AGENTSTREAM_SWE_ATTEMPT_TIMEOUT_S", "1800")))
+                   attempt_timeout_s=int(env.get("AGENTSTREAM_SWE_ATTEMPT_TIMEOUT_S", "1800")),
+                   model_kwargs=orjson.loads(env.get("AGENTSTREAM_SWE_MODEL_KWARGS") or "{}"))
 
 
-def mini_config(settings: HarnessSettings, workspace: Path) -> dict[str, Any]:
+def mini_config(settings: HarnessSettings, task: TaskInput, workspace: Path) -> dict[str, Any]:
     """mini-swe-agent's config: the file's, with the gateway as the model's endpoint and our sandbox."""
     from minisweagent.utils.serialize import recursive_merge
 
     base = yaml.safe_load(settings.config.read_text()) or {}
+    binds, bin_dir = test_env_binds(task)
+    command_env = dict(base.get("environment", {}).get("env") or {})
+    if bin_dir:  # the task's Python, with pytest, first on PATH: what the grader runs the tests with
+        command_env["PATH"] = f"{bin_dir}:/usr/local/bin:/usr/bin:/bin"
     return recursive_merge(base, {
         "agent": {"agent_class": "default", "step_limit": settings.step_limit, "cost_limit": 0,
                   "output_path": None},
@@ -106,9 +112,10 @@ def mini_config(settings: HarnessSettings, workspace: Path) -> dict[str, Any]:
             "cost_tracking": "ignore_errors",
             "model_kwargs": {"api_base": settings.base_url, "api_key": settings.api_key,
                              "max_tokens": settings.max_tokens, "temperature": settings.temperature,
-                             "num_retries": 0},
+                             "num_retries": 0, **settings.model_kwargs},
         },
-        "environment": {"environment_class": ENVIRONMENT_CLASS, "workspace": str(workspace),
+        "environment": {"environment_class": ENVIRONMENT_CLASS, "workspace": str(workspace), "binds": binds,
+                        "env": command_env,
                         "timeout": settings.command_timeout_s, "attempt_timeout": settings.attempt_timeout_s},
     })
 
@@ -122,7 +129,7 @@ def run_agent(settings: HarnessSettings, task: TaskInput, workspace: Path) -> tu
 
     from recipes.swe.environment import SandboxExhausted
 
-    config = mini_config(settings, workspace)
+    config = mini_config(settings, task, workspace)
     model = get_model(config=config["model"])
     env = get_environment(config["environment"])
     agent = get_agent(model, env, config["agent"])
@@ -178,7 +185,7 @@ def post_diff(settings: HarnessSettings, task: TaskInput, diff: str, outcome: st
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     settings = HarnessSettings.from_env()
-    task = TaskInput.model_validate(orjson.loads(Path(os.environ["AGENTSTREAM_TASK"]).read_bytes()))
+    task = TaskInput.model_validate(orjson.loads(Path(os.environ["AGENTSTREAM_TASK"]).read_bytes())).located()
     parent = Path(os.environ.get("AGENTSTREAM_SWE_WORKSPACE") or tempfile.gettempdir())
     parent.mkdir(parents=True, exist_ok=True)
     workspace = Path(tempfile.mkdtemp(prefix=f"swe-{secrets.token_hex(4)}-", dir=parent))
@@ -187,9 +194,9 @@ def main() -> int:
     started = time.monotonic()
     env = None
     try:
-        checkout(task, workspace)
+        baseline = checkout(task, workspace)
         outcome, details, env = run_agent(settings, task, workspace)
-        diff, diff_details = final_diff(env.sandbox, task.base_commit)
+        diff, diff_details = final_diff(env.sandbox, baseline)
         details.update(diff_details, duration_s=round(time.monotonic() - started, 2))
         log.info("agent ended: %s after %s steps; diff of %d characters", outcome, details.get("steps"), len(diff))
         post_diff(settings, task, diff, outcome, details)

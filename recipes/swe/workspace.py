@@ -1,9 +1,15 @@
 """An attempt's workspace: the task's repository at its base commit in, the agent's final diff out.
 
 The task input the controller hands the agent (`TaskInput`) holds what an agent may know: the
-instance id, the repository, the base commit, the problem statement. Repositories are local git
-repositories (the task builder writes them; on a cluster they are baked into per-repo images), found
-by name under `AGENTSTREAM_SWE_REPOS` (default `$AGENTSTREAM_HOME/swe/repos`), as `owner__name`.
+instance id and the problem statement (and, optionally, the repository and base commit; else they
+are looked up by instance id in a public index, `AGENTSTREAM_SWE_INDEX`, which holds nothing else).
+Repositories are local git repositories (the task builder writes them; on a cluster they are baked
+into per-repo images), found by name under `AGENTSTREAM_SWE_REPOS` (default
+`$AGENTSTREAM_HOME/swe/repos`), as `owner__name`.
+
+The workspace holds the base commit's tree and no history (the commits after it, or a bug-injecting
+commit's parent, would give the answer away): a fresh repository with that tree as its one commit,
+so the agent's `git diff` and `git status` work as usual.
 
 The diff is taken inside the sandbox, not by the host's git: the agent owns `.git` (config, hooks,
 attributes with filters) and a host git reading it would run what the agent planted. It is written
@@ -13,9 +19,12 @@ symlink cannot make the harness read a host file.
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import secrets
 import subprocess
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +42,35 @@ class TaskInput(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     instance_id: str
-    repo: str
-    base_commit: str
     problem_statement: str
+    repo: str | None = None
+    base_commit: str | None = None
 
     @classmethod
     def of(cls, instance: Instance) -> TaskInput:
-        return cls(instance_id=instance.instance_id, repo=instance.repo, base_commit=instance.base_commit,
-                   problem_statement=instance.problem_statement)
+        return cls(instance_id=instance.instance_id, problem_statement=instance.problem_statement)
+
+    def located(self) -> TaskInput:
+        """With repo and base commit, from the public index when the input does not carry them."""
+        if self.repo and self.base_commit:
+            return self
+        index = os.environ.get("AGENTSTREAM_SWE_INDEX")
+        if not index:
+            raise WorkspaceError(f"task {self.instance_id!r} names no repository: set AGENTSTREAM_SWE_INDEX to the "
+                                 "public index of the tasks (instance_id, repo, base_commit; see write_index)")
+        for line in Path(index).read_text().splitlines():
+            row = json.loads(line) if line.strip() else {}
+            if row.get("instance_id") == self.instance_id:
+                return self.model_copy(update={"repo": row["repo"], "base_commit": row["base_commit"]})
+        raise WorkspaceError(f"task {self.instance_id!r} is not in the index {index}")
+
+
+def write_index(instances: list[Instance], path: Path) -> Path:
+    """The public index of a task set: where each instance's code is, and nothing of its answer or tests."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"instance_id": i.instance_id, "repo": i.repo, "base_commit": i.base_commit})
+                            + "\n" for i in instances))
+    return path
 
 
 class WorkspaceError(RuntimeError):
@@ -58,21 +88,51 @@ def repo_source(repo: str) -> Path:
     return repos_dir() / repo.replace("/", "__")
 
 
-def checkout(task: TaskInput, workspace: Path) -> None:
-    """A fresh clone of the task's repository at its base commit (trusted: the agent has not run yet)."""
-    source = repo_source(task.repo)
+def checkout(task: TaskInput, workspace: Path) -> str:
+    """The base commit's tree as the one commit of a fresh repository in `workspace`; returns that commit.
+
+    Trusted: the agent has not run yet, and the source repository is ours.
+    """
+    source = repo_source(task.repo or "")
     if not (source / ".git").exists() and not (source / "HEAD").exists():
         raise WorkspaceError(f"no git repository for {task.repo!r} at {source}: build the tasks with "
                              "`agentstream tasks swe build`, or set AGENTSTREAM_SWE_REPOS to where the repositories are")
-    _git(["clone", "--quiet", "--no-checkout", str(source), str(workspace)])
-    _git(["-C", str(workspace), "checkout", "--quiet", "--detach", task.base_commit])
-    _git(["-C", str(workspace), "remote", "remove", "origin"])  # the agent sees one commit's tree, no source path
+    archive = _git(["-C", str(source), "archive", "--format=tar", f"{task.base_commit}^{{tree}}"])
+    workspace.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(workspace, filter="data")
+    _git(["-C", str(workspace), "init", "--quiet"])
+    _git(["-C", str(workspace), "add", "-A"])
+    _git(["-C", str(workspace), "commit", "--quiet", "--no-verify", "-m", f"{task.instance_id} at {task.base_commit}"])
+    return _git(["-C", str(workspace), "rev-parse", "HEAD"]).decode().strip()
 
 
-def _git(args: list[str]) -> None:
-    result = subprocess.run(["git", *args], capture_output=True, text=True)
+_GIT_ENV = {"GIT_AUTHOR_NAME": "agentstream", "GIT_AUTHOR_EMAIL": "tasks@agentstream.invalid",
+            "GIT_COMMITTER_NAME": "agentstream", "GIT_COMMITTER_EMAIL": "tasks@agentstream.invalid",
+            "GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000", "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000",
+            "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"}
+
+
+def _git(args: list[str]) -> bytes:
+    result = subprocess.run(["git", *args], capture_output=True, env={**os.environ, **_GIT_ENV})
     if result.returncode != 0:
-        raise WorkspaceError(f"git {' '.join(args)} failed: {result.stderr.strip()}")
+        raise WorkspaceError(f"git {' '.join(args)} failed: {result.stderr.decode(errors='replace').strip()}")
+    return result.stdout
+
+
+def test_env_binds(task: TaskInput) -> tuple[list[tuple[str, str]], str | None]:
+    """The task's test environment (the grader's venv with pytest), read-only, and its bin folder for PATH."""
+    envs = Path(os.environ.get("AGENTSTREAM_SWE_ENVS") or agentstream_home() / "swe" / "envs")
+    env = envs / (task.repo or "").replace("/", "__")
+    if not (env / ".agentstream-ready").exists():
+        return [], None
+    try:
+        from sandbox.local import python_binds
+
+        binds = list(python_binds(env))
+    except ImportError:
+        binds = [(env.resolve(), env.resolve())]
+    return [(str(host), str(inside)) for host, inside in binds], str(env.resolve() / "bin")
 
 
 def final_diff(sandbox: Sandbox, base_commit: str) -> tuple[str, dict[str, Any]]:
