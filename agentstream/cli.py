@@ -601,6 +601,51 @@ def demo(
         raise typer.Exit(1)
 
 
+recipe_app = typer.Typer(help="End-to-end recipes built from the parts: `agentstream recipe swe`.", no_args_is_help=True)
+app.add_typer(recipe_app, name="recipe", rich_help_panel=LOOP)
+
+
+@recipe_app.command("swe")
+def recipe_swe(
+    model: Annotated[str, typer.Option(help="base model: smollm2 (real) or tiny (plumbing only)")] = "smollm2",
+    train_tasks: Annotated[int, typer.Option(help="train tasks to build")] = 4,
+    validation_tasks: Annotated[int, typer.Option(help="validation tasks to build")] = 2,
+    tasks: Annotated[Optional[Path], typer.Option(help="train task file to use instead of building tasks")] = None,
+    validation_tasks_file: Annotated[Optional[Path], typer.Option("--validation-tasks-file",
+                                                                  help="validation task file (with --tasks)")] = None,
+    instances: Annotated[Optional[Path], typer.Option(help="the instances with hidden tests the grader reads (with --tasks)")] = None,
+    versions: Annotated[int, typer.Option(help="weight versions to train")] = 1,
+    group_size: Annotated[int, typer.Option(help="attempts per train task and version (one GRPO group)")] = 2,
+    groups_per_batch: Annotated[int, typer.Option(help="train tasks per version")] = 2,
+    eval_samples: Annotated[int, typer.Option("--eval-samples", "-k", help="samples per validation task (pass@k)")] = 1,
+    lr: Annotated[float, typer.Option(help="learning rate")] = 1e-5,
+    step_limit: Annotated[int, typer.Option(help="mini-swe-agent's step limit (model calls per attempt)")] = 4,
+    max_tokens: Annotated[int, typer.Option(help="tokens per model answer")] = 128,
+    concurrency: Annotated[int, typer.Option(help="agents running at once (train and eval each)")] = 2,
+    attempt_timeout_s: Annotated[float, typer.Option(help="seconds an attempt may run")] = 300.0,
+    out: Annotated[Optional[Path], typer.Option(help="output folder (default: runs/recipe-swe-TIME)")] = None,
+    keep_stack: Annotated[bool, typer.Option(help="leave Kafka and vLLM running afterwards")] = False,
+) -> None:
+    """The coding-agent loop here: tasks → mini-swe-agent in sandboxes through the gateway → grading →
+    trajectories → trainer → swap → eval; train reward and validation pass rate per version, and a plot.
+    """
+    from recipes.swe.recipe import RecipeConfig, run_recipe
+
+    config = RecipeConfig(model=model, train_tasks=train_tasks, validation_tasks=validation_tasks, tasks=tasks,
+                          validation_tasks_file=validation_tasks_file, instances=instances, versions=versions,
+                          group_size=group_size, groups_per_batch=groups_per_batch, eval_samples=eval_samples,
+                          lr=lr, step_limit=step_limit, max_tokens=max_tokens, concurrency=concurrency,
+                          attempt_timeout_s=attempt_timeout_s, keep_stack=keep_stack)
+    if out is not None:
+        config.out = out
+    try:
+        result = run_recipe(config, console)
+    except StackError as exc:
+        fail(str(exc))
+    if any(row["validation_pass_at_1"] is None for row in result["per_version"].values()):
+        raise typer.Exit(1)
+
+
 @app.command("eval", rich_help_panel=LOOP)
 def eval_command(
     tasks: Annotated[Path, typer.Option(help="validation task file (every row is evaluated as validation)")],

@@ -14,6 +14,7 @@ attempt ends (`SandboxExhausted`) and the harness records the reason.
 
 from __future__ import annotations
 
+import os
 import platform
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,10 @@ from pydantic import BaseModel
 from sandbox.contract import WORKSPACE_MOUNT, CommandResult, Limits, Network, Sandbox, SandboxSpec
 
 SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+GIT_IDENTITY = {"GIT_AUTHOR_NAME": "agent", "GIT_AUTHOR_EMAIL": "agent@sandbox.invalid",
+                "GIT_COMMITTER_NAME": "agent", "GIT_COMMITTER_EMAIL": "agent@sandbox.invalid"}
+"""so `git commit` works in a sandbox that has no user config"""
+os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")  # mini-swe-agent's banner, when this module imports it
 
 
 class SandboxExhausted(Exception):
@@ -56,15 +61,17 @@ class SandboxEnvironment:
         limits = Limits(command_timeout_s=float(self.config.timeout), attempt_timeout_s=float(self.config.attempt_timeout))
         self.spec = SandboxSpec(workspace=Path(self.config.workspace), limits=limits, network=Network.NONE,
                                 binds=[(Path(host), Path(inside)) for host, inside in self.config.binds],
-                                env=dict(self.config.env))
+                                env={**GIT_IDENTITY, **self.config.env})
         self.sandbox = open_sandbox(self.spec)
         self.commands = 0
+        self.command_s = 0.0
         self.limits_hit: dict[str, int] = {}
 
     def execute(self, action: dict, cwd: str = "", *, timeout: int | None = None) -> dict[str, Any]:
         command = action.get("command", "")
         result = self.sandbox.run(command, timeout_s=timeout or self.config.timeout, cwd=self._relative(cwd))
         self.commands += 1
+        self.command_s += result.duration_s
         if result.limit:
             self.limits_hit[result.limit] = self.limits_hit.get(result.limit, 0) + 1
         if result.limit == "attempt_timeout":

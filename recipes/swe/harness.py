@@ -22,7 +22,8 @@ failed attempt with the reason, and no diff (so no made-up score) is posted.
 
 Settings (environment): AGENTSTREAM_SWE_CONFIG (a mini-swe-agent YAML; default recipes/swe/mini.yaml),
 AGENTSTREAM_SWE_STEP_LIMIT, AGENTSTREAM_SWE_MAX_TOKENS, AGENTSTREAM_SWE_TEMPERATURE,
-AGENTSTREAM_SWE_COMMAND_TIMEOUT_S, AGENTSTREAM_SWE_ATTEMPT_TIMEOUT_S, AGENTSTREAM_SWE_MODEL_KWARGS (JSON
+AGENTSTREAM_SWE_COMMAND_TIMEOUT_S, AGENTSTREAM_SWE_ATTEMPT_TIMEOUT_S, AGENTSTREAM_SWE_SCRIPT (a JSON list of commands: run them
+instead of asking a model, for baselines), AGENTSTREAM_SWE_MODEL_KWARGS (JSON
 added to litellm's arguments, e.g. stop words), AGENTSTREAM_SWE_REPOS (where task repositories are), AGENTSTREAM_SWE_WORKSPACE (parent of workspaces; default a temp folder).
 """
 
@@ -130,6 +131,8 @@ def run_agent(settings: HarnessSettings, task: TaskInput, workspace: Path) -> tu
     from recipes.swe.environment import SandboxExhausted
 
     config = mini_config(settings, task, workspace)
+    if script := os.environ.get("AGENTSTREAM_SWE_SCRIPT"):
+        config["model"] = scripted_model(orjson.loads(script))
     model = get_model(config=config["model"])
     env = get_environment(config["environment"])
     agent = get_agent(model, env, config["agent"])
@@ -145,8 +148,18 @@ def run_agent(settings: HarnessSettings, task: TaskInput, workspace: Path) -> tu
         # vLLM refuses an over-long prompt with a 400 that litellm does not always classify
         outcome = "context_overflow" if _is_context_overflow(exc) else "model_error"
         details["error"] = _short(exc)
-    details.update(steps=agent.n_calls, commands=env.commands, limits_hit=env.limits_hit)
+    details.update(steps=agent.n_calls, commands=env.commands, command_s=round(env.command_s, 3),
+                   limits_hit=env.limits_hit)
     return outcome, details, env
+
+
+def scripted_model(commands: list[str]) -> dict[str, Any]:
+    """mini-swe-agent's own deterministic model running `commands` in order: the scripted agent of the
+    benchmark's baseline (same harness, sandbox, diff and grading; no model calls)."""
+    from minisweagent.models.test_models import make_output
+
+    return {"model_class": "deterministic", "model_name": "scripted",
+            "outputs": [make_output(f"THOUGHT: step {n}", [{"command": c}], cost=0.0) for n, c in enumerate(commands)]}
 
 
 def _is_context_overflow(exc: Exception) -> bool:
