@@ -46,14 +46,19 @@ class Limits:
     command_timeout_s: float = 120.0
     """wall clock per command"""
     attempt_timeout_s: float = 1800.0
-    """wall clock for everything run in one sandbox"""
+    """wall clock for everything run in one sandbox, counted from its creation"""
+    tmp_bytes: int = 1 << 30
+    """size of the private /tmp (a tmpfs: it is memory)"""
+    cpus: float = 1.0
+    """CPU cores (Kubernetes: the container's cpu limit; the local backend has no cgroups to enforce it)"""
 
 
 @dataclass(frozen=True)
 class CommandResult:
     command: str
     exit_code: int
-    """the command's exit code; negative for a signal"""
+    """the command's exit code as bash reports it (128+N when a signal N ended it inside); negative (-9)
+    when the sandbox killed it (a timeout) or did not run it (the attempt's time was spent)"""
     output: str
     """stdout and stderr interleaved, as a terminal would show them (truncated past a limit)"""
     duration_s: float

@@ -1,0 +1,472 @@
+"""The local sandbox: every command in its own bubblewrap, as an unprivileged uid of its own.
+
+One `LocalSandbox` per attempt (it must be created by root):
+  1. it leases a uid nobody else uses (UID_BASE + n, held by an flock) and chowns the workspace to
+     it: the kernel exempts root from RLIMIT_NPROC, so a fork bomb is only stopped as another uid,
+     and one uid per sandbox makes the process limit that sandbox's alone;
+  2. it makes its own mount and network namespaces once (`sandbox.namespaces`): the workspace and
+     the caller's binds are staged under a path that uid may traverse, and the network is a bare
+     loopback (plus the gateway relay in whole-harness mode, `sandbox.relay`);
+  3. each `run` starts, as root, `nsenter` (those namespaces, then the uid) → `prlimit` (the rlimits)
+     → `bwrap` (a new user, pid, ipc and uts namespace, all capabilities dropped, no further user
+     namespaces, a read-only system, the workspace the one writable tree, a private /tmp, an /etc of
+     a few harmless files, an empty environment plus `SandboxSpec.env`) → `bash -c COMMAND`;
+  4. the command's wall clock is enforced here: past it, bubblewrap is killed, its pid-1 dies with it
+     (--die-with-parent) and with that every process of the pid namespace;
+  5. `close` kills what still runs, drops the namespaces, gives the workspace back to its owner and
+     frees the uid.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import random
+import re
+import selectors
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from sandbox import namespaces, relay
+from sandbox.contract import WORKSPACE_MOUNT, CommandResult, Network, SandboxError, SandboxSpec
+
+UID_BASE = 600_000
+UID_SLOTS = 4096
+INSIDE_UID = 1000
+"""the uid commands see (the leased host uid is mapped to it)"""
+OUTPUT_LIMIT = 1 << 20
+"""bytes of output kept per command: the first and last halves, with a marker between"""
+STATE_DIR = Path("/tmp/agentstream-sandbox")
+STAGE = STATE_DIR / "stage"
+"""an empty directory on the host; each sandbox mounts its own tmpfs over it, in its own mount namespace"""
+DEFAULT_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": "/tmp",
+    "USER": "agent",
+    "LANG": "C.UTF-8",
+}
+ETC_SHARED = (
+    "alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "protocols",
+    "services", "os-release", "debian_version", "ssl/certs", "ssl/openssl.cnf", "ca-certificates",
+    "python3", "python3.11", "mime.types", "magic", "magic.mime", "inputrc", "terminfo", "locale.alias",
+    "gai.conf", "host.conf", "shells",
+)
+"""the host's /etc entries a command may see; everything else in /etc (gitconfig with its credential
+helper, pip.conf, npmrc, ssh, shadow, ssl/private, …) is absent, and the identity files are written anew"""
+SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+REAPER = '/bin/bash -c "$1"; exit'
+"""pid 1 of each command: a bash that runs the command as its child (never exec'ed in its place, thanks to
+the `exit` after it) and so reaps every orphan in the pid namespace. bubblewrap's own reaper is not used
+(--as-pid-1): its outer process exits without waiting for it, which leaves a zombie of the sandbox uid
+(counted against its process limit) under the host's pid 1, and in a container that pid 1 may never reap."""
+MISSING_TOOL = {
+    "bwrap": "bubblewrap is not installed: `apt-get install -y bubblewrap`",
+    "nsenter": "nsenter (util-linux) is not installed: `apt-get install -y util-linux`",
+    "prlimit": "prlimit (util-linux) is not installed: `apt-get install -y util-linux`",
+}
+_FORK_FAILED = re.compile(r"fork: (retry: )?Resource temporarily unavailable|Cannot fork")
+_FAILURE_MESSAGES = (
+    ("processes", re.compile(r"BlockingIOError: \[Errno 11\]")),
+    ("memory", re.compile(r"MemoryError|Cannot allocate memory|std::bad_alloc|xmalloc: .*cannot allocate|out of memory")),
+    ("file_size", re.compile(r"File too large")),
+)
+
+
+def inside_gateway_url(url: str) -> str:
+    """The gateway URL as a whole-harness sandbox must use it: the same, unless its host is an IP address
+    other than loopback (then 127.0.0.1, where the relay listens). Host names resolve to the relay via
+    the sandbox's /etc/hosts, so TLS names and virtual hosts still match."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if _is_ip(host) and host not in ("127.0.0.1", "::1"):
+        netloc = f"127.0.0.1:{_port(parts)}"
+        return urlunsplit(parts._replace(netloc=netloc))
+    return url
+
+
+def python_binds(venv: Path) -> list[tuple[Path, Path]]:
+    """What a caller binds so that `venv` (made by `uv venv` or `python -m venv`) runs inside: the venv at
+    its own path (its scripts name it in their shebangs) and the interpreter it was made from
+    (pyvenv.cfg's `home`, e.g. ~/.local/share/uv/python/cpython-…/bin) unless that is under /usr."""
+    venv = venv.resolve()
+    config = venv / "pyvenv.cfg"
+    if not config.is_file():
+        raise SandboxError(f"{venv} is not a virtual environment (no pyvenv.cfg); make one with `uv venv {venv}`")
+    home = next((line.split("=", 1)[1].strip() for line in config.read_text().splitlines()
+                 if line.split("=", 1)[0].strip() == "home"), None)
+    binds = [(venv, venv)]
+    if home:
+        prefix = Path(home).resolve().parent  # …/cpython-3.11-…/bin → the installation, with its lib/
+        if not any(prefix.is_relative_to(f"/{system}") for system in SYSTEM_DIRS):
+            binds.append((prefix, prefix))
+    return binds
+
+
+class LocalSandbox:
+    """`Sandbox` on this machine with bubblewrap. See the module docstring for how."""
+
+    def __init__(self, spec: SandboxSpec):
+        self.spec = spec
+        self._check_host()
+        self._check_spec()
+        self._lock = threading.Lock()
+        self._running: set[subprocess.Popen] = set()
+        self._closed = False
+        self._relay: relay.Relay | None = None
+        self._ns: namespaces.Namespaces | None = None
+        self.started = time.monotonic()
+        self.deadline = self.started + spec.limits.attempt_timeout_s
+        self._lease = UidLease.acquire()
+        self.uid = self._lease.uid
+        try:
+            owner = spec.workspace.stat()
+            self._owner = (owner.st_uid, owner.st_gid)
+            chown_tree(spec.workspace, self.uid, self.uid)
+            self._ns = namespaces.create(STAGE, self._staged(), self._etc_files(), self._listen_port())
+            if spec.network is Network.GATEWAY:
+                assert self._ns.listener is not None
+                self._relay = relay.Relay(self._ns.listener, _gateway_address(spec.gateway_url or ""))
+                self._ns.listener = None  # the relay owns it now
+            self._argv_head = self._fixed_argv()
+        except BaseException:
+            self.close()
+            raise
+
+    # --- set-up ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _check_host() -> None:
+        for tool, fix in MISSING_TOOL.items():
+            if shutil.which(tool) is None:
+                raise SandboxError(fix)
+        if os.geteuid() != 0:
+            raise SandboxError("the local sandbox must be created by root: it runs commands as a uid of their own "
+                               "(run the harness or controller as root, as the platform's images do)")
+        STAGE.mkdir(parents=True, exist_ok=True)
+        for folder in (STATE_DIR, STAGE):
+            if folder.lstat().st_uid != 0 or folder.is_symlink():
+                raise SandboxError(f"{folder} is not root's own directory; remove it and try again")
+            folder.chmod(0o755)  # the sandbox uids traverse it
+
+    def _check_spec(self) -> None:
+        spec = self.spec
+        if not spec.workspace.is_dir():
+            raise SandboxError(f"workspace {spec.workspace} is not a directory; create it before the sandbox")
+        for source, target in spec.binds:
+            if not Path(source).exists():
+                raise SandboxError(f"bind source {source} does not exist")
+            if not Path(target).is_absolute() or Path(target) == WORKSPACE_MOUNT:
+                raise SandboxError(f"bind target {target} must be an absolute path other than {WORKSPACE_MOUNT}")
+        if spec.network is Network.GATEWAY:
+            if not spec.gateway_url or urlsplit(spec.gateway_url).scheme not in ("http", "https"):
+                raise SandboxError("Network.GATEWAY needs SandboxSpec.gateway_url, the gateway as the host sees it "
+                                   "(http://host:port/…)")
+
+    def _staged(self) -> list[tuple[Path, str]]:
+        return [(self.spec.workspace.resolve(), "workspace")] + [
+            (Path(source).resolve(), f"bind-{n}") for n, (source, _) in enumerate(self.spec.binds)]
+
+    def _listen_port(self) -> int | None:
+        if self.spec.network is not Network.GATEWAY:
+            return None
+        return _gateway_address(self.spec.gateway_url or "")[1]
+
+    def _etc_files(self) -> dict[str, str]:
+        hosts = "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost\n"
+        if self.spec.network is Network.GATEWAY:
+            host = urlsplit(self.spec.gateway_url or "").hostname or ""
+            if host and not _is_ip(host) and host != "localhost":
+                hosts += f"127.0.0.1\t{host}\n"  # the relay answers for the gateway's name
+        return {
+            "etc/passwd": f"root:x:0:0:root:/root:/usr/sbin/nologin\nagent:x:{INSIDE_UID}:{INSIDE_UID}:agent:/tmp:/bin/bash\n"
+                          "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+            "etc/group": f"root:x:0:\nagent:x:{INSIDE_UID}:\nnogroup:x:65534:\n",
+            "etc/hosts": hosts,
+            "etc/hostname": "sandbox\n",
+            "etc/resolv.conf": "# no name server: the sandbox has no network (whole-harness: the gateway only)\n",
+            "etc/nsswitch.conf": "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\n"
+                                 "protocols: files\nservices: files\n",
+        }
+
+    def _fixed_argv(self) -> list[str]:
+        """Everything of the command line but the per-command part (cwd, the command)."""
+        limits = self.spec.limits
+        argv = [*self._ns.nsenter(), f"--setuid={self.uid}", f"--setgid={self.uid}", "--",
+                shutil.which("prlimit"), f"--cpu={limits.cpu_seconds}:{limits.cpu_seconds + 1}", f"--as={limits.memory_bytes}",
+                f"--nproc={limits.processes}", f"--fsize={limits.file_size_bytes}", "--core=0", "--",
+                shutil.which("bwrap"), "--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+                "--unshare-cgroup-try", "--hostname", "sandbox", "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID),
+                "--cap-drop", "ALL", "--die-with-parent", "--new-session", "--as-pid-1"]
+        for name in SYSTEM_DIRS:
+            host = Path("/") / name
+            if host.is_symlink():
+                argv += ["--symlink", os.readlink(host), str(host)]
+            elif host.is_dir():
+                argv += ["--ro-bind", str(host), str(host)]
+        argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.tmp_bytes), "--tmpfs", "/dev/shm",
+                 "--remount-ro", "/dev", "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp",
+                 "--dir", "/var", "--symlink", "../tmp", "/var/tmp"]
+        for entry in ETC_SHARED:
+            argv += ["--ro-bind-try", f"/etc/{entry}", f"/etc/{entry}"]
+        for name in self._etc_files():
+            argv += ["--ro-bind", str(STAGE / name), f"/{name}"]
+        argv += ["--bind", str(STAGE / "workspace"), str(WORKSPACE_MOUNT)]
+        for n, (_, target) in enumerate(self.spec.binds):
+            argv += ["--ro-bind", str(STAGE / f"bind-{n}"), str(target)]
+        argv += ["--remount-ro", "/", "--clearenv"]
+        for key, value in {**DEFAULT_ENV, **self.spec.env}.items():
+            argv += ["--setenv", key, value]
+        return argv
+
+    # --- commands -------------------------------------------------------------------------
+
+    def run(self, command: str, timeout_s: float | None = None, cwd: str | None = None) -> CommandResult:
+        """Run `bash -c command` inside; `timeout_s` replaces Limits.command_timeout_s for this command (the
+        attempt's deadline still holds); `cwd` is relative to the workspace (or absolute inside)."""
+        if self._closed:
+            raise SandboxError("this sandbox is closed; open a new one")
+        began = time.monotonic()
+        left = self.deadline - began
+        if left <= 0:
+            spent = self.spec.limits.attempt_timeout_s
+            return CommandResult(command, -signal.SIGKILL, f"[sandbox: not run: the attempt's {spent:g} s are spent]",
+                                 0.0, "attempt_timeout")
+        wanted = self.spec.limits.command_timeout_s if timeout_s is None else timeout_s
+        budget, timeout_limit = (wanted, "command_timeout") if wanted <= left else (left, "attempt_timeout")
+        inside_cwd = str(WORKSPACE_MOUNT / (cwd or ""))  # an absolute cwd replaces the workspace
+        status_read, status_write = os.pipe()
+        argv = [*self._argv_head, "--chdir", inside_cwd, "--json-status-fd", str(status_write),
+                "--", "/bin/bash", "-c", REAPER, "sandbox", command]
+        try:
+            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, env={}, pass_fds=(*self._ns.fds, status_write),
+                                       start_new_session=True)
+        finally:
+            os.close(status_write)
+        with self._lock:
+            self._running.add(process)
+        try:
+            output, timed_out = _collect(process, began + budget)
+            at_process_limit = timed_out and processes_of(self.uid) >= self.spec.limits.processes - 1
+            if timed_out:
+                process.kill()
+            exit_code = process.wait()
+            if timed_out:  # bubblewrap is gone; its pid 1 dies of it a moment later, and the tree with it
+                await_no_processes(self.uid)
+        finally:
+            with self._lock:
+                self._running.discard(process)
+            with os.fdopen(status_read, "rb") as status_file:
+                status = status_file.read().decode(errors="replace")
+        duration = time.monotonic() - began
+        text = output.text()
+        if "child-pid" not in status and not timed_out:
+            raise SandboxError(f"bubblewrap could not set up the sandbox (exit {exit_code}): {text.strip()[-2000:]}")
+        if timed_out:
+            limit = "processes" if at_process_limit else timeout_limit
+            note = {"processes": f"it reached the limit of {self.spec.limits.processes} processes and ran out of time",
+                    "command_timeout": f"it ran past {budget:g} s",
+                    "attempt_timeout": "the attempt's time ran out"}[limit]
+            return CommandResult(command, -signal.SIGKILL, f"{text}\n[sandbox: killed: {note}]", duration, limit)
+        return CommandResult(command, exit_code, text, duration, _limit_of(exit_code, output.tail_text()))
+
+    # --- the end --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Kill what runs, free the namespaces, give the workspace back to its owner, free the uid."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            running = list(self._running)
+        for process in running:
+            process.kill()
+            process.wait()
+        if running:
+            await_no_processes(self.uid)
+        if self._relay is not None:
+            self._relay.close()
+        if self._ns is not None:
+            self._ns.close()
+        if hasattr(self, "_owner"):
+            chown_tree(self.spec.workspace, *self._owner)
+        self._lease.release()
+
+    def __enter__(self) -> LocalSandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def relayed_connections(self) -> int:
+        """connections the gateway relay has accepted (whole-harness mode)"""
+        return self._relay.connections if self._relay else 0
+
+
+# --- output ---------------------------------------------------------------------------------
+
+
+class Output:
+    """The first and last OUTPUT_LIMIT/2 bytes of a stream, and how many bytes fell between."""
+
+    def __init__(self, limit: int = OUTPUT_LIMIT):
+        self.half = limit // 2
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.dropped = 0
+
+    def add(self, data: bytes) -> None:
+        room = self.half - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data:
+            self.tail += data
+            if len(self.tail) > self.half:
+                excess = len(self.tail) - self.half
+                self.dropped += excess
+                del self.tail[:excess]
+
+    def text(self) -> str:
+        if not self.dropped:
+            return (self.head + self.tail).decode(errors="replace")
+        marker = f"\n[sandbox: output truncated: {self.dropped} bytes not shown]\n"
+        return self.head.decode(errors="replace") + marker + self.tail.decode(errors="replace")
+
+    def tail_text(self) -> str:
+        return (self.head[-4096:] + self.tail[-4096:]).decode(errors="replace")
+
+
+def _collect(process: subprocess.Popen, deadline: float) -> tuple[Output, bool]:
+    """Read the process's output until it ends (True: the deadline came first)."""
+    output = Output()
+    stream = process.stdout
+    assert stream is not None
+    os.set_blocking(stream.fileno(), False)
+    with selectors.DefaultSelector() as selector, stream:
+        selector.register(stream, selectors.EVENT_READ)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return output, True
+            if not selector.select(left):
+                continue
+            data = stream.read(64 << 10)
+            if data is None:  # spurious wake-up
+                continue
+            if not data:
+                return output, False
+            output.add(data)
+
+
+def _limit_of(exit_code: int, tail: str) -> str | None:
+    """Which limit ended a command that exited on its own. Signals are exact; a limit the kernel reports
+    as a failed call (fork, malloc, write) is recognised by the messages programs print for it."""
+    if exit_code == 128 + signal.SIGXCPU:
+        return "cpu"
+    if exit_code == 128 + signal.SIGXFSZ:
+        return "file_size"
+    if _FORK_FAILED.search(tail):
+        return "processes"  # even at exit 0: a shell fork bomb's parent returns at once
+    if exit_code != 0:
+        for limit, pattern in _FAILURE_MESSAGES:
+            if pattern.search(tail):
+                return limit
+    return None
+
+
+# --- uids and ownership ---------------------------------------------------------------------
+
+
+class UidLease:
+    """A host uid for one sandbox: locked with flock (freed by the kernel if this process dies) and
+    skipped while any process still runs as it."""
+
+    def __init__(self, uid: int, fd: int):
+        self.uid = uid
+        self.fd = fd
+
+    @classmethod
+    def acquire(cls) -> UidLease:
+        locks = STATE_DIR / "uids"
+        locks.mkdir(parents=True, exist_ok=True)
+        busy = uids_in_use()
+        start = random.randrange(UID_SLOTS)
+        for n in range(UID_SLOTS):
+            uid = UID_BASE + (start + n) % UID_SLOTS
+            if uid in busy:
+                continue
+            fd = os.open(locks / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            return cls(uid, fd)
+        raise SandboxError(f"all {UID_SLOTS} sandbox uids are in use; close sandboxes that are done")
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _proc_uids() -> Iterable[int]:
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                yield entry.stat().st_uid
+            except FileNotFoundError:
+                pass
+
+
+def uids_in_use() -> set[int]:
+    return set(_proc_uids())
+
+
+def processes_of(uid: int) -> int:
+    return sum(1 for owner in _proc_uids() if owner == uid)
+
+
+def await_no_processes(uid: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while processes_of(uid) and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def chown_tree(root: Path, uid: int, gid: int) -> None:
+    """chown `root` and everything under it, never following a symlink (the agent may plant them)."""
+    os.lchown(root, uid, gid)
+    for folder, dirs, files in os.walk(root, followlinks=False):
+        for name in (*dirs, *files):
+            os.lchown(os.path.join(folder, name), uid, gid)
+
+
+# --- addresses ------------------------------------------------------------------------------
+
+
+def _is_ip(host: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _port(parts) -> int:
+    return parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def _gateway_address(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname or "127.0.0.1", _port(parts)
