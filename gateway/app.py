@@ -145,12 +145,26 @@ class DiffBody(BaseModel):
     instance_id: str
     base_commit: str
     diff: str
-    outcome: str = Field(min_length=1, max_length=64)
+    outcome: str | None = Field(None, min_length=1, max_length=64)
     details: dict[str, Any] = Field(default_factory=dict)
 
 
 MAX_DIFF_BYTES = 512 * 1024
-"""a diff larger than this is refused (413): one event must fit in a Kafka record with room to spare"""
+"""a longer diff is cut to this and marked truncated (a grader scores it 0): one event fits a Kafka record"""
+MAX_DIFF_BODY_BYTES = 8 * MAX_DIFF_BYTES
+"""a body larger than this is refused (413) unread"""
+
+
+async def _limited_body(request: Request, limit: int) -> bytes:
+    """The request body, or 413 once it passes `limit` bytes (without reading the rest)."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise GatewayError(413, f"the body is over {limit} bytes: leave generated and binary files out of the diff",
+                               "diff_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _json(payload: Any, status: int = 200) -> Response:
@@ -263,13 +277,14 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         """The attempt's final diff (coding agents): a `rollout.diff` event a grader scores."""
         principal = gateway.auth.principal(auth_headers(request.scope))  # 401 before any look at the body
         where = gateway.attribution(request, rollout_id, attempt_id, principal)
-        raw = await request.body()
-        if len(raw) > MAX_DIFF_BYTES:
-            raise GatewayError(413, f"the diff body is {len(raw)} bytes, more than the {MAX_DIFF_BYTES} allowed: "
-                               "leave generated and binary files out of the diff", "diff_too_large")
+        raw = await _limited_body(request, MAX_DIFF_BODY_BYTES)
         body = _body(raw, DiffBody)
+        encoded = body.diff.encode()
+        truncated = len(encoded) > MAX_DIFF_BYTES
+        diff = encoded[:MAX_DIFF_BYTES].decode("utf-8", "ignore") if truncated else body.diff
         event = RolloutDiffEvent(source=settings.source, rollout_id=where.rollout_id, attempt_id=where.attempt_id,
-                                 data=RolloutDiff(**body.model_dump()))
+                                 data=RolloutDiff(**body.model_dump(exclude={"diff"}), diff=diff, size=len(encoded),
+                                                  truncated=truncated))
         await gateway.recorder.publish(event)
         return _json({"id": event.id, "rollout_id": event.rollout_id, "attempt_id": event.attempt_id})
 

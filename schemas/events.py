@@ -106,19 +106,21 @@ class RolloutTimedOut(Payload):
 
 
 class RolloutDiff(Payload):
-    """The final state of a coding attempt's workspace: what a grader scores, in the log like every call.
+    """What a coding agent changed in its workspace, for a grader to apply in a fresh sandbox.
 
     Posted by the harness through the gateway (authenticated with the rollout token) when the agent
     ends, before it exits. Grading reads only this (and its task's hidden tests), so history can be
     re-graded with other tests without running an agent again.
     """
 
-    instance_id: str = Field(description="the task (SWE-bench instance id)")
-    base_commit: str = Field(description="the commit the workspace was checked out at")
+    instance_id: str = Field(description="the task (SWE-bench instance) the diff answers")
+    base_commit: str = Field(description="the commit the agent's workspace was checked out from")
     diff: str = Field(description="`git diff` of the workspace against base_commit, new files included, binary files left out")
-    outcome: str = Field(description="how the agent ended: submitted, step_limit, time_limit, format_errors, "
-                         "context_overflow, sandbox_timeout, model_error, harness_error")
-    details: dict[str, Any] = Field(default_factory=dict, description="e.g. steps taken, binary files left out")
+    size: int = Field(description="bytes of the whole diff, before any truncation")
+    truncated: bool = Field(False, description="the diff was cut to fit an event; a grader scores it 0")
+    outcome: str | None = Field(None, description="how the agent ended: submitted, step_limit, time_limit, "
+                                "format_errors, context_overflow, sandbox_timeout, model_error")
+    details: dict[str, Any] = Field(default_factory=dict, description="e.g. steps taken, command time, binary files left out")
 
 
 class RolloutQueuedEvent(Event):

@@ -4,7 +4,7 @@ event of that attempt, for its rollout token only; bad or oversized bodies are r
 from __future__ import annotations
 
 from agentstream.stack.process import free_port
-from gateway.app import MAX_DIFF_BYTES
+from gateway.app import MAX_DIFF_BODY_BYTES, MAX_DIFF_BYTES
 from schemas.events import RolloutDiffEvent
 from schemas.tokens import mint_rollout_token
 from tests.gateway_support import TOKEN_SECRET, gateway_settings, read_events, running_gateway
@@ -22,18 +22,22 @@ async def test_a_diff_becomes_an_event_of_the_tokens_attempt_and_nothing_else_ge
             other_attempt = await agent.post("/rollouts/r1/attempts/a2/diff", json=BODY)
             missing = await agent.post("/rollouts/r1/attempts/a1/diff", json={"diff": DIFF})
             extra = await agent.post("/rollouts/r1/attempts/a1/diff", json={**BODY, "reward": 1.0})
-            huge = await agent.post("/rollouts/r1/attempts/a1/diff", json={**BODY, "diff": "+" * (MAX_DIFF_BYTES + 1)})
+            long = await agent.post("/rollouts/r1/attempts/a1/diff", json={**BODY, "diff": "+" * (MAX_DIFF_BYTES + 10)})
+            huge = await agent.post("/rollouts/r1/attempts/a1/diff", json={**BODY, "diff": "+" * MAX_DIFF_BODY_BYTES})
         async with gw.http(api_key=None) as anonymous:
             unauthenticated = await anonymous.post("/rollouts/r1/attempts/a1/diff", json=BODY)
 
-    assert posted.status_code == 200, posted.text
+    assert posted.status_code == 200 and long.status_code == 200, (posted.text, long.text)
     assert (other_rollout.status_code, other_attempt.status_code) == (403, 403)
     assert (missing.status_code, extra.status_code) == (400, 400)
     assert "instance_id" in missing.json()["error"]["message"] and "reward" in extra.json()["error"]["message"]
     assert huge.status_code == 413 and huge.json()["error"]["code"] == "diff_too_large"
     assert unauthenticated.status_code == 401
 
-    [event] = await read_events(kafka, kafka.topics.rollouts, count=1, settle_ms=300)
-    assert isinstance(event, RolloutDiffEvent) and event.id == posted.json()["id"]
+    events = {e.id: e for e in await read_events(kafka, kafka.topics.rollouts, count=2, settle_ms=300)}
+    assert set(events) == {posted.json()["id"], long.json()["id"]}
+    event, cut = events[posted.json()["id"]], events[long.json()["id"]]
+    assert isinstance(event, RolloutDiffEvent) and not event.data.truncated and event.data.size == len(DIFF)
+    assert cut.data.truncated and cut.data.size == MAX_DIFF_BYTES + 10 and len(cut.data.diff) == MAX_DIFF_BYTES
     assert (event.rollout_id, event.attempt_id) == ("r1", "a1")
     assert event.data.diff == DIFF and event.data.outcome == "submitted" and event.data.details == {"steps": 3}
