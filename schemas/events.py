@@ -282,6 +282,9 @@ class Trajectory(Payload):
     sample_index: int = 0
     attempt_number: int = 1
     status: Literal["finished", "failed", "timed_out", "abandoned"]
+    end_reason: str | None = Field(None, description="why the attempt ended, in a word or a line: a coding "
+                                   "agent's outcome (submitted, step_limit, context_overflow, …), a failure's "
+                                   "error, a timeout")
     reward: float | None = Field(None, description="final reward: the last one posted or computed")
     reward_missing: bool = False
     rewards: list[RewardRecord] = Field(default_factory=list)
