@@ -16,7 +16,8 @@ from agentstream.stack import StackError, bootstrap_servers, default_kafka_dir
 console = Console()
 # the help's panels and commands, in the order a user meets them
 LOOP, LOG, STACK = "The loop: run agents, record, learn", "The log: replay and query", "The local stack"
-ORDER = ("demo", "recipe", "run", "eval", "gateway", "streams", "train", "replay", "sql", "top", "kafka", "vllm", "model", "topics",
+ORDER = ("demo", "recipe", "run", "eval", "gateway", "streams", "grade", "train", "tasks", "replay", "sql", "top", "kafka",
+         "vllm", "model", "topics",
          "schemas")
 
 
@@ -44,6 +45,10 @@ app.add_typer(vllm_app, name="vllm", rich_help_panel=STACK)
 app.add_typer(model_app, name="model", rich_help_panel=STACK)
 app.add_typer(schemas_app, name="schemas", rich_help_panel=STACK)
 app.add_typer(topics_app, name="topics", rich_help_panel=STACK)
+tasks_app = typer.Typer(help="Task sets for the recipes.", no_args_is_help=True)
+swe_app = typer.Typer(help="Coding tasks in the SWE-bench format.", no_args_is_help=True)
+tasks_app.add_typer(swe_app, name="swe")
+app.add_typer(tasks_app, name="tasks", rich_help_panel=LOOP)
 
 
 def fail(message: str) -> None:
@@ -722,6 +727,75 @@ def streams(ctx: typer.Context) -> None:
     from streams.__main__ import main as streams_main
 
     forward(streams_main, ["worker", *ctx.args])
+
+
+@app.command("grade", rich_help_panel=LOOP, **FORWARD)
+def grade(ctx: typer.Context) -> None:
+    """The coding recipe's grader: diffs from the rollouts topic in, rewards out (flags: `agentstream grade --help`).
+
+    agentstream grade --tasks FILE [--workers N] [--timeout-s S]
+    """
+    from recipes.swe.grade import main as grade_main
+
+    forward(grade_main, list(ctx.args))
+
+
+# --- tasks ---------------------------------------------------------------------------------
+
+ReposDir = Annotated[Optional[Path], typer.Option(help="task repositories (default: AGENTSTREAM_HOME/swe/repos)")]
+
+
+@swe_app.command("build")
+def tasks_swe_build(
+    out: Annotated[Path, typer.Option(help="the task file to write (JSONL)")] = Path("tasks.jsonl"),
+    limit: Annotated[int, typer.Option(help="tasks to build")] = 60,
+    seed: Annotated[int, typer.Option(help="the order candidate bugs are tried in")] = 0,
+    package: Annotated[str, typer.Option(help="the pinned package to inject bugs into")] = "toolz",
+    workers: Annotated[int, typer.Option(help="candidates tested at once")] = 2,
+    repos_dir: ReposDir = None,
+) -> None:
+    """Inject bugs into a pinned package and keep those its own tests catch (see recipes/swe/README.md)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from recipes.swe.build import PINNED, BuildError, build, write
+    from recipes.swe.testrun import EnvError
+
+    if package not in PINNED:
+        fail(f"no pinned package {package!r}; choose from: {', '.join(PINNED)}")
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("tried {task.fields[tried]}"),
+               TimeElapsedColumn())
+    with Progress(*columns, console=console) as progress:
+        bar = progress.add_task("tasks", total=limit, tried=0)
+        try:
+            built = build(PINNED[package], limit=limit, seed=seed, repos_dir=repos_dir, workers=workers,
+                          progress=lambda kept, tried, total: progress.update(bar, completed=kept, tried=f"{tried}/{total}"))
+        except (BuildError, EnvError) as exc:
+            fail(str(exc))
+    write(built.instances, out)
+    validation = sum(i.split == "validation" for i in built.instances)
+    console.print(f"Wrote {len(built.instances)} tasks ({validation} validation) to {out} in {built.seconds:.0f} s; "
+                  f"tried {built.tried} candidates, rejected: {built.rejected or 'none'}")
+    if len(built.instances) < limit:
+        console.print(f"[yellow]only {len(built.instances)} of {limit}: the package ran out of candidates[/yellow]")
+
+
+@swe_app.command("check")
+def tasks_swe_check(
+    file: Annotated[Path, typer.Argument(help="a SWE-bench / SWE-smith / SWE-Gym JSONL file")],
+    repos_dir: ReposDir = None,
+) -> None:
+    """Check a task file before anything runs: every bad line with its reason."""
+    from recipes.swe.repos import default_repos_dir
+    from recipes.swe.tasks import TaskFileError, load
+
+    try:
+        instances = load(file, repos_dir or default_repos_dir())
+    except OSError as exc:
+        fail(f"cannot read {file}: {exc}")
+    except TaskFileError as exc:
+        fail(str(exc))
+    validation = sum(i.split == "validation" for i in instances)
+    console.print(f"{file}: {len(instances)} tasks ({validation} validation), all usable")
 
 
 def main() -> None:

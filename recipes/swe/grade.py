@@ -1,0 +1,194 @@
+"""`python -m recipes.swe.grade --tasks FILE` (also `agentstream grade`): the grader as a service.
+
+It reads `rollout.diff` events from the rollouts topic, grades each diff against its instance (from
+the service's own task file, by instance_id: the agent never held the patches or the hidden tests)
+in a pool of worker threads, each grading in a fresh sandbox, and publishes a `reward` event with the
+details to the rewards topic. It is a process of its own, so a slow grading never holds up trajectory
+assembly; inside it, gradings run side by side, so a slow one never holds up the others.
+
+Offsets are committed, per partition, only below the oldest diff whose reward the broker has not yet
+acknowledged: a crash grades the rest again, and a reward's id is derived from the diff event's id,
+so the repeat is the same event and consumers drop it. A diff for an unknown instance, or a task whose
+test patch does not apply, goes to the deadletter topic with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from aiokafka import ConsumerRecord, TopicPartition
+from pydantic import Field, ValidationError
+from pydantic_settings import CliApp, SettingsConfigDict
+
+from recipes.swe import repos, tasks
+from recipes.swe.grader import REWARD_FN, GradeError, Grader
+from recipes.swe.instance import Instance
+from schemas.codec import DecodeError, decode
+from schemas.events import Reward, RewardEvent, RolloutDiffEvent
+from schemas.ids import derived_id
+from schemas.kafka import KafkaSettings, Publisher, ensure_topics, make_consumer, make_producer
+
+log = logging.getLogger("recipes.swe.grade")
+SOURCE = "grader"
+
+
+class GradeSettings(KafkaSettings):
+    """Grade coding agents' diffs from the rollouts topic; publish rewards."""
+
+    model_config = SettingsConfigDict(cli_prog_name="python -m recipes.swe.grade")
+
+    tasks: Path = Field(description="the task file (SWE-bench JSONL) the diffs answer")
+    repos_dir: Path = Field(default_factory=repos.default_repos_dir, description="where the task repositories are")
+    envs_dir: Path = Field(default_factory=repos.default_envs_dir, description="where the test environments are")
+    workers: int = Field(2, ge=1, description="gradings run at once (each in its own sandbox)")
+    timeout_s: float = Field(120.0, gt=0, description="wall clock of one grading's test run")
+    group_id: str = Field("agentstream-grader", description="consumer group (the topic prefix is put before it)")
+
+
+def reward_event(diff: RolloutDiffEvent, value: float, details: dict) -> RewardEvent:
+    return RewardEvent(id=derived_id("reward", diff.id, REWARD_FN), source=SOURCE, rollout_id=diff.rollout_id,
+                       attempt_id=diff.attempt_id, data=Reward(value=value, details=details, reward_fn=REWARD_FN))
+
+
+class Offsets:
+    """Per partition: the offsets in flight; what may be committed is below the oldest of them."""
+
+    def __init__(self) -> None:
+        self.pending: dict[TopicPartition, set[int]] = {}
+        self.seen: dict[TopicPartition, int] = {}
+
+    def start(self, tp: TopicPartition, offset: int) -> None:
+        self.pending.setdefault(tp, set()).add(offset)
+        self.seen[tp] = max(self.seen.get(tp, -1), offset)
+
+    def skip(self, tp: TopicPartition, offset: int) -> None:
+        self.seen[tp] = max(self.seen.get(tp, -1), offset)
+
+    def done(self, tp: TopicPartition, offset: int) -> None:
+        self.pending[tp].discard(offset)
+
+    def committable(self) -> dict[TopicPartition, int]:
+        return {tp: min(self.pending.get(tp) or {last + 1}) for tp, last in self.seen.items()}
+
+
+class GradeService:
+    def __init__(self, settings: GradeSettings, instances: list[Instance], grader: Grader | None = None):
+        self.settings = settings
+        self.instances = tasks.by_id(instances)
+        self.grader = grader or Grader(repos_dir=settings.repos_dir, envs_dir=settings.envs_dir,
+                                       timeout_s=settings.timeout_s)
+        self.executor = ThreadPoolExecutor(settings.workers, thread_name_prefix="grade")
+        self.slots = asyncio.Semaphore(settings.workers * 2)
+        self.offsets = Offsets()
+        self.graded = 0
+        self._committed: dict[TopicPartition, int] = {}
+        self._tasks: set[asyncio.Task] = set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await ensure_topics(self.settings)
+        topics = self.settings.topics
+        consumer = make_consumer(self.settings, topics.rollouts, group_id=f"{self.settings.topic_prefix}{self.settings.group_id}")
+        producer = make_producer(self.settings)
+        await consumer.start()
+        await producer.start()
+        publisher = Publisher(producer, topics)
+        try:
+            while not stop.is_set():
+                batches = await consumer.getmany(timeout_ms=200, max_records=50)
+                for tp, records in batches.items():
+                    for record in records:
+                        await self._take(tp, record, publisher)
+                await self._commit(consumer)
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self._commit(consumer)
+        finally:
+            self.executor.shutdown(wait=False, cancel_futures=True)
+            await producer.stop()
+            await consumer.stop()
+
+    async def _take(self, tp: TopicPartition, record: ConsumerRecord, publisher: Publisher) -> None:
+        try:
+            event = decode(record.value)
+        except DecodeError:
+            self.offsets.skip(tp, record.offset)  # the streams worker deadletters undecodable events
+            return
+        if not isinstance(event, RolloutDiffEvent):
+            self.offsets.skip(tp, record.offset)
+            return
+        await self.slots.acquire()  # back-pressure: at most 2 × workers gradings queued or running
+        self.offsets.start(tp, record.offset)
+        task = asyncio.create_task(self._grade(tp, record, event, publisher))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _grade(self, tp: TopicPartition, record: ConsumerRecord, event: RolloutDiffEvent,
+                     publisher: Publisher) -> None:
+        try:
+            instance = self.instances.get(event.data.instance_id)
+            if instance is None:
+                await publisher.deadletter(record, f"unknown instance {event.data.instance_id!r}: not in "
+                                           f"{self.settings.tasks}", SOURCE)
+            elif instance.base_commit != event.data.base_commit:
+                await publisher.deadletter(record, f"the diff is against {event.data.base_commit}, the task's base "
+                                           f"commit is {instance.base_commit}", SOURCE)
+            else:
+                loop = asyncio.get_running_loop()
+                try:
+                    result = await loop.run_in_executor(self.executor, self.grader.grade, instance,
+                                                        event.data.diff, event.data.truncated)
+                except GradeError as exc:
+                    await publisher.deadletter(record, f"the task cannot be graded: {exc}", SOURCE)
+                else:
+                    await publisher.publish(reward_event(event, result.reward, result.details))
+                    self.graded += 1
+            self.offsets.done(tp, record.offset)
+        except Exception:
+            log.exception("grading %s:%d@%d failed; it is graded again after a restart", tp.topic, tp.partition,
+                          record.offset)
+        finally:
+            self.slots.release()
+
+    async def _commit(self, consumer) -> None:
+        assigned = consumer.assignment()
+        offsets = {tp: offset for tp, offset in self.offsets.committable().items()
+                   if tp in assigned and self._committed.get(tp) != offset}
+        if offsets:
+            await consumer.commit(offsets)
+            self._committed.update(offsets)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        settings = CliApp.run(GradeSettings, cli_args=args)
+    except ValidationError as exc:
+        for error in exc.errors(include_url=False):
+            where = ".".join(str(part) for part in error["loc"])
+            print(f"error: {where + ': ' if where else ''}{error['msg']}", file=sys.stderr)
+        return 2
+    try:
+        instances = tasks.load(settings.tasks, settings.repos_dir)
+    except (OSError, tasks.TaskFileError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    return asyncio.run(_serve(settings, instances))
+
+
+async def _serve(settings: GradeSettings, instances: list[Instance]) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("grading %d tasks from %s with %d workers", len(instances), settings.tasks, settings.workers)
+    await GradeService(settings, instances).run(stop)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

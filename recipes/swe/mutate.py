@@ -1,0 +1,192 @@
+"""Procedural bugs: one small edit of a function's source, found through the `ast`, made on the text.
+
+After SWE-smith's procedural modifiers (swesmith.bug_gen.procedural.python), whose names the kinds
+keep. SWE-smith is not used as a library: its modifiers run on libcst and its own code-entity
+adapters, flip every matching node of a function at random (several edits per bug), and print the
+whole function again. Here each candidate is one edit at one place, enumerated in a fixed order, and
+made on the text at the node's own offsets, so the gold patch is the smallest diff and the same
+source, seed and order always give the same bugs.
+
+Kinds:
+  flip_operator     `a < b` → `a >= b`, `==` ↔ `!=`, `in` ↔ `not in`, `is` ↔ `is not`
+                    (func_pm_flip_operators)
+  change_operator   `+` ↔ `-`, `*` ↔ `//`, `and` ↔ `or` (func_pm_op_change)
+  off_by_one        an integer constant n → n + 1 (or n - 1), `<` ↔ `<=`, `>` ↔ `>=`
+  invert_condition  `if c:` → `if not c:`, `while c:` → `while not c:` (func_pm_ctrl_invert_if)
+  drop_branch       an `if` without `else` removed (func_pm_remove_cond)
+  swap_operands     `a - b` → `b - a` for non-commutative operators (func_pm_op_swap)
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+FLIP_COMPARE = {ast.Lt: ">=", ast.LtE: ">", ast.Gt: "<=", ast.GtE: "<", ast.Eq: "!=", ast.NotEq: "==",
+                ast.In: "not in", ast.NotIn: "in", ast.Is: "is not", ast.IsNot: "is"}
+BOUNDARY = {ast.Lt: "<=", ast.LtE: "<", ast.Gt: ">=", ast.GtE: ">"}
+CHANGE_BINOP = {ast.Add: "-", ast.Sub: "+", ast.Mult: "//", ast.FloorDiv: "*", ast.Div: "*", ast.Mod: "//",
+                ast.BitAnd: "|", ast.BitOr: "&"}
+TOKEN = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!=",
+         ast.In: "in", ast.NotIn: r"not\s+in", ast.Is: "is", ast.IsNot: r"is\s+not", ast.Add: r"\+",
+         ast.Sub: "-", ast.Mult: r"\*", ast.FloorDiv: "//", ast.Div: "/", ast.Mod: "%", ast.BitAnd: "&",
+         ast.BitOr: r"\|", ast.And: "and", ast.Or: "or"}
+NON_COMMUTATIVE = (ast.Sub, ast.Div, ast.FloorDiv, ast.Mod)
+KINDS = ("flip_operator", "change_operator", "off_by_one", "invert_condition", "drop_branch", "swap_operands")
+
+
+@dataclass(frozen=True)
+class Mutation:
+    path: str
+    kind: str
+    line: int
+    function: str
+    start: int
+    """byte offsets into the file's source"""
+    end: int
+    replacement: str
+    original: str
+
+    @property
+    def key(self) -> str:
+        """A stable short name: the same edit of the same source always gets the same key."""
+        text = f"{self.path}:{self.start}:{self.end}:{self.kind}:{self.replacement}"
+        return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+    def apply(self, source: str) -> str:
+        data = source.encode()
+        return (data[:self.start] + self.replacement.encode() + data[self.end:]).decode()
+
+
+def mutations(path: str, source: str) -> list[Mutation]:
+    """Every candidate edit of the functions in `source`, in source order; each compiles."""
+    tree = ast.parse(source)
+    offsets = _line_offsets(source.encode())
+    found: list[Mutation] = []
+    for function in _functions(tree):
+        for node in ast.walk(function):
+            for kind, start, end, replacement in _edits(node, source.encode(), offsets):
+                found.append(Mutation(path, kind, node.lineno, function.name, start, end, replacement,
+                                      source.encode()[start:end].decode()))
+    unique = {(m.start, m.end, m.replacement): m for m in found}
+    return sorted((m for m in unique.values() if _compiles(m.apply(source))), key=lambda m: (m.start, m.kind, m.replacement))
+
+
+def _functions(tree: ast.AST) -> Iterator[ast.FunctionDef | ast.AsyncFunctionDef]:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("__"):
+            yield node
+
+
+def _line_offsets(data: bytes) -> list[int]:
+    offsets = [0]
+    for index, byte in enumerate(data):
+        if byte == 0x0A:
+            offsets.append(index + 1)
+    return offsets
+
+
+def _at(offsets: list[int], line: int, col: int) -> int:
+    return offsets[line - 1] + col
+
+
+def _span(node: ast.AST, offsets: list[int]) -> tuple[int, int]:
+    return _at(offsets, node.lineno, node.col_offset), _at(offsets, node.end_lineno, node.end_col_offset)
+
+
+def _operator_between(data: bytes, offsets: list[int], left: ast.AST, right: ast.AST, op: type) -> tuple[int, int] | None:
+    """The operator's token between two operands (skipping closing and opening parentheses)."""
+    start = _at(offsets, left.end_lineno, left.end_col_offset)
+    end = _at(offsets, right.lineno, right.col_offset)
+    gap = data[start:end].decode()
+    if "#" in gap or "\\" in gap:
+        return None
+    match = re.search(rf"(?<![=<>!*/]){TOKEN[op]}(?![=<>*/])", gap)
+    if not match:
+        return None
+    before = gap[:match.start()].strip(" \t\n)")
+    after = gap[match.end():].strip(" \t\n(")
+    if before or after:
+        return None
+    return start + len(gap[:match.start()].encode()), start + len(gap[:match.end()].encode())
+
+
+def _edits(node: ast.AST, data: bytes, offsets: list[int]) -> Iterator[tuple[str, int, int, str]]:
+    if isinstance(node, ast.Compare):
+        left = node.left
+        for op, right in zip(node.ops, node.comparators):
+            where = _operator_between(data, offsets, left, right, type(op))
+            if where:
+                if type(op) in FLIP_COMPARE:
+                    yield "flip_operator", *where, FLIP_COMPARE[type(op)]
+                if type(op) in BOUNDARY:
+                    yield "off_by_one", *where, BOUNDARY[type(op)]
+            left = right
+    elif isinstance(node, ast.BinOp) and type(node.op) in CHANGE_BINOP:
+        where = _operator_between(data, offsets, node.left, node.right, type(node.op))
+        if where:
+            yield "change_operator", *where, CHANGE_BINOP[type(node.op)]
+            if isinstance(node.op, NON_COMMUTATIVE) and node.lineno == node.end_lineno:
+                yield from _swap(node, data, offsets, where)
+    elif isinstance(node, ast.BoolOp):
+        other = "or" if isinstance(node.op, ast.And) else "and"
+        for left, right in zip(node.values, node.values[1:]):
+            where = _operator_between(data, offsets, left, right, type(node.op))
+            if where and len(node.values) == 2:
+                yield "change_operator", *where, other
+    elif isinstance(node, ast.Constant) and type(node.value) is int and node.lineno == node.end_lineno:
+        start, end = _span(node, offsets)
+        if data[start:end].decode().isdigit():
+            yield "off_by_one", start, end, str(node.value + 1)
+            if node.value > 0:
+                yield "off_by_one", start, end, str(node.value - 1)
+    elif isinstance(node, (ast.If, ast.While)):
+        if not (isinstance(node.test, ast.Compare) and len(node.test.ops) == 1):  # flip_operator does that
+            yield from _invert(node, data, offsets)
+        if isinstance(node, ast.If) and not node.orelse:
+            yield from _drop(node, data, offsets)
+
+
+def _swap(node: ast.BinOp, data: bytes, offsets: list[int], where: tuple[int, int]) -> Iterator[tuple[str, int, int, str]]:
+    start, end = _span(node, offsets)
+    left_start, left_end = _span(node.left, offsets)
+    right_start, right_end = _span(node.right, offsets)
+    if (left_start, right_end) != (start, end) or not all(isinstance(n, (ast.Name, ast.Constant, ast.Attribute))
+                                                          for n in (node.left, node.right)):
+        return
+    text = data[right_start:right_end] + data[left_end:right_start] + data[left_start:left_end]
+    yield "swap_operands", start, end, text.decode()
+
+
+def _invert(node: ast.If | ast.While, data: bytes, offsets: list[int]) -> Iterator[tuple[str, int, int, str]]:
+    test = node.test
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        start, end = _span(test, offsets)
+        inner_start, inner_end = _span(test.operand, offsets)
+        yield "invert_condition", start, end, data[inner_start:inner_end].decode()
+        return
+    start, end = _span(test, offsets)
+    text = data[start:end].decode()
+    simple = isinstance(test, (ast.Name, ast.Call, ast.Attribute, ast.Subscript, ast.Compare))
+    yield "invert_condition", start, end, f"not {text}" if simple else f"not ({text})"
+
+
+def _drop(node: ast.If, data: bytes, offsets: list[int]) -> Iterator[tuple[str, int, int, str]]:
+    start = offsets[node.lineno - 1]
+    line = data[start:offsets[node.lineno] if node.lineno < len(offsets) else len(data)].decode()
+    if not line.lstrip().startswith("if ") or node.end_lineno >= len(offsets):
+        return  # an elif, or an if sharing its line
+    end = offsets[node.end_lineno]
+    indent = line[:len(line) - len(line.lstrip())]
+    yield "drop_branch", start, end, f"{indent}pass\n"
+
+
+def _compiles(source: str) -> bool:
+    try:
+        compile(source, "<mutation>", "exec")
+    except (SyntaxError, ValueError):
+        return False
+    return True
