@@ -137,6 +137,42 @@ class Progress:
         return table
 
 
+# --- tasks -------------------------------------------------------------------------------------
+
+
+def build_recipe_tasks(out: Path, train: int, validation: int, say=print) -> tuple[Path, Path, Path]:
+    """Build (once per AGENTSTREAM_HOME) bugs in the pinned package; write the controller's task files,
+    whose input is only the instance id and the problem statement, and the grader's instances file."""
+    from agentstream.settings import agentstream_home
+    from recipes.swe import build
+    from recipes.swe.instance import Instance
+    from recipes.swe.workspace import TaskInput, write_index
+
+    cache = agentstream_home() / "swe" / f"recipe-tasks-{train + validation}.jsonl"
+    if cache.exists():
+        instances = [Instance.model_validate_json(line) for line in cache.read_text().splitlines() if line.strip()]
+    else:
+        say(f"building {train + validation} tasks (bugs injected into toolz, each checked by the real grader; once)")
+        built = build.build(limit=train + validation)
+        instances = built.instances
+        build.write(instances, cache)
+    chosen = ([i for i in instances if i.split == "train"][:train] +
+              [i for i in instances if i.split == "validation"][:validation])
+    if not any(i.split == "validation" for i in chosen) or not any(i.split == "train" for i in chosen):
+        raise StackError(f"the task set {cache} has no train or no validation task; remove it to build again")
+    out.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for split in ("train", "validation"):
+        rows = [{"id": i.instance_id, "input": TaskInput.of(i).model_dump(exclude_none=True), "split": split}
+                for i in chosen if i.split == split]
+        files[split] = out / f"{split}.jsonl"
+        files[split].write_text("".join(json.dumps(row) + "\n" for row in rows))
+    instances_file = out / "instances.jsonl"
+    build.write(chosen, instances_file)
+    write_index(chosen, out / "index.jsonl")
+    return files["train"], files["validation"], instances_file
+
+
 # --- the run ----------------------------------------------------------------------------------
 
 
@@ -164,8 +200,6 @@ class Recipe(Demo):
             if config.validation_tasks_file is None or config.instances is None:
                 raise StackError("--tasks needs --validation-tasks and --instances (the grader's hidden tests) too")
             return config.tasks, config.validation_tasks_file, config.instances
-        from recipes.swe.tasks import build_recipe_tasks
-
         return build_recipe_tasks(self.out / "tasks", config.train_tasks, config.validation_tasks, say=self.say)
 
     async def run(self) -> Progress:  # type: ignore[override]
@@ -183,6 +217,15 @@ class Recipe(Demo):
         await self.follow(kafka)
         return self.progress
 
+    def index_file(self, instances: Path) -> Path:
+        """The public index (instance id → repository, base commit) the harness locates tasks with."""
+        from recipes.swe.tasks import load
+        from recipes.swe.repos import default_repos_dir
+        from recipes.swe.workspace import write_index
+
+        index = instances.with_name("index.jsonl")
+        return index if index.exists() else write_index(load(instances, default_repos_dir(), check_apply=False), index)
+
     async def launch_services(self, kafka: KafkaSettings, model_dir: Path, vllm: ServerState, train: Path,
                               validation: Path, instances: Path) -> None:
         config = self.config
@@ -194,8 +237,7 @@ class Recipe(Demo):
         # a diff is graded after the attempt ends: the trajectory waits for that reward (a grading takes seconds)
         self.start("streams", "streams", "worker", *common, "--web-port", str(free_port()), "--settle-s", "0.5",
                    "--reward-grace-s", str(config.attempt_timeout_s), "--data-dir", str(self.out / "streams"))
-        self.start("grader", "recipes.swe.grader", *common, "--instances", str(instances),
-                   "--work-dir", str(self.out / "grading"))
+        self.start("grader", "recipes.swe.grade", *common, "--tasks", str(instances))
         self.start("trainer", "trainer", *common, "--model", self.served, "--base-model", str(model_dir),
                    "--checkpoint-dir", str(self.out / "checkpoints"), "--group-size", str(config.group_size),
                    "--groups-per-batch", str(config.groups_per_batch), "--min-group-size", "1",
@@ -205,7 +247,8 @@ class Recipe(Demo):
         agent_env = {"AGENTSTREAM_SWE_STEP_LIMIT": str(config.step_limit),
                      "AGENTSTREAM_SWE_MAX_TOKENS": str(config.max_tokens),
                      "AGENTSTREAM_SWE_WORKSPACE": str(self.out / "workspaces"),
-                     "AGENTSTREAM_SWE_ATTEMPT_TIMEOUT_S": str(int(config.attempt_timeout_s))}
+                     "AGENTSTREAM_SWE_ATTEMPT_TIMEOUT_S": str(int(config.attempt_timeout_s)),
+                     "AGENTSTREAM_SWE_INDEX": str(self.index_file(instances))}
         run = ["--gateway-url", gateway_url, "--token-secret", secret, "--model", self.served,
                "--timeout-s", str(config.attempt_timeout_s), "--concurrency", str(config.concurrency)]
         self.start("eval", "agentstream.cli", "eval", "--prefix", kafka.topic_prefix, "--tasks", str(validation),

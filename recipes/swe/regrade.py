@@ -36,8 +36,10 @@ def _instances(path: str) -> dict:
 @cache
 def _grader():
     from recipes.swe.grader import Grader
+    from recipes.swe.repos import default_envs_dir, default_repos_dir
 
-    return Grader()
+    return Grader(repos_dir=Path(os.environ.get("AGENTSTREAM_SWE_REPOS") or default_repos_dir()),
+                  envs_dir=Path(os.environ.get("AGENTSTREAM_SWE_ENVS") or default_envs_dir()))
 
 
 def grade_diff(sample: Sample) -> Reward:
