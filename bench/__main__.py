@@ -17,6 +17,7 @@ BENCHMARKS = {
     "controller_launch": "how fast the controller launches attempts",
     "trainer_throughput": "trainer samples per second, and the update's share of its time",
     "trainer_learning": "how fast the trainer's update teaches the tiny model the demo's task",
+    "recipe_swe": "the coding recipe's rollouts per minute and where the time goes, vs. a scripted agent",
 }
 
 
