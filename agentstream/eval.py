@@ -30,7 +30,7 @@ from aiokafka import TopicPartition
 from controller.tasks import load_tasks
 from schemas.codec import DecodeError, decode
 from schemas.events import (
-    TERMINAL_TYPES, Eval, EvalEvent, PoolUpdateEvent, RolloutQueuedEvent, TrajectoryEvent, WeightsEvent,
+    Eval, EvalEvent, PoolUpdateEvent, RolloutQueuedEvent, TrajectoryEvent, WeightsEvent,
 )
 from schemas.kafka import KafkaSettings, Publisher, make_consumer, make_producer, partitions_of
 
@@ -159,7 +159,6 @@ class Evaluator:
             await _seek_to_time(consumer, partitions, since_ms)
             task_of: dict[str, str] = {}
             last_attempt: dict[str, tuple[int, str]] = {}
-            ended: set[str] = set()
             trajectories: dict[tuple[str, str], TrajectoryEvent] = {}
             deadline = time.monotonic() + self.config.settle_timeout_s
             while True:
@@ -175,8 +174,6 @@ class Evaluator:
                             number = event.data.attempt_number
                             if number >= last_attempt.get(event.rollout_id, (0, ""))[0]:
                                 last_attempt[event.rollout_id] = (number, event.attempt_id)
-                        elif event.type in TERMINAL_TYPES and event.attempt_id:
-                            ended.add(event.attempt_id)
                         elif isinstance(event, TrajectoryEvent):
                             trajectories[event.rollout_id, event.attempt_id] = event
                 final = {rollout: trajectories.get((rollout, attempt)) for rollout, (_, attempt) in last_attempt.items()}

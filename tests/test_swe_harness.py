@@ -56,7 +56,7 @@ def run_controller(kafka, gateway_url: str, tasks: Path, logs: Path, env: dict[s
            "--topic-prefix", kafka.topic_prefix, "--tasks", str(tasks),
            "--agent", f"{sys.executable} -m recipes.swe.harness", "--gateway-url", gateway_url,
            "--token-secret", TOKEN_SECRET, "--model", "tiny", "--no-progress", "--max-attempts", "1",
-           "--timeout-s", "150", "--logs-dir", str(logs)]
+           "--timeout-s", "420", "--logs-dir", str(logs)]
     return spawn(cmd, logs / "controller.log", env={**os.environ, **env}, cwd=REPO)
 
 
