@@ -51,12 +51,13 @@ def forced(command: str) -> str:
     return json.dumps({"extra_body": {"structured_outputs": {"regex": regex}}})
 
 
-def run_controller(kafka, gateway_url: str, tasks: Path, logs: Path, env: dict[str, str]) -> subprocess.Popen:
+def run_controller(kafka, gateway_url: str, tasks: Path, logs: Path, env: dict[str, str],
+                   *extra: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "controller", "--bootstrap-servers", kafka.bootstrap_servers,
            "--topic-prefix", kafka.topic_prefix, "--tasks", str(tasks),
            "--agent", f"{sys.executable} -m recipes.swe.harness", "--gateway-url", gateway_url,
            "--token-secret", TOKEN_SECRET, "--model", "tiny", "--no-progress", "--max-attempts", "1",
-           "--timeout-s", "420", "--logs-dir", str(logs)]
+           "--timeout-s", "420", "--logs-dir", str(logs), *extra]
     return spawn(cmd, logs / "controller.log", env={**os.environ, **env}, cwd=REPO)
 
 
@@ -152,7 +153,7 @@ async def test_a_scripted_agents_diff_is_graded_by_the_grader_service_into_its_t
                                 ("idle", ["ls", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"])):
                 env = {"AGENTSTREAM_SWE_REPOS": str(repos), "AGENTSTREAM_SWE_INDEX": str(index),
                        "AGENTSTREAM_SWE_SCRIPT": json.dumps(script), "AGENTSTREAM_SWE_WORKSPACE": str(tmp_path / "ws")}
-                controller = run_controller(kafka, gw.url, tasks, tmp_path / run, env)
+                controller = run_controller(kafka, gw.url, tasks, tmp_path / run, env, "--run-id", f"scripted-{run}")
                 assert await await_exit(controller) == 0, tail(tmp_path / run / "controller.log")
             async with TopicWatch(kafka, "rollouts", "trajectories") as watch:
                 events = await watch.until(lambda es: sum(isinstance(e, TrajectoryEvent) for e in es) == 2,
