@@ -191,7 +191,8 @@ class Recipe(Demo):
 
     def inference(self, model_dir: Path) -> ServerState:
         self.vllm.stop()  # a server left by an earlier run may hold trained weights
-        return self.vllm.start(model_dir, served_name=self.served, say=self.say)
+        # a 135 M model on a busy two-core machine can take minutes to load
+        return self.vllm.start(model_dir, served_name=self.served, timeout=900, say=self.say)
 
     def task_files(self) -> tuple[Path, Path, Path]:
         """(train tasks, validation tasks, instances for the grader): given, or built."""
