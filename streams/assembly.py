@@ -274,7 +274,7 @@ class Assembly:
         by_id = {e.id: e.data for e in events if isinstance(e, CallEvent)}
         calls = [by_id[turn.call_id] for turn in trajectory.data.turns]
         try:
-            reward = rewards.score(reward_fn, rewards.Sample(queued.data.task, trajectory.data, calls))
+            reward = rewards.score(reward_fn, rewards.Sample(queued.data.task, trajectory.data, calls, events))
         except rewards.RewardError as exc:
             return f"no reward for attempt {attempt_id} of rollout {rollout_id}: {exc}"
         return RewardEvent(id=derived_id("reward", trajectory_id(rollout_id, attempt_id), reward_fn),

@@ -16,11 +16,12 @@ from __future__ import annotations
 import importlib
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, Callable
 
-from schemas.events import Call, Reward, Task, Trajectory
+from schemas.events import Call, Event, Reward, RolloutDiff, RolloutDiffEvent, Task, Trajectory
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,14 @@ class Sample:
     trajectory: Trajectory
     calls: list[Call]
     """the calls of the trajectory's turns (successful, with tokens), in the order they were made"""
+    events: Sequence[Event] = ()
+    """every event of the attempt (lifecycle, calls, rewards, its diff), as the assembly recorded them"""
+
+    @property
+    def diff(self) -> RolloutDiff | None:
+        """The attempt's final diff (coding agents post one as a `rollout.diff` event), the last if several."""
+        diffs = [e.data for e in sorted(self.events, key=lambda e: (e.time, e.id)) if isinstance(e, RolloutDiffEvent)]
+        return diffs[-1] if diffs else None
 
     @property
     def answer(self) -> str:

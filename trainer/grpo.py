@@ -1,6 +1,7 @@
 """One policy-gradient update on a batch of trajectories, top to bottom (GRPO by default).
 
-    samples ─▶ padded tensors ─▶ advantages (verl) ─▶ per-token policy loss (verl) ─▶ AdamW step
+    samples ─▶ padded tensors ─▶ advantages (verl) ─▶ micro-batches by token budget
+        ─▶ per-token policy loss (verl), backward ─▶ AdamW step
 
 Every sequence of a trajectory is one row. The model sees `token_ids`; position t of the shifted
 tensors scores token t+1, so `loss_mask[t] = mask[t+1]` (only tokens the model generated are
@@ -12,10 +13,18 @@ trainer allows but kept (`--stale-policy downweight`) scale their tokens' loss b
 
 A trajectory whose turns did not merge into one sequence contributes one row per sequence, each
 with the trajectory's reward, so the group statistics count it once per sequence.
+
+Memory: the rows of a mini-batch are packed, longest first, into micro-batches of at most
+`micro_batch_tokens` padded tokens (each cut to its own longest row), whose gradients add up to
+the mini-batch's; activations can be recomputed in the backward pass (gradient checkpointing);
+forward and backward run in bfloat16 where the device computes it natively. With `lora_rank` only
+LoRA adapters (peft) train; each version's weights are the adapters merged into the base, so a
+server reloads them like any other checkpoint.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import time
@@ -31,6 +40,7 @@ from verl.trainer.ppo import core_algos
 from verl.workers.config import ActorConfig
 
 from trainer.batcher import Sample
+from trainer.checkpoint import save_model
 from trainer.settings import TrainerSettings
 
 
@@ -102,7 +112,7 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
                    entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """log p(token t+1 | tokens ≤ t) at every position, and the entropy of each next-token distribution
     (differentiable only when an entropy bonus is trained)."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1].float()
     logprobs = verl_F.logprobs_from_logits(logits, input_ids[:, 1:])
     with torch.set_grad_enabled(entropy_grad):
         entropy = verl_F.entropy_from_logits(logits)
@@ -124,6 +134,117 @@ def chunks(rows: int, size: int) -> list[slice]:
     return [slice(start, min(start + size, rows)) for start in range(0, rows, size)]
 
 
+def micro_batches(batch: Tensors, mini: slice, settings: TrainerSettings) -> list[torch.Tensor]:
+    """The rows of a mini-batch as micro-batches (row indices): by --micro-batch-tokens, rows longest
+    first, each micro-batch at most that many padded tokens (a longer row goes alone); else
+    --micro-batch-size rows in order."""
+    rows = torch.arange(mini.start, mini.stop)
+    if not settings.micro_batch_tokens:
+        return [rows[part] for part in chunks(len(rows), settings.micro_batch_size)]
+    lengths = batch.attention_mask[rows].sum(-1)
+    order = rows[torch.argsort(lengths, descending=True, stable=True)]
+    packed, current, width = [], [], 0
+    for row in order.tolist():
+        length = int(batch.attention_mask[row].sum())
+        width = width or length  # the first row of a micro-batch is its longest
+        if current and (len(current) + 1) * width > settings.micro_batch_tokens:
+            packed.append(torch.tensor(current))
+            current, width = [], length
+        current.append(row)
+    packed.append(torch.tensor(current))
+    return packed
+
+
+def accumulate_gradients(model: torch.nn.Module, batch: Tensors, advantages: torch.Tensor,
+                         micro: list[torch.Tensor], policy_loss, config: ActorConfig,
+                         settings: TrainerSettings) -> dict[str, float]:
+    """Loss and backward over the micro-batches of one mini-batch; their gradients add up to the
+    mini-batch's (verl aggregates each micro-batch's loss against the whole mini-batch's token and
+    row counts, set in `config.global_batch_info`). Returns the summed loss and token-weighted metrics."""
+    s = settings
+    mini_tokens = sum(batch.loss_mask[rows].sum().item() for rows in micro)
+    step = dict(loss=0.0, kl=0.0, clipfrac=0.0, entropy=0.0)
+    for rows in micro:
+        width = int(batch.attention_mask[rows].sum(-1).max())  # cut the padding this micro-batch does not need
+        mask = batch.loss_mask[rows, : width - 1]
+        with autocast(s):
+            logprobs, entropy = token_logprobs(model, batch.input_ids[rows, :width], batch.attention_mask[rows, :width],
+                                               entropy_grad=s.entropy_coeff != 0)
+        pg_loss, pg_metrics = policy_loss(
+            old_log_prob=batch.old_logprobs[rows, : width - 1], log_prob=logprobs,
+            advantages=advantages[rows, : width - 1], response_mask=mask, loss_agg_mode=s.loss_agg_mode, config=config,
+            rollout_is_weights=batch.weights[rows, : width - 1] if _stale_weighted(batch) else None,
+        )
+        entropy_term = core_algos.agg_loss(entropy, mask, s.loss_agg_mode, **config.global_batch_info)
+        loss = pg_loss - s.entropy_coeff * entropy_term if s.entropy_coeff else pg_loss
+        loss.backward()
+        share = mask.sum().item() / max(mini_tokens, 1)  # verl's kl and clipfrac are means over the micro-batch
+        step["loss"] += loss.item()
+        step["entropy"] += entropy_term.item()
+        step["kl"] += share * pg_metrics.get("actor/ppo_kl", 0.0)
+        step["clipfrac"] += share * pg_metrics.get("actor/pg_clipfrac", 0.0)
+    return step
+
+
+def _stale_weighted(batch: Tensors) -> bool:
+    return bool((batch.weights[batch.loss_mask > 0] != 1).any())
+
+
+def compute_dtype(settings: TrainerSettings) -> torch.dtype:
+    """--dtype auto: bfloat16 where the device computes it natively, else float32."""
+    if settings.dtype != "auto":
+        return getattr(torch, settings.dtype)
+    if settings.device.startswith("cuda"):
+        return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
+    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    return torch.bfloat16 if settings.device == "cpu" and native else torch.float32
+
+
+def autocast(settings: TrainerSettings):
+    dtype = compute_dtype(settings)
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=settings.device.split(":")[0], dtype=dtype)
+
+
+def with_lora(model: torch.nn.Module, settings: TrainerSettings) -> torch.nn.Module:
+    """The model with LoRA adapters (peft) on its linear layers; only they train."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = settings.lora_target_modules
+    config = LoraConfig(
+        r=settings.lora_rank, lora_alpha=settings.lora_alpha or 2 * settings.lora_rank, lora_dropout=0.0,
+        target_modules=targets if targets == "all-linear" else [name.strip() for name in targets.split(",")],
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's weights as a plain Hugging Face model has them: for a LoRA model, every adapted
+    weight with its adapter merged in (W + scale·B·A), under the base model's names."""
+    from peft import PeftModel
+    from peft.tuners.lora import LoraLayer
+
+    if not isinstance(model, PeftModel):
+        return model.state_dict()
+    base = model.get_base_model()
+    merged = {}
+    with torch.no_grad():
+        for name, module in base.named_modules():
+            if isinstance(module, LoraLayer):
+                adapters = [a for a in module.active_adapters if a in module.lora_A]
+                weight = module.get_base_layer().weight
+                merged[f"{name}.weight"] = weight + sum(module.get_delta_weight(a) for a in adapters)
+    state = {}
+    for name, tensor in base.state_dict().items():
+        if "lora_" in name:
+            continue
+        plain = name.replace(".base_layer.", ".")
+        state[plain] = merged.get(plain, tensor)
+    return state
+
+
 class Policy:
     """The model being trained and its optimizer."""
 
@@ -131,8 +252,8 @@ class Policy:
         self.model = model
         self.settings = settings
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=settings.lr, betas=(settings.adam_beta1, settings.adam_beta2),
-            weight_decay=settings.weight_decay,
+            [p for p in model.parameters() if p.requires_grad], lr=settings.lr,
+            betas=(settings.adam_beta1, settings.adam_beta2), weight_decay=settings.weight_decay,
         )
         if optimizer_state is not None:
             self.optimizer.load_state_dict(optimizer_state)
@@ -144,8 +265,20 @@ class Policy:
 
     @classmethod
     def load(cls, folder: Path, settings: TrainerSettings, optimizer_state: dict | None = None) -> Policy:
+        """The model in `folder` (float32 master weights), with LoRA adapters if asked; LoRA adapters
+        start fresh on the folder's weights, which hold the earlier adapters merged in."""
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(settings.device)
+        if settings.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if settings.lora_rank:
+            model = with_lora(model, settings)
+            optimizer_state = None  # it belonged to adapters now merged into the weights
         return cls(model, settings, optimizer_state)
+
+    def save(self, folder: Path) -> None:
+        """Write the weights a server loads (LoRA adapters merged in), with the config."""
+        model = self.model.get_base_model() if self.settings.lora_rank else self.model
+        save_model(full_state_dict(self.model), model.config, folder, getattr(model, "generation_config", None))
 
     def update(self, samples: list[Sample]) -> dict[str, float]:
         """Train on the batch (epochs × mini-batches optimizer steps); return the update's metrics."""
@@ -153,12 +286,11 @@ class Policy:
         s = self.settings
         batch = to_tensors(samples, s.max_seq_len).to(s.device)
         advantages = compute_advantages(batch, s)
-        stale_weighted = bool((batch.weights[batch.loss_mask > 0] != 1).any())
         self.model.train()
         history = []
         for _epoch in range(s.epochs):
             for mini in chunks(batch.rows, s.mini_batch_size):
-                history.append(self._optimizer_step(batch, advantages, mini, stale_weighted))
+                history.append(self._optimizer_step(batch, advantages, mini))
         self.optimizer.zero_grad(set_to_none=True)
         metrics = {name: sum(step[name] for step in history) / len(history) for name in history[0]}
         metrics["nonfinite_grad_steps"] = sum(step["nonfinite_grad_steps"] for step in history)
@@ -168,35 +300,16 @@ class Policy:
         metrics["train_s"] = time.perf_counter() - started
         return metrics
 
-    def _optimizer_step(self, batch: Tensors, advantages: torch.Tensor, mini: slice,
-                        stale_weighted: bool) -> dict[str, float]:
+    def _optimizer_step(self, batch: Tensors, advantages: torch.Tensor, mini: slice) -> dict[str, float]:
         s = self.settings
         self.optimizer.zero_grad(set_to_none=True)
-        mini_tokens = batch.loss_mask[mini].sum().item()
-        # verl aggregates a micro-batch's loss against the whole mini-batch's token and row counts, so
-        # the micro-batch losses add up to the mini-batch's loss
         self.config.global_batch_info.update(
-            dp_size=1, batch_num_tokens=mini_tokens, global_batch_size=int((batch.loss_mask[mini].sum(-1) > 0).sum()))
-        step = dict(loss=0.0, kl=0.0, clipfrac=0.0, entropy=0.0)
-        for micro in chunks(mini.stop - mini.start, s.micro_batch_size):
-            rows = slice(mini.start + micro.start, mini.start + micro.stop)
-            mask = batch.loss_mask[rows]
-            logprobs, entropy = token_logprobs(self.model, batch.input_ids[rows], batch.attention_mask[rows],
-                                               entropy_grad=s.entropy_coeff != 0)
-            pg_loss, pg_metrics = self.policy_loss(
-                old_log_prob=batch.old_logprobs[rows], log_prob=logprobs, advantages=advantages[rows],
-                response_mask=mask, loss_agg_mode=s.loss_agg_mode, config=self.config,
-                rollout_is_weights=batch.weights[rows] if stale_weighted else None,
-            )
-            entropy_term = core_algos.agg_loss(entropy, mask, s.loss_agg_mode, **self.config.global_batch_info)
-            loss = pg_loss - s.entropy_coeff * entropy_term if s.entropy_coeff else pg_loss
-            loss.backward()
-            share = mask.sum().item() / max(mini_tokens, 1)  # verl's kl and clipfrac are means over the micro-batch
-            step["loss"] += loss.item()
-            step["entropy"] += entropy_term.item()
-            step["kl"] += share * pg_metrics.get("actor/ppo_kl", 0.0)
-            step["clipfrac"] += share * pg_metrics.get("actor/pg_clipfrac", 0.0)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.max_grad_norm)
+            dp_size=1, batch_num_tokens=batch.loss_mask[mini].sum().item(),
+            global_batch_size=int((batch.loss_mask[mini].sum(-1) > 0).sum()))
+        step = accumulate_gradients(self.model, batch, advantages, micro_batches(batch, mini, s), self.policy_loss,
+                                    self.config, s)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, s.max_grad_norm)
         finite = bool(torch.isfinite(grad_norm))
         if finite:  # one bad batch must not poison the weights
             self.optimizer.step()

@@ -104,7 +104,7 @@ class Trainer:
             self.model_dir, self.version, self.step = s.base_model.resolve(), s.initial_version, 0
             self.policy = Policy.load(self.model_dir, s)
             log.info("starting from %s at version %d", self.model_dir, self.version)
-            return self._warn_if_tied()
+            return
         if latest.state.model != s.model:
             raise TrainerError(f"{self.store.root} holds checkpoints of model {latest.state.model!r}, not {s.model!r}: "
                              "pass --model or another --checkpoint-dir")
@@ -113,14 +113,8 @@ class Trainer:
             optimizer_state = torch.load(latest.optimizer_file, weights_only=True, map_location=s.device)
         self.model_dir, self.version, self.step = latest.path, latest.version, latest.state.step
         self.policy = Policy.load(latest.path, s, optimizer_state)
-        self._warn_if_tied()
         log.info("resuming from %s (version %d, step %d%s)", latest.path, self.version, self.step,
                  ", optimizer state restored" if optimizer_state else "")
-
-    def _warn_if_tied(self) -> None:
-        if getattr(self.policy.model.config, "tie_word_embeddings", False):
-            log.warning("the model ties its output head to its input embedding: vLLM-CPU's reload_weights does not "
-                        "refresh a tied head (it serves the old one); untie it before serving it on CPU")
 
     async def _announce_if_missing(self, latest: Checkpoint) -> None:
         """A checkpoint written just before a crash may lack its weights event: publish it now."""
@@ -253,7 +247,7 @@ class Trainer:
         )
         started = time.perf_counter()
         checkpoint = await asyncio.to_thread(
-            self.store.write, state, event, self.policy.model.save_pretrained, self.model_dir,
+            self.store.write, state, event, self.policy.save, self.model_dir,
             self._save_optimizer if s.save_optimizer else None)
         checkpoint_s = time.perf_counter() - started
         self._crash_point("after_checkpoint")

@@ -86,6 +86,22 @@ class TrainerSettings(KafkaSettings):
     mini_batch_size: int = Field(0, ge=0, description="sequences per optimizer step; 0: the whole batch")
     micro_batch_size: int = Field(0, ge=0, description="sequences per forward/backward (gradient accumulation); "
                                                        "0: the whole mini-batch")
+    micro_batch_tokens: int = Field(0, ge=0, description="token budget of a forward/backward: sequences of similar "
+                                                         "length are packed into micro-batches of at most this many "
+                                                         "(padded) tokens, so long multi-turn trajectories fit in "
+                                                         "memory; 0: --micro-batch-size decides")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="compute dtype of forward and backward (weights and optimizer stay float32); auto: "
+                            "bfloat16 where the device computes it natively (CUDA with bf16, CPUs with AVX512-BF16 "
+                            "or AMX), else float32")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass instead of "
+                                                            "keeping them: less memory, about a third more time")
+    lora_rank: int = Field(0, ge=0, description="train LoRA adapters of this rank (peft) instead of every weight; "
+                                                "0: full fine-tuning. Each version is published as full weights, "
+                                                "the adapters merged in, so servers reload it like any other")
+    lora_alpha: float = Field(0.0, ge=0, description="LoRA scaling alpha; 0: twice the rank")
+    lora_target_modules: str = Field("all-linear", description="modules that get adapters: 'all-linear' or "
+                                                               "comma-separated names (q_proj,v_proj)")
     seed: int = Field(0, description="torch seed")
     device: str = Field("cpu", description="torch device to train on (cpu, cuda, cuda:1, …)")
     torch_threads: int = Field(0, ge=0, description="torch CPU threads; 0: torch's default")

