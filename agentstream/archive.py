@@ -84,7 +84,7 @@ class Archiver:
             return 0
         share = max(1, self.commit_records // len(left))
         ends = {p: starts[p] + min(n, share) for p, n in left.items()}
-        bounds = Bounds(start_offsets={p: starts[p] for p in left}, end_offsets=ends)
+        bounds = Bounds.exactly({p: (starts[p], end) for p, end in ends.items()}, ranges)
         frames, count = [], 0
         async for batch in scan(self.settings, topic, bounds, batch_size=20_000):
             frame = decode_aligned(batch, table)

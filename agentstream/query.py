@@ -267,8 +267,7 @@ async def load_table(settings: KafkaSettings, table: str, bounds: Bounds = Bound
         if old is not None:
             parts.append(old)
     if plan.tail:
-        tail = Bounds(start_offsets={p: s for p, (s, _) in plan.tail.items()},
-                      end_offsets={p: e for p, (_, e) in plan.tail.items()})
+        tail = Bounds.exactly(plan.tail, plan.ranges)
         async for batch in scan(settings, topic, tail, batch_size=20_000, on_progress=on_progress):
             df, bad = decode(batch, table, columns)
             parts.append(df)
@@ -328,4 +327,39 @@ NAMED_QUERIES: dict[str, str] = {
         FROM (SELECT version, base_version, UNNEST(lineage) AS trajectory_id FROM weights) AS w
         JOIN trajectories AS t ON t.id = w.trajectory_id
         GROUP BY w.version, staleness ORDER BY trained_into, staleness""",
+    "tokens-latency-by-upstream-version": """
+        SELECT upstream, weight_version, COUNT(*) AS calls,
+               SUM(usage_prompt_tokens) AS prompt_tokens, SUM(usage_completion_tokens) AS completion_tokens,
+               AVG(usage_completion_tokens) AS completion_tokens_mean,
+               QUANTILE_CONT(latency_ms, 0.5) AS latency_p50_ms, QUANTILE_CONT(latency_ms, 0.99) AS latency_p99_ms,
+               QUANTILE_CONT(ttft_ms, 0.5) AS ttft_p50_ms,
+               SUM(CASE WHEN status >= 400 THEN 1 ELSE 0 END) AS errors
+        FROM calls GROUP BY upstream, weight_version ORDER BY upstream, weight_version""",
+    # a graded task's reward is 1 when its tests pass (the SWE recipe's grader): pass rate = reward >= 1
+    "pass-rate-by-version-task": """
+        SELECT weight_version_launch AS weight_version, split, task_id, COUNT(*) AS attempts,
+               SUM(CASE WHEN reward >= 1 THEN 1 ELSE 0 END) AS passed,
+               AVG(CASE WHEN reward >= 1 THEN 1.0 ELSE 0.0 END) AS pass_rate,
+               AVG(reward) AS reward_mean, SUM(CASE WHEN reward_missing THEN 1 ELSE 0 END) AS reward_missing
+        FROM trajectories GROUP BY weight_version_launch, split, task_id
+        ORDER BY weight_version, split, task_id""",
+    "slowest-rollouts": """
+        SELECT rollout_id, attempt_id, task_id, weight_version_launch AS weight_version, status, duration_ms,
+               ARRAY_LENGTH(turns) AS turns, reward
+        FROM trajectories WHERE duration_ms IS NOT NULL ORDER BY duration_ms DESC LIMIT 20""",
+    # retry_count (calls) and superseded (trajectories) come with schema version 2 of the events
+    "retries-by-version": """
+        SELECT weight_version, COUNT(*) AS calls,
+               SUM(CASE WHEN retry_count > 0 THEN 1 ELSE 0 END) AS retried_calls,
+               AVG(CASE WHEN retry_count > 0 THEN 1.0 ELSE 0.0 END) AS retry_rate,
+               SUM(CASE WHEN status >= 400 THEN 1 ELSE 0 END) AS failed_calls
+        FROM calls GROUP BY weight_version ORDER BY weight_version""",
+    "superseded-by-version": """
+        SELECT weight_version_launch AS weight_version, COUNT(*) AS trajectories,
+               SUM(superseded) AS superseded_calls, SUM(merge_mismatches) AS merge_mismatches,
+               SUM(CASE WHEN merged THEN 0 ELSE 1 END) AS split_trajectories
+        FROM trajectories GROUP BY weight_version_launch ORDER BY weight_version""",
+    "pool-pauses": """
+        SELECT time, model, version, server, status, pause_ms, load_ms, held_ms, error
+        FROM pool ORDER BY time""",
 }

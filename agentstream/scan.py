@@ -57,6 +57,12 @@ class Bounds:
     end_offsets: dict[int, int] = field(default_factory=dict)
     """offset to stop before, per partition"""
 
+    @classmethod
+    def exactly(cls, ranges: dict[int, tuple[int, int]], partitions) -> Bounds:
+        """These offsets of these partitions (partition → [first, stop before)), nothing of the others."""
+        return cls(start_offsets={p: ranges.get(p, (0, 0))[0] for p in partitions},
+                   end_offsets={p: ranges.get(p, (0, 0))[1] for p in partitions})
+
 
 @dataclass(frozen=True)
 class Origin:
@@ -226,19 +232,47 @@ def _partitions(consumer, settings: KafkaSettings, topic: str) -> list[int]:
     return sorted(found.partitions)
 
 
+def _retrying(call, what: str, deadline_s: float = 30.0):
+    """`call()`, again while the broker answers with a passing error (a leader being elected)."""
+    from confluent_kafka import KafkaException
+
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            return call()
+        except KafkaException as exc:
+            error = exc.args[0]
+            if time.monotonic() > deadline or not (error.retriable() or error.code() in _PASSING):
+                raise LookupError(f"{what}: {error.str()}") from None
+        time.sleep(0.2)  # backoff before asking the broker again
+
+
+def _passing_codes() -> frozenset[int]:
+    from confluent_kafka import KafkaError
+
+    return frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                      KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT, KafkaError._TRANSPORT,
+                      KafkaError.UNKNOWN_TOPIC_OR_PART})
+
+
+_PASSING = _passing_codes()
+
+
 def _kafka_range(settings: KafkaSettings, topic: str, bounds: Bounds) -> dict[int, tuple[int, int]]:
     from confluent_kafka import TopicPartition
 
     consumer = _consumer(settings)
     try:
         partitions = _partitions(consumer, settings, topic)
-        marks = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15, cached=False)
+        marks = {p: _retrying(lambda p=p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15,
+                                                                         cached=False), f"offsets of {topic}")
                  for p in partitions}
         starts = {p: low for p, (low, _) in marks.items()}
         ends = {p: high for p, (_, high) in marks.items()}
 
         def at(ms: int) -> dict[int, int]:
-            found = consumer.offsets_for_times([TopicPartition(topic, p, ms) for p in partitions], timeout=15)
+            found = _retrying(lambda: consumer.offsets_for_times([TopicPartition(topic, p, ms) for p in partitions],
+                                                                 timeout=15), f"offsets of {topic} by time")
             return {tp.partition: tp.offset if tp.offset >= 0 else ends[tp.partition] for tp in found}
 
         if bounds.since_ms is not None:
