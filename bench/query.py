@@ -62,8 +62,12 @@ async def aiokafka_scan(settings: KafkaSettings) -> int:
         await consumer.seek_to_beginning(*partitions)
         ends = await consumer.end_offsets(partitions)
         count = 0
-        while any(await consumer.position(tp) < ends[tp] for tp in partitions):
+        pending = set(partitions)
+        while pending:
             count += sum(len(r) for r in (await consumer.getmany(timeout_ms=1000, max_records=5000)).values())
+            for tp in list(pending):
+                if await consumer.position(tp) >= ends[tp]:
+                    pending.discard(tp)
         return count
     finally:
         await consumer.stop()
@@ -77,6 +81,14 @@ async def frame_scan(settings: KafkaSettings, sql: str | None = None, origin: Or
 
 def kafka_bytes(data_dir: Path, topic: str) -> int:
     return sum(f.stat().st_size for f in data_dir.glob(f"kraft/{topic}-*/*.log"))
+
+
+class Shown(Report):
+    """The report, each row also printed as it is measured (a long run shows its progress)."""
+
+    def add(self, what: str, figure: str, ratio: float | None = None) -> None:
+        super().add(what, figure, ratio)
+        print(f"  {what}: {figure}" + (f" ({ratio:.2f}x)" if ratio is not None else ""), flush=True)
 
 
 async def measure(report: Report, settings: KafkaSettings, events: int, data_dir: Path | None, root: Path) -> None:
@@ -161,7 +173,7 @@ def timed(fn):
 
 
 async def main(events: int, rows: int, bootstrap: str | None, prefix: str) -> None:
-    report = Report("query")
+    report = Shown("query")
     with tempfile.TemporaryDirectory() as tmp:
         broker, data_dir = None, None
         if bootstrap is None:
