@@ -14,6 +14,7 @@ import re
 import types
 import typing
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
 
@@ -98,6 +99,7 @@ def frame(rows: Iterable[dict]) -> pl.DataFrame:
 # Free-form JSON fields are the exception: polars would render them as text that is not JSON, so
 # they are encoded with orjson, and only when the query names them.
 
+_POOL = ThreadPoolExecutor(1, thread_name_prefix="json-fields")
 KAFKA_COLUMNS = {"kafka_partition": pl.Int64, "kafka_offset": pl.Int64, "kafka_timestamp": pl.Int64}
 _ENVELOPE_TYPES = {"id": pl.String, "type": pl.String, "schema_version": pl.Int64, "time": pl.Int64,
                    "source": pl.String, "rollout_id": pl.String, "attempt_id": pl.String}
@@ -193,6 +195,9 @@ def decode_aligned(records: list[Record], table: str, columns: frozenset[str] | 
     schema = table_schema(table)
     wanted = [name for name in schema if columns is None or name in columns]
     fields = [f for f in table_fields(table) if f.column in wanted]
+    json_fields = [f for f in fields if f.json]
+    # orjson holds the GIL, polars' reader does not: the two passes overlap on two cores
+    encoding = _POOL.submit(_json_columns, records, json_fields) if json_fields and records else None
     try:
         read = [f for f in fields if not f.json]
         raw = pl.read_ndjson(b"\n".join(r.value or b"{}" for r in records),
@@ -200,13 +205,14 @@ def decode_aligned(records: list[Record], table: str, columns: frozenset[str] | 
         if raw.height != len(records):
             raise ValueError("a value spans lines")
     except Exception:  # noqa: BLE001 - any record polars cannot read: the batch goes the careful way
+        if encoding is not None:
+            encoding.result()
         return _decode_rows(records, schema, wanted)
     out = [raw[n] for n in _ENVELOPE_TYPES if n in wanted]
     kafka = {"kafka_partition": [r.partition for r in records], "kafka_offset": [r.offset for r in records],
              "kafka_timestamp": [r.timestamp for r in records]}
     out += [pl.Series(n, kafka[n], pl.Int64) for n in KAFKA_COLUMNS if n in wanted]
-    json_fields = [f for f in fields if f.json]
-    encoded = _json_columns(records, json_fields) if json_fields else {}
+    encoded = encoding.result() if encoding is not None else {f.column: [] for f in json_fields}
     for f in fields:
         if f.json:
             out.append(pl.Series(f.column, encoded[f.column], pl.String))
