@@ -29,7 +29,6 @@ from agentstream.query import TABLES, decode_aligned
 from agentstream.scan import MANIFEST, Bounds, Manifest, _fsync_dir, resolve, scan
 from schemas.kafka import KafkaSettings
 
-DEFAULT_ROOT = Path(os.environ.get("AGENTSTREAM_ARCHIVE", "runs/archive"))
 
 
 @dataclass

@@ -161,6 +161,7 @@ def synthetic_calls(rows: int) -> pl.DataFrame:
         "weight_version": rng // 10_000,
         "status": pl.Series([200] * rows).scatter(list(range(0, rows, 50)), 502),
         "latency_ms": pl.Series(range(rows)).cast(pl.Float64) % 97.0,
+        "ttft_ms": pl.Series(range(rows)).cast(pl.Float64) % 13.0,
         "usage_prompt_tokens": pl.Series([200] * rows),
         "usage_completion_tokens": (rng % 64),
     })
@@ -172,10 +173,10 @@ def timed(fn):
     return result, time.perf_counter() - start
 
 
-async def main(events: int, rows: int, bootstrap: str | None, prefix: str) -> None:
+async def main(events: int, rows: int, bootstrap: str | None, prefix: str, kafka_data: Path | None) -> None:
     report = Shown("query")
     with tempfile.TemporaryDirectory() as tmp:
-        broker, data_dir = None, None
+        broker, data_dir = None, kafka_data
         if bootstrap is None:
             broker = LocalKafka(Path(tmp) / "kafka", default_port=None)
             bootstrap = broker.start().url
@@ -212,5 +213,6 @@ if __name__ == "__main__":
     parser.add_argument("--bootstrap", help="use this broker (and its topics, filled up to --events) instead of "
                                             "a throwaway one; then Kafka's bytes on disk are not measured")
     parser.add_argument("--prefix", default="bench.")
+    parser.add_argument("--kafka-data", type=Path, help="with --bootstrap: the broker's data folder (for its bytes)")
     args = parser.parse_args()
-    asyncio.run(main(args.events, args.rows, args.bootstrap, args.prefix))
+    asyncio.run(main(args.events, args.rows, args.bootstrap, args.prefix, args.kafka_data))
