@@ -12,8 +12,8 @@ import sys
 BENCHMARKS = {
     "gateway_overhead": "the gateway's added latency and throughput against calling the upstream directly",
     "streams_assembly": "events per second one streams worker assembles, finish-to-trajectory delay",
-    "query": "events per second scanned into polars, and SQL over a million call events",
-    "replay": "raw events per second a replay rebuilds into trajectories (topic, Parquet, new reward)",
+    "query": "call events per second into polars and through SQL, from Kafka and from the Parquet archive; bytes per event",
+    "replay": "raw events per second a replay rebuilds into trajectories (topic, Parquet, new reward; from the archive)",
     "controller_launch": "how fast the controller launches attempts",
     "trainer_throughput": "trainer samples per second, and the update's share of its time",
     "trainer_learning": "how fast the trainer's update teaches the tiny model the demo's task",
