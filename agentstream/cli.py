@@ -17,7 +17,7 @@ console = Console()
 # the help's panels and commands, in the order a user meets them
 LOOP, LOG, STACK = "The loop: run agents, record, learn", "The log: replay and query", "The local stack"
 ORDER = ("demo", "recipe", "run", "eval", "gateway", "streams", "grade", "train", "sandbox", "tasks", "replay", "sql",
-         "top", "dashboard", "kafka", "vllm", "model", "topics",
+         "top", "dashboard", "archive", "kafka", "vllm", "model", "topics",
          "schemas")
 
 
@@ -278,6 +278,20 @@ Since = Annotated[Optional[str], typer.Option(help="from this time: epoch ms, IS
 Until = Annotated[Optional[str], typer.Option(help="up to this time (same forms as --since)")]
 StartOffsets = Annotated[Optional[str], typer.Option("--from-offsets", help="first offsets, PARTITION:OFFSET,…")]
 EndOffsets = Annotated[Optional[str], typer.Option("--to-offsets", help="stop before these offsets, PARTITION:OFFSET,…")]
+ReadFrom = Annotated[str, typer.Option(
+    "--source", help="where records come from: kafka, archive (only what `agentstream archive` holds), or auto "
+                     "(the archive for what it holds, Kafka for the rest)")]
+ArchiveDir = Annotated[Path, typer.Option("--archive", envvar="AGENTSTREAM_ARCHIVE",
+                                          help="the Parquet archive's folder (agentstream archive)")]
+
+
+def _origin(source: str, archive: Path):
+    from agentstream.scan import Origin
+
+    try:
+        return Origin(source, archive)  # type: ignore[arg-type]
+    except ValueError as exc:
+        fail(str(exc))
 
 
 @app.command("sql", rich_help_panel=LOG)
@@ -293,6 +307,8 @@ def sql(
     until: Until = None,
     from_offsets: StartOffsets = None,
     to_offsets: EndOffsets = None,
+    source: ReadFrom = "auto",
+    archive: ArchiveDir = Path("runs/archive"),
 ) -> None:
     """Query the topics with SQL, each topic a table of flattened event fields."""
     from agentstream.query import NAMED_QUERIES, run_sql
@@ -314,10 +330,11 @@ def sql(
         fail("--format parquet needs --output FILE")
     settings = _kafka_settings(prefix)
     bounds = _bounds(since, until, from_offsets, to_offsets)
+    origin = _origin(source, archive)
     with console.status("Reading the log…") as status:
         try:
             result = asyncio.run(run_sql(settings, query, bounds, on_progress=lambda p: status.update(
-                f"Reading the log… {p.done:,}/{p.total:,} records")))
+                f"Reading the log… {p.done:,}/{p.total:,} records"), origin=origin))
         except (LookupError, ValueError) as exc:
             fail(str(exc))
         except Exception as exc:  # polars reports SQL errors with its own exception types
@@ -386,7 +403,7 @@ CrashAt = Annotated[str, typer.Option(help="fault injection for tests: after_out
 def _replay(prefix: str, source: str, sink: str, target: str, *, since=None, until=None, from_offsets=None,
             to_offsets=None, rollouts=None, versions=None, reward_fn=None, settle_s=None, reward_grace_s=None,
             idle_timeout_s=None, lookback_s=3600.0, state=None, restart=False, checkpoint_s=5.0, batch_size=5000,
-            crash_at=""):
+            crash_at="", read_from="auto", archive=Path("runs/archive")):
     """Build the job from the flags, run it with a progress bar, print what it did."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -405,7 +422,8 @@ def _replay(prefix: str, source: str, sink: str, target: str, *, since=None, unt
                   rebuild=RebuildSpec(reward_fn, worker.timing, int(lookback_s * 1000), worker.source))
     except ValueError as exc:  # pydantic's ValidationError is one
         fail(str(exc))
-    options = Options(state or default_state(settings, job), restart, checkpoint_s, batch_size, crash_at)
+    options = Options(state or default_state(settings, job), restart, checkpoint_s, batch_size, crash_at,
+                      _origin(read_from, archive))
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("records"),
                TextColumn("· {task.fields[written]:,} trajectories"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as bar:
@@ -447,6 +465,7 @@ def replay_rebuild(
     versions: Versions = None, reward_fn: RewardFn = None, settle_s: SettleS = None, reward_grace_s: GraceS = None,
     idle_timeout_s: IdleS = None, lookback_s: LookbackS = 3600.0, state: State = None, restart: Restart = False,
     checkpoint_s: CheckpointS = 5.0, batch_size: BatchSize = 5000, crash_at: CrashAt = "",
+    read_from: ReadFrom = "auto", archive: ArchiveDir = Path("runs/archive"),
 ) -> None:
     """Rebuild trajectories from the raw rollouts, calls and rewards into a new topic.
 
@@ -456,7 +475,7 @@ def replay_rebuild(
     _replay(prefix, "raw", "topic", to_topic, since=since, until=until, rollouts=rollouts, versions=versions,
             reward_fn=reward_fn, settle_s=settle_s, reward_grace_s=reward_grace_s, idle_timeout_s=idle_timeout_s,
             lookback_s=lookback_s, state=state, restart=restart, checkpoint_s=checkpoint_s, batch_size=batch_size,
-            crash_at=crash_at)
+            crash_at=crash_at, read_from=read_from, archive=archive)
 
 
 ExportFrom = Annotated[Optional[str], typer.Option(
@@ -476,6 +495,7 @@ def replay_export(
     settle_s: SettleS = None, reward_grace_s: GraceS = None, idle_timeout_s: IdleS = None,
     lookback_s: LookbackS = 3600.0, state: State = None, restart: Restart = False, checkpoint_s: CheckpointS = 5.0,
     batch_size: BatchSize = 5000, crash_at: CrashAt = "",
+    read_from: ReadFrom = "auto", archive: ArchiveDir = Path("runs/archive"),
 ) -> None:
     """Export a dataset: one row per token sequence, in chat format with token ids, loss mask, logprobs and reward."""
     output_format = output_format or ("parquet" if output.suffix == ".parquet" else "chat")
@@ -485,7 +505,7 @@ def replay_export(
             from_offsets=from_offsets, to_offsets=to_offsets, rollouts=rollouts, versions=versions,
             reward_fn=reward_fn, settle_s=settle_s, reward_grace_s=reward_grace_s, idle_timeout_s=idle_timeout_s,
             lookback_s=lookback_s, state=state, restart=restart, checkpoint_s=checkpoint_s, batch_size=batch_size,
-            crash_at=crash_at)
+            crash_at=crash_at, read_from=read_from, archive=archive)
 
 
 @replay_app.command("train", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -532,6 +552,38 @@ def replay_train(
         fail("no trajectory in the range matches: check --prefix, --since/--until and --rollouts/--versions")
     console.print(f"Training on {stage} …")
     forward(trainer_main, ["--offline-file", str(stage), "--topic-prefix", prefix, *ctx.args])
+
+
+# --- the archive ---------------------------------------------------------------------------
+
+
+@app.command("archive", rich_help_panel=LOG)
+def archive_command(
+    prefix: Prefix = "",
+    archive: ArchiveDir = Path("runs/archive"),
+    interval: Annotated[float, typer.Option(help="seconds between rounds once caught up")] = 10.0,
+    once: Annotated[bool, typer.Option(help="archive up to the topics' current end, then exit")] = False,
+    commit_records: Annotated[int, typer.Option(help="the most records per commit (bounds memory)")] = 200_000,
+    crash_after_files: Annotated[int, typer.Option(help="fault injection for tests", hidden=True)] = 0,
+) -> None:
+    """Compact every topic into Parquet files by topic and hour (zstd), exactly once; kill it any time.
+
+    sql and replay read the archive for what it holds and Kafka for the rest (--source auto).
+    """
+    from agentstream.archive import Archiver, run
+
+    if commit_records < 1:
+        fail("--commit-records must be at least 1")
+    settings = _kafka_settings(prefix)
+    archiver = Archiver(settings, archive, commit_records, crash_after_files=crash_after_files,
+                        say=lambda text: console.print(text))
+    console.print(f"Archiving topics under {prefix or '(no prefix)'!r} into {archive} …")
+    try:
+        asyncio.run(run(archiver, interval, once))
+    except LookupError as exc:
+        fail(str(exc))
+    total = sum(archiver.archived.values())
+    console.print(f"Archive up to date: {total:,} records archived by this run." if once else "Archive stopped.")
 
 
 # --- live view -----------------------------------------------------------------------------

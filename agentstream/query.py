@@ -14,14 +14,15 @@ import re
 import types
 import typing
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import cache
 
 import orjson
 import polars as pl
-from aiokafka import ConsumerRecord
 from pydantic import BaseModel
 
-from agentstream.scan import Bounds, ScanProgress, scan
+from agentstream.scan import KAFKA, Bounds, Origin, Record, archive_table, plan_scan, scan
 from schemas.events import EVENT_TYPES, Payload
 from schemas.kafka import KafkaSettings
 
@@ -69,7 +70,7 @@ def _flatten(data: dict, shape: dict[str, object], prefix: str, row: dict) -> No
             row[prefix + name] = value
 
 
-def event_row(record: ConsumerRecord, columns: frozenset[str] | None = None) -> dict | None:
+def event_row(record: Record, columns: frozenset[str] | None = None) -> dict | None:
     """One table row for a record, or None if it is not a readable event.
 
     With `columns`, only those columns are kept: building lists of token ids is most of the cost.
@@ -92,18 +93,196 @@ def frame(rows: Iterable[dict]) -> pl.DataFrame:
     return pl.from_dicts(rows, infer_schema_length=None) if rows else pl.DataFrame()
 
 
+# --- decoding a batch straight into columns ------------------------------------------------------
+# polars' own JSON reader parses a batch of values into typed columns (the schema comes from the
+# event models, so it is the same for every batch, and an empty range still has its columns).
+# Free-form JSON fields are the exception: polars would render them as text that is not JSON, so
+# they are encoded with orjson, and only when the query names them.
+
+_POOL = ThreadPoolExecutor(1, thread_name_prefix="json-fields")
+KAFKA_COLUMNS = {"kafka_partition": pl.Int64, "kafka_offset": pl.Int64, "kafka_timestamp": pl.Int64}
+_ENVELOPE_TYPES = {"id": pl.String, "type": pl.String, "schema_version": pl.Int64, "time": pl.Int64,
+                   "source": pl.String, "rollout_id": pl.String, "attempt_id": pl.String}
+_KNOWN_TYPES = frozenset(cls.model_fields["type"].default for cls in EVENT_TYPES)
+
+
+def _dtype(annotation) -> pl.DataType:
+    annotation = _unwrap_optional(annotation)
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal or annotation is str:
+        return pl.String()
+    if annotation is bool:
+        return pl.Boolean()
+    if annotation is int:
+        return pl.Int64()
+    if annotation is float:
+        return pl.Float64()
+    if origin is list:
+        (item,) = typing.get_args(annotation)
+        return pl.List(_dtype(item))
+    if isinstance(annotation, type) and issubclass(annotation, Payload):
+        return pl.Struct({name: _dtype(info.annotation) for name, info in annotation.model_fields.items()})
+    return pl.String()  # free-form JSON
+
+
+@dataclass(frozen=True)
+class _Field:
+    column: str
+    path: tuple[str, ...]
+    """where it is under `data`"""
+    dtype: pl.DataType
+    json: bool
+
+
+def _fields(model: type[BaseModel], path: tuple[str, ...] = ()) -> list[_Field]:
+    out = []
+    for name, kind in _shape(model).items():
+        annotation = _unwrap_optional(model.model_fields[name].annotation)
+        if isinstance(kind, dict):
+            out += _fields(annotation, (*path, name))
+        else:
+            out.append(_Field("_".join((*path, name)), (*path, name),
+                              pl.String() if kind == "json" else _dtype(annotation), kind == "json"))
+    return out
+
+
+@cache
+def table_fields(table: str) -> tuple[_Field, ...]:
+    """The data columns of a topic's table: every event type written to it, in the models' order."""
+    seen: dict[str, _Field] = {}
+    for cls in EVENT_TYPES:
+        if cls.topic == table:
+            for f in _fields(cls.model_fields["data"].annotation):
+                seen.setdefault(f.column, f)
+    return tuple(seen.values())
+
+
+def table_schema(table: str) -> pl.Schema:
+    """The columns of a table, as `decode` makes them."""
+    return pl.Schema({**_ENVELOPE_TYPES, **KAFKA_COLUMNS, **{f.column: f.dtype for f in table_fields(table)}})
+
+
+def _reader_schema(fields: list[_Field], envelope: list[str]) -> dict:
+    """The nested schema for polars' JSON reader: the envelope, and `data` with the fields asked for."""
+    tree: dict = {}
+    for f in fields:
+        node = tree
+        for part in f.path[:-1]:
+            node = node.setdefault(part, {})
+        node[f.path[-1]] = f.dtype
+
+    def struct(node: dict) -> pl.Struct:
+        return pl.Struct({k: struct(v) if isinstance(v, dict) else v for k, v in node.items()})
+
+    schema = {name: _ENVELOPE_TYPES[name] for name in envelope}
+    schema.setdefault("type", pl.String())
+    if tree:
+        schema["data"] = struct(tree)
+    return schema
+
+
+def decode(records: list[Record], table: str, columns: frozenset[str] | None = None) -> tuple[pl.DataFrame, int]:
+    """A batch of records as table rows (only `columns`, if given), and how many were unreadable."""
+    df = decode_aligned(records, table, columns)
+    readable = df["readable"]
+    unreadable = df.height - int(readable.sum())
+    return (df.filter(readable) if unreadable else df).drop("readable"), unreadable
+
+
+def decode_aligned(records: list[Record], table: str, columns: frozenset[str] | None = None) -> pl.DataFrame:
+    """One row per record, in order, with a `readable` column: False (and the other columns null) for
+    a record that is not an event (what the archive keeps too, as the log holds it)."""
+    schema = table_schema(table)
+    wanted = [name for name in schema if columns is None or name in columns]
+    fields = [f for f in table_fields(table) if f.column in wanted]
+    json_fields = [f for f in fields if f.json]
+    # orjson holds the GIL, polars' reader does not: the two passes overlap on two cores
+    encoding = _POOL.submit(_json_columns, records, json_fields) if json_fields and records else None
+    try:
+        read = [f for f in fields if not f.json]
+        raw = pl.read_ndjson(b"\n".join(r.value or b"{}" for r in records),
+                             schema=_reader_schema(read, [n for n in _ENVELOPE_TYPES if n in wanted]))
+        if raw.height != len(records):
+            raise ValueError("a value spans lines")
+    except Exception:  # noqa: BLE001 - any record polars cannot read: the batch goes the careful way
+        if encoding is not None:
+            encoding.result()
+        return _decode_rows(records, schema, wanted)
+    out = [raw[n] for n in _ENVELOPE_TYPES if n in wanted]
+    kafka = {"kafka_partition": [r.partition for r in records], "kafka_offset": [r.offset for r in records],
+             "kafka_timestamp": [r.timestamp for r in records]}
+    out += [pl.Series(n, kafka[n], pl.Int64) for n in KAFKA_COLUMNS if n in wanted]
+    encoded = encoding.result() if encoding is not None else {f.column: [] for f in json_fields}
+    for f in fields:
+        if f.json:
+            out.append(pl.Series(f.column, encoded[f.column], pl.String))
+        else:
+            series = raw["data"]
+            for part in f.path:
+                series = series.struct.field(part)
+            out.append(series.alias(f.column))
+    known = raw["type"].is_in(list(_KNOWN_TYPES)).fill_null(False).alias("readable")
+    frame = pl.DataFrame([*out, known], schema={**{n: schema[n] for n in wanted}, "readable": pl.Boolean})
+    if not known.all():  # a record that is not an event has no columns but its position
+        frame = frame.with_columns(pl.when(pl.col("readable")).then(pl.col(n)).otherwise(None).alias(n)
+                                   for n in wanted if n not in KAFKA_COLUMNS)
+    return frame
+
+
+def _json_columns(records: list[Record], fields: list[_Field]) -> dict[str, list[str | None]]:
+    out: dict[str, list[str | None]] = {f.column: [] for f in fields}
+    for record in records:
+        try:
+            data = orjson.loads(record.value).get("data") or {}
+        except (orjson.JSONDecodeError, AttributeError):
+            data = {}
+        for f in fields:
+            value = data
+            for part in f.path:
+                value = value.get(part) if isinstance(value, dict) else None
+            out[f.column].append(orjson.dumps(value).decode() if value is not None else None)
+    return out
+
+
+def _decode_rows(records: list[Record], schema: pl.Schema, wanted: list[str]) -> pl.DataFrame:
+    rows = []
+    for record in records:
+        row = event_row(record, frozenset(wanted)) if record.value else None
+        if row is None:
+            row = {"kafka_partition": record.partition, "kafka_offset": record.offset,
+                   "kafka_timestamp": record.timestamp, "readable": False}
+        else:
+            row["readable"] = True
+        rows.append(row)
+    chosen = pl.Schema({**{name: schema[name] for name in wanted}, "readable": pl.Boolean})
+    return pl.from_dicts(rows, schema=chosen, strict=False) if rows else pl.DataFrame(schema=chosen)
+
+
 async def load_table(settings: KafkaSettings, table: str, bounds: Bounds = Bounds(), on_progress=None,
-                     columns: frozenset[str] | None = None) -> tuple[pl.DataFrame, int]:
-    """The table for one topic within bounds, and how many records were unreadable."""
-    rows, unreadable = [], 0
-    async for batch in scan(settings, settings.topics.name(table), bounds, on_progress=on_progress):
-        for record in batch:
-            row = event_row(record, columns)
-            if row is None:
-                unreadable += 1
-            else:
-                rows.append(row)
-    return frame(rows), unreadable
+                     columns: frozenset[str] | None = None, origin: Origin = KAFKA) -> tuple[pl.DataFrame, int]:
+    """The table for one topic within bounds, and how many records were unreadable.
+
+    From the archive, the table is read as the archive stored it (decoded once, when archived);
+    the tail after it is read from Kafka and decoded here, the same way.
+    """
+    if columns is not None:
+        columns = columns | {"kafka_offset"}  # a table of no columns has no rows: COUNT(*) needs one
+    topic = settings.topics.name(table)
+    plan = await plan_scan(settings, topic, bounds, origin)
+    parts, unreadable = [], 0
+    if plan.old:
+        old = archive_table(plan.manifest, plan.old, [n for n in table_schema(table) if columns is None or n in columns])
+        if old is not None:
+            parts.append(old)
+    if plan.tail:
+        tail = Bounds.exactly(plan.tail, plan.ranges)
+        async for batch in scan(settings, topic, tail, batch_size=20_000, on_progress=on_progress):
+            df, bad = decode(batch, table, columns)
+            parts.append(df)
+            unreadable += bad
+    if not parts:
+        return decode([], table, columns)[0], 0
+    return pl.concat(parts, how="vertical_relaxed") if len(parts) > 1 else parts[0], unreadable
 
 
 def _words(sql: str) -> frozenset[str]:
@@ -121,12 +300,14 @@ def columns_in(sql: str) -> frozenset[str] | None:
     return None if "*" in re.sub(r"count\s*\(\s*\*\s*\)", "", sql, flags=re.IGNORECASE) else _words(sql)
 
 
-async def run_sql(settings: KafkaSettings, sql: str, bounds: Bounds = Bounds(), on_progress=None) -> pl.DataFrame:
+async def run_sql(settings: KafkaSettings, sql: str, bounds: Bounds = Bounds(), on_progress=None,
+                  origin: Origin = KAFKA) -> pl.DataFrame:
     names = tables_in(sql)
     if not names:
         raise ValueError(f"the query names no topic table; tables are: {', '.join(TABLES)}")
     columns = columns_in(sql)
-    loaded = await asyncio.gather(*(load_table(settings, name, bounds, on_progress, columns) for name in names))
+    loaded = await asyncio.gather(*(load_table(settings, name, bounds, on_progress, columns, origin)
+                                    for name in names))
     context = pl.SQLContext({name: df for name, (df, _) in zip(names, loaded)}, eager=True)
     return context.execute(sql)
 
@@ -158,4 +339,39 @@ NAMED_QUERIES: dict[str, str] = {
     "pass-rate-by-version": """
         SELECT weight_version, model, tasks, k, samples, pass_at_1, pass_at_k, solved_tasks, run_id
         FROM metrics WHERE type = 'eval' ORDER BY weight_version, time""",
+    "tokens-latency-by-upstream-version": """
+        SELECT upstream, weight_version, COUNT(*) AS calls,
+               SUM(usage_prompt_tokens) AS prompt_tokens, SUM(usage_completion_tokens) AS completion_tokens,
+               AVG(usage_completion_tokens) AS completion_tokens_mean,
+               QUANTILE_CONT(latency_ms, 0.5) AS latency_p50_ms, QUANTILE_CONT(latency_ms, 0.99) AS latency_p99_ms,
+               QUANTILE_CONT(ttft_ms, 0.5) AS ttft_p50_ms,
+               SUM(CASE WHEN status >= 400 THEN 1 ELSE 0 END) AS errors
+        FROM calls GROUP BY upstream, weight_version ORDER BY upstream, weight_version""",
+    # a graded task's reward is 1 when its tests pass (the SWE recipe's grader): pass rate = reward >= 1
+    "pass-rate-by-version-task": """
+        SELECT weight_version_launch AS weight_version, split, task_id, COUNT(*) AS attempts,
+               SUM(CASE WHEN reward >= 1 THEN 1 ELSE 0 END) AS passed,
+               AVG(CASE WHEN reward >= 1 THEN 1.0 ELSE 0.0 END) AS pass_rate,
+               AVG(reward) AS reward_mean, SUM(CASE WHEN reward_missing THEN 1 ELSE 0 END) AS reward_missing
+        FROM trajectories GROUP BY weight_version_launch, split, task_id
+        ORDER BY weight_version, split, task_id""",
+    "slowest-rollouts": """
+        SELECT rollout_id, attempt_id, task_id, weight_version_launch AS weight_version, status, duration_ms,
+               ARRAY_LENGTH(turns) AS turns, reward
+        FROM trajectories WHERE duration_ms IS NOT NULL ORDER BY duration_ms DESC LIMIT 20""",
+    # retry_count (calls) and superseded (trajectories) come with schema version 2 of the events
+    "retries-by-version": """
+        SELECT weight_version, COUNT(*) AS calls,
+               SUM(CASE WHEN retry_count > 0 THEN 1 ELSE 0 END) AS retried_calls,
+               AVG(CASE WHEN retry_count > 0 THEN 1.0 ELSE 0.0 END) AS retry_rate,
+               SUM(CASE WHEN status >= 400 THEN 1 ELSE 0 END) AS failed_calls
+        FROM calls GROUP BY weight_version ORDER BY weight_version""",
+    "superseded-by-version": """
+        SELECT weight_version_launch AS weight_version, COUNT(*) AS trajectories,
+               SUM(superseded) AS superseded_calls, SUM(merge_mismatches) AS merge_mismatches,
+               SUM(CASE WHEN merged THEN 0 ELSE 1 END) AS split_trajectories
+        FROM trajectories GROUP BY weight_version_launch ORDER BY weight_version""",
+    "pool-pauses": """
+        SELECT time, model, version, server, status, pause_ms, load_ms, held_ms, error
+        FROM pool ORDER BY time""",
 }

@@ -12,9 +12,9 @@ import sys
 BENCHMARKS = {
     "gateway_overhead": "the gateway's added latency and throughput against calling the upstream directly",
     "streams_assembly": "events per second one streams worker assembles, finish-to-trajectory delay",
-    "query": "events per second scanned into polars, and SQL over a million call events",
+    "query": "call events per second into polars and through SQL, from Kafka and from the Parquet archive; bytes per event",
     "dashboard": "time to first render of the dashboard's views on a million events, against `agentstream sql`",
-    "replay": "raw events per second a replay rebuilds into trajectories (topic, Parquet, new reward)",
+    "replay": "raw events per second a replay rebuilds into trajectories (topic, Parquet, new reward; from the archive)",
     "controller_launch": "how fast the controller launches attempts",
     "trainer_throughput": "trainer samples per second, and the update's share of its time",
     "sandbox_overhead": "the local sandbox's start-up and per-command cost against a bare subprocess",

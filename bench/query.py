@@ -1,9 +1,11 @@
-"""Scan and query speed: Kafka → polars frame, and SQL on one million call events.
+"""Scan and query speed: call events from Kafka and from the Parquet archive into polars, and SQL.
 
-    uv run python -m bench.query [--events 200000] [--rows 1000000]
+    uv run python -m bench.query [--events 1000000] [--rows 1000000] [--bootstrap HOST:PORT --prefix P]
 
-Baselines measured in the same run: a raw scan that only counts records (what Kafka and
-aiokafka cost), and `SELECT COUNT(*)` on the same frame (what touching the table costs).
+Baselines measured in the same run: a raw scan of Kafka that only counts records (librdkafka, as
+scans read now; aiokafka's, as they read before, beside it), and `SELECT COUNT(*)` on a frame in
+memory (what touching the table costs). The archive is written by `Archiver` (agentstream archive)
+and read back for replay (records) and for queries (the table it stored).
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ from pathlib import Path
 import polars as pl
 
 import schemas as s
-from agentstream.query import NAMED_QUERIES, columns_in, load_table
-from agentstream.scan import scan
+from agentstream.archive import Archiver
+from agentstream.query import NAMED_QUERIES, columns_in, event_row, frame, load_table, run_sql
+from agentstream.scan import KAFKA, Manifest, Origin, resolve, scan
 from agentstream.stack.kafka import LocalKafka
 from bench.load import publish_all
 from bench.report import Report
-from schemas.kafka import KafkaSettings, ensure_topics
+from schemas.kafka import KafkaSettings, ensure_topics, make_consumer, partitions_of
 
 
 def call_event(i: int, rng: random.Random) -> s.CallEvent:
@@ -38,19 +41,115 @@ def call_event(i: int, rng: random.Random) -> s.CallEvent:
         status=200 if i % 50 else 502, started_at=i, latency_ms=rng.expovariate(1 / 40)))
 
 
-async def fill(settings: KafkaSettings, count: int) -> None:
-    rng = random.Random(0)
-    await publish_all(settings, (call_event(i, rng) for i in range(count)))
+async def fill(settings: KafkaSettings, count: int, start: int = 0) -> None:
+    rng = random.Random(start)
+    await publish_all(settings, (call_event(i, rng) for i in range(start, start + count)))
 
 
-async def raw_scan(settings: KafkaSettings) -> int:
-    return sum([len(batch) async for batch in scan(settings, settings.topics.calls)])
+async def raw_scan(settings: KafkaSettings, origin: Origin = KAFKA) -> int:
+    """The baseline: records read and counted, nothing decoded (librdkafka, as scans read now)."""
+    return sum([len(batch) async for batch in scan(settings, settings.topics.calls, batch_size=20_000, origin=origin)])
 
 
-async def frame_scan(settings: KafkaSettings, sql: str | None = None) -> pl.DataFrame:
-    df, unreadable = await load_table(settings, "calls", columns=columns_in(sql) if sql else None)
+async def aiokafka_scan(settings: KafkaSettings) -> int:
+    """What a raw scan cost before: aiokafka's consumer, counting records."""
+    topic = settings.topics.calls
+    partitions = await partitions_of(settings, topic)
+    consumer = make_consumer(settings, group_id=None, max_poll_records=5000)
+    await consumer.start()
+    try:
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        ends = await consumer.end_offsets(partitions)
+        count = 0
+        pending = set(partitions)
+        while pending:
+            count += sum(len(r) for r in (await consumer.getmany(timeout_ms=1000, max_records=5000)).values())
+            for tp in list(pending):
+                if await consumer.position(tp) >= ends[tp]:
+                    pending.discard(tp)
+        return count
+    finally:
+        await consumer.stop()
+
+
+async def frame_scan(settings: KafkaSettings, sql: str | None = None, origin: Origin = KAFKA) -> pl.DataFrame:
+    df, unreadable = await load_table(settings, "calls", columns=columns_in(sql) if sql else None, origin=origin)
     assert unreadable == 0
     return df
+
+
+def kafka_bytes(data_dir: Path, topic: str) -> int:
+    return sum(f.stat().st_size for f in data_dir.glob(f"kraft/{topic}-*/*.log"))
+
+
+class Shown(Report):
+    """The report, each row also printed as it is measured (a long run shows its progress)."""
+
+    def add(self, what: str, figure: str, ratio: float | None = None) -> None:
+        super().add(what, figure, ratio)
+        print(f"  {what}: {figure}" + (f" ({ratio:.2f}x)" if ratio is not None else ""), flush=True)
+
+
+async def measure(report: Report, settings: KafkaSettings, events: int, data_dir: Path | None, root: Path) -> None:
+    counted, raw_s = await timed_async(raw_scan(settings))
+    assert counted == events, (counted, events)
+    report.add("Kafka: raw scan (count only, librdkafka): the baseline", f"{events / raw_s:,.0f} events/s", 1.0)
+    counted, aio_s = await timed_async(aiokafka_scan(settings))
+    report.add("Kafka: raw scan with aiokafka (how scans read before)", f"{events / aio_s:,.0f} events/s", raw_s / aio_s)
+    for label, sql in (("all columns", None), ("columns of latency-by-upstream", NAMED_QUERIES["latency-by-upstream"])):
+        df, frame_s = await timed_async(frame_scan(settings, sql))
+        assert df.height == events
+        report.add(f"Kafka: scan into a polars frame, {label}", f"{events / frame_s:,.0f} events/s", raw_s / frame_s)
+    old_s = await old_frame_scan(settings, min(events, 50_000))
+    report.add("Kafka: scan into a polars frame, all columns, as before (row dicts; 50k events)",
+               f"{min(events, 50_000) / old_s:,.0f} events/s", raw_s / events * min(events, 50_000) / old_s)
+
+    archiver = Archiver(settings, root, tables=("calls",), say=lambda _: None)
+    _, archive_s = await timed_async(archiver.cycle())
+    report.add("archive: Kafka → Parquet (zstd, by hour), exactly once", f"{events / archive_s:,.0f} events/s",
+               raw_s / archive_s)
+    manifest = Manifest.load(root, settings.topics.calls)
+    parquet = sum(e["bytes"] for e in manifest.files)
+    if data_dir is not None:
+        in_kafka = kafka_bytes(data_dir, settings.topics.calls)
+        report.add("bytes per call event in Kafka (uncompressed batches on disk)", f"{in_kafka / events:,.0f} B", 1.0)
+        report.add("bytes per call event in the Parquet archive (table + record)", f"{parquet / events:,.0f} B",
+                   parquet / in_kafka)
+    report.details["parquet_bytes_per_event"] = parquet / events
+    archive = Origin("archive", root)
+    counted, arch_raw_s = await timed_async(raw_scan(settings, archive))
+    assert counted == events
+    report.add("archive: records read back for replay (count only)", f"{events / arch_raw_s:,.0f} events/s",
+               raw_s / arch_raw_s)
+    for label, sql in (("all columns", None), ("columns of latency-by-upstream", NAMED_QUERIES["latency-by-upstream"])):
+        df, frame_s = await timed_async(frame_scan(settings, sql, archive))
+        assert df.height == events
+        report.add(f"archive: scan into a polars frame, {label}", f"{events / frame_s:,.0f} events/s", raw_s / frame_s)
+    for name in ("latency-by-upstream", "tokens-latency-by-upstream-version"):
+        for label, origin in (("Kafka", KAFKA), ("archive", archive)):
+            _, sql_s = await timed_async(run_sql(settings, NAMED_QUERIES[name], origin=origin))
+            report.add(f"{label}: sql --query {name} ({events:,} calls, end to end)",
+                       f"{events / sql_s:,.0f} events/s", raw_s / sql_s)
+
+
+async def old_frame_scan(settings: KafkaSettings, limit: int) -> float:
+    """The decoding as it was (a dict per row, then polars), on the first `limit` records."""
+    records = []
+    async for batch in scan(settings, settings.topics.calls, batch_size=20_000):
+        records += batch
+        if len(records) >= limit:
+            break
+    records = records[:limit]
+    start = time.perf_counter()
+    frame(event_row(r) for r in records)
+    return time.perf_counter() - start
+
+
+async def timed_async(coroutine):
+    start = time.perf_counter()
+    result = await coroutine
+    return result, time.perf_counter() - start
 
 
 def synthetic_calls(rows: int) -> pl.DataFrame:
@@ -62,6 +161,7 @@ def synthetic_calls(rows: int) -> pl.DataFrame:
         "weight_version": rng // 10_000,
         "status": pl.Series([200] * rows).scatter(list(range(0, rows, 50)), 502),
         "latency_ms": pl.Series(range(rows)).cast(pl.Float64) % 97.0,
+        "ttft_ms": pl.Series(range(rows)).cast(pl.Float64) % 13.0,
         "usage_prompt_tokens": pl.Series([200] * rows),
         "usage_completion_tokens": (rng % 64),
     })
@@ -73,45 +173,46 @@ def timed(fn):
     return result, time.perf_counter() - start
 
 
-async def main(events: int, rows: int) -> None:
-    report = Report("query")
+async def main(events: int, rows: int, bootstrap: str | None, prefix: str, kafka_data: Path | None) -> None:
+    report = Shown("query")
     with tempfile.TemporaryDirectory() as tmp:
-        broker = LocalKafka(Path(tmp), default_port=None)
-        state = broker.start()
+        broker, data_dir = None, kafka_data
+        if bootstrap is None:
+            broker = LocalKafka(Path(tmp) / "kafka", default_port=None)
+            bootstrap = broker.start().url
+            data_dir = Path(tmp) / "kafka"
         try:
-            settings = KafkaSettings(bootstrap_servers=state.url, topic_prefix="bench.", partitions=4)
+            settings = KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=prefix, partitions=4)
             await ensure_topics(settings)
-            print(f"publishing {events:,} call events…", flush=True)
-            await fill(settings, events)
-
-            start = time.perf_counter()
-            counted = await raw_scan(settings)
-            raw_s = time.perf_counter() - start
-            report.add("raw scan (count only)", f"{events / raw_s:,.0f} events/s", 1.0)
-            assert counted == events
-            for label, sql in (("all columns", None), ("columns of latency-by-upstream",
-                                                        NAMED_QUERIES["latency-by-upstream"])):
-                start = time.perf_counter()
-                df = await frame_scan(settings, sql)
-                frame_s = time.perf_counter() - start
-                assert df.height == events
-                report.add(f"scan into polars frame, {label}", f"{events / frame_s:,.0f} events/s", raw_s / frame_s)
+            have = sum(end - start for start, end in (await resolve(settings, settings.topics.calls)).values())
+            if have < events:
+                print(f"publishing {events - have:,} call events…", flush=True)
+                await fill(settings, events - have, start=have)
+            elif have > events:
+                events = have
+            await measure(report, settings, events, data_dir, Path(tmp) / "archive")
         finally:
-            broker.stop()
+            if broker is not None:
+                broker.stop()
 
     calls = synthetic_calls(rows)
     context = pl.SQLContext({"calls": calls}, eager=True)
     _, base_s = timed(lambda: context.execute("SELECT COUNT(*) FROM calls"))
-    report.add(f"SELECT COUNT(*) on {rows:,} calls", f"{base_s * 1000:.1f} ms", 1.0)
-    for name in ("latency-by-upstream", "tokens-by-rollout"):
+    report.add(f"SELECT COUNT(*) on {rows:,} calls in memory", f"{base_s * 1000:.1f} ms", 1.0)
+    for name in ("latency-by-upstream", "tokens-by-rollout", "tokens-latency-by-upstream-version"):
         _, query_s = timed(lambda: context.execute(NAMED_QUERIES[name]))
-        report.add(f"{name} on {rows:,} calls", f"{query_s * 1000:.1f} ms", query_s / base_s)
-    report.print("ratio vs. the baseline above it (scan: throughput ratio; query: time ratio)")
+        report.add(f"{name} on {rows:,} calls in memory", f"{query_s * 1000:.1f} ms", query_s / base_s)
+    report.print("ratio: scans, throughput vs. the raw scan (count only) in the same run; "
+                 "bytes, Parquet vs. Kafka; in-memory queries, time vs. COUNT(*)")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--bootstrap", help="use this broker (and its topics, filled up to --events) instead of "
+                                            "a throwaway one; then Kafka's bytes on disk are not measured")
+    parser.add_argument("--prefix", default="bench.")
+    parser.add_argument("--kafka-data", type=Path, help="with --bootstrap: the broker's data folder (for its bytes)")
     args = parser.parse_args()
-    asyncio.run(main(args.events, args.rows))
+    asyncio.run(main(args.events, args.rows, args.bootstrap, args.prefix, args.kafka_data))

@@ -7,6 +7,7 @@ tokens, a reward, finished; a tenth scored by a reward function) are published, 
 - baseline: a scan of the three raw topics that only counts records (what Kafka and aiokafka cost);
 - `replay rebuild` into a new topic, `replay export` to Parquet (chat rows, with the calls'
   messages), and `replay rebuild --reward-fn` (rescoring every attempt), each from the raw topics;
+- the raw topics archived to Parquet (`agentstream archive`), and the rebuild read from the archive;
 - `replay export --from` the rebuilt topic (stored trajectories, no rebuild), against a count-only
   scan of that topic.
 """
@@ -22,7 +23,8 @@ from pathlib import Path
 
 import schemas as s
 from agentstream.replay import Job, Options, RebuildSpec, replay
-from agentstream.scan import scan
+from agentstream.archive import Archiver
+from agentstream.scan import KAFKA, Origin, scan
 from agentstream.stack.kafka import LocalKafka
 from bench.load import publish_all
 from bench.report import Report
@@ -65,8 +67,9 @@ async def fill(settings: KafkaSettings, rollouts: int) -> int:
                                         for event in rollout_events(i, start + i * 50, rng)))
 
 
-async def count_scan(settings: KafkaSettings, bases: tuple[str, ...]) -> int:
-    return sum([len(batch) for base in bases async for batch in scan(settings, settings.topics.name(base))])
+async def count_scan(settings: KafkaSettings, bases: tuple[str, ...], origin: Origin = KAFKA) -> int:
+    return sum([len(batch) for base in bases async for batch in scan(settings, settings.topics.name(base),
+                                                                      origin=origin)])
 
 
 async def timed(coroutine) -> tuple[object, float]:
@@ -103,6 +106,19 @@ async def main(rollouts: int) -> None:
                 summary, took = await timed(replay(settings, job, Options(out / f"{label}.state")))
                 assert summary.written == rollouts, (label, summary)
                 report.add(label, f"{events / took:,.0f} events/s", raw_s / took)
+
+            archiver = Archiver(settings, out / "archive", tables=RAW, say=lambda _: None)
+            _, took = await timed(archiver.cycle())
+            report.add("archive the raw topics (Parquet, zstd)", f"{events / took:,.0f} events/s", raw_s / took)
+            archive = Origin("archive", out / "archive")
+            counted, archived_raw_s = await timed(count_scan(settings, RAW, archive))
+            assert counted == events
+            report.add("raw scan of the archive (count only)", f"{events / archived_raw_s:,.0f} events/s",
+                       raw_s / archived_raw_s)
+            job = Job("raw", "topic", "rebuilt-from-archive", rebuild=RebuildSpec(timing=timing))
+            summary, took = await timed(replay(settings, job, Options(out / "archived.state", origin=archive)))
+            assert summary.written == rollouts, summary
+            report.add("rebuild into a topic, from the archive", f"{events / took:,.0f} events/s", raw_s / took)
 
             counted, stored_s = await timed(count_scan(settings, ("rebuilt",)))
             report.add(f"scan of the rebuilt topic (count only), {counted:,} trajectories",

@@ -135,3 +135,34 @@ async def test_staleness_of_trained_samples(kafka):
                                      weights(2, 1, [launched[2].id, launched[3].id])])
     result = await run_sql(kafka, NAMED_QUERIES["staleness"])
     assert result.rows() == [(1, 0, 2, 0.5), (2, 0, 1, 0.5), (2, 1, 1, 1.0)]
+
+
+def graded(rollout: str, task: str, split: str, version: int, reward: float, duration_ms: int) -> s.TrajectoryEvent:
+    return s.TrajectoryEvent(source="test", rollout_id=rollout, attempt_id="a", data=s.Trajectory(
+        task_id=task, split=split, status="finished", reward=reward, turns=[], sequences=[], merged=True,
+        weight_version_launch=version, finished_at=0, duration_ms=duration_ms, lineage=[]))
+
+
+async def test_questions_people_ask(kafka):
+    pool = [s.PoolUpdateEvent(source="test", time=1000 * v, data=s.PoolUpdate(
+        model="tiny", version=v, server="http://a", status="ok", pause_ms=100.0 * v, applied_by="g")) for v in (2, 1)]
+    await publish(kafka, KNOWN + pool + [
+        graded("g1", "t1", "train", 1, 1.0, 500), graded("g2", "t1", "train", 1, 0.0, 900),
+        graded("g3", "t1", "validation", 1, 1.0, 100), graded("g4", "t2", "train", 2, 0.5, 300)])
+
+    passed = await run_sql(kafka, NAMED_QUERIES["pass-rate-by-version-task"].replace(
+        "FROM trajectories", "FROM trajectories WHERE task_id IS NOT NULL"))
+    assert passed.select("weight_version", "split", "task_id", "attempts", "passed", "pass_rate").rows() == [
+        (1, "train", "t1", 2, 1, 0.5), (1, "validation", "t1", 1, 1, 1.0), (2, "train", "t2", 1, 0, 0.0)]
+    slowest = await run_sql(kafka, NAMED_QUERIES["slowest-rollouts"])
+    assert slowest["rollout_id"].to_list() == ["g2", "g1", "g4", "g3"]
+    pauses = await run_sql(kafka, NAMED_QUERIES["pool-pauses"])
+    assert pauses.select("version", "pause_ms").rows() == [(1, 100.0), (2, 200.0)]
+    by_version = await run_sql(kafka, NAMED_QUERIES["tokens-latency-by-upstream-version"])
+    assert by_version.select("upstream", "calls", "completion_tokens", "errors").rows() == [
+        ("http://a", 3, 9, 0), ("http://b", 2, 2, 1)]
+    if "retry_count" in s.Call.model_fields:  # schema version 2 of the events (retries and superseded calls)
+        retries = await run_sql(kafka, NAMED_QUERIES["retries-by-version"])
+        assert retries.select("calls", "retried_calls").rows() == [(5, 0)]
+        superseded = await run_sql(kafka, NAMED_QUERIES["superseded-by-version"])
+        assert superseded["superseded_calls"].sum() == 0

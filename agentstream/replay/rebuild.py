@@ -21,7 +21,7 @@ from typing import Any
 from agentstream.replay.selection import Selection
 from agentstream.replay.sources import Item
 from agentstream.replay.state import int_keys
-from agentstream.scan import Bounds, ScanProgress, scan
+from agentstream.scan import KAFKA, Bounds, Origin, ScanProgress, scan
 from schemas.codec import DecodeError, decode, encode
 from schemas.events import CallEvent, Event, RewardEvent, RolloutQueuedEvent, TrajectoryEvent
 from schemas.kafka import KafkaSettings
@@ -44,7 +44,7 @@ class Rebuild:
     def __init__(self, settings: KafkaSettings, ranges: dict[str, dict[int, tuple[int, int]]],
                  position: dict[str, Any] | None, *, timing: Timing, closing_ms: int, selection: Selection,
                  counts: Counter[str], reward_fn: str | None = None, with_calls: bool = False,
-                 source: str = "streams", batch_size: int = 5000):
+                 source: str = "streams", batch_size: int = 5000, origin: Origin = KAFKA):
         self.settings = settings
         self.timing = timing
         self.closing_ms = closing_ms
@@ -52,6 +52,7 @@ class Rebuild:
         self.reward_fn = reward_fn
         self.with_calls = with_calls
         self.batch_size = batch_size
+        self.origin = origin
         self.partitions = sorted(ranges["rollouts"])
         self.ends = {t: {p: end for p, (_, end) in ranges[t].items()} for t in RAW}
         self.counts = counts
@@ -85,7 +86,7 @@ class Rebuild:
         names = {t: self.settings.topics.name(t) for t in RAW}
         scans = {t: scan(self.settings, names[t], Bounds(start_offsets=dict(self.next[t]),
                                                          end_offsets=dict(self.ends[t])),
-                         self.batch_size, on_progress=progressed(t)) for t in RAW}
+                         self.batch_size, on_progress=progressed(t), origin=self.origin) for t in RAW}
         try:
             while True:
                 out: list[Item] = []

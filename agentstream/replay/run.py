@@ -26,7 +26,7 @@ from agentstream.replay.selection import Selection
 from agentstream.replay.sinks import JsonlSink, ParquetSink, Sink, TopicSink
 from agentstream.replay.sources import Source, StoredTrajectories
 from agentstream.replay.state import ReplayError, ReplayState
-from agentstream.scan import Bounds, parse_offsets, parse_time, resolve
+from agentstream.scan import KAFKA, Bounds, Origin, parse_offsets, parse_time, resolve
 from schemas.ids import now_ms
 from schemas.kafka import KafkaSettings
 from streams import rewards
@@ -111,6 +111,8 @@ class Options:
     crash_at: str = ""
     """fault injection for tests: `after_output:N` (or `after_state:N`) SIGKILLs this process at the
     Nth checkpoint that wrote output, after the output is durable (or after the state is saved)"""
+    origin: Origin = KAFKA
+    """where the range is read from: Kafka, the Parquet archive, or both (the same records either way)"""
 
 
 @dataclass
@@ -151,7 +153,7 @@ async def replay(settings: KafkaSettings, job: Job, options: Options,
                           "or --restart to start over")
     resumed = state is not None and state.source is not None
     if state is None:
-        state = await _plan(settings, job)
+        state = await _plan(settings, job, options.origin)
     sink = _sink(settings, job, state)
     if state.done:
         if isinstance(sink, ParquetSink):
@@ -208,7 +210,7 @@ async def replay(settings: KafkaSettings, job: Job, options: Options,
                    read=source.read, seconds=time.monotonic() - started)
 
 
-async def _plan(settings: KafkaSettings, job: Job) -> ReplayState:
+async def _plan(settings: KafkaSettings, job: Job, origin: Origin = KAFKA) -> ReplayState:
     """Resolve the range to offsets, now, once."""
     now = now_ms()
     r = job.range
@@ -222,12 +224,12 @@ async def _plan(settings: KafkaSettings, job: Job) -> ReplayState:
         raise ReplayError(str(exc)) from None
     try:
         if not job.raw:
-            ranges = {job.source: await resolve(settings, settings.topics.name(job.source), bounds)}
+            ranges = {job.source: await resolve(settings, settings.topics.name(job.source), bounds, origin)}
             return ReplayState(job.signature(), ranges)
         # an attempt running across `since` began earlier: read its beginning too, leave it out (Selection)
         read_from = since - job.rebuild.lookback_ms if since is not None else None
-        ranges = {t: await resolve(settings, settings.topics.name(t), Bounds(since_ms=read_from, until_ms=until))
-                  for t in RAW}
+        ranges = {t: await resolve(settings, settings.topics.name(t), Bounds(since_ms=read_from, until_ms=until),
+                                   origin) for t in RAW}
     except LookupError as exc:
         raise ReplayError(str(exc)) from None
     counts = {t: len(parts) for t, parts in ranges.items()}
@@ -254,11 +256,12 @@ def _sink(settings: KafkaSettings, job: Job, state: ReplayState) -> Sink:
 def _source(settings: KafkaSettings, job: Job, state: ReplayState, counts: Counter[str], options: Options) -> Source:
     if not job.raw:
         return StoredTrajectories(settings, settings.topics.name(job.source), state.ranges[job.source], state.source,
-                                  counts, options.batch_size)
+                                  counts, options.batch_size, options.origin)
     spec = job.rebuild
     return Rebuild(settings, state.ranges, state.source, timing=spec.timing, closing_ms=state.plan["closing_ms"],
                    selection=_selection(job, state), counts=counts, reward_fn=spec.reward_fn,
-                   with_calls=job.sink in ("chat", "parquet"), source=spec.source, batch_size=options.batch_size)
+                   with_calls=job.sink in ("chat", "parquet"), source=spec.source, batch_size=options.batch_size,
+                   origin=options.origin)
 
 
 class _CrashPoint:

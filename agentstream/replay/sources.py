@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agentstream.scan import Bounds, ScanProgress, scan
+from agentstream.scan import KAFKA, Bounds, Origin, ScanProgress, scan
 from agentstream.replay.state import int_keys
 from schemas.codec import DecodeError, decode
 from schemas.events import Call, TrajectoryEvent
@@ -48,12 +48,14 @@ class StoredTrajectories:
     """The trajectory events of one topic (the live `trajectories`, or a rebuild's), in a range."""
 
     def __init__(self, settings: KafkaSettings, topic: str, ranges: dict[int, tuple[int, int]],
-                 position: dict[str, Any] | None, counts: Counter[str], batch_size: int = 5000):
+                 position: dict[str, Any] | None, counts: Counter[str], batch_size: int = 5000,
+                 origin: Origin = KAFKA):
         self.settings = settings
         self.topic = topic
         self.ends = {p: end for p, (_, end) in ranges.items()}
         self.next = int_keys(position["next"]) if position else {p: start for p, (start, _) in ranges.items()}
         self.batch_size = batch_size
+        self.origin = origin
         self.counts = counts
         self.remaining = sum(max(0, self.ends[p] - self.next[p]) for p in self.ends)
         self.read = 0
@@ -63,7 +65,8 @@ class StoredTrajectories:
             self.next.update(progress.positions)
 
         bounds = Bounds(start_offsets=dict(self.next), end_offsets=dict(self.ends))
-        async for batch in scan(self.settings, self.topic, bounds, self.batch_size, on_progress=progressed):
+        async for batch in scan(self.settings, self.topic, bounds, self.batch_size, on_progress=progressed,
+                                     origin=self.origin):
             self.read += len(batch)
             items = []
             for record in batch:
