@@ -92,7 +92,7 @@ async def test_requests_with_tools_are_served_on_every_api_streamed_and_not(gw, 
     assert all(raw.status_code == 200 for raw in answers)
     calls = {event.id: event.data for event in await read_events(kafka, kafka.topics.calls, count=6)}
     assert {(calls[call_id(raw)].api, calls[call_id(raw)].streamed) for raw in answers} == {
-        (api, streamed) for api in ("chat", "responses", "messages") for streamed in (False, True)}
+        (api, streamed) for api in ("chat.completions", "responses", "messages") for streamed in (False, True)}
     for raw in answers:
         call = calls[call_id(raw)]
         assert call.status == 200 and call.error is None and len(call.completion_token_ids) > 0
