@@ -213,19 +213,21 @@ async def test_auto_tool_calls_in_the_models_text_are_parsed_on_every_api(gw, ka
     raws = {}
     for stream in (False, True):
         raws["chat", stream] = await openai.chat.completions.with_raw_response.create(
-            model="tiny", messages=question, tools=[chat_tool], tool_choice="auto", max_tokens=80, stream=stream,
+            model="tiny", messages=question, tools=[chat_tool], tool_choice="auto", max_tokens=120, stream=stream,
             extra_body=STEERED)
         raws["responses", stream] = await openai.responses.with_raw_response.create(
             model="tiny", input=QUESTION, tools=[{**RESPONSES_TOOL, "strict": False}], tool_choice="auto",
-            max_output_tokens=80, stream=stream, extra_body=STEERED)
+            max_output_tokens=120, stream=stream, extra_body=STEERED)
         raws["messages", stream] = await anthropic.messages.with_raw_response.create(
             model="tiny", messages=question, tools=[{k: v for k, v in MESSAGES_TOOL.items() if k != "strict"}],
-            max_tokens=80, stream=stream, extra_body=STEERED)
+            max_tokens=120, stream=stream, extra_body=STEERED)
 
     calls = {event.id: event.data for event in await read_events(kafka, kafka.topics.calls, count=6)}
     for (api, stream), raw in raws.items():
         call = calls[call_id(raw)]
-        text, [written] = recorded_tool_calls(call, tokenizer)
+        text, written_calls = recorded_tool_calls(call, tokenizer)
+        assert len(written_calls) == 1, text
+        [written] = written_calls
         assert text.startswith("Checking.\n<tool_call>") and written["name"] == "get_weather"
         city = city_of(written["arguments"])
         if api == "chat":
