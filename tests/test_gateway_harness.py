@@ -244,11 +244,13 @@ async def test_tool_calls_and_results_in_the_history_reach_the_model_as_chat_too
         model="tiny", messages=messages_history, max_tokens=4, tools=[tool], tool_choice={"type": "none"})
     assert (await messages.parse()).content[0].type == "text"
 
-    direct = direct_chat(vllm_server, messages=chat_history, max_tokens=1, return_token_ids=True, tool_choice="none",
-                         tools=[{"type": "function", "function": {"name": "add", "parameters": tool["input_schema"]}}])
     calls = {event.id: event.data for event in await read_events(kafka, kafka.topics.calls, count=2)}
     for raw, history in ((responses, responses_input), (messages, messages_history)):
         call = calls[call_id(raw)]
+        # the template shows the model its tools: the equivalent chat request has the translation's tools
+        tools = ADAPTERS[call.api].rewrite(call.request, training=True).body["tools"]
+        direct = direct_chat(vllm_server, messages=chat_history, max_tokens=1, return_token_ids=True,
+                             tool_choice="none", tools=tools)
         assert call.prompt_token_ids == direct["prompt_token_ids"], "not the prompt of the equivalent chat request"
         assert call.request["input" if call.api == "responses" else "messages"] == history, \
             "tool calls and results are recorded as the structured turns the agent sent"
