@@ -21,6 +21,7 @@ import polars as pl
 from aiokafka import ConsumerRecord
 from pydantic import BaseModel
 
+from agentstream.repeats import drop_repeats
 from agentstream.scan import Bounds, ScanProgress, scan
 from schemas.events import EVENT_TYPES, Payload
 from schemas.kafka import KafkaSettings
@@ -94,7 +95,9 @@ def frame(rows: Iterable[dict]) -> pl.DataFrame:
 
 async def load_table(settings: KafkaSettings, table: str, bounds: Bounds = Bounds(), on_progress=None,
                      columns: frozenset[str] | None = None) -> tuple[pl.DataFrame, int]:
-    """The table for one topic within bounds, and how many records were unreadable."""
+    """The table for one topic within bounds (each event id once), and how many records were unreadable."""
+    if columns is not None:
+        columns = columns | {"id"}  # repeats are dropped by id
     rows, unreadable = [], 0
     async for batch in scan(settings, settings.topics.name(table), bounds, on_progress=on_progress):
         for record in batch:
@@ -103,7 +106,7 @@ async def load_table(settings: KafkaSettings, table: str, bounds: Bounds = Bound
                 unreadable += 1
             else:
                 rows.append(row)
-    return frame(rows), unreadable
+    return drop_repeats(frame(rows)), unreadable
 
 
 def _words(sql: str) -> frozenset[str]:

@@ -86,7 +86,8 @@ def create_app(settings: StreamsSettings, partitions: int) -> faust.App:
     @app.page("/analytics")
     class AnalyticsView(View):
         async def get(self, request: Request) -> Response:
-            return self.json({**worker.describe(), "windows": windows_view()})
+            view = worker.describe(open_attempts=request.query.get("open") == "1")
+            return self.json({**view, "windows": windows_view()})
 
     return app
 

@@ -204,6 +204,11 @@ class Assembly:
                 heapq.heappush(heap, entry)
         return list(found)
 
+    def open_attempts(self) -> int:
+        """Attempts not settled yet (a scan of the state: for checks, not for every request)."""
+        return sum(not attempt.get("settled") for state in list(self.rollouts.values())
+                   for attempt in state["attempts"].values())
+
     def settle(self, rollout_id: str, now_ms: int) -> Settled:
         """What settling the rollout's due attempts yields; nothing is changed until `record(settled)`.
 

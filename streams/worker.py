@@ -81,19 +81,15 @@ class AssemblyWorker(faust.Service):
         self.deadletters: list[Awaitable] = []
         """acknowledgements to await before the positions pass their records"""
         self.handled_at = time.monotonic()
-        self.ready = False
-        """the table is recovered for the partitions assigned"""
         self.lock = asyncio.Lock()
         """one batch, timer or rebalance at a time: each changes the state and stages writes"""
 
     async def recovered(self) -> None:
         self.assembly.reindex()
-        self.ready = True
         log.info("state recovered: %d keys", len(self.table))
 
     async def revoked(self, revoked: Iterable[TP]) -> None:
         async with self.lock:  # let a batch or a settling in progress finish with its partitions
-            self.ready = False
             for tp in revoked:
                 self.last_time.pop(tp, None)
                 self.gaps.pop(tp, None)
@@ -257,12 +253,12 @@ class AssemblyWorker(faust.Service):
         tick = self.settings.tick_s
         while not self.should_stop:
             wait = tick
-            if self.ready:
+            if not self.app.rebalancing:  # until its tables are recovered, a worker has no state to settle
                 upcoming = self.assembly.next_due(self.active_partitions())
                 if upcoming is not None:
                     wait = min(tick, max(0.005, (upcoming - now_ms()) / 1000))
             await self.sleep(wait)
-            if not self.ready:
+            if self.app.rebalancing:
                 continue
             async with self.lock:
                 try:
@@ -278,7 +274,7 @@ class AssemblyWorker(faust.Service):
     async def _watchdog(self) -> None:
         """Read again a source partition the worker is behind on but no longer receives records of
         (records dropped at its end, where no later record shows the gap)."""
-        if not self.ready or time.monotonic() - self.handled_at < STALL_S:
+        if self.app.rebalancing or time.monotonic() - self.handled_at < STALL_S:
             return
         for partition in self.active_partitions():
             for topic in self.sources:
@@ -293,9 +289,12 @@ class AssemblyWorker(faust.Service):
 
     # --- the view --------------------------------------------------------------------------------------
 
-    def describe(self) -> dict:
+    def describe(self, open_attempts: bool = False) -> dict:
+        """Counters, partitions and source positions; with `open_attempts`, also how many attempts are
+        not settled yet (a scan of the state)."""
         actives = sorted(self.active_partitions())
+        extra = {"open_attempts": self.assembly.open_attempts()} if open_attempts else {}
         return {
-            "assembly": {**self.assembly.counts, **self.counts, "partitions": actives},
+            "assembly": {**self.assembly.counts, **self.counts, **extra, "partitions": actives},
             "sources": {f"{topic}:{p}": self.position(TP(topic, p)) for p in actives for topic in self.sources},
         }
