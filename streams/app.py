@@ -44,6 +44,9 @@ def create_app(settings: StreamsSettings, partitions: int) -> faust.App:
         processing_guarantee="at_least_once",
         producer_acks=-1,
         producer_max_request_size=16 * 1024 * 1024,
+        # a record joins the partition's open batch; with Faust's default (16 KiB, eight events or one
+        # trajectory) a send waits for the broker's ack of the batch before it, at every few records
+        producer_max_batch_size=1024 * 1024,
         consumer_max_fetch_size=16 * 1024 * 1024,
         consumer_auto_offset_reset="earliest",
         broker_commit_interval=1.0,
@@ -66,12 +69,18 @@ def create_app(settings: StreamsSettings, partitions: int) -> faust.App:
         then the returned future."""
         return await out[topic].send(key=event.key, value=encode(event), force=now)
 
-    worker = AssemblyWorker(app, settings, partitions, lambda topic, event: publish(topic, event, now=True))
+    async def send(topic: str, event: Event):
+        """Straight to the producer (Faust's topic `send` yields to the loop on every record): the
+        broker's ack is the returned future."""
+        return await app.producer.send(settings.topics.name(topic), event.key, encode(event), partition=None,
+                                       timestamp=None, headers=None)
+
+    worker = AssemblyWorker(app, settings, partitions, send)
 
     @app.agent(app.topic(*worker.sources, **RAW), name="assemble")
     async def assemble(stream):
-        async for batch in stream.take_events(settings.batch_max, within=settings.batch_wait_s):
-            await worker.handle(batch)
+        async for record in stream.events():  # acknowledged at once: the table holds the positions
+            await worker.add(record)
 
     @app.task
     async def start_worker() -> None:  # its timers start once the tables are recovered, as Faust's own do

@@ -25,6 +25,9 @@ _DROPPED = object()
 class StateTable(faust.Table):
     """A table written by partition (`write`, `drop`), whose changes can be awaited until the broker has them.
 
+    Written only through these two (not `table[key] = value`, which writes to the partition of
+    Faust's current event).
+
     faust-streaming 0.15.3 commits a source offset after `producer.flush()`, but its buffer's flush
     returns while a changelog message is still on its way to the client. The worker does not rely on
     those commits (its positions are in this table); it awaits its changes only to bound how many
@@ -39,17 +42,21 @@ class StateTable(faust.Table):
     def unacknowledged(self) -> int:
         return len(self._unacknowledged)
 
-    def write(self, partition: int, key: str, value: Any) -> None:
+    async def write(self, partition: int, key: str, value: Any) -> None:
         self.data[key] = value
-        self._send(partition, key, orjson.dumps(value))
+        await self._send(partition, key, orjson.dumps(value))
 
-    def drop(self, partition: int, key: str) -> None:
+    async def drop(self, partition: int, key: str) -> None:
         self.data.pop(key, None)
-        self._send(partition, key, None)  # a tombstone, as Faust writes one
+        await self._send(partition, key, None)  # a tombstone, as Faust writes one
 
-    def _send(self, partition: int, key: str, value: bytes | None) -> None:
-        self._unacknowledged.append(self.send_changelog(partition, orjson.dumps(key), value,
-                                                        key_serializer="raw", value_serializer="raw"))
+    async def _send(self, partition: int, key: str, value: bytes | None) -> None:
+        # to the producer itself, as records of Faust's table format: Faust's own path (`send_changelog`)
+        # queues them in a buffer that hands on one record at a time, and its topic's `send` yields to
+        # the event loop on every record. The order of a partition's records is the order of these calls.
+        self._unacknowledged.append(await self.app.producer.send(
+            self.changelog_topic.get_topic_name(), orjson.dumps(key), value, partition=partition, timestamp=None,
+            headers=None))
 
     async def written(self) -> None:
         pending, self._unacknowledged = self._unacknowledged, []
@@ -114,13 +121,13 @@ class Staged(MutableMapping):
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
-    def flush(self) -> int:
+    async def flush(self) -> int:
         """Write what is staged to the table and its changelog; how many records that took."""
         for key, (partition, value) in self._staged.items():
             if value is _DROPPED:
-                self.table.drop(partition, self.prefix + key)
+                await self.table.drop(partition, self.prefix + key)
             else:
-                self.table.write(partition, self.prefix + key, value)
+                await self.table.write(partition, self.prefix + key, value)
         written = len(self._staged)
         self._staged.clear()
         self._new.clear()

@@ -1,9 +1,9 @@
 """The assembly worker: source records in, a batch at a time; trajectories, rewards and deadletters out.
 
     rollouts ┐
-    calls    ├─▶ handle(batch) ─▶ settle due attempts ─▶ emit ─▶ flush (state, then positions)
+    calls    ├─▶ add ─(a batch)─▶ settle due attempts ─▶ emit ─▶ flush (state, then positions)
     rewards  ┘                          ▲
-                       timer: the next due attempt, or every --tick-s
+              timer: the next due attempt, a batch no record ends, or every --tick-s
 
 Exactly-once handling of the sources does not rest on Faust's offset commits. The table holds, per
 source partition, the next offset to handle, in the same changelog partition as the state those
@@ -81,8 +81,12 @@ class AssemblyWorker(faust.Service):
         self.deadletters: list[Awaitable] = []
         """acknowledgements to await before the positions pass their records"""
         self.handled_at = time.monotonic()
+        self.touched: set[int] = set()
+        """partitions of the records in the batch so far"""
+        self.batched = 0
+        self.batch_began = time.monotonic()
         self.lock = asyncio.Lock()
-        """one batch, timer or rebalance at a time: each changes the state and stages writes"""
+        """one record, batch end, timer or rebalance at a time: each changes the state and stages writes"""
 
     async def recovered(self) -> None:
         self.assembly.reindex()
@@ -96,21 +100,29 @@ class AssemblyWorker(faust.Service):
 
     # --- handling a batch --------------------------------------------------------------------------
 
-    async def handle(self, batch: list[EventT]) -> None:
-        """Add a batch of source records to the state, settle what came due, write the changes."""
+    async def add(self, record: EventT) -> None:
+        """Add one source record to the state; end the batch when it is full or old enough."""
         async with self.lock:
-            self.handled_at = time.monotonic()
             try:
-                touched = set()
-                for record in batch:
-                    if await self._take(record.message):
-                        touched.add(record.message.partition)
-                await self._settle(touched)
-                await self._flush()
+                if not self.touched:
+                    self.batch_began = time.monotonic()
+                if await self._take(record.message):
+                    self.touched.add(record.message.partition)
+                    self.batched += 1
+                if self.batched >= self.settings.batch_max or (
+                        time.monotonic() - self.batch_began >= self.settings.batch_wait_s):
+                    await self._end_batch()
             except (KafkaError, ProducerSendError) as exc:
-                # nothing is recorded past the last flush: the next worker handles it again
+                # nothing is recorded past the last batch: the next worker handles it again
                 await self.app.crash(exc)
                 raise
+
+    async def _end_batch(self, partitions: Iterable[int] = ()) -> None:
+        """Settle what the batch made due (and the attempts due in `partitions`), then write its changes."""
+        self.handled_at = time.monotonic()
+        touched, self.touched, self.batched = self.touched, set(), 0
+        await self._settle(touched | set(partitions))
+        await self._flush()
 
     async def _take(self, message) -> bool:
         """Add one record to the state; whether it was the next of its partition."""
@@ -214,9 +226,9 @@ class AssemblyWorker(faust.Service):
         if self.deadletters:
             pending, self.deadletters = self.deadletters, []
             await asyncio.gather(*pending)
-        self.rollouts.flush()
-        self.events.flush()
-        self.positions.flush()
+        await self.rollouts.flush()
+        await self.events.flush()
+        await self.positions.flush()
         if self.table.unacknowledged > UNACKNOWLEDGED_MAX:
             await self.table.written()
 
@@ -248,27 +260,31 @@ class AssemblyWorker(faust.Service):
 
     @faust.Service.task
     async def _settle_when_due(self) -> None:
-        """Settle quiet partitions: at the next attempt due, or every --tick-s (a worker that is
-        behind settles as it catches up, each batch)."""
-        tick = self.settings.tick_s
+        """End a batch that waits for records no longer coming, and settle quiet partitions: when
+        their next attempt is due, at least every --tick-s."""
         while not self.should_stop:
-            wait = tick
-            if not self.app.rebalancing:  # until its tables are recovered, a worker has no state to settle
-                upcoming = self.assembly.next_due(self.active_partitions())
-                if upcoming is not None:
-                    wait = min(tick, max(0.005, (upcoming - now_ms()) / 1000))
-            await self.sleep(wait)
+            await self.sleep(self._until_next())
             if self.app.rebalancing:
                 continue
             async with self.lock:
                 try:
-                    await self._settle(self.active_partitions())
-                    await self._flush()
+                    await self._end_batch(self.active_partitions())
                 except (KafkaError, ProducerSendError) as exc:
                     await self.app.crash(exc)
                     raise
                 except Exception:  # a bug: the attempts stay due and are tried again
                     log.exception("settling due attempts failed")
+
+    def _until_next(self) -> float:
+        """Seconds until the next attempt is due or the batch is old enough, at most --tick-s."""
+        wait = self.settings.tick_s
+        if self.batched:
+            wait = min(wait, self.batch_began + self.settings.batch_wait_s - time.monotonic())
+        if not self.app.rebalancing:  # until its tables are recovered, a worker has no state to settle
+            upcoming, now = self.assembly.next_due(self.active_partitions()), now_ms()
+            if upcoming is not None and upcoming > now:  # one due already is held back: a batch settles it
+                wait = min(wait, (upcoming - now) / 1000)
+        return max(0.001, wait)
 
     @faust.Service.timer(STALL_S / 2)
     async def _watchdog(self) -> None:
