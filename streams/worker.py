@@ -93,10 +93,11 @@ class AssemblyWorker(faust.Service):
         log.info("state recovered: %d keys", len(self.table))
 
     async def revoked(self, revoked: Iterable[TP]) -> None:
-        async with self.lock:  # let a batch or a settling in progress finish with its partitions
-            for tp in revoked:
-                self.last_time.pop(tp, None)
-                self.gaps.pop(tp, None)
+        # no lock: Faust waits for the record in hand to be acknowledged before it revokes, and that
+        # record may wait for the lock
+        for tp in revoked:
+            self.last_time.pop(tp, None)
+            self.gaps.pop(tp, None)
 
     # --- handling a batch --------------------------------------------------------------------------
 
