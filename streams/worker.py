@@ -104,9 +104,10 @@ class AssemblyWorker(faust.Service):
     async def add(self, record: EventT) -> None:
         """Add one source record to the state; end the batch when it is full or old enough."""
         async with self.lock:
+            self.handled_at = time.monotonic()
             try:
                 if not self.touched:
-                    self.batch_began = time.monotonic()
+                    self.batch_began = self.handled_at
                 if await self._take(record.message):
                     self.touched.add(record.message.partition)
                     self.batched += 1
@@ -117,10 +118,12 @@ class AssemblyWorker(faust.Service):
                 # nothing is recorded past the last batch: the next worker handles it again
                 await self.app.crash(exc)
                 raise
+            except Exception:  # settling failed (a bug): the attempts stay due and are tried again
+                log.exception("the batch ending at %s:%d@%d failed", record.message.topic, record.message.partition,
+                              record.message.offset)
 
     async def _end_batch(self, partitions: Iterable[int] = ()) -> None:
         """Settle what the batch made due (and the attempts due in `partitions`), then write its changes."""
-        self.handled_at = time.monotonic()
         touched, self.touched, self.batched = self.touched, set(), 0
         await self._settle(touched | set(partitions))
         await self._flush()
