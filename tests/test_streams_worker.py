@@ -191,13 +191,20 @@ async def test_a_burst_with_the_worker_killed_twice_settles_every_attempt_once(k
     are for a machine shared by many (each phase takes seconds on a quiet one)."""
     from bench.load import publish_all
 
-    worker = worker_factory("burst").start()
-    rollouts = [live(Rollout(f"r-burst-{i}")) for i in range(4000)]
-    events = [event for rollout in rollouts for event in rollout.two_turns()]
-    assert len(events) == 20_000
-    ids = {rollout.rollout_id for rollout in rollouts}
+    # settle 5 s: the burst's events reach the broker a little after their time (built, then published,
+    # 500 at a time), and a worker must not settle an attempt while its events are on their way
+    worker = worker_factory("burst", "--settle-s", "5").start()
+    ids = {f"r-burst-{i}" for i in range(4000)}
+
+    async def burst() -> int:
+        sent = 0
+        for chunk in range(0, 4000, 100):
+            rollouts = [live(Rollout(f"r-burst-{i}")) for i in range(chunk, chunk + 100)]
+            sent += await publish_all(kafka, [event for rollout in rollouts for event in rollout.two_turns()])
+        return sent
+
     async with TopicWatch(kafka, "trajectories") as watch:
-        publishing = asyncio.create_task(publish_all(kafka, events))
+        publishing = asyncio.create_task(burst())
         for share in (0.1, 0.4):  # killed twice, each time in the middle of the burst's trajectories
             await watch.until(lambda seen: len(trajectories_by_rollout(seen)) >= share * len(ids), timeout=240,
                               what=f"{share:.0%} of the trajectories")
