@@ -11,7 +11,7 @@ import pytest
 from streams.assembly import assemble
 from tests.gateway_support import OPERATOR_KEY, gateway_settings, read_events, running_gateway
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]  # the session-scoped vLLM server starts in the first test
 ASCII = {"allowed_token_ids": list(range(32, 127))}  # every token one character: texts re-tokenize exactly
 
 
