@@ -22,6 +22,7 @@ import orjson
 import polars as pl
 from pydantic import BaseModel
 
+from agentstream.repeats import drop_repeats
 from agentstream.scan import KAFKA, Bounds, Origin, Record, archive_table, plan_scan, scan
 from schemas.events import EVENT_TYPES, Payload
 from schemas.kafka import KafkaSettings
@@ -260,13 +261,13 @@ def _decode_rows(records: list[Record], schema: pl.Schema, wanted: list[str]) ->
 
 async def load_table(settings: KafkaSettings, table: str, bounds: Bounds = Bounds(), on_progress=None,
                      columns: frozenset[str] | None = None, origin: Origin = KAFKA) -> tuple[pl.DataFrame, int]:
-    """The table for one topic within bounds, and how many records were unreadable.
+    """The table for one topic within bounds (each event id once), and how many records were unreadable.
 
     From the archive, the table is read as the archive stored it (decoded once, when archived);
     the tail after it is read from Kafka and decoded here, the same way.
     """
     if columns is not None:
-        columns = columns | {"kafka_offset"}  # a table of no columns has no rows: COUNT(*) needs one
+        columns = columns | {"kafka_offset", "id"}  # COUNT(*) needs a column; repeats are dropped by id
     topic = settings.topics.name(table)
     plan = await plan_scan(settings, topic, bounds, origin)
     parts, unreadable = [], 0
@@ -282,7 +283,8 @@ async def load_table(settings: KafkaSettings, table: str, bounds: Bounds = Bound
             unreadable += bad
     if not parts:
         return decode([], table, columns)[0], 0
-    return pl.concat(parts, how="vertical_relaxed") if len(parts) > 1 else parts[0], unreadable
+    whole = pl.concat(parts, how="vertical_relaxed") if len(parts) > 1 else parts[0]
+    return drop_repeats(whole), unreadable
 
 
 def _words(sql: str) -> frozenset[str]:

@@ -20,6 +20,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from agentstream.repeats import Repeats
 from agentstream.scan import Bounds, scan
 from schemas.codec import DecodeError, decode
 from schemas.events import MetricsEvent, PoolUpdate, PoolUpdateEvent
@@ -36,11 +37,14 @@ class TopView:
     """(window size, window start, group) → the latest aggregate published for it"""
     pool: deque[tuple[int, PoolUpdate]] = field(default_factory=lambda: deque(maxlen=200))
     last_event_ms: int | None = None
+    repeats: Repeats = field(default_factory=Repeats)
 
     def add(self, raw: bytes) -> None:
         try:
             event = decode(raw)
         except DecodeError:
+            return
+        if not self.repeats.first(event.id):
             return
         if isinstance(event, MetricsEvent):
             m = event.data

@@ -18,7 +18,13 @@ Against a real broker (a throwaway local one, or KAFKA_BOOTSTRAP_SERVERS) and a 
    which it waits after a finish by design. Baseline, at the same time, on the same broker and
    through the same consumer: one record produced (acked) and consumed.
 
-    uv run python -m bench.streams_assembly [--rollouts 1500] [--rate 20] [--seconds 25] [--settle-s 1] [--tick-s 0.25]
+With `--baseline REV` the worker of commit REV (its tree checked out by `git archive` into a
+temporary folder, run with this environment) goes through both phases first, on a prefix of its
+own, with the same events: before and after, in the same run. Events are written in the schema
+version that worker reads (a version 1 worker gets them without the fields version 2 added).
+
+    uv run python -m bench.streams_assembly [--rollouts 1500] [--rate 20] [--seconds 25] [--settle-s 1]
+                                            [--baseline REV]
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import asyncio
 import contextlib
 import os
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -44,14 +51,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 import schemas as s
 from agentstream.stack.kafka import LocalKafka
 from agentstream.stack.process import free_port, spawn, stop_pid, tail
-from bench.load import publish_all
 from bench.report import Report
+import orjson
+
 from schemas.codec import decode, encode
-from schemas.kafka import KafkaSettings, Publisher, ensure_topics, make_consumer, make_producer, partitions_of
+from schemas.kafka import KafkaSettings, ensure_topics, make_consumer, make_producer, partitions_of
 from schemas.topics import TopicSpec, topic_specs
-from streams.app import ASSEMBLED
 from streams.assembly import Assembly, Timing
 from streams.settings import StreamsSettings
+from streams.worker import ASSEMBLED
 
 console = Console()
 ROOT = Path(__file__).parent.parent
@@ -236,19 +244,20 @@ def fold(raws: list[bytes], timing: Timing, decoded: list[s.Event] | None = None
 class Worker:
     """`python -m streams worker` as a process of its own."""
 
-    def __init__(self, kafka: KafkaSettings, workdir: Path, settle_s: float, tick_s: float):
+    def __init__(self, kafka: KafkaSettings, workdir: Path, settle_s: float, tick_s: float, root: Path = ROOT):
         self.settings = StreamsSettings(bootstrap_servers=kafka.bootstrap_servers, topic_prefix=kafka.topic_prefix,
                                         settle_s=settle_s, tick_s=tick_s)
         self.port = free_port()
-        self.log = workdir / "worker.log"
+        self.root = root
+        self.log = workdir / f"worker-{kafka.topic_prefix.rstrip('.')}.log"
         self.cmd = [sys.executable, "-m", "streams", "worker", "--bootstrap-servers", kafka.bootstrap_servers,
                     "--topic-prefix", kafka.topic_prefix, "--web-port", str(self.port),
-                    "--data-dir", str(workdir / "streams"), "--settle-s", str(settle_s), "--tick-s", str(tick_s),
+                    "--data-dir", str(workdir / f"streams-{kafka.topic_prefix.rstrip('.')}"), "--settle-s", str(settle_s), "--tick-s", str(tick_s),
                     "--log-level", "warning"]
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
-        self.process = spawn(self.cmd, self.log, cwd=ROOT)
+        self.process = spawn(self.cmd, self.log, cwd=self.root)
 
     def check(self) -> None:
         if self.process.poll() is not None:
@@ -323,13 +332,12 @@ async def catch_up(kafka: KafkaSettings, worker: Worker, rollouts: int, timeout:
 # --- latency --------------------------------------------------------------------------------------
 
 async def live_delays(kafka: KafkaSettings, worker: Worker, rate: float, seconds: float, ping_rate: float,
-                      settle_s: float) -> dict:
+                      settle_s: float, written: Callable[[s.Event], bytes] = encode) -> dict:
     """Publish live rollouts at `rate`/s for `seconds`, and pings at `ping_rate`/s; delays in seconds."""
     ping_topic = kafka.topics.name(PING)
     consumer, _ = await assigned_consumer(kafka, [kafka.topics.trajectories, ping_topic], True)
     producer = make_producer(kafka)
     await producer.start()
-    publisher = Publisher(producer, kafka.topics)
     acked: dict[str, float] = {}  # rollout id → wall time the broker acknowledged its finish event
     seen: dict[str, tuple[float, int]] = {}  # rollout id → (wall time read, record timestamp ms)
     pings: dict[bytes, float] = {}  # ping → wall time its send began
@@ -351,7 +359,7 @@ async def live_delays(kafka: KafkaSettings, worker: Worker, rate: float, seconds
     async def one(n: int) -> None:
         rollout_id = f"{prefix}{n}"
         for event in rollout_events(rollout_id, random.Random(rng.random()), s.now_ms):
-            await publisher.publish(event)
+            await producer.send_and_wait(kafka.topics.name(event.topic), written(event), key=event.key)
         acked[rollout_id] = time.time()
 
     async def ping() -> None:
@@ -401,30 +409,97 @@ async def live_delays(kafka: KafkaSettings, worker: Worker, rate: float, seconds
 
 # --- the run --------------------------------------------------------------------------------------
 
-async def run(args: argparse.Namespace, workdir: Path, bootstrap: str) -> dict:
+def written_for(version: int) -> Callable[[s.Event], bytes]:
+    """How events are encoded for a worker that reads schema `version` (this one's, or 1)."""
+    if version >= s.SCHEMA_VERSION:
+        return encode
+
+    def as_version_1(event: s.Event) -> bytes:
+        obj = orjson.loads(encode(event))
+        obj["schema_version"] = version
+        obj["data"].pop("retry_count", None)  # added in version 2
+        return orjson.dumps(obj)
+
+    return as_version_1
+
+
+def checkout(rev: str, into: Path) -> tuple[Path, int]:
+    """The tree of commit `rev` in `into` (git archive), and the schema version its code reads."""
+    into.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    version = re.search(r"^SCHEMA_VERSION = (\d+)", (into / "schemas" / "events.py").read_text(), re.MULTILINE)
+    return into, int(version.group(1))
+
+
+async def fresh_topics(bootstrap: str, partitions: int | None = None) -> KafkaSettings:
     kafka = KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=f"bench-streams-{uuid.uuid4().hex[:8]}.")
     report = await ensure_topics(kafka, [*topic_specs(kafka.partitions),
                                          TopicSpec(PING, 1, retention_ms=3_600_000, key="none")])
     assert report.ok, report.mismatches
-    timing = Timing(settle_ms=int(args.settle_s * 1000))
-    results: dict = {"rollouts": args.rollouts, "events": args.rollouts * EVENTS_PER_ROLLOUT,
-                     "partitions": kafka.partitions, "settle_s": args.settle_s, "tick_s": args.tick_s,
-                     "cpus": os.cpu_count(),
-                     "load_before": os.getloadavg()[0], "cpu_pressure_before": cpu_pressure(),
-                     "tokens": {"prompt": PROMPT, "completion": COMPLETION, "follow_up": FOLLOW_UP}}
+    return kafka
 
-    with console.status(f"Publishing {args.rollouts} rollouts ({results['events']} events)…"):
-        events = history(args.rollouts, "r")
-        raws = [encode(event) for event in events]
-        await publish_all(kafka, events)
-    results["event_bytes_mean"] = statistics.fmean(len(raw) for raw in raws)
-    console.print(f"published {len(events)} events, {results['event_bytes_mean'] / 1024:.1f} KiB each on average")
 
-    with console.status("Baseline: a plain consumer reading and decoding the three topics…"):
+async def measure_worker(args: argparse.Namespace, workdir: Path, kafka: KafkaSettings, events: list[s.Event],
+                         root: Path, written: Callable[[s.Event], bytes], label: str) -> dict:
+    """One worker (this tree's, or a baseline's) through both phases, on topics of its own."""
+    with console.status(f"[{label}] publishing {len(events)} events…"):
+        producer = make_producer(kafka, linger_ms=20)
+        await producer.start()
+        try:
+            await asyncio.gather(*[await producer.send(kafka.topics.name(event.topic), written(event), key=event.key)
+                                   for event in events])
+        finally:
+            await producer.stop()
+    with console.status(f"[{label}] baseline: a plain consumer reading and decoding the three topics…"):
         read, read_s = await read_and_decode(kafka)
     assert read == len(events), (read, len(events))
-    results["consumer_events_per_s"] = read / read_s
-    console.print(f"plain consumer + decode: {read / read_s:,.0f} events/s")
+    out: dict = {"consumer_events_per_s": read / read_s}
+    worker = Worker(kafka, workdir, args.settle_s, args.tick_s, root)
+    try:
+        caught = await catch_up(kafka, worker, args.rollouts, timeout=args.timeout)
+        out["catch_up"] = caught
+        out["worker_events_per_s"] = len(events) / caught["processing_s"]
+        out["worker_events_per_s_from_spawn"] = len(events) / caught["from_spawn_s"]
+        console.print(f"[{label}] worker: {out['worker_events_per_s']:,.0f} events/s over {caught['processing_s']:.1f} s "
+                      f"(first event handled {caught['startup_s']:.1f} s after spawning); plain consumer "
+                      f"{out['consumer_events_per_s']:,.0f} events/s")
+        view = worker.analytics() or {}
+        out["worker_counts"] = view.get("assembly", {})
+        await asyncio.sleep(1.0)  # let the worker's commit and its last settling pass
+        live = await live_delays(kafka, worker, args.rate, args.seconds, args.ping_rate, args.settle_s, written)
+    finally:
+        with console.status(f"[{label}] stopping the worker…"):
+            worker.stop()
+    delays, written_at, trips = live["delays"], live["written"], live["round_trips"]
+    out["latency"] = {
+        "rollouts": len(delays), "rate_per_s": args.rate, "seconds": args.seconds,
+        "delay_p50_s": percentile(delays, 0.5), "delay_p99_s": percentile(delays, 0.99),
+        "delay_max_s": max(delays),
+        "over_settle_p50_s": percentile(delays, 0.5) - args.settle_s,
+        "over_settle_p99_s": percentile(delays, 0.99) - args.settle_s,
+        "written_p50_s": percentile(written_at, 0.5), "written_p99_s": percentile(written_at, 0.99),
+        "ping_count": len(trips), "ping_p50_s": percentile(trips, 0.5), "ping_p99_s": percentile(trips, 0.99),
+    }
+    third = max(1, len(delays) // 3)
+    out["latency"].update({
+        "first_third_p50_s": statistics.median(delays[:third]), "last_third_p50_s": statistics.median(delays[-third:]),
+        "worker_cpu": live["worker_cpu"]})
+    console.print(f"[{label}] finish → trajectory p50 {out['latency']['delay_p50_s'] * 1000:,.0f} ms, "
+                  f"p99 {out['latency']['delay_p99_s'] * 1000:,.0f} ms at {args.rate:g} rollouts/s")
+    return out
+
+
+async def run(args: argparse.Namespace, workdir: Path, bootstrap: str) -> dict:
+    timing = Timing(settle_ms=int(args.settle_s * 1000))
+    results: dict = {"rollouts": args.rollouts, "events": args.rollouts * EVENTS_PER_ROLLOUT,
+                     "settle_s": args.settle_s, "tick_s": args.tick_s, "cpus": os.cpu_count(),
+                     "baseline_rev": args.baseline,
+                     "load_before": os.getloadavg()[0], "cpu_pressure_before": cpu_pressure(),
+                     "tokens": {"prompt": PROMPT, "completion": COMPLETION, "follow_up": FOLLOW_UP}}
+    events = history(args.rollouts, "r")
+    raws = [encode(event) for event in events]
+    results["event_bytes_mean"] = statistics.fmean(len(raw) for raw in raws)
 
     with console.status("The fold in-process…"):
         fold_s, made = fold(raws, timing)
@@ -436,36 +511,14 @@ async def run(args: argparse.Namespace, workdir: Path, bootstrap: str) -> dict:
     console.print(f"fold (decode, add, settle, record): {len(raws) / fold_s:,.0f} events/s; "
                   f"without decoding {len(raws) / fold_bare_s:,.0f} events/s")
 
-    worker = Worker(kafka, workdir, args.settle_s, args.tick_s)
-    try:
-        caught = await catch_up(kafka, worker, args.rollouts, timeout=args.timeout)
-        results["catch_up"] = caught
-        results["worker_events_per_s"] = len(events) / caught["processing_s"]
-        results["worker_events_per_s_from_spawn"] = len(events) / caught["from_spawn_s"]
-        console.print(f"worker: {results['worker_events_per_s']:,.0f} events/s over {caught['processing_s']:.1f} s "
-                      f"(first event handled {caught['startup_s']:.1f} s after spawning)")
-        view = worker.analytics() or {}
-        results["worker_counts"] = view.get("assembly", {})
-
-        await asyncio.sleep(1.0)  # let the worker's commit and its last ticks pass
-        live = await live_delays(kafka, worker, args.rate, args.seconds, args.ping_rate, args.settle_s)
-    finally:
-        with console.status("Stopping the worker…"):
-            worker.stop()
-    delays, written, trips = live["delays"], live["written"], live["round_trips"]
-    results["latency"] = {
-        "rollouts": len(delays), "rate_per_s": args.rate, "seconds": args.seconds,
-        "delay_p50_s": percentile(delays, 0.5), "delay_p99_s": percentile(delays, 0.99),
-        "delay_max_s": max(delays),
-        "over_settle_p50_s": percentile(delays, 0.5) - args.settle_s,
-        "over_settle_p99_s": percentile(delays, 0.99) - args.settle_s,
-        "written_p50_s": percentile(written, 0.5), "written_p99_s": percentile(written, 0.99),
-        "ping_count": len(trips), "ping_p50_s": percentile(trips, 0.5), "ping_p99_s": percentile(trips, 0.99),
-    }
-    third = max(1, len(delays) // 3)
-    results["latency"].update({
-        "first_third_p50_s": statistics.median(delays[:third]), "last_third_p50_s": statistics.median(delays[-third:]),
-        "worker_cpu": live["worker_cpu"]})
+    if args.baseline:
+        tree, version = checkout(args.baseline, workdir / "baseline")
+        kafka = await fresh_topics(bootstrap)
+        results["before"] = await measure_worker(args, workdir, kafka, events, tree, written_for(version),
+                                                 f"before: {args.baseline}")
+    kafka = await fresh_topics(bootstrap)
+    results["partitions"] = kafka.partitions
+    results["after"] = await measure_worker(args, workdir, kafka, events, ROOT, encode, "after: this tree")
     results["load_after"] = os.getloadavg()[0]
     results["cpu_pressure_after"] = cpu_pressure()
     return results
@@ -481,47 +534,59 @@ def shares(cpu: dict | None) -> str:
 def show(results: dict) -> None:
     report = Report("streams_assembly")
     ms = lambda value: f"{value * 1000:,.0f} ms"  # noqa: E731
-    base = results["consumer_events_per_s"]
-    caught = results["catch_up"]
-    worker = results["worker_events_per_s"]
+    after, before = results["after"], results.get("before")
+    base = after["consumer_events_per_s"]
+    runs = [("before", before), ("after", after)] if before else [("after", after)]
     report.add(f"baseline: plain consumer reads + decodes the 3 topics ({results['events']} events)",
                f"{base:,.0f} events/s", 1.0)
-    report.add(f"worker assembles {results['rollouts']} rollouts (first event handled → last trajectory)",
-               f"{worker:,.0f} events/s ({caught['processing_s']:.1f} s)", worker / base)
-    report.add("worker, from spawning the process (start-up included)",
-               f"{results['worker_events_per_s_from_spawn']:,.0f} events/s ({caught['from_spawn_s']:.1f} s)",
-               results["worker_events_per_s_from_spawn"] / base)
     report.add("fold in-process: decode + add + settle + record (upper bound)",
                f"{results['fold_events_per_s']:,.0f} events/s", results["fold_events_per_s"] / base)
     bare = results["fold_without_decode_events_per_s"]
     report.add("fold in-process, events already decoded", f"{bare:,.0f} events/s", bare / base)
-    cpu = caught["worker_cpu"]
-    if cpu:
-        report.add("worker while assembling", shares(cpu))
-        per_event = cpu["cpu_s"] / results["events"]
-        report.add("worker CPU per event (whole process)", f"{per_event * 1000:.2f} ms = {1 / per_event:,.0f} events/s "
-                   "on a core of its own, never blocked", 1 / per_event / base)
-    lat = results["latency"]
-    report.add(f"baseline: produce (acked) → consume one record, p50 ({lat['ping_count']} records)",
-               ms(lat["ping_p50_s"]), 1.0)
-    report.add("baseline: produce (acked) → consume one record, p99", ms(lat["ping_p99_s"]), 1.0)
-    report.add(f"finish acked → trajectory read, p50 ({lat['rollouts']} rollouts at {lat['rate_per_s']:g}/s)",
-               ms(lat["delay_p50_s"]), lat["delay_p50_s"] / lat["ping_p50_s"])
-    report.add("finish acked → trajectory read, p99", ms(lat["delay_p99_s"]), lat["delay_p99_s"] / lat["ping_p99_s"])
-    report.add(f"  minus --settle-s {results['settle_s']:g}, p50 (timer: every --tick-s {results['tick_s']:g})",
-               ms(lat["over_settle_p50_s"]), lat["over_settle_p50_s"] / lat["ping_p50_s"])
-    report.add(f"  minus --settle-s {results['settle_s']:g}, p99", ms(lat["over_settle_p99_s"]),
-               lat["over_settle_p99_s"] / lat["ping_p99_s"])
-    report.add("finish acked → trajectory written (its record timestamp), p50 / p99",
-               f"{ms(lat['written_p50_s'])} / {ms(lat['written_p99_s'])}")
-    report.add("delay p50, first third of the rollouts / last third (growing: the worker fell behind)",
-               f"{ms(lat['first_third_p50_s'])} / {ms(lat['last_third_p50_s'])}")
-    if lat["worker_cpu"]:
-        report.add("worker while live", shares(lat["worker_cpu"]))
+    for label, run in runs:
+        caught, rate = run["catch_up"], run["worker_events_per_s"]
+        consumer = run["consumer_events_per_s"]  # each run's own, on its own topics
+        report.add(f"{label}: worker assembles {results['rollouts']} rollouts (first event handled → last "
+                   f"trajectory); ratio vs. its run's plain consumer ({consumer:,.0f}/s)",
+                   f"{rate:,.0f} events/s ({caught['processing_s']:.1f} s)", rate / consumer)
+        report.add(f"{label}: the same vs. the fold in-process", f"{rate:,.0f} events/s",
+                   rate / results["fold_events_per_s"])
+        report.add(f"{label}: worker, from spawning the process (start-up included)",
+                   f"{run['worker_events_per_s_from_spawn']:,.0f} events/s ({caught['from_spawn_s']:.1f} s)",
+                   run["worker_events_per_s_from_spawn"] / consumer)
+        cpu = caught["worker_cpu"]
+        if cpu:
+            per_event = cpu["cpu_s"] / results["events"]
+            report.add(f"{label}: worker CPU per event (whole process; {shares(cpu)})",
+                       f"{per_event * 1000:.3f} ms = {1 / per_event:,.0f} events/s on a core of its own",
+                       1 / per_event / consumer)
+        lat = run["latency"]
+        report.add(f"{label}: produce (acked) → consume one record, p50 / p99 ({lat['ping_count']} records)",
+                   f"{ms(lat['ping_p50_s'])} / {ms(lat['ping_p99_s'])}")
+        report.add(f"{label}: finish acked → trajectory read, p50 ({lat['rollouts']} rollouts at "
+                   f"{lat['rate_per_s']:g}/s = {lat['rate_per_s'] * EVENTS_PER_ROLLOUT:g} events/s)",
+                   ms(lat["delay_p50_s"]), lat["delay_p50_s"] / lat["ping_p50_s"])
+        report.add(f"{label}: finish acked → trajectory read, p99", ms(lat["delay_p99_s"]),
+                   lat["delay_p99_s"] / lat["ping_p99_s"])
+        report.add(f"{label}:   minus --settle-s {results['settle_s']:g}, p50 / p99",
+                   f"{ms(lat['over_settle_p50_s'])} / {ms(lat['over_settle_p99_s'])}")
+        report.add(f"{label}: delay p50, first third / last third of the rollouts (growing: it fell behind)",
+                   f"{ms(lat['first_third_p50_s'])} / {ms(lat['last_third_p50_s'])}")
+        if lat["worker_cpu"]:
+            report.add(f"{label}: worker while live", shares(lat["worker_cpu"]))
+    if before:
+        report.add("after / before: events per second while catching up", "",
+                   after["worker_events_per_s"] / before["worker_events_per_s"])
+        cpus = before["catch_up"]["worker_cpu"], after["catch_up"]["worker_cpu"]
+        if all(cpus):
+            report.add("before / after: CPU per event", "", cpus[0]["cpu_s"] / cpus[1]["cpu_s"])
+        report.add("before / after: finish → trajectory p99 over --settle-s", "",
+                   before["latency"]["over_settle_p99_s"] / max(after["latency"]["over_settle_p99_s"], 1e-3))
     report.details = results
     pressure = results["cpu_pressure_before"], results["cpu_pressure_after"]
-    report.print("ratio: events/s vs. the plain consumer; delays vs. the produce → consume round trip (same run). "
-                 f"Load average {results['load_before']:.1f} → {results['load_after']:.1f} on {results['cpus']} CPUs"
+    report.print("ratio: events/s vs. the plain consumer (or the fold); delays vs. the produce → consume round trip "
+                 f"(same run). Load average {results['load_before']:.1f} → {results['load_after']:.1f} on "
+                 f"{results['cpus']} CPUs"
                  + (f", CPU pressure {pressure[0]:.0%} → {pressure[1]:.0%}" if None not in pressure else "")
                  + "; Kafka, the worker and this client share them.")
 
@@ -535,7 +600,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--settle-s", type=float, default=1.0, help="the worker's --settle-s (its default)")
     parser.add_argument("--tick-s", type=float, default=StreamsSettings.model_fields["tick_s"].default,
                         help="the worker's --tick-s (its default): how often it looks for attempts due to settle")
-    parser.add_argument("--timeout", type=float, default=150.0, help="give up catching up after this long")
+    parser.add_argument("--timeout", type=float, default=300.0, help="give up catching up after this long")
+    parser.add_argument("--baseline", metavar="REV", help="also measure the worker of this commit, first (before)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-streams-") as tmp, kafka_broker(Path(tmp)) as bootstrap:
         results = asyncio.run(run(args, Path(tmp), bootstrap))

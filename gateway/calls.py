@@ -35,6 +35,8 @@ from gateway.settings import GatewaySettings
 log = logging.getLogger("gateway.calls")
 
 CALL_ID_HEADER = "x-agentstream-call-id"
+RETRY_HEADERS = ("x-stainless-retry-count", "x-retry-count")
+"""where SDKs say which retry a request is (OpenAI's and Anthropic's SDKs: the first; some others: the second)"""
 _SECRET_FIELDS = frozenset({"api_key", "apikey", "authorization", "password", "secret", "access_token"})
 _NO_TOKENS = Tokens()
 # the upstream never took the request
@@ -59,6 +61,7 @@ class _Call:
     streamed: bool = False
     upstream: Upstream | None = None
     weight_version: int | None = None
+    retry_count: int | None = None
 
     @property
     def elapsed_ms(self) -> float:
@@ -73,10 +76,19 @@ class _Call:
             prompt_token_ids=tokens.prompt_token_ids, completion_token_ids=tokens.completion_token_ids,
             logprobs=tokens.logprobs, finish_reason=tokens.finish_reason, extra_choices=tokens.extra_choices,
             usage=tokens.usage, status=status, error=error, started_at=self.started_at,
-            latency_ms=round(self.elapsed_ms, 3), ttft_ms=ttft_ms,
+            latency_ms=round(self.elapsed_ms, 3), ttft_ms=ttft_ms, retry_count=self.retry_count,
         )
         return CallEvent(id=self.id, source=source, rollout_id=self.attribution.rollout_id,
                          attempt_id=self.attribution.attempt_id, data=data)
+
+
+def _retry_count(headers) -> int | None:
+    """The SDK's retry number of this request, if it says (a retry is not a new turn of the agent)."""
+    for name in RETRY_HEADERS:
+        value = headers.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return None
 
 
 def _redacted(body: dict[str, Any]) -> dict[str, Any]:
@@ -142,7 +154,7 @@ class Calls:
                                              sock_read=settings.upstream_timeout_s)
 
     async def serve(self, request: Request, adapter: Adapter, attribution: Attribution) -> Response:
-        call = _Call(adapter, attribution)
+        call = _Call(adapter, attribution, retry_count=_retry_count(request.headers))
         try:
             body = self._parse(call, await request.body())
             # before the upstream generates anything: a call that cannot be recorded is not served
@@ -162,7 +174,7 @@ class Calls:
     async def count_tokens(self, request: Request, adapter: Messages, attribution: Attribution) -> Response:
         """Anthropic's `messages.count_tokens`: the length of the prompt a `/v1/messages` call with this body
         renders, by the upstream's /tokenize. It generates nothing, so it is no call event."""
-        call = _Call(adapter, attribution)
+        call = _Call(adapter, attribution, retry_count=_retry_count(request.headers))
         try:
             body = self._parse(call, await request.body())
             response, lease = await self._send(call, adapter.tokenize_request(body), "/tokenize")

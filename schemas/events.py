@@ -5,7 +5,13 @@ data. Each event type is a subclass that fixes `type` to a literal and `data` to
 a decoder picks the class from `type` alone (see `codec.py`).
 
 Payloads forbid unknown fields: within one schema version the shape is exact, and a producer
-that needs a new field bumps `SCHEMA_VERSION`, which older consumers refuse explicitly.
+that needs a new field bumps `SCHEMA_VERSION`, which older consumers refuse explicitly. That holds
+for an optional field with a default too: `encode` writes every field, so an older consumer would
+meet the field anyway, and it had better deadletter the event as "upgrade the consumer" than as a
+malformed one. A newer consumer reads every older version (a missing field takes its default).
+
+Versions: 1, the first; 2, `Call.retry_count` (the agent's SDK retried the request) and
+`Trajectory.superseded` (calls whose answer was lost and asked again).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.ids import new_id, now_ms
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class Payload(BaseModel):
@@ -203,6 +209,8 @@ class Call(Payload):
     started_at: int = Field(description="UTC ms when the gateway received the request")
     latency_ms: float
     ttft_ms: float | None = Field(None, description="time to first token, for streams")
+    retry_count: int | None = Field(None, description="the agent's SDK's retry number of this request, from its "
+                                    "headers (x-stainless-retry-count, …): 0 the first try, 1 or more a retry")
 
 
 class CallEvent(Event):
@@ -292,6 +300,8 @@ class Trajectory(Payload):
     sequences: list[Sequence]
     merged: bool = Field(description="True when all turns merged into one sequence")
     merge_mismatches: int = Field(0, description="turns whose prompt did not extend the previous turn token for token")
+    superseded: int = Field(0, description="calls that are not turns because the agent asked the same again and "
+                            "went on with the later answer (its SDK retried a request whose answer was lost)")
     weight_version_launch: int | None = None
     started_at: int | None = None
     finished_at: int

@@ -16,7 +16,7 @@ from pydantic_settings import CliApp
 
 from schemas.kafka import ensure_topics, partitions_of
 from schemas.topics import topic_specs
-from streams.app import changelog_specs, create_app, ticks_spec
+from streams.app import changelog_specs, create_app
 from streams.settings import StreamsSettings
 
 USAGE = "usage: python -m streams worker [--help] [FLAGS]"
@@ -58,9 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 async def prepare_topics(settings: StreamsSettings) -> int:
     """Create what is missing; the partition count of the rollout-scoped topics as they are."""
     await ensure_topics(settings, topic_specs(settings.partitions))
-    partitions = len(await partitions_of(settings, settings.topics.rollouts))
-    await ensure_topics(settings, [ticks_spec(settings, partitions)])
-    return partitions
+    return len(await partitions_of(settings, settings.topics.rollouts))
 
 
 if __name__ == "__main__":

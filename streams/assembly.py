@@ -43,6 +43,8 @@ from streams.trajectory import STATUS_OF, Ending, build, trajectory_id
 
 NO_ATTEMPT = "-"
 """the attempt of events that name a rollout but no attempt, before any attempt is known"""
+DECODED_MAX = 20_000
+"""events kept decoded between adding and settling (a worker settles most soon after their batch)"""
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,8 @@ class Assembly:
         """rollout id → when it is next due: an index of `rollouts`, so finding due work is not a scan"""
         self._queue: dict[int, list[tuple[int, str]]] = defaultdict(list)
         """partition → heap of (due, rollout id); entries that no longer match `_due_at` are stale"""
+        self._decoded: dict[str, Event] = {}
+        """event id → the event as added, so settling soon after does not decode it again"""
         self.reindex()
 
     def reindex(self) -> None:
@@ -145,6 +149,9 @@ class Assembly:
         self.counts["events"] += 1
         if not isinstance(event, RolloutHeartbeatEvent):  # heartbeats only keep an attempt alive
             self.events[event.id] = raw
+            if len(self._decoded) >= DECODED_MAX:
+                self._decoded.clear()
+            self._decoded[event.id] = event
         if event.attempt_id and (state["latest"] is None or isinstance(event, RolloutQueuedEvent)):
             state["latest"] = event.attempt_id
         self._save(rollout_id, state)
@@ -177,6 +184,11 @@ class Assembly:
 
     # --- settling ----------------------------------------------------------------------------------
 
+    def next_due(self, partitions: Iterable[int]) -> int | None:
+        """When the first rollout of these partitions is due (perhaps earlier: the index may be stale)."""
+        heads = [heap[0][0] for heap in map(self._queue.get, partitions) if heap]
+        return min(heads) if heads else None
+
     def due(self, now_ms: int, partitions: Iterable[int] | None = None) -> list[str]:
         """Rollouts of these partitions with an attempt to settle or to forget by `now_ms`."""
         found: dict[str, None] = {}
@@ -191,6 +203,11 @@ class Assembly:
             for entry in current:  # still due until settled: settling re-indexes them
                 heapq.heappush(heap, entry)
         return list(found)
+
+    def open_attempts(self) -> int:
+        """Attempts not settled yet (a scan of the state: for checks, not for every request)."""
+        return sum(not attempt.get("settled") for state in list(self.rollouts.values())
+                   for attempt in state["attempts"].values())
 
     def settle(self, rollout_id: str, now_ms: int) -> Settled:
         """What settling the rollout's due attempts yields; nothing is changed until `record(settled)`.
@@ -229,6 +246,7 @@ class Assembly:
             del self._due_at[settled.rollout_id]
         for event_id in done:  # after the state: a crash in between leaves events behind, never loses one
             self.events.pop(event_id, None)
+            self._decoded.pop(event_id, None)
         self.counts["trajectories"] += len(settled.trajectories)
         self.counts["rewards_computed"] += len(settled.rewards)
         self.counts["reward_failures"] += len(settled.unscored)
@@ -242,7 +260,7 @@ class Assembly:
             raw = self.events.get(event_id)
             if raw is None:
                 continue  # a heartbeat
-            event = decode(raw)
+            event = self._decoded.get(event_id) or decode(raw)
             if event.time <= at:
                 events.append(event)
             else:

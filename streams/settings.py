@@ -26,7 +26,11 @@ class StreamsSettings(KafkaSettings):
                                   "is closed as abandoned")
     retention_s: float = Field(6 * 3600.0, gt=0, description="how long a settled attempt's event ids are kept, "
                                "to drop duplicates and deadletter late events")
-    tick_s: float = Field(0.1, gt=0, description="how often the worker looks for attempts due to settle")
+    tick_s: float = Field(0.1, gt=0, description="how often the worker looks for attempts due to settle, at "
+                          "least (it also wakes when the next attempt is due)")
+    batch_max: int = Field(2000, ge=1, description="source records whose changes are written together, at most")
+    batch_wait_s: float = Field(0.05, gt=0, description="how long a batch of changes may wait for more records "
+                                "before it is written")
 
     # --- analytics ---------------------------------------------------------------------------------
     windows_s: Annotated[list[int], NoDecode] = Field(

@@ -6,6 +6,14 @@ token for token (what a chat template does when the agent appends the model's an
 result); the tokens between are the environment's (mask 0), the completions the model's (mask 1).
 A turn whose prompt does not extend the sequence starts a new one and counts as a mismatch (the
 agent rewrote its history, or a template re-rendered earlier turns differently).
+
+A retry is not a turn. When an agent's answer is lost (a 5xx, a reset connection, a gateway that
+restarted after recording the call), its SDK sends the same request again, and the prompt repeats
+an earlier call's token for token. The earlier answer is then superseded, counted in `superseded`
+and kept in the lineage only, when the evidence says the agent never had it: nothing later extends
+it, and either the repeat says it is a retry (`Call.retry_count`, from the SDK's headers) or a
+later prompt extends the repeat's answer. An agent that asks the same twice on purpose and uses
+both answers keeps both turns.
 """
 
 from __future__ import annotations
@@ -47,7 +55,10 @@ def build(rollout_id: str, attempt_id: str, events: Seq[Event], ending: Ending, 
     events = sorted({e.id: e for e in events}.values(), key=lambda e: (e.time, e.id))
     queued = next((e.data for e in events if isinstance(e, RolloutQueuedEvent)), None)
     calls = sorted((e for e in events if isinstance(e, CallEvent)), key=lambda e: (e.data.started_at, e.id))
-    turns = [_turn(call.id, call.data) for call in calls if _is_turn(call.data)]
+    answered = [call for call in calls if _is_turn(call.data)]
+    turns = [_turn(call.id, call.data) for call in answered]
+    lost = superseded(turns, [call.data.retry_count or 0 for call in answered])
+    turns = [turn for index, turn in enumerate(turns) if index not in lost]
     sequences, mismatches = merge(turns)
     rewards = [_reward_record(e) for e in events if isinstance(e, RewardEvent)]
     _apply_turn_rewards(turns, rewards)
@@ -64,6 +75,7 @@ def build(rollout_id: str, attempt_id: str, events: Seq[Event], ending: Ending, 
         sequences=sequences,
         merged=len(sequences) == 1,
         merge_mismatches=mismatches,
+        superseded=len(lost),
         finished_at=ending.finished_at,
         started_at=started_at,
         duration_ms=ending.finished_at - started_at if started_at is not None else None,
@@ -104,6 +116,31 @@ def _turn(call_id: str, call: Call) -> Turn:
     return Turn(call_id=call_id, sequence=0, prompt_token_ids=call.prompt_token_ids or [], completion_token_ids=ids,
                 logprobs=logprobs, weight_version=call.weight_version, finish_reason=call.finish_reason,
                 latency_ms=call.latency_ms)
+
+
+def superseded(turns: list[Turn], retry_counts: list[int]) -> set[int]:
+    """Indices of the turns whose answer the agent lost and asked again for (see the module's docstring)."""
+    by_prompt: dict[tuple, list[int]] = {}
+    for index, turn in enumerate(turns):  # same length and tail first: full comparisons only for likely repeats
+        by_prompt.setdefault((len(turn.prompt_token_ids), tuple(turn.prompt_token_ids[-16:])), []).append(index)
+    lost: set[int] = set()
+    for indices in by_prompt.values():
+        kept: list[int] = []
+        for index in indices:
+            earlier = next((j for j in reversed(kept) if turns[j].prompt_token_ids == turns[index].prompt_token_ids),
+                           None)
+            if earlier is not None and not _used(turns, earlier) and (
+                    retry_counts[index] > 0 or _used(turns, index)):
+                lost.add(earlier)
+                kept.remove(earlier)
+            kept.append(index)
+    return lost
+
+
+def _used(turns: list[Turn], index: int) -> bool:
+    """Whether a later turn's prompt extends this turn's prompt and answer, token for token."""
+    answer = turns[index].prompt_token_ids + turns[index].completion_token_ids
+    return any(later.prompt_token_ids[: len(answer)] == answer for later in turns[index + 1:])
 
 
 def merge(turns: list[Turn]) -> tuple[list[Sequence], int]:

@@ -46,7 +46,8 @@ class Rollout:
             task=task, group_id=self.group_id, sample_index=sample_index, weight_version=self.version,
             model="tiny", managed=self.managed))
 
-    def call(self, prompt: list[int], completion: list[int], text: str = "", status: int = 200) -> s.CallEvent:
+    def call(self, prompt: list[int], completion: list[int], text: str = "", status: int = 200,
+             retry_count: int | None = None) -> s.CallEvent:
         at = self._at()
         return s.CallEvent(**self._ids(), time=at, data=s.Call(
             api="chat.completions", model="tiny", weight_version=self.version, status=status, started_at=at - 5,
@@ -54,7 +55,8 @@ class Rollout:
             response={"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]},
             prompt_token_ids=prompt, completion_token_ids=completion, logprobs=[-0.5] * len(completion),
             finish_reason="stop", usage=s.Usage(prompt_tokens=len(prompt), completion_tokens=len(completion),
-                                                total_tokens=len(prompt) + len(completion))))
+                                                total_tokens=len(prompt) + len(completion)),
+            retry_count=retry_count))
 
     def reward(self, value: float, turns: list[s.TurnReward] = ()) -> s.RewardEvent:
         return s.RewardEvent(**self._ids(), time=self._at(), data=s.Reward(value=value, turns=list(turns)))
@@ -114,9 +116,10 @@ class StreamsWorker:
         wait_for(self.ready, timeout=90, what=f"the streams worker to serve (log: {self.log})")
         return self
 
-    def analytics(self) -> dict | None:
+    def analytics(self, open_attempts: bool = False) -> dict | None:
         try:
-            response = httpx.get(f"http://127.0.0.1:{self.port}/analytics", timeout=2)
+            response = httpx.get(f"http://127.0.0.1:{self.port}/analytics", timeout=5,
+                                 params={"open": "1"} if open_attempts else None)
         except httpx.HTTPError:
             return None
         return response.json() if response.status_code == 200 else None

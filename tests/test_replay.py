@@ -360,3 +360,31 @@ async def test_top_once_merges_partitions_and_keeps_the_latest_of_each_window(ka
     assert "123.4" in result.output and "http://vllm-a" in result.output  # the pool's pause
     assert "0.700" in result.output and "1.000" in result.output  # reward means: the window, version 2
     assert "1 (10.0 %)" in result.output  # 1 error in 10 calls
+
+
+async def test_readers_keep_one_copy_of_a_trajectory_published_twice(kafka, monkeypatch, tmp_path):
+    """A streams worker killed between publishing a trajectory and recording it settled publishes it
+    again, with the same id: replay, export, SQL and top each keep one copy."""
+    rollout = Rollout("r-twice-published")
+    (trajectory,) = assemble(rollout.two_turns(), Timing(settle_ms=0))
+    other = assemble(Rollout("r-once").two_turns(), Timing(settle_ms=0))[0]
+    pool = s.PoolUpdateEvent(source="gateway", data=s.PoolUpdate(
+        model="tiny", version=2, server="http://vllm-a", status="ok", pause_ms=1.0, load_ms=1.0, held_ms=1.0,
+        applied_by="gw-1"))
+    await publish(kafka, [trajectory, other, trajectory, pool, pool])
+
+    out = tmp_path / "once.jsonl"
+    result = await cli(kafka, monkeypatch, "replay", "export", str(out), "--format", "events", "--from", "trajectories")
+    assert result.exit_code == 0, result.output
+    assert sorted(s.decode(line).rollout_id for line in out.read_bytes().splitlines()) == ["r-once", "r-twice-published"]
+
+    from agentstream.query import run_sql
+
+    counted = await run_sql(kafka, "SELECT rollout_id, COUNT(*) AS n FROM trajectories GROUP BY rollout_id")
+    assert dict(counted.rows()) == {"r-once": 1, "r-twice-published": 1}
+
+    view = TopView()
+    async for batch in scan(kafka, kafka.topics.pool):
+        for record in batch:
+            view.add(record.value)
+    assert len(view.pool) == 1

@@ -238,3 +238,43 @@ def test_bad_reward_function_names_say_what_is_wrong(name, message):
 
     with pytest.raises(rewards.RewardError, match=message):
         rewards.load(name)
+
+
+def test_an_sdk_retry_of_a_lost_answer_is_one_turn_and_counts_as_superseded():
+    rollout = Rollout("r-retry")
+    lost = rollout.call([1, 2, 3], [4, 5], "45")  # recorded, but the agent never got it
+    again = rollout.call([1, 2, 3], [6, 7], "67", retry_count=1)  # its SDK's retry, headers say so
+    events = [rollout.queued(), lost, again, rollout.call([1, 2, 3, 6, 7, 8], [9], "9"), rollout.finished()]
+    (trajectory,) = assemble(events, TIMING)
+    data = trajectory.data
+    assert [turn.call_id for turn in data.turns] == [again.id, events[3].id]
+    assert data.merged and data.merge_mismatches == 0 and data.superseded == 1
+    assert data.sequences[0].token_ids == [1, 2, 3, 6, 7, 8, 9] and lost.id in data.lineage
+
+
+def test_a_repeat_without_retry_headers_is_superseded_when_the_agent_went_on_with_the_later_answer():
+    rollout = Rollout("r-repeat")
+    events = [rollout.queued(), rollout.call([1, 2, 3], [4, 5]), rollout.call([1, 2, 3], [6, 7]),
+              rollout.call([1, 2, 3, 6, 7, 8], [9]), rollout.finished()]
+    data = assemble(events, TIMING)[0].data
+    assert [turn.call_id for turn in data.turns] == [events[2].id, events[3].id]
+    assert data.merged and data.superseded == 1
+
+
+def test_sampling_the_same_prompt_twice_and_using_both_answers_keeps_both_turns():
+    rollout = Rollout("r-twice")
+    first, second = rollout.call([1, 2, 3], [4, 5]), rollout.call([1, 2, 3], [6, 7])
+    # the next prompt holds both answers; the one after goes on from the second alone
+    both = rollout.call([1, 2, 3, 4, 5, 6, 7, 8], [9])
+    branch = rollout.call([1, 2, 3, 6, 7, 8], [10])
+    data = assemble([rollout.queued(), first, second, both, branch, rollout.finished()], TIMING)[0].data
+    assert [turn.call_id for turn in data.turns] == [first.id, second.id, both.id, branch.id]
+    assert data.superseded == 0
+
+
+def test_a_repeat_with_no_evidence_either_way_keeps_both_turns():
+    rollout = Rollout("r-no-evidence")
+    first, second = rollout.call([1, 2, 3], [4, 5]), rollout.call([1, 2, 3], [6, 7], retry_count=0)
+    data = assemble([rollout.queued(), first, second, rollout.finished()], TIMING)[0].data
+    assert [turn.call_id for turn in data.turns] == [first.id, second.id]
+    assert data.superseded == 0 and data.merge_mismatches == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 
 import pytest
@@ -163,3 +164,56 @@ async def test_windowed_analytics_are_served_and_published(kafka, worker_factory
             return sum(m.values.get("trajectories", 0) for m in latest.values() if m.window_s == 10) == 5
 
         await watch.until(published, what="the windows on the metrics topic")
+
+
+async def test_an_sdk_retry_is_one_turn_and_sampling_twice_on_purpose_keeps_both(kafka, worker_factory):
+    worker_factory().start()
+    retried, twice = live(Rollout("r-sdk-retry")), live(Rollout("r-sampled-twice"))
+    lost = retried.call([1, 2, 3], [4, 5], "45")  # recorded by the gateway; the agent never got it
+    again = retried.call([1, 2, 3], [6, 7], "67", retry_count=1)  # x-stainless-retry-count: 1
+    events = [retried.queued(), lost, again, retried.call([1, 2, 3, 6, 7, 8], [9], "9"), retried.finished()]
+    first, second = twice.call([1, 2, 3], [4, 5]), twice.call([1, 2, 3], [6, 7], retry_count=0)
+    events += [twice.queued(), first, second, twice.call([1, 2, 3, 4, 5, 6, 7, 8], [9]), twice.finished()]
+    async with TopicWatch(kafka, "trajectories") as watch:
+        await publish(kafka, events)
+        await watch.until(lambda seen: len(trajectories_by_rollout(seen)) == 2, what="two trajectories")
+    found = {rid: copies[0].data for rid, copies in trajectories_by_rollout(watch.events).items()}
+    one = found["r-sdk-retry"]
+    assert [turn.call_id for turn in one.turns] == [again.id, events[3].id] and lost.id in one.lineage
+    assert one.merged and one.superseded == 1 and one.sequences[0].token_ids == [1, 2, 3, 6, 7, 8, 9]
+    both = found["r-sampled-twice"]
+    assert [turn.call_id for turn in both.turns][:2] == [first.id, second.id] and both.superseded == 0
+
+
+@pytest.mark.timeout(900)
+async def test_a_burst_with_the_worker_killed_twice_settles_every_attempt_once(kafka, worker_factory):
+    """20,000 events (4,000 attempts) while the worker is SIGKILLed twice and restarted. The deadlines
+    are for a machine shared by many (each phase takes seconds on a quiet one)."""
+    from bench.load import publish_all
+
+    # settle 5 s: the burst's events reach the broker a little after their time (built, then published,
+    # 500 at a time), and a worker must not settle an attempt while its events are on their way
+    worker = worker_factory("burst", "--settle-s", "5").start()
+    ids = {f"r-burst-{i}" for i in range(4000)}
+
+    async def burst() -> int:
+        sent = 0
+        for chunk in range(0, 4000, 100):
+            rollouts = [live(Rollout(f"r-burst-{i}")) for i in range(chunk, chunk + 100)]
+            sent += await publish_all(kafka, [event for rollout in rollouts for event in rollout.two_turns()])
+        return sent
+
+    async with TopicWatch(kafka, "trajectories") as watch:
+        publishing = asyncio.create_task(burst())
+        for share in (0.1, 0.4):  # killed twice, each time in the middle of the burst's trajectories
+            await watch.until(lambda seen: len(trajectories_by_rollout(seen)) >= share * len(ids), timeout=240,
+                              what=f"{share:.0%} of the trajectories")
+            worker.kill()
+            worker.start()
+        assert await publishing == 20_000
+        await watch.until(lambda seen: set(trajectories_by_rollout(seen)) >= ids, timeout=240,
+                          what="a trajectory for every attempt")
+        assert_once_each(watch.events, ids)
+    assert all(len(copies[0].data.turns) == 2 for copies in trajectories_by_rollout(watch.events).values())
+    wait_for(lambda: worker.analytics(open_attempts=True)["assembly"]["open_attempts"] == 0, timeout=30,
+             what="no attempt left unsettled")

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from agentstream.repeats import Repeats
 from agentstream.scan import KAFKA, Bounds, Origin, ScanProgress, scan
 from agentstream.replay.state import int_keys
 from schemas.codec import DecodeError, decode
@@ -59,6 +60,7 @@ class StoredTrajectories:
         self.counts = counts
         self.remaining = sum(max(0, self.ends[p] - self.next[p]) for p in self.ends)
         self.read = 0
+        self.repeats = Repeats()
 
     async def chunks(self) -> AsyncIterator[list[Item]]:
         def progressed(progress: ScanProgress) -> None:
@@ -71,9 +73,14 @@ class StoredTrajectories:
             items = []
             for record in batch:
                 try:
-                    items.append(Item(decode(record.value, expect=TrajectoryEvent), raw=record.value))
+                    trajectory = decode(record.value, expect=TrajectoryEvent)
                 except DecodeError:
                     self.counts["undecodable"] += 1
+                    continue
+                if self.repeats.first(trajectory.id):  # a worker that crashed may have published it twice
+                    items.append(Item(trajectory, raw=record.value))
+                else:
+                    self.counts["repeats"] += 1
             yield items
 
     def position(self) -> dict[str, Any]:

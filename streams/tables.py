@@ -1,0 +1,134 @@
+"""The assembly's state in one Faust table, written a batch at a time.
+
+Faust writes a table key to the changelog partition of the event being handled, one record per
+assignment. The assembly handles events in batches and writes to the partition it names: each key
+changed in a batch is written once, at the end of it, and a key created and dropped within the
+batch (the events of an attempt settled in the batch that brought them) is not written at all.
+
+Records stay in Faust's table format (JSON keys and values), so a table written by the earlier
+worker, one record per event, is restored as it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator, MutableMapping
+from typing import Any
+
+import faust
+import orjson
+
+_DROPPED = object()
+"""a staged deletion"""
+
+
+class StateTable(faust.Table):
+    """A table written by partition (`write`, `drop`), whose changes can be awaited until the broker has them.
+
+    Written only through these two (not `table[key] = value`, which writes to the partition of
+    Faust's current event).
+
+    faust-streaming 0.15.3 commits a source offset after `producer.flush()`, but its buffer's flush
+    returns while a changelog message is still on its way to the client. The worker does not rely on
+    those commits (its positions are in this table); it awaits its changes only to bound how many
+    are on their way.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._unacknowledged: list[asyncio.Future] = []
+
+    @property
+    def unacknowledged(self) -> int:
+        return len(self._unacknowledged)
+
+    async def write(self, partition: int, key: str, value: Any) -> None:
+        self.data[key] = value
+        await self._send(partition, key, orjson.dumps(value))
+
+    async def drop(self, partition: int, key: str) -> None:
+        self.data.pop(key, None)
+        await self._send(partition, key, None)  # a tombstone, as Faust writes one
+
+    async def _send(self, partition: int, key: str, value: bytes | None) -> None:
+        # to the producer itself, as records of Faust's table format: Faust's own path (`send_changelog`)
+        # queues them in a buffer that hands on one record at a time, and its topic's `send` yields to
+        # the event loop on every record. The order of a partition's records is the order of these calls.
+        self._unacknowledged.append(await self.app.producer.send(
+            self.changelog_topic.get_topic_name(), orjson.dumps(key), value, partition=partition, timestamp=None,
+            headers=None))
+
+    async def written(self) -> None:
+        pending, self._unacknowledged = self._unacknowledged, []
+        if pending:
+            await asyncio.gather(*pending)
+
+
+class Staged(MutableMapping):
+    """The keys of a `StateTable` under `prefix`, with writes held until `flush`: one write per key.
+
+    Every write goes to the partition `partition` names when it is made (the worker sets it before it
+    handles an event or settles a rollout of that partition). Reads see the staged writes. Values are
+    held as the table holds them: `encode` and `decode` convert (the raw events are text there).
+    """
+
+    def __init__(self, table: StateTable, prefix: str, encode: Callable[[Any], Any] | None = None,
+                 decode: Callable[[Any], Any] | None = None):
+        self.table = table
+        self.prefix = prefix
+        self.encode = encode
+        self.decode = decode
+        self.partition = 0
+        self._staged: dict[str, tuple[int, Any]] = {}
+        self._new: set[str] = set()
+        """staged keys the table does not hold: dropping one drops its staged write, and writes nothing"""
+
+    def __getitem__(self, key: str) -> Any:
+        staged = self._staged.get(key)
+        if staged is None:
+            value = self.table.data[self.prefix + key]
+        elif staged[1] is _DROPPED:
+            raise KeyError(key)
+        else:
+            value = staged[1]
+        return self.decode(value) if self.decode else value
+
+    def __contains__(self, key: object) -> bool:
+        staged = self._staged.get(key)  # type: ignore[arg-type]
+        if staged is not None:
+            return staged[1] is not _DROPPED
+        return self.prefix + key in self.table.data  # type: ignore[operator]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key not in self._staged and self.prefix + key not in self.table.data:
+            self._new.add(key)
+        self._staged[key] = (self.partition, self.encode(value) if self.encode else value)
+
+    def __delitem__(self, key: str) -> None:
+        if key not in self:
+            raise KeyError(key)
+        if key in self._new:
+            self._new.discard(key)
+            del self._staged[key]
+        else:
+            self._staged[key] = (self.partition, _DROPPED)
+
+    def __iter__(self) -> Iterator[str]:
+        cut = len(self.prefix)
+        held = [key[cut:] for key in list(self.table.data.keys()) if key.startswith(self.prefix)]
+        return (key for key in dict.fromkeys([*held, *self._staged]) if key in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    async def flush(self) -> int:
+        """Write what is staged to the table and its changelog; how many records that took."""
+        for key, (partition, value) in self._staged.items():
+            if value is _DROPPED:
+                await self.table.drop(partition, self.prefix + key)
+            else:
+                await self.table.write(partition, self.prefix + key, value)
+        written = len(self._staged)
+        self._staged.clear()
+        self._new.clear()
+        return written

@@ -1,0 +1,320 @@
+"""The assembly worker: source records in, a batch at a time; trajectories, rewards and deadletters out.
+
+    rollouts ┐
+    calls    ├─▶ add ─(a batch)─▶ settle due attempts ─▶ emit ─▶ flush (state, then positions)
+    rewards  ┘                          ▲
+              timer: the next due attempt, a batch no record ends, or every --tick-s
+
+Exactly-once handling of the sources does not rest on Faust's offset commits. The table holds, per
+source partition, the next offset to handle, in the same changelog partition as the state those
+records built and written after it (`flush`): whatever prefix of that changelog a crash leaves,
+the position restored is never ahead of the state. A record delivered again is skipped, one the
+state already holds is a duplicate by id, and a record delivered after a gap (Faust committed past
+the restored position, or faust-streaming 0.15.3 dropped records around a restart) makes the
+worker read the partition again from the gap; a watchdog does the same for a partition it is
+behind on but gets nothing from.
+
+Trajectories and computed rewards of a batch are published together, and acknowledged, before
+the state marks their attempts settled; their ids derive from the attempt, so a crash repeats
+them at worst and readers drop the repeat by id. Deadletters are acknowledged before the position
+passes their record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
+
+import faust
+from aiokafka.errors import KafkaError
+from faust.exceptions import ProducerSendError
+from faust.types import TP, EventT
+
+from schemas.codec import DecodeError, decode
+from schemas.events import CallEvent, Deadletter, DeadletterEvent, Event
+from schemas.ids import derived_id, now_ms
+from schemas.kafka import deadletter_event
+
+from streams.assembly import Assembly, Settled
+from streams.settings import StreamsSettings
+from streams.tables import Staged, StateTable
+
+log = logging.getLogger("streams")
+ASSEMBLED = ("rollouts", "calls", "rewards")
+STALL_S = 10.0
+"""the assembly idle this long while behind a source partition's end: read it again"""
+RESEEK_S = 5.0
+"""a gap still open this long after its seek: seek again"""
+UNACKNOWLEDGED_MAX = 2000
+"""table changes on their way to the broker before the worker waits for them"""
+
+Publish = Callable[[str, Event], Awaitable[Awaitable]]
+"""(topic base name, event) → the broker's acknowledgement, to await"""
+
+
+class AssemblyWorker(faust.Service):
+    """Trajectory assembly over this worker's partitions of the rollout-scoped topics."""
+
+    def __init__(self, app: faust.App, settings: StreamsSettings, partitions: int, publish: Publish, **kwargs):
+        super().__init__(**kwargs)
+        self.app = app
+        self.settings = settings
+        self.publish = publish
+        self.sources = [settings.topics.name(base) for base in ASSEMBLED]
+        # one table, so that a partition's state, its events and its positions share one ordered changelog
+        self.table = app.tables.add(StateTable(app, name="assembly", partitions=partitions,
+                                               on_recover=self.recovered))
+        self.rollouts = Staged(self.table, "r:")
+        self.events = Staged(self.table, "e:", bytes.decode, str.encode)
+        self.positions = Staged(self.table, "p:")
+        """'topic:partition' → the next offset of that source partition to handle"""
+        self.assembly = Assembly(self.rollouts, self.events, settings.timing, settings.source)
+        self.counts: Counter[str] = Counter()
+        """what the worker itself dropped, deadlettered or read again (the assembly counts the rest)"""
+        self.last_time: dict[TP, int] = {}
+        """source partition → the latest event time handled (since it was assigned)"""
+        self.gaps: dict[TP, float] = {}
+        """source partition → when it was last sought back to a gap (monotonic)"""
+        self.deadletters: list[Awaitable] = []
+        """acknowledgements to await before the positions pass their records"""
+        self.handled_at = time.monotonic()
+        self.touched: set[int] = set()
+        """partitions of the records in the batch so far"""
+        self.batched = 0
+        self.batch_began = time.monotonic()
+        self.lock = asyncio.Lock()
+        """one record, batch end, timer or rebalance at a time: each changes the state and stages writes"""
+
+    async def recovered(self) -> None:
+        self.assembly.reindex()
+        log.info("state recovered: %d keys", len(self.table))
+
+    async def revoked(self, revoked: Iterable[TP]) -> None:
+        # no lock: Faust waits for the record in hand to be acknowledged before it revokes, and that
+        # record may wait for the lock
+        for tp in revoked:
+            self.last_time.pop(tp, None)
+            self.gaps.pop(tp, None)
+
+    # --- handling a batch --------------------------------------------------------------------------
+
+    async def add(self, record: EventT) -> None:
+        """Add one source record to the state; end the batch when it is full or old enough."""
+        async with self.lock:
+            self.handled_at = time.monotonic()
+            try:
+                if not self.touched:
+                    self.batch_began = self.handled_at
+                if await self._take(record.message):
+                    self.touched.add(record.message.partition)
+                    self.batched += 1
+                if self.batched >= self.settings.batch_max or (
+                        time.monotonic() - self.batch_began >= self.settings.batch_wait_s):
+                    await self._end_batch()
+            except (KafkaError, ProducerSendError) as exc:
+                # nothing is recorded past the last batch: the next worker handles it again
+                await self.app.crash(exc)
+                raise
+            except Exception:  # settling failed (a bug): the attempts stay due and are tried again
+                log.exception("the batch ending at %s:%d@%d failed", record.message.topic, record.message.partition,
+                              record.message.offset)
+
+    async def _end_batch(self, partitions: Iterable[int] = ()) -> None:
+        """Settle what the batch made due (and the attempts due in `partitions`), then write its changes."""
+        touched, self.touched, self.batched = self.touched, set(), 0
+        await self._settle(touched | set(partitions))
+        await self._flush()
+
+    async def _take(self, message) -> bool:
+        """Add one record to the state; whether it was the next of its partition."""
+        if not await self._in_order(message):
+            return False
+        self.gaps.pop(message.tp, None)
+        self._point_at(message.partition)
+        try:
+            await self._add(message)
+        except (KafkaError, ProducerSendError):
+            raise
+        except Exception as exc:  # a bug meeting an odd event: set the event aside, keep going
+            log.exception("the assembly failed on %s:%d@%d", message.topic, message.partition, message.offset)
+            await self._deadletter(message, "failed", f"the assembly failed on this event: {type(exc).__name__}: {exc}")
+        self.positions[f"{message.topic}:{message.partition}"] = message.offset + 1
+        return True
+
+    async def _in_order(self, message) -> bool:
+        """Whether this record is the next of its partition; after a gap, read it again from there."""
+        expected = self.positions.get(f"{message.topic}:{message.partition}")
+        if expected is None or message.offset == expected:
+            return True
+        if message.offset < expected:
+            self.counts["redelivered"] += 1
+        elif time.monotonic() - self.gaps.get(message.tp, -1e9) > RESEEK_S:
+            log.warning("%s:%d: record %d arrived before %d: reading the partition again from %d",
+                        message.topic, message.partition, message.offset, expected, expected)
+            self.counts["gaps"] += 1
+            self.gaps[message.tp] = time.monotonic()
+            await self.app.consumer.seek(message.tp, expected)
+        return False
+
+    async def _add(self, message) -> None:
+        try:
+            event = decode(message.value)
+        except DecodeError as exc:
+            return await self._deadletter(message, "undecodable", f"undecodable: {exc}")
+        self.last_time[message.tp] = max(self.last_time.get(message.tp, 0), event.time)
+        topics = self.settings.topics
+        if event.topic not in ASSEMBLED or topics.name(event.topic) != message.topic:
+            return await self._deadletter(message, "misplaced", f"a {event.type} event does not belong on {message.topic}")
+        if event.rollout_id is None:
+            if isinstance(event, CallEvent):
+                self.counts["session_calls"] += 1  # traffic outside any rollout: analytics count it
+                return
+            return await self._deadletter(message, "unattributed", f"a {event.type} event needs a rollout_id")
+        late = self.assembly.add(event, message.value, message.partition)
+        if late:
+            await self._deadletter(message, None, late)  # the assembly counted it
+
+    async def _deadletter(self, message, kind: str | None, reason: str) -> None:
+        if kind:
+            self.counts[kind] += 1
+        event = deadletter_event(message, reason, self.settings.source)
+        event.id = derived_id("streams.deadletter", message.topic, str(message.partition), str(message.offset))
+        self.deadletters.append(await self.publish("deadletter", event))
+
+    def _point_at(self, partition: int) -> None:
+        """Stage the state's writes for `partition`'s changelog partition (co-partitioned with the sources)."""
+        self.rollouts.partition = self.events.partition = self.positions.partition = partition
+
+    # --- settling ----------------------------------------------------------------------------------
+
+    async def _settle(self, partitions: Iterable[int]) -> None:
+        """Settle the due attempts of these partitions; publish what that yields, together."""
+        settled: list[Settled] = []
+        for partition in partitions:
+            now = self.watermark(partition)
+            self._point_at(partition)
+            for rollout_id in self.assembly.due(now, [partition]):
+                try:
+                    settled.append(self.assembly.settle(rollout_id, now))
+                except Exception:  # a bug: the attempt stays due and is tried again
+                    log.exception("settling rollout %s failed", rollout_id)
+        if settled:
+            await self._emit(settled)
+
+    async def _emit(self, settled: list[Settled]) -> None:
+        """Publish what settling yielded, acknowledged, before the state says the attempts are settled."""
+        sent = []
+        for one in settled:
+            sent += [await self.publish("rewards", reward) for reward in one.rewards]
+            sent += [await self.publish("trajectories", trajectory) for trajectory in one.trajectories]
+            for raw_event, reason in one.late + one.unscored:
+                event = decode(raw_event)
+                sent.append(await self.publish("deadletter", DeadletterEvent(
+                    id=derived_id("streams.deadletter", event.id), source=self.settings.source,
+                    data=Deadletter(topic=self.settings.topics.name(event.topic), key=event.rollout_id,
+                                    value=raw_event.decode(), reason=reason, consumer=self.settings.source))))
+        await asyncio.gather(*sent)
+        for one in settled:
+            self._point_at(self.rollouts_partition(one.rollout_id))
+            self.assembly.record(one)
+
+    def rollouts_partition(self, rollout_id: str) -> int:
+        state = self.rollouts.get(rollout_id)
+        return state["partition"] if state else self.rollouts.partition
+
+    async def _flush(self) -> None:
+        """Write the batch's changes: deadletters acknowledged, then the state, then the positions."""
+        if self.deadletters:
+            pending, self.deadletters = self.deadletters, []
+            await asyncio.gather(*pending)
+        await self.rollouts.flush()
+        await self.events.flush()
+        await self.positions.flush()
+        if self.table.unacknowledged > UNACKNOWLEDGED_MAX:
+            await self.table.written()
+
+    def watermark(self, partition: int) -> int:
+        """The event time up to which attempts of `partition` may settle: now, once every source
+        topic's partition has been handled to its end; else the time of the last event handled from
+        the one behind. Faust reads the three topics side by side, not in the order they were
+        written, so a worker catching up may see an attempt's finish before its calls."""
+        mark = now_ms()
+        for topic in self.sources:
+            tp = TP(topic, partition)
+            start, end = self.position(tp)
+            if end is None or start < end:
+                mark = min(mark, self.last_time.get(tp, 0))
+        return mark
+
+    def position(self, tp: TP) -> tuple[int, int | None]:
+        """(next offset to handle, the log's end as last fetched) of a source partition.
+
+        A partition the table holds no position for has had none of its records handled: its next
+        is its first, whatever offset Faust's consumer group committed.
+        """
+        return self.positions.get(f"{tp.topic}:{tp.partition}", 0), self.app.consumer.highwater(tp)
+
+    def active_partitions(self) -> set[int]:
+        return {tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == self.sources[0]}
+
+    # --- timers --------------------------------------------------------------------------------------
+
+    @faust.Service.task
+    async def _settle_when_due(self) -> None:
+        """End a batch that waits for records no longer coming, and settle quiet partitions: when
+        their next attempt is due, at least every --tick-s."""
+        while not self.should_stop:
+            await self.sleep(self._until_next())
+            if self.app.rebalancing:
+                continue
+            async with self.lock:
+                try:
+                    await self._end_batch(self.active_partitions())
+                except (KafkaError, ProducerSendError) as exc:
+                    await self.app.crash(exc)
+                    raise
+                except Exception:  # a bug: the attempts stay due and are tried again
+                    log.exception("settling due attempts failed")
+
+    def _until_next(self) -> float:
+        """Seconds until the next attempt is due or the batch is old enough, at most --tick-s."""
+        wait = self.settings.tick_s
+        if self.batched:
+            wait = min(wait, self.batch_began + self.settings.batch_wait_s - time.monotonic())
+        if not self.app.rebalancing:  # until its tables are recovered, a worker has no state to settle
+            upcoming, now = self.assembly.next_due(self.active_partitions()), now_ms()
+            if upcoming is not None and upcoming > now:  # one due already is held back: a batch settles it
+                wait = min(wait, (upcoming - now) / 1000)
+        return max(0.001, wait)
+
+    @faust.Service.timer(STALL_S / 2)
+    async def _watchdog(self) -> None:
+        """Read again a source partition the worker is behind on but no longer receives records of
+        (records dropped at its end, where no later record shows the gap)."""
+        if self.app.rebalancing or time.monotonic() - self.handled_at < STALL_S:
+            return
+        for partition in self.active_partitions():
+            for topic in self.sources:
+                tp = TP(topic, partition)
+                start, end = self.position(tp)
+                if end is not None and start < end:
+                    log.warning("%s:%d stalled at offset %d of %d: reading it again from there", topic, partition,
+                                start, end)
+                    self.counts["stalls"] += 1
+                    await self.app.consumer.seek(tp, start)
+                    self.handled_at = time.monotonic()
+
+    # --- the view --------------------------------------------------------------------------------------
+
+    def describe(self, open_attempts: bool = False) -> dict:
+        """Counters, partitions and source positions; with `open_attempts`, also how many attempts are
+        not settled yet (a scan of the state)."""
+        actives = sorted(self.active_partitions())
+        extra = {"open_attempts": self.assembly.open_attempts()} if open_attempts else {}
+        return {
+            "assembly": {**self.assembly.counts, **self.counts, **extra, "partitions": actives},
+            "sources": {f"{topic}:{p}": self.position(TP(topic, p)) for p in actives for topic in self.sources},
+        }
