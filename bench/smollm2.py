@@ -143,12 +143,14 @@ def main(argv: list[str] | None = None) -> None:
         out = subprocess.run([sys.executable, "-m", "bench.smollm2", "--child", mode, "--repeats", str(args.repeats)],
                              capture_output=True, text=True, check=True)
         figures[mode] = f = json.loads(out.stdout.strip().splitlines()[-1])
-        report.add(f"SmolLM2 {mode}: supervised step, {f['tokens']} tokens (baseline)", f"{f['sft_tokens_s']:.0f} tok/s")
+        report.add(f"SmolLM2 {mode}: supervised step, {f['tokens']} tokens (baseline)",
+                   f"{f['sft_tokens_s']:.0f} tok/s")
         report.add(f"SmolLM2 {mode}: GRPO update, same tensors", f"{f['grpo_tokens_s']:.0f} tok/s",
                    f["grpo_tokens_s"] / f["sft_tokens_s"])
         report.add(f"SmolLM2 {mode}: trainer peak RSS ({f['trainable'] / 1e6:.1f} M trainable)",
                    f"{f['peak_rss_gib']:.2f} GiB")
-    report.add("LoRA GRPO tokens/s vs full GRPO", "", figures["lora"]["grpo_tokens_s"] / figures["full"]["grpo_tokens_s"])
+    report.add("LoRA GRPO tokens/s vs full GRPO", "",
+               figures["lora"]["grpo_tokens_s"] / figures["full"]["grpo_tokens_s"])
     report.details["trainer"] = figures
     if not args.skip_swap:
         from agentstream.settings import agentstream_home
