@@ -29,7 +29,7 @@ def sequence_logprobs(policy: Policy, samples: list[Sample]) -> torch.Tensor:
 
 
 def one_step(model_dir, samples, **overrides) -> tuple[Policy, dict, torch.Tensor, torch.Tensor]:
-    settings = TrainerSettings(lr=1e-3, group_size=8, seed=0, **overrides)
+    settings = TrainerSettings(**{"lr": 1e-3, "group_size": 8, "seed": 0, **overrides})
     torch.manual_seed(settings.seed)
     policy = Policy.load(model_dir, settings)
     before = sequence_logprobs(policy, samples)
