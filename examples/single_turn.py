@@ -9,10 +9,14 @@ It posts no reward: the task's `reward_fn` scores the answer in the stream proce
 `calculator_agent.py` for an agent that scores itself.)
 
   python examples/single_turn.py   # AGENT_MAX_TOKENS, AGENT_TEMPERATURE, AGENT_MAX_RETRIES tune it
+
+AGENT_SEED makes its sampling reproducible: the request's seed is derived from it and the rollout
+id (AGENTSTREAM_ROLLOUT_ID), which the controller derives from its run id, the task and the sample.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -29,6 +33,13 @@ def messages_for(task) -> list[dict]:
     return [{"role": "user", "content": task if isinstance(task, str) else json.dumps(task)}]
 
 
+def sampling_seed() -> dict:
+    if "AGENT_SEED" not in os.environ:
+        return {}
+    key = f"{os.environ['AGENT_SEED']}:{os.environ.get('AGENTSTREAM_ROLLOUT_ID', '')}"
+    return {"seed": int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)}
+
+
 def main() -> int:
     with open(os.environ["AGENTSTREAM_TASK"]) as file:
         task = json.load(file)
@@ -39,6 +50,7 @@ def main() -> int:
             model=model, messages=messages_for(task),
             max_tokens=int(os.environ.get("AGENT_MAX_TOKENS", "64")),
             temperature=float(os.environ.get("AGENT_TEMPERATURE", "1.0")),
+            **sampling_seed(),
         )
     except OpenAIError as exc:  # the attempt fails; the controller retries it as a new attempt
         print(f"the model call failed: {exc}", file=sys.stderr)

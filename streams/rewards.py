@@ -147,3 +147,14 @@ def character_share(sample: Sample) -> float:
     allowed = set(str(sample.expected("characters")))
     answer = sample.answer
     return sum(ch in allowed for ch in answer) / len(answer) if answer else 0.0
+
+
+_WORD = re.compile(r"[^\W_]+(?:['’-][^\W_]+)*")
+
+
+def word_count(sample: Sample) -> float:
+    """1 if the answer has exactly metadata["words"] words (default 1; punctuation around them is
+    allowed), else 0. The SmolLM2 demo: an instruct model that likes whole sentences learns to
+    answer a question in one word."""
+    expected = int(sample.task.metadata.get("words", 1))
+    return float(len(_WORD.findall(sample.answer)) == expected)

