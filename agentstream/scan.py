@@ -301,7 +301,9 @@ async def _kafka_records(settings: KafkaSettings, topic: str, ranges: dict[int, 
         pending = set(ends)
         positions = {p: start for p, (start, _) in ranges.items()}
         while pending:
-            messages = await asyncio.to_thread(consumer.consume, batch_size, 1.0)
+            # librdkafka's consume returns when it has that many messages or at its timeout: asking for
+            # no more than the range still holds ends a short scan when its records are in, not 1 s later
+            messages = await asyncio.to_thread(consumer.consume, min(batch_size, _left(ends, positions, pending)), 1.0)
             batch: list[Record] = []
             for m in messages:
                 p = m.partition()
@@ -327,6 +329,11 @@ async def _kafka_records(settings: KafkaSettings, topic: str, ranges: dict[int, 
                 yield batch, dict(positions)
     finally:
         await asyncio.to_thread(consumer.close)
+
+
+def _left(ends: dict[int, int], positions: dict[int, int], pending: set[int]) -> int:
+    """Offsets still to read in the partitions not done (at least 1): the most records a fetch can bring."""
+    return max(1, sum(ends[p] - positions[p] for p in pending))
 
 
 # --- the archive's files -------------------------------------------------------------------------

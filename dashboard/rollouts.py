@@ -11,6 +11,7 @@ the topics are keyed by rollout id, so its partition is known and only that one 
 
 from __future__ import annotations
 
+import asyncio
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -255,8 +256,8 @@ async def related(settings: KafkaSettings, trajectory: TrajectoryEvent, record_m
     # rewards computed by reward functions come after the trajectory is first written
     until = max([*times, t.finished_at, record_ms or 0]) + 60_000
     key = (trajectory.rollout_id or "").encode()
-    out: dict[str, list[Event]] = {}
-    for base in ("rollouts", "calls", "rewards"):
+
+    async def events_of(base: str) -> list[Event]:
         topic = settings.topics.name(base)
         count = len(await partitions_of(settings, topic))
         events = []
@@ -268,5 +269,7 @@ async def related(settings: KafkaSettings, trajectory: TrajectoryEvent, record_m
                         events.append(decode(record.value))
                     except DecodeError:
                         continue
-        out[base] = sorted(events, key=lambda e: (e.time, e.id))
-    return out
+        return sorted(events, key=lambda e: (e.time, e.id))
+
+    bases = ("rollouts", "calls", "rewards")
+    return dict(zip(bases, await asyncio.gather(*(events_of(base) for base in bases))))

@@ -243,3 +243,32 @@ async def test_the_list_pages_newest_first_reading_only_what_a_page_needs(kafka)
     failed, _ = await walk(Filters(statuses=("failed",), reward_min=0.5))
     expected = {e.rollout_id for e in published if e.data.status == "failed" and e.data.reward >= 0.5}
     assert {r["rollout_id"] for r in failed} == expected and len(failed) == len(expected) > 0
+
+
+async def test_a_rollout_is_read_from_its_own_partition_only(kafka):
+    """The rollout view reads one partition through Bounds that end every other one before it starts."""
+    from agentstream.scan import resolve, scan
+    from dashboard.rollouts import find_trajectories, only, partition_of, related
+    from schemas.kafka import partitions_of
+
+    events = known_events(int(time.time() * 1000))
+    await publish_all(kafka, events)
+    topic = kafka.topics.trajectories
+    count = len(await partitions_of(kafka, topic))
+    wanted = next(e for e in events if isinstance(e, s.TrajectoryEvent) and e.rollout_id == "r-1-mul-4-5-13")
+    mine = partition_of(wanted.rollout_id, count)
+    ranges = await resolve(kafka, topic)
+    assert sum(end - start for p, (start, end) in ranges.items() if p != mine) > 0  # the others hold records
+
+    records = [r async for batch in scan(kafka, topic, only(mine, count)) for r in batch]
+    assert {r.partition for r in records} == {mine}
+    assert len(records) == ranges[mine][1] - ranges[mine][0]
+    one = [r async for batch in scan(kafka, topic, only(mine, count, 1, 2)) for r in batch]
+    assert [(r.partition, r.offset) for r in one] == [(mine, 1)]
+
+    found, read = await find_trajectories(kafka, wanted.rollout_id)
+    assert [t.id for t in found] == [wanted.id] and read <= len(records)
+    around = await related(kafka, found[0])
+    for base in ("rollouts", "calls", "rewards"):
+        expected = sorted(e.id for e in events if e.topic == base and e.rollout_id == wanted.rollout_id)
+        assert sorted(e.id for e in around[base]) == expected and expected, base
