@@ -39,7 +39,7 @@ from agentstream.stack import StackError, default_kafka_dir
 from agentstream.stack.kafka import LocalKafka
 from agentstream.stack.process import ServerState, free_port, spawn, stop_pid, tail
 from agentstream.settings import agentstream_home
-from agentstream.stack.smollm2 import build_smollm2
+from agentstream.stack.smollm2 import build_smollm2, default_folder
 from agentstream.stack.tiny_model import build_tiny_model
 from agentstream.stack.vllm import LocalVLLM
 from schemas.codec import DecodeError, decode
@@ -82,7 +82,7 @@ DEMO_MODELS = {
     "tiny": DemoModel(build=lambda out: build_tiny_model(out / "base-model"), tasks=digit_tasks, lr=3e-3,
                       max_tokens=8, title="the tiny model learns to answer in digits"),
     # built once into AGENTSTREAM_HOME (a few minutes), reused by every run
-    "smollm2": DemoModel(build=lambda out: build_smollm2(agentstream_home() / "models" / "smollm2"),
+    "smollm2": DemoModel(build=lambda out: build_smollm2(default_folder()),
                          tasks=tasks_file("one_word_tasks.jsonl"), lr=2e-5, max_tokens=16,
                          trainer_args=("--micro-batch-tokens", "1024"),
                          title="SmolLM2-135M-Instruct learns to answer in one word"),

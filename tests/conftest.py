@@ -99,10 +99,9 @@ def vllm_server(tmp_path_factory, tiny_model_dirs) -> VLLMServer:
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct built from its PyPI wheel, once: cached in AGENTSTREAM_HOME across runs."""
-    from agentstream.settings import agentstream_home
-    from agentstream.stack.smollm2 import build_smollm2
+    from agentstream.stack.smollm2 import build_smollm2, default_folder
 
-    return build_smollm2(agentstream_home() / "models" / "smollm2")
+    return build_smollm2(default_folder())
 
 
 @pytest.fixture(scope="session")

@@ -179,7 +179,8 @@ def test_writes_outside_the_workspace_are_refused(tmp_path: Path):
     with sandbox(tmp_path) as box:
         result = report(box.run(f"python3 /agents/escape_write.py {' '.join(targets)} /workspace/inside.txt "
                                 "/dev/shm/x /var/tmp/y"))
-        assert result["written"] == [str(outside), "/workspace/inside.txt", "/dev/shm/x", "/var/tmp/y"], result
+        private = [target for target in targets if target.startswith("/tmp/")]  # inside: the sandbox's own /tmp
+        assert result["written"] == [*private, "/workspace/inside.txt", "/dev/shm/x", "/var/tmp/y"], result
         assert "No such file" in box.run(f"cat {outside}").output, "each command's /tmp is its own"
         assert not outside.exists() and not (AGENTS / "pwned").exists() and not Path("/pwned").exists()
         assert not (tmp_path / "escaped.txt").exists() and (tmp_path / "workspace" / "inside.txt").exists()

@@ -51,6 +51,11 @@ def chat_template() -> str:
     return tool_chat_template(default_system=DEFAULT_SYSTEM)
 
 
+def default_folder(home: Path | None = None) -> Path:
+    """Where the local stack keeps its one SmolLM2 folder (the demo, the recipe and the tests share it)."""
+    return (home or agentstream_home()) / "models" / "smollm2"
+
+
 def built(folder: Path) -> bool:
     marker = folder / MARKER
     try:

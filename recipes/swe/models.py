@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from agentstream.settings import agentstream_home
 from agentstream.stack import StackError
 
 MODELS = ("smollm2", "tiny")
@@ -22,7 +21,7 @@ def build_base_model(kind: str, out: Path, say: Callable[[str], None] = print) -
 
         return out if (out / "config.json").exists() else build_tiny_model(out)
     if kind == "smollm2":
-        from agentstream.stack.smollm2 import build_smollm2
+        from agentstream.stack.smollm2 import build_smollm2, default_folder
 
-        return build_smollm2(agentstream_home() / "models" / "smollm2-135m-instruct", say=say)
+        return build_smollm2(default_folder(), say=say)
     raise StackError(f"unknown model {kind!r}: use one of {', '.join(MODELS)}")
