@@ -39,8 +39,9 @@ _RESPONSES_FIELDS = frozenset({
 })
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text", "summary_text", "reasoning_text", "refusal"})
 # a custom (freeform) tool, such as Codex's apply_patch, is a function of one string to a chat model
-_CUSTOM_INPUT: dict[str, object] = {"type": "object", "properties": {"input": {"type": "string", "description": "the tool's input"}},
-                 "required": ["input"]}
+_CUSTOM_INPUT: dict[str, object] = {
+    "type": "object", "properties": {"input": {"type": "string", "description": "the tool's input"}},
+    "required": ["input"]}
 
 
 def check(body: Body) -> None:
