@@ -114,28 +114,14 @@ def _messages(instructions: Any, items: Any) -> list[dict[str, Any]]:
         if kind == "message":
             _add_message(messages, last, item, where)
         elif kind in ("function_call", "custom_tool_call"):
-            arguments = (text_of(item.get("arguments", ""), f"{where}.arguments") if kind == "function_call"
-                         else json.dumps({"input": text_of(item.get("input"), f"{where}.input")}))
-            call = {"id": text_of(item.get("call_id"), f"{where}.call_id"), "type": "function",
-                    "function": {"name": text_of(item.get("name"), f"{where}.name"), "arguments": arguments}}
-            if last is not None:  # the call belongs to the assistant turn before it
-                last.setdefault("tool_calls", []).append(call)
-            else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            _add_call(messages, last, item, where)
         elif kind in ("function_call_output", "custom_tool_call_output"):
             output = item.get("output")
             content = output if isinstance(output, str) else _text(output, f"{where}.output")
             messages.append({"role": "tool", "tool_call_id": text_of(item.get("call_id"), f"{where}.call_id"),
                              "content": content})
         elif kind == "reasoning":
-            parts = item.get("content") or item.get("summary") or []
-            text = _text(parts, f"{where}.content")
-            if not text:
-                continue  # only encrypted content, which no model served here produced
-            if last is not None and not last.get("reasoning"):
-                last["reasoning"] = text
-            else:
-                messages.append({"role": "assistant", "reasoning": text})
+            _add_reasoning(messages, last, item, where)
         elif kind == "item_reference":
             raise bad_request(f"{where}: item references need stored responses, which this gateway does not keep; "
                               "send the items themselves")
@@ -144,6 +130,29 @@ def _messages(instructions: Any, items: Any) -> list[dict[str, Any]]:
                               "(it serves messages, function and custom tool calls and their outputs, and "
                               "reasoning)")
     return messages
+
+
+def _add_call(messages: list[dict[str, Any]], last: dict[str, Any] | None, item: dict[str, Any], where: str) -> None:
+    """A function or custom tool call: it belongs to the assistant turn before it, if there is one."""
+    arguments = (text_of(item.get("arguments", ""), f"{where}.arguments") if item.get("type") == "function_call"
+                 else json.dumps({"input": text_of(item.get("input"), f"{where}.input")}))
+    call = {"id": text_of(item.get("call_id"), f"{where}.call_id"), "type": "function",
+            "function": {"name": text_of(item.get("name"), f"{where}.name"), "arguments": arguments}}
+    if last is not None:
+        last.setdefault("tool_calls", []).append(call)
+    else:
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+
+
+def _add_reasoning(messages: list[dict[str, Any]], last: dict[str, Any] | None, item: dict[str, Any],
+                   where: str) -> None:
+    text = _text(item.get("content") or item.get("summary") or [], f"{where}.content")
+    if not text:
+        return  # only encrypted content, which no model served here produced
+    if last is not None and not last.get("reasoning"):
+        last["reasoning"] = text
+    else:
+        messages.append({"role": "assistant", "reasoning": text})
 
 
 def _add_message(messages: list[dict[str, Any]], last: dict[str, Any] | None, item: dict[str, Any],
