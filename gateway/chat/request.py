@@ -16,8 +16,8 @@ def check(body: Body) -> None:
     """A 400 for each field of a chat completions request the gateway or vLLM reads, if it is malformed."""
     check_sampling(body)
     messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("'messages' is required: a non-empty list of {role, content} messages")
+    if not isinstance(messages, list):  # (an empty one is well-formed: the upstream's template decides)
+        raise bad_request("'messages' is required: a list of {role, content} messages")
     for index, message in enumerate(messages):
         check_message(object_of(message, f"messages[{index}]"), f"messages[{index}]")
     fields.integer(body, "max_completion_tokens", 1)
