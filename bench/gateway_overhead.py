@@ -15,7 +15,12 @@ the gateway costs more) / cores. `paced` answers after `--paced-ms` without usin
 model does (real ones take far longer): clients call at an agent's pace, and the added latency is
 the gateway's own. Both are the same gateway process, routing by model name.
 
-    python -m bench.gateway_overhead [--seconds 4] [--levels 1,16,64] [--paced-ms 20] [--json results.json]
+With `--baseline DIR` (a checkout of another version, e.g. `git worktree add /tmp/base main`), a third
+gateway, `ack-baseline`, runs that version's code in `ack` mode, measured in the same alternating
+rounds: before and after a change, in the same run.
+
+    python -m bench.gateway_overhead [--seconds 4] [--levels 1,16,64] [--paced-ms 20] [--baseline DIR]
+                                     [--json results.json]
 """
 
 from __future__ import annotations
@@ -48,8 +53,8 @@ STREAM_BODY = orjson.dumps({**orjson.loads(BODY), "stream": True})
 PACED_BODY = orjson.dumps({**orjson.loads(BODY), "model": "paced"})
 
 
-def spawn(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, *args], cwd=ROOT, env={**os.environ, **(env or {})},
+def spawn(args: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path = ROOT) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, *args], cwd=cwd, env={**os.environ, **(env or {})},
                             stdout=subprocess.DEVNULL, stderr=open(log, "wb"), start_new_session=True)
 
 
@@ -161,16 +166,17 @@ async def run(args: argparse.Namespace) -> dict:
         try:
             await_http(f"{upstream}/health", procs[0], work / "upstream.log")
             await_http(f"{paced_upstream}/health", procs[1], work / "paced.log")
-            for mode in ("ack", "async"):
+            modes = {"ack": ROOT, "async": ROOT, **({"ack-baseline": args.baseline} if args.baseline else {})}
+            for mode, root in modes.items():
                 kafka = KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=f"bench-{mode}-{os.getpid()}.")
                 assert (await ensure_topics(kafka)).ok
                 port = free_port()
                 log = work / f"gateway-{mode}.log"
                 procs.append(spawn(["-m", "gateway", "--port", str(port), "--upstreams",
-                                    f"tiny={upstream},paced={paced_upstream}", "--durability", mode,
+                                    f"tiny={upstream},paced={paced_upstream}", "--durability", mode.split("-")[0],
                                     "--no-create-topics", "--log-level", "warning"], log,
                                    env={"KAFKA_BOOTSTRAP_SERVERS": bootstrap, "AGENTSTREAM_API_KEYS": f'["{KEY}"]',
-                                        "AGENTSTREAM_TOPIC_PREFIX": kafka.topic_prefix}))
+                                        "AGENTSTREAM_TOPIC_PREFIX": kafka.topic_prefix}, cwd=root))
                 await_http(f"http://127.0.0.1:{port}/healthz", procs[-1], log)
                 gateways[mode] = (f"http://127.0.0.1:{port}", kafka, procs[-1].pid)
 
@@ -210,7 +216,7 @@ async def run(args: argparse.Namespace) -> dict:
                     await asyncio.sleep(0.5)  # async mode acknowledges later: give its last events a moment
                     recorded = await end_offset_total(kafka, kafka.topics.calls)
                 results.setdefault("recorded", {})[mode] = {"calls": made[mode], "events": recorded}
-                if mode == "ack" and recorded != made[mode]:
+                if mode.startswith("ack") and recorded != made[mode]:
                     raise SystemExit(f"durable gateway: {made[mode]} calls answered but {recorded} events in Kafka")
         finally:
             for proc in procs:
@@ -221,11 +227,12 @@ async def run(args: argparse.Namespace) -> dict:
 
 def latency_table(title: str, levels: dict) -> Table:
     table = Table(title=title)
-    for column in ("clients", "direct p50", "direct p99", "ack +p50", "ack +p99", "async +p50", "async +p99"):
+    modes = [mode for mode in next(iter(levels.values())) if mode != "direct"]
+    for column in ("clients", "direct p50", "direct p99", *(f"{mode} +{q}" for mode in modes for q in ("p50", "p99"))):
         table.add_column(column, justify="right")
     for clients, level in levels.items():
         table.add_row(str(clients), f"{level['direct']['p50_ms']:.2f} ms", f"{level['direct']['p99_ms']:.2f} ms",
-                      *(f"{level[mode][key]:+.2f} ms" for mode in ("ack", "async") for key in ("added_p50_ms", "added_p99_ms")))
+                      *(f"{level[mode][key]:+.2f} ms" for mode in modes for key in ("added_p50_ms", "added_p99_ms")))
     return table
 
 
@@ -243,6 +250,10 @@ def report(results: dict) -> None:
     console.print("CPU per call at max calls/s: " + "; ".join(
         f"{mode}: " + ", ".join(f"{part} {ms:.3f} ms" for part, ms in parts.items())
         for mode, parts in results["cpu_ms_per_call"].items()))
+    if "ack-baseline" in throughput:
+        cpu = results["cpu_ms_per_call"]
+        console.print(f"ack against its baseline: max calls/s {throughput['ack'] / throughput['ack-baseline']:.2f}x, "
+                      f"gateway CPU per call {cpu['ack']['gateway'] / cpu['ack-baseline']['gateway']:.2f}x")
     console.print("recorded: " + ", ".join(f"{mode} {v['events']}/{v['calls']}" for mode, v in results["recorded"].items()))
     console.print(f"load average before/after: {results['load_before']:.1f}/{results['load_after']:.1f} "
                   f"on {results['cpus']} CPUs (the client, upstreams, gateways and Kafka share them)")
@@ -256,6 +267,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--throughput-clients", type=int, default=64)
     parser.add_argument("--paced-ms", type=float, default=20.0, help="the paced upstream's service time")
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--baseline", type=Path, help="a checkout of another version: its gateway runs too, as "
+                        "'ack-baseline', in the same rounds")
     args = parser.parse_args(argv)
     results = asyncio.run(run(args))
     report(results)

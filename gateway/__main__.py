@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from types import FrameType
 
 import uvicorn
 from pydantic_settings import CliApp
@@ -22,7 +23,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     config = uvicorn.Config(
         create_app(settings), host=settings.host, port=settings.port, loop="uvloop", http="httptools", ws="none",
-        lifespan="on", access_log=False, log_config=None, timeout_graceful_shutdown=settings.shutdown_timeout_s,
+        lifespan="on", access_log=False, log_config=None, timeout_graceful_shutdown=round(settings.shutdown_timeout_s),
         backlog=4096,
     )
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again to exit by it; what it
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     uvicorn.Server(config).run()
 
 
-def _exit_cleanly(signum, frame) -> None:
+def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(0)
 
 

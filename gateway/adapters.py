@@ -1,8 +1,10 @@
-"""The APIs the gateway serves, one `Adapter` each (see `gateway.capture`)."""
+"""The APIs the gateway serves, one `Adapter` each (see `gateway.adapter`)."""
 
 from __future__ import annotations
 
-from gateway.capture import Adapter, ChatCompletions, Completions
+from gateway.adapter import Adapter
+from gateway.chat import ChatCompletions
+from gateway.completions import Completions
 from gateway.messages import Messages
 from gateway.responses import Responses
 

@@ -8,13 +8,13 @@ request that names another one is refused (403). No key, or a key that is neithe
 from __future__ import annotations
 
 import hmac
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from schemas.tokens import InvalidToken, RolloutClaims, is_rollout_token, verify_rollout_token
 
-from gateway.errors import GatewayError
+from gateway.errors import ErrorCode, Forbidden, Unauthorized
 
 ROLLOUT_HEADER = "x-agentstream-rollout-id"
 ATTEMPT_HEADER = "x-agentstream-attempt-id"
@@ -23,7 +23,7 @@ _KEY_HEADERS = ("authorization", "x-api-key", "api-key")
 _WANTED = frozenset(name.encode() for name in (*_KEY_HEADERS, ROLLOUT_HEADER, ATTEMPT_HEADER, SESSION_HEADER))
 
 
-def auth_headers(scope: dict) -> dict[str, str]:
+def auth_headers(scope: MutableMapping[str, Any]) -> dict[str, str]:
     """The headers auth and attribution read, in one pass over the request's (lower-cased) headers."""
     return {name.decode(): value.decode("latin-1") for name, value in scope["headers"] if name in _WANTED}
 
@@ -58,21 +58,21 @@ class Authenticator:
         if token is None:
             if self._anonymous:
                 return Principal("anonymous")
-            raise GatewayError(401, "no API key: send 'Authorization: Bearer <gateway key or rollout token>'",
-                               "missing_api_key")
+            raise Unauthorized("no API key: send 'Authorization: Bearer <gateway key or rollout token>'",
+                                   ErrorCode.MISSING_API_KEY)
         if is_rollout_token(token):
             if not self._secret:
-                raise GatewayError(401, "rollout tokens are not accepted: this gateway has no token secret "
-                                   "(AGENTSTREAM_TOKEN_SECRET)", "invalid_api_key")
+                raise Unauthorized("rollout tokens are not accepted: this gateway has no token secret "
+                                   "(AGENTSTREAM_TOKEN_SECRET)")
             try:
                 return Principal("rollout", verify_rollout_token(self._secret, token))
             except InvalidToken as exc:
-                raise GatewayError(401, f"invalid rollout token: {exc}", "invalid_api_key") from None
+                raise Unauthorized(f"invalid rollout token: {exc}") from None
         if any(hmac.compare_digest(token.encode(), key) for key in self._keys):
             return Principal("operator")
         if self._anonymous:
             return Principal("anonymous")
-        raise GatewayError(401, "invalid API key: not a gateway key or a rollout token", "invalid_api_key")
+        raise Unauthorized("invalid API key: not a gateway key or a rollout token")
 
     @staticmethod
     def attribute(principal: Principal, rollout_id: str | None, attempt_id: str | None,
@@ -82,11 +82,11 @@ class Authenticator:
         if claims is None:
             return Attribution(rollout_id, attempt_id, None if rollout_id else session_id)
         if rollout_id is not None and rollout_id != claims.rollout_id:
-            raise GatewayError(403, f"this token belongs to rollout {claims.rollout_id!r}, not {rollout_id!r}",
-                               "wrong_rollout")
+            raise Forbidden(f"this token belongs to rollout {claims.rollout_id!r}, not {rollout_id!r}",
+                            ErrorCode.WRONG_ROLLOUT)
         if attempt_id is not None and attempt_id != claims.attempt_id:
-            raise GatewayError(403, f"this token belongs to attempt {claims.attempt_id!r} of rollout "
-                               f"{claims.rollout_id!r}, not attempt {attempt_id!r}", "wrong_attempt")
+            raise Forbidden(f"this token belongs to attempt {claims.attempt_id!r} of rollout "
+                               f"{claims.rollout_id!r}, not attempt {attempt_id!r}", ErrorCode.WRONG_ATTEMPT)
         return Attribution(claims.rollout_id, claims.attempt_id)
 
 

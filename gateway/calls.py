@@ -9,183 +9,99 @@ Kafka acknowledged the event; if Kafka does not, it gets a 503 (or, mid-stream, 
 from __future__ import annotations
 
 import logging
-import time
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import aiohttp
 import orjson
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
-from schemas.events import Call, CallEvent
-from schemas.ids import new_id, now_ms
-
-from gateway import sse
+from gateway.adapter import Adapter, Body, Rewrite
 from gateway.auth import Attribution
-from gateway.capture import Adapter, Rewrite, StreamAssembler, Tokens
-from gateway.errors import GatewayError
+from gateway.call import CallRecord, retry_count_of
+from gateway.errors import BadRequest, ErrorCode, GatewayError, UpstreamFailed
+from gateway.fields import model_of
 from gateway.logs import fields
 from gateway.messages import Messages
 from gateway.metrics import Metrics
 from gateway.pool import Lease, Pool, Upstream, no_server
 from gateway.recorder import Recorder
-from gateway.settings import GatewaySettings
+from gateway.relay import TRANSPORT, ClosingStream, Relay, body_of, describe, error_message, json_of, unusable
 
 log = logging.getLogger("gateway.calls")
 
 CALL_ID_HEADER = "x-agentstream-call-id"
-RETRY_HEADERS = ("x-stainless-retry-count", "x-retry-count")
-"""where SDKs say which retry a request is (OpenAI's and Anthropic's SDKs: the first; some others: the second)"""
-_SECRET_FIELDS = frozenset({"api_key", "apikey", "authorization", "password", "secret", "access_token"})
-_NO_TOKENS = Tokens()
 # the upstream never took the request
 _REFUSED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 # the connection closed under the request: a kept-alive one the server had just dropped, or a server that died
 _DROPPED = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 _UNREACHABLE = _REFUSED + _DROPPED  # another server may take the request
-_TRANSPORT = (aiohttp.ClientError, TimeoutError)
 
 
-@dataclass
-class _Call:
-    """What is known about one call so far; becomes its event."""
+@dataclass(frozen=True)
+class CallOptions:
+    """How calls are served: the gateway settings `Calls` reads, and nothing else."""
 
-    adapter: Adapter
-    attribution: Attribution
-    id: str = field(default_factory=new_id)
-    started_at: int = field(default_factory=now_ms)
-    t0: float = field(default_factory=time.perf_counter)
-    body: dict[str, Any] | None = None
-    model: str = ""
-    streamed: bool = False
-    upstream: Upstream | None = None
-    weight_version: int | None = None
-    retry_count: int | None = None
-
-    @property
-    def elapsed_ms(self) -> float:
-        return (time.perf_counter() - self.t0) * 1000
-
-    def event(self, source: str, status: int, *, response: dict | None = None, tokens: Tokens = _NO_TOKENS,
-              error: str | None = None, ttft_ms: float | None = None) -> CallEvent:
-        data = Call(
-            api=self.adapter.api, model=self.model, upstream=self.upstream.url if self.upstream else None,
-            weight_version=self.weight_version, streamed=self.streamed, session_id=self.attribution.session_id,
-            request=_redacted(self.body or {}), response=response,
-            prompt_token_ids=tokens.prompt_token_ids, completion_token_ids=tokens.completion_token_ids,
-            logprobs=tokens.logprobs, finish_reason=tokens.finish_reason, extra_choices=tokens.extra_choices,
-            usage=tokens.usage, status=status, error=error, started_at=self.started_at,
-            latency_ms=round(self.elapsed_ms, 3), ttft_ms=ttft_ms, retry_count=self.retry_count,
-        )
-        return CallEvent(id=self.id, source=source, rollout_id=self.attribution.rollout_id,
-                         attempt_id=self.attribution.attempt_id, data=data)
-
-
-def _retry_count(headers) -> int | None:
-    """The SDK's retry number of this request, if it says (a retry is not a new turn of the agent)."""
-    for name in RETRY_HEADERS:
-        value = headers.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return None
-
-
-def _redacted(body: dict[str, Any]) -> dict[str, Any]:
-    if _SECRET_FIELDS.isdisjoint(body):
-        return body
-    return {key: value for key, value in body.items() if key not in _SECRET_FIELDS}
-
-
-def _describe(exc: Exception) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
-async def _body_of(response: aiohttp.ClientResponse, lease: Lease) -> bytes:
-    """The whole answer; the lease and the connection are let go either way."""
-    try:
-        return await response.read()
-    finally:
-        lease.close()
-        response.release()
-
-
-def _json_of(raw: bytes) -> Any:
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-
-
-def _error_message(payload: Any, raw: bytes) -> str:
-    if isinstance(payload, dict):
-        error = payload.get("error", payload)
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return error["message"]
-        if isinstance(error, str):
-            return error
-    return raw[:2000].decode("utf-8", "replace")
-
-
-class _ClosingStream(StreamingResponse):
-    """A StreamingResponse that always closes its iterator, so a call cut short is still recorded."""
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self.body_iterator.aclose()
+    training: bool
+    source: str
+    upstream_api_key: str = ""
+    connect_timeout_s: float = 2.0
+    upstream_timeout_s: float = 600.0
+    refused_fields: frozenset[str] = frozenset()
+    access_log: bool = False
 
 
 class Calls:
-    def __init__(self, settings: GatewaySettings, pool: Pool, recorder: Recorder, metrics: Metrics,
+    def __init__(self, options: CallOptions, pool: Pool, recorder: Recorder, metrics: Metrics,
                  http: aiohttp.ClientSession):
         self.pool = pool
         self.recorder = recorder
         self.metrics = metrics
         self.http = http
-        self.training = settings.mode == "training"
-        self.source = settings.source
-        self.access_log = settings.access_log
+        self.training = options.training
+        self.source = options.source
+        self.access_log = options.access_log
+        self.refused = options.refused_fields
         self.headers = {"content-type": "application/json"}
-        if settings.upstream_api_key.get_secret_value():
-            self.headers["authorization"] = f"Bearer {settings.upstream_api_key.get_secret_value()}"
-        self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout_s,
-                                             sock_read=settings.upstream_timeout_s)
+        if options.upstream_api_key:
+            self.headers["authorization"] = f"Bearer {options.upstream_api_key}"
+        self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=options.connect_timeout_s,
+                                             sock_read=options.upstream_timeout_s)
 
     async def serve(self, request: Request, adapter: Adapter, attribution: Attribution) -> Response:
-        call = _Call(adapter, attribution, retry_count=_retry_count(request.headers))
+        call = CallRecord(adapter, attribution, retry_count=retry_count_of(request.headers))
         try:
             body = self._parse(call, await request.body())
+            adapter.check(body)  # a bad field is the agent's error: a 400 before anything goes upstream
+            rewrite = adapter.rewrite(body, self.training)
             # before the upstream generates anything: a call that cannot be recorded is not served
             self.recorder.check_available()
             await self.pool.admit(call.model)
-            rewrite = adapter.rewrite(body, self.training)
             response, lease = await self._send(call, rewrite.body, adapter.upstream_path)
         except GatewayError as error:
             return await self._fail(call, error)
         if response.status >= 400:
             return await self._relay_error(call, response, lease)
         if rewrite.stream:
-            return _ClosingStream(self._stream(call, rewrite, response, lease), media_type="text/event-stream",
+            return ClosingStream(self._stream(call, rewrite, response, lease), media_type="text/event-stream",
                                   headers={CALL_ID_HEADER: call.id, "cache-control": "no-cache"})
         return await self._relay_body(call, rewrite, response, lease)
 
     async def count_tokens(self, request: Request, adapter: Messages, attribution: Attribution) -> Response:
         """Anthropic's `messages.count_tokens`: the length of the prompt a `/v1/messages` call with this body
         renders, by the upstream's /tokenize. It generates nothing, so it is no call event."""
-        call = _Call(adapter, attribution, retry_count=_retry_count(request.headers))
+        call = CallRecord(adapter, attribution, retry_count=retry_count_of(request.headers))
         try:
             body = self._parse(call, await request.body())
             response, lease = await self._send(call, adapter.tokenize_request(body), "/tokenize")
             try:
-                raw = await _body_of(response, lease)
-            except _TRANSPORT as exc:
-                raise GatewayError(502, f"upstream {call.upstream.url} failed while answering: {_describe(exc)}",
-                                   "upstream_error") from None
-            payload = _json_of(raw)
+                raw = await body_of(response, lease)
+            except TRANSPORT as exc:
+                raise UpstreamFailed(f"upstream {call.upstream_url} failed while answering: {describe(exc)}") from None
+            payload = json_of(raw)
             if response.status >= 400:
-                return Response(adapter.relay_error(response.status, raw, _error_message(payload, raw)),
+                return Response(adapter.relay_error(response.status, raw, error_message(payload, raw)),
                                 response.status, media_type="application/json")
             counted = adapter.count_tokens_response(payload if isinstance(payload, dict) else {})
         except GatewayError as error:
@@ -194,27 +110,26 @@ class Calls:
 
     # --- request ----------------------------------------------------------------------------
 
-    @staticmethod
-    def _parse(call: _Call, raw: bytes) -> dict[str, Any]:
+    def _parse(self, call: CallRecord, raw: bytes) -> Body:
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             call.body = {"unparsed": raw[:4096].decode("utf-8", "replace")}
-            raise GatewayError(400, f"the request body is not valid JSON: {exc}", "invalid_json") from None
+            raise BadRequest(f"the request body is not valid JSON: {exc}", ErrorCode.INVALID_JSON) from None
         if not isinstance(body, dict):
             call.body = {"unparsed": raw[:4096].decode("utf-8", "replace")}
-            raise GatewayError(400, f"the request body must be a JSON object, not {type(body).__name__}",
-                               "invalid_request")
+            raise BadRequest(f"the request body must be a JSON object, not {type(body).__name__}")
         call.body = body
         call.streamed = body.get("stream") is True
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise GatewayError(400, "'model' is required: the name of the model to call (see GET /v1/models)",
-                               "missing_model")
-        call.model = model
+        call.model = model_of(body)
+        for name in self.refused.intersection(body):
+            raise BadRequest(f"'{name}' is refused by this gateway: the inference pool cannot take it (see the "
+                             "gateway's --refused-fields; for 'seed': vLLM-CPU's engine dies on a seeded request "
+                             "whose prompt is prefilled in chunks, which would fail every agent's calls); send the "
+                             "request without it", ErrorCode.REFUSED_FIELD)
         return body
 
-    async def _send(self, call: _Call, body: dict[str, Any], path: str) -> tuple[aiohttp.ClientResponse, Lease]:
+    async def _send(self, call: CallRecord, body: Body, path: str) -> tuple[aiohttp.ClientResponse, Lease]:
         """Send to the first server that takes the request; fail over only when one never got it."""
         content = orjson.dumps(body)
         tried: list[str] = []
@@ -224,17 +139,17 @@ class Calls:
             try:
                 return await self._post(call, upstream, path, content)
             except _UNREACHABLE as exc:
-                self.pool.mark_down(upstream, _describe(exc))
+                self.pool.mark_down(upstream, describe(exc))
                 self.metrics.failovers.labels(upstream.url).inc()
-                tried.append(f"{upstream.url} ({_describe(exc)})")
-            except _TRANSPORT as exc:
-                raise GatewayError(502, f"upstream {upstream.url} failed: {_describe(exc)}", "upstream_error") from None
+                tried.append(f"{upstream.url} ({describe(exc)})")
+            except TRANSPORT as exc:
+                raise UpstreamFailed(f"upstream {upstream.url} failed: {describe(exc)}") from None
         if not tried:
             raise no_server(call.model, self.pool.models())
-        raise GatewayError(502, f"no upstream serving {call.model!r} could be reached: {'; '.join(tried)}",
-                           "upstream_unreachable")
+        raise UpstreamFailed(f"no upstream serving {call.model!r} could be reached: {'; '.join(tried)}",
+                             ErrorCode.UPSTREAM_UNREACHABLE)
 
-    async def _post(self, call: _Call, upstream: Upstream, path: str,
+    async def _post(self, call: CallRecord, upstream: Upstream, path: str,
                     content: bytes) -> tuple[aiohttp.ClientResponse, Lease]:
         try:
             return await self._post_once(call, upstream, path, content)
@@ -244,7 +159,7 @@ class Calls:
             # most often a kept-alive connection the server closed just then: once more, on a new one
             return await self._post_once(call, upstream, path, content)
 
-    async def _post_once(self, call: _Call, upstream: Upstream, path: str,
+    async def _post_once(self, call: CallRecord, upstream: Upstream, path: str,
                          content: bytes) -> tuple[aiohttp.ClientResponse, Lease]:
         lease = self.pool.lease(call.model, upstream)  # counted from now, so a weight update waits for it
         call.upstream, call.weight_version = upstream, upstream.weight_version
@@ -258,19 +173,21 @@ class Calls:
 
     # --- answers ----------------------------------------------------------------------------
 
-    async def _relay_body(self, call: _Call, rewrite: Rewrite, response: aiohttp.ClientResponse,
+    async def _relay_body(self, call: CallRecord, rewrite: Rewrite, response: aiohttp.ClientResponse,
                           lease: Lease) -> Response:
-        url = call.upstream.url
+        url = call.upstream_url
         try:
-            raw = await _body_of(response, lease)
-        except _TRANSPORT as exc:
-            return await self._fail(call, GatewayError(502, f"upstream {url} failed while answering: "
-                                                            f"{_describe(exc)}", "upstream_error"))
-        payload = _json_of(raw)
+            raw = await body_of(response, lease)
+        except TRANSPORT as exc:
+            return await self._fail(call, UpstreamFailed(f"upstream {url} failed while answering: "
+                                                            f"{describe(exc)}"))
+        payload = json_of(raw)
         if not isinstance(payload, dict):
-            return await self._fail(call, GatewayError(502, f"upstream {url} answered with a body that is not a "
-                                                            "JSON object", "upstream_error"))
-        tokens = call.adapter.finish(payload, rewrite)
+            return await self._fail(call, unusable(url, raw))
+        try:
+            tokens = call.adapter.finish(payload, rewrite)
+        except GatewayError as error:  # e.g. a logprob no event can carry: the call fails, nothing broken is recorded
+            return await self._fail(call, error)
         content = orjson.dumps(payload)
         try:
             await self.recorder.record(call.event(self.source, 200, response=payload, tokens=tokens))
@@ -279,16 +196,16 @@ class Calls:
         return self._answer(call, 200, Response(content, 200, media_type="application/json",
                                                 headers={CALL_ID_HEADER: call.id}))
 
-    async def _relay_error(self, call: _Call, response: aiohttp.ClientResponse, lease: Lease) -> Response:
+    async def _relay_error(self, call: CallRecord, response: aiohttp.ClientResponse, lease: Lease) -> Response:
         """An upstream error goes to the agent as it is (status and body), and into the log."""
         try:
-            raw = await _body_of(response, lease)
-        except _TRANSPORT:
+            raw = await body_of(response, lease)
+        except TRANSPORT:
             raw = b""
-        payload = _json_of(raw)
+        payload = json_of(raw)
         status = response.status
-        message = f"upstream {call.upstream.url} answered {status}: {_error_message(payload, raw)}"
-        relayed = call.adapter.relay_error(status, raw, _error_message(payload, raw))
+        message = f"upstream {call.upstream_url} answered {status}: {error_message(payload, raw)}"
+        relayed = call.adapter.relay_error(status, raw, error_message(payload, raw))
         if relayed is not raw:  # translated into the API's own error shape: that is what the agent got
             payload = orjson.loads(relayed)
         event = call.event(self.source, status, response=payload if isinstance(payload, dict) else None, error=message)
@@ -300,7 +217,7 @@ class Calls:
         media_type = response.headers.get("content-type", "application/json") if relayed is raw else "application/json"
         return self._answer(call, status, Response(relayed, status, headers=headers, media_type=media_type))
 
-    async def _fail(self, call: _Call, error: GatewayError) -> Response:
+    async def _fail(self, call: CallRecord, error: GatewayError) -> Response:
         """A call the gateway itself refused or could not complete: recorded, then answered."""
         if error.code != "kafka_unavailable":
             try:
@@ -311,11 +228,11 @@ class Calls:
         response.headers[CALL_ID_HEADER] = call.id
         return self._answer(call, error.status, response)
 
-    def _answer(self, call: _Call, status: int, response: Response) -> Response:
+    def _answer(self, call: CallRecord, status: int, response: Response) -> Response:
         self._observe(call, status)
         return response
 
-    def _observe(self, call: _Call, status: int, ttft_ms: float | None = None) -> None:
+    def _observe(self, call: CallRecord, status: int, ttft_ms: float | None = None) -> None:
         elapsed = call.elapsed_ms
         self.metrics.requests.labels(call.adapter.api, str(status)).inc()
         self.metrics.latency.labels(call.adapter.api, "true" if call.streamed else "false").observe(elapsed / 1000)
@@ -329,9 +246,10 @@ class Calls:
 
     # --- streams ----------------------------------------------------------------------------
 
-    async def _stream(self, call: _Call, rewrite: Rewrite, response: aiohttp.ClientResponse, lease: Lease):
+    async def _stream(self, call: CallRecord, rewrite: Rewrite, response: aiohttp.ClientResponse,
+                      lease: Lease) -> AsyncIterator[bytes]:
         assembler = call.adapter.assembler(rewrite)
-        relay = _Relay(call, assembler, durable=self.recorder.durable)
+        relay = Relay(call, assembler, durable=self.recorder.durable)
         try:
             async for line in relay.forward(response):
                 yield line
@@ -363,46 +281,3 @@ class Calls:
             yield line
 
 
-class _Relay:
-    """Forwards a stream chunk by chunk; in `ack` mode keeps its end back until the call is recorded."""
-
-    def __init__(self, call: _Call, assembler: StreamAssembler, durable: bool):
-        self.call = call
-        self.assembler = assembler
-        self.durable = durable
-        self.tail: list[bytes] = []
-        self.ttft_ms: float | None = None
-        self.error: GatewayError | None = None
-
-    async def forward(self, response: aiohttp.ClientResponse):
-        url = self.call.upstream.url
-        done = False
-        try:
-            async for data in sse.data_of(response.content.iter_any()):
-                if data == sse.DONE:
-                    done = True
-                    self.tail += self.assembler.close()
-                    break
-                try:
-                    chunk = orjson.loads(data)
-                except orjson.JSONDecodeError:
-                    self.error = GatewayError(502, f"upstream {url} sent a stream event that is not JSON",
-                                              "upstream_error")
-                    return
-                if not isinstance(chunk, dict) or (chunk.get("error") is not None and "choices" not in chunk):
-                    self.error = GatewayError(502, f"upstream {url} failed mid-stream: {_error_message(chunk, data)}",
-                                              "upstream_error")
-                    return
-                lines = self.assembler.lines(chunk)
-                if self.ttft_ms is None and self.assembler.tokens_seen:
-                    self.ttft_ms = round(self.call.elapsed_ms, 3)
-                if self.durable and self.assembler.finished:
-                    self.tail += lines
-                else:
-                    for line in lines:
-                        yield line
-        except _TRANSPORT as exc:
-            self.error = GatewayError(502, f"upstream {url} failed mid-stream: {_describe(exc)}", "upstream_error")
-            return
-        if not done:
-            self.error = GatewayError(502, f"upstream {url} ended the stream before [DONE]", "upstream_error")

@@ -1,9 +1,56 @@
-"""Errors in the OpenAI shape `{"error": {"message", "type", "code"}}`, so agents' SDKs raise their usual exceptions."""
+"""The errors an agent gets from the gateway, as HTTP responses in its API's own error shape.
+
+Every one is a `GatewayError`: raise it anywhere in a request's path and the agent gets its
+status, message and `code` (an `ErrorCode`), in the OpenAI shape `{"error": {"message", "type",
+"code"}}` by default, so agents' SDKs raise their usual exceptions (the Anthropic Messages API
+answers in its own shape, `gateway.messages`).
+
+    GatewayError                  any error the agent gets as an HTTP response
+    ├── BadRequest       (400)    the agent's request is wrong: JSON, a field, a value the pool cannot take
+    ├── Unauthorized     (401)    no key, or not one of ours
+    ├── Forbidden        (403)    a rollout token used for another rollout or attempt
+    ├── NotFound         (404)    a model or path not served here
+    ├── TooLarge         (413)    a body over its limit
+    ├── UpstreamFailed   (502)    the inference server failed, or answered with something unusable
+    └── Unavailable      (503)    Kafka is not acknowledging, or a model is held for a weight update
+                                  (with Retry-After)
+
+A bad field is the agent's error (`BadRequest`), found before anything goes upstream; what the
+upstream gets wrong is `UpstreamFailed`, never a 500.
+"""
 
 from __future__ import annotations
 
+from enum import StrEnum
+from typing import Any
+
 import orjson
 from starlette.responses import Response
+
+
+class ErrorCode(StrEnum):
+    """The `code` of every error the gateway answers with (stable: agents and operators match on them)."""
+
+    INVALID_JSON = "invalid_json"
+    INVALID_REQUEST = "invalid_request"
+    MISSING_MODEL = "missing_model"
+    REFUSED_FIELD = "refused_field"
+    """a field the pool cannot take (`GatewaySettings.refused_fields`)"""
+    MISSING_API_KEY = "missing_api_key"
+    INVALID_API_KEY = "invalid_api_key"
+    WRONG_ROLLOUT = "wrong_rollout"
+    WRONG_ATTEMPT = "wrong_attempt"
+    NOT_FOUND = "not_found"
+    MODEL_NOT_FOUND = "model_not_found"
+    DIFF_TOO_LARGE = "diff_too_large"
+    HTTP_ERROR = "http_error"
+    UPSTREAM_ERROR = "upstream_error"
+    UPSTREAM_UNREACHABLE = "upstream_unreachable"
+    UPSTREAM_NON_FINITE = "upstream_non_finite"
+    """the upstream's answer holds a number that is not finite (NaN, ±Infinity), which no event can carry"""
+    KAFKA_UNAVAILABLE = "kafka_unavailable"
+    MODEL_UPDATING = "model_updating"
+
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 502: "upstream_error", 503: "service_unavailable", 504: "upstream_error"}
@@ -12,7 +59,7 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permi
 class GatewayError(Exception):
     """An error the agent gets as an HTTP response; raise it anywhere in a request's path."""
 
-    def __init__(self, status: int, message: str, code: str, headers: dict[str, str] | None = None):
+    def __init__(self, status: int, message: str, code: ErrorCode | str, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -20,16 +67,51 @@ class GatewayError(Exception):
         self.headers = headers or {}
 
     @property
-    def body(self) -> dict:
+    def body(self) -> dict[str, Any]:
         return error_body(self.status, self.message, self.code)
 
     def response(self) -> Response:
         return Response(orjson.dumps(self.body), self.status, headers=self.headers, media_type="application/json")
 
 
-def error_body(status: int, message: str, code: str) -> dict:
-    return {"error": {"message": message, "type": _TYPES.get(status, "api_error"), "code": code}}
+class BadRequest(GatewayError):
+    def __init__(self, message: str, code: ErrorCode = ErrorCode.INVALID_REQUEST):
+        super().__init__(400, message, code)
 
 
-def unavailable(message: str, code: str, retry_after_s: float) -> GatewayError:
-    return GatewayError(503, message, code, headers={"Retry-After": str(max(1, round(retry_after_s)))})
+class Unauthorized(GatewayError):
+    def __init__(self, message: str, code: ErrorCode = ErrorCode.INVALID_API_KEY):
+        super().__init__(401, message, code)
+
+
+class Forbidden(GatewayError):
+    def __init__(self, message: str, code: ErrorCode):
+        super().__init__(403, message, code)
+
+
+class NotFound(GatewayError):
+    def __init__(self, message: str, code: ErrorCode = ErrorCode.NOT_FOUND):
+        super().__init__(404, message, code)
+
+
+class TooLarge(GatewayError):
+    def __init__(self, message: str, code: ErrorCode):
+        super().__init__(413, message, code)
+
+
+class UpstreamFailed(GatewayError):
+    def __init__(self, message: str, code: ErrorCode = ErrorCode.UPSTREAM_ERROR):
+        super().__init__(502, message, code)
+
+
+class Unavailable(GatewayError):
+    def __init__(self, message: str, code: ErrorCode, retry_after_s: float):
+        super().__init__(503, message, code, headers={"Retry-After": str(max(1, round(retry_after_s)))})
+
+
+def error_body(status: int, message: str, code: ErrorCode | str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": _TYPES.get(status, "api_error"), "code": str(code)}}
+
+
+def unavailable(message: str, code: ErrorCode, retry_after_s: float) -> GatewayError:
+    return Unavailable(message, code, retry_after_s)

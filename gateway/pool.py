@@ -17,12 +17,13 @@ import hashlib
 import logging
 import time
 from collections import Counter
+from typing import Any
 from dataclasses import dataclass, field
 
 import aiohttp
 from yarl import URL
 
-from gateway.errors import GatewayError, unavailable
+from gateway.errors import ErrorCode, NotFound, Unavailable
 from gateway.logs import fields
 from gateway.metrics import Metrics
 
@@ -164,9 +165,9 @@ class Pool:
                     await asyncio.wait_for(hold.released.wait(), max(0.0, deadline - time.monotonic()))
                 except TimeoutError:
                     self.metrics.hold_timeouts.inc()
-                    raise unavailable(
+                    raise Unavailable(
                         f"model {model!r} is loading new weights (version {hold.version}) and did not finish "
-                        f"within {self.hold_timeout_s:.0f} s; retry shortly", "model_updating", retry_after_s=2,
+                        f"within {self.hold_timeout_s:.0f} s; retry shortly", ErrorCode.MODEL_UPDATING, retry_after_s=2,
                     ) from None
         finally:
             self.metrics.held.dec()
@@ -264,7 +265,7 @@ class Pool:
         try:
             await self._get(upstream, "/health")
             if upstream.discover:
-                listed = await self._get(upstream, "/v1/models")
+                listed = await self._get(upstream, "/v1/models") or {}
                 upstream.models = {entry["id"] for entry in listed.get("data", [])}
             info = await self._get(upstream, "/weight_info", required=False)
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, AttributeError) as exc:
@@ -284,7 +285,7 @@ class Pool:
         upstream.healthy, upstream.problem = True, None
         self.metrics.upstream_healthy.labels(upstream.url).set(1)
 
-    async def _get(self, upstream: Upstream, path: str, required: bool = True) -> dict | None:
+    async def _get(self, upstream: Upstream, path: str, required: bool = True) -> dict[str, Any] | None:
         """GET a JSON endpoint (None if it does not exist and is not `required`)."""
         async with self.http.get(f"{upstream.url}{path}", timeout=CHECK_TIMEOUT) as response:
             if response.status == 404 and not required:
@@ -302,11 +303,11 @@ class Pool:
             await asyncio.sleep(interval_s)
             await self.check_all()
 
-    def describe(self) -> list[dict]:
+    def describe(self) -> list[dict[str, Any]]:
         return [{"url": u.url, "models": sorted(u.models), "healthy": u.healthy, "weight_version": u.weight_version,
                  "in_flight": u.in_flight, "problem": u.problem} for u in self.upstreams.values()]
 
 
-def no_server(model: str, known: list[str]) -> GatewayError:
-    return GatewayError(404, f"model {model!r} is not served here; known models: {', '.join(known) or 'none'}",
-                        "model_not_found")
+def no_server(model: str, known: list[str]) -> NotFound:
+    return NotFound(f"model {model!r} is not served here; known models: {', '.join(known) or 'none'}",
+                        ErrorCode.MODEL_NOT_FOUND)

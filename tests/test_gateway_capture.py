@@ -9,7 +9,8 @@ from __future__ import annotations
 import copy
 
 from gateway import sse
-from gateway.capture import ChatCompletions, Completions
+from gateway.chat import ChatCompletions
+from gateway.completions import Completions
 
 CHAT = ChatCompletions()
 COMPLETIONS = Completions()

@@ -1,0 +1,75 @@
+"""What is known about one model call so far, and the one `call` event it becomes."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.datastructures import Headers
+
+from schemas.events import Call, CallEvent
+from schemas.ids import new_id, now_ms
+
+from gateway.adapter import Adapter, Body, Tokens
+from gateway.auth import Attribution
+from gateway.pool import Upstream
+
+RETRY_HEADERS = ("x-stainless-retry-count", "x-retry-count")
+"""where SDKs say which retry a request is (OpenAI's and Anthropic's SDKs: the first; some others: the second)"""
+_SECRET_FIELDS = frozenset({"api_key", "apikey", "authorization", "password", "secret", "access_token"})
+_NO_TOKENS = Tokens()
+
+
+@dataclass
+class CallRecord:
+    """What is known about one call so far; becomes its event."""
+
+    adapter: Adapter
+    attribution: Attribution
+    id: str = field(default_factory=new_id)
+    started_at: int = field(default_factory=now_ms)
+    t0: float = field(default_factory=time.perf_counter)
+    body: dict[str, Any] | None = None
+    model: str = ""
+    streamed: bool = False
+    upstream: Upstream | None = None
+    weight_version: int | None = None
+    retry_count: int | None = None
+
+    @property
+    def upstream_url(self) -> str:
+        return self.upstream.url if self.upstream else "(none)"
+
+    @property
+    def elapsed_ms(self) -> float:
+        return (time.perf_counter() - self.t0) * 1000
+
+    def event(self, source: str, status: int, *, response: Body | None = None, tokens: Tokens = _NO_TOKENS,
+              error: str | None = None, ttft_ms: float | None = None) -> CallEvent:
+        data = Call(
+            api=self.adapter.api, model=self.model, upstream=self.upstream.url if self.upstream else None,
+            weight_version=self.weight_version, streamed=self.streamed, session_id=self.attribution.session_id,
+            request=_redacted(self.body or {}), response=response,
+            prompt_token_ids=tokens.prompt_token_ids, completion_token_ids=tokens.completion_token_ids,
+            logprobs=tokens.logprobs, finish_reason=tokens.finish_reason, extra_choices=tokens.extra_choices,
+            usage=tokens.usage, status=status, error=error, started_at=self.started_at,
+            latency_ms=round(self.elapsed_ms, 3), ttft_ms=ttft_ms, retry_count=self.retry_count,
+        )
+        return CallEvent(id=self.id, source=source, rollout_id=self.attribution.rollout_id,
+                         attempt_id=self.attribution.attempt_id, data=data)
+
+
+def retry_count_of(headers: Headers) -> int | None:
+    """The SDK's retry number of this request, if it says (a retry is not a new turn of the agent)."""
+    for name in RETRY_HEADERS:
+        value = headers.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def _redacted(body: dict[str, Any]) -> dict[str, Any]:
+    if _SECRET_FIELDS.isdisjoint(body):
+        return body
+    return {key: value for key, value in body.items() if key not in _SECRET_FIELDS}

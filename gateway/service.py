@@ -1,0 +1,115 @@
+"""The parts of one gateway process (pool, calls, recorder, pool sync), made and started together in the
+server's event loop; the endpoints reach them as `request.app.state.gateway`."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+
+import aiohttp
+from starlette.requests import Request
+
+from schemas.kafka import ensure_topics
+
+from gateway.auth import (ATTEMPT_HEADER, ROLLOUT_HEADER, SESSION_HEADER, Attribution, Authenticator, Principal,
+                          auth_headers)
+from gateway.calls import CallOptions, Calls
+from gateway.logs import fields
+from gateway.metrics import Metrics
+from gateway.pool import Pool, parse_upstreams
+from gateway.pool_sync import PoolSync
+from gateway.recorder import Recorder
+from gateway.settings import GatewaySettings
+
+log = logging.getLogger("gateway")
+
+
+class Gateway:
+    def __init__(self, settings: GatewaySettings):
+        self.settings = settings
+        self.metrics = Metrics()
+        self.auth = Authenticator(settings.keys, settings.token_secret.get_secret_value(), settings.allow_anonymous)
+        self.upstreams = parse_upstreams(settings.upstreams)
+        self.recorder = Recorder(settings, self.metrics, durable=settings.durability == "ack",
+                                 timeout_s=settings.publish_timeout_s, linger_ms=settings.publish_linger_ms)
+        self.http: aiohttp.ClientSession | None = None
+        self.pool: Pool | None = None
+        self.calls: Calls | None = None
+        self.sync: PoolSync | None = None
+        self._health: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        problem = settings_problem(self.settings)
+        if problem:
+            raise RuntimeError(problem)
+        settings = self.settings
+        self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
+            limit=0, limit_per_host=settings.max_connections,
+            # below the usual 5 s of servers, so a connection is not reused just as the server drops it
+            keepalive_timeout=4.0))
+        self.pool = Pool(self.upstreams, self.http, self.metrics, initial_version=settings.initial_weight_version,
+                         hold_timeout_s=settings.hold_timeout_s, hold_max_s=settings.hold_max_s)
+        self.calls = Calls(call_options(settings), self.pool, self.recorder, self.metrics, self.http)
+        if not self.pool.upstreams:
+            log.warning("no upstreams configured (--upstreams MODEL=URL): every model call will get a 404")
+        if settings.create_topics:
+            await self._ensure_topics()
+        await self.recorder.start()
+        await self.pool.check_all()
+        self._health = asyncio.create_task(self.pool.run_health_checks(settings.health_interval_s))
+        if settings.pool_sync:
+            self.sync = PoolSync(settings, self.pool, self.recorder, self.metrics, self.http)
+            await self.sync.start()
+        # the long-lived objects of imports and set-up need no more garbage collection: without them in the
+        # collector's way, its full passes stop showing up as tail latency
+        gc.freeze()
+        log.info("gateway ready", extra=fields(
+            mode=settings.mode, durability=settings.durability, upstreams=self.pool.describe(),
+            topic_prefix=settings.topic_prefix, replica_id=settings.replica_id))
+
+    async def _ensure_topics(self) -> None:
+        try:
+            report = await asyncio.wait_for(ensure_topics(self.settings), 20)
+        except Exception as exc:  # Kafka down at startup: the recorder keeps trying, calls get 503 meanwhile
+            log.warning("could not check topics", extra=fields(problem=f"{type(exc).__name__}: {exc}"))
+            return
+        for problem in report.mismatches:
+            log.warning("topic differs from its spec", extra=fields(problem=problem))
+
+    async def stop(self) -> None:
+        if self.sync:
+            await self.sync.stop()
+        if self._health:
+            self._health.cancel()
+        await self.recorder.stop()
+        if self.http:
+            await self.http.close()
+
+    def attribution(self, request: Request, rollout_id: str | None = None, attempt_id: str | None = None,
+                    principal: Principal | None = None) -> Attribution:
+        """Who the request is for, from the URL, else the headers, else the rollout token; 401/403 if not allowed."""
+        headers = auth_headers(request.scope)
+        return self.auth.attribute(principal or self.auth.principal(headers),
+                                   rollout_id or headers.get(ROLLOUT_HEADER), attempt_id or headers.get(ATTEMPT_HEADER),
+                                   headers.get(SESSION_HEADER))
+
+
+def call_options(settings: GatewaySettings) -> CallOptions:
+    return CallOptions(
+        training=settings.mode == "training", source=settings.source,
+        upstream_api_key=settings.upstream_api_key.get_secret_value(), connect_timeout_s=settings.connect_timeout_s,
+        upstream_timeout_s=settings.upstream_timeout_s, refused_fields=frozenset(settings.refused_fields),
+        access_log=settings.access_log)
+
+
+def settings_problem(settings: GatewaySettings) -> str | None:
+    """Why these settings cannot run a gateway, with the fix; None if they can."""
+    if not (settings.keys or settings.token_secret.get_secret_value() or settings.allow_anonymous):
+        return ("the gateway has no way to authenticate agents: set AGENTSTREAM_API_KEYS (operator keys), "
+                "AGENTSTREAM_TOKEN_SECRET (rollout tokens), or --allow-anonymous for local experiments")
+    try:
+        parse_upstreams(settings.upstreams)
+    except ValueError as exc:
+        return str(exc)
+    return None
