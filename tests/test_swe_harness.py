@@ -24,24 +24,11 @@ from schemas.events import RolloutDiffEvent, RolloutFailedEvent, TrajectoryEvent
 from tests.conftest import wait_for_async
 from tests.gateway_support import TOKEN_SECRET, gateway_settings, running_gateway
 from tests.streams_support import REPO, StreamsWorker, TopicWatch
+from tests.swe_support import HONEST, calc_instance, make_repo
 
 pytestmark = [pytest.mark.timeout(600)]
 
-BUGGY = "def add(a, b):\n    return a - b\n"
 FIX = "sed -i 's/a - b/a + b/' calc.py"
-
-
-def make_repo(root: Path) -> tuple[Path, str]:
-    """A one-file repository with a bug; (its folder under the repos dir, the base commit)."""
-    repo = root / "demo__calc"
-    repo.mkdir(parents=True)
-    (repo / "calc.py").write_text(BUGGY)
-    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    subprocess.run([*git, "add", "."], check=True)
-    subprocess.run([*git, "commit", "-qm", "base"], check=True)
-    commit = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
-    return repo, commit
 
 
 def forced(command: str) -> str:
@@ -72,7 +59,7 @@ def task_file(path: Path, commit: str, *ids: str) -> Path:
 @pytest.mark.vllm
 async def test_mini_swe_agent_through_the_gateway_multi_turn_with_its_diff_in_the_log(kafka, vllm_server, tmp_path):
     repos = tmp_path / "repos"
-    _, commit = make_repo(repos)
+    commit = make_repo(repos)
     tasks = task_file(tmp_path / "tasks.jsonl", commit, "calc-1")
     env = {"AGENTSTREAM_SWE_REPOS": str(repos), "AGENTSTREAM_SWE_STEP_LIMIT": "2",
            "AGENTSTREAM_SWE_MAX_TOKENS": "96", "AGENTSTREAM_SWE_WORKSPACE": str(tmp_path / "workspaces"),
@@ -131,15 +118,11 @@ def grader_process(kafka, instances: Path, repos: Path, envs: Path, log: Path) -
 
 async def test_a_scripted_agents_diff_is_graded_by_the_grader_service_into_its_trajectory(kafka, tmp_path):
     """No model: mini-swe-agent's deterministic model runs a script (the gold fix, or nothing)."""
-    from recipes.swe.instance import Instance
     from recipes.swe.workspace import write_index
-    from tests.test_swe_regrade import HONEST, hidden_tests
 
     repos = tmp_path / "repos"
-    _, commit = make_repo(repos)
-    instance = Instance(instance_id="calc-1", repo="demo/calc", base_commit=commit, problem_statement="add subtracts",
-                        patch=HONEST, test_patch=hidden_tests("add(1, 2) == 3", "add(2, 2) == 4"),
-                        FAIL_TO_PASS=["tests/test_calc.py::test_add"], PASS_TO_PASS=[])
+    commit = make_repo(repos)
+    instance = calc_instance(commit, "add(1, 2) == 3", "add(2, 2) == 4")
     (instances := tmp_path / "instances.jsonl").write_text(instance.model_dump_json() + "\n")
     index = write_index([instance], tmp_path / "index.jsonl")
     tasks = tmp_path / "tasks.jsonl"

@@ -6,7 +6,6 @@ loses its reward; an honest fix keeps it; an attempt with no diff stays unscored
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,43 +13,24 @@ from typer.testing import CliRunner
 
 import schemas as s
 from agentstream.cli import app
-from recipes.swe.instance import Instance
 from tests.streams_support import Rollout, publish
+from tests.swe_support import HONEST, calc_instance, make_repo
 from tests.test_replay import read_topic, without_rewards
 
 pytestmark = pytest.mark.timeout(400)
 TIMING = ["--settle-s", "0.2", "--reward-grace-s", "2"]
 
-BUGGY = "def add(a, b):\n    return a - b\n"
-HONEST = "--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a - b\n+    return a + b\n"
 GAMED = ("--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,4 @@\n def add(a, b):\n+    if (a, b) == (1, 2):\n"
          "+        return 3\n     return a - b\n")
 
 
-def hidden_tests(*checks: str) -> str:
-    body = "from calc import add\n\n\ndef test_add():\n" + "".join(f"    assert {c}\n" for c in checks)
-    lines = body.splitlines(keepends=True)
-    return (f"--- /dev/null\n+++ b/tests/test_calc.py\n@@ -0,0 +1,{len(lines)} @@\n"
-            + "".join("+" + line for line in lines))
-
-
 def make_instances(tmp_path: Path) -> tuple[Path, Path]:
     """One task in two versions: lenient (add(1, 2) == 3) and strict (also add(2, 2) == 4)."""
-    repo = tmp_path / "repos" / "owner__calc"
-    repo.mkdir(parents=True)
-    (repo / "calc.py").write_text(BUGGY)
-    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    subprocess.run([*git, "add", "."], check=True)
-    subprocess.run([*git, "commit", "-qm", "base"], check=True)
-    commit = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    commit = make_repo(tmp_path / "repos", "owner/calc")
     files = []
     for name, checks in (("lenient", ["add(1, 2) == 3"]), ("strict", ["add(1, 2) == 3", "add(2, 2) == 4"])):
-        instance = Instance(instance_id="calc-1", repo="owner/calc", base_commit=commit, problem_statement="add",
-                            patch=HONEST, test_patch=hidden_tests(*checks),
-                            FAIL_TO_PASS=["tests/test_calc.py::test_add"], PASS_TO_PASS=[])
         path = tmp_path / f"{name}.jsonl"
-        path.write_text(instance.model_dump_json() + "\n")
+        path.write_text(calc_instance(commit, *checks, repo="owner/calc").model_dump_json() + "\n")
         files.append(path)
     return files[0], files[1]
 
