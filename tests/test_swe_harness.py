@@ -20,7 +20,7 @@ import pytest
 
 from agentstream.stack.process import spawn, stop_pid, tail
 from recipes.swe.workspace import TaskInput
-from schemas.events import RolloutDiffEvent, RolloutFailedEvent, TrajectoryEvent
+from schemas.events import CallEvent, RolloutDiffEvent, RolloutFailedEvent, TrajectoryEvent
 from tests.conftest import wait_for_async
 from tests.gateway_support import TOKEN_SECRET, gateway_settings, running_gateway
 from tests.streams_support import REPO, StreamsWorker, TopicWatch
@@ -48,9 +48,9 @@ def run_controller(kafka, gateway_url: str, tasks: Path, logs: Path, env: dict[s
     return spawn(cmd, logs / "controller.log", env={**os.environ, **env}, cwd=REPO)
 
 
-def task_file(path: Path, commit: str, *ids: str) -> Path:
+def task_file(path: Path, commit: str, *ids: str, statement: str = "add() subtracts; make it add.") -> Path:
     rows = [{"id": task_id, "input": TaskInput(instance_id=task_id, repo="demo/calc", base_commit=commit,
-                                               problem_statement="add() subtracts; make it add.").model_dump()}
+                                               problem_statement=statement).model_dump()}
             for task_id in ids]
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
@@ -89,6 +89,41 @@ async def test_mini_swe_agent_through_the_gateway_multi_turn_with_its_diff_in_th
     assert data.status == "finished" and data.task_id == "calc-1" and len(data.turns) == 2
     assert data.merged and data.merge_mismatches == 0, "the second turn's prompt extends the first turn"
     assert diff.id in data.lineage, "the diff is part of the trajectory's history"
+
+
+@pytest.mark.vllm
+async def test_a_prompt_past_the_models_context_ends_the_attempt_as_context_overflow_not_a_score(
+        kafka, vllm_server, tmp_path):
+    """The served tiny model's context is 2048 tokens (one a character): a problem statement longer than that
+    makes mini-swe-agent's first prompt too long. vLLM refuses it, the gateway records the refusal, and the
+    attempt ends with the reason in its diff event and trajectory; no reward is made up for it."""
+    commit = make_repo(repos := tmp_path / "repos")
+    tasks = task_file(tmp_path / "tasks.jsonl", commit, "calc-long", statement="add() subtracts. " * 200)
+    env = {"AGENTSTREAM_SWE_REPOS": str(repos), "AGENTSTREAM_SWE_STEP_LIMIT": "2",
+           "AGENTSTREAM_SWE_MAX_TOKENS": "32", "AGENTSTREAM_SWE_WORKSPACE": str(tmp_path / "workspaces")}
+    worker = StreamsWorker(kafka, tmp_path / "streams", tmp_path / "streams.log",
+                           args=("--reward-grace-s", "1")).start()
+    try:
+        async with running_gateway(gateway_settings(kafka, [f"tiny={vllm_server.url}"])) as gw:
+            async with TopicWatch(kafka, "rollouts", "calls", "trajectories") as watch:
+                controller = run_controller(kafka, gw.url, tasks, tmp_path / "runs", env)
+                events = await watch.until(lambda es: any(isinstance(e, TrajectoryEvent) for e in es), timeout=180,
+                                           what="the attempt's trajectory")
+                assert await await_exit(controller, 60) == 0, tail(tmp_path / "runs" / "controller.log")
+    finally:
+        worker.stop()
+
+    [call] = [e for e in events if isinstance(e, CallEvent)]
+    assert call.data.status == 400 and not call.data.completion_token_ids, "vLLM refused it; nothing was generated"
+    [diff] = [e for e in events if isinstance(e, RolloutDiffEvent)]
+    assert diff.data.outcome == "context_overflow" and diff.data.details["steps"] == 1
+    assert "context" in diff.data.details["error"].lower() or "length" in diff.data.details["error"].lower()
+    assert diff.data.diff == "", "the agent never acted"
+    [trajectory] = [e for e in events if isinstance(e, TrajectoryEvent)]
+    data = trajectory.data
+    assert data.status == "finished" and data.end_reason == "context_overflow" and data.turns == []
+    assert data.reward is None and data.reward_missing, "no grader scored it: no zero passed off as a score"
+    assert {call.id, diff.id} <= set(data.lineage)
 
 
 async def test_an_attempt_whose_harness_crashes_is_a_failed_attempt_with_the_reason_and_no_diff(kafka, tmp_path):
