@@ -448,9 +448,10 @@ def _replay(prefix: str, source: str, sink: str, target: str, *, since=None, unt
     left = {k: v for k, v in summary.counts.items() if v and k not in ("trajectories", "rewards_computed")}
     if left:
         console.print("  " + ", ".join(f"{k.replace('_', ' ')}: {v:,}" for k, v in sorted(left.items())))
-    if summary.counts.get("open"):
-        console.print("  [yellow]open[/yellow] attempts had not settled by the end of the range; widen --until "
-                      "to include them")
+    running = summary.counts.get("open", 0) - summary.counts.get("open_ended", 0)
+    if running:
+        console.print(f"  [yellow]{running:,} open[/yellow] attempt(s) had no ending by the end of the range: they "
+                      "are left out; widen --until to include them once they end")
     for reason in summary.reasons:
         console.print(f"  [dim]{reason}[/dim]")
     return summary

@@ -1,16 +1,19 @@
-"""A small toolz task set, built once per test session (real sandbox), shared by the SWE tests.
+"""What the SWE tests share: a one-file task with a bug (calc: add() subtracts), and a small toolz task
+set, built once per test session (real sandbox).
 
-The sdist and the test venv live in the real AGENTSTREAM_HOME (cached like the Kafka jars); the
+The toolz sdist and the test venv live in the real AGENTSTREAM_HOME (cached like the Kafka jars); the
 repositories the build writes go to a fresh folder of this session.
 """
 
 from __future__ import annotations
 
+import subprocess
 import tempfile
 from functools import cache
 from pathlib import Path
 
 from recipes.swe.build import Built, build
+from recipes.swe.instance import Instance
 
 LIMIT = 2
 
@@ -19,3 +22,37 @@ LIMIT = 2
 def built() -> tuple[Built, Path]:
     repos_dir = Path(tempfile.mkdtemp(prefix="swe-repos-"))
     return build(limit=LIMIT, seed=0, repos_dir=repos_dir, workers=2), repos_dir
+
+
+# --- calc: one file, one bug --------------------------------------------------------------------
+
+BUGGY = "def add(a, b):\n    return a - b\n"
+HONEST = "--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a - b\n+    return a + b\n"
+"""the fix, as a diff"""
+
+
+def make_repo(repos: Path, name: str = "demo/calc") -> str:
+    """The buggy repository as a git checkout under the repos dir (`owner__repo`); its base commit."""
+    repo = repos / name.replace("/", "__")
+    repo.mkdir(parents=True)
+    (repo / "calc.py").write_text(BUGGY)
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], check=True)
+    return subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def hidden_tests(*checks: str) -> str:
+    """A test file asserting `checks`, as the diff that adds it (an instance's test_patch)."""
+    body = "from calc import add\n\n\ndef test_add():\n" + "".join(f"    assert {c}\n" for c in checks)
+    lines = body.splitlines(keepends=True)
+    return (f"--- /dev/null\n+++ b/tests/test_calc.py\n@@ -0,0 +1,{len(lines)} @@\n"
+            + "".join("+" + line for line in lines))
+
+
+def calc_instance(commit: str, *checks: str, repo: str = "demo/calc") -> Instance:
+    """The task instance "calc-1" whose hidden tests assert `checks`."""
+    return Instance(instance_id="calc-1", repo=repo, base_commit=commit, problem_statement="add() subtracts",
+                    patch=HONEST, test_patch=hidden_tests(*checks), FAIL_TO_PASS=["tests/test_calc.py::test_add"],
+                    PASS_TO_PASS=[])

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import uuid
+from datetime import datetime, timezone
 
 import orjson
 import polars as pl
@@ -218,6 +219,25 @@ async def test_a_time_range_rebuilds_the_attempts_that_started_in_it_whole(kafka
     assert sorted(got) == [f"r-t{i}" for i in range(4, 9)]
     whole = {e.rollout_id: e for e in assemble(events, Timing(settle_ms=200, reward_grace_ms=2000))}
     assert all(encode(event) == encode(whole[rollout_id]) for rollout_id, event in got.items())
+
+
+async def test_an_attempt_ended_too_recently_is_left_open_and_the_summary_says_until_when(kafka, monkeypatch,
+                                                                                           tmp_path):
+    """A rebuild closes its range at the time it starts. An attempt that ended within its reward grace
+    before then may still get its reward: like the live worker, the rebuild leaves it open, and says when
+    it would be due (the regrade test once raced this, rebuilding right after writing live-timed events)."""
+    done = Rollout("r-done", time=s.now_ms() - 60_000)
+    waiting = live(Rollout("r-waiting"))
+    await publish(kafka, [*done.two_turns(reward=None), *waiting.two_turns(reward=None)])
+    out = tmp_path / "out.jsonl"
+    result = await cli(kafka, monkeypatch, "replay", "export", str(out), "--format", "events", "--settle-s", "0.2",
+                       "--reward-grace-s", "30")
+    assert result.exit_code == 0, result.output
+    assert [s.decode(line).rollout_id for line in out.read_bytes().splitlines()] == ["r-done"]
+    assert "open: 1, open ended: 1" in result.output
+    due = datetime.fromtimestamp((waiting.time + 30_000) / 1000, timezone.utc).isoformat(timespec="milliseconds")
+    assert f"reward grace runs until {due}" in result.output
+    assert "no ending" not in result.output, "it has ended: widening --until is not the fix"
 
 
 # --- resuming --------------------------------------------------------------------------------

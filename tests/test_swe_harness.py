@@ -20,28 +20,15 @@ import pytest
 
 from agentstream.stack.process import spawn, stop_pid, tail
 from recipes.swe.workspace import TaskInput
-from schemas.events import RolloutDiffEvent, RolloutFailedEvent, TrajectoryEvent
+from schemas.events import CallEvent, RolloutDiffEvent, RolloutFailedEvent, TrajectoryEvent
 from tests.conftest import wait_for_async
 from tests.gateway_support import TOKEN_SECRET, gateway_settings, running_gateway
 from tests.streams_support import REPO, StreamsWorker, TopicWatch
+from tests.swe_support import HONEST, calc_instance, make_repo
 
 pytestmark = [pytest.mark.timeout(600)]
 
-BUGGY = "def add(a, b):\n    return a - b\n"
 FIX = "sed -i 's/a - b/a + b/' calc.py"
-
-
-def make_repo(root: Path) -> tuple[Path, str]:
-    """A one-file repository with a bug; (its folder under the repos dir, the base commit)."""
-    repo = root / "demo__calc"
-    repo.mkdir(parents=True)
-    (repo / "calc.py").write_text(BUGGY)
-    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    subprocess.run([*git, "add", "."], check=True)
-    subprocess.run([*git, "commit", "-qm", "base"], check=True)
-    commit = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
-    return repo, commit
 
 
 def forced(command: str) -> str:
@@ -61,9 +48,9 @@ def run_controller(kafka, gateway_url: str, tasks: Path, logs: Path, env: dict[s
     return spawn(cmd, logs / "controller.log", env={**os.environ, **env}, cwd=REPO)
 
 
-def task_file(path: Path, commit: str, *ids: str) -> Path:
+def task_file(path: Path, commit: str, *ids: str, statement: str = "add() subtracts; make it add.") -> Path:
     rows = [{"id": task_id, "input": TaskInput(instance_id=task_id, repo="demo/calc", base_commit=commit,
-                                               problem_statement="add() subtracts; make it add.").model_dump()}
+                                               problem_statement=statement).model_dump()}
             for task_id in ids]
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
@@ -72,7 +59,7 @@ def task_file(path: Path, commit: str, *ids: str) -> Path:
 @pytest.mark.vllm
 async def test_mini_swe_agent_through_the_gateway_multi_turn_with_its_diff_in_the_log(kafka, vllm_server, tmp_path):
     repos = tmp_path / "repos"
-    _, commit = make_repo(repos)
+    commit = make_repo(repos)
     tasks = task_file(tmp_path / "tasks.jsonl", commit, "calc-1")
     env = {"AGENTSTREAM_SWE_REPOS": str(repos), "AGENTSTREAM_SWE_STEP_LIMIT": "2",
            "AGENTSTREAM_SWE_MAX_TOKENS": "96", "AGENTSTREAM_SWE_WORKSPACE": str(tmp_path / "workspaces"),
@@ -104,6 +91,41 @@ async def test_mini_swe_agent_through_the_gateway_multi_turn_with_its_diff_in_th
     assert diff.id in data.lineage, "the diff is part of the trajectory's history"
 
 
+@pytest.mark.vllm
+async def test_a_prompt_past_the_models_context_ends_the_attempt_as_context_overflow_not_a_score(
+        kafka, vllm_server, tmp_path):
+    """The served tiny model's context is 2048 tokens (one a character): a problem statement longer than that
+    makes mini-swe-agent's first prompt too long. vLLM refuses it, the gateway records the refusal, and the
+    attempt ends with the reason in its diff event and trajectory; no reward is made up for it."""
+    commit = make_repo(repos := tmp_path / "repos")
+    tasks = task_file(tmp_path / "tasks.jsonl", commit, "calc-long", statement="add() subtracts. " * 200)
+    env = {"AGENTSTREAM_SWE_REPOS": str(repos), "AGENTSTREAM_SWE_STEP_LIMIT": "2",
+           "AGENTSTREAM_SWE_MAX_TOKENS": "32", "AGENTSTREAM_SWE_WORKSPACE": str(tmp_path / "workspaces")}
+    worker = StreamsWorker(kafka, tmp_path / "streams", tmp_path / "streams.log",
+                           args=("--reward-grace-s", "1")).start()
+    try:
+        async with running_gateway(gateway_settings(kafka, [f"tiny={vllm_server.url}"])) as gw:
+            async with TopicWatch(kafka, "rollouts", "calls", "trajectories") as watch:
+                controller = run_controller(kafka, gw.url, tasks, tmp_path / "runs", env)
+                events = await watch.until(lambda es: any(isinstance(e, TrajectoryEvent) for e in es), timeout=180,
+                                           what="the attempt's trajectory")
+                assert await await_exit(controller, 60) == 0, tail(tmp_path / "runs" / "controller.log")
+    finally:
+        worker.stop()
+
+    [call] = [e for e in events if isinstance(e, CallEvent)]
+    assert call.data.status == 400 and not call.data.completion_token_ids, "vLLM refused it; nothing was generated"
+    [diff] = [e for e in events if isinstance(e, RolloutDiffEvent)]
+    assert diff.data.outcome == "context_overflow" and diff.data.details["steps"] == 1
+    assert "context" in diff.data.details["error"].lower() or "length" in diff.data.details["error"].lower()
+    assert diff.data.diff == "", "the agent never acted"
+    [trajectory] = [e for e in events if isinstance(e, TrajectoryEvent)]
+    data = trajectory.data
+    assert data.status == "finished" and data.end_reason == "context_overflow" and data.turns == []
+    assert data.reward is None and data.reward_missing, "no grader scored it: no zero passed off as a score"
+    assert {call.id, diff.id} <= set(data.lineage)
+
+
 async def test_an_attempt_whose_harness_crashes_is_a_failed_attempt_with_the_reason_and_no_diff(kafka, tmp_path):
     repos = tmp_path / "repos"
     make_repo(repos)
@@ -131,15 +153,11 @@ def grader_process(kafka, instances: Path, repos: Path, envs: Path, log: Path) -
 
 async def test_a_scripted_agents_diff_is_graded_by_the_grader_service_into_its_trajectory(kafka, tmp_path):
     """No model: mini-swe-agent's deterministic model runs a script (the gold fix, or nothing)."""
-    from recipes.swe.instance import Instance
     from recipes.swe.workspace import write_index
-    from tests.test_swe_regrade import HONEST, hidden_tests
 
     repos = tmp_path / "repos"
-    _, commit = make_repo(repos)
-    instance = Instance(instance_id="calc-1", repo="demo/calc", base_commit=commit, problem_statement="add subtracts",
-                        patch=HONEST, test_patch=hidden_tests("add(1, 2) == 3", "add(2, 2) == 4"),
-                        FAIL_TO_PASS=["tests/test_calc.py::test_add"], PASS_TO_PASS=[])
+    commit = make_repo(repos)
+    instance = calc_instance(commit, "add(1, 2) == 3", "add(2, 2) == 4")
     (instances := tmp_path / "instances.jsonl").write_text(instance.model_dump_json() + "\n")
     index = write_index([instance], tmp_path / "index.jsonl")
     tasks = tmp_path / "tasks.jsonl"

@@ -6,7 +6,6 @@ loses its reward; an honest fix keeps it; an attempt with no diff stays unscored
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,50 +13,33 @@ from typer.testing import CliRunner
 
 import schemas as s
 from agentstream.cli import app
-from recipes.swe.instance import Instance
-from tests.streams_support import Rollout, live, publish
+from tests.streams_support import Rollout, publish
+from tests.swe_support import HONEST, calc_instance, make_repo
 from tests.test_replay import read_topic, without_rewards
 
 pytestmark = pytest.mark.timeout(400)
 TIMING = ["--settle-s", "0.2", "--reward-grace-s", "2"]
 
-BUGGY = "def add(a, b):\n    return a - b\n"
-HONEST = "--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a - b\n+    return a + b\n"
 GAMED = ("--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,4 @@\n def add(a, b):\n+    if (a, b) == (1, 2):\n"
          "+        return 3\n     return a - b\n")
 
 
-def hidden_tests(*checks: str) -> str:
-    body = "from calc import add\n\n\ndef test_add():\n" + "".join(f"    assert {c}\n" for c in checks)
-    lines = body.splitlines(keepends=True)
-    return (f"--- /dev/null\n+++ b/tests/test_calc.py\n@@ -0,0 +1,{len(lines)} @@\n"
-            + "".join("+" + line for line in lines))
-
-
 def make_instances(tmp_path: Path) -> tuple[Path, Path]:
     """One task in two versions: lenient (add(1, 2) == 3) and strict (also add(2, 2) == 4)."""
-    repo = tmp_path / "repos" / "owner__calc"
-    repo.mkdir(parents=True)
-    (repo / "calc.py").write_text(BUGGY)
-    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    subprocess.run([*git, "add", "."], check=True)
-    subprocess.run([*git, "commit", "-qm", "base"], check=True)
-    commit = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    commit = make_repo(tmp_path / "repos", "owner/calc")
     files = []
     for name, checks in (("lenient", ["add(1, 2) == 3"]), ("strict", ["add(1, 2) == 3", "add(2, 2) == 4"])):
-        instance = Instance(instance_id="calc-1", repo="owner/calc", base_commit=commit, problem_statement="add",
-                            patch=HONEST, test_patch=hidden_tests(*checks),
-                            FAIL_TO_PASS=["tests/test_calc.py::test_add"], PASS_TO_PASS=[])
         path = tmp_path / f"{name}.jsonl"
-        path.write_text(instance.model_dump_json() + "\n")
+        path.write_text(calc_instance(commit, *checks, repo="owner/calc").model_dump_json() + "\n")
         files.append(path)
     return files[0], files[1]
 
 
 def attempt(rollout_id: str, diff: str | None, graded: float | None) -> list[s.Event]:
-    """What the controller, gateway and grader service wrote for one coding attempt."""
-    r = live(Rollout(rollout_id))
+    """What the controller, gateway and grader service wrote for one coding attempt, in the past: a rebuild
+    closes its range at the time it starts, and an attempt that ended less than its settle time (or, with
+    no reward, its reward grace) before that is rightly left open (test_replay: ..._ended_too_recently_...)."""
+    r = Rollout(rollout_id)
     events = [r.queued("calc-1"), r.call([1, 2, 3], [4, 5], "sed …"), r.call([1, 2, 3, 4, 5, 6], [7, 8], "submit")]
     if diff is not None:
         events.append(s.RolloutDiffEvent(source="gateway", rollout_id=r.rollout_id, attempt_id=r.attempt_id,
@@ -70,27 +52,26 @@ def attempt(rollout_id: str, diff: str | None, graded: float | None) -> list[s.E
     return events + [r.finished()]
 
 
-async def rebuild(kafka, monkeypatch, topic: str, *args: str) -> dict[str, s.TrajectoryEvent]:
+async def rebuild(kafka, monkeypatch, tmp_path: Path, topic: str, *args: str) -> dict[str, s.TrajectoryEvent]:
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
     result = await asyncio.to_thread(CliRunner().invoke, app, ["replay", "rebuild", "--to-topic", topic, *TIMING,
+                                                               "--state", str(tmp_path / f"{topic}.state.json"),
                                                                *args, "--prefix", kafka.topic_prefix])
     assert result.exit_code == 0, result.output
     return {e.rollout_id: e for _, e in await read_topic(kafka, topic)}
 
 
-@pytest.mark.xfail(strict=False, reason="since the streams and scan rewrites merged, the first rebuild sometimes "
-                   "leaves out attempts (seen twice: all three, then the one with no reward); not yet explained")
 async def test_a_stricter_grader_over_recorded_diffs_changes_the_rewards_and_nothing_else(kafka, monkeypatch, tmp_path):
     lenient, strict = make_instances(tmp_path)
     await publish(kafka, [*attempt("r-honest", HONEST, 1.0), *attempt("r-gamed", GAMED, 1.0),
                           *attempt("r-crashed", None, None)])
-    history = await rebuild(kafka, monkeypatch, "history")
+    history = await rebuild(kafka, monkeypatch, tmp_path, "history")
     assert {r: t.data.reward for r, t in history.items()} == {"r-honest": 1.0, "r-gamed": 1.0, "r-crashed": None}
 
     monkeypatch.setenv("AGENTSTREAM_SWE_REPOS", str(tmp_path / "repos"))
     monkeypatch.setenv("AGENTSTREAM_SWE_ENVS", str(tmp_path / "envs"))
     monkeypatch.setenv("AGENTSTREAM_SWE_INSTANCES", str(strict))
-    regraded = await rebuild(kafka, monkeypatch, "regraded", "--reward-fn", "recipes.swe.regrade:grade_diff")
+    regraded = await rebuild(kafka, monkeypatch, tmp_path, "regraded", "--reward-fn", "recipes.swe.regrade:grade_diff")
 
     assert {r: t.data.reward for r, t in regraded.items()} == {"r-honest": 1.0, "r-gamed": 0.0, "r-crashed": None}
     for rollout_id, new in regraded.items():

@@ -263,3 +263,31 @@ async def test_a_rebalance_hands_buffered_samples_back_and_loses_none(kafka, tin
         trainer.stop()
         await asyncio.wait_for(running, 60)
     assert sorted(trainer.published[1].data.lineage) == sorted(e.id for e in second)
+
+
+async def test_reward_penalties_shape_what_the_trainer_learns_and_leave_the_log_and_eval_alone(
+        kafka, tiny_model_dirs, tmp_path):
+    """Shaping is for training only: an attempt that hit the step limit or overflowed the context is trained
+    on with a penalty, while the trajectories in the log, and so eval's pass rates, keep the grader's reward."""
+    from agentstream.eval import score
+
+    base = tiny_model_dirs[0]
+    events = arithmetic_groups(base, groups=2, group_size=4, prefix="shaped")  # rewards 1, 0, 1, 0 per group
+    ends = ["step_limit", "context_overflow", "submitted", None]
+    for event in events:
+        event.data.end_reason = ends[event.data.sample_index]
+    await publish(kafka, events)
+    settings = trainer_settings(kafka, tmp_path / "ckpt", base, offline_topic=kafka.topics.trajectories,
+                                reward_penalties={"context_overflow": -1.0, "step_limit": -0.5})
+    [version] = await Trainer(settings).run()
+    metrics = version.data.metrics
+    assert metrics["reward_shaped_samples"] == 4
+    assert metrics["reward_mean"] == pytest.approx((0.5 - 1.0 + 1.0 + 0.0) / 4), "trained on the shaped rewards"
+    assert (metrics["reward_min"], metrics["reward_max"]) == (-1.0, 1.0)
+
+    logged = [e for e in await read_all(kafka, kafka.topics.trajectories)]
+    assert {e.id: e.data.reward for e in logged} == {e.id: e.data.reward for e in events}, "the log is untouched"
+    measured = score({e.rollout_id: e for e in logged}, {e.rollout_id: e.data.task_id for e in logged}, k=4,
+                     threshold=1.0)
+    assert measured["pass_at_1"] == 0.5 and measured["solved_tasks"] == 2, "eval reads the grader's reward as is"
+    assert sorted(r for rewards in measured["per_task"].values() for r in rewards) == [0.0] * 4 + [1.0] * 4

@@ -39,6 +39,13 @@ class Sample:
     """monotonic seconds"""
     staleness: int = 0
     weight: float = 1.0
+    shaping: float = 0.0
+    """added to the reward for training only (--reward-penalties): the log and eval keep the grader's"""
+
+    @property
+    def reward(self) -> float:
+        """what the trainer learns from: the trajectory's reward, shaped"""
+        return self.trajectory.reward + self.shaping
 
 
 def group_of(event_id: str, trajectory: Trajectory) -> str:

@@ -87,7 +87,7 @@ def to_tensors(samples: list[Sample], max_len: int) -> Tensors:
     return Tensors(
         input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask,
         old_logprobs=old_logprobs * loss_mask, weights=weights,
-        rewards=torch.tensor([sample.trajectory.reward for sample, _ in rows], dtype=torch.float32),
+        rewards=torch.tensor([sample.reward for sample, _ in rows], dtype=torch.float32),
         index=np.array([sample.group for sample, _ in rows], dtype=object),
     )
 
@@ -319,7 +319,7 @@ class Policy:
 
     @staticmethod
     def _batch_metrics(samples: list[Sample], batch: Tensors, advantages: torch.Tensor) -> dict[str, float]:
-        rewards = torch.tensor([sample.trajectory.reward for sample in samples], dtype=torch.float64)
+        rewards = torch.tensor([sample.reward for sample in samples], dtype=torch.float64)
         tokens = batch.loss_mask.sum().item()
         return {
             "samples": float(len(samples)),
@@ -330,5 +330,6 @@ class Policy:
             "reward_std": rewards.std().item() if len(samples) > 1 else 0.0,
             "reward_min": rewards.min().item(),
             "reward_max": rewards.max().item(),
+            "reward_shaped_samples": float(sum(1 for sample in samples if sample.shaping)),
             "advantage_abs_mean": (advantages.abs() * batch.loss_mask).sum().item() / max(tokens, 1),
         }

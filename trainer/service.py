@@ -192,7 +192,8 @@ class Trainer:
         if reason := self._unusable(event.data):
             return self._drop(record.partition, record.offset, event.id, reason)
         sample = Sample(event.id, record.partition, record.offset, event.data, group_of(event.id, event.data),
-                        arrived=time.monotonic())
+                        arrived=time.monotonic(),
+                        shaping=self.settings.reward_penalties.get(event.data.end_reason or "", 0.0))
         if not weigh(sample, self.version, self.settings):
             return self._drop(record.partition, record.offset, event.id, "stale")
         self.ledger.hold(record.partition, record.offset, event.id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Literal
 
@@ -75,6 +76,10 @@ class TrainerSettings(KafkaSettings):
     clip_ratio_high: float = Field(0.2, description="PPO clip: upper ratio bound 1 + this")
     clip_ratio_c: float = Field(3.0, gt=1, description="dual-clip PPO bound for negative advantages")
     entropy_coeff: float = Field(0.0, description="entropy bonus coefficient")
+    reward_penalties: dict[str, float] = Field(
+        default_factory=dict, description="reward shaping, for training only: added to the reward of a trajectory "
+        "whose end_reason is the key, as JSON, e.g. '{\"context_overflow\": -1, \"step_limit\": -0.2}'; the log, "
+        "eval and pass rates keep the grader's reward")
 
     # --- optimization ------------------------------------------------------------------------
     lr: float = Field(1e-6, gt=0, description="AdamW learning rate (the tiny demo model wants ~1e-3)")
@@ -123,6 +128,14 @@ class TrainerSettings(KafkaSettings):
             raise ValueError(f"unknown or unsupported advantage estimator {name!r}; "
                              f"choose one of {', '.join(OUTCOME_ESTIMATORS)}")
         return name
+
+    @field_validator("reward_penalties")
+    @classmethod
+    def _finite_penalties(cls, penalties: dict[str, float]) -> dict[str, float]:
+        bad = {reason: value for reason, value in penalties.items() if not math.isfinite(value)}
+        if bad:
+            raise ValueError(f"reward penalties must be finite numbers, got {bad}")
+        return penalties
 
     @model_validator(mode="after")
     def _one_offline_source(self) -> TrainerSettings:

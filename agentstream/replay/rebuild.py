@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from agentstream.replay.selection import Selection
@@ -25,7 +26,7 @@ from agentstream.scan import KAFKA, Bounds, Origin, ScanProgress, scan
 from schemas.codec import DecodeError, decode, encode
 from schemas.events import CallEvent, Event, RewardEvent, RolloutQueuedEvent, TrajectoryEvent
 from schemas.kafka import KafkaSettings
-from streams.assembly import Assembly, Settled, Timing
+from streams.assembly import Assembly, Settled, Timing, finalize_at
 
 RAW = ("rollouts", "calls", "rewards")
 """the sources, in the order that breaks ties between events of the same time"""
@@ -106,12 +107,26 @@ class Rebuild:
                         self._queue(t, batch)
             for p in self.partitions:
                 self._settle(p, self.closing_ms, out)
-            self.counts["open"] = sum(1 for a in self.assemblies.values() for state in a.rollouts.values()
-                                      for attempt in state["attempts"].values() if not attempt.get("settled"))
+            self._count_open()
             yield out
         finally:
             for gen in scans.values():
                 await gen.aclose()
+
+    def _count_open(self) -> None:
+        """Attempts the range leaves unsettled, and why: still running, or ended too recently to be due."""
+        unsettled = [attempt for a in self.assemblies.values() for state in a.rollouts.values()
+                     for attempt in state["attempts"].values() if not attempt.get("settled")]
+        ended = [finalize_at(attempt, self.timing) for attempt in unsettled if attempt["end"] is not None]
+        self.counts["open"] = len(unsettled)
+        self.counts["open_ended"] = len(ended)
+        if ended:  # the live worker would not have settled them yet either: a reward may still come
+            due = datetime.fromtimestamp(max(ended) / 1000, timezone.utc).isoformat(timespec="milliseconds")
+            reason = (f"{len(ended)} attempt(s) had ended but were not due by the range's close "
+                                f"({self.closing_ms}): their settle time or reward grace runs until {due}; "
+                                "rebuild after that (to a new topic) to include them")
+            if reason not in self.reasons:  # a resumed run reaches the close again
+                self.reasons.append(reason)
 
     def _waiting(self, topic: str, partition: int) -> bool:
         """The merge of this partition needs the next record of this topic, which is not yet read."""

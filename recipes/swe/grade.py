@@ -144,7 +144,9 @@ class GradeService:
                 except GradeError as exc:
                     await publisher.deadletter(record, f"the task cannot be graded: {exc}", SOURCE)
                 else:
-                    await publisher.publish(reward_event(event, result.reward, result.details))
+                    # how the attempt ended goes with its score: a 0 after a context overflow says so
+                    details = {**result.details, "outcome": event.data.outcome}
+                    await publisher.publish(reward_event(event, result.reward, details))
                     self.graded += 1
             self.offsets.done(tp, record.offset)
         except Exception:

@@ -24,22 +24,28 @@ from streams.rewards import RewardError, Sample
 REWARD_FN = "recipes.swe.regrade:grade_diff"
 
 
+def _folders() -> tuple[Path, Path]:
+    """The repositories and test environments, as the environment names them now."""
+    from recipes.swe.repos import default_envs_dir, default_repos_dir
+
+    return (Path(os.environ.get("AGENTSTREAM_SWE_REPOS") or default_repos_dir()),
+            Path(os.environ.get("AGENTSTREAM_SWE_ENVS") or default_envs_dir()))
+
+
+# cached by what they read, so a process that re-grades with other files or folders never grades
+# against the ones of an earlier re-grade
 @cache
-def _instances(path: str) -> dict:
-    from recipes.swe.repos import default_repos_dir
+def _instances(path: str, repos: Path) -> dict:
     from recipes.swe.tasks import by_id, load
 
-    repos = Path(os.environ.get("AGENTSTREAM_SWE_REPOS") or default_repos_dir())
     return by_id(load(Path(path), repos, check_apply=False))
 
 
 @cache
-def _grader():
+def _grader(repos: Path, envs: Path):
     from recipes.swe.grader import Grader
-    from recipes.swe.repos import default_envs_dir, default_repos_dir
 
-    return Grader(repos_dir=Path(os.environ.get("AGENTSTREAM_SWE_REPOS") or default_repos_dir()),
-                  envs_dir=Path(os.environ.get("AGENTSTREAM_SWE_ENVS") or default_envs_dir()))
+    return Grader(repos_dir=repos, envs_dir=envs)
 
 
 def grade_diff(sample: Sample) -> Reward:
@@ -51,8 +57,9 @@ def grade_diff(sample: Sample) -> Reward:
     if diff is None:
         raise RewardError(f"task {sample.task.id!r}: the attempt has no rollout.diff event (its harness did not "
                           "post one): nothing to grade")
-    instance = _instances(path).get(diff.instance_id)
+    repos, envs = _folders()
+    instance = _instances(path, repos).get(diff.instance_id)
     if instance is None:
         raise RewardError(f"instance {diff.instance_id!r} is not in {path}")
-    result = _grader().grade(instance, diff.diff)
+    result = _grader(repos, envs).grade(instance, diff.diff)
     return Reward(value=result.reward, details={**result.details, "outcome": diff.outcome, "instances": path})
