@@ -20,8 +20,8 @@ from datetime import timedelta
 import faust
 from faust.web import Request, Response, View
 
-from schemas.codec import DecodeError, decode, encode
-from schemas.events import CallEvent, Event, Metrics, MetricsEvent, TrajectoryEvent
+from schemas.codec import encode
+from schemas.events import Event, Metrics, MetricsEvent, Trajectory
 from schemas.topics import FOREVER, TopicSpec
 
 from streams import analytics
@@ -116,15 +116,12 @@ def add_analytics(app: faust.App, settings: StreamsSettings, partitions: int, pu
     async def analyse(stream):
         async for record in stream.events():
             message = record.message
-            try:
-                event = decode(message.value)
-            except DecodeError:
-                continue  # the assembly agent deadletters what it reads; trajectories are ours
-            if isinstance(event, CallEvent):
+            event = analytics.seen(message.value)  # the assembly agent deadletters what it cannot read
+            if isinstance(event, analytics.CallSeen):
                 key = group_key(event.data.model, event.data.weight_version, message.partition)
                 add = analytics.add_call
-            elif isinstance(event, TrajectoryEvent):
-                key = group_key(event.data.model, wrote_it(event), message.partition)
+            elif isinstance(event, analytics.TrajectorySeen):
+                key = group_key(event.data.model, wrote_it(event.data), message.partition)
                 add = analytics.add_trajectory
             else:
                 continue
@@ -152,9 +149,9 @@ def group_key(model: str | None, version: int | None, partition: int) -> str:
     return f"{model or ''}|{'' if version is None else version}|{partition}"
 
 
-def wrote_it(event: TrajectoryEvent) -> int | None:
+def wrote_it(trajectory: Trajectory | analytics.TrajectoryView) -> int | None:
     """The weight version a trajectory is credited to: the oldest that generated one of its turns."""
-    versions = [turn.weight_version for turn in event.data.turns if turn.weight_version is not None]
+    versions = [turn.weight_version for turn in trajectory.turns if turn.weight_version is not None]
     return min(versions) if versions else None
 
 
