@@ -105,8 +105,10 @@ async def test_sigkill_in_the_middle_of_a_stream_loses_and_duplicates_nothing(ka
         await publish(kafka, [event for rollout in second for event in rollout.two_turns(reward=None)])
         worker.start()
         ids = {rollout.rollout_id for rollout in rollouts}
-        await watch.until(lambda seen: set(trajectories_by_rollout(seen)) == ids, timeout=120,
-                          what="a trajectory for every rollout")
+        # rewards and trajectories are two topics: the watch may read either one first
+        await watch.until(lambda seen: set(trajectories_by_rollout(seen)) == ids
+                          and {e.rollout_id for e in seen if e.type == "reward"} == ids, timeout=120,
+                          what="a trajectory and a computed reward for every rollout")
         assert_once_each(watch.events, ids)
         computed = Counter(e.rollout_id for e in watch.of_type("reward"))
         assert set(computed) == ids
