@@ -26,7 +26,7 @@ from pathlib import Path
 import polars as pl
 
 from agentstream.query import TABLES, decode_aligned
-from agentstream.scan import MANIFEST, Bounds, Manifest, _fsync_dir, resolve, scan
+from schemas.scan import MANIFEST, Bounds, Manifest, _fsync_dir, resolve, scan
 from schemas.kafka import KafkaSettings
 
 

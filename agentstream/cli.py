@@ -266,7 +266,7 @@ def _kafka_settings(prefix: str):
 
 
 def _bounds(since: str | None, until: str | None, start: str | None, end: str | None):
-    from agentstream.scan import Bounds, parse_offsets, parse_time
+    from schemas.scan import Bounds, parse_offsets, parse_time
 
     try:
         return Bounds(
@@ -290,7 +290,7 @@ ArchiveDir = Annotated[Path, typer.Option("--archive", envvar="AGENTSTREAM_ARCHI
 
 
 def _origin(source: str, archive: Path):
-    from agentstream.scan import Origin
+    from schemas.scan import Origin
 
     try:
         return Origin(source, archive)  # type: ignore[arg-type]
@@ -602,7 +602,7 @@ def top(
     once: Annotated[bool, typer.Option(help="print the view once and exit")] = False,
 ) -> None:
     """Live view of the streams' windowed analytics: throughput, latency, reward by version, pool pauses."""
-    from agentstream.scan import parse_time
+    from schemas.scan import parse_time
     from agentstream.top import show_live, show_once
 
     settings = _kafka_settings(prefix)

@@ -210,7 +210,7 @@ async def _seek_to_time(consumer, partitions: list[TopicPartition], since_ms: in
 
 async def current_version(kafka: KafkaSettings, model: str) -> int:
     """The latest weight version published for `model` (0 when none yet)."""
-    from agentstream.scan import scan
+    from schemas.scan import scan
 
     latest = 0
     async for batch in scan(kafka, kafka.topics.weights):

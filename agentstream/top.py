@@ -21,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from agentstream.repeats import Repeats
-from agentstream.scan import Bounds, scan
+from schemas.scan import Bounds, scan
 from schemas.codec import DecodeError, decode
 from schemas.events import MetricsEvent, PoolUpdate, PoolUpdateEvent
 from schemas.kafka import KafkaSettings, make_consumer, partitions_of

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from agentstream.scan import scan
+from schemas.scan import scan
 from bench.report import Report
 from recipes.swe.recipe import HARNESS, Recipe, RecipeConfig, build_recipe_tasks
 from schemas.codec import DecodeError, decode

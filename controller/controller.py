@@ -159,7 +159,6 @@ class Controller:
         asyncio.get_running_loop().call_later(self.settings.shutdown_grace_s, self.stop_now.set)
 
     async def _recover(self, reader: TopicReader) -> None:
-        await reader.start()
         try:
             seen = await reader.catch_up(self.history.apply)
         finally:

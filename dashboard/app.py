@@ -19,7 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
-from agentstream.scan import Bounds, parse_time
+from schemas.scan import Bounds, parse_time
 from dashboard import compare as compare_
 from dashboard import overview as overview_
 from dashboard import rollouts as rollouts_

@@ -21,7 +21,7 @@ import polars as pl
 from aiokafka.partitioner import murmur2
 
 from agentstream.query import load_table
-from agentstream.scan import Bounds, resolve, scan
+from schemas.scan import Bounds, resolve, scan
 from schemas.codec import DecodeError, decode
 from schemas.events import Event, TrajectoryEvent
 from schemas.kafka import KafkaSettings, partitions_of

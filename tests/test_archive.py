@@ -17,7 +17,7 @@ import schemas as s
 from agentstream.archive import Archiver
 from agentstream.cli import app
 from agentstream.query import NAMED_QUERIES, run_sql
-from agentstream.scan import Manifest, Origin, scan
+from schemas.scan import Manifest, Origin, scan
 from tests.conftest import wait_for
 from tests.test_query import KNOWN, call, publish, trajectory
 

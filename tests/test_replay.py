@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 import schemas as s
 from agentstream.cli import app
 from agentstream.replay import parse_versions
-from agentstream.scan import scan
+from schemas.scan import scan
 from agentstream.top import TopView
 from schemas.codec import encode
 from schemas.kafka import KafkaSettings, ensure_topics, make_producer

@@ -35,7 +35,8 @@ from aiokafka.errors import CommitFailedError
 from schemas.codec import DecodeError, decode
 from schemas.events import Trajectory, TrajectoryEvent, Weights, WeightsEvent
 from schemas.ids import derived_id
-from schemas.kafka import Publisher, deadletter_event, ensure_topics, make_consumer, make_producer, partitions_of
+from schemas.kafka import Publisher, deadletter_event, ensure_topics, make_producer
+from schemas.scan import Bounds, resolve, scan
 from trainer.batcher import Batch, Batcher, Sample, group_of, weigh
 from trainer.checkpoint import Checkpoint, CheckpointStore, TrainingState
 from trainer.errors import TrainerError
@@ -126,27 +127,13 @@ class Trainer:
     async def _is_on_weights_topic(self, event: WeightsEvent, tail: int = 100) -> bool:
         """Look for the event among the last `tail` records (a miss only costs a duplicate consumers drop by id)."""
         s = self.settings
-        tps = await partitions_of(s, s.topics.weights)
-        consumer = make_consumer(s, group_id=None)
-        await consumer.start()
-        try:
-            consumer.assign(tps)
-            begins, ends = await consumer.beginning_offsets(tps), await consumer.end_offsets(tps)
-            waiting = {tp for tp in tps if ends[tp] > begins[tp]}
-            for tp in waiting:
-                consumer.seek(tp, max(begins[tp], ends[tp] - tail))
-            while waiting:
-                batches = await consumer.getmany(*waiting, timeout_ms=5000)
-                if not batches:
-                    break
-                for tp, records in batches.items():
-                    if any(r.key == event.key and _event_id(r.value) == event.id for r in records):
-                        return True
-                    if records[-1].offset + 1 >= ends[tp]:
-                        waiting.discard(tp)
-            return False
-        finally:
-            await consumer.stop()
+        log_range = await resolve(s, s.topics.weights)
+        last = {p: (max(start, end - tail), end) for p, (start, end) in log_range.items()}
+        async with contextlib.aclosing(scan(s, s.topics.weights, Bounds.exactly(last, last))) as batches:
+            async for records in batches:
+                if any(r.key == event.key and _event_id(r.value) == event.id for r in records):
+                    return True
+        return False
 
     def _revoked(self, partitions: set[int]) -> None:
         forgotten = self.batcher.forget(partitions)

@@ -26,7 +26,7 @@ from agentstream.replay.selection import Selection
 from agentstream.replay.sinks import JsonlSink, ParquetSink, Sink, TopicSink
 from agentstream.replay.sources import Source, StoredTrajectories
 from agentstream.replay.state import ReplayError, ReplayState
-from agentstream.scan import KAFKA, Bounds, Origin, parse_offsets, parse_time, resolve
+from schemas.scan import KAFKA, Bounds, Origin, parse_offsets, parse_time, resolve
 from schemas.ids import now_ms
 from schemas.kafka import KafkaSettings
 from streams import rewards

@@ -1,4 +1,5 @@
-"""Read a bounded range of a topic: the one reader behind replay, queries and the archive.
+"""Read a bounded range of a topic: the one reader behind replay, queries, the archive, the dashboard,
+the trainer's recorded ranges, the controller's recovery and pool sync's start at the log's end.
 
 A scan assigns every partition itself (no consumer group), seeks to the start of the range, and
 stops at its end: the log end as of when the scan began, an offset, or a time. So a scan is
