@@ -12,6 +12,7 @@ from typer.core import TyperGroup
 from rich.console import Console
 
 from agentstream.stack import StackError, bootstrap_servers, default_kafka_dir
+from schemas.errors import AgentstreamError
 
 console = Console()
 # the help's panels and commands, in the order a user meets them
@@ -24,6 +25,13 @@ ORDER = ("demo", "recipe", "run", "eval", "gateway", "streams", "grade", "train"
 class _Ordered(TyperGroup):
     def list_commands(self, ctx) -> list[str]:
         return sorted(self.commands, key=lambda name: ORDER.index(name) if name in ORDER else len(ORDER))
+
+    def invoke(self, ctx):
+        """Any command's `AgentstreamError` (schemas.errors) as one line naming the fix, not a traceback."""
+        try:
+            return super().invoke(ctx)
+        except AgentstreamError as exc:
+            fail(str(exc))
 
 
 app = typer.Typer(

@@ -21,6 +21,7 @@ import polars as pl
 from aiokafka.partitioner import murmur2
 
 from agentstream.query import load_table
+from schemas.errors import ConfigurationError
 from schemas.scan import Bounds, resolve, scan
 from schemas.codec import DecodeError, decode
 from schemas.events import Event, TrajectoryEvent
@@ -36,7 +37,7 @@ FIRST_CHUNK = 256
 Status = Literal["finished", "failed", "timed_out", "abandoned"]
 
 
-class FilterError(ValueError):
+class FilterError(ConfigurationError):
     """A filter that cannot be applied; its message says what to write instead."""
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import orjson
 from starlette.responses import Response
 
+from schemas.errors import AgentstreamError
+
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 502: "upstream_error", 503: "service_unavailable", 504: "upstream_error"}
 
 
-class GatewayError(Exception):
+class GatewayError(AgentstreamError):
     """An error the agent gets as an HTTP response; raise it anywhere in a request's path."""
 
     def __init__(self, status: int, message: str, code: str, headers: dict[str, str] | None = None):

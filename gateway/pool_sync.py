@@ -25,6 +25,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 
+from schemas.errors import ServiceError
 from schemas.codec import DecodeError, decode
 from schemas.events import PoolUpdate, PoolUpdateEvent, WeightsEvent
 from schemas.ids import derived_id
@@ -41,7 +42,7 @@ from gateway.settings import GatewaySettings
 log = logging.getLogger("gateway.pool_sync")
 
 
-class UpdateFailed(Exception):
+class UpdateFailed(ServiceError):
     pass
 
 

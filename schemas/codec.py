@@ -13,24 +13,13 @@ from typing import TypeVar
 import orjson
 from pydantic import TypeAdapter, ValidationError
 
+from schemas.errors import DecodeError, UnsupportedSchemaVersion
 from schemas.events import EVENT_TYPES, SCHEMA_VERSION, AnyEvent, Event
 
 E = TypeVar("E", bound=Event)
 
 _any_event: TypeAdapter[Event] = TypeAdapter(AnyEvent)
 _TYPE_TAGS = frozenset(cls.model_fields["type"].default for cls in EVENT_TYPES)
-
-
-class DecodeError(ValueError):
-    """The bytes are not an event this version of agentstream understands."""
-
-    def __init__(self, message: str, field: str | None = None):
-        super().__init__(message)
-        self.field = field
-
-
-class UnsupportedSchemaVersion(DecodeError):
-    pass
 
 
 def encode(event: Event) -> bytes:

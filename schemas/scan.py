@@ -31,6 +31,7 @@ from typing import Literal, NamedTuple
 
 import orjson
 
+from schemas.errors import ConfigurationError, LogUnavailable
 from schemas.kafka import KafkaSettings
 
 MODES = ("kafka", "archive", "auto")
@@ -75,16 +76,16 @@ class Origin:
 
     def __post_init__(self):
         if self.mode not in MODES:
-            raise ValueError(f"unknown source {self.mode!r}: use one of {', '.join(MODES)}")
+            raise ConfigurationError(f"unknown source {self.mode!r}: use one of {', '.join(MODES)}")
         if self.mode == "archive" and self.archive is None:
-            raise ValueError("--source archive needs the archive's folder (--archive DIR or AGENTSTREAM_ARCHIVE)")
+            raise ConfigurationError("--source archive needs the archive's folder (--archive DIR or AGENTSTREAM_ARCHIVE)")
 
     def manifest(self, topic: str) -> Manifest | None:
         if self.mode == "kafka" or self.archive is None:
             return None
         found = Manifest.load(self.archive, topic)
         if found is None and self.mode == "archive":
-            raise LookupError(f"the archive {self.archive} holds nothing of {topic!r}; is `agentstream archive` "
+            raise LogUnavailable(f"the archive {self.archive} holds nothing of {topic!r}; is `agentstream archive` "
                               "running with this prefix and folder? (or use --source kafka)")
         return found
 
@@ -225,10 +226,10 @@ def _partitions(consumer, settings: KafkaSettings, topic: str) -> list[int]:
     try:
         metadata = consumer.list_topics(topic, timeout=15)
     except KafkaException as exc:
-        raise LookupError(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from None
+        raise LogUnavailable(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from None
     found = metadata.topics.get(topic)
     if found is None or found.error is not None or not found.partitions:
-        raise LookupError(f"topic {topic!r} does not exist on {settings.bootstrap_servers}; "
+        raise LogUnavailable(f"topic {topic!r} does not exist on {settings.bootstrap_servers}; "
                           "check the topic prefix (--prefix / AGENTSTREAM_TOPIC_PREFIX)")
     return sorted(found.partitions)
 
@@ -244,7 +245,7 @@ def _retrying(call, what: str, deadline_s: float = 30.0):
         except KafkaException as exc:
             error = exc.args[0]
             if time.monotonic() > deadline or not (error.retriable() or error.code() in _PASSING):
-                raise LookupError(f"{what}: {error.str()}") from None
+                raise LogUnavailable(f"{what}: {error.str()}") from None
         time.sleep(0.2)  # backoff before asking the broker again
 
 
@@ -315,7 +316,7 @@ async def _kafka_records(settings: KafkaSettings, topic: str, ranges: dict[int, 
                             positions[p] = ends[p]
                             pending.discard(p)
                         continue
-                    raise LookupError(f"reading {topic} from {settings.bootstrap_servers}: {m.error().str()}")
+                    raise LogUnavailable(f"reading {topic} from {settings.bootstrap_servers}: {m.error().str()}")
                 offset = m.offset()
                 if p not in pending or offset >= ends[p]:
                     continue
@@ -364,7 +365,7 @@ class Manifest:
             raw = orjson.loads(path.read_bytes())
             return cls(folder, {int(p): e for p, e in raw["ends"].items()}, raw["files"], raw["commits"])
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            raise LookupError(f"the archive manifest {path} is unreadable ({exc}); restore it from a backup, "
+            raise LogUnavailable(f"the archive manifest {path} is unreadable ({exc}); restore it from a backup, "
                               "or move the topic's folder away to archive it again") from None
 
     def save(self) -> None:
@@ -489,7 +490,7 @@ def parse_time(text: str, now_ms: int | None = None) -> int:
     try:
         parsed = datetime.fromisoformat(text)
     except ValueError:
-        raise ValueError(f"cannot read time {text!r}: give epoch ms, ISO-8601 (2026-12-02T10:00), "
+        raise ConfigurationError(f"cannot read time {text!r}: give epoch ms, ISO-8601 (2026-12-02T10:00), "
                          "or an age such as 10m, 2h, 3d") from None
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=timezone.utc)
@@ -502,4 +503,4 @@ def parse_offsets(text: str) -> dict[int, int]:
         pairs = [part.split(":") for part in text.split(",") if part.strip()]
         return {int(partition): int(offset) for partition, offset in pairs}
     except ValueError:
-        raise ValueError(f"cannot read offsets {text!r}: write PARTITION:OFFSET pairs, e.g. 0:100,1:250") from None
+        raise ConfigurationError(f"cannot read offsets {text!r}: write PARTITION:OFFSET pairs, e.g. 0:100,1:250") from None

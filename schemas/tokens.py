@@ -17,11 +17,13 @@ from dataclasses import dataclass
 
 import orjson
 
+from schemas.errors import DecodeError
+
 PREFIX = "ast1"
 
 
-class InvalidToken(ValueError):
-    pass
+class InvalidToken(DecodeError):
+    """A rollout token that does not verify (forged, for another secret, malformed)."""
 
 
 @dataclass(frozen=True)

@@ -127,10 +127,7 @@ class TopicRangeSource:
         self.done = False
 
     async def start(self, resume: Callable[[], Offsets], on_revoked: Callable[[set[int]], None]) -> None:
-        try:
-            log = await resolve(self.settings, self.topic)
-        except LookupError as exc:
-            raise TrainerError(str(exc)) from None
+        log = await resolve(self.settings, self.topic)
         numbers = sorted(log)
         first, last = parse_offsets(self.start_spec, numbers), parse_offsets(self.end_spec, numbers)
         known = resume()

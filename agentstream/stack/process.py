@@ -18,8 +18,10 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from schemas.errors import ServiceError
 
-class StackError(RuntimeError):
+
+class StackError(ServiceError):
     """A local server could not be started or reached; the message says what to do."""
 
 
