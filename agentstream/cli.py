@@ -408,14 +408,12 @@ LookbackS = Annotated[float, typer.Option(
          "recognised and left out rather than rebuilt from half their events")]
 CheckpointS = Annotated[float, typer.Option(help="seconds between resume checkpoints", hidden=True)]
 BatchSize = Annotated[int, typer.Option(help="records per fetch", hidden=True)]
-CrashAt = Annotated[str, typer.Option(help="fault injection for tests: after_output:N or after_state:N",
-                                      hidden=True)]
 
 
 def _replay(prefix: str, source: str, sink: str, target: str, *, since=None, until=None, from_offsets=None,
             to_offsets=None, rollouts=None, versions=None, reward_fn=None, settle_s=None, reward_grace_s=None,
             idle_timeout_s=None, lookback_s=3600.0, state=None, restart=False, checkpoint_s=5.0, batch_size=5000,
-            crash_at="", read_from="auto", archive=Path("runs/archive")):
+            read_from="auto", archive=Path("runs/archive")):
     """Build the job from the flags, run it with a progress bar, print what it did."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -434,7 +432,7 @@ def _replay(prefix: str, source: str, sink: str, target: str, *, since=None, unt
                   rebuild=RebuildSpec(reward_fn, worker.timing, int(lookback_s * 1000), worker.source))
     except ValueError as exc:  # pydantic's ValidationError is one
         fail(str(exc))
-    options = Options(state or default_state(settings, job), restart, checkpoint_s, batch_size, crash_at,
+    options = Options(state or default_state(settings, job), restart, checkpoint_s, batch_size,
                       _origin(read_from, archive))
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("records"),
                TextColumn("· {task.fields[written]:,} trajectories"), TimeElapsedColumn())
@@ -476,7 +474,7 @@ def replay_rebuild(
     prefix: Prefix = "", since: Since = None, until: Until = None, rollouts: Rollouts = None,
     versions: Versions = None, reward_fn: RewardFn = None, settle_s: SettleS = None, reward_grace_s: GraceS = None,
     idle_timeout_s: IdleS = None, lookback_s: LookbackS = 3600.0, state: State = None, restart: Restart = False,
-    checkpoint_s: CheckpointS = 5.0, batch_size: BatchSize = 5000, crash_at: CrashAt = "",
+    checkpoint_s: CheckpointS = 5.0, batch_size: BatchSize = 5000,
     read_from: ReadFrom = "auto", archive: ArchiveDir = Path("runs/archive"),
 ) -> None:
     """Rebuild trajectories from the raw rollouts, calls and rewards into a new topic.
@@ -486,8 +484,7 @@ def replay_rebuild(
     """
     _replay(prefix, "raw", "topic", to_topic, since=since, until=until, rollouts=rollouts, versions=versions,
             reward_fn=reward_fn, settle_s=settle_s, reward_grace_s=reward_grace_s, idle_timeout_s=idle_timeout_s,
-            lookback_s=lookback_s, state=state, restart=restart, checkpoint_s=checkpoint_s, batch_size=batch_size,
-            crash_at=crash_at, read_from=read_from, archive=archive)
+            lookback_s=lookback_s, state=state, restart=restart, checkpoint_s=checkpoint_s, batch_size=batch_size, read_from=read_from, archive=archive)
 
 
 ExportFrom = Annotated[Optional[str], typer.Option(
@@ -506,7 +503,7 @@ def replay_export(
     to_offsets: EndOffsets = None, rollouts: Rollouts = None, versions: Versions = None, reward_fn: RewardFn = None,
     settle_s: SettleS = None, reward_grace_s: GraceS = None, idle_timeout_s: IdleS = None,
     lookback_s: LookbackS = 3600.0, state: State = None, restart: Restart = False, checkpoint_s: CheckpointS = 5.0,
-    batch_size: BatchSize = 5000, crash_at: CrashAt = "",
+    batch_size: BatchSize = 5000,
     read_from: ReadFrom = "auto", archive: ArchiveDir = Path("runs/archive"),
 ) -> None:
     """Export a dataset: one row per token sequence, in chat format with token ids, loss mask, logprobs and reward."""
@@ -516,8 +513,7 @@ def replay_export(
     _replay(prefix, _raw_source(source, reward_fn, "raw"), output_format, str(output), since=since, until=until,
             from_offsets=from_offsets, to_offsets=to_offsets, rollouts=rollouts, versions=versions,
             reward_fn=reward_fn, settle_s=settle_s, reward_grace_s=reward_grace_s, idle_timeout_s=idle_timeout_s,
-            lookback_s=lookback_s, state=state, restart=restart, checkpoint_s=checkpoint_s, batch_size=batch_size,
-            crash_at=crash_at, read_from=read_from, archive=archive)
+            lookback_s=lookback_s, state=state, restart=restart, checkpoint_s=checkpoint_s, batch_size=batch_size, read_from=read_from, archive=archive)
 
 
 @replay_app.command("train", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -533,7 +529,7 @@ def replay_train(
     to_offsets: EndOffsets = None, rollouts: Rollouts = None, versions: Versions = None, reward_fn: RewardFn = None,
     settle_s: SettleS = None, reward_grace_s: GraceS = None, idle_timeout_s: IdleS = None,
     lookback_s: LookbackS = 3600.0, state: State = None, restart: Restart = False, checkpoint_s: CheckpointS = 5.0,
-    batch_size: BatchSize = 5000, crash_at: CrashAt = "",
+    batch_size: BatchSize = 5000,
 ) -> None:
     """Train offline on a range: the selected trajectories go to the trainer's offline mode.
 
@@ -559,7 +555,7 @@ def replay_train(
                       to_offsets=to_offsets, rollouts=rollouts, versions=versions, reward_fn=reward_fn,
                       settle_s=settle_s, reward_grace_s=reward_grace_s, idle_timeout_s=idle_timeout_s,
                       lookback_s=lookback_s, state=state, restart=restart, checkpoint_s=checkpoint_s,
-                      batch_size=batch_size, crash_at=crash_at)
+                      batch_size=batch_size)
     if not summary.written:
         fail("no trajectory in the range matches: check --prefix, --since/--until and --rollouts/--versions")
     console.print(f"Training on {stage} …")
@@ -576,7 +572,6 @@ def archive_command(
     interval: Annotated[float, typer.Option(help="seconds between rounds once caught up")] = 10.0,
     once: Annotated[bool, typer.Option(help="archive up to the topics' current end, then exit")] = False,
     commit_records: Annotated[int, typer.Option(help="the most records per commit (bounds memory)")] = 200_000,
-    crash_after_files: Annotated[int, typer.Option(help="fault injection for tests", hidden=True)] = 0,
 ) -> None:
     """Compact every topic into Parquet files by topic and hour (zstd), exactly once; kill it any time.
 
@@ -587,7 +582,7 @@ def archive_command(
     if commit_records < 1:
         fail("--commit-records must be at least 1")
     settings = _kafka_settings(prefix)
-    archiver = Archiver(settings, archive, commit_records, crash_after_files=crash_after_files,
+    archiver = Archiver(settings, archive, commit_records,
                         say=lambda text: console.print(text))
     console.print(f"Archiving topics under {prefix or '(no prefix)'!r} into {archive} …")
     try:

@@ -22,8 +22,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
-import signal
 import time
 from collections import Counter
 from pathlib import Path
@@ -237,9 +235,7 @@ class Trainer:
             self.store.write, state, event, self.policy.save, self.model_dir,
             self._save_optimizer if s.save_optimizer else None)
         checkpoint_s = time.perf_counter() - started
-        self._crash_point("after_checkpoint")
         await self.publisher.publish(event)
-        self._crash_point("after_publish")
         try:
             await self.source.commit(state.ledger.sources[self.source.name].watermarks)
         except CommitFailedError as exc:  # a rebalance; the checkpoint holds the position, the next commit catches up
@@ -264,12 +260,6 @@ class Trainer:
 
     def _save_optimizer(self, path: Path) -> None:
         torch.save(self.policy.optimizer.state_dict(), path)
-
-    def _crash_point(self, point: str) -> None:
-        if self.settings.crash_at == point:
-            log.warning("crash_at=%s: killing this process (fault injection)", point)
-            logging.shutdown()
-            os.kill(os.getpid(), signal.SIGKILL)
 
     # --- progress -----------------------------------------------------------------------------
 
