@@ -36,7 +36,7 @@ from agentstream.stack.process import free_port, spawn, stop_pid, tail
 from bench.load import publish_all
 from bench.report import Report
 from schemas.kafka import KafkaSettings, ensure_topics
-from tests.dashboard_events import rollout
+from agentstream.samples import rollout
 
 KEY = "bench-key"
 PREFIX = "bench."
