@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import os
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Optional, get_type_hints
 
 import typer
 from typer.core import TyperGroup
@@ -410,10 +413,52 @@ CheckpointS = Annotated[float, typer.Option(help="seconds between resume checkpo
 BatchSize = Annotated[int, typer.Option(help="records per fetch", hidden=True)]
 
 
-def _replay(prefix: str, source: str, sink: str, target: str, *, since=None, until=None, from_offsets=None,
-            to_offsets=None, rollouts=None, versions=None, reward_fn=None, settle_s=None, reward_grace_s=None,
-            idle_timeout_s=None, lookback_s=3600.0, state=None, restart=False, checkpoint_s=5.0, batch_size=5000,
-            read_from="auto", archive=Path("runs/archive")):
+@dataclass
+class ReplayFlags:
+    """The options the replay commands share, parsed once (`replay_command` gives a command them)."""
+
+    prefix: Prefix = ""
+    since: Since = None
+    until: Until = None
+    from_offsets: StartOffsets = None
+    to_offsets: EndOffsets = None
+    rollouts: Rollouts = None
+    versions: Versions = None
+    reward_fn: RewardFn = None
+    settle_s: SettleS = None
+    reward_grace_s: GraceS = None
+    idle_timeout_s: IdleS = None
+    lookback_s: LookbackS = 3600.0
+    state: State = None
+    restart: Restart = False
+    checkpoint_s: CheckpointS = 5.0
+    batch_size: BatchSize = 5000
+    read_from: ReadFrom = "auto"
+    archive: ArchiveDir = Path("runs/archive")
+
+
+def replay_command(*left_out: str, **settings):
+    """A `replay` subcommand taking ReplayFlags' options (but `left_out`) and called with them as `flags`."""
+    hints = get_type_hints(ReplayFlags, include_extras=True)
+    shared = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name])
+              for f in fields(ReplayFlags) if f.name not in left_out]
+
+    def register(command):
+        own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "flags"]
+
+        @functools.wraps(command)
+        def run(**given):
+            flags = ReplayFlags(**{p.name: given.pop(p.name) for p in shared})
+            return command(flags=flags, **given)
+
+        run.__signature__ = inspect.Signature([*own, *shared])
+        run.__annotations__ = {p.name: p.annotation for p in (*own, *shared)}
+        return replay_app.command(command.__name__.removeprefix("replay_"), **settings)(run)
+
+    return register
+
+
+def _replay(flags: ReplayFlags, source: str, sink: str, target: str):
     """Build the job from the flags, run it with a progress bar, print what it did."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -422,18 +467,20 @@ def _replay(prefix: str, source: str, sink: str, target: str, *, since=None, unt
     )
     from streams.settings import StreamsSettings
 
-    settings = _kafka_settings(prefix)
-    given = {"settle_s": settle_s, "reward_grace_s": reward_grace_s, "idle_timeout_s": idle_timeout_s}
+    f = flags
+    settings = _kafka_settings(f.prefix)
+    given = {"settle_s": f.settle_s, "reward_grace_s": f.reward_grace_s, "idle_timeout_s": f.idle_timeout_s}
     try:  # the worker's timing: these flags, else its environment (AGENTSTREAM_…), else its defaults
         worker = StreamsSettings(**{name: value for name, value in given.items() if value is not None})
-        job = Job(source=source, sink=sink, target=target, range=RangeSpec(since, until, from_offsets, to_offsets),
-                  rollouts=parse_rollouts(rollouts) if rollouts else frozenset(),
-                  versions=parse_versions(versions) if versions else frozenset(),
-                  rebuild=RebuildSpec(reward_fn, worker.timing, int(lookback_s * 1000), worker.source))
+        job = Job(source=source, sink=sink, target=target,
+                  range=RangeSpec(f.since, f.until, f.from_offsets, f.to_offsets),
+                  rollouts=parse_rollouts(f.rollouts) if f.rollouts else frozenset(),
+                  versions=parse_versions(f.versions) if f.versions else frozenset(),
+                  rebuild=RebuildSpec(f.reward_fn, worker.timing, int(f.lookback_s * 1000), worker.source))
     except ValueError as exc:  # pydantic's ValidationError is one
         fail(str(exc))
-    options = Options(state or default_state(settings, job), restart, checkpoint_s, batch_size,
-                      _origin(read_from, archive))
+    options = Options(f.state or default_state(settings, job), f.restart, f.checkpoint_s, f.batch_size,
+                      _origin(f.read_from, f.archive))
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("records"),
                TextColumn("· {task.fields[written]:,} trajectories"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as bar:
@@ -468,23 +515,17 @@ def _raw_source(source: Optional[str], reward_fn: Optional[str], default: str) -
     return source
 
 
-@replay_app.command("rebuild")
+@replay_command("from_offsets", "to_offsets")
 def replay_rebuild(
     to_topic: Annotated[str, typer.Option(help="new topic (under --prefix) for the rebuilt trajectories")],
-    prefix: Prefix = "", since: Since = None, until: Until = None, rollouts: Rollouts = None,
-    versions: Versions = None, reward_fn: RewardFn = None, settle_s: SettleS = None, reward_grace_s: GraceS = None,
-    idle_timeout_s: IdleS = None, lookback_s: LookbackS = 3600.0, state: State = None, restart: Restart = False,
-    checkpoint_s: CheckpointS = 5.0, batch_size: BatchSize = 5000,
-    read_from: ReadFrom = "auto", archive: ArchiveDir = Path("runs/archive"),
+    flags: ReplayFlags,
 ) -> None:
     """Rebuild trajectories from the raw rollouts, calls and rewards into a new topic.
 
     With the live worker's settings the result equals the live trajectories (same ids, tokens, rewards);
     with --reward-fn only the rewards change. Train on it: agentstream replay train --from TOPIC.
     """
-    _replay(prefix, "raw", "topic", to_topic, since=since, until=until, rollouts=rollouts, versions=versions,
-            reward_fn=reward_fn, settle_s=settle_s, reward_grace_s=reward_grace_s, idle_timeout_s=idle_timeout_s,
-            lookback_s=lookback_s, state=state, restart=restart, checkpoint_s=checkpoint_s, batch_size=batch_size, read_from=read_from, archive=archive)
+    _replay(flags, "raw", "topic", to_topic)
 
 
 ExportFrom = Annotated[Optional[str], typer.Option(
@@ -492,31 +533,23 @@ ExportFrom = Annotated[Optional[str], typer.Option(
                    "(e.g. trajectories), as stored (token ids only, no messages)")]
 
 
-@replay_app.command("export")
+@replay_command()
 def replay_export(
     output: Annotated[Path, typer.Argument(help="file to write: .parquet, or JSONL")],
     output_format: Annotated[Optional[str], typer.Option(
         "--format", help="chat (JSONL rows), parquet (the same rows), or events (JSONL trajectory events, the "
                          "trainer's --offline-file) [default: by the file's suffix, else chat]")] = None,
     source: ExportFrom = None,
-    prefix: Prefix = "", since: Since = None, until: Until = None, from_offsets: StartOffsets = None,
-    to_offsets: EndOffsets = None, rollouts: Rollouts = None, versions: Versions = None, reward_fn: RewardFn = None,
-    settle_s: SettleS = None, reward_grace_s: GraceS = None, idle_timeout_s: IdleS = None,
-    lookback_s: LookbackS = 3600.0, state: State = None, restart: Restart = False, checkpoint_s: CheckpointS = 5.0,
-    batch_size: BatchSize = 5000,
-    read_from: ReadFrom = "auto", archive: ArchiveDir = Path("runs/archive"),
+    *, flags: ReplayFlags,
 ) -> None:
     """Export a dataset: one row per token sequence, in chat format with token ids, loss mask, logprobs and reward."""
     output_format = output_format or ("parquet" if output.suffix == ".parquet" else "chat")
     if output_format not in ("chat", "parquet", "events"):
         fail(f"unknown --format {output_format!r}: use chat, parquet or events")
-    _replay(prefix, _raw_source(source, reward_fn, "raw"), output_format, str(output), since=since, until=until,
-            from_offsets=from_offsets, to_offsets=to_offsets, rollouts=rollouts, versions=versions,
-            reward_fn=reward_fn, settle_s=settle_s, reward_grace_s=reward_grace_s, idle_timeout_s=idle_timeout_s,
-            lookback_s=lookback_s, state=state, restart=restart, checkpoint_s=checkpoint_s, batch_size=batch_size, read_from=read_from, archive=archive)
+    _replay(flags, _raw_source(source, flags.reward_fn, "raw"), output_format, str(output))
 
 
-@replay_app.command("train", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@replay_command("read_from", "archive", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def replay_train(
     ctx: typer.Context,
     source: Annotated[Optional[str], typer.Option(
@@ -525,11 +558,7 @@ def replay_train(
     stage: Annotated[Optional[Path], typer.Option(
         help="the selected trajectories, staged as the trainer's offline file [default: runs/replay/train-ID.jsonl, "
              "one per selection]")] = None,
-    prefix: Prefix = "", since: Since = None, until: Until = None, from_offsets: StartOffsets = None,
-    to_offsets: EndOffsets = None, rollouts: Rollouts = None, versions: Versions = None, reward_fn: RewardFn = None,
-    settle_s: SettleS = None, reward_grace_s: GraceS = None, idle_timeout_s: IdleS = None,
-    lookback_s: LookbackS = 3600.0, state: State = None, restart: Restart = False, checkpoint_s: CheckpointS = 5.0,
-    batch_size: BatchSize = 5000,
+    *, flags: ReplayFlags,
 ) -> None:
     """Train offline on a range: the selected trajectories go to the trainer's offline mode.
 
@@ -546,20 +575,17 @@ def replay_train(
     if taken:
         fail(f"replay train sets {', '.join(taken)} itself: choose the trajectories with --from/--since/--rollouts/…, "
              "and the prefix with --prefix")
-    source = _raw_source(source, reward_fn, "trajectories")
+    f = flags
+    source = _raw_source(source, f.reward_fn, "trajectories")
     if stage is None:
-        selection = orjson.dumps([prefix, source, since, until, from_offsets, to_offsets, rollouts, versions,
-                                  reward_fn, settle_s, reward_grace_s, idle_timeout_s, lookback_s])
+        selection = orjson.dumps([f.prefix, source, f.since, f.until, f.from_offsets, f.to_offsets, f.rollouts,
+                                  f.versions, f.reward_fn, f.settle_s, f.reward_grace_s, f.idle_timeout_s, f.lookback_s])
         stage = Path("runs") / "replay" / f"train-{hashlib.sha256(selection).hexdigest()[:10]}.jsonl"
-    summary = _replay(prefix, source, "events", str(stage), since=since, until=until, from_offsets=from_offsets,
-                      to_offsets=to_offsets, rollouts=rollouts, versions=versions, reward_fn=reward_fn,
-                      settle_s=settle_s, reward_grace_s=reward_grace_s, idle_timeout_s=idle_timeout_s,
-                      lookback_s=lookback_s, state=state, restart=restart, checkpoint_s=checkpoint_s,
-                      batch_size=batch_size)
+    summary = _replay(flags, source, "events", str(stage))
     if not summary.written:
         fail("no trajectory in the range matches: check --prefix, --since/--until and --rollouts/--versions")
     console.print(f"Training on {stage} …")
-    forward(trainer_main, ["--offline-file", str(stage), "--topic-prefix", prefix, *ctx.args])
+    forward(trainer_main, ["--offline-file", str(stage), "--topic-prefix", f.prefix, *ctx.args])
 
 
 # --- the archive ---------------------------------------------------------------------------
