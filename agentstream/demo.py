@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import orjson
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -38,7 +37,6 @@ from rich.table import Table
 from agentstream.stack import StackError, default_kafka_dir
 from agentstream.stack.kafka import LocalKafka
 from agentstream.stack.process import ServerState, free_port, spawn, stop_pid, tail
-from agentstream.settings import agentstream_home
 from agentstream.stack.smollm2 import build_smollm2, default_folder
 from agentstream.stack.tiny_model import build_tiny_model
 from agentstream.stack.vllm import LocalVLLM

@@ -20,7 +20,7 @@ from fastapi.responses import FileResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
 from schemas.keys import is_operator_key, presented_key
-from schemas.scan import Bounds, parse_time
+from schemas.scan import parse_time
 from dashboard import compare as compare_
 from dashboard import overview as overview_
 from dashboard import rollouts as rollouts_

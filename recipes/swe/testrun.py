@@ -18,7 +18,6 @@ import shlex
 import subprocess
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from schemas.errors import ServiceError
