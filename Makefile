@@ -3,7 +3,7 @@
 UV ?= $(shell command -v uv 2>/dev/null || echo "python3 -m uv")
 PYTEST_ARGS ?=
 
-.PHONY: install demo test bench clean-stack
+.PHONY: install demo typecheck test bench clean-stack
 
 install:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet "uv==0.13.9"
@@ -12,7 +12,11 @@ install:
 demo: install
 	$(UV) run agentstream demo
 
-test: install
+# mypy, strict on the packages [tool.mypy] lists in pyproject.toml
+typecheck: install
+	$(UV) run mypy
+
+test: install typecheck
 	$(UV) run pytest $(PYTEST_ARGS)
 
 bench: install

@@ -26,7 +26,7 @@ from pathlib import Path
 import polars as pl
 
 from agentstream.query import TABLES, decode_aligned
-from agentstream.scan import MANIFEST, Bounds, Manifest, _fsync_dir, resolve, scan
+from schemas.scan import MANIFEST, Bounds, Manifest, _fsync_dir, resolve, scan
 from schemas.kafka import KafkaSettings
 
 
@@ -38,9 +38,6 @@ class Archiver:
     commit_records: int = 200_000
     """the most records one commit reads (bounds memory; a commit is at least one file per hour it spans)"""
     tables: tuple[str, ...] = TABLES
-    crash_after_files: int = 0
-    """fault injection for tests: SIGKILL this process after the files of this many commits are written,
-    before their manifest"""
     say: Callable[[str], None] = print
     archived: dict[str, int] = field(default_factory=dict)
     """records archived by this process, per topic"""
@@ -94,8 +91,6 @@ class Archiver:
         if frames:
             written = await asyncio.to_thread(self._write, manifest, pl.concat(frames))
             manifest.files += written
-        if self.crash_after_files and manifest.commits >= self.crash_after_files:
-            os.kill(os.getpid(), signal.SIGKILL)
         manifest.ends.update(ends)  # the scan read each partition up to there (markers may fill the last offsets)
         manifest.save()
         self.archived[topic] = self.archived.get(topic, 0) + count

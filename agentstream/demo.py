@@ -25,12 +25,11 @@ import secrets
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import orjson
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -38,7 +37,6 @@ from rich.table import Table
 from agentstream.stack import StackError, default_kafka_dir
 from agentstream.stack.kafka import LocalKafka
 from agentstream.stack.process import ServerState, free_port, spawn, stop_pid, tail
-from agentstream.settings import agentstream_home
 from agentstream.stack.smollm2 import build_smollm2, default_folder
 from agentstream.stack.tiny_model import build_tiny_model
 from agentstream.stack.vllm import LocalVLLM
@@ -89,8 +87,31 @@ DEMO_MODELS = {
 }
 
 
+def run_folder(name: str) -> Path:
+    return Path("runs") / time.strftime(f"{name}-%Y%m%d-%H%M%S")
+
+
 @dataclass
-class DemoConfig:
+class StackConfig:
+    """What `Demo` reads (the stack, the services, the output); a demo's or a recipe's config adds its own."""
+
+    model: str = "tiny"
+    versions: int = 1
+    concurrency: int = 2
+    out: Path = field(default_factory=lambda: run_folder("demo"))
+    keep_stack: bool = False
+    """leave Kafka and vLLM running afterwards"""
+    vllm_name: str = "demo"
+    """the local vLLM server's name (one server per name)"""
+
+    @property
+    def batch(self) -> int:
+        """rollouts one weight version trains on"""
+        raise NotImplementedError
+
+
+@dataclass
+class DemoConfig(StackConfig):
     versions: int = 12
     samples: int = 8
     """rollouts per task and epoch: one GRPO group"""
@@ -107,11 +128,6 @@ class DemoConfig:
     seed: int = 0
     lora_rank: int = 0
     """train LoRA adapters of this rank instead of every weight"""
-    out: Path = field(default_factory=lambda: Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))
-    keep_stack: bool = False
-    """leave Kafka and vLLM running afterwards"""
-    vllm_name: str = "demo"
-    """the local vLLM server's name (one server per name)"""
 
     @property
     def batch(self) -> int:
@@ -144,18 +160,23 @@ class Progress:
     """Per weight version: the rewards of answers it generated, the samples it was trained on, the
     pause its swap cost."""
 
+    row_type: type = VersionRow
+
     def __init__(self) -> None:
         self.rows: dict[int, VersionRow] = {}
         self.seen: set[str] = set()
         self.started = time.monotonic()
 
-    def row(self, version: int) -> VersionRow:
-        return self.rows.setdefault(version, VersionRow(version))
+    def row(self, version: int):
+        return self.rows.setdefault(version, self.row_type(version))
 
     def add(self, event) -> None:
-        if event.id in self.seen:
-            return
-        self.seen.add(event.id)
+        """Fold an event in, once (a topic may hold it twice)."""
+        if event.id not in self.seen:
+            self.seen.add(event.id)
+            self.take(event)
+
+    def take(self, event) -> None:
         if isinstance(event, TrajectoryEvent) and event.data.reward is not None and event.data.split == "train":
             versions = [turn.weight_version for turn in event.data.turns if turn.weight_version is not None]
             self.row(min(versions) if versions else 0).rewards.append(event.data.reward)
@@ -203,7 +224,7 @@ class Service:
 
 
 class Demo:
-    def __init__(self, config: DemoConfig, console: Console):
+    def __init__(self, config: StackConfig, console: Console):
         self.config = config
         self.console = console
         self.out = config.out.resolve()
@@ -260,30 +281,48 @@ class Demo:
 
     # the run
 
+    starting = "Starting the local stack…"
+
     async def run(self) -> Progress:
-        config = self.config
+        """The stack, the inputs and the model (under a spinner), then the services, followed to the end."""
         self.out.mkdir(parents=True, exist_ok=True)
-        if not AGENT.exists():
-            raise StackError(f"the demo agent {AGENT} is missing: run the demo from an agentstream checkout")
-        with self.console.status("Starting the local stack…"):
-            bootstrap = self.kafka()
-            prefix = f"{self.out.name}."
-            kafka = KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=prefix, partitions=4)
-            await ensure_topics(kafka)
-            model_dir = self.config.spec.build(self.out)
+        with self.console.status(self.starting):
+            kafka = await self.topics()
+            self.prepare()
+            model_dir = self.base_model()
             vllm = self.inference(model_dir)
-        self.say(f"Kafka {bootstrap}, topics {prefix}*, vLLM {vllm.url}, output in {self.out}")
+        self.say(f"Kafka {kafka.bootstrap_servers}, topics {kafka.topic_prefix}*, vLLM {vllm.url} "
+                 f"({self.config.model}), output in {self.out}")
         await self.launch(kafka, model_dir, vllm)
         await self.follow(kafka)
         return self.progress
 
+    async def topics(self) -> KafkaSettings:
+        """Kafka (the local broker unless KAFKA_BOOTSTRAP_SERVERS), with this run's topics under its own prefix."""
+        kafka = KafkaSettings(bootstrap_servers=self.kafka(), topic_prefix=f"{self.out.name}.", partitions=4)
+        await ensure_topics(kafka)
+        return kafka
+
+    def prepare(self) -> None:
+        """What the run needs besides the stack and the model."""
+        if not AGENT.exists():
+            raise StackError(f"the demo agent {AGENT} is missing: run the demo from an agentstream checkout")
+
+    def base_model(self) -> Path:
+        return self.config.spec.build(self.out)
+
+    def start_gateway(self, kafka: KafkaSettings, served: str, vllm: ServerState) -> tuple[str, str]:
+        """The gateway in front of `vllm` (serving it as `served`), with a fresh token secret and operator key:
+        its URL and the token secret."""
+        secret, port = secrets.token_urlsafe(24), free_port()
+        self.start("gateway", "gateway", *common_flags(kafka), "--port", str(port), "--upstreams", f"{served}={vllm.url}",
+                   "--token-secret", secret, "--api-keys", secrets.token_urlsafe(24))
+        return f"http://127.0.0.1:{port}", secret
+
     async def launch(self, kafka: KafkaSettings, model_dir: Path, vllm: ServerState) -> None:
         config, spec, model = self.config, self.config.spec, self.config.model
-        common = ["--bootstrap-servers", kafka.bootstrap_servers, "--topic-prefix", kafka.topic_prefix]
-        secret, key, port = secrets.token_urlsafe(24), secrets.token_urlsafe(24), free_port()
-        gateway_url = f"http://127.0.0.1:{port}"
-        self.start("gateway", "gateway", *common, "--port", str(port), "--upstreams", f"{model}={vllm.url}",
-                   "--token-secret", secret, "--api-keys", key)
+        common = common_flags(kafka)
+        gateway_url, secret = self.start_gateway(kafka, model, vllm)
         self.start("streams", "streams", "worker", *common, "--web-port", str(free_port()),
                    "--settle-s", "0.3", "--data-dir", str(self.out / "streams"))
         self.start("trainer", "trainer", *common, "--model", model, "--base-model", str(model_dir),
@@ -318,14 +357,27 @@ class Demo:
                 await asyncio.sleep(0.25)
 
     async def follow(self, kafka: KafkaSettings) -> None:
-        """Fold the topics into the progress table until the last version has a full batch of answers."""
+        """Until the last version has a full batch of answers, or the controller ran every rollout and
+        their trajectories are in (nothing came for QUIET_S)."""
+        last_record = time.monotonic()
+
+        async def done(fetched: bool) -> bool:
+            nonlocal last_record
+            if fetched:
+                last_record = time.monotonic()
+            return self.finished() or (self.agents_done() and time.monotonic() - last_record > QUIET_S)
+
         topics = kafka.topics
-        consumer = make_consumer(kafka, topics.trajectories, topics.weights, topics.pool, group_id=None)
+        await self.watch(kafka, [topics.trajectories, topics.weights, topics.pool], done)
+
+    async def watch(self, kafka: KafkaSettings, topics: list[str], done: Callable[[bool], Awaitable[bool]],
+                    refresh_per_second: float = 2) -> None:
+        """Fold `topics` into the progress table, redrawn after each fetch, until `done(anything fetched)`."""
+        consumer = make_consumer(kafka, *topics, group_id=None)
         await consumer.start()
         try:
-            last_record = time.monotonic()
-            with Live(self.progress.table(), console=self.console, refresh_per_second=2) as live:
-                while not self.finished():
+            with Live(self.progress.table(), console=self.console, refresh_per_second=refresh_per_second) as live:
+                while True:
                     self.check_alive()
                     batches = await consumer.getmany(timeout_ms=500)
                     for records in batches.values():
@@ -335,10 +387,8 @@ class Demo:
                             except DecodeError:
                                 continue
                     live.update(self.progress.table())
-                    if batches:
-                        last_record = time.monotonic()
-                    elif self.agents_done() and time.monotonic() - last_record > QUIET_S:
-                        return  # the controller ran every rollout, and their trajectories are in
+                    if await done(bool(batches)):
+                        return
         finally:
             await consumer.stop()
 
@@ -397,19 +447,31 @@ def summary(progress: Progress, config: DemoConfig, console: Console, elapsed_s:
 
 
 def plot(progress: Progress, path: Path, title: str) -> None:
+    versions = [v for v in sorted(progress.rows) if progress.rows[v].reward_mean is not None]
+    plot_by_version(path, f"agentstream demo: {title}", versions,
+                    {"": [progress.rows[v].reward_mean for v in versions]},
+                    ylabel="mean reward of the answers it wrote", ylim=(0, 1.05))
+
+
+def plot_by_version(path: Path, title: str, versions: list[int], lines: dict[str, list], ylabel: str | None = None,
+                    ylim: tuple[float, float] = (-0.05, 1.05)) -> None:
+    """One line per entry of `lines` (label → a value per version; unlabelled: no legend) into a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    versions = [v for v in sorted(progress.rows) if progress.rows[v].reward_mean is not None]
-    rewards = [progress.rows[v].reward_mean for v in versions]
     figure, axis = plt.subplots(figsize=(7, 4))
-    axis.plot(versions, rewards, marker="o")
+    for (label, values), marker in zip(lines.items(), "os^v"):
+        axis.plot(versions, values, marker=marker, label=label or None)
     axis.set_xlabel("weight version")
-    axis.set_ylabel("mean reward of the answers it wrote")
-    axis.set_ylim(0, 1.05)
-    axis.set_title(f"agentstream demo: {title}")
+    if ylabel:
+        axis.set_ylabel(ylabel)
+    axis.set_ylim(*ylim)
+    axis.set_xticks(versions)
+    axis.set_title(title)
+    if any(lines):
+        axis.legend()
     axis.grid(alpha=0.3)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
@@ -417,11 +479,19 @@ def plot(progress: Progress, path: Path, title: str) -> None:
 
 
 def run_demo(config: DemoConfig, console: Console | None = None) -> dict:
-    console = console or Console()
-    demo = Demo(config, console)
+    return run_to_summary(Demo(config, console or Console()), summary)
+
+
+def run_to_summary(run: Demo, summarize: Callable[..., dict]) -> dict:
+    """Run a demo (or a recipe) with its services stopped however it ends, then summarize it."""
     started = time.monotonic()
     try:
-        progress = asyncio.run(demo.run())
+        progress = asyncio.run(run.run())
     finally:
-        demo.stop_all()
-    return summary(progress, config, console, time.monotonic() - started)
+        run.stop_all()
+    return summarize(progress, run.config, run.console, time.monotonic() - started)
+
+
+def common_flags(kafka: KafkaSettings) -> list[str]:
+    """The flags every service takes: the broker and the run's topic prefix."""
+    return ["--bootstrap-servers", kafka.bootstrap_servers, "--topic-prefix", kafka.topic_prefix]

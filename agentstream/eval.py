@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,7 +30,7 @@ from aiokafka import TopicPartition
 from controller.tasks import load_tasks
 from schemas.codec import DecodeError, decode
 from schemas.events import (
-    Eval, EvalEvent, PoolUpdateEvent, RolloutQueuedEvent, TrajectoryEvent, WeightsEvent,
+    Eval, EvalEvent, Event, PoolUpdateEvent, RolloutQueuedEvent, TrajectoryEvent, WeightsEvent,
 )
 from schemas.kafka import KafkaSettings, Publisher, make_consumer, make_producer, partitions_of
 
@@ -161,21 +161,16 @@ class Evaluator:
             last_attempt: dict[str, tuple[int, str]] = {}
             trajectories: dict[tuple[str, str], TrajectoryEvent] = {}
             deadline = time.monotonic() + self.config.settle_timeout_s
-            while True:
-                for records in (await consumer.getmany(timeout_ms=500)).values():
-                    for record in records:
-                        try:
-                            event = decode(record.value)
-                        except DecodeError:
-                            continue
-                        if isinstance(event, RolloutQueuedEvent) and event.data.group_id and \
-                                event.rollout_id and _of_run(event, run_id):
-                            task_of[event.rollout_id] = event.data.task.id
-                            number = event.data.attempt_number
-                            if number >= last_attempt.get(event.rollout_id, (0, ""))[0]:
-                                last_attempt[event.rollout_id] = (number, event.attempt_id)
-                        elif isinstance(event, TrajectoryEvent):
-                            trajectories[event.rollout_id, event.attempt_id] = event
+            async for events in _followed(consumer):
+                for event in events:
+                    if isinstance(event, RolloutQueuedEvent) and event.data.group_id and \
+                            event.rollout_id and _of_run(event, run_id):
+                        task_of[event.rollout_id] = event.data.task.id
+                        number = event.data.attempt_number
+                        if number >= last_attempt.get(event.rollout_id, (0, ""))[0]:
+                            last_attempt[event.rollout_id] = (number, event.attempt_id)
+                    elif isinstance(event, TrajectoryEvent):
+                        trajectories[event.rollout_id, event.attempt_id] = event
                 final = {rollout: trajectories.get((rollout, attempt)) for rollout, (_, attempt) in last_attempt.items()}
                 if final and all(final.values()):
                     return final, task_of  # type: ignore[return-value]
@@ -210,18 +205,30 @@ async def _seek_to_time(consumer, partitions: list[TopicPartition], since_ms: in
 
 async def current_version(kafka: KafkaSettings, model: str) -> int:
     """The latest weight version published for `model` (0 when none yet)."""
-    from agentstream.scan import scan
+    from schemas.scan import scan
 
     latest = 0
     async for batch in scan(kafka, kafka.topics.weights):
-        for record in batch:
-            try:
-                event = decode(record.value)
-            except DecodeError:
-                continue
+        for event in _events(batch):
             if isinstance(event, WeightsEvent) and event.data.model == model:
                 latest = max(latest, event.data.version)
     return latest
+
+
+def _events(records) -> Iterator[Event]:
+    """The records' events; one that does not decode is not the eval's to judge (the streams deadletter it)."""
+    for record in records:
+        try:
+            yield decode(record.value)
+        except DecodeError:
+            continue
+
+
+async def _followed(consumer) -> AsyncIterator[list[Event]]:
+    """The events of each fetch of a started consumer: a list (maybe empty) at least every half second."""
+    while True:
+        batches = await consumer.getmany(timeout_ms=500)
+        yield [event for records in batches.values() for event in _events(records)]
 
 
 async def follow_versions(kafka: KafkaSettings, model: str, wait_for_pool: bool = True):
@@ -234,17 +241,12 @@ async def follow_versions(kafka: KafkaSettings, model: str, wait_for_pool: bool 
         served: set[int] = {0}
         done: set[int] = set()
         caught_up_at = time.monotonic() + 2.0  # read the history first: evaluate only the latest served version
-        while True:
-            for records in (await consumer.getmany(timeout_ms=500)).values():
-                for record in records:
-                    try:
-                        event = decode(record.value)
-                    except DecodeError:
-                        continue
-                    if isinstance(event, WeightsEvent) and event.data.model == model:
-                        published.add(event.data.version)
-                    elif isinstance(event, PoolUpdateEvent) and event.data.model == model and event.data.status == "ok":
-                        served.add(event.data.version)
+        async for events in _followed(consumer):
+            for event in events:
+                if isinstance(event, WeightsEvent) and event.data.model == model:
+                    published.add(event.data.version)
+                elif isinstance(event, PoolUpdateEvent) and event.data.model == model and event.data.status == "ok":
+                    served.add(event.data.version)
             if time.monotonic() < caught_up_at:
                 continue
             ready = served if wait_for_pool else published

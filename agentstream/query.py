@@ -23,7 +23,7 @@ import polars as pl
 from pydantic import BaseModel
 
 from agentstream.repeats import drop_repeats
-from agentstream.scan import KAFKA, Bounds, Origin, Record, archive_table, plan_scan, scan
+from schemas.scan import KAFKA, Bounds, Origin, Record, archive_table, plan_scan, scan
 from schemas.events import EVENT_TYPES, Payload
 from schemas.kafka import KafkaSettings
 

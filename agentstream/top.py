@@ -21,8 +21,9 @@ from rich.table import Table
 from rich.text import Text
 
 from agentstream.repeats import Repeats
-from agentstream.scan import Bounds, scan
+from schemas.scan import Bounds, scan
 from schemas.codec import DecodeError, decode
+from schemas.errors import LogUnavailable
 from schemas.events import MetricsEvent, PoolUpdate, PoolUpdateEvent
 from schemas.kafka import KafkaSettings, make_consumer, partitions_of
 from streams.analytics import merge, summary
@@ -172,7 +173,7 @@ async def show_live(settings: KafkaSettings, since_ms: int, size: int | None, re
     """Follow both topics from `since_ms` and redraw every `refresh_s` until interrupted."""
     partitions = [tp for topic in _topics(settings) for tp in await partitions_of(settings, topic)]
     if not partitions:
-        raise LookupError(f"no metrics or pool topic under prefix {settings.topic_prefix!r} on "
+        raise LogUnavailable(f"no metrics or pool topic under prefix {settings.topic_prefix!r} on "
                           f"{settings.bootstrap_servers}; check --prefix")
     view = TopView()
     title = f"agentstream top · {settings.topic_prefix or '(no prefix)'} · Ctrl-C to quit"

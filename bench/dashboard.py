@@ -30,13 +30,13 @@ from pathlib import Path
 import httpx
 
 from agentstream.query import NAMED_QUERIES, run_sql
-from agentstream.scan import Bounds, parse_time
+from schemas.scan import Bounds, parse_time
 from agentstream.stack.kafka import LocalKafka
 from agentstream.stack.process import free_port, spawn, stop_pid, tail
 from bench.load import publish_all
 from bench.report import Report
 from schemas.kafka import KafkaSettings, ensure_topics
-from tests.dashboard_events import rollout
+from agentstream.samples import rollout
 
 KEY = "bench-key"
 PREFIX = "bench."

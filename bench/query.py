@@ -22,7 +22,7 @@ import polars as pl
 import schemas as s
 from agentstream.archive import Archiver
 from agentstream.query import NAMED_QUERIES, columns_in, event_row, frame, load_table, run_sql
-from agentstream.scan import KAFKA, Manifest, Origin, resolve, scan
+from schemas.scan import KAFKA, Manifest, Origin, resolve, scan
 from agentstream.stack.kafka import LocalKafka
 from bench.load import publish_all
 from bench.report import Report

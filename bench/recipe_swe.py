@@ -25,12 +25,14 @@ from pathlib import Path
 
 from rich.console import Console
 
-from agentstream.scan import scan
+from agentstream.demo import common_flags
+from agentstream.stack.process import free_port
 from bench.report import Report
 from recipes.swe.recipe import HARNESS, Recipe, RecipeConfig, build_recipe_tasks
 from schemas.codec import DecodeError, decode
 from schemas.events import CallEvent, RewardEvent, RolloutDiffEvent, TrajectoryEvent, WeightsEvent
-from schemas.kafka import KafkaSettings, ensure_topics
+from schemas.kafka import KafkaSettings
+from schemas.scan import scan
 
 SCRIPT = ["ls", "grep -rn 'def ' --include=*.py . | head -20", "git status --short",
           "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"]
@@ -40,20 +42,12 @@ class Bench(Recipe):
     async def measure(self, args) -> dict:
         config = self.config
         self.out.mkdir(parents=True, exist_ok=True)
-        bootstrap = self.kafka()
-        kafka = KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=f"{self.out.name}.", partitions=4)
-        await ensure_topics(kafka)
+        kafka = await self.topics()
         train, _, instances = build_recipe_tasks(self.out / "tasks", args.tasks, 1, say=self.say)
         model_dir = self.base_model()
         vllm = self.inference(model_dir)
-        common = ["--bootstrap-servers", kafka.bootstrap_servers, "--topic-prefix", kafka.topic_prefix]
-        from agentstream.stack.process import free_port
-        import secrets
-
-        secret, port = secrets.token_urlsafe(24), free_port()
-        gateway_url = f"http://127.0.0.1:{port}"
-        self.start("gateway", "gateway", *common, "--port", str(port), "--upstreams", f"{self.served}={vllm.url}",
-                   "--token-secret", secret, "--api-keys", secrets.token_urlsafe(24))
+        common = common_flags(kafka)
+        gateway_url, secret = self.start_gateway(kafka, self.served, vllm)
         self.start("streams", "streams", "worker", *common, "--web-port", str(free_port()), "--settle-s", "0.5",
                    "--reward-grace-s", "300", "--data-dir", str(self.out / "streams"))
         self.start("grader", "recipes.swe.grade", *common, "--tasks", str(instances))

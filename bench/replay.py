@@ -24,7 +24,7 @@ from pathlib import Path
 import schemas as s
 from agentstream.replay import Job, Options, RebuildSpec, replay
 from agentstream.archive import Archiver
-from agentstream.scan import KAFKA, Origin, scan
+from schemas.scan import KAFKA, Origin, scan
 from agentstream.stack.kafka import LocalKafka
 from bench.load import publish_all
 from bench.report import Report

@@ -41,7 +41,7 @@ def trainer_figures(mode: str, repeats: int) -> dict:
     from agentstream.settings import agentstream_home
     from agentstream.stack.smollm2 import build_smollm2
     from bench.trainer_throughput import timed
-    from tests.trainer_fixtures import trajectory
+    from agentstream.samples import trajectory
     from trainer.batcher import Sample, group_of
     from trainer.grpo import Policy, autocast, micro_batches, to_tensors
     from trainer.settings import TrainerSettings

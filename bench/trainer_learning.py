@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from agentstream.stack.tiny_model import build_tiny_model
-from tests.trainer_fixtures import IM_END, chat_prompt, trajectory
+from agentstream.samples import IM_END, chat_prompt, trajectory
 from trainer.batcher import Sample, group_of
 from trainer.grpo import Policy
 from trainer.settings import TrainerSettings

@@ -28,7 +28,7 @@ from agentstream.stack.kafka import LocalKafka
 from agentstream.stack.process import free_port
 from agentstream.stack.tiny_model import build_tiny_model
 from schemas.kafka import KafkaSettings, Publisher, ensure_topics, make_producer
-from tests.trainer_fixtures import IM_END, chat_prompt, trajectory
+from agentstream.samples import IM_END, chat_prompt, trajectory
 from trainer.batcher import Sample, group_of
 from trainer.grpo import Policy, to_tensors
 from trainer.settings import TrainerSettings

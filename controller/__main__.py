@@ -13,6 +13,8 @@ from pydantic_settings import CliApp
 from rich.console import Console
 from rich.logging import RichHandler
 
+from schemas.errors import AgentstreamError
+
 from controller.controller import Controller
 from controller.progress import live_progress
 from controller.settings import ControllerSettings
@@ -52,8 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[red]error:[/red] {exc}")
         return 2
     except Exception as exc:  # the workers' task group wraps what went wrong in a group
-        for cause in _leaves(exc):
-            console.print(f"[red]error:[/red] {type(cause).__name__}: {cause}")
+        for cause in _leaves(exc):  # ours name the fix themselves; others need their kind to be understood
+            console.print(f"[red]error:[/red] {cause}" if isinstance(cause, AgentstreamError)
+                          else f"[red]error:[/red] {type(cause).__name__}: {cause}")
             if isinstance(cause, KafkaConnectionError):
                 console.print(f"  Kafka at {settings.bootstrap_servers} is unreachable: start the local broker with "
                               "`agentstream kafka start`, or set KAFKA_BOOTSTRAP_SERVERS")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
+from schemas.errors import ServiceError
 from schemas.tokens import mint_rollout_token
 
 from controller.history import AttemptRecord
@@ -71,7 +72,7 @@ class Exit:
     """the backend itself enforced the deadline (Kubernetes activeDeadlineSeconds)"""
 
 
-class LaunchError(RuntimeError):
+class LaunchError(ServiceError):
     """The attempt could not be started; recorded as a failed attempt."""
 
 

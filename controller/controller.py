@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from schemas.errors import LogUnavailable, ServiceError
 from schemas.events import (
     Event, RolloutFailed, RolloutFailedEvent, RolloutFinished, RolloutFinishedEvent, RolloutHeartbeat,
     RolloutHeartbeatEvent, RolloutQueued, RolloutQueuedEvent, RolloutStarted, RolloutStartedEvent, RolloutTimedOut,
@@ -159,7 +160,6 @@ class Controller:
         asyncio.get_running_loop().call_later(self.settings.shutdown_grace_s, self.stop_now.set)
 
     async def _recover(self, reader: TopicReader) -> None:
-        await reader.start()
         try:
             seen = await reader.catch_up(self.history.apply)
         finally:
@@ -339,11 +339,11 @@ class Controller:
         return self.counts.done_this_session / minutes if minutes > 0 else 0.0
 
 
-class KafkaUnavailable(RuntimeError):
+class KafkaUnavailable(LogUnavailable, RuntimeError):
     """The broker stopped acknowledging events: nothing more can be recorded."""
 
 
-class RunLocked(RuntimeError):
+class RunLocked(ServiceError):
     """Another controller on this machine is running the same run."""
 
 

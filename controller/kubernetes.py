@@ -10,7 +10,10 @@ pod template, and a downward-API volume mounts that annotation at AGENTSTREAM_TA
 
 The client is synchronous; calls run in threads (`asyncio.to_thread`), and one thread watches
 the run's Jobs (list, then watch from that resourceVersion; relist on 410 Gone) and hands each
-change to the event loop. Retries are the controller's (backoffLimit 0); the controller deletes
+change to the event loop. (The client's own `kubernetes.informer.SharedInformer` runs the same
+loop, but without a server-side timeout its `stop()` joins a thread blocked on a quiet watch, it
+gives no "listed" signal to wait on before the first launch, and it hands typed objects where
+this module reads the Jobs' JSON: the twenty lines here stay.) Retries are the controller's (backoffLimit 0); the controller deletes
 a Job at its timeout and once it is recorded (unless asked to keep it). activeDeadlineSeconds and
 ttlSecondsAfterFinished are backstops for Jobs a dead controller leaves behind.
 """
@@ -151,7 +154,10 @@ def api_client(kubeconfig: Path | None, context: str | None) -> client.ApiClient
 
 
 class RateLimit:
-    """At most `rate` acquisitions per second, spaced evenly."""
+    """At most `rate` acquisitions per second, spaced evenly.
+
+    Ten lines, kept rather than a dependency: the limiting libraries (aiolimiter, pyrate-limiter) allow
+    bursts up to the bucket's size, which is what the API server's own throttling answers with 429s."""
 
     def __init__(self, rate: float):
         self.interval = 1.0 / rate

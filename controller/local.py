@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Literal
 
 import orjson
+import psutil
 
 from controller.attempt import Attempt, Exit, Gateway, LaunchError, agent_env, tail_text
 from controller.history import AttemptRecord
@@ -132,15 +133,6 @@ def _signal_pid(pid: int) -> None:
 
 def _pids_with_attempt(attempt_ids: set[str]) -> list[int]:
     """Processes whose environment names one of these attempts (this user's, readable ones)."""
-    wanted = {f"AGENTSTREAM_ATTEMPT_ID={a}".encode() for a in attempt_ids}
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            variables = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:  # gone meanwhile, or not ours
-            continue
-        if wanted.intersection(variables):
-            found.append(int(entry.name))
-    return found
+    # a process gone meanwhile is skipped; one not ours to read has no environment (None)
+    return [process.pid for process in psutil.process_iter(["environ"])
+            if process.pid != os.getpid() and (process.info["environ"] or {}).get("AGENTSTREAM_ATTEMPT_ID") in attempt_ids]

@@ -1,4 +1,4 @@
-"""Reading a topic from its beginning, without a consumer group.
+"""Reading a topic from its beginning, without a consumer group (history by `schemas.scan`).
 
 The controller keeps no state of its own: on start it reads the `rollouts` topic (what happened
 in this run so far) and the `weights` topic (the current version) from the beginning, then
@@ -11,12 +11,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from aiokafka import ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from schemas.codec import DecodeError, decode
 from schemas.events import Event
 from schemas.ids import derived_id
-from schemas.kafka import KafkaSettings, Publisher, deadletter_event, make_consumer, partitions_of
+from schemas.kafka import KafkaSettings, Publisher, deadletter_event, make_consumer
+from schemas.scan import Bounds, Record, resolve, scan
 
 log = logging.getLogger(__name__)
 
@@ -24,52 +25,57 @@ Handler = Callable[[Event], None]
 
 
 class TopicReader:
+    """A topic's history up to its current end, read by the one bounded reader (`schemas.scan`); then,
+    for a follower, each new record (aiokafka, from where the history ended)."""
+
     def __init__(self, settings: KafkaSettings, topic: str, publisher: Publisher, name: str):
         self.settings = settings
         self.topic = topic
         self.publisher = publisher
         self.name = name
-        self.consumer = make_consumer(settings, group_id=None)
-        self.partitions: list[TopicPartition] = []
-
-    async def start(self) -> None:
-        self.partitions = await partitions_of(self.settings, self.topic)
-        if not self.partitions:
-            raise RuntimeError(f"topic {self.topic} does not exist: create the topics with "
-                               "`agentstream topics ensure` (with the same --prefix)")
-        await self.consumer.start()
-        self.consumer.assign(self.partitions)
-        await self.consumer.seek_to_beginning(*self.partitions)
+        self.positions: dict[int, int] = {}
+        """next offset per partition: where following starts"""
+        self.consumer: AIOKafkaConsumer | None = None
 
     async def stop(self) -> None:
-        await self.consumer.stop()
+        if self.consumer is not None:
+            await self.consumer.stop()
 
     async def catch_up(self, handle: Handler) -> int:
         """Hand every record up to the topic's current end to `handle`; return how many."""
-        end = await self.consumer.end_offsets(self.partitions)
+        log_range = await resolve(self.settings, self.topic)
         count = 0
-        while await self._behind(end):
-            count += await self.read_batch(handle, timeout_ms=1000)
+        async for records in scan(self.settings, self.topic, Bounds.exactly(log_range, log_range)):
+            count += await self._hand(records, handle)
+        self.positions = {p: end for p, (_, end) in log_range.items()}
         return count
-
-    async def _behind(self, end: dict[TopicPartition, int]) -> bool:
-        for tp in self.partitions:
-            if await self.consumer.position(tp) < end[tp]:
-                return True
-        return False
 
     async def read_batch(self, handle: Handler, timeout_ms: int = 1000) -> int:
+        """Hand the records published since (at most one fetch) to `handle`; return how many."""
+        if self.consumer is None:
+            self.consumer = await self._follower()
         batches = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=1000)
+        return sum([await self._hand(records, handle) for records in batches.values()])
+
+    async def _follower(self) -> AIOKafkaConsumer:
+        consumer = make_consumer(self.settings, group_id=None)
+        await consumer.start()
+        partitions = [TopicPartition(self.topic, p) for p in self.positions]
+        consumer.assign(partitions)
+        for tp in partitions:
+            consumer.seek(tp, self.positions[tp.partition])
+        return consumer
+
+    async def _hand(self, records, handle: Handler) -> int:
         count = 0
-        for records in batches.values():
-            for record in records:
-                event = await self._decode(record)
-                if event is not None:
-                    handle(event)
-                    count += 1
+        for record in records:
+            event = await self._decode(record)
+            if event is not None:
+                handle(event)
+                count += 1
         return count
 
-    async def _decode(self, record: ConsumerRecord) -> Event | None:
+    async def _decode(self, record: Record) -> Event | None:
         try:
             return decode(record.value)
         except DecodeError as exc:

@@ -46,7 +46,6 @@ class WeightsFollower:
 
     async def start(self) -> None:
         """Read up to the current end (so the first launch sees the current version), then follow."""
-        await self.reader.start()
         await self.reader.catch_up(self._apply)
         self._task = asyncio.create_task(self._follow(), name="weights-follower")
 

@@ -25,6 +25,7 @@ import orjson
 import polars as pl
 from pydantic import ValidationError
 
+from schemas.errors import ConfigurationError
 from schemas.events import Task
 from schemas.ids import derived_id
 
@@ -33,7 +34,7 @@ SPLITS: tuple[Split, ...] = ("train", "validation")
 COLUMNS = ("id", "input", "reward_fn", "metadata", "split")
 
 
-class TaskFileError(ValueError):
+class TaskFileError(ConfigurationError):
     """The task file cannot be used; the message names the file, the row and the fix."""
 
 

@@ -1,7 +1,7 @@
 """The dashboard's HTTP app: the page and its assets, a JSON API over the log, and live events (SSE).
 
-Every /api route needs an operator key (the gateway's keys, checked by the gateway's own
-`Authenticator`): the log holds prompts. The page itself holds no data and asks for the key.
+Every /api route needs an operator key (the gateway's keys, checked as the gateway checks them,
+`schemas.keys`): the log holds prompts. The page itself holds no data and asks for the key.
 Errors use the project's error shape `{"error": {"message", "type", "code"}}`.
 """
 
@@ -19,13 +19,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
-from agentstream.scan import Bounds, parse_time
+from schemas.keys import is_operator_key, presented_key
+from schemas.scan import parse_time
 from dashboard import compare as compare_
 from dashboard import overview as overview_
 from dashboard import rollouts as rollouts_
 from dashboard.live import Live
 from dashboard.settings import DashboardSettings
-from gateway.auth import Authenticator, auth_headers
 from gateway.errors import GatewayError as APIError
 
 STATIC = Path(__file__).parent / "static"
@@ -76,7 +76,7 @@ def create_app(settings: DashboardSettings) -> FastAPI:
     if not settings.keys:
         raise ValueError("the dashboard shows prompts and needs an operator key: set AGENTSTREAM_API_KEYS "
                          "(the gateway's keys)")
-    authenticator = Authenticator(settings.keys, token_secret="", allow_anonymous=False)
+    keys = tuple(key.encode() for key in settings.keys)
     live = Live(settings)
     cache = OverviewCache(settings)
 
@@ -87,13 +87,10 @@ def create_app(settings: DashboardSettings) -> FastAPI:
         await live.stop()
 
     def operator(request: Request) -> None:
-        try:
-            principal = authenticator.principal(auth_headers(request.scope))
-        except APIError as exc:
+        key = presented_key(request.headers)
+        if key is None or not is_operator_key(key, keys):
             raise APIError(401, "the dashboard needs an operator key (one of the gateway's AGENTSTREAM_API_KEYS): "
-                           "send 'Authorization: Bearer <key>'", exc.code) from None
-        if principal.kind != "operator":
-            raise APIError(401, "the dashboard needs an operator key", "invalid_api_key")
+                           "send 'Authorization: Bearer <key>'", "missing_api_key" if key is None else "invalid_api_key")
 
     api = APIRouter(prefix="/api", dependencies=[Depends(operator)])
 

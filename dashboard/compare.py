@@ -5,7 +5,7 @@ Length is the tokens the model generated in an attempt, summed from its calls' u
 
 from __future__ import annotations
 
-from agentstream.scan import Bounds
+from schemas.scan import Bounds
 from dashboard.overview import PASSED
 from dashboard.sql import run_many
 from schemas.kafka import KafkaSettings

@@ -15,11 +15,12 @@ import logging
 import time
 from collections import deque
 
-from aiokafka import ConsumerRecord
+from aiokafka import ConsumerRecord, TopicPartition
 
 from schemas.codec import DecodeError, decode
 from schemas.events import (CallEvent, PoolUpdateEvent, RewardEvent, TrajectoryEvent, WeightsEvent)
 from schemas.kafka import KafkaSettings, make_consumer, partitions_of
+from schemas.scan import Bounds, Record, resolve, scan
 
 log = logging.getLogger("dashboard.live")
 FOLLOWED = ("rollouts", "calls", "rewards", "trajectories", "weights", "pool")
@@ -86,38 +87,36 @@ class Live:
 
     async def _consume(self) -> None:
         names = {self.settings.topics.name(base): base for base in FOLLOWED}
-        partitions = [tp for topic in names for tp in await partitions_of(self.settings, topic)]
-        if not partitions:
+        ends = {}  # the log's end now: where following starts
+        for topic in names:
+            if await partitions_of(self.settings, topic):  # (a topic not created yet is not followed)
+                ends[topic] = {p: end for p, (_, end) in (await resolve(self.settings, topic)).items()}
+        if not ends:
             raise LookupError(f"no topics under prefix {self.settings.topic_prefix!r}")
+        weights = self.settings.topics.name("weights")
+        if weights in ends:  # its history, by the one bounded reader
+            history = {p: (0, end) for p, end in ends[weights].items()}
+            async for records in scan(self.settings, weights, Bounds.exactly(history, history)):
+                for record in records:
+                    self._take("weights", record, history=True)
         consumer = make_consumer(self.settings, group_id=None, max_poll_records=5000)
         await consumer.start()
         try:
-            consumer.assign(partitions)
-            ends = await consumer.end_offsets(partitions)
-            starts = await consumer.beginning_offsets(partitions)
-            for tp in partitions:
-                consumer.seek(tp, starts[tp] if names[tp.topic] == "weights" else ends[tp])
-            weights_end = {tp: ends[tp] for tp in partitions if names[tp.topic] == "weights"}
+            positions = {TopicPartition(topic, p): end for topic, of in ends.items() for p, end in of.items()}
+            consumer.assign(list(positions))
+            for tp, end in positions.items():
+                consumer.seek(tp, end)
             self.error = None
+            self.ready.set()
             while True:
                 fetched = await consumer.getmany(timeout_ms=500, max_records=5000)
                 for tp, records in fetched.items():
-                    base = names[tp.topic]
                     for record in records:
-                        self._take(base, record, history=record.offset < weights_end.get(tp, 0))
-                if not self.ready.is_set() and await self._caught_up(consumer, weights_end):
-                    self.ready.set()
+                        self._take(names[tp.topic], record)
         finally:
             await consumer.stop()
 
-    @staticmethod
-    async def _caught_up(consumer, ends: dict) -> bool:
-        for tp, end in ends.items():
-            if await consumer.position(tp) < end:
-                return False
-        return True
-
-    def _take(self, base: str, record: ConsumerRecord, history: bool = False) -> None:
+    def _take(self, base: str, record: ConsumerRecord | Record, history: bool = False) -> None:
         if not history:
             second = int(time.time())
             if not self.seconds or self.seconds[-1][0] != second:
@@ -140,7 +139,7 @@ class Live:
             self._publish(notice(event, record))
 
 
-def notice(event, record: ConsumerRecord) -> dict:
+def notice(event, record: ConsumerRecord | Record) -> dict:
     """What the page shows of a new event in its live feed."""
     out = {"kind": "event", "type": event.type, "time": event.time, "rollout_id": event.rollout_id,
            "attempt_id": event.attempt_id, "partition": record.partition, "offset": record.offset,

@@ -11,12 +11,13 @@ import asyncio
 import time
 from dataclasses import dataclass
 
+from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from agentstream.query import NAMED_QUERIES
-from agentstream.scan import Bounds
 from dashboard.sql import load_tables, run_on
-from schemas.kafka import KafkaSettings, make_consumer, partitions_of
+from schemas.kafka import KafkaSettings
+from schemas.scan import Bounds, resolve
 
 PASSED = "CASE WHEN reward IS NULL THEN NULL WHEN reward >= 1 THEN 1.0 ELSE 0.0 END"
 
@@ -90,17 +91,11 @@ async def streams_lag(settings: KafkaSettings, group: str | None = None) -> dict
     if not committed:
         return {"group": group, "topics": {}, "error": "no offsets committed: is a streams worker running with this "
                 "topic prefix (agentstream streams)?"}
-    partitions = [tp for base in ("rollouts", "calls", "rewards")
-                  for tp in await partitions_of(settings, settings.topics.name(base))]
-    consumer = make_consumer(settings, group_id=None)
-    await consumer.start()
-    try:
-        ends = await consumer.end_offsets(partitions)
-    finally:
-        await consumer.stop()
     topics: dict[str, int] = {}
-    for tp in partitions:
-        meta = committed.get(tp)
-        done = meta.offset if meta is not None and meta.offset >= 0 else 0
-        topics[tp.topic] = topics.get(tp.topic, 0) + max(0, ends[tp] - done)
+    for base in ("rollouts", "calls", "rewards"):
+        topic = settings.topics.name(base)
+        for partition, (_, end) in (await resolve(settings, topic)).items():
+            meta = committed.get(TopicPartition(topic, partition))
+            done = meta.offset if meta is not None and meta.offset >= 0 else 0
+            topics[topic] = topics.get(topic, 0) + max(0, end - done)
     return {"group": group, "topics": topics, "error": None}

@@ -21,7 +21,8 @@ import polars as pl
 from aiokafka.partitioner import murmur2
 
 from agentstream.query import load_table
-from agentstream.scan import Bounds, resolve, scan
+from schemas.errors import ConfigurationError
+from schemas.scan import Bounds, resolve, scan
 from schemas.codec import DecodeError, decode
 from schemas.events import Event, TrajectoryEvent
 from schemas.kafka import KafkaSettings, partitions_of
@@ -36,7 +37,7 @@ FIRST_CHUNK = 256
 Status = Literal["finished", "failed", "timed_out", "abandoned"]
 
 
-class FilterError(ValueError):
+class FilterError(ConfigurationError):
     """A filter that cannot be applied; its message says what to write instead."""
 
 

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
-from typing import Annotated
-
-from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import NoDecode, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import SettingsConfigDict
 
 from schemas.kafka import KafkaSettings
+from schemas.keys import OperatorKeys, secret_values, text_list
 
 
 class DashboardSettings(KafkaSettings):
@@ -16,7 +14,7 @@ class DashboardSettings(KafkaSettings):
 
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8090, description="port to listen on")
-    api_keys: Annotated[list[SecretStr], NoDecode] = Field(
+    api_keys: OperatorKeys = Field(
         default_factory=list, description="operator keys (the gateway's, AGENTSTREAM_API_KEYS): the dashboard shows "
         "prompts, so every API call needs one (prefer the environment to a flag: flags show in process listings)")
     streams_app_id: str = Field("agentstream-streams", description="the streams worker's application id (its "
@@ -31,15 +29,11 @@ class DashboardSettings(KafkaSettings):
     @field_validator("api_keys", mode="before")
     @classmethod
     def _list_from_text(cls, value):
-        # the gateway's format: a JSON list or `key1,key2`
-        if isinstance(value, str):
-            text = value.strip()
-            return json.loads(text) if text.startswith("[") else [part.strip() for part in text.split(",") if part.strip()]
-        return value
+        return text_list(value)  # the gateway's format: a JSON list or `key1,key2`
 
     @property
     def keys(self) -> frozenset[str]:
-        return frozenset(key.get_secret_value() for key in self.api_keys if key.get_secret_value())
+        return secret_values(self.api_keys)
 
     @property
     def streams_group(self) -> str:

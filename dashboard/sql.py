@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from agentstream.query import columns_in, load_table, tables_in
-from agentstream.scan import Bounds
+from schemas.scan import Bounds
 from schemas.kafka import KafkaSettings
 
 WHOLE = frozenset({"pool", "weights"})

@@ -7,11 +7,11 @@ request that names another one is refused (403). No key, or a key that is neithe
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from schemas.keys import is_operator_key, presented_key
 from schemas.tokens import InvalidToken, RolloutClaims, is_rollout_token, verify_rollout_token
 
 from gateway.errors import ErrorCode, Forbidden, Unauthorized
@@ -54,7 +54,7 @@ class Authenticator:
         return bool(self._keys or self._secret or self._anonymous)
 
     def principal(self, headers: Mapping[str, str]) -> Principal:
-        token = _presented_key(headers)
+        token = presented_key(headers)
         if token is None:
             if self._anonymous:
                 return Principal("anonymous")
@@ -68,7 +68,7 @@ class Authenticator:
                 return Principal("rollout", verify_rollout_token(self._secret, token))
             except InvalidToken as exc:
                 raise Unauthorized(f"invalid rollout token: {exc}") from None
-        if any(hmac.compare_digest(token.encode(), key) for key in self._keys):
+        if is_operator_key(token, self._keys):
             return Principal("operator")
         if self._anonymous:
             return Principal("anonymous")
@@ -88,13 +88,3 @@ class Authenticator:
             raise Forbidden(f"this token belongs to attempt {claims.attempt_id!r} of rollout "
                                f"{claims.rollout_id!r}, not attempt {attempt_id!r}", ErrorCode.WRONG_ATTEMPT)
         return Attribution(claims.rollout_id, claims.attempt_id)
-
-
-def _presented_key(headers: Mapping[str, str]) -> str | None:
-    authorization = headers.get("authorization")
-    if authorization:
-        scheme, _, value = authorization.partition(" ")
-        if scheme.lower() == "bearer" and value.strip():
-            return value.strip()
-    # the Anthropic SDK sends x-api-key; Azure-style clients send api-key
-    return headers.get("x-api-key") or headers.get("api-key") or None

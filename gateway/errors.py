@@ -5,14 +5,15 @@ status, message and `code` (an `ErrorCode`), in the OpenAI shape `{"error": {"me
 "code"}}` by default, so agents' SDKs raise their usual exceptions (the Anthropic Messages API
 answers in its own shape, `gateway.messages`).
 
-    GatewayError                  any error the agent gets as an HTTP response
-    ├── BadRequest       (400)    the agent's request is wrong: JSON, a field, a value the pool cannot take
-    ├── Unauthorized     (401)    no key, or not one of ours
-    ├── Forbidden        (403)    a rollout token used for another rollout or attempt
-    ├── NotFound         (404)    a model or path not served here
-    ├── TooLarge         (413)    a body over its limit
-    ├── UpstreamFailed   (502)    the inference server failed, or answered with something unusable
-    └── Unavailable      (503)    Kafka is not acknowledging, or a model is held for a weight update
+    AgentstreamError              (schemas.errors) every error this project raises
+    └── GatewayError              any error the agent gets as an HTTP response
+        ├── BadRequest       (400)    the agent's request is wrong: JSON, a field, a value the pool cannot take
+        ├── Unauthorized     (401)    no key, or not one of ours
+        ├── Forbidden        (403)    a rollout token used for another rollout or attempt
+        ├── NotFound         (404)    a model or path not served here
+        ├── TooLarge         (413)    a body over its limit
+        ├── UpstreamFailed   (502)    the inference server failed, or answered with something unusable
+        └── Unavailable      (503)    Kafka is not acknowledging, or a model is held for a weight update
                                   (with Retry-After)
 
 A bad field is the agent's error (`BadRequest`), found before anything goes upstream; what the
@@ -26,6 +27,8 @@ from typing import Any
 
 import orjson
 from starlette.responses import Response
+
+from schemas.errors import AgentstreamError
 
 
 class ErrorCode(StrEnum):
@@ -56,7 +59,7 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permi
           404: "not_found_error", 502: "upstream_error", 503: "service_unavailable", 504: "upstream_error"}
 
 
-class GatewayError(Exception):
+class GatewayError(AgentstreamError):
     """An error the agent gets as an HTTP response; raise it anywhere in a request's path."""
 
     def __init__(self, status: int, message: str, code: ErrorCode | str, headers: dict[str, str] | None = None):

@@ -21,6 +21,7 @@ from typing import Any
 from dataclasses import dataclass, field
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 from yarl import URL
 
 from gateway.errors import ErrorCode, NotFound, Unavailable
@@ -30,6 +31,8 @@ from gateway.metrics import Metrics
 log = logging.getLogger("gateway.pool")
 
 CHECK_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
+_BUSY = frozenset({"vllm:num_requests_running", "vllm:num_requests_waiting"})
+"""vLLM's gauges of the requests a server holds: it is idle when they are all 0"""
 
 
 @dataclass(eq=False)
@@ -240,11 +243,11 @@ class Pool:
                 text = await response.text()
         except (aiohttp.ClientError, TimeoutError):
             return True
-        busy = 0.0
-        for line in text.splitlines():
-            if line.startswith(("vllm:num_requests_running{", "vllm:num_requests_waiting{")):
-                busy += float(line.rsplit(" ", 1)[1])
-        return busy == 0
+        try:
+            families = list(text_string_to_metric_families(text))
+        except ValueError:  # not Prometheus text: as good as no metrics
+            return True
+        return not any(sample.value for family in families for sample in family.samples if sample.name in _BUSY)
 
     # --- health -----------------------------------------------------------------------------
 

@@ -27,10 +27,12 @@ import orjson
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 
+from schemas.errors import ServiceError
 from schemas.codec import DecodeError, decode
 from schemas.events import Event, PoolUpdate, PoolUpdateEvent, WeightsEvent
 from schemas.ids import derived_id
 from schemas.kafka import deadletter_event, make_consumer, partitions_of
+from schemas.scan import resolve
 
 from gateway.errors import GatewayError
 from gateway.logs import fields
@@ -42,7 +44,7 @@ from gateway.settings import GatewaySettings
 log = logging.getLogger("gateway.pool_sync")
 
 
-class UpdateFailed(Exception):
+class UpdateFailed(ServiceError):
     pass
 
 
@@ -98,8 +100,9 @@ class PoolSync:
             consumer.assign(partitions)
             # from the end on the first start; after a lost connection, from where this replica was
             fresh = [partition for partition in partitions if partition not in self._positions]
-            if fresh:
-                await consumer.seek_to_end(*fresh)
+            for topic in {partition.topic for partition in fresh}:  # the log's end now, as the scans find it
+                for number, (_, end) in (await resolve(self.settings, topic)).items():
+                    self._positions.setdefault(TopicPartition(topic, number), end)
             for partition in partitions:
                 if partition in self._positions:
                     consumer.seek(partition, self._positions[partition])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 from typing import Annotated, Literal
@@ -11,6 +10,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from schemas.kafka import KafkaSettings
+from schemas.keys import OperatorKeys, secret_values, text_list
 
 
 class GatewaySettings(KafkaSettings):
@@ -37,7 +37,7 @@ class GatewaySettings(KafkaSettings):
     publish_linger_ms: int = Field(
         0, description="how long the producer waits to batch call events (0: send at once; under load, "
         "records still batch while earlier ones are in flight)")
-    api_keys: Annotated[list[SecretStr], NoDecode] = Field(
+    api_keys: OperatorKeys = Field(
         default_factory=list, description="operator keys, full access to every rollout and endpoint (prefer the "
         "environment, AGENTSTREAM_API_KEYS, to a flag: flags show in process listings)")
     token_secret: SecretStr = Field(
@@ -80,15 +80,11 @@ class GatewaySettings(KafkaSettings):
     @field_validator("upstreams", "api_keys", "refused_fields", mode="before")
     @classmethod
     def _list_from_text(cls, value: object) -> object:
-        # a JSON list, or `a=http://x,a=http://y`, which is easier to type
-        if isinstance(value, str):
-            text = value.strip()
-            return json.loads(text) if text.startswith("[") else [part.strip() for part in text.split(",") if part.strip()]
-        return value
+        return text_list(value)  # a JSON list, or `a=http://x,a=http://y`, which is easier to type
 
     @property
     def keys(self) -> frozenset[str]:
-        return frozenset(key.get_secret_value() for key in self.api_keys if key.get_secret_value())
+        return secret_values(self.api_keys)
 
     @property
     def pool_group(self) -> str:

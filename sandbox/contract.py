@@ -18,11 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from schemas.errors import ServiceError
+
 WORKSPACE_MOUNT = Path("/workspace")
 """where the workspace appears inside every sandbox"""
 
 
-class SandboxError(Exception):
+class SandboxError(ServiceError):
     """The caller's mistake or a missing host tool; the message names the fix."""
 
 

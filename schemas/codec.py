@@ -8,29 +8,20 @@ consumer can deadletter them and keep going rather than guess at their meaning.
 from __future__ import annotations
 
 from functools import cache
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import orjson
 from pydantic import TypeAdapter, ValidationError
 
+# re-exported: consumers catch them where they decode
+from schemas.errors import DecodeError as DecodeError
+from schemas.errors import UnsupportedSchemaVersion as UnsupportedSchemaVersion
 from schemas.events import EVENT_TYPES, SCHEMA_VERSION, AnyEvent, Event
 
 E = TypeVar("E", bound=Event)
 
 _any_event: TypeAdapter[Event] = TypeAdapter(AnyEvent)
 _TYPE_TAGS = frozenset(cls.model_fields["type"].default for cls in EVENT_TYPES)
-
-
-class DecodeError(ValueError):
-    """The bytes are not an event this version of agentstream understands."""
-
-    def __init__(self, message: str, field: str | None = None):
-        super().__init__(message)
-        self.field = field
-
-
-class UnsupportedSchemaVersion(DecodeError):
-    pass
 
 
 def encode(event: Event) -> bytes:
@@ -58,7 +49,7 @@ def _adapter(cls: type[Event]) -> TypeAdapter[Event]:
     return TypeAdapter(cls)
 
 
-def _check_version(obj: dict) -> None:
+def _check_version(obj: dict[str, Any]) -> None:
     version = obj.get("schema_version")
     if type(version) is not int:
         raise DecodeError(f"schema_version: expected an integer, got {version!r}", "schema_version")

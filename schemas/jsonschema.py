@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 from pathlib import Path
 
 from schemas.events import EVENT_TYPES, SCHEMA_VERSION
 
 
-def event_schemas() -> dict[str, dict]:
+def event_schemas() -> dict[str, dict[str, Any]]:
     """`{event type: JSON Schema}`; each schema also names the topic its events are written to."""
     schemas = {}
     for cls in EVENT_TYPES:

@@ -85,7 +85,9 @@ class Publisher:
 
     async def send(self, event: Event) -> asyncio.Future[RecordMetadata]:
         """Queue the record; the returned future resolves when the broker acknowledges it."""
-        return await self.producer.send(self.topics.name(event.topic), encode(event), key=event.key)
+        sent: asyncio.Future[RecordMetadata] = await self.producer.send(self.topics.name(event.topic), encode(event),
+                                                                        key=event.key)
+        return sent
 
     async def deadletter(self, record: ConsumerRecord, reason: str, consumer: str) -> RecordMetadata:
         return await self.publish(deadletter_event(record, reason, consumer))
@@ -166,10 +168,10 @@ async def _compare(admin: AIOKafkaAdminClient, specs: dict[str, TopicSpec]) -> l
     for response in await admin.describe_configs(resources):
         for resource in response.resources:
             name, entries = resource[3], resource[4]
-            actual = {entry[0]: entry[1] for entry in entries}
+            configured = {entry[0]: entry[1] for entry in entries}
             for key, wanted in specs[name].config.items():
-                if actual.get(key) != wanted:
-                    mismatches.append(f"{name}: {key}={actual.get(key)}, expected {wanted}")
+                if configured.get(key) != wanted:
+                    mismatches.append(f"{name}: {key}={configured.get(key)}, expected {wanted}")
     return mismatches
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, Callable
 
+from schemas.errors import ConfigurationError
 from schemas.events import Call, Event, Reward, RolloutDiff, RolloutDiffEvent, Task, Trajectory
 
 
@@ -50,7 +51,7 @@ class Sample:
         return self.task.metadata[key]
 
 
-class RewardError(ValueError):
+class RewardError(ConfigurationError):
     """The reward function cannot score this sample (bad name, missing metadata, bad result)."""
 
 

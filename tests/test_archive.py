@@ -17,7 +17,8 @@ import schemas as s
 from agentstream.archive import Archiver
 from agentstream.cli import app
 from agentstream.query import NAMED_QUERIES, run_sql
-from agentstream.scan import Manifest, Origin, scan
+from schemas.scan import Manifest, Origin, scan
+from tests import faults
 from tests.conftest import wait_for
 from tests.test_query import KNOWN, call, publish, trajectory
 
@@ -28,10 +29,12 @@ def archived_ids(root: Path, topic: str) -> list[str]:
     return pl.read_parquet(paths)["id"].to_list() if paths else []
 
 
-def archive_process(kafka, root: Path, *args: str) -> subprocess.Popen:
+def archive_process(kafka, root: Path, *args: str, fault: str | None = None) -> subprocess.Popen:
+    """`agentstream archive` as a real process, SIGKILLed at `fault` if given (tests/faults.py)."""
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers}
-    return subprocess.Popen([sys.executable, "-m", "agentstream", "archive", "--prefix", kafka.topic_prefix,
-                             "--archive", str(root), *args], env=env, stdout=subprocess.PIPE,
+    args = ("archive", "--prefix", kafka.topic_prefix, "--archive", str(root), *args)
+    command = faults.command(fault, "agentstream", *args) if fault else [sys.executable, "-m", "agentstream", *args]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
 
@@ -42,7 +45,7 @@ async def test_archive_killed_mid_run_keeps_every_record_once(kafka, tmp_path):
     topic = kafka.topics.calls
 
     # killed between writing a commit's files and its manifest: the worst moment
-    crashed = archive_process(kafka, root, "--once", "--commit-records", "40", "--crash-after-files", "3")
+    crashed = archive_process(kafka, root, "--once", "--commit-records", "40", fault="archive.after_files:3")
     assert crashed.wait(timeout=300) == -signal.SIGKILL, crashed.stdout.read()
     manifest = Manifest.load(root, topic)
     named = {manifest.folder / entry["path"] for entry in manifest.files}

@@ -247,7 +247,7 @@ async def test_the_list_pages_newest_first_reading_only_what_a_page_needs(kafka)
 
 async def test_a_rollout_is_read_from_its_own_partition_only(kafka):
     """The rollout view reads one partition through Bounds that end every other one before it starts."""
-    from agentstream.scan import resolve, scan
+    from schemas.scan import resolve, scan
     from dashboard.rollouts import find_trajectories, only, partition_of, related
     from schemas.kafka import partitions_of
 

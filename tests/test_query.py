@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 import schemas as s
 from agentstream.cli import app
 from agentstream.query import NAMED_QUERIES, run_sql
-from agentstream.scan import Bounds, parse_offsets, parse_time, scan
+from schemas.scan import Bounds, parse_offsets, parse_time, scan
 from schemas.kafka import Publisher, make_producer
 
 

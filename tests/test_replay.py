@@ -18,12 +18,13 @@ from typer.testing import CliRunner
 import schemas as s
 from agentstream.cli import app
 from agentstream.replay import parse_versions
-from agentstream.scan import scan
+from schemas.scan import scan
 from agentstream.top import TopView
 from schemas.codec import encode
 from schemas.kafka import KafkaSettings, ensure_topics, make_producer
 from streams.assembly import Timing, assemble
 from streams.rewards import Sample
+from tests import faults
 from tests.streams_support import REPO, Rollout, StreamsWorker, TopicWatch, live, publish
 
 pytestmark = pytest.mark.timeout(240)
@@ -88,11 +89,13 @@ async def cli(kafka: KafkaSettings, monkeypatch, *args: str):
     return await asyncio.to_thread(CliRunner().invoke, app, [*args, *prefix])
 
 
-def cli_process(kafka: KafkaSettings, *args: str) -> subprocess.CompletedProcess:
-    """The command as a real process (to be SIGKILLed); the prefix goes before any `--` (the trainer's flags)."""
+def cli_process(kafka: KafkaSettings, *args: str, fault: str | None = None) -> subprocess.CompletedProcess:
+    """The command as a real process (to be SIGKILLed at `fault`, see tests/faults.py); the prefix goes before
+    any `--` (the trainer's flags)."""
     at = args.index("--") if "--" in args else len(args)
     args = (*args[:at], "--prefix", kafka.topic_prefix, *args[at:])
-    return subprocess.run([sys.executable, "-m", "agentstream", *args], cwd=REPO,
+    command = faults.command(fault, "agentstream", *args) if fault else [sys.executable, "-m", "agentstream", *args]
+    return subprocess.run(command, cwd=REPO,
                           env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers},
                           capture_output=True, text=True, timeout=120)
 
@@ -264,7 +267,7 @@ async def test_a_rebuild_killed_mid_range_resumes_and_writes_each_trajectory_onc
     kafka, expected = spread
     args = ["replay", "rebuild", "--to-topic", "resumed", *WORKER_TIMING, "--state", str(tmp_path / "state.json"),
             "--batch-size", "3", "--checkpoint-s", "0"]
-    killed = await asyncio.to_thread(cli_process, kafka, *args, "--crash-at", "after_output:3")
+    killed = await asyncio.to_thread(cli_process, kafka, *args, fault="replay.after_output:3")
     assert killed.returncode == -9, killed.stdout + killed.stderr  # killed after the output, before the state
     partial = await read_topic(kafka, "resumed")
     assert 0 < len(partial) < len(expected)
@@ -281,7 +284,7 @@ async def test_an_export_killed_mid_range_resumes_and_covers_it_exactly_once(spr
     kafka, expected = spread
     out = tmp_path / f"out.{fmt}"
     args = ["replay", "export", str(out), "--format", fmt, *WORKER_TIMING, "--batch-size", "3", "--checkpoint-s", "0"]
-    killed = await asyncio.to_thread(cli_process, kafka, *args, "--crash-at", crash)
+    killed = await asyncio.to_thread(cli_process, kafka, *args, fault=f"replay.{crash}")
     assert killed.returncode == -9, killed.stdout + killed.stderr
     if fmt == "parquet":
         assert not out.exists() and list(out.with_name("out.parquet.parts").glob("part-*.parquet"))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from agentstream.scan import scan
+from schemas.scan import scan
 from recipes.swe.recipe import RecipeConfig, run_recipe
 from schemas.codec import decode
 from schemas.events import EvalEvent, RewardEvent, RolloutDiffEvent, TrajectoryEvent, WeightsEvent

@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import schemas as s
 from schemas.kafka import KafkaSettings, Publisher, make_consumer, make_producer, partitions_of
+from tests import faults
 from tests.conftest import wait_for_async
 from tests.trainer_fixtures import arithmetic_groups
 from trainer.checkpoint import CheckpointStore
@@ -126,9 +127,13 @@ def trainer_command(settings: TrainerSettings, *flags: str) -> list[str]:
             "--lr", "1e-3", "--torch-threads", "1", "--max-staleness", "100", "--log-level", "debug", *flags]
 
 
-def run_trainer_process(settings: TrainerSettings, log: Path, *flags: str) -> int:
+def run_trainer_process(settings: TrainerSettings, log: Path, *flags: str, fault: str | None = None) -> int:
+    """The trainer as a real process, SIGKILLed at `fault` if given (tests/faults.py)."""
+    command = trainer_command(settings, *flags)
+    if fault:
+        command = faults.command(fault, "trainer", *command[3:])
     with log.open("ab") as out:
-        return subprocess.run(trainer_command(settings, *flags), cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+        return subprocess.run(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
                               timeout=180, env={**os.environ, "PYTHONUNBUFFERED": "1"}).returncode
 
 
@@ -141,11 +146,11 @@ async def test_killed_between_checkpoint_and_commit_trains_every_sample_exactly_
     log = tmp_path / "trainer.log"
 
     # 1: SIGKILLed after version 1 is checkpointed and announced, before its offsets are committed
-    assert run_trainer_process(settings, log, "--crash-at", "after_publish") == -9, log.read_text()
+    assert run_trainer_process(settings, log, fault="trainer.after_publish") == -9, log.read_text()
     committed, _ = await committed_and_end(kafka, settings.consumer_group)
     assert set(committed.values()) == {None}, "the crash came before any commit"
     # 2: SIGKILLed after version 2 is checkpointed, before it is announced
-    assert run_trainer_process(settings, log, "--crash-at", "after_checkpoint") == -9, log.read_text()
+    assert run_trainer_process(settings, log, fault="trainer.after_checkpoint") == -9, log.read_text()
     assert [e.data.version for e in await read_all(kafka, kafka.topics.weights)] == [1]
     assert CheckpointStore(settings.checkpoint_dir).versions() == [1, 2]
     # 3: announces version 2, trains the rest, and stops cleanly on SIGTERM

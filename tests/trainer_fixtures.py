@@ -8,17 +8,7 @@ from pathlib import Path
 import torch
 
 import schemas as s
-
-IM_START, IM_END = 257, 258  # the tiny model's chat specials; IM_END is its eos
-
-
-def ids(text: str) -> list[int]:
-    return list(text.encode())
-
-
-def chat_prompt(user: str) -> list[int]:
-    """The tiny model's chat template, as token ids."""
-    return [IM_START, *ids(f"user\n{user}"), IM_END, *ids("\n"), IM_START, *ids("assistant\n")]
+from agentstream.samples import IM_END, IM_START, chat_prompt, ids, trajectory  # noqa: F401 (the tests' names)
 
 
 def policy_logprobs(model, prompt: list[int], completion: list[int]) -> list[float]:
@@ -28,24 +18,6 @@ def policy_logprobs(model, prompt: list[int], completion: list[int]) -> list[flo
         logits = model(input_ids=tokens).logits[0, :-1]
     logprobs = torch.log_softmax(logits.float(), -1).gather(-1, tokens[0, 1:, None])[:, 0]
     return logprobs[len(prompt) - 1:].tolist()
-
-
-def trajectory(prompt: list[int], completion: list[int], reward: float | None, group: str, index: int,
-               logprobs: list[float] | None = None, version: int | None = None, attempt: int = 1,
-               model: str | None = "tiny", split: str = "train") -> s.TrajectoryEvent:
-    rollout, attempt_id = f"r-{group}-{index}", f"a{attempt}"
-    logprobs = logprobs if logprobs is not None else [-1.0] * len(completion)
-    sequence = s.Sequence(
-        token_ids=prompt + completion, mask=[0] * len(prompt) + [1] * len(completion),
-        logprobs=[0.0] * len(prompt) + logprobs, weight_versions=[None] * len(prompt) + [version] * len(completion),
-        prompt_length=len(prompt), turns=[0])
-    turn = s.Turn(call_id=f"c-{rollout}", sequence=0, prompt_token_ids=prompt, completion_token_ids=completion,
-                  logprobs=logprobs, weight_version=version)
-    return s.TrajectoryEvent(
-        id=s.derived_id("trajectory", rollout, attempt_id), source="test", rollout_id=rollout, attempt_id=attempt_id,
-        data=s.Trajectory(model=model, task_id=f"task-{group}", group_id=group, sample_index=index,
-                          attempt_number=attempt, split=split, status="finished", reward=reward, turns=[turn],
-                          sequences=[sequence], merged=True, finished_at=s.now_ms(), lineage=[f"c-{rollout}"]))
 
 
 def arithmetic_groups(model_dir: Path, groups: int, group_size: int, version: int | None = None,

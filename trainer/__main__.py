@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
 async def serve(settings: TrainerSettings) -> None:
     from transformers.utils import logging as hf_logging
 
-    from trainer.errors import TrainerError
+    from schemas.errors import AgentstreamError
     from trainer.service import Trainer  # imports torch and verl: after --help has had its chance
 
     hf_logging.disable_progress_bar()
@@ -36,7 +36,7 @@ async def serve(settings: TrainerSettings) -> None:
         loop.add_signal_handler(sig, trainer.stop)
     try:
         await trainer.run()
-    except TrainerError as exc:
+    except AgentstreamError as exc:
         raise SystemExit(f"trainer: {exc}") from None
 
 

@@ -1,5 +1,7 @@
 """The one error a trainer reports to its operator: the message says what to do."""
 
+from schemas.errors import ServiceError
 
-class TrainerError(RuntimeError):
+
+class TrainerError(ServiceError):
     pass

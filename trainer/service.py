@@ -22,8 +22,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
-import signal
 import time
 from collections import Counter
 from pathlib import Path
@@ -35,7 +33,8 @@ from aiokafka.errors import CommitFailedError
 from schemas.codec import DecodeError, decode
 from schemas.events import Trajectory, TrajectoryEvent, Weights, WeightsEvent
 from schemas.ids import derived_id
-from schemas.kafka import Publisher, deadletter_event, ensure_topics, make_consumer, make_producer, partitions_of
+from schemas.kafka import Publisher, deadletter_event, ensure_topics, make_producer
+from schemas.scan import Bounds, resolve, scan
 from trainer.batcher import Batch, Batcher, Sample, group_of, weigh
 from trainer.checkpoint import Checkpoint, CheckpointStore, TrainingState
 from trainer.errors import TrainerError
@@ -126,27 +125,13 @@ class Trainer:
     async def _is_on_weights_topic(self, event: WeightsEvent, tail: int = 100) -> bool:
         """Look for the event among the last `tail` records (a miss only costs a duplicate consumers drop by id)."""
         s = self.settings
-        tps = await partitions_of(s, s.topics.weights)
-        consumer = make_consumer(s, group_id=None)
-        await consumer.start()
-        try:
-            consumer.assign(tps)
-            begins, ends = await consumer.beginning_offsets(tps), await consumer.end_offsets(tps)
-            waiting = {tp for tp in tps if ends[tp] > begins[tp]}
-            for tp in waiting:
-                consumer.seek(tp, max(begins[tp], ends[tp] - tail))
-            while waiting:
-                batches = await consumer.getmany(*waiting, timeout_ms=5000)
-                if not batches:
-                    break
-                for tp, records in batches.items():
-                    if any(r.key == event.key and _event_id(r.value) == event.id for r in records):
-                        return True
-                    if records[-1].offset + 1 >= ends[tp]:
-                        waiting.discard(tp)
-            return False
-        finally:
-            await consumer.stop()
+        log_range = await resolve(s, s.topics.weights)
+        last = {p: (max(start, end - tail), end) for p, (start, end) in log_range.items()}
+        async with contextlib.aclosing(scan(s, s.topics.weights, Bounds.exactly(last, last))) as batches:
+            async for records in batches:
+                if any(r.key == event.key and _event_id(r.value) == event.id for r in records):
+                    return True
+        return False
 
     def _revoked(self, partitions: set[int]) -> None:
         forgotten = self.batcher.forget(partitions)
@@ -251,9 +236,7 @@ class Trainer:
             self.store.write, state, event, self.policy.save, self.model_dir,
             self._save_optimizer if s.save_optimizer else None)
         checkpoint_s = time.perf_counter() - started
-        self._crash_point("after_checkpoint")
         await self.publisher.publish(event)
-        self._crash_point("after_publish")
         try:
             await self.source.commit(state.ledger.sources[self.source.name].watermarks)
         except CommitFailedError as exc:  # a rebalance; the checkpoint holds the position, the next commit catches up
@@ -278,12 +261,6 @@ class Trainer:
 
     def _save_optimizer(self, path: Path) -> None:
         torch.save(self.policy.optimizer.state_dict(), path)
-
-    def _crash_point(self, point: str) -> None:
-        if self.settings.crash_at == point:
-            log.warning("crash_at=%s: killing this process (fault injection)", point)
-            logging.shutdown()
-            os.kill(os.getpid(), signal.SIGKILL)
 
     # --- progress -----------------------------------------------------------------------------
 

@@ -118,8 +118,6 @@ class TrainerSettings(KafkaSettings):
                                                           "late re-deliveries")
     log_level: Literal["debug", "info", "warning"] = Field("info", description="debug also logs every record "
                                                                               "not trained on, with the reason")
-    crash_at: Literal["", "after_checkpoint", "after_publish"] = Field(
-        "", description="fault injection for crash tests: SIGKILL this process at that point of the next update")
 
     @field_validator("adv_estimator")
     @classmethod

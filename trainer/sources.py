@@ -1,6 +1,7 @@
 """Where trajectories come from: the live topic, a recorded topic range, or a file replay exported.
 
-All three deliver raw records (`ConsumerRecord`: topic, partition, offset, key, value) so that one
+All three deliver raw records (topic, partition, offset, key, value: aiokafka's `ConsumerRecord` or
+`schemas.scan.Record`, which has the same attributes) so that one
 training loop decodes, deduplicates and accounts for them the same way. A record's position
 (partition, offset) is what the trainer's ledger tracks; for a file, the partition is 0 and the
 offset is the line number.
@@ -8,13 +9,14 @@ offset is the line number.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import Protocol
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
 
-from schemas.kafka import KafkaSettings, make_consumer, partitions_of
+from schemas.kafka import KafkaSettings, make_consumer
+from schemas.scan import Bounds, Record, resolve, scan
 from trainer.errors import TrainerError
 
 Offsets = dict[int, int]
@@ -28,7 +30,7 @@ class TrajectorySource(Protocol):
         """Begin reading; each partition from `resume()[partition]` when the trainer knows a position.
         `on_revoked` is told of partitions this trainer stops reading (consumer group rebalance)."""
 
-    async def poll(self, timeout_s: float) -> list[ConsumerRecord]:
+    async def poll(self, timeout_s: float) -> list[ConsumerRecord] | list[Record]:
         """The next records, or [] after `timeout_s` without any."""
 
     @property
@@ -113,61 +115,45 @@ def parse_offsets(spec: str, partitions: list[int]) -> Offsets:
 
 
 class TopicRangeSource:
-    """A recorded range of a topic, read without a consumer group: [from, to) per partition."""
+    """A recorded range of a topic, read without a consumer group: [from, to) per partition, by the
+    one bounded reader (`schemas.scan`)."""
 
     def __init__(self, settings: KafkaSettings, topic: str, start: str = "", end: str = ""):
         self.settings = settings
         self.topic = topic
         self.start_spec, self.end_spec = start, end
         self.name = f"range:{topic}"
-        self.consumer: AIOKafkaConsumer | None = None
-        self.end: dict[TopicPartition, int] = {}
-        self.open: set[TopicPartition] = set()
+        self.batches: AsyncGenerator[list[Record], None] | None = None
+        self.done = False
 
     async def start(self, resume: Callable[[], Offsets], on_revoked: Callable[[set[int]], None]) -> None:
-        tps = await partitions_of(self.settings, self.topic)
-        if not tps:
-            raise TrainerError(f"topic {self.topic!r} does not exist on {self.settings.bootstrap_servers}")
-        numbers = [tp.partition for tp in tps]
+        log = await resolve(self.settings, self.topic)
+        numbers = sorted(log)
         first, last = parse_offsets(self.start_spec, numbers), parse_offsets(self.end_spec, numbers)
-        self.consumer = make_consumer(self.settings, group_id=None)
-        await self.consumer.start()
-        self.consumer.assign(tps)
-        beginning = await self.consumer.beginning_offsets(tps)
-        ends = await self.consumer.end_offsets(tps)
         known = resume()
-        for tp in tps:
-            self.end[tp] = min(last.get(tp.partition, ends[tp]), ends[tp])
-            position = max(first.get(tp.partition, beginning[tp]), beginning[tp], known.get(tp.partition, 0))
-            self.consumer.seek(tp, position)
-            if position < self.end[tp]:
-                self.open.add(tp)
-            else:
-                self.consumer.pause(tp)
+        ranges = {p: (max(first.get(p, start), start, known.get(p, 0)), min(last.get(p, end), end))
+                  for p, (start, end) in log.items()}
+        self.batches = scan(self.settings, self.topic, Bounds.exactly(ranges, numbers), batch_size=1000)
 
-    async def poll(self, timeout_s: float) -> list[ConsumerRecord]:
-        if not self.open:
+    async def poll(self, timeout_s: float) -> list[Record]:
+        if self.done or self.batches is None:
             return []
-        batches = await self.consumer.getmany(*self.open, timeout_ms=int(timeout_s * 1000), max_records=1000)
-        records = []
-        for tp, got in batches.items():
-            records += [record for record in got if record.offset < self.end[tp]]
-        for tp in list(self.open):
-            if await self.consumer.position(tp) >= self.end[tp]:
-                self.open.discard(tp)
-                self.consumer.pause(tp)
-        return records
+        try:
+            return await anext(self.batches)
+        except StopAsyncIteration:
+            self.done = True
+            return []
 
     @property
     def exhausted(self) -> bool:
-        return not self.open
+        return self.done
 
     async def commit(self, watermarks: Offsets) -> None:
         """Nothing to commit: the checkpoint's ledger is where a replay resumes."""
 
     async def stop(self) -> None:
-        if self.consumer is not None:
-            await self.consumer.stop()
+        if self.batches is not None:
+            await self.batches.aclose()
 
 
 class FileSource:
@@ -189,7 +175,7 @@ class FileSource:
         while self.line < skip and self.file.readline():
             self.line += 1
 
-    async def poll(self, timeout_s: float) -> list[ConsumerRecord]:
+    async def poll(self, timeout_s: float) -> list[Record]:
         records = []
         while len(records) < self.batch_lines and not self.done:
             raw = self.file.readline()
@@ -197,10 +183,7 @@ class FileSource:
                 self.done = True
                 break
             if raw.strip():
-                records.append(ConsumerRecord(
-                    topic=self.name, partition=0, offset=self.line, timestamp=0, timestamp_type=0, key=None,
-                    value=raw.rstrip(b"\r\n"), checksum=None, serialized_key_size=0,
-                    serialized_value_size=len(raw), headers=()))
+                records.append(Record(self.name, 0, self.line, 0, None, raw.rstrip(b"\r\n")))
             self.line += 1
         return records
 

@@ -22,7 +22,7 @@ from typing import Any
 from agentstream.replay.selection import Selection
 from agentstream.replay.sources import Item
 from agentstream.replay.state import int_keys
-from agentstream.scan import KAFKA, Bounds, Origin, ScanProgress, scan
+from schemas.scan import KAFKA, Bounds, Origin, ScanProgress, scan
 from schemas.codec import DecodeError, decode, encode
 from schemas.events import CallEvent, Event, RewardEvent, RolloutQueuedEvent, TrajectoryEvent
 from schemas.kafka import KafkaSettings

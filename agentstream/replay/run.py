@@ -10,8 +10,6 @@ in the output exactly once.
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -26,7 +24,7 @@ from agentstream.replay.selection import Selection
 from agentstream.replay.sinks import JsonlSink, ParquetSink, Sink, TopicSink
 from agentstream.replay.sources import Source, StoredTrajectories
 from agentstream.replay.state import ReplayError, ReplayState
-from agentstream.scan import KAFKA, Bounds, Origin, parse_offsets, parse_time, resolve
+from schemas.scan import KAFKA, Bounds, Origin, parse_offsets, parse_time, resolve
 from schemas.ids import now_ms
 from schemas.kafka import KafkaSettings
 from streams import rewards
@@ -108,9 +106,6 @@ class Options:
     checkpoint_s: float = 5.0
     """the least time between checkpoints (more where saving the state takes long); 0: after every chunk"""
     batch_size: int = 5000
-    crash_at: str = ""
-    """fault injection for tests: `after_output:N` (or `after_state:N`) SIGKILLs this process at the
-    Nth checkpoint that wrote output, after the output is durable (or after the state is saved)"""
     origin: Origin = KAFKA
     """where the range is read from: Kafka, the Parquet archive, or both (the same records either way)"""
 
@@ -170,19 +165,15 @@ async def replay(settings: KafkaSettings, job: Job, options: Options,
         source = _source(settings, job, state, counts, options)
         progress = Progress(remaining=source.remaining, written=sink.written)
         selection = _selection(job, state)
-        crash = _CrashPoint(options.crash_at)
         pause = options.checkpoint_s
         last = time.monotonic()
 
         async def checkpoint() -> float:
             """Output first, then the state; returns how long it took."""
             begun = time.monotonic()
-            before = state.sink["written"]
             state.sink = await sink.commit()
-            crash.reached("after_output", state.sink["written"] > before)
             state.source, state.counts = source.position(), dict(counts)
             state.save(options.state)
-            crash.reached("after_state", state.sink["written"] > before)
             return time.monotonic() - begun
 
         async for items in source.chunks():
@@ -262,16 +253,3 @@ def _source(settings: KafkaSettings, job: Job, state: ReplayState, counts: Count
                    selection=_selection(job, state), counts=counts, reward_fn=spec.reward_fn,
                    with_calls=job.sink in ("chat", "parquet"), source=spec.source, batch_size=options.batch_size,
                    origin=options.origin)
-
-
-class _CrashPoint:
-    def __init__(self, spec: str):
-        point, _, count = spec.partition(":")
-        self.point, self.left = point, int(count or 1)
-
-    def reached(self, point: str, wrote: bool) -> None:
-        if point != self.point or not wrote:
-            return
-        self.left -= 1
-        if self.left == 0:
-            os.kill(os.getpid(), signal.SIGKILL)

@@ -24,7 +24,7 @@ from aiokafka.structs import RecordMetadata
 from agentstream.replay import dataset
 from agentstream.replay.sources import Item
 from agentstream.replay.state import ReplayError, fsync_dir, int_keys
-from agentstream.scan import Bounds, resolve, scan
+from schemas.scan import Bounds, resolve, scan
 from schemas.codec import encode
 from schemas.kafka import KafkaSettings, ensure_topics, make_producer
 from schemas.topics import TopicSpec, topic_specs

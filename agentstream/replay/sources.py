@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agentstream.repeats import Repeats
-from agentstream.scan import KAFKA, Bounds, Origin, ScanProgress, scan
+from schemas.scan import KAFKA, Bounds, Origin, ScanProgress, scan
 from agentstream.replay.state import int_keys
 from schemas.codec import DecodeError, decode
 from schemas.events import Call, TrajectoryEvent

@@ -15,10 +15,12 @@ from typing import Any
 
 import orjson
 
+from schemas.errors import ConfigurationError
+
 FORMAT = 1
 
 
-class ReplayError(Exception):
+class ReplayError(ConfigurationError):
     """What an operator can fix: the message says how."""
 
 

@@ -18,8 +18,12 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import psutil
 
-class StackError(RuntimeError):
+from schemas.errors import ServiceError
+
+
+class StackError(ServiceError):
     """A local server could not be started or reached; the message says what to do."""
 
 
@@ -65,8 +69,8 @@ def pid_alive(pid: int) -> bool:
 
 def _not_zombie(pid: int) -> bool:
     try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    except (FileNotFoundError, IndexError):
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import orjson
 
+from schemas.errors import ServiceError
 from agentstream.settings import agentstream_home
 from recipes.swe import repos, testrun
 from recipes.swe.grader import Grader
@@ -78,7 +79,7 @@ class Built:
     seconds: float = 0.0
 
 
-class BuildError(RuntimeError):
+class BuildError(ServiceError):
     """The build cannot go on; the message names the fix."""
 
 

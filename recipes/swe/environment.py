@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from schemas.errors import ServiceError
 from sandbox.contract import WORKSPACE_MOUNT, CommandResult, Limits, Network, Sandbox, SandboxSpec
 
 SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
@@ -30,7 +31,7 @@ GIT_IDENTITY = {"GIT_AUTHOR_NAME": "agent", "GIT_AUTHOR_EMAIL": "agent@sandbox.i
 os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")  # mini-swe-agent's banner, when this module imports it
 
 
-class SandboxExhausted(Exception):
+class SandboxExhausted(ServiceError):
     """The attempt's wall-clock budget in the sandbox is spent: the attempt ends (outcome sandbox_timeout)."""
 
 

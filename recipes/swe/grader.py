@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from schemas.errors import ServiceError
 from recipes.swe import diffs, repos, testrun
 from recipes.swe.instance import Instance
 from sandbox.contract import Sandbox, SandboxSpec
@@ -38,7 +39,7 @@ DEFAULT_TIMEOUT_S = 120.0
 _SUSPICIOUS = re.compile(r"\b(_?pytest|sys\.modules|builtins|__builtins__|sys\.settrace|atexit|os\._exit)\b")
 
 
-class GradeError(RuntimeError):
+class GradeError(ServiceError):
     """The task itself is broken (its test patch does not apply, its repository is missing): not the agent's fault."""
 
 

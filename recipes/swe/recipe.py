@@ -14,31 +14,28 @@ docs/recipes/swe.md.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import secrets
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
-from rich.live import Live
 from rich.table import Table
 
-from agentstream.demo import Demo, Service
+from agentstream.demo import Demo, Service, StackConfig, common_flags, plot_by_version, run_folder, run_to_summary
+from agentstream.demo import Progress as DemoProgress
 from agentstream.stack import StackError
 from agentstream.stack.process import ServerState, free_port
-from schemas.codec import DecodeError, decode
 from schemas.events import EvalEvent, PoolUpdateEvent, RewardEvent, TrajectoryEvent, WeightsEvent
-from schemas.kafka import KafkaSettings, ensure_topics, make_consumer
+from schemas.kafka import KafkaSettings
 
 HARNESS = f"{sys.executable} -m recipes.swe.harness"
 QUIET_S = 20.0
 
 
 @dataclass
-class RecipeConfig:
+class RecipeConfig(StackConfig):
     model: str = "smollm2"
     """the base model: smollm2 (SmolLM2-135M-Instruct, from its PyPI wheel) or tiny (plumbing only)"""
     train_tasks: int = 4
@@ -55,10 +52,8 @@ class RecipeConfig:
     lr: float = 1e-5
     step_limit: int = 4
     max_tokens: int = 128
-    concurrency: int = 2
     attempt_timeout_s: float = 300.0
-    out: Path = field(default_factory=lambda: Path("runs") / time.strftime("recipe-swe-%Y%m%d-%H%M%S"))
-    keep_stack: bool = False
+    out: Path = field(default_factory=lambda: run_folder("recipe-swe"))
     vllm_name: str = "recipe-swe"
 
     @property
@@ -82,21 +77,16 @@ class VersionRow:
     eval_unscored: dict[str, int] = field(default_factory=dict)
 
 
-class Progress:
+class Progress(DemoProgress):
+    row_type = VersionRow
+
     def __init__(self, config: RecipeConfig) -> None:
+        super().__init__()
         self.config = config
-        self.rows: dict[int, VersionRow] = {}
-        self.seen: set[str] = set()
+        self.rows: dict[int, VersionRow] = {}  # type: ignore[assignment]  (the recipe's rows)
         self.graded = 0
-        self.started = time.monotonic()
 
-    def row(self, version: int) -> VersionRow:
-        return self.rows.setdefault(version, VersionRow(version))
-
-    def add(self, event) -> None:
-        if event.id in self.seen:
-            return
-        self.seen.add(event.id)
+    def take(self, event) -> None:
         if isinstance(event, TrajectoryEvent) and event.data.split == "train":
             row = self.row(event.data.weight_version_launch or 0)
             if event.data.reward is None:
@@ -180,7 +170,7 @@ class Recipe(Demo):
     """The demo's stack and process handling, with the coding recipe's services."""
 
     def __init__(self, config: RecipeConfig, console: Console):
-        super().__init__(config, console)  # type: ignore[arg-type]  (the fields Demo reads are here too)
+        super().__init__(config, console)
         self.progress = Progress(config)  # type: ignore[assignment]
         self.served = config.model
 
@@ -194,6 +184,11 @@ class Recipe(Demo):
         # a 135 M model on a busy two-core machine can take minutes to load
         return self.vllm.start(model_dir, served_name=self.served, timeout=900, say=self.say)
 
+    starting = "Starting the local stack and building tasks…"
+
+    def prepare(self) -> None:
+        self.tasks = self.task_files()
+
     def task_files(self) -> tuple[Path, Path, Path]:
         """(train tasks, validation tasks, instances for the grader): given, or built."""
         config = self.config
@@ -202,21 +197,6 @@ class Recipe(Demo):
                 raise StackError("--tasks needs --validation-tasks and --instances (the grader's hidden tests) too")
             return config.tasks, config.validation_tasks_file, config.instances
         return build_recipe_tasks(self.out / "tasks", config.train_tasks, config.validation_tasks, say=self.say)
-
-    async def run(self) -> Progress:  # type: ignore[override]
-        self.out.mkdir(parents=True, exist_ok=True)
-        with self.console.status("Starting the local stack and building tasks…"):
-            bootstrap = self.kafka()
-            prefix = f"{self.out.name}."
-            kafka = KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=prefix, partitions=4)
-            await ensure_topics(kafka)
-            train, validation, instances = self.task_files()
-            model_dir = self.base_model()
-            vllm = self.inference(model_dir)
-        self.say(f"Kafka {bootstrap}, topics {prefix}*, vLLM {vllm.url} ({self.config.model}), output in {self.out}")
-        await self.launch_services(kafka, model_dir, vllm, train, validation, instances)
-        await self.follow(kafka)
-        return self.progress
 
     def index_file(self, instances: Path) -> Path:
         """The public index (instance id → repository, base commit) the harness locates tasks with."""
@@ -227,14 +207,10 @@ class Recipe(Demo):
         index = instances.with_name("index.jsonl")
         return index if index.exists() else write_index(load(instances, default_repos_dir(), check_apply=False), index)
 
-    async def launch_services(self, kafka: KafkaSettings, model_dir: Path, vllm: ServerState, train: Path,
-                              validation: Path, instances: Path) -> None:
-        config = self.config
-        common = ["--bootstrap-servers", kafka.bootstrap_servers, "--topic-prefix", kafka.topic_prefix]
-        secret, key, port = secrets.token_urlsafe(24), secrets.token_urlsafe(24), free_port()
-        gateway_url = f"http://127.0.0.1:{port}"
-        self.start("gateway", "gateway", *common, "--port", str(port), "--upstreams", f"{self.served}={vllm.url}",
-                   "--token-secret", secret, "--api-keys", key)
+    async def launch(self, kafka: KafkaSettings, model_dir: Path, vllm: ServerState) -> None:
+        config, (train, validation, instances) = self.config, self.tasks
+        common = common_flags(kafka)
+        gateway_url, secret = self.start_gateway(kafka, self.served, vllm)
         # a diff is graded after the attempt ends: the trajectory waits for that reward (a grading takes seconds)
         self.start("streams", "streams", "worker", *common, "--web-port", str(free_port()), "--settle-s", "0.5",
                    "--reward-grace-s", str(config.attempt_timeout_s), "--data-dir", str(self.out / "streams"))
@@ -261,31 +237,25 @@ class Recipe(Demo):
                    "--max-staleness", "0", "--train-batch-size", str(config.batch), "--max-attempts", "1",
                    "--no-progress", "--logs-dir", str(self.out / "attempts"), *run, env=agent_env)
 
-    async def follow(self, kafka: KafkaSettings) -> None:  # type: ignore[override]
-        """Fold the topics into the progress table until every version has its eval."""
-        topics = kafka.topics
-        consumer = make_consumer(kafka, topics.trajectories, topics.weights, topics.pool, topics.metrics,
-                                 topics.rewards, group_id=None)
-        await consumer.start()
+    async def follow(self, kafka: KafkaSettings) -> None:
+        """Until every version has its eval."""
         wanted = set(range(self.config.versions + 1))
-        try:
-            with Live(self.progress.table(), console=self.console, refresh_per_second=1) as live:
-                while not wanted <= self.progress.evaluated():
-                    self.check_alive()
-                    for records in (await consumer.getmany(timeout_ms=500)).values():
-                        for record in records:
-                            try:
-                                self.progress.add(decode(record.value))
-                            except DecodeError:
-                                continue
-                    live.update(self.progress.table())
-                    if self.service_done("eval") and not wanted <= self.progress.evaluated():
-                        await asyncio.sleep(1)  # its last event may still be on its way
-                        if self.service_done("eval"):
-                            raise StackError("the eval ended before every version was measured; its log: "
-                                             f"{self.service('eval').log}")
-        finally:
-            await consumer.stop()
+        eval_ended: float | None = None
+
+        async def done(fetched: bool) -> bool:
+            nonlocal eval_ended
+            if wanted <= self.progress.evaluated():
+                return True
+            if self.service_done("eval"):
+                eval_ended = eval_ended or time.monotonic()
+                if time.monotonic() - eval_ended > 2.0:  # its last events had time to arrive
+                    raise StackError("the eval ended before every version was measured; its log: "
+                                     f"{self.service('eval').log}")
+            return False
+
+        topics = kafka.topics
+        await self.watch(kafka, [topics.trajectories, topics.weights, topics.pool, topics.metrics, topics.rewards],
+                         done, refresh_per_second=1)
 
     def service(self, name: str) -> Service:
         return next(s for s in self.services if s.name == name)
@@ -320,35 +290,13 @@ def summary(progress: Progress, config: RecipeConfig, console: Console, elapsed_
 
 
 def plot(progress: Progress, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     versions = sorted(progress.rows)
     rows = [progress.rows[v] for v in versions]
     train = [sum(r.train_rewards) / len(r.train_rewards) if r.train_rewards else float("nan") for r in rows]
     passed = [r.pass_at_1 if r.pass_at_1 is not None else float("nan") for r in rows]
-    figure, axis = plt.subplots(figsize=(7, 4))
-    axis.plot(versions, train, marker="o", label="train reward (mean)")
-    axis.plot(versions, passed, marker="s", label="validation pass@1")
-    axis.set_xlabel("weight version")
-    axis.set_ylim(-0.05, 1.05)
-    axis.set_xticks(versions)
-    axis.set_title("agentstream recipe swe: mini-swe-agent, graded diffs")
-    axis.legend()
-    axis.grid(alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    plot_by_version(path, "agentstream recipe swe: mini-swe-agent, graded diffs", versions,
+                    {"train reward (mean)": train, "validation pass@1": passed})
 
 
 def run_recipe(config: RecipeConfig, console: Console | None = None) -> dict:
-    console = console or Console()
-    recipe = Recipe(config, console)
-    started = time.monotonic()
-    try:
-        progress = asyncio.run(recipe.run())
-    finally:
-        recipe.stop_all()
-    return summary(progress, config, console, time.monotonic() - started)
+    return run_to_summary(Recipe(config, console or Console()), summary)

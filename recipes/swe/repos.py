@@ -14,6 +14,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from schemas.errors import ServiceError
 from agentstream.settings import agentstream_home
 
 FIXED = {"GIT_AUTHOR_NAME": "agentstream", "GIT_AUTHOR_EMAIL": "tasks@agentstream.invalid",
@@ -21,7 +22,7 @@ FIXED = {"GIT_AUTHOR_NAME": "agentstream", "GIT_AUTHOR_EMAIL": "tasks@agentstrea
          "GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000", "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000"}
 
 
-class RepoError(RuntimeError):
+class RepoError(ServiceError):
     """A repository, commit or patch that is not there or does not fit."""
 
 

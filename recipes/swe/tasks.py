@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from schemas.errors import ConfigurationError
 from recipes.swe.instance import Instance
 from recipes.swe.repos import check_patches, has_commit, repo_path, slug
 
@@ -29,7 +30,7 @@ class Problem:
         return f"line {self.line}: {self.reason}"
 
 
-class TaskFileError(ValueError):
+class TaskFileError(ConfigurationError):
     """A task file with bad lines; `problems` names each line and why."""
 
     def __init__(self, path: Path, problems: list[Problem]):

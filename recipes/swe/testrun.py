@@ -18,9 +18,9 @@ import shlex
 import subprocess
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
+from schemas.errors import ServiceError
 from sandbox.contract import WORKSPACE_MOUNT, Limits, Network, Sandbox, SandboxSpec
 
 PYTEST_VERSION = "9.2.0"
@@ -30,7 +30,7 @@ _ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
 _env_lock = threading.Lock()
 
 
-class EnvError(RuntimeError):
+class EnvError(ServiceError):
     """The test environment could not be built; the message names the fix."""
 
 

@@ -34,6 +34,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from schemas.errors import ServiceError
 from agentstream.settings import agentstream_home
 from recipes.swe.instance import Instance
 from sandbox.contract import Sandbox
@@ -77,7 +78,7 @@ def write_index(instances: list[Instance], path: Path) -> Path:
     return path
 
 
-class WorkspaceError(RuntimeError):
+class WorkspaceError(ServiceError):
     """The task's repository or commit cannot be checked out; the message names the fix."""
 
 

@@ -1,4 +1,5 @@
-"""Read a bounded range of a topic: the one reader behind replay, queries and the archive.
+"""Read a bounded range of a topic: the one reader behind replay, queries, the archive, the dashboard,
+the trainer's recorded ranges, the controller's recovery and pool sync's start at the log's end.
 
 A scan assigns every partition itself (no consumer group), seeks to the start of the range, and
 stops at its end: the log end as of when the scan began, an offset, or a time. So a scan is
@@ -22,16 +23,23 @@ import asyncio
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar
 
 import orjson
 
+from schemas.errors import ConfigurationError, LogUnavailable
 from schemas.kafka import KafkaSettings
 
+if TYPE_CHECKING:  # for the annotations; polars is imported where used, so importing this module stays light
+    import polars as pl
+    from confluent_kafka import Consumer
+
+T = TypeVar("T")
 MODES = ("kafka", "archive", "auto")
 
 
@@ -58,7 +66,7 @@ class Bounds:
     """offset to stop before, per partition"""
 
     @classmethod
-    def exactly(cls, ranges: dict[int, tuple[int, int]], partitions) -> Bounds:
+    def exactly(cls, ranges: dict[int, tuple[int, int]], partitions: Iterable[int]) -> Bounds:
         """These offsets of these partitions (partition → [first, stop before)), nothing of the others."""
         return cls(start_offsets={p: ranges.get(p, (0, 0))[0] for p in partitions},
                    end_offsets={p: ranges.get(p, (0, 0))[1] for p in partitions})
@@ -72,18 +80,18 @@ class Origin:
     mode: Literal["kafka", "archive", "auto"] = "kafka"
     archive: Path | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise ValueError(f"unknown source {self.mode!r}: use one of {', '.join(MODES)}")
+            raise ConfigurationError(f"unknown source {self.mode!r}: use one of {', '.join(MODES)}")
         if self.mode == "archive" and self.archive is None:
-            raise ValueError("--source archive needs the archive's folder (--archive DIR or AGENTSTREAM_ARCHIVE)")
+            raise ConfigurationError("--source archive needs the archive's folder (--archive DIR or AGENTSTREAM_ARCHIVE)")
 
     def manifest(self, topic: str) -> Manifest | None:
         if self.mode == "kafka" or self.archive is None:
             return None
         found = Manifest.load(self.archive, topic)
         if found is None and self.mode == "archive":
-            raise LookupError(f"the archive {self.archive} holds nothing of {topic!r}; is `agentstream archive` "
+            raise LogUnavailable(f"the archive {self.archive} holds nothing of {topic!r}; is `agentstream archive` "
                               "running with this prefix and folder? (or use --source kafka)")
         return found
 
@@ -133,7 +141,7 @@ async def scan(
     plan = await plan_scan(settings, topic, bounds, origin)
     progress = ScanProgress(total=sum(end - start for start, end in plan.ranges.values()),
                             positions={p: start for p, (start, _) in plan.ranges.items()})
-    if plan.old:
+    if plan.old and plan.manifest:
         for batch in archive_records(plan.manifest, plan.old, batch_size):
             for record in batch:
                 progress.positions[record.partition] = record.offset + 1
@@ -160,7 +168,7 @@ async def resolve(settings: KafkaSettings, topic: str, bounds: Bounds = Bounds()
     (what a resumed replay needs: the log grows meanwhile, and an age like `10m` moves).
     """
     manifest = manifest or origin.manifest(topic)
-    if origin.mode == "archive":
+    if origin.mode == "archive" and manifest:  # (the archive mode has one, or `origin.manifest` raised)
         return manifest.range(bounds)
     ranges = await asyncio.to_thread(_kafka_range, settings, topic, bounds)
     if manifest is None:
@@ -186,7 +194,7 @@ async def resolve(settings: KafkaSettings, topic: str, bounds: Bounds = Bounds()
 # --- Kafka ---------------------------------------------------------------------------------------
 
 
-def _consumer(settings: KafkaSettings, **extra):
+def _consumer(settings: KafkaSettings, **extra: Any) -> Consumer:
     from confluent_kafka import Consumer
 
     return Consumer({
@@ -208,31 +216,31 @@ def _consumer(settings: KafkaSettings, **extra):
 class _Quiet:
     """librdkafka logs connection hiccups itself; errors that matter surface as exceptions."""
 
-    def log(self, *args, **kwargs):
+    def log(self, *args: Any, **kwargs: Any) -> None:
         pass
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Callable[..., None]:
         return self.log
 
 
 _quiet = _Quiet()
 
 
-def _partitions(consumer, settings: KafkaSettings, topic: str) -> list[int]:
+def _partitions(consumer: Consumer, settings: KafkaSettings, topic: str) -> list[int]:
     from confluent_kafka import KafkaException
 
     try:
         metadata = consumer.list_topics(topic, timeout=15)
     except KafkaException as exc:
-        raise LookupError(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from None
+        raise LogUnavailable(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from None
     found = metadata.topics.get(topic)
     if found is None or found.error is not None or not found.partitions:
-        raise LookupError(f"topic {topic!r} does not exist on {settings.bootstrap_servers}; "
+        raise LogUnavailable(f"topic {topic!r} does not exist on {settings.bootstrap_servers}; "
                           "check the topic prefix (--prefix / AGENTSTREAM_TOPIC_PREFIX)")
     return sorted(found.partitions)
 
 
-def _retrying(call, what: str, deadline_s: float = 30.0):
+def _retrying(call: Callable[[], T], what: str, deadline_s: float = 30.0) -> T:
     """`call()`, again while the broker answers with a passing error (a leader being elected)."""
     from confluent_kafka import KafkaException
 
@@ -243,7 +251,7 @@ def _retrying(call, what: str, deadline_s: float = 30.0):
         except KafkaException as exc:
             error = exc.args[0]
             if time.monotonic() > deadline or not (error.retriable() or error.code() in _PASSING):
-                raise LookupError(f"{what}: {error.str()}") from None
+                raise LogUnavailable(f"{what}: {error.str()}") from None
         time.sleep(0.2)  # backoff before asking the broker again
 
 
@@ -264,8 +272,8 @@ def _kafka_range(settings: KafkaSettings, topic: str, bounds: Bounds) -> dict[in
     consumer = _consumer(settings)
     try:
         partitions = _partitions(consumer, settings, topic)
-        marks = {p: _retrying(lambda p=p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15,
-                                                                         cached=False), f"offsets of {topic}")
+        marks = {p: _retrying(partial(consumer.get_watermark_offsets, TopicPartition(topic, p), timeout=15,
+                                      cached=False), f"offsets of {topic}")
                  for p in partitions}
         starts = {p: low for p, (low, _) in marks.items()}
         ends = {p: high for p, (_, high) in marks.items()}
@@ -314,7 +322,7 @@ async def _kafka_records(settings: KafkaSettings, topic: str, ranges: dict[int, 
                             positions[p] = ends[p]
                             pending.discard(p)
                         continue
-                    raise LookupError(f"reading {topic} from {settings.bootstrap_servers}: {m.error().str()}")
+                    raise LogUnavailable(f"reading {topic} from {settings.bootstrap_servers}: {m.error().str()}")
                 offset = m.offset()
                 if p not in pending or offset >= ends[p]:
                     continue
@@ -348,7 +356,7 @@ class Manifest:
 
     folder: Path
     ends: dict[int, int] = field(default_factory=dict)
-    files: list[dict] = field(default_factory=list)
+    files: list[dict[str, Any]] = field(default_factory=list)
     """{"path": relative to the folder, "rows": n, "bytes": n, "offsets": {partition: [first, last]},
     "times": [min, max] record timestamp}"""
     commits: int = 0
@@ -363,7 +371,7 @@ class Manifest:
             raw = orjson.loads(path.read_bytes())
             return cls(folder, {int(p): e for p, e in raw["ends"].items()}, raw["files"], raw["commits"])
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            raise LookupError(f"the archive manifest {path} is unreadable ({exc}); restore it from a backup, "
+            raise LogUnavailable(f"the archive manifest {path} is unreadable ({exc}); restore it from a backup, "
                               "or move the topic's folder away to archive it again") from None
 
     def save(self) -> None:
@@ -428,7 +436,7 @@ def _files(manifest: Manifest, ranges: dict[int, tuple[int, int]], partition: in
     return paths
 
 
-def _in_ranges(ranges: dict[int, tuple[int, int]]):
+def _in_ranges(ranges: dict[int, tuple[int, int]]) -> pl.Expr:
     import polars as pl
 
     conditions = [(pl.col("kafka_partition") == p) & pl.col("kafka_offset").is_between(start, end - 1)
@@ -454,7 +462,7 @@ def archive_records(manifest: Manifest, ranges: dict[int, tuple[int, int]],
                    for offset, ts, key, value in zip(*(chunk[c].to_list() for c in chunk.columns))]
 
 
-def archive_table(manifest: Manifest, ranges: dict[int, tuple[int, int]], columns: list[str]):
+def archive_table(manifest: Manifest, ranges: dict[int, tuple[int, int]], columns: list[str]) -> pl.DataFrame | None:
     """The archived table rows (decoded when archived) in `ranges`: the columns asked for, readable rows only."""
     import polars as pl
 
@@ -488,7 +496,7 @@ def parse_time(text: str, now_ms: int | None = None) -> int:
     try:
         parsed = datetime.fromisoformat(text)
     except ValueError:
-        raise ValueError(f"cannot read time {text!r}: give epoch ms, ISO-8601 (2026-12-02T10:00), "
+        raise ConfigurationError(f"cannot read time {text!r}: give epoch ms, ISO-8601 (2026-12-02T10:00), "
                          "or an age such as 10m, 2h, 3d") from None
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=timezone.utc)
@@ -501,4 +509,4 @@ def parse_offsets(text: str) -> dict[int, int]:
         pairs = [part.split(":") for part in text.split(",") if part.strip()]
         return {int(partition): int(offset) for partition, offset in pairs}
     except ValueError:
-        raise ValueError(f"cannot read offsets {text!r}: write PARTITION:OFFSET pairs, e.g. 0:100,1:250") from None
+        raise ConfigurationError(f"cannot read offsets {text!r}: write PARTITION:OFFSET pairs, e.g. 0:100,1:250") from None

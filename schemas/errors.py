@@ -1,0 +1,53 @@
+"""The errors agentstream raises, in one tree: catch a kind, or the base for all of them.
+
+Every message says what went wrong and what to do about it; the CLI prints it as one line
+instead of a traceback. Each kind also derives from the builtin exception it used to be, so
+`except ValueError` / `except LookupError` / `except RuntimeError` around older code still holds.
+
+* AgentstreamError
+  * ConfigurationError (ValueError) - a setting, flag, argument or file that cannot work as given
+    * controller.tasks.TaskFileError, recipes.swe.tasks.TaskFileError, dashboard.rollouts.FilterError,
+      streams.rewards.RewardError, agentstream.replay.ReplayError
+  * LogUnavailable (LookupError) - Kafka or the archive cannot serve what was asked: unreachable,
+    no such topic, an unreadable archive manifest
+    * controller.controller.KafkaUnavailable
+  * DecodeError (ValueError) - bytes that are not what they claim to be
+    * UnsupportedSchemaVersion - an event written by a newer agentstream
+    * schemas.tokens.InvalidToken - a rollout token that does not verify
+  * ServiceError (RuntimeError) - a part of the platform could not do its job while running
+    * trainer.errors.TrainerError (and CheckpointLocked), controller.controller.RunLocked,
+      controller.attempt.LaunchError, sandbox.contract.SandboxError,
+      agentstream.stack.StackError, gateway.pool_sync.UpdateFailed, recipes.swe: GradeError,
+      BuildError, EnvError, WorkspaceError, RepoError, SandboxExhausted
+  * gateway.errors.GatewayError - an error the agent gets as an HTTP response (OpenAI's shape)
+"""
+
+from __future__ import annotations
+
+
+class AgentstreamError(Exception):
+    """The base of every error agentstream raises on purpose; its message names the fix."""
+
+
+class ConfigurationError(AgentstreamError, ValueError):
+    """A setting, flag, argument or file that cannot work as given."""
+
+
+class LogUnavailable(AgentstreamError, LookupError):
+    """Kafka or the archive cannot serve what was asked (unreachable, no such topic, unreadable)."""
+
+
+class DecodeError(AgentstreamError, ValueError):
+    """The bytes are not what they claim to be (an event this version understands, a valid token)."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
+
+
+class UnsupportedSchemaVersion(DecodeError):
+    """An event written by a newer agentstream: deadletter it rather than guess at its meaning."""
+
+
+class ServiceError(AgentstreamError, RuntimeError):
+    """A part of the platform could not do its job while running (a server, a sandbox, a build)."""

@@ -1,0 +1,45 @@
+"""Operator keys: the setting the gateway and the dashboard share (AGENTSTREAM_API_KEYS, the same keys
+for both) and the check of the key a request presents."""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Collection, Mapping
+from typing import Annotated, Any
+
+from pydantic import SecretStr
+from pydantic_settings import NoDecode
+
+OperatorKeys = Annotated[list[SecretStr], NoDecode]
+"""a settings field of operator keys: from the environment as a JSON list or `key1,key2` (`text_list`)"""
+
+
+def text_list(value: Any) -> Any:
+    """A list setting from text: a JSON list, or `a,b`, which is easier to type; anything else as it is."""
+    if isinstance(value, str):
+        text = value.strip()
+        return json.loads(text) if text.startswith("[") else [part.strip() for part in text.split(",") if part.strip()]
+    return value
+
+
+def secret_values(keys: list[SecretStr]) -> frozenset[str]:
+    """The keys as text, empty ones left out."""
+    return frozenset(key.get_secret_value() for key in keys if key.get_secret_value())
+
+
+def presented_key(headers: Mapping[str, str]) -> str | None:
+    """The key a request presents (lower-cased header names): a bearer token, else x-api-key or api-key."""
+    authorization = headers.get("authorization")
+    if authorization:
+        scheme, _, value = authorization.partition(" ")
+        if scheme.lower() == "bearer" and value.strip():
+            return value.strip()
+    # the Anthropic SDK sends x-api-key; Azure-style clients send api-key
+    return headers.get("x-api-key") or headers.get("api-key") or None
+
+
+def is_operator_key(key: str, keys: Collection[bytes]) -> bool:
+    """Whether `key` is one of `keys` (encoded), compared in constant time."""
+    presented = key.encode()
+    return any(hmac.compare_digest(presented, known) for known in keys)
