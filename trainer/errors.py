@@ -3,3 +3,7 @@
 
 class TrainerError(RuntimeError):
     pass
+
+
+class RanksFailed(TrainerError):
+    """A rank of a sharded update died or failed: the step is void; the service restarts the ranks."""
