@@ -86,13 +86,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--completion", type=int, default=64)
     args = vars(parser.parse_args(argv))
-    import os
-
     import ray
     from transformers.utils import logging as hf_logging
 
     from agentstream.stack.tiny_model import build_tiny_model
-    from trainer.ranks import LocalRay, ray_env
+    from trainer.ranks import LocalRay, join_with_token
 
     hf_logging.set_verbosity_error()
     report = Report("ranks")
@@ -104,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
                                            text=True).stdout.strip().splitlines()[-1])
         local = LocalRay(cpus=2, temp_dir=Path(tmp) / "ray")
         address = local.start()
-        os.environ.update(ray_env())
+        join_with_token()
         ray.init(address=address, _node_ip_address="127.0.0.1", logging_level="WARNING")
         try:
             results = {n: ranked(model_dir, n, address, args) for n in (1, 2)}

@@ -18,7 +18,7 @@ from tests.trainer_fixtures import arithmetic_groups
 from trainer.checkpoint import CheckpointStore
 from trainer.errors import TrainerError
 from trainer.grpo import Policy
-from trainer.ranks import LocalRay, RankedPolicy, balance, even_out, ray_env
+from trainer.ranks import LocalRay, RankedPolicy, balance, even_out, join_with_token
 from trainer.service import Trainer
 from trainer.settings import TrainerSettings
 
@@ -32,7 +32,7 @@ def ray_address(tmp_path_factory):
 
     local = LocalRay(cpus=2, temp_dir=tmp_path_factory.mktemp("ray"))
     address = local.start()
-    os.environ.update(ray_env())
+    join_with_token()
     ray.init(address=address, _node_ip_address="127.0.0.1", logging_level="WARNING")
     try:
         yield address
@@ -75,7 +75,7 @@ def test_two_ranks_give_the_update_of_one_process(tiny_model_dirs, ray_address, 
     assert metrics["rank_tokens_max_share"] < 0.6, "the ranks' token counts are not balanced"
     weights = load_file(tmp_path / "model.safetensors")
     for name, tensor in one.model.state_dict().items():
-        assert torch.allclose(weights[name], tensor, atol=2e-6), name
+        assert torch.allclose(weights[name], tensor, atol=1e-5), name
     assert not torch.equal(weights["model.embed_tokens.weight"], load_file(base / "model.safetensors")[
         "model.embed_tokens.weight"]), "the update did not move the weights"
     # the optimizer state is saved in the one-process format: a restart may change the number of ranks
@@ -116,7 +116,7 @@ async def test_a_rank_killed_mid_step_voids_the_step_and_the_batch_is_trained_on
     reference.update(samples_of(events))
     weights = load_file(tmp_path / "ckpt" / "v000001" / "model.safetensors")
     for name, tensor in reference.model.state_dict().items():
-        assert torch.allclose(weights[name], tensor, atol=2e-6), name
+        assert torch.allclose(weights[name], tensor, atol=1e-5), name
 
 
 @pytest.mark.vllm

@@ -335,10 +335,11 @@ class LocalRay:
         self.log = self.temp_dir / "ray-start.log"
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=ray_env(),
-                                            start_new_session=True, preexec_fn=_raise_priority)
+                                            start_new_session=True, preexec_fn=_child_setup)
         self.address = f"127.0.0.1:{ports['port']}"
         deadline = time.monotonic() + timeout
         while b"Ray runtime started" not in self.log.read_bytes():
+            self._report_agent_ports(ports)
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 tail = self.log.read_text(errors="replace")[-2000:]
@@ -347,6 +348,24 @@ class LocalRay:
         with contextlib.suppress(OSError):  # started: back to everybody's priority
             os.setpriority(os.PRIO_PGRP, self.process.pid, 0)
         return self.address
+
+    AGENT_PORT_FILES = {"dashboard_agent_listen_port": "dashboard-agent-listen-port",
+                        "metrics_agent_port": "dashboard-agent-grpc-port",
+                        "metrics_export_port": "metrics-export-port",
+                        "runtime_env_agent_port": "runtime-env-agent-port"}
+
+    def _report_agent_ports(self, ports: dict[str, int]) -> None:
+        """Write the port files the raylet waits for (at most 15 s, fixed) on the agents' behalf: the
+        ports were chosen here, so their content is known before the agents, slow to import on a busy
+        machine, write the same."""
+        for known in self.temp_dir.glob("session_*/gcs_server_port_*"):
+            node_id = known.name.removeprefix("gcs_server_port_")
+            for name, flag in self.AGENT_PORT_FILES.items():
+                target = known.with_name(f"{name}_{node_id}")
+                if not target.exists():
+                    partial = target.with_name(f".{target.name}.tmp")
+                    partial.write_text(str(ports[flag]))
+                    partial.rename(target)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -362,13 +381,30 @@ class LocalRay:
 def ray_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no calls home
+    env.setdefault("RAY_AUTH_MODE", "token")  # the cluster and its clients share ~/.ray/auth_token
     # under `uv run` Ray would start its workers with `uv run` too, outside this environment
     env.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     return env
 
 
-def _raise_priority() -> None:
-    """Ray's start-up races a fixed 15 s timeout: give it the CPU first where we may (root), until it is up."""
+def join_with_token() -> None:
+    """Set this process up to join: token authentication, and workers run with this Python. Ray read
+    both settings when first imported (verl imports it), so they are refreshed here."""
+    os.environ.update(ray_env())
+    from ray._private import ray_constants
+    from ray._raylet import Config
+
+    Config.initialize("")
+    ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = False
+
+
+def _child_setup() -> None:
+    """In the `ray start` child: die with the trainer (SIGTERM when its parent dies, even by SIGKILL:
+    no Ray is left behind); and as Ray's start-up races a fixed timeout, take the CPU first where we
+    may (root) until it is up."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     if os.geteuid() == 0:
         os.nice(-10)
 
@@ -386,7 +422,7 @@ def connect(settings: TrainerSettings) -> LocalRay | None:
 
     if ray.is_initialized():
         return None
-    os.environ.update(ray_env())
+    join_with_token()
     local = None
     if not settings.ray_address:
         cuda = settings.device.startswith("cuda")
