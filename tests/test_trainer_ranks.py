@@ -48,7 +48,7 @@ def test_balance_splits_by_tokens_and_evens_out_micro_batches():
     sums = [sum([100, 90, 10, 10, 10, 10, 5, 5][i] for i in part) for part in parts]
     assert sorted(i for part in parts for i in part) == list(range(8)) and abs(sums[0] - sums[1]) <= 10
     micro = even_out([torch.tensor([0, 1, 2, 3])], 3, padding=9)
-    assert [m.tolist() for m in micro] == [[0, 1], [2], [3]]
+    assert [m.tolist() for m in micro] == [[0], [1], [2, 3]]
     assert [m.tolist() for m in even_out([torch.tensor([4])], 2, padding=9)] == [[4], [9]]
 
 
