@@ -327,6 +327,7 @@ class LocalRay:
 
     def _start_once(self, timeout: float = 180) -> str:
         ports = {name: _free_port() for name in self.PORTS}
+        self.temp_dir.mkdir(parents=True, exist_ok=True)
         command = [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block",
                    "--node-ip-address", "127.0.0.1", "--num-cpus", str(self.cpus), "--num-gpus", str(self.gpus),
                    "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", str(self.temp_dir),
