@@ -20,6 +20,7 @@ BENCHMARKS = {
     "sandbox_overhead": "the local sandbox's start-up and per-command cost against a bare subprocess",
     "swe_grading": "seconds per grading in a fresh sandbox vs. the bare test run; coding tasks built per minute",
     "smollm2": "SmolLM2-135M trainer tokens/s (full, LoRA) vs a supervised step; its swap pause vs the tiny model's",
+    "ranks": "the trainer's update on 1 vs 2 Ray ranks (FSDP2/gloo): samples/s, share in collectives, memory",
     "trainer_learning": "how fast the trainer's update teaches the tiny model the demo's task",
     "recipe_swe": "the coding recipe's rollouts per minute and where the time goes, vs. a scripted agent",
 }

@@ -5,3 +5,7 @@ from schemas.errors import ServiceError
 
 class TrainerError(ServiceError):
     pass
+
+
+class RanksFailed(TrainerError):
+    """A rank of a sharded update died or failed: the step is void; the service restarts the ranks."""

@@ -134,11 +134,11 @@ def chunks(rows: int, size: int) -> list[slice]:
     return [slice(start, min(start + size, rows)) for start in range(0, rows, size)]
 
 
-def micro_batches(batch: Tensors, mini: slice, settings: TrainerSettings) -> list[torch.Tensor]:
-    """The rows of a mini-batch as micro-batches (row indices): by --micro-batch-tokens, rows longest
-    first, each micro-batch at most that many padded tokens (a longer row goes alone); else
-    --micro-batch-size rows in order."""
-    rows = torch.arange(mini.start, mini.stop)
+def micro_batches(batch: Tensors, mini: slice | torch.Tensor, settings: TrainerSettings) -> list[torch.Tensor]:
+    """The rows of a mini-batch (a slice, or row indices) as micro-batches (row indices): by
+    --micro-batch-tokens, rows longest first, each micro-batch at most that many padded tokens (a
+    longer row goes alone); else --micro-batch-size rows in order."""
+    rows = torch.arange(mini.start, mini.stop) if isinstance(mini, slice) else mini
     if not settings.micro_batch_tokens:
         return [rows[part] for part in chunks(len(rows), settings.micro_batch_size)]
     lengths = batch.attention_mask[rows].sum(-1)
@@ -157,12 +157,14 @@ def micro_batches(batch: Tensors, mini: slice, settings: TrainerSettings) -> lis
 
 def accumulate_gradients(model: torch.nn.Module, batch: Tensors, advantages: torch.Tensor,
                          micro: list[torch.Tensor], policy_loss, config: ActorConfig,
-                         settings: TrainerSettings) -> dict[str, float]:
+                         settings: TrainerSettings, mini_tokens: float | None = None) -> dict[str, float]:
     """Loss and backward over the micro-batches of one mini-batch; their gradients add up to the
     mini-batch's (verl aggregates each micro-batch's loss against the whole mini-batch's token and
-    row counts, set in `config.global_batch_info`). Returns the summed loss and token-weighted metrics."""
+    row counts, set in `config.global_batch_info`). Returns the summed loss and token-weighted metrics
+    (weighted against `mini_tokens`, the mini-batch's generated tokens over all ranks; default: these)."""
     s = settings
-    mini_tokens = sum(batch.loss_mask[rows].sum().item() for rows in micro)
+    if mini_tokens is None:
+        mini_tokens = sum(batch.loss_mask[rows].sum().item() for rows in micro)
     step = dict(loss=0.0, kl=0.0, clipfrac=0.0, entropy=0.0)
     for rows in micro:
         width = int(batch.attention_mask[rows].sum(-1).max())  # cut the padding this micro-batch does not need
@@ -183,6 +185,27 @@ def accumulate_gradients(model: torch.nn.Module, batch: Tensors, advantages: tor
         step["entropy"] += entropy_term.item()
         step["kl"] += share * pg_metrics.get("actor/ppo_kl", 0.0)
         step["clipfrac"] += share * pg_metrics.get("actor/pg_clipfrac", 0.0)
+    return step
+
+
+def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, policy_loss, config: ActorConfig,
+                   batch: Tensors, advantages: torch.Tensor, micro: list[torch.Tensor], tokens: float, sequences: int,
+                   dp_size: int, settings: TrainerSettings) -> dict[str, float]:
+    """One optimizer step on a mini-batch, or on this rank's part of it: `tokens` and `sequences` count
+    the whole mini-batch over all `dp_size` ranks, so every rank's loss is normalised globally (verl
+    scales it by dp_size; the ranks' gradients are then averaged, which makes them the mini-batch's)."""
+    optimizer.zero_grad(set_to_none=True)
+    config.global_batch_info.update(dp_size=dp_size, batch_num_tokens=tokens, global_batch_size=sequences)
+    step = accumulate_gradients(model, batch, advantages, micro, policy_loss, config, settings, mini_tokens=tokens)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    grad_norm = torch.nn.utils.clip_grad_norm_(trainable, settings.max_grad_norm)
+    if hasattr(grad_norm, "full_tensor"):  # sharded parameters (FSDP2): the norm over every rank's shard
+        grad_norm = grad_norm.full_tensor()
+    finite = bool(torch.isfinite(grad_norm))
+    if finite:  # one bad batch must not poison the weights
+        optimizer.step()
+    step["grad_norm"] = grad_norm.item() if finite else 0.0
+    step["nonfinite_grad_steps"] = 0.0 if finite else 1.0
     return step
 
 
@@ -302,20 +325,13 @@ class Policy:
 
     def _optimizer_step(self, batch: Tensors, advantages: torch.Tensor, mini: slice) -> dict[str, float]:
         s = self.settings
-        self.optimizer.zero_grad(set_to_none=True)
-        self.config.global_batch_info.update(
-            dp_size=1, batch_num_tokens=batch.loss_mask[mini].sum().item(),
-            global_batch_size=int((batch.loss_mask[mini].sum(-1) > 0).sum()))
-        step = accumulate_gradients(self.model, batch, advantages, micro_batches(batch, mini, s), self.policy_loss,
-                                    self.config, s)
-        trainable = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, s.max_grad_norm)
-        finite = bool(torch.isfinite(grad_norm))
-        if finite:  # one bad batch must not poison the weights
-            self.optimizer.step()
-        step["grad_norm"] = grad_norm.item() if finite else 0.0
-        step["nonfinite_grad_steps"] = 0.0 if finite else 1.0
-        return step
+        micro = micro_batches(batch, mini, s)
+        return optimizer_step(self.model, self.optimizer, self.policy_loss, self.config, batch, advantages, micro,
+                              tokens=batch.loss_mask[mini].sum().item(),
+                              sequences=int((batch.loss_mask[mini].sum(-1) > 0).sum()), dp_size=1, settings=s)
+
+    def save_optimizer(self, path: Path) -> None:
+        torch.save(self.optimizer.state_dict(), path)
 
     @staticmethod
     def _batch_metrics(samples: list[Sample], batch: Tensors, advantages: torch.Tensor) -> dict[str, float]:

@@ -14,6 +14,10 @@ from the group's (lagging) offsets, so no sample is trained twice or skipped.
 
 SIGTERM (or Ctrl-C) lets the update in progress finish all four steps, then stops; samples still
 buffered are not committed and are read again by the next trainer.
+
+With `--ranks N` the update of step 1 runs on N Ray actors (`trainer.ranks`); this process stays
+the one consumer and ledger owner. A rank that dies mid-step voids the step before anything of it is
+settled: the ranks are restarted from the newest checkpoint and the same batch is trained again.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from schemas.kafka import Publisher, deadletter_event, ensure_topics, make_produ
 from schemas.scan import Bounds, resolve, scan
 from trainer.batcher import Batch, Batcher, Sample, group_of, weigh
 from trainer.checkpoint import Checkpoint, CheckpointStore, TrainingState
-from trainer.errors import TrainerError
+from trainer.errors import RanksFailed, TrainerError
 from trainer.grpo import Policy
 from trainer.ledger import Ledger
 from trainer.settings import TrainerSettings
@@ -72,6 +76,7 @@ class Trainer:
             cleanup.callback(self.store.unlock)
             latest = self.store.latest()
             self._load(latest)
+            cleanup.callback(self._close_policy)
             self.ledger = Ledger(self.source.name, latest.state.ledger if latest else None, s.dedupe_window)
             self.batcher = Batcher(s)
             if not s.offline_file:
@@ -101,19 +106,38 @@ class Trainer:
                 raise TrainerError(f"no checkpoint in {self.store.root} and no model to start from: pass "
                                  "--base-model DIR (a Hugging Face model folder, e.g. `agentstream model tiny DIR`)")
             self.model_dir, self.version, self.step = s.base_model.resolve(), s.initial_version, 0
-            self.policy = Policy.load(self.model_dir, s)
+            self.policy = self._make_policy(self.model_dir, None, s)
             log.info("starting from %s at version %d", self.model_dir, self.version)
             return
         if latest.state.model != s.model:
             raise TrainerError(f"{self.store.root} holds checkpoints of model {latest.state.model!r}, not {s.model!r}: "
                              "pass --model or another --checkpoint-dir")
-        optimizer_state = None
-        if s.save_optimizer and latest.optimizer_file.is_file():
-            optimizer_state = torch.load(latest.optimizer_file, weights_only=True, map_location=s.device)
+        optimizer_file = latest.optimizer_file if s.save_optimizer and latest.optimizer_file.is_file() else None
         self.model_dir, self.version, self.step = latest.path, latest.version, latest.state.step
-        self.policy = Policy.load(latest.path, s, optimizer_state)
+        self.policy = self._make_policy(latest.path, optimizer_file, s)
         log.info("resuming from %s (version %d, step %d%s)", latest.path, self.version, self.step,
-                 ", optimizer state restored" if optimizer_state else "")
+                 ", optimizer state restored" if optimizer_file else "")
+
+    @staticmethod
+    def _make_policy(folder: Path, optimizer_file: Path | None, settings: TrainerSettings):
+        """The model being trained: in this process, or sharded over `--ranks` Ray actors."""
+        if settings.ranks > 1:
+            from trainer.ranks import RankedPolicy  # imports Ray: only when asked for
+
+            return RankedPolicy.load(folder, settings, optimizer_file)
+        optimizer_state = torch.load(optimizer_file, weights_only=True, map_location=settings.device) \
+            if optimizer_file else None
+        return Policy.load(folder, settings, optimizer_state)
+
+    def _restart_policy(self) -> None:
+        """Fresh ranks from the newest checkpoint (or the base model): the state before the failed step."""
+        s = self.settings
+        optimizer_file = self.model_dir / "training_state" / "optimizer.pt"
+        self.policy = self.policy.restart(self.model_dir, optimizer_file if optimizer_file.is_file() else None, s)
+
+    def _close_policy(self) -> None:
+        if hasattr(self.policy, "close"):
+            self.policy.close()
 
     async def _announce_if_missing(self, latest: Checkpoint) -> None:
         """A checkpoint written just before a crash may lack its weights event: publish it now."""
@@ -216,7 +240,7 @@ class Trainer:
 
     async def _update(self, batch: Batch) -> None:
         s = self.settings
-        metrics = await asyncio.to_thread(self.policy.update, batch.samples)
+        metrics = await self._train(batch)
         for sample in batch.samples:
             self.ledger.settle(sample.partition, sample.offset, sample.id)
         version, base = self.version + 1, self.version
@@ -247,6 +271,22 @@ class Trainer:
         self.store.prune(s.keep_checkpoints)
         self._log_version(event, checkpoint_s)
 
+    async def _train(self, batch: Batch) -> dict[str, float]:
+        """Policy.update, retried on fresh ranks when a rank dies (nothing of the failed step is kept:
+        the ledger is settled, the checkpoint written and the offsets committed only after a success)."""
+        s = self.settings
+        for attempt in range(s.rank_restarts + 1):
+            try:
+                return await asyncio.to_thread(self.policy.update, batch.samples)
+            except RanksFailed as exc:
+                if attempt == s.rank_restarts:
+                    raise TrainerError(f"{exc}; gave up after {attempt} restarts of the ranks (--rank-restarts). "
+                                       "Nothing of this batch was kept: a restarted trainer trains it again") from exc
+                log.warning("%s: the step is void; restarting the ranks from version %d and training the same "
+                            "%d samples again", exc, self.version, len(batch.samples))
+                await asyncio.to_thread(self._restart_policy)
+        raise AssertionError("unreachable")
+
     def _accounting(self, samples: list[Sample]) -> dict[str, float]:
         staleness = [sample.staleness for sample in samples]
         counts = {f"{reason}_dropped": float(n) for reason, n in self.dropped.items()}
@@ -260,7 +300,7 @@ class Trainer:
         }
 
     def _save_optimizer(self, path: Path) -> None:
-        torch.save(self.policy.optimizer.state_dict(), path)
+        self.policy.save_optimizer(path)
 
     # --- progress -----------------------------------------------------------------------------
 

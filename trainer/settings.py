@@ -111,6 +111,23 @@ class TrainerSettings(KafkaSettings):
     device: str = Field("cpu", description="torch device to train on (cpu, cuda, cuda:1, …)")
     torch_threads: int = Field(0, ge=0, description="torch CPU threads; 0: torch's default")
 
+    # --- ranks (sharded update on Ray) -------------------------------------------------------
+    ranks: int = Field(1, ge=1, description="train on this many rank processes (Ray actors) that shard the model "
+                                            "with FSDP2 (gloo on CPU, NCCL with one GPU each on --device cuda); 1: "
+                                            "in this process")
+    ray_address: str = Field("", description="with --ranks > 1: the Ray cluster to place the ranks on (e.g. "
+                                             "10.0.0.5:6379); empty: start a local Ray with just the CPUs/GPUs the "
+                                             "ranks need")
+    rank_restarts: int = Field(2, ge=0, description="times one batch is retried on fresh ranks after a rank died "
+                                                    "mid-step, before the trainer gives up")
+    ray_object_store_mb: int = Field(512, ge=80, description="object store of a locally started Ray (batches pass "
+                                                             "through it; weights do not)")
+    fsdp_cpu_offload: bool = Field(False, description="with --ranks > 1: keep the sharded parameters, gradients "
+                                                      "and optimizer state in CPU memory between uses (FSDP2 "
+                                                      "CPUOffloadPolicy): larger models per GPU, slower steps")
+    cuda_alloc_conf: str = Field("expandable_segments:True", description="PYTORCH_CUDA_ALLOC_CONF of the GPU ranks "
+                                                                         "(less fragmentation with varying lengths)")
+
     # --- running -----------------------------------------------------------------------------
     max_versions: int = Field(0, ge=0, description="stop after publishing this many versions; 0: run until "
                                                    "SIGTERM (live) or the end of the offline range")
@@ -141,6 +158,9 @@ class TrainerSettings(KafkaSettings):
             raise ValueError("give --offline-file or --offline-topic, not both")
         if self.min_group_size > self.group_size:
             raise ValueError(f"--min-group-size ({self.min_group_size}) exceeds --group-size ({self.group_size})")
+        if self.ranks > 1 and self.lora_rank:
+            raise ValueError("--lora-rank trains in one process only: give --ranks 1 (LoRA on sharded ranks is "
+                             "not built yet)")
         return self
 
     @property

@@ -1,0 +1,552 @@
+"""The update on N ranks: Ray actors that shard the model with FSDP2 and train one batch together.
+
+    service (Kafka, ledger, checkpoint)           rank actors (Ray), one torch.distributed group
+    ───────────────────────────────────           ──────────────────────────────────────────────
+    samples ─▶ tensors ─▶ advantages (verl)
+      ─▶ split each mini-batch by tokens ──────▶  rank r: its rows, micro-batches by token budget
+                                                    forward/backward (grpo's loss; FSDP2 all-gathers
+                                                    parameters, reduce-scatters gradients)
+                                                    clip (global norm) ─▶ AdamW on its shard
+    metrics ◀──── summed over ranks ◀────────────
+    checkpoint folder ◀─── rank 0 writes the gathered full state dict
+
+The service stays the one Kafka consumer and ledger owner (`trainer.service`); `RankedPolicy` has
+the interface of `grpo.Policy` (load, update, save, save_optimizer), so the service's order
+(train, checkpoint, announce, commit) is the same for one rank and for many.
+
+One result, however many ranks. The service computes the advantages on the whole batch (group
+statistics need whole groups) and splits every mini-batch's rows across the ranks, balanced by
+token count (longest first, each to the rank with the fewest tokens so far). Each rank's loss is
+normalised by the whole mini-batch's token and sequence counts and scaled by the number of ranks
+(verl's `agg_loss(dp_size=…)`); FSDP averages the ranks' gradients, which makes them the gradients
+one process computes on the whole mini-batch. FSDP runs a collective in every forward and backward,
+so every rank must run as many micro-batches: a rank with fewer splits its largest ones, and a rank
+with nothing left to split runs a padding row whose loss mask is zero (its gradient is zero).
+
+A rank that dies (killed, out of memory, a lost node) fails the whole step: the service kills the
+other ranks, nothing is checkpointed, announced or committed, and the batch is trained again on
+fresh ranks loaded from the newest checkpoint (`RanksFailed`, `--rank-restarts`).
+
+GPU: one GPU per rank (Ray places them), NCCL, FSDP2 mixed precision (bfloat16 parameters and
+compute, float32 gradient reduction and master weights) when `--dtype` resolves to bfloat16,
+`PYTORCH_CUDA_ALLOC_CONF` from `--cuda-alloc-conf`, optional CPU offload of the sharded
+parameters and optimizer state (`--fsdp-cpu-offload`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from trainer.batcher import Sample
+from trainer.errors import RanksFailed, TrainerError
+from trainer.grpo import (Policy, Tensors, chunks, compute_advantages, compute_dtype, micro_batches,
+                          optimizer_step, to_tensors)
+from trainer.settings import TrainerSettings
+
+log = logging.getLogger("trainer.ranks")
+
+# --- splitting a batch across ranks (runs in the service) -----------------------------------------
+
+
+@dataclass
+class Shard:
+    """What one rank trains on in one update: its rows, and per mini-batch its micro-batches (local
+    row indices; as many on every rank) with the whole mini-batch's token and sequence counts."""
+
+    batch: Tensors
+    advantages: torch.Tensor
+    minis: list[list[torch.Tensor]]
+    tokens: list[float]
+    sequences: list[int]
+
+
+def balance(lengths: list[int], ranks: int) -> list[list[int]]:
+    """Positions of `lengths` split into `ranks` parts of nearly equal sums: longest first, each to
+    the part with the smallest sum so far (ties: the lower rank)."""
+    parts, sums = [[] for _ in range(ranks)], [0] * ranks
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        r = min(range(ranks), key=lambda r: (sums[r], len(parts[r]), r))
+        parts[r].append(i)
+        sums[r] += lengths[i]
+    return [sorted(part) for part in parts]
+
+
+def even_out(micro: list[torch.Tensor], count: int, padding: int) -> list[torch.Tensor]:
+    """`micro` made `count` micro-batches long: the one with most rows split in two while any has
+    more than one row, then padding micro-batches (the padding row alone)."""
+    micro = list(micro)
+    while len(micro) < count:
+        largest = max(range(len(micro)), key=lambda i: len(micro[i]), default=None)
+        if largest is None or len(micro[largest]) < 2:
+            micro.append(torch.tensor([padding]))
+            continue
+        rows = micro.pop(largest)
+        micro[largest:largest] = [rows[: len(rows) // 2], rows[len(rows) // 2:]]
+    return micro
+
+
+def select(batch: Tensors, rows: torch.Tensor) -> Tensors:
+    return dataclasses.replace(batch, index=batch.index[rows.numpy()], **{
+        name: getattr(batch, name)[rows] for name in
+        ("input_ids", "attention_mask", "loss_mask", "old_logprobs", "weights", "rewards")})
+
+
+def shard_batch(batch: Tensors, advantages: torch.Tensor, ranks: int, settings: TrainerSettings) -> list[Shard]:
+    lengths = batch.attention_mask.sum(-1)
+    plans = [[] for _ in range(ranks)]  # per rank, per mini-batch: micro-batches of batch rows
+    tokens, sequences = [], []
+    for mini in chunks(batch.rows, settings.mini_batch_size):
+        rows = torch.arange(mini.start, mini.stop)
+        parts = balance(lengths[rows].tolist(), ranks)
+        micro = [micro_batches(batch, rows[part], settings) if part else [] for part in parts]
+        count = max(len(m) for m in micro)
+        for r in range(ranks):
+            plans[r].append(even_out(micro[r], count, padding=-1))
+        tokens.append(batch.loss_mask[mini].sum().item())
+        sequences.append(int((batch.loss_mask[mini].sum(-1) > 0).sum()))
+    shortest = int(lengths.argmin())
+    shards = []
+    for plan in plans:
+        mine = sorted({int(row) for micro in plan for rows in micro for row in rows if row >= 0})
+        local = {row: i for i, row in enumerate(mine)}
+        local[-1] = len(mine)  # the padding row: the batch's shortest, nothing of it scored
+        rows = torch.tensor([*mine, shortest])
+        part, part_advantages = select(batch, rows), advantages[rows]
+        part.loss_mask[-1] = 0
+        minis = [[torch.tensor([local[int(row)] for row in rows]) for rows in micro] for micro in plan]
+        shards.append(Shard(part, part_advantages, minis, tokens, sequences))
+    return shards
+
+
+# --- one rank (a Ray actor) ------------------------------------------------------------------------
+
+
+class Rank:
+    """One member of the process group: a shard of the model and of its optimizer state."""
+
+    def __init__(self, rank: int, world: int, settings: TrainerSettings):
+        self.rank, self.world, self.settings = rank, world, settings
+        self.model = self.optimizer = None
+
+    def endpoint(self) -> tuple[str, int]:
+        """Where the group meets (asked of rank 0): this node's address and a free port."""
+        import ray
+
+        address = ray.util.get_node_ip_address()
+        with socket.socket() as probe:
+            probe.bind((address, 0))
+            return address, probe.getsockname()[1]
+
+    def start(self, master: tuple[str, int], folder: str, optimizer_file: str | None) -> int:
+        """Join the group, load the model in `folder` and shard it; return this process's id."""
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+        from transformers import AutoModelForCausalLM
+
+        s = self.settings
+        if s.torch_threads:
+            torch.set_num_threads(s.torch_threads)
+        cuda = s.device.startswith("cuda")
+        if cuda:  # Ray gives each rank its own GPU: it is device 0 of this process
+            torch.cuda.set_device(0)
+        self.device = "cuda:0" if cuda else "cpu"
+        self.settings = s = s.model_copy(update={"device": self.device})
+        dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://{master[0]}:{master[1]}",
+                                rank=self.rank, world_size=self.world)
+        mesh = init_device_mesh("cuda" if cuda else "cpu", (self.world,))
+        torch.manual_seed(s.seed)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        if s.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        low = compute_dtype(s)
+        fsdp = dict(mesh=mesh, offload_policy=CPUOffloadPolicy() if s.fsdp_cpu_offload else OffloadPolicy(),
+                    mp_policy=MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
+                    if low != torch.float32 else MixedPrecisionPolicy())
+        for layer in [m for m in model.modules() if type(m).__name__ in (model._no_split_modules or ())]:
+            fully_shard(layer, **fsdp)  # one all-gather per decoder layer, freed after use
+        fully_shard(model, **fsdp)  # the rest (embeddings, final norm, head)
+        if not s.fsdp_cpu_offload:
+            model.to(self.device)
+        self.model = model
+        policy = Policy(model, s)  # the same AdamW, policy loss and verl config as one process
+        self.optimizer, self.policy_loss, self.config = policy.optimizer, policy.policy_loss, policy.config
+        if optimizer_file:
+            self._load_optimizer(optimizer_file)
+        return os.getpid()
+
+    def train(self, shard: Shard, crash: bool = False, profile: bool = False) -> list[dict[str, float]]:
+        """Every optimizer step of the update on this rank's rows; `crash` SIGKILLs this process after
+        its first forward (fault injection); `profile` adds the step's time in collectives."""
+        s = self.settings
+        shard = dataclasses.replace(shard, batch=shard.batch.to(self.device), advantages=shard.advantages.to(self.device))
+        self.model.train()
+        if crash:
+            self._crash_after_first_forward()
+        history = []
+        with Collectives(profile) as collectives:
+            started = time.perf_counter()
+            for _epoch in range(s.epochs):
+                for micro, tokens, sequences in zip(shard.minis, shard.tokens, shard.sequences):
+                    history.append(optimizer_step(self.model, self.optimizer, self.policy_loss, self.config,
+                                                  shard.batch, shard.advantages, micro, tokens, sequences,
+                                                  dp_size=self.world, settings=s))
+            self.optimizer.zero_grad(set_to_none=True)
+            elapsed = time.perf_counter() - started
+        if profile:
+            history[0].update(step_s=elapsed, collectives_s=collectives.seconds,
+                              max_rss_mb=_max_rss_mb())
+        return history
+
+    def save_weights(self, folder: str | None) -> None:
+        """Gather the full state dict (every rank takes part); rank 0 writes it into `folder`."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        from trainer.checkpoint import save_model
+
+        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.rank == 0:
+            save_model(state, self.model.config, Path(folder), getattr(self.model, "generation_config", None))
+
+    def save_optimizer(self, path: str | None) -> None:
+        """The same for the AdamW state, in the one-process format (keyed by parameter position), so a
+        restart may use another number of ranks."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        state = get_optimizer_state_dict(self.model, self.optimizer,
+                                         options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.rank == 0:
+            position = {name: i for i, name in enumerate(self._trainable_names())}
+            torch.save({"state": {position[name]: value for name, value in state["state"].items()},
+                        "param_groups": [{**group, "params": [position[name] for name in group["params"]]}
+                                         for group in state["param_groups"]]}, path)
+
+    def _load_optimizer(self, path: str) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        s, names = self.settings, self._trainable_names()
+        saved = torch.load(path, weights_only=True, map_location="cpu")
+        by_name = {"state": {names[i]: value for i, value in saved["state"].items()},
+                   "param_groups": [{**group, "lr": s.lr, "betas": (s.adam_beta1, s.adam_beta2),
+                                     "weight_decay": s.weight_decay, "params": [names[i] for i in group["params"]]}
+                                    for group in saved["param_groups"]]}
+        set_optimizer_state_dict(self.model, self.optimizer, by_name, options=StateDictOptions(full_state_dict=True))
+
+    def _trainable_names(self) -> list[str]:
+        return [name for name, p in self.model.named_parameters() if p.requires_grad]
+
+    def _crash_after_first_forward(self) -> None:
+        def die(*_):  # the other ranks are then waiting for this one in the backward's reduce-scatter
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.model.register_forward_hook(die)
+
+
+class Collectives:
+    """Wall time spent inside collectives (FSDP's all-gathers and reduce-scatters, the norm's
+    all-reduce), from the torch profiler: the union of those events' intervals on this rank."""
+
+    NAMES = ("all_gather", "allgather", "reduce_scatter", "allreduce", "all_reduce", "broadcast", "c10d::")
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.seconds = enabled, 0.0
+
+    def __enter__(self) -> Collectives:
+        if self.enabled:
+            from torch.profiler import ProfilerActivity, profile
+
+            self.profiler = profile(activities=[ProfilerActivity.CPU])
+            self.profiler.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.enabled:
+            return
+        self.profiler.__exit__(*exc)
+        spans = sorted((e.time_range.start, e.time_range.end) for e in self.profiler.events()
+                       if any(name in e.name.lower() for name in self.NAMES))
+        total, reach = 0, None
+        for start, end in spans:  # the union of intervals: nested and overlapping events count once
+            if reach is None or start > reach:
+                total += end - start
+                reach = end
+            elif end > reach:
+                total += end - reach
+                reach = end
+        self.seconds = total / 1e6
+
+
+def _max_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# --- the service's handle on the ranks -------------------------------------------------------------
+
+
+class LocalRay:
+    """A one-node Ray cluster on 127.0.0.1 run as a child process (`ray start --head --block`), with
+    only the CPUs/GPUs the ranks need, no dashboard, and its agents' ports chosen here: the raylet
+    otherwise waits a fixed 15 s for the agents to report ports they pick themselves, which a busy
+    machine misses (Ray then fails to start). `stop()` ends every process of it (SIGTERM to the
+    `ray start` process, which stops its children)."""
+
+    PORTS = ("port", "node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
+             "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port")
+
+    def __init__(self, cpus: int, gpus: int = 0, object_store_mb: int = 512, temp_dir: Path | None = None):
+        self.cpus, self.gpus, self.object_store_mb = cpus, gpus, object_store_mb
+        self.temp_dir = temp_dir or Path(tempfile.mkdtemp(prefix="agentstream-ray-"))
+        self.process: subprocess.Popen | None = None
+        self.address = ""
+
+    def start(self, attempts: int = 3) -> str:
+        """Start it; a start that fails (the raylet gives its agents a fixed 15 s to come up, which a
+        loaded machine can miss) is tried again."""
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._start_once()
+            except TrainerError:
+                if attempt == attempts:
+                    raise
+                log.warning("a local Ray failed to start (attempt %d of %d); trying again", attempt, attempts)
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout: float = 180) -> str:
+        ports = {name: _free_port() for name in self.PORTS}
+        self.temp_dir.mkdir(parents=True, exist_ok=True)
+        command = [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block",
+                   "--node-ip-address", "127.0.0.1", "--num-cpus", str(self.cpus), "--num-gpus", str(self.gpus),
+                   "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", str(self.temp_dir),
+                   "--object-store-memory", str(self.object_store_mb * 2**20),
+                   *[arg for name, port in ports.items() for arg in (f"--{name}", str(port))]]
+        self.log = self.temp_dir / "ray-start.log"
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=ray_env(),
+                                            start_new_session=True, preexec_fn=_child_setup)
+        self.address = f"127.0.0.1:{ports['port']}"
+        deadline = time.monotonic() + timeout
+        while b"Ray runtime started" not in self.log.read_bytes():
+            self._report_agent_ports(ports)
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                tail = self.log.read_text(errors="replace")[-2000:]
+                raise TrainerError(f"a local Ray did not start within {timeout:.0f} s (log {self.log}):\n{tail}")
+            time.sleep(0.2)
+        with contextlib.suppress(OSError):  # started: back to everybody's priority
+            os.setpriority(os.PRIO_PGRP, self.process.pid, 0)
+        return self.address
+
+    AGENT_PORT_FILES = {"dashboard_agent_listen_port": "dashboard-agent-listen-port",
+                        "metrics_agent_port": "dashboard-agent-grpc-port",
+                        "metrics_export_port": "metrics-export-port",
+                        "runtime_env_agent_port": "runtime-env-agent-port"}
+
+    def _report_agent_ports(self, ports: dict[str, int]) -> None:
+        """Write the port files the raylet waits for (at most 15 s, fixed) on the agents' behalf: the
+        ports were chosen here, so their content is known before the agents, slow to import on a busy
+        machine, write the same."""
+        for known in self.temp_dir.glob("session_*/gcs_server_port_*"):
+            node_id = known.name.removeprefix("gcs_server_port_")
+            for name, flag in self.AGENT_PORT_FILES.items():
+                target = known.with_name(f"{name}_{node_id}")
+                if not target.exists():
+                    partial = target.with_name(f".{target.name}.tmp")
+                    partial.write_text(str(ports[flag]))
+                    partial.rename(target)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self.process = None
+
+
+def ray_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no calls home
+    env.setdefault("RAY_AUTH_MODE", "token")  # the cluster and its clients share ~/.ray/auth_token
+    # under `uv run` Ray would start its workers with `uv run` too, outside this environment
+    env.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    return env
+
+
+def join_with_token() -> None:
+    """Set this process up to join: token authentication, and workers run with this Python. Ray read
+    both settings when first imported (verl imports it), so they are refreshed here."""
+    os.environ.update(ray_env())
+    from ray._private import ray_constants
+    from ray._raylet import Config
+
+    Config.initialize("")
+    ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = False
+
+
+def _child_setup() -> None:
+    """In the `ray start` child: die with the trainer (SIGTERM when its parent dies, even by SIGKILL:
+    no Ray is left behind); and as Ray's start-up races a fixed timeout, take the CPU first where we
+    may (root) until it is up."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.geteuid() == 0:
+        os.nice(-10)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def connect(settings: TrainerSettings) -> LocalRay | None:
+    """Join `--ray-address`, or start a `LocalRay` with what the ranks need (returned: the caller
+    stops it); reuse a Ray already initialised in this process."""
+    import ray
+
+    if ray.is_initialized():
+        return None
+    join_with_token()
+    local = None
+    if not settings.ray_address:
+        cuda = settings.device.startswith("cuda")
+        local = LocalRay(settings.ranks, settings.ranks if cuda else 0, settings.ray_object_store_mb)
+        local.start()
+    address = settings.ray_address or local.address
+    try:
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True,
+                 **({"_node_ip_address": "127.0.0.1"} if address.startswith("127.0.0.1") else {}))
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        if local is not None:
+            local.stop()
+        raise TrainerError(f"cannot join the Ray cluster at {address} ({exc}): check --ray-address (`ray status` on "
+                           "the head node prints it), or leave it empty to start a local Ray") from exc
+    return local
+
+
+class RankedPolicy:
+    """`grpo.Policy`'s interface over `--ranks` rank actors."""
+
+    def __init__(self, settings: TrainerSettings, ranks: list, pids: list[int], local: LocalRay | None):
+        self.settings, self.ranks, self.pids, self.local = settings, ranks, pids, local
+        self.crash_next = False
+        """a fault tests arm from outside: the last rank SIGKILLs itself after the next step's first forward"""
+        self.profile: list[dict[str, float]] | None = None
+        """with update(profile=True): per rank, the first step's time, time in collectives, peak memory"""
+
+    @classmethod
+    def load(cls, folder: Path, settings: TrainerSettings, optimizer_file: Path | None = None) -> RankedPolicy:
+        import ray
+
+        local = connect(settings)
+        n, cuda = settings.ranks, settings.device.startswith("cuda")
+        env = {"PYTORCH_CUDA_ALLOC_CONF": settings.cuda_alloc_conf} if cuda and settings.cuda_alloc_conf else {}
+        actor = ray.remote(Rank).options(num_cpus=1, num_gpus=1 if cuda else 0, max_restarts=0,
+                                         runtime_env={"env_vars": env} if env else None)
+        ranks = [actor.remote(rank, n, settings) for rank in range(n)]
+        policy = cls(settings, ranks, [], local)
+        try:
+            master = policy._all([ranks[0].endpoint.remote()], "meet")[0]
+            policy.pids = policy._all([r.start.remote(master, str(folder), optimizer_file and str(optimizer_file))
+                                       for r in ranks], "load the model")
+        except RanksFailed:
+            policy.close()
+            raise
+        log.info("%d ranks on Ray (%s, pids %s)", n, "NCCL" if cuda else "gloo", policy.pids)
+        return policy
+
+    def update(self, samples: list[Sample], profile: bool = False) -> dict[str, float]:
+        started = time.perf_counter()
+        s = self.settings
+        batch = to_tensors(samples, s.max_seq_len)
+        advantages = compute_advantages(batch, s)
+        shards = shard_batch(batch, advantages, len(self.ranks), s)
+        crash, self.crash_next = self.crash_next, False
+        per_rank = self._all([rank.train.remote(shard, crash=crash and r == len(self.ranks) - 1, profile=profile)
+                              for r, (rank, shard) in enumerate(zip(self.ranks, shards))], "train")
+        history = [merge(steps, len(self.ranks)) for steps in zip(*per_rank)]
+        metrics = {name: sum(step[name] for step in history) / len(history) for name in history[0]}
+        metrics["nonfinite_grad_steps"] = sum(step["nonfinite_grad_steps"] for step in history)
+        metrics["optimizer_steps"] = float(len(history))
+        metrics["lr"] = s.lr
+        metrics["ranks"] = float(len(self.ranks))
+        metrics["rank_tokens_max_share"] = max(shard.batch.loss_mask.sum().item() for shard in shards) / max(
+            batch.loss_mask.sum().item(), 1)
+        metrics.update(Policy._batch_metrics(samples, batch, advantages))
+        self.profile = [steps[0] for steps in per_rank] if profile else None
+        metrics["train_s"] = time.perf_counter() - started
+        return metrics
+
+    def save(self, folder: Path) -> None:
+        self._all([rank.save_weights.remote(str(folder) if r == 0 else None) for r, rank in enumerate(self.ranks)],
+                  "gather the weights")
+
+    def save_optimizer(self, path: Path) -> None:
+        self._all([rank.save_optimizer.remote(str(path) if r == 0 else None) for r, rank in enumerate(self.ranks)],
+                  "gather the optimizer state")
+
+    def restart(self, folder: Path, optimizer_file: Path | None, settings: TrainerSettings) -> RankedPolicy:
+        """Fresh ranks loaded from `folder` (on the same Ray; these are killed)."""
+        self.close(keep_ray=True)
+        fresh = RankedPolicy.load(folder, settings, optimizer_file)
+        fresh.local, self.local = self.local, None
+        return fresh
+
+    def close(self, keep_ray: bool = False) -> None:
+        import ray
+
+        for rank in self.ranks:
+            ray.kill(rank, no_restart=True)
+        self.ranks = []
+        if self.local is not None and not keep_ray:
+            ray.shutdown()
+            self.local.stop()
+            self.local = None
+
+    def _all(self, refs: list, what: str) -> list:
+        """The results of every rank, or RanksFailed as soon as one rank fails: the others are then
+        killed (they would wait in a collective for the dead one)."""
+        import ray
+        from ray.exceptions import RayActorError, RayTaskError
+
+        pending, failure = list(refs), None
+        while pending and failure is None:
+            done, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(done)
+            except (RayActorError, RayTaskError) as exc:
+                failure = exc
+        if failure is not None:
+            for rank in self.ranks:
+                ray.kill(rank, no_restart=True)
+            first_line = str(failure).strip().splitlines()[0] if str(failure).strip() else type(failure).__name__
+            raise RanksFailed(f"a rank failed to {what}: {first_line}") from failure
+        return ray.get(refs)
+
+
+def merge(steps: tuple[dict[str, float], ...], world: int) -> dict[str, float]:
+    """One optimizer step's metrics from every rank's: kl and clipfrac are already weighted by the
+    global token count (sum them); each rank's loss was scaled by the number of ranks (average it);
+    the gradient norm is global (every rank has it)."""
+    merged = {name: sum(step[name] for step in steps) for name in ("kl", "clipfrac")}
+    merged.update({name: sum(step[name] for step in steps) / world for name in ("loss", "entropy")})
+    merged.update(grad_norm=steps[0]["grad_norm"], nonfinite_grad_steps=steps[0]["nonfinite_grad_steps"])
+    return merged
+
