@@ -316,7 +316,7 @@ class Demo:
         its URL and the token secret."""
         secret, port = secrets.token_urlsafe(24), free_port()
         self.start("gateway", "gateway", *common_flags(kafka), "--port", str(port), "--upstreams", f"{served}={vllm.url}",
-                   "--token-secret", secret, "--api-keys", secrets.token_urlsafe(24))
+                   f"--token-secret={secret}", f"--api-keys={secrets.token_urlsafe(24)}")
         return f"http://127.0.0.1:{port}", secret
 
     async def launch(self, kafka: KafkaSettings, model_dir: Path, vllm: ServerState) -> None:
