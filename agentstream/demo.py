@@ -334,7 +334,7 @@ class Demo:
         tasks = write_tasks(self.out / "tasks.jsonl", config)
         self.start("controller", "controller", *common, "--tasks", str(tasks), "--agent", f"{sys.executable} {AGENT}",
                    "--samples", str(config.samples), "--epochs", str(config.versions + 3),
-                   "--concurrency", str(config.concurrency), "--gateway-url", gateway_url, "--token-secret", secret,
+                   "--concurrency", str(config.concurrency), "--gateway-url", gateway_url, f"--token-secret={secret}",
                    "--model", model, "--max-staleness", str(config.max_staleness),
                    "--run-id", f"demo-{model}-seed{config.seed}",
                    "--train-batch-size", str(config.batch), "--timeout-s", "120", "--no-progress",

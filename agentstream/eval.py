@@ -138,7 +138,7 @@ class Evaluator:
                 "--validation-samples", str(config.samples), "--epochs", "1", "--run-id", run_id,
                 "--concurrency", str(config.concurrency), "--timeout-s", str(config.timeout_s),
                 "--max-attempts", str(config.max_attempts), "--gateway-url", config.gateway_url,
-                "--token-secret", config.token_secret, "--model", config.model, "--no-progress",
+                f"--token-secret={config.token_secret}", "--model", config.model, "--no-progress",
                 "--logs-dir", str(self.out / "attempts")]
         with open(self.out / f"{run_id}.log", "wb") as log:
             self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,

@@ -63,7 +63,7 @@ class Bench(Recipe):
             run = self.start(f"controller-{arm}", "controller", *common, "--tasks", str(train), "--agent", HARNESS,
                              "--samples", str(args.samples), "--run-id", f"bench-{arm}", "--max-attempts", "1",
                              "--concurrency", str(config.concurrency), "--gateway-url", gateway_url,
-                             "--token-secret", secret, "--model", self.served, "--timeout-s", "600", "--no-progress",
+                             f"--token-secret={secret}", "--model", self.served, "--timeout-s", "600", "--no-progress",
                              "--logs-dir", str(self.out / "attempts"), env={**env, **extra})
             while run.process.poll() is None:
                 self.check_alive()

@@ -226,7 +226,7 @@ class Recipe(Demo):
                      "AGENTSTREAM_SWE_WORKSPACE": str(self.out / "workspaces"),
                      "AGENTSTREAM_SWE_ATTEMPT_TIMEOUT_S": str(int(config.attempt_timeout_s)),
                      "AGENTSTREAM_SWE_INDEX": str(self.index_file(instances))}
-        run = ["--gateway-url", gateway_url, "--token-secret", secret, "--model", self.served,
+        run = ["--gateway-url", gateway_url, f"--token-secret={secret}", "--model", self.served,
                "--timeout-s", str(config.attempt_timeout_s), "--concurrency", str(config.concurrency)]
         self.start("eval", "agentstream.cli", "eval", "--prefix", kafka.topic_prefix, "--tasks", str(validation),
                    "--agent", HARNESS, "--follow", "--max-versions", str(config.versions + 1),
