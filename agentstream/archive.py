@@ -26,7 +26,7 @@ from pathlib import Path
 import polars as pl
 
 from agentstream.query import TABLES, decode_aligned
-from schemas.scan import MANIFEST, Bounds, Manifest, _fsync_dir, resolve, scan
+from schemas.scan import MANIFEST, Bounds, Manifest, fsync_dir, resolve, scan
 from schemas.kafka import KafkaSettings
 
 
@@ -110,7 +110,7 @@ class Archiver:
             with tmp.open("rb") as f:
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
             offsets = part.group_by("kafka_partition").agg(pl.col("kafka_offset").min().alias("first"),
                                                             pl.col("kafka_offset").max().alias("last"))
             written.append({

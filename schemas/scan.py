@@ -385,7 +385,7 @@ class Manifest:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.folder / MANIFEST)
-        _fsync_dir(self.folder)
+        fsync_dir(self.folder)
 
     def held(self) -> set[int]:
         """the partitions of which the archive holds records"""
@@ -473,7 +473,8 @@ def archive_table(manifest: Manifest, ranges: dict[int, tuple[int, int]], column
             .filter(_in_ranges(ranges) & pl.col("readable")).select(columns).collect())
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a rename in `path` durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

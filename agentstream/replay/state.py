@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from schemas.errors import ConfigurationError
+from schemas.scan import fsync_dir
 
 FORMAT = 1
 
@@ -70,15 +71,6 @@ class ReplayState:
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise ReplayError(f"the resume state {path} is unreadable ({exc}); delete it, or pass --restart "
                               "to start this replay over") from None
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename in `path` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def int_keys(mapping: dict) -> dict[int, Any]:
