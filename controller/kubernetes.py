@@ -1,8 +1,12 @@
 """The Kubernetes launcher: one Job per attempt, created and watched with the official client.
 
 The manifest is the default Job below, with the user's template (`--k8s-job-template`, YAML)
-merged over it, then the attempt's own fields set: name, labels, the agent's environment, and
-the task. Merging follows Kubernetes' strategic-merge habit: mappings merge key by key, lists of
+merged over it, then the attempt's own fields set: name, labels, the agent's environment, the
+image (per task, for per-repo images) and the task. The default Job's pod is the sandbox's
+(`sandbox.kubernetes.pod_spec`: non-root, read-only root, no capabilities, seccomp RuntimeDefault,
+no service-account token, limits, deadline, labelled for the NetworkPolicy that lets it reach the
+gateway only); there is no second, looser template. At start the launcher creates or updates that
+NetworkPolicy in its namespace (`--no-k8s-network-policy` when the operator applies it instead). Merging follows Kubernetes' strategic-merge habit: mappings merge key by key, lists of
 named items (containers, env, volumes, volumeMounts) merge by `name`, other lists are replaced.
 
 The task reaches the pod as a file without any extra object: its JSON is an annotation of the
@@ -27,15 +31,20 @@ import logging
 import math
 import re
 import threading
+from dataclasses import replace
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
+from sandbox.contract import Limits, Network
+from sandbox.kubernetes import GatewayPeer, PodSandbox, job_template, network_policy
+from sandbox.inpod import IN_POD_ENV
 from schemas.ids import derived_id
 
 from controller.attempt import Attempt, Exit, Gateway, LaunchError, agent_env
@@ -63,21 +72,76 @@ def run_label(run_id: str) -> str:
     return run_id if _LABEL_VALUE.match(run_id) else f"run-{derived_id(run_id)[:23]}"
 
 
-def default_job(image: str, command: str, timeout_s: float, grace_s: float, keep_jobs: bool) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "backoffLimit": 0,
-        "activeDeadlineSeconds": math.ceil(timeout_s + grace_s) + 30,
-        "template": {
-            "spec": {
-                "restartPolicy": "Never",
-                "terminationGracePeriodSeconds": math.ceil(grace_s),
-                "containers": [{"name": CONTAINER, "image": image, "command": ["/bin/sh", "-c", command]}],
-            },
-        },
-    }
+DEFAULT_GATEWAY = GatewayPeer(pod_labels={"app.kubernetes.io/name": "agentstream-gateway"}, port=8000)
+"""the gateway's pods as the sandbox's NetworkPolicy selects them, unless settings say otherwise"""
+
+
+def default_job(image: str, command: str, timeout_s: float, grace_s: float, keep_jobs: bool,
+                sandbox: PodSandbox | None = None) -> dict[str, Any]:
+    """The Job of an attempt: the sandbox's pod (default: gateway-only network, `DEFAULT_GATEWAY`) running
+    `command` in `image`, one try, with the controller's deadline as the pod's and the Job's."""
+    box = sandbox or PodSandbox(network=Network.GATEWAY, gateway=DEFAULT_GATEWAY)
+    deadline = math.ceil(timeout_s + grace_s) + 30
+    box = replace(box, image=image, command=command, limits=replace(box.limits, attempt_timeout_s=deadline),
+                  env={**box.env, IN_POD_ENV: "pod"})  # the harness runs its commands in the pod, not bubblewrap
+    job = job_template(box)
+    job["metadata"] = {}
+    spec = job["spec"]
+    spec["backoffLimit"] = 0
+    spec["template"]["spec"]["terminationGracePeriodSeconds"] = math.ceil(grace_s)
     if not keep_jobs:
         spec["ttlSecondsAfterFinished"] = BACKSTOP_TTL_S
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {}, "spec": spec}
+    return job
+
+
+def sandbox_of(settings) -> PodSandbox:
+    """The attempts' sandbox from the controller's settings: limits, and the gateway as the only peer."""
+    url = urlsplit(settings.gateway_url)
+    host = url.hostname or ""
+    port = settings.k8s_gateway_port or url.port or (443 if url.scheme == "https" else 80)
+    namespace = {"kubernetes.io/metadata.name": settings.k8s_gateway_namespace} \
+        if settings.k8s_gateway_namespace else None
+    if not _is_ip(host) and not settings.k8s_gateway_service_ip and not settings.k8s_allow_dns:
+        raise ValueError(f"the gateway URL names host {host!r}, and sandbox pods have no DNS: give "
+                         "--k8s-gateway-service-ip (its Service's ClusterIP, written into the pods' /etc/hosts), "
+                         "or --k8s-allow-dns (a channel out), or an IP address in --gateway-url")
+    gateway = GatewayPeer(pod_labels=_selector(settings.k8s_gateway_selector), port=port,
+                          namespace_labels=namespace, service_ip=settings.k8s_gateway_service_ip,
+                          hostname=None if _is_ip(host) else host)
+    limits = Limits(cpus=settings.k8s_cpus, memory_bytes=int(settings.k8s_memory_gib * (1 << 30)))
+    return PodSandbox(limits=limits, network=Network.GATEWAY, gateway=gateway, allow_dns=settings.k8s_allow_dns)
+
+
+def _selector(text: str) -> dict[str, str]:
+    pairs = [part.partition("=") for part in text.split(",") if part.strip()]
+    if not pairs or any(not key.strip() or not sep for key, sep, _ in pairs):
+        raise ValueError(f"--k8s-gateway-selector {text!r}: give the gateway pods' labels as KEY=VALUE[,KEY=VALUE]")
+    return {key.strip(): value.strip() for key, _, value in pairs}
+
+
+def _is_ip(host: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def image_of(template: str, task) -> str:
+    """The attempt's image: `--k8s-image` with `{…}` fields from the task's metadata, so tasks of several
+    repositories run each in its own image (`registry/swe-{repo_slug}:1`); `{repo_slug}` is the
+    metadata's `repo` as `owner__name`, lower case, `{task_id}` the task's id."""
+    fields = {key: str(value) for key, value in (task.metadata or {}).items() if isinstance(value, (str, int))}
+    if "repo" in fields:
+        fields["repo_slug"] = fields["repo"].replace("/", "__").lower()
+    fields["task_id"] = task.id
+    try:
+        return template.format_map(fields)
+    except (KeyError, ValueError, IndexError) as exc:
+        raise LaunchError(f"--k8s-image {template!r}: task {task.id!r} has no metadata field {exc} "
+                          f"(it has {sorted(fields)})") from None
 
 
 def merge(base: Any, override: Any) -> Any:
@@ -115,7 +179,8 @@ def load_template(path: Path | None) -> dict[str, Any]:
     return template
 
 
-def render_job(base: dict[str, Any], attempt: Attempt, env: dict[str, str], run_id: str) -> dict[str, Any]:
+def render_job(base: dict[str, Any], attempt: Attempt, env: dict[str, str], run_id: str,
+               image: str | None = None) -> dict[str, Any]:
     """The Job manifest of one attempt: `base` (default + template) with the attempt's fields set."""
     labels = {**MANAGED_BY, RUN_LABEL: run_label(run_id), ROLLOUT_LABEL: attempt.rollout_id,
               ATTEMPT_LABEL: attempt.attempt_id}
@@ -130,8 +195,14 @@ def render_job(base: dict[str, Any], attempt: Attempt, env: dict[str, str], run_
     }
     job = merge(base, attempt_fields)
     job["metadata"].pop("generateName", None)
-    containers = job["spec"]["template"]["spec"]["containers"]
+    pod = job["spec"]["template"]["spec"]
+    containers = pod["containers"]
     agent = next((c for c in containers if c["name"] == CONTAINER), containers[0])
+    if image:  # the agent's, and the seeding init container's when it copies from the same image
+        for container in pod.get("initContainers", []):
+            if container.get("image") == agent.get("image"):
+                container["image"] = image
+        agent["image"] = image
     agent["env"] = merge(agent.get("env", []), [{"name": k, "value": v} for k, v in env.items()])
     agent["volumeMounts"] = merge(agent.get("volumeMounts", []),
                                   [{"name": "agentstream-task", "mountPath": TASK_DIR, "readOnly": True}])
@@ -223,10 +294,16 @@ class KubernetesLauncher:
     name: Literal["kubernetes"] = "kubernetes"
 
     def __init__(self, api: client.ApiClient, namespace: str, base_job: dict[str, Any], run_id: str,
-                 timeout_s: float, create_rate: float, keep_jobs: bool, tail_chars: int, grace_s: float):
+                 timeout_s: float, create_rate: float, keep_jobs: bool, tail_chars: int, grace_s: float,
+                 image: str | None = None, policy: dict[str, Any] | None = None):
         self.api = api
         self.batch = client.BatchV1Api(api)
         self.core = client.CoreV1Api(api)
+        self.networking = client.NetworkingV1Api(api)
+        self.image = image
+        """the image template (per-task fields); None: the base Job's image as it is"""
+        self.policy = policy
+        """the NetworkPolicy to put in place at start; None: the operator's"""
         self.namespace = namespace
         self.base_job = base_job
         self.run_id = run_id
@@ -246,15 +323,20 @@ class KubernetesLauncher:
 
     @classmethod
     def from_settings(cls, settings, run_id: str) -> KubernetesLauncher:
+        sandbox = sandbox_of(settings)
         base = merge(default_job(settings.k8s_image, settings.agent, settings.timeout_s, settings.kill_grace_s,
-                                 settings.k8s_keep_jobs), load_template(settings.k8s_job_template))
+                                 settings.k8s_keep_jobs, sandbox), load_template(settings.k8s_job_template))
+        policy = network_policy(sandbox.network, sandbox.gateway, allow_dns=sandbox.allow_dns) \
+            if settings.k8s_network_policy else None
         return cls(api_client(settings.k8s_kubeconfig, settings.k8s_context), settings.k8s_namespace, base, run_id,
                    settings.timeout_s, settings.k8s_create_rate, settings.k8s_keep_jobs, settings.tail_chars,
-                   settings.kill_grace_s)
+                   settings.kill_grace_s, image=settings.k8s_image, policy=policy)
 
     # --- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
+        if self.policy is not None:
+            await asyncio.to_thread(self.ensure_policy, self.policy)
         self._loop = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._watch_jobs, name="k8s-job-watch", daemon=True)
         self._thread.start()
@@ -263,6 +345,25 @@ class KubernetesLauncher:
                 raise RuntimeError(f"cannot watch Jobs in namespace {self.namespace}: {self.watch_error}; "
                                    "check --k8s-kubeconfig / --k8s-context and the namespace")
             await asyncio.sleep(0.05)
+
+    def ensure_policy(self, policy: dict[str, Any]) -> None:
+        """Create the sandbox pods' NetworkPolicy, or bring an existing one of that name up to date."""
+        name = policy["metadata"]["name"]
+        try:
+            try:
+                self.networking.create_namespaced_network_policy(self.namespace, policy)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+                current = _json(self.networking.read_namespaced_network_policy(name, self.namespace,
+                                                                               _preload_content=False))
+                updated = merge(policy, {"metadata": {"resourceVersion": current["metadata"]["resourceVersion"]}})
+                self.networking.replace_namespaced_network_policy(name, self.namespace, updated)
+        except ApiException as exc:
+            raise LaunchError(f"cannot put NetworkPolicy {name} in namespace {self.namespace} ({_api_message(exc)}): "
+                              "let the controller create and update networkpolicies there, or apply "
+                              "`agentstream sandbox k8s-manifests` yourself and run with --no-k8s-network-policy") \
+                from exc
 
     async def close(self) -> None:
         self._closing.set()
@@ -276,7 +377,8 @@ class KubernetesLauncher:
 
     def render(self, attempt: Attempt, gateway: Gateway) -> dict[str, Any]:
         env = agent_env(gateway, attempt, f"{TASK_DIR}/task.json", self.timeout_s)
-        return render_job(self.base_job, attempt, env, self.run_id)
+        image = image_of(self.image, attempt.rollout.task) if self.image else None
+        return render_job(self.base_job, attempt, env, self.run_id, image)
 
     async def launch(self, attempt: Attempt, gateway: Gateway) -> JobRun:
         job = self.render(attempt, gateway)

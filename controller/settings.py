@@ -59,12 +59,26 @@ class ControllerSettings(KafkaSettings):
 
     # --- kubernetes backend -------------------------------------------------------------------
     k8s_namespace: str = Field("default", description="namespace of the Jobs")
-    k8s_image: str = Field("python:3.11-slim", description="container image that runs the agent command")
+    k8s_image: str = Field("python:3.11-slim", description="container image that runs the agent command; "
+                           "`{field}`s are filled from each task's metadata (per-repo images: `reg/swe-{repo_slug}:1`)")
     k8s_job_template: Path | None = Field(None, description="YAML Job manifest merged over the default one")
     k8s_kubeconfig: Path | None = Field(None, description="kubeconfig file; default: in-cluster config, else ~/.kube/config")
     k8s_context: str | None = Field(None, description="kubeconfig context")
     k8s_create_rate: float = Field(5.0, gt=0, description="Jobs created per second at most")
     k8s_keep_jobs: bool = Field(False, description="keep finished Jobs (default: delete them once recorded)")
+    k8s_gateway_selector: str = Field("app.kubernetes.io/name=agentstream-gateway",
+                                      description="labels of the gateway's pods (KEY=VALUE,…): the only peer the "
+                                      "attempts' NetworkPolicy allows")
+    k8s_gateway_namespace: str | None = Field(None, description="the gateway's namespace, if not the Jobs' own")
+    k8s_gateway_port: int | None = Field(None, ge=1, le=65535, description="the port the gateway's pods listen on; "
+                                         "default: --gateway-url's")
+    k8s_gateway_service_ip: str | None = Field(None, description="the gateway Service's ClusterIP, written into the "
+                                               "pods' /etc/hosts for --gateway-url's host name (pods have no DNS)")
+    k8s_allow_dns: bool = Field(False, description="let attempt pods query kube-dns (a channel out of the sandbox)")
+    k8s_network_policy: bool = Field(True, description="create or update the attempts' NetworkPolicy at start "
+                                     "(off: the operator applies `agentstream sandbox k8s-manifests`)")
+    k8s_cpus: float = Field(1.0, gt=0, description="CPU cores per attempt pod (request = limit)")
+    k8s_memory_gib: float = Field(4.0, gt=0, description="memory per attempt pod, GiB (request = limit)")
 
     @model_validator(mode="after")
     def _check(self) -> ControllerSettings:

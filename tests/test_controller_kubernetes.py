@@ -33,6 +33,7 @@ from controller.kubernetes import (
     load_template, merge, render_job,
 )
 from controller.tasks import PlannedRollout
+from sandbox.kubernetes import NETWORK_LABEL
 from schemas.tokens import is_rollout_token
 from tests.controller_helpers import SECRET, attempts_of, controller_settings, read_rollouts, types, write_tasks
 from tests.kube_cluster import ClusterSim, kube_cluster, write_kubeconfig  # noqa: F401 (fixture)
@@ -83,16 +84,23 @@ spec:
     assert spec["backoffLimit"] == 4 and spec["activeDeadlineSeconds"] == 95 and spec["ttlSecondsAfterFinished"]
     pod = spec["template"]
     assert json.loads(pod["metadata"]["annotations"][TASK_ANNOTATION]) == attempt.rollout.task.input
-    assert pod["metadata"]["labels"] == labels
+    assert pod["metadata"]["labels"] == {**labels, NETWORK_LABEL: "gateway"}, "the NetworkPolicy's selector stays"
     assert pod["spec"]["nodeSelector"] == {"pool": "cpu"} and pod["spec"]["restartPolicy"] == "Never"
+    # the default pod is the sandbox's: locked down whatever the template adds
+    assert pod["spec"]["automountServiceAccountToken"] is False and pod["spec"]["activeDeadlineSeconds"] == 95
     agent, sidecar = pod["spec"]["containers"]
     assert (agent["image"], agent["command"]) == ("agent:1", ["/bin/sh", "-c", "python agent.py"])
-    assert agent["resources"] == {"limits": {"cpu": "1"}} and sidecar == {"name": "sidecar", "image": "busybox"}
+    assert agent["securityContext"]["readOnlyRootFilesystem"] and agent["securityContext"]["capabilities"] == {
+        "drop": ["ALL"]}
+    assert agent["resources"]["limits"]["cpu"] == "1" and agent["resources"]["limits"]["memory"] == str(4 << 30)
+    assert sidecar == {"name": "sidecar", "image": "busybox"}
     variables = {e["name"]: e["value"] for e in agent["env"]}
-    assert variables == {"EXTRA": "1", **env}, "the attempt's variables win over the template's"
-    assert agent["volumeMounts"] == [{"name": "agentstream-task", "mountPath": "/var/run/agentstream",
-                                      "readOnly": True}]
-    (volume,) = pod["spec"]["volumes"]
+    assert variables == {"HOME": "/tmp", "AGENTSTREAM_SANDBOX": "pod", "EXTRA": "1", **env}, \
+        "the attempt's variables win over the template's"
+    assert agent["volumeMounts"][-1] == {"name": "agentstream-task", "mountPath": "/var/run/agentstream",
+                                         "readOnly": True}
+    assert [m["mountPath"] for m in agent["volumeMounts"]] == ["/workspace", "/tmp", "/var/run/agentstream"]
+    volume = pod["spec"]["volumes"][-1]
     assert volume["downwardAPI"]["items"][0]["fieldRef"]["fieldPath"] == f"metadata.annotations['{TASK_ANNOTATION}']"
 
     other = render_job(base, make_attempt(2), {"AGENTSTREAM_TASK": "elsewhere"}, RUN)
@@ -274,7 +282,8 @@ async def test_controller_runs_rollouts_as_jobs_on_a_real_api_server(kube_cluste
         {"id": "hang", "input": {"mode": "hang"}},
     ])
     settings = controller_settings(kafka, tasks, tmp_path, backend="kubernetes", k8s_kubeconfig=kube_cluster.kubeconfig,
-                                   k8s_namespace=namespace, k8s_image="agent:test", timeout_s=2.0, max_attempts=2,
+                                   k8s_namespace=namespace, k8s_image="agent:test", timeout_s=2.0,
+                                   k8s_gateway_service_ip="10.0.0.9", max_attempts=2,
                                    samples=2, heartbeat_s=0.5)
     with JobPlayer(kube_cluster.kubeconfig, namespace) as player:
         await asyncio.to_thread(player.sim.create_namespace)
@@ -306,5 +315,6 @@ async def test_controller_runs_rollouts_as_jobs_on_a_real_api_server(kube_cluste
     for name, job in player.seen.items():
         variables = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
         assert variables["AGENTSTREAM_ATTEMPT_ID"] == name.removeprefix("agent-")
+        assert job["spec"]["template"]["spec"]["automount_service_account_token"] is False, "the sandbox's pod"
     batch = client.BatchV1Api(api_client(kube_cluster.kubeconfig, None))
     assert (await asyncio.to_thread(batch.list_namespaced_job, namespace)).items == []

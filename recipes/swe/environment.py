@@ -50,7 +50,12 @@ class SandboxEnvironmentConfig(BaseModel):
 
 
 def open_sandbox(spec: SandboxSpec) -> Sandbox:
-    """The local backend (bubblewrap); imported here so the environment depends on the contract only."""
+    """bubblewrap on a host; in a sandbox pod (the controller's Kubernetes Job), the pod itself
+    (`sandbox.inpod`). Imported here so the environment depends on the contract only."""
+    from sandbox.inpod import InPodSandbox, in_sandbox_pod
+
+    if in_sandbox_pod():
+        return InPodSandbox(spec)
     from sandbox.local import LocalSandbox
 
     return LocalSandbox(spec)

@@ -50,6 +50,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("MSWEA_COST_TRACKING", "ignore_errors")
 
 from recipes.swe.workspace import TaskInput, checkout, final_diff, test_env_binds  # noqa: E402
+from sandbox.contract import WORKSPACE_MOUNT  # noqa: E402
+from sandbox.inpod import in_sandbox_pod  # noqa: E402
 
 HERE = Path(__file__).parent
 DEFAULT_CONFIG = HERE / "mini.yaml"
@@ -195,11 +197,11 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     settings = HarnessSettings.from_env()
     task = TaskInput.model_validate(orjson.loads(Path(os.environ["AGENTSTREAM_TASK"]).read_bytes())).located()
-    parent = Path(os.environ.get("AGENTSTREAM_SWE_WORKSPACE") or tempfile.gettempdir())
-    parent.mkdir(parents=True, exist_ok=True)
-    workspace = Path(tempfile.mkdtemp(prefix=f"swe-{secrets.token_hex(4)}-", dir=parent))
+    workspace = attempt_workspace()
     # mini-swe-agent reads a user config (.env) from its config folder: give it an empty one of its own
-    os.environ.setdefault("MSWEA_GLOBAL_CONFIG_DIR", str(workspace.with_name(workspace.name + ".mswea")))
+    config_dir = Path(tempfile.mkdtemp(prefix="mswea-")) if in_sandbox_pod() else \
+        workspace.with_name(workspace.name + ".mswea")
+    os.environ.setdefault("MSWEA_GLOBAL_CONFIG_DIR", str(config_dir))
     started = time.monotonic()
     env = None
     try:
@@ -212,9 +214,23 @@ def main() -> int:
     finally:
         if env is not None:
             env.close()
-        shutil.rmtree(workspace, ignore_errors=True)
-        shutil.rmtree(workspace.with_name(workspace.name + ".mswea"), ignore_errors=True)
+        if not in_sandbox_pod():  # a pod's workspace is an emptyDir: it goes with the pod
+            shutil.rmtree(workspace, ignore_errors=True)
+        shutil.rmtree(config_dir, ignore_errors=True)
     return 0
+
+
+def attempt_workspace() -> Path:
+    """A fresh folder for the task's checkout. In a sandbox pod (`AGENTSTREAM_SANDBOX=pod`, set by the
+    controller's Kubernetes Job) the pod's own empty /workspace volume, where the commands' paths point."""
+    if in_sandbox_pod():
+        if not WORKSPACE_MOUNT.is_dir() or any(WORKSPACE_MOUNT.iterdir()):
+            raise SystemExit(f"harness: in a sandbox pod {WORKSPACE_MOUNT} must be an empty volume (the Job's "
+                             "workspace emptyDir); is the Job made from sandbox.kubernetes.pod_spec?")
+        return WORKSPACE_MOUNT
+    parent = Path(os.environ.get("AGENTSTREAM_SWE_WORKSPACE") or tempfile.gettempdir())
+    parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"swe-{secrets.token_hex(4)}-", dir=parent))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,150 @@
+"""The sandbox contract inside a sandbox pod: the pod is the sandbox, commands are its processes.
+
+In a Kubernetes Job made from `sandbox.kubernetes.pod_spec` the isolation is the pod's (non-root,
+no capabilities, read-only root, seccomp, cgroup limits, the NetworkPolicy that allows only the
+gateway). bubblewrap cannot run there (it needs root or user namespaces, both refused), and need
+not: the harness and its commands share the pod by design (whole-harness mode). What this backend
+still does per command, as the local one does:
+  - an environment built from `SandboxSpec.env` only (none of the harness's variables, so not its
+    rollout token: but see below);
+  - the rlimits of `Limits` (cpu, address space, processes, file size; no core files);
+  - the per-command and per-attempt wall clocks: the command's process group is killed at the deadline;
+  - output kept as the local backend keeps it (first and last halves).
+
+What it cannot do without privileges, and why that is accepted: commands run as the harness's uid,
+so a command can read `/proc/<harness>/environ` and find the attempt's token. That token is scoped
+to this one attempt and expires with it; the NetworkPolicy lets it reach the gateway only, where
+it can do nothing but make this attempt's own (recorded) model calls. No operator credential is in
+the pod to find (the controller's Job carries none: tests/test_swe_kubernetes.py). A process that
+leaves the command's process group (`setsid`) outlives the command; the pod's deadline ends it.
+Binds are the image's own paths (a per-repo image holds the task's Python): nothing is mounted.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from sandbox.contract import WORKSPACE_MOUNT, CommandResult, SandboxError, SandboxSpec
+from sandbox.local import DEFAULT_ENV, Output, _limit_of
+
+IN_POD_ENV = "AGENTSTREAM_SANDBOX"
+"""`pod` in a sandbox pod's environment (the controller's Kubernetes Job sets it): harnesses pick this backend"""
+
+
+def in_sandbox_pod() -> bool:
+    return os.environ.get(IN_POD_ENV) == "pod"
+
+
+class InPodSandbox:
+    """`Sandbox` for commands run by a harness that is itself inside a sandbox pod."""
+
+    def __init__(self, spec: SandboxSpec):
+        if not spec.workspace.is_dir():
+            raise SandboxError(f"the workspace {spec.workspace} is not a directory")
+        self.spec = spec
+        self.workspace = spec.workspace.resolve()
+        self.deadline = time.monotonic() + spec.limits.attempt_timeout_s
+        self._running: set[subprocess.Popen] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _limit_self(self) -> None:  # in the child, before exec
+        limits = self.spec.limits
+        for kind, value in ((resource.RLIMIT_CPU, limits.cpu_seconds), (resource.RLIMIT_AS, limits.memory_bytes),
+                            (resource.RLIMIT_NPROC, limits.processes), (resource.RLIMIT_FSIZE, limits.file_size_bytes),
+                            (resource.RLIMIT_CORE, 0)):
+            hard = value + 1 if kind == resource.RLIMIT_CPU else value
+            resource.setrlimit(kind, (value, hard))
+
+    def _cwd(self, cwd: str | None) -> Path:
+        """`cwd` relative to the workspace; an absolute path under WORKSPACE_MOUNT is mapped onto it."""
+        path = Path(cwd or "")
+        if path.is_absolute():
+            try:
+                path = path.relative_to(WORKSPACE_MOUNT)
+            except ValueError:
+                return path
+        return self.workspace / path
+
+    def run(self, command: str, timeout_s: float | None = None, cwd: str | None = None) -> CommandResult:
+        if self._closed:
+            raise SandboxError("this sandbox is closed; open a new one")
+        began = time.monotonic()
+        left = self.deadline - began
+        if left <= 0:
+            spent = self.spec.limits.attempt_timeout_s
+            return CommandResult(command, -signal.SIGKILL, f"[sandbox: not run: the attempt's {spent:g} s are spent]",
+                                 0.0, "attempt_timeout")
+        wanted = self.spec.limits.command_timeout_s if timeout_s is None else timeout_s
+        budget, timeout_limit = (wanted, "command_timeout") if wanted <= left else (left, "attempt_timeout")
+        process = subprocess.Popen(["/bin/bash", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, cwd=self._cwd(cwd), env={**DEFAULT_ENV, **self.spec.env},
+                                   start_new_session=True, preexec_fn=self._limit_self)
+        with self._lock:
+            self._running.add(process)
+        try:
+            output, timed_out = _collect(process, began + budget)
+            _kill_group(process)  # at a timeout the command; else what it left running in the background
+            exit_code = process.wait()
+        finally:
+            with self._lock:
+                self._running.discard(process)
+        duration = time.monotonic() - began
+        text = output.text()
+        if timed_out:
+            note = "it ran past {:g} s".format(budget) if timeout_limit == "command_timeout" else \
+                "the attempt's time ran out"
+            return CommandResult(command, -signal.SIGKILL, f"{text}\n[sandbox: killed: {note}]", duration, timeout_limit)
+        return CommandResult(command, exit_code, text, duration, _limit_of(exit_code, output.tail_text()))
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            running = list(self._running)
+        for process in running:
+            _kill_group(process)
+            process.wait()
+
+    def __enter__(self) -> InPodSandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _collect(process: subprocess.Popen, deadline: float) -> tuple[Output, bool]:
+    """The command's output until its shell exits (True: the deadline came first). Not until EOF: a
+    background child holding the pipe would keep the command running (no pid namespace ends it here)."""
+    output = Output()
+    stream = process.stdout
+    assert stream is not None
+    os.set_blocking(stream.fileno(), False)
+    with selectors.DefaultSelector() as selector, stream:
+        selector.register(stream, selectors.EVENT_READ)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return output, True
+            exited = process.poll() is not None
+            if exited:
+                _kill_group(process)  # its background children hold the pipe: they end with the command
+            if selector.select(min(left, 0.05)) or exited:
+                data = stream.read(64 << 10)
+                if data:
+                    output.add(data)
+                elif data is not None or exited and not selector.select(0.2):
+                    return output, False
