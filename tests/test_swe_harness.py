@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -39,10 +40,10 @@ def forced(command: str) -> str:
 
 
 def run_controller(kafka, gateway_url: str, tasks: Path, logs: Path, env: dict[str, str],
-                   *extra: str) -> subprocess.Popen:
+                   *extra: str, agent: str = f"{sys.executable} -m recipes.swe.harness") -> subprocess.Popen:
     cmd = [sys.executable, "-m", "controller", "--bootstrap-servers", kafka.bootstrap_servers,
            "--topic-prefix", kafka.topic_prefix, "--tasks", str(tasks),
-           "--agent", f"{sys.executable} -m recipes.swe.harness", "--gateway-url", gateway_url,
+           "--agent", agent, "--gateway-url", gateway_url,
            "--token-secret", TOKEN_SECRET, "--model", "tiny", "--no-progress", "--max-attempts", "1",
            "--timeout-s", "420", "--logs-dir", str(logs), *extra]
     return spawn(cmd, logs / "controller.log", env={**os.environ, **env}, cwd=REPO)
@@ -168,14 +169,18 @@ async def test_a_scripted_agents_diff_is_graded_by_the_grader_service_into_its_t
     try:
         async with running_gateway(gateway_settings(kafka, ["tiny=http://127.0.0.1:9"])) as gw:
             for run, script in (("gold", [gold, "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"]),
-                                ("idle", ["ls", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"])):
+                                ("idle", ["ls", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"]),
+                                ("pod", [gold, "pwd > where.txt", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"])):
                 env = {"AGENTSTREAM_SWE_REPOS": str(repos), "AGENTSTREAM_SWE_INDEX": str(index),
                        "AGENTSTREAM_SWE_SCRIPT": json.dumps(script), "AGENTSTREAM_SWE_WORKSPACE": str(tmp_path / "ws")}
-                controller = run_controller(kafka, gw.url, tasks, tmp_path / run, env, "--run-id", f"scripted-{run}")
+                agent = pod_stand_in(tmp_path / "pod-workspace") if run == "pod" else \
+                    f"{sys.executable} -m recipes.swe.harness"
+                controller = run_controller(kafka, gw.url, tasks, tmp_path / run, env, "--run-id", f"scripted-{run}",
+                                            agent=agent)
                 assert await await_exit(controller) == 0, tail(tmp_path / run / "controller.log")
             async with TopicWatch(kafka, "rollouts", "trajectories") as watch:
-                events = await watch.until(lambda es: sum(isinstance(e, TrajectoryEvent) for e in es) == 2,
-                                           timeout=240, what="both trajectories, graded")
+                events = await watch.until(lambda es: sum(isinstance(e, TrajectoryEvent) for e in es) == 3,
+                                           timeout=240, what="the three trajectories, graded")
     finally:
         worker.stop()
         stop_pid(grader.pid, grace=10)
@@ -183,13 +188,35 @@ async def test_a_scripted_agents_diff_is_graded_by_the_grader_service_into_its_t
     by_script = {}
     for trajectory in (e for e in events if isinstance(e, TrajectoryEvent)):
         [diff] = [e for e in events if isinstance(e, RolloutDiffEvent) and e.attempt_id == trajectory.attempt_id]
-        by_script["gold" if "+    return a + b" in diff.data.diff else "idle"] = (trajectory.data, diff.data)
+        kind = "idle" if "+    return a + b" not in diff.data.diff else "pod" if "where.txt" in diff.data.diff else "gold"
+        by_script[kind] = (trajectory.data, diff.data)
     gold_trajectory, gold_diff = by_script["gold"]
+    # the harness in a sandbox pod's layout: checked out into /workspace itself, commands run there (sandbox.inpod)
+    pod_trajectory, pod_diff = by_script["pod"]
+    assert pod_trajectory.reward == 1.0 and "+/workspace" in pod_diff.diff and pod_diff.outcome == "submitted"
+    assert (tmp_path / "pod-workspace" / "where.txt").read_text() == "/workspace\n", \
+        "the checkout was the pod's volume itself (a pod's workspace is left to go with the pod)"
     idle_trajectory, idle_diff = by_script["idle"]
     assert gold_trajectory.reward == 1.0 and gold_trajectory.rewards[-1].reward_fn == "recipes.swe.grader"
     assert idle_trajectory.reward == 0.0 and idle_diff.diff == ""
     assert gold_trajectory.end_reason == idle_trajectory.end_reason == "submitted"
     assert gold_diff.outcome == "submitted" and "fix.diff" not in gold_diff.diff
+
+
+def pod_stand_in(workspace: Path) -> str:
+    """The harness as a sandbox pod runs it (`AGENTSTREAM_SANDBOX=pod`, an empty volume at /workspace), with
+    no kubelet: bubblewrap gives it a root of its own holding the host's top-level folders and an empty
+    /workspace (so nothing is created on the host's /). Only the layout is the pod's, not its isolation."""
+    workspace.mkdir()
+    argv = ["bwrap", "--tmpfs", "/"]
+    for entry in sorted(Path("/").iterdir()):
+        if entry.is_symlink():
+            argv += ["--symlink", os.readlink(entry), str(entry)]
+        elif entry.is_dir() and entry.name not in ("workspace", "proc"):
+            argv += ["--dev-bind", str(entry), str(entry)]
+    argv += ["--proc", "/proc", "--bind", str(workspace), "/workspace", "--die-with-parent",
+             "--setenv", "AGENTSTREAM_SANDBOX", "pod", sys.executable, "-m", "recipes.swe.harness"]
+    return shlex.join(argv)
 
 
 async def await_exit(process: subprocess.Popen, timeout: float = 240) -> int:
