@@ -99,9 +99,9 @@ class InPodSandbox:
         duration = time.monotonic() - began
         text = output.text()
         if timed_out:
-            note = "it ran past {:g} s".format(budget) if timeout_limit == "command_timeout" else \
-                "the attempt's time ran out"
-            return CommandResult(command, -signal.SIGKILL, f"{text}\n[sandbox: killed: {note}]", duration, timeout_limit)
+            note = f"it ran past {budget:g} s" if timeout_limit == "command_timeout" else "the attempt's time ran out"
+            return CommandResult(command, -signal.SIGKILL, f"{text}\n[sandbox: killed: {note}]", duration,
+                                 timeout_limit)
         return CommandResult(command, exit_code, text, duration, _limit_of(exit_code, output.tail_text()))
 
     def close(self) -> None:
