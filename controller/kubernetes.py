@@ -6,8 +6,9 @@ image (per task, for per-repo images) and the task. The default Job's pod is the
 (`sandbox.kubernetes.pod_spec`: non-root, read-only root, no capabilities, seccomp RuntimeDefault,
 no service-account token, limits, deadline, labelled for the NetworkPolicy that lets it reach the
 gateway only); there is no second, looser template. At start the launcher creates or updates that
-NetworkPolicy in its namespace (`--no-k8s-network-policy` when the operator applies it instead). Merging follows Kubernetes' strategic-merge habit: mappings merge key by key, lists of
-named items (containers, env, volumes, volumeMounts) merge by `name`, other lists are replaced.
+NetworkPolicy in its namespace (`--no-k8s-network-policy` when the operator applies it instead).
+Merging follows Kubernetes' strategic-merge habit: mappings merge key by key, lists of named items
+(containers, env, volumes, volumeMounts) merge by `name`, other lists are replaced.
 
 The task reaches the pod as a file without any extra object: its JSON is an annotation of the
 pod template, and a downward-API volume mounts that annotation at AGENTSTREAM_TASK.
@@ -31,9 +32,9 @@ import logging
 import math
 import re
 import threading
-from dataclasses import replace
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -44,7 +45,6 @@ from kubernetes.client.rest import ApiException
 
 from sandbox.contract import Limits, Network
 from sandbox.kubernetes import GatewayPeer, PodSandbox, job_template, network_policy
-from sandbox.inpod import IN_POD_ENV
 from schemas.ids import derived_id
 
 from controller.attempt import Attempt, Exit, Gateway, LaunchError, agent_env
@@ -82,8 +82,7 @@ def default_job(image: str, command: str, timeout_s: float, grace_s: float, keep
     `command` in `image`, one try, with the controller's deadline as the pod's and the Job's."""
     box = sandbox or PodSandbox(network=Network.GATEWAY, gateway=DEFAULT_GATEWAY)
     deadline = math.ceil(timeout_s + grace_s) + 30
-    box = replace(box, image=image, command=command, limits=replace(box.limits, attempt_timeout_s=deadline),
-                  env={**box.env, IN_POD_ENV: "pod"})  # the harness runs its commands in the pod, not bubblewrap
+    box = replace(box, image=image, command=command, limits=replace(box.limits, attempt_timeout_s=deadline))
     job = job_template(box)
     job["metadata"] = {}
     spec = job["spec"]

@@ -22,6 +22,9 @@ from schemas.errors import ServiceError
 
 WORKSPACE_MOUNT = Path("/workspace")
 """where the workspace appears inside every sandbox"""
+IN_POD_ENV = "AGENTSTREAM_SANDBOX"
+"""set to `pod` in every sandbox pod (`sandbox.kubernetes.pod_spec`): a harness there runs its commands in
+the pod itself (`sandbox.inpod`), not in a sandbox of its own"""
 
 
 class SandboxError(ServiceError):

@@ -31,11 +31,8 @@ import threading
 import time
 from pathlib import Path
 
-from sandbox.contract import WORKSPACE_MOUNT, CommandResult, SandboxError, SandboxSpec
+from sandbox.contract import IN_POD_ENV, WORKSPACE_MOUNT, CommandResult, SandboxError, SandboxSpec
 from sandbox.local import DEFAULT_ENV, Output, _limit_of
-
-IN_POD_ENV = "AGENTSTREAM_SANDBOX"
-"""`pod` in a sandbox pod's environment (the controller's Kubernetes Job sets it): harnesses pick this backend"""
 
 
 def in_sandbox_pod() -> bool:

@@ -10,7 +10,8 @@ What the local backend does and what stands for it here:
 |                                      | allowPrivilegeEscalation false, seccomp RuntimeDefault            |
 | read-only system                     | readOnlyRootFilesystem                                            |
 | the workspace, a private /tmp        | emptyDir volumes at /workspace and /tmp (with size limits)        |
-| a clean environment                  | env from SandboxSpec.env only; no service account token, no      |
+| a clean environment                  | env from SandboxSpec.env only (+ AGENTSTREAM_SANDBOX=pod); no    |
+|                                      | service account token, no                                         |
 |                                      | service links, nothing from Secrets                               |
 | RLIMIT_AS / CPU                      | memory and cpu limits (cgroups; requests = limits)                |
 | RLIMIT_NPROC                         | the kubelet's podPidsLimit (a node setting: no pod field exists)  |
@@ -38,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from sandbox.contract import WORKSPACE_MOUNT, Limits, Network, SandboxError
+from sandbox.contract import IN_POD_ENV, WORKSPACE_MOUNT, Limits, Network, SandboxError
 
 NETWORK_LABEL = "agentstream.io/sandbox-network"
 """on every sandbox pod: 'none' or 'gateway'; the NetworkPolicies select on it"""
@@ -111,7 +112,8 @@ def pod_spec(sandbox: PodSandbox) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": CONTAINER,
         "workingDir": str(WORKSPACE_MOUNT),
-        "env": [{"name": name, "value": value} for name, value in {"HOME": "/tmp", **sandbox.env}.items()],
+        "env": [{"name": name, "value": value}
+                for name, value in {"HOME": "/tmp", IN_POD_ENV: "pod", **sandbox.env}.items()],
         "securityContext": container_security_context(),
         "resources": resources(limits),
         "volumeMounts": [{"name": WORKSPACE_VOLUME, "mountPath": str(WORKSPACE_MOUNT)},
