@@ -77,6 +77,12 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         pass
 
 
+WITHHELD = frozenset({"AGENTSTREAM_TOKEN_SECRET", "AGENTSTREAM_API_KEYS"})
+"""operator secrets that may be in the controller's environment (the documented way to give them) and never
+reach an agent: with the token secret an agent could mint any rollout's token, with an operator key act as
+the operator. (A Kubernetes Job's pod gets none of the controller's environment at all.)"""
+
+
 class LocalLauncher:
     name: Literal["local"] = "local"
 
@@ -97,7 +103,8 @@ class LocalLauncher:
         attempt.dir.mkdir(parents=True, exist_ok=True)
         task_file = attempt.dir / "task.json"
         task_file.write_bytes(orjson.dumps(attempt.rollout.task.input))
-        env = {**os.environ, **agent_env(gateway, attempt, str(task_file.resolve()), self.timeout_s)}
+        inherited = {name: value for name, value in os.environ.items() if name not in WITHHELD}
+        env = {**inherited, **agent_env(gateway, attempt, str(task_file.resolve()), self.timeout_s)}
         try:
             with open(attempt.dir / "stdout", "wb") as stdout, open(attempt.dir / "stderr", "wb") as stderr:
                 process = await asyncio.create_subprocess_exec(

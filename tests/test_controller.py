@@ -137,3 +137,22 @@ async def test_pacing_holds_launches_until_the_trainer_publishes_a_new_version(k
     queued = {e.data.task.id: e.data.weight_version for e in await read_rollouts(kafka)
               if isinstance(e, s.RolloutQueuedEvent)}
     assert queued == {"t0": 5, "t1": 5, "t2": 6, "t3": 6, "v": 5}
+
+
+async def test_a_local_agent_gets_none_of_the_operators_secrets(tmp_path: Path, monkeypatch):
+    """The controller's environment is the agent's, except the secrets an agent could act as the operator with."""
+    from controller.attempt import Attempt, Gateway
+    from controller.local import LocalLauncher
+    from controller.tasks import PlannedRollout
+
+    monkeypatch.setenv("AGENTSTREAM_TOKEN_SECRET", "the-signing-secret")
+    monkeypatch.setenv("AGENTSTREAM_API_KEYS", "operator-key-1")
+    monkeypatch.setenv("HARMLESS_SETTING", "kept")
+    rollout = PlannedRollout("0190d0c0-0000-5000-8000-0000000000b1", s.Task(id="t", input={}), "g", "train", 0, 0)
+    attempt = Attempt(rollout, "0190d0c0-0000-7000-8000-0000000000b1", 1, None, tmp_path / "attempt")
+    launcher = LocalLauncher("env", timeout_s=30, grace_s=1, tail_chars=100_000)
+    run = await launcher.launch(attempt, Gateway("http://127.0.0.1:9", "the-signing-secret"))
+    assert (await run.wait()).exit_code == 0
+    seen, _ = await run.close()
+    assert "HARMLESS_SETTING=kept" in seen and "OPENAI_API_KEY=" in seen
+    assert "the-signing-secret" not in seen and "operator-key-1" not in seen
