@@ -238,7 +238,7 @@ class JobPlayer:
         self.namespace = namespace
         self.seen: dict[str, dict] = {}
         self.failed_once: set[str] = set()
-        self.errors: list[BaseException] = []
+        self.errors: list[str] = []
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._play, daemon=True)
 
@@ -249,8 +249,13 @@ class JobPlayer:
                                                   timeout_seconds=1):
                     if event["type"] == "ADDED" and event["object"].metadata.name not in self.seen:
                         self._start(event["object"])
+            except ApiException as exc:
+                if exc.status in (410, 504):  # its watch cache lags (a loaded server) or moved on: watch again
+                    continue
+                self.errors.append(f"ApiException {exc.status} {exc.body}")
+                return
             except Exception as exc:  # reported by the test
-                self.errors.append(exc)
+                self.errors.append(f"{type(exc).__name__}: {exc}")
                 return
 
     def _start(self, job) -> None:
