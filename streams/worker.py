@@ -205,7 +205,16 @@ class AssemblyWorker(faust.Service):
             await self._emit(settled)
 
     async def _emit(self, settled: list[Settled]) -> None:
-        """Publish what settling yielded, acknowledged, before the state says the attempts are settled."""
+        """Publish what settling yielded, acknowledged, before the state says the attempts are settled.
+
+        What each trajectory is built from is in the changelog before it is published: settled again
+        after a crash, an attempt yields the same bytes, not a trajectory with events that came since.
+        """
+        for one in settled:
+            self._point_at(self.rollouts_partition(one.rollout_id))
+            self.assembly.decide(one)
+        await self.rollouts.flush()
+        await self.table.written()
         sent = []
         for one in settled:
             sent += [await self.publish("rewards", reward) for reward in one.rewards]

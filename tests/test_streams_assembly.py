@@ -207,6 +207,49 @@ def test_settling_twice_from_the_same_log_gives_the_same_events():
     assert [encode(t) for t in first] == [encode(t) for t in second]
 
 
+def test_an_attempt_settled_again_after_a_crash_is_built_from_what_it_was_decided_on():
+    """The worker's kill -9 case: a trajectory published without a reward still on its way (past the
+    grace), the worker killed before the settled marker was written. The state restored holds what
+    the trajectory was decided on; the reward read again after the restart is late, and the repeat
+    is the same bytes (not a second trajectory with the reward in it)."""
+    import copy
+
+    rollout = Rollout("r-decided")
+    *early, reward, finished = rollout.two_turns(reward=1.0)
+    assembly = Assembly({}, {}, TIMING)
+    feed(assembly, early + [finished])
+    now = finished.time + TIMING.reward_grace_ms
+    first = assembly.settle("r-decided", now)
+    assembly.decide(first)
+    restored = Assembly(copy.deepcopy(assembly.rollouts), dict(assembly.events), TIMING)  # killed here
+
+    assert feed(restored, [reward, finished]) == [None, None]  # read again: the reward, and a duplicate
+    again = restored.settle("r-decided", now + 1_000)
+    assert [encode(t) for t in again.trajectories] == [encode(t) for t in first.trajectories]
+    assert first.trajectories[0].data.reward_missing
+    assert [raw for raw, _ in again.late] == [encode(reward)]
+
+    undecided = Assembly(copy.deepcopy(assembly.rollouts), dict(assembly.events), TIMING)
+    undecided.rollouts["r-decided"]["attempts"]["a1"].pop("decided")  # as the worker did before it decided first
+    feed(undecided, [reward])
+    assert undecided.settle("r-decided", now + 1_000).trajectories[0].data.reward == 1.0  # the different repeat
+
+
+def test_an_attempt_decided_before_a_crash_waits_for_its_events_to_be_read_again():
+    rollout = Rollout("r-waits")
+    events = rollout.two_turns(reward=1.0)
+    assembly = Assembly({}, {}, TIMING)
+    feed(assembly, events)
+    now = events[-1].time + TIMING.settle_ms
+    first = assembly.settle("r-waits", now)
+    assembly.decide(first)
+    events_written = {k: v for k, v in assembly.events.items() if k != events[2].id}  # killed before this one
+    restored = Assembly(dict(assembly.rollouts), events_written, TIMING)
+    assert restored.settle("r-waits", now).trajectories == []  # not without the call it was decided on
+    feed(restored, [events[2]])
+    assert [encode(t) for t in restored.settle("r-waits", now).trajectories] == [encode(t) for t in first.trajectories]
+
+
 @pytest.mark.parametrize("answer,function,metadata,expected", [
     ("  Paris ", "exact_match", {"answer": "paris"}, 1.0),
     ("Lyon", "exact_match", {"answer": "paris"}, 0.0),
