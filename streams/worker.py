@@ -41,6 +41,7 @@ from schemas.kafka import deadletter_event
 from streams.assembly import Assembly, Settled
 from streams.settings import StreamsSettings
 from streams.tables import Staged, StateTable
+from streams.windows import Windows
 
 log = logging.getLogger("streams")
 ASSEMBLED = ("rollouts", "calls", "rewards")
@@ -58,12 +59,17 @@ Publish = Callable[[str, Event], Awaitable[Awaitable]]
 class AssemblyWorker(faust.Service):
     """Trajectory assembly over this worker's partitions of the rollout-scoped topics."""
 
-    def __init__(self, app: faust.App, settings: StreamsSettings, partitions: int, publish: Publish, **kwargs):
+    def __init__(self, app: faust.App, settings: StreamsSettings, partitions: int, publish: Publish,
+                 windows: Windows, **kwargs):
         super().__init__(**kwargs)
         self.app = app
         self.settings = settings
         self.publish = publish
+        self.windows = windows
+        """analytics of the calls read and the trajectories emitted, written with the batch"""
         self.sources = [settings.topics.name(base) for base in ASSEMBLED]
+        self.topic_of = {settings.topics.name(base): base for base in ASSEMBLED}
+        """source topic → the base name of the events it holds"""
         # one table, so that a partition's state, its events and its positions share one ordered changelog
         self.table = app.tables.add(StateTable(app, name="assembly", partitions=partitions,
                                                on_recover=self.recovered))
@@ -165,9 +171,10 @@ class AssemblyWorker(faust.Service):
         except DecodeError as exc:
             return await self._deadletter(message, "undecodable", f"undecodable: {exc}")
         self.last_time[message.tp] = max(self.last_time.get(message.tp, 0), event.time)
-        topics = self.settings.topics
-        if event.topic not in ASSEMBLED or topics.name(event.topic) != message.topic:
+        if self.topic_of.get(message.topic) != event.topic:
             return await self._deadletter(message, "misplaced", f"a {event.type} event does not belong on {message.topic}")
+        if isinstance(event, CallEvent):
+            self.windows.add_call(event.data, message.partition, message.timestamp)
         if event.rollout_id is None:
             if isinstance(event, CallEvent):
                 self.counts["session_calls"] += 1  # traffic outside any rollout: analytics count it
@@ -226,8 +233,12 @@ class AssemblyWorker(faust.Service):
                     data=Deadletter(topic=self.settings.topics.name(event.topic), key=event.rollout_id,
                                     value=raw_event.decode(), reason=reason, consumer=self.settings.source))))
         await asyncio.gather(*sent)
+        emitted_at = time.time()
         for one in settled:
-            self._point_at(self.rollouts_partition(one.rollout_id))
+            partition = self.rollouts_partition(one.rollout_id)
+            for trajectory in one.trajectories:
+                self.windows.add_trajectory(trajectory.data, partition, emitted_at)
+            self._point_at(partition)
             self.assembly.record(one)
 
     def rollouts_partition(self, rollout_id: str) -> int:
@@ -242,6 +253,7 @@ class AssemblyWorker(faust.Service):
         await self.rollouts.flush()
         await self.events.flush()
         await self.positions.flush()
+        await self.windows.flush()
         if self.table.unacknowledged > UNACKNOWLEDGED_MAX:
             await self.table.written()
 

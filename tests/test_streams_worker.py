@@ -43,7 +43,13 @@ def assert_once_each(events: list[s.Event], rollout_ids: set[str]) -> None:
     assert set(found) == rollout_ids, f"missing: {sorted(rollout_ids - set(found))}"
     for rollout_id, copies in found.items():
         assert len({copy.id for copy in copies}) == 1, f"{rollout_id}: several trajectory ids"
-        assert len({encode(copy) for copy in copies}) == 1, f"{rollout_id}: repeats differ"
+        assert len({encode(copy) for copy in copies}) == 1, f"{rollout_id}: repeats differ in {differing(copies)}"
+
+
+def differing(copies: list[s.TrajectoryEvent]) -> dict:
+    """The trajectory fields whose values differ between copies, with their values."""
+    dumps = [copy.data.model_dump() for copy in copies]
+    return {name: [dump[name] for dump in dumps] for name in dumps[0] if any(d[name] != dumps[0][name] for d in dumps)}
 
 
 async def test_worker_assembles_rollouts_and_deadletters_what_it_cannot_use(kafka, worker_factory):
