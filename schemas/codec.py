@@ -39,13 +39,13 @@ def decode(raw: bytes | str, expect: type[E] | None = None) -> E:
     try:
         event = adapter.validate_json(raw, strict=True)
     except ValidationError:
-        return _decode_explained(raw, adapter)
+        return _decode_explained(raw, adapter)  # type: ignore[return-value]
     if "schema_version" not in event.model_fields_set or not 1 <= event.schema_version <= SCHEMA_VERSION:
-        return _decode_explained(raw, adapter)
+        return _decode_explained(raw, adapter)  # type: ignore[return-value]
     return event  # type: ignore[return-value]
 
 
-def _decode_explained(raw: bytes | str, adapter: TypeAdapter) -> Any:
+def _decode_explained(raw: bytes | str, adapter: TypeAdapter[Event]) -> Event:
     """`decode` over orjson's dict: raises the DecodeError that names the offending field."""
     try:
         obj = orjson.loads(raw)
@@ -58,7 +58,7 @@ def _decode_explained(raw: bytes | str, adapter: TypeAdapter) -> Any:
         event = adapter.validate_python(obj, strict=True)
     except ValidationError as exc:
         raise _explain(exc) from None
-    return event  # type: ignore[return-value]
+    return event
 
 
 @cache
