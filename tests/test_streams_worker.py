@@ -211,7 +211,7 @@ async def test_a_burst_with_the_worker_killed_twice_settles_every_attempt_once(k
             sent += await publish_all(kafka, [event for rollout in rollouts for event in rollout.two_turns()])
         return sent
 
-    async with TopicWatch(kafka, "trajectories") as watch:
+    async with TopicWatch(kafka, "trajectories", "deadletter") as watch:
         publishing = asyncio.create_task(burst())
         for share in (0.1, 0.4):  # killed twice, each time in the middle of the burst's trajectories
             await watch.until(lambda seen: len(trajectories_by_rollout(seen)) >= share * len(ids), timeout=240,
@@ -222,6 +222,9 @@ async def test_a_burst_with_the_worker_killed_twice_settles_every_attempt_once(k
         await watch.until(lambda seen: set(trajectories_by_rollout(seen)) >= ids, timeout=240,
                           what="a trajectory for every attempt")
         assert_once_each(watch.events, ids)
-    assert all(len(copies[0].data.turns) == 2 for copies in trajectories_by_rollout(watch.events).values())
+        short = {rid: (len(copies[0].data.turns), copies[0].data.lineage) for rid, copies in
+                 trajectories_by_rollout(watch.events).items() if len(copies[0].data.turns) != 2}
+        late = [(e.data.key, e.data.reason[:80]) for e in watch.of_type("deadletter") if e.data.key in short]
+        assert not short, f"trajectories without both turns: {list(short.items())[:5]}; deadletters: {late[:5]}"
     wait_for(lambda: worker.analytics(open_attempts=True)["assembly"]["open_attempts"] == 0, timeout=30,
              what="no attempt left unsettled")
