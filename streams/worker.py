@@ -1,7 +1,7 @@
 """The assembly worker: source records in, a batch at a time; trajectories, rewards and deadletters out.
 
     rollouts ┐
-    calls    ├─▶ add ─(a batch)─▶ settle due attempts ─▶ emit ─▶ flush (state, then positions)
+    calls    ├─▶ add ─(a batch)─▶ settle due attempts ─▶ decide ─▶ emit ─▶ flush (state, positions, windows)
     rewards  ┘                          ▲
               timer: the next due attempt, a batch no record ends, or every --tick-s
 
@@ -16,7 +16,8 @@ behind on but gets nothing from.
 
 Trajectories and computed rewards of a batch are published together, and acknowledged, before
 the state marks their attempts settled; their ids derive from the attempt, so a crash repeats
-them at worst and readers drop the repeat by id. Deadletters are acknowledged before the position
+them at worst and readers drop the repeat by id. What each is built from is written (and
+acknowledged) before it is published, so a repeat is built from the same events: the same bytes. Deadletters are acknowledged before the position
 passes their record.
 """
 

@@ -9,6 +9,7 @@ import pytest
 
 import schemas as s
 from schemas.codec import encode
+from schemas.kafka import Publisher, make_producer
 from tests.conftest import wait_for
 from tests.streams_support import Rollout, StreamsWorker, TopicWatch, live, publish
 
@@ -197,19 +198,26 @@ async def test_an_sdk_retry_is_one_turn_and_sampling_twice_on_purpose_keeps_both
 async def test_a_burst_with_the_worker_killed_twice_settles_every_attempt_once(kafka, worker_factory):
     """20,000 events (4,000 attempts) while the worker is SIGKILLed twice and restarted. The deadlines
     are for a machine shared by many (each phase takes seconds on a quiet one)."""
-    from bench.load import publish_all
-
     # settle 5 s: the burst's events reach the broker a little after their time (built, then published,
     # 500 at a time), and a worker must not settle an attempt while its events are on their way
     worker = worker_factory("burst", "--settle-s", "5").start()
     ids = {f"r-burst-{i}" for i in range(4000)}
 
     async def burst() -> int:
-        sent = 0
-        for chunk in range(0, 4000, 100):
-            rollouts = [live(Rollout(f"r-burst-{i}")) for i in range(chunk, chunk + 100)]
-            sent += await publish_all(kafka, [event for rollout in rollouts for event in rollout.two_turns()])
-        return sent
+        # one producer for the whole burst: one started per chunk put its start-up between an
+        # event's time and its arrival, seconds on a loaded machine
+        producer = make_producer(kafka, linger_ms=20)
+        await producer.start()
+        try:
+            publisher, sent = Publisher(producer, kafka.topics), 0
+            for chunk in range(0, 4000, 100):
+                rollouts = [live(Rollout(f"r-burst-{i}")) for i in range(chunk, chunk + 100)]
+                pending = [await publisher.send(event) for rollout in rollouts for event in rollout.two_turns()]
+                await asyncio.gather(*pending)
+                sent += len(pending)
+            return sent
+        finally:
+            await producer.stop()
 
     async with TopicWatch(kafka, "trajectories", "deadletter") as watch:
         publishing = asyncio.create_task(burst())
