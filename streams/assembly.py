@@ -94,7 +94,9 @@ def finalize_at(attempt: dict[str, Any], timing: Timing) -> int:
     reward_at = attempt.get("reward_at")
     if reward_at is not None and reward_at <= end["time"] + timing.reward_grace_ms:
         return max(end["time"], reward_at) + timing.settle_ms
-    return end["time"] + timing.reward_grace_ms
+    # never before --settle-s: a grace shorter than it would settle the attempt while its calls may
+    # still be on their way (the burst test's 2 s grace under a 5 s settle lost calls when loaded)
+    return end["time"] + max(timing.reward_grace_ms, timing.settle_ms)
 
 
 class Assembly:

@@ -114,6 +114,13 @@ def test_a_finished_attempt_waits_for_its_reward_up_to_the_grace_period():
     assert trajectory.data.reward is None and trajectory.data.reward_missing
 
 
+def test_a_reward_grace_shorter_than_the_settle_time_does_not_settle_before_it():
+    rollout = Rollout("r-short-grace")
+    *_, finished = rollout.two_turns(reward=None)
+    attempt = {"end": {"time": finished.time, "type": "rollout.finished"}, "awaits_reward": True, "last": 0}
+    assert finalize_at(attempt, Timing(settle_ms=5_000, reward_grace_ms=2_000)) == finished.time + 5_000
+
+
 def test_a_managed_attempt_ends_with_the_controller_an_unmanaged_one_with_the_agent():
     managed = Rollout("r-managed")
     events = [managed.queued(), managed.call([1], [2]), managed.reward(1.0), managed.finished(by="agent")]
