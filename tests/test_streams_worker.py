@@ -199,7 +199,9 @@ async def test_a_burst_with_the_worker_killed_twice_settles_every_attempt_once(k
     """20,000 events (4,000 attempts) while the worker is SIGKILLed twice and restarted. The deadlines
     are for a machine shared by many (each phase takes seconds on a quiet one)."""
     # settle 5 s: the burst's events reach the broker a little after their time (built, then published,
-    # 500 at a time), and a worker must not settle an attempt while its events are on their way
+    # 500 at a time), and a worker must not settle an attempt while its events are on their way. The
+    # burst is published from a thread of its own: on this loop, decoding what the watch reads held the
+    # producer up for seconds on a loaded machine, past the settle time (calls deadlettered as late)
     worker = worker_factory("burst", "--settle-s", "5").start()
     ids = {f"r-burst-{i}" for i in range(4000)}
 
@@ -220,7 +222,7 @@ async def test_a_burst_with_the_worker_killed_twice_settles_every_attempt_once(k
             await producer.stop()
 
     async with TopicWatch(kafka, "trajectories", "deadletter") as watch:
-        publishing = asyncio.create_task(burst())
+        publishing = asyncio.get_running_loop().run_in_executor(None, asyncio.run, burst())
         for share in (0.1, 0.4):  # killed twice, each time in the middle of the burst's trajectories
             await watch.until(lambda seen: len(trajectories_by_rollout(seen)) >= share * len(ids), timeout=240,
                               what=f"{share:.0%} of the trajectories")
