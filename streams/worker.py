@@ -171,8 +171,15 @@ class AssemblyWorker(faust.Service):
 
     async def _in_order(self, message) -> bool:
         """Whether this record is the next of its partition; after a gap, read it again from there."""
-        expected = self.positions.get(f"{message.topic}:{message.partition}")
-        if expected is None or message.offset == expected:
+        key = f"{message.topic}:{message.partition}"
+        expected = self.positions.get(key)
+        if expected is None:
+            # the partition's first record this state sees: its offset is written before any state built
+            # from it (never ahead of it), so a worker killed after that state was written, whatever Faust
+            # committed, reads the partition again from here rather than from past the state's events
+            await self.table.write(message.partition, self.positions.prefix + key, message.offset)
+            return True
+        if message.offset == expected:
             return True
         if message.offset < expected:
             self.counts["redelivered"] += 1
