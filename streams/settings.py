@@ -31,9 +31,6 @@ class StreamsSettings(KafkaSettings):
     batch_max: int = Field(2000, ge=1, description="source records whose changes are written together, at most")
     batch_wait_s: float = Field(0.05, gt=0, description="how long a batch of changes may wait for more records "
                                 "before it is written")
-    batch_catch_up_s: float = Field(1.0, gt=0, description="how long a batch may wait for more records while the "
-                                    "worker is behind the end of one of its source partitions: an attempt that "
-                                    "comes and settles within one batch writes no state")
 
     # --- analytics ---------------------------------------------------------------------------------
     windows_s: Annotated[list[int], NoDecode] = Field(

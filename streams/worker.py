@@ -118,7 +118,8 @@ class AssemblyWorker(faust.Service):
                 if await self._take(record.message):
                     self.touched.add(record.message.partition)
                     self.batched += 1
-                if self.batched >= self.settings.batch_max or time.monotonic() >= self._batch_ends():
+                if self.batched >= self.settings.batch_max or (
+                        time.monotonic() - self.batch_began >= self.settings.batch_wait_s):
                     await self._end_batch()
             except (KafkaError, ProducerSendError) as exc:
                 # nothing is recorded past the last batch: the next worker handles it again
@@ -133,25 +134,6 @@ class AssemblyWorker(faust.Service):
         touched, self.touched, self.batched = self.touched, set(), 0
         await self._settle(touched | set(partitions))
         await self._flush()
-
-    def _batch_ends(self) -> float:
-        """When (monotonic) the batch in hand ends: --batch-wait-s after its first record, or, while the
-        worker is behind one of the batch's source partitions, --batch-catch-up-s after it. A worker
-        catching up then settles most attempts in the batch that brought their events, and writes
-        neither those events nor a state for them; a worker keeping up is not held back."""
-        ends = self.batch_began + self.settings.batch_wait_s
-        if time.monotonic() < ends or not self._behind(self.touched):
-            return ends
-        return self.batch_began + max(self.settings.batch_wait_s, self.settings.batch_catch_up_s)
-
-    def _behind(self, partitions: Iterable[int]) -> bool:
-        """Whether a source partition of these has records past the next to handle (as last fetched)."""
-        for partition in partitions:
-            for topic in self.sources:
-                start, end = self.position(TP(topic, partition))
-                if end is not None and start < end:
-                    return True
-        return False
 
     async def _take(self, message) -> bool:
         """Add one record to the state; whether it was the next of its partition."""
@@ -315,8 +297,8 @@ class AssemblyWorker(faust.Service):
         their next attempt is due, at least every --tick-s."""
         while not self.should_stop:
             await self.sleep(self._until_next())
-            if self.app.rebalancing or (self.batched and time.monotonic() < self._batch_ends()):
-                continue  # a batch taken while catching up: its end settles the attempts due
+            if self.app.rebalancing:
+                continue
             async with self.lock:
                 try:
                     await self._end_batch(self.active_partitions())
@@ -330,7 +312,7 @@ class AssemblyWorker(faust.Service):
         """Seconds until the next attempt is due or the batch is old enough, at most --tick-s."""
         wait = self.settings.tick_s
         if self.batched:
-            wait = min(wait, self._batch_ends() - time.monotonic())
+            wait = min(wait, self.batch_began + self.settings.batch_wait_s - time.monotonic())
         if not self.app.rebalancing:  # until its tables are recovered, a worker has no state to settle
             upcoming, now = self.assembly.next_due(self.active_partitions()), now_ms()
             if upcoming is not None and upcoming > now:  # one due already is held back: a batch settles it
