@@ -1,6 +1,6 @@
 """Windowed analytics, as mergeable aggregates: counts, sums and latency histograms.
 
-An aggregate is a plain dict of numbers, so it can live in a Faust table, travel in a `metrics`
+An aggregate is a plain dict of numbers, so it can live in a table (`windows.py`), travel in a `metrics`
 event, and be merged with others: the worker keeps one per (window, model, weight version,
 partition), and whoever reads them (the web view, `agentstream top`, SQL over the metrics topic)
 sums the partitions. Percentiles come from the merged histogram, so they are exact to a bucket
@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
-
-from schemas.events import SCHEMA_VERSION, Call, Trajectory
+from schemas.events import Call, Trajectory
 
 BUCKET_BASE_MS = 0.5
 BUCKET_GROWTH = 1.25
@@ -43,68 +40,7 @@ def _observe(aggregate: Aggregate, histogram: str, ms: float | None) -> None:
         aggregate[key] = aggregate.get(key, 0) + 1
 
 
-# --- what analytics reads of an event ------------------------------------------------------------
-# A call carries its request, response and token ids, a trajectory its token sequences: validating
-# all of it (schemas.codec.decode) cost the worker more than the aggregates. These views validate
-# the few fields the aggregates read and skip the rest of the JSON.
-
-
-class _View(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class UsageView(_View):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-
-class CallView(_View):
-    model: str
-    weight_version: int | None = None
-    usage: UsageView | None = None
-    status: int
-    latency_ms: float
-    ttft_ms: float | None = None
-
-
-class TurnView(_View):
-    weight_version: int | None = None
-
-
-class TrajectoryView(_View):
-    model: str | None = None
-    reward: float | None = None
-    reward_missing: bool = False
-    turns: list[TurnView]
-
-
-class CallSeen(_View):
-    type: Literal["call"]
-    schema_version: int
-    data: CallView
-
-
-class TrajectorySeen(_View):
-    type: Literal["trajectory"]
-    schema_version: int
-    data: TrajectoryView
-
-
-_seen: TypeAdapter[CallSeen | TrajectorySeen] = TypeAdapter(
-    Annotated[CallSeen | TrajectorySeen, Field(discriminator="type")])
-
-
-def seen(raw: bytes) -> CallSeen | TrajectorySeen | None:
-    """The call or trajectory in `raw` as analytics reads it; None for anything else (other event
-    types, events this version does not understand, bytes that are no event)."""
-    try:
-        event = _seen.validate_json(raw)
-    except ValidationError:
-        return None
-    return event if 1 <= event.schema_version <= SCHEMA_VERSION else None
-
-
-def add_call(aggregate: Aggregate, call: Call | CallView) -> Aggregate:
+def add_call(aggregate: Aggregate, call: Call) -> Aggregate:
     out = dict(aggregate)
     out["calls"] = out.get("calls", 0) + 1
     out["errors"] = out.get("errors", 0) + (call.status >= 400)
@@ -116,7 +52,7 @@ def add_call(aggregate: Aggregate, call: Call | CallView) -> Aggregate:
     return out
 
 
-def add_trajectory(aggregate: Aggregate, trajectory: Trajectory | TrajectoryView) -> Aggregate:
+def add_trajectory(aggregate: Aggregate, trajectory: Trajectory) -> Aggregate:
     out = dict(aggregate)
     out["trajectories"] = out.get("trajectories", 0) + 1
     if trajectory.reward is not None:

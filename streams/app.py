@@ -4,7 +4,7 @@
     calls    ├─▶ assemble ─▶ AssemblyWorker (worker.py; table: tables.py) ─▶ trajectories, rewards, deadletter
     rewards  ┘
 
-    calls, trajectories ─▶ analyse ─(tumbling windowed tables)─▶ metrics topic, GET /analytics
+    the calls it reads, the trajectories it emits ─▶ Windows (windows.py) ─▶ metrics topic, GET /analytics
 
 All rollout-scoped topics share one partition count, so each agent reads a rollout's events from
 one partition, and each table key is written from one partition: the changelogs are
@@ -14,21 +14,17 @@ at-least-once: a view.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from datetime import timedelta
-
 import faust
 from faust.web import Request, Response, View
 
 from schemas.codec import encode
-from schemas.events import Event, Metrics, MetricsEvent, Trajectory
+from schemas.events import Event, Metrics, MetricsEvent
 from schemas.topics import FOREVER, TopicSpec
 
-from streams import analytics
 from streams.settings import StreamsSettings
+from streams.windows import Windows, parse
 from streams.worker import ASSEMBLED, AssemblyWorker
 
-ANALYSED = ("calls", "trajectories")
 RAW = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
 
 
@@ -75,7 +71,8 @@ def create_app(settings: StreamsSettings, partitions: int) -> faust.App:
         return await app.producer.send(settings.topics.name(topic), event.key, encode(event), partition=None,
                                        timestamp=None, headers=None)
 
-    worker = AssemblyWorker(app, settings, partitions, send)
+    windows = Windows(app, settings.windows_s, settings.window_history, partitions)
+    worker = AssemblyWorker(app, settings, partitions, send, windows)
 
     @app.agent(app.topic(*worker.sources, **RAW), name="assemble")
     async def assemble(stream):
@@ -90,13 +87,13 @@ def create_app(settings: StreamsSettings, partitions: int) -> faust.App:
     async def forget_partitions(app, revoked, **kwargs) -> None:
         await worker.revoked(revoked)
 
-    windows_view = add_analytics(app, settings, partitions, publish)
+    add_metrics(app, settings, windows, publish)
 
     @app.page("/analytics")
     class AnalyticsView(View):
         async def get(self, request: Request) -> Response:
             view = worker.describe(open_attempts=request.query.get("open") == "1")
-            return self.json({**view, "windows": windows_view()})
+            return self.json({**view, "windows": windows.view()})
 
     return app
 
@@ -104,67 +101,16 @@ def create_app(settings: StreamsSettings, partitions: int) -> faust.App:
 # --- analytics ---------------------------------------------------------------------------------
 
 
-def add_analytics(app: faust.App, settings: StreamsSettings, partitions: int, publish) -> Callable[[], dict]:
-    """The analytics agent, its windowed tables and the metrics timer; returns the windows' view."""
-    topics = settings.topics
-    windows = {size: app.Table(f"analytics-{size}s", default=dict, partitions=partitions)
-               .tumbling(size, expires=timedelta(seconds=size * settings.window_history)).relative_to_stream()
-               for size in settings.windows_s}
-    changed: set[tuple[int, str, tuple[float, float]]] = set()
-
-    @app.agent(app.topic(*(topics.name(base) for base in ANALYSED), **RAW), name="analyse")
-    async def analyse(stream):
-        async for record in stream.events():
-            message = record.message
-            event = analytics.seen(message.value)  # the assembly agent deadletters what it cannot read
-            if isinstance(event, analytics.CallSeen):
-                key = group_key(event.data.model, event.data.weight_version, message.partition)
-                add = analytics.add_call
-            elif isinstance(event, analytics.TrajectorySeen):
-                key = group_key(event.data.model, wrote_it(event.data), message.partition)
-                add = analytics.add_trajectory
-            else:
-                continue
-            for size, table in windows.items():
-                table[key] = add(table[key].current(), event.data)
-                changed.add((size, key, table.table.window.current(message.timestamp)))
+def add_metrics(app: faust.App, settings: StreamsSettings, windows: Windows, publish) -> None:
+    """The timer that publishes the windows changed since its last run to the metrics topic."""
 
     @app.timer(interval=settings.metrics_interval_s)
     async def publish_metrics() -> None:
-        pending = list(changed)
-        changed.clear()
-        for size, key, window in pending:
-            value = windows[size].table.data.get((key, window))
-            if value is None:
-                continue
-            model, version, partition = key.split("|")
+        for size, key, value in windows.unpublished():
+            model, version, partition, start = parse(key)
             await publish("metrics", MetricsEvent(source=settings.source, data=Metrics(
-                window_s=size, window_start=int(window[0] * 1000),
+                window_s=size, window_start=int(start * 1000),
                 group={"model": model, "weight_version": version, "partition": partition}, values=value)))
-
-    return lambda: {str(size): window_view(windows[size].table, size) for size in windows}
-
-
-def group_key(model: str | None, version: int | None, partition: int) -> str:
-    return f"{model or ''}|{'' if version is None else version}|{partition}"
-
-
-def wrote_it(trajectory: Trajectory | analytics.TrajectoryView) -> int | None:
-    """The weight version a trajectory is credited to: the oldest that generated one of its turns."""
-    versions = [turn.weight_version for turn in trajectory.turns if turn.weight_version is not None]
-    return min(versions) if versions else None
-
-
-def window_view(table, size: int) -> list[dict]:
-    """The local windows, newest first: per window and (model, weight version), the partitions merged."""
-    merged: dict[tuple[float, str, str], list[dict]] = {}
-    for (key, (start, _end)), value in list(table.data.items()):
-        model, version, _partition = key.split("|")
-        merged.setdefault((start, model, version), []).append(value)
-    rows = [{"window_start": int(start * 1000), "window_s": size, "model": model or None,
-             "weight_version": int(version) if version else None, **analytics.summary(analytics.merge(values))}
-            for (start, model, version), values in merged.items()]
-    return sorted(rows, key=lambda row: (-row["window_start"], row["model"] or "", row["weight_version"] or -1))
 
 
 # --- topics ------------------------------------------------------------------------------------

@@ -69,6 +69,8 @@ class Settled:
     """(encoded trajectory, reason): trajectories whose reward function failed, for the deadletter topic"""
     attempts: dict[str, dict] = field(default_factory=dict)
     """attempt id → its settled marker"""
+    decided: dict[str, dict] = field(default_factory=dict)
+    """attempt id → what its trajectory was built from (`Assembly.decide` records it before publishing)"""
     forgotten: list[str] = field(default_factory=list)
     """attempts settled longer ago than the retention"""
 
@@ -78,6 +80,7 @@ class Settled:
         self.late += other.late
         self.unscored += other.unscored
         self.attempts.update(other.attempts)
+        self.decided.update(other.decided)
         self.forgotten += other.forgotten
 
 
@@ -91,7 +94,9 @@ def finalize_at(attempt: dict[str, Any], timing: Timing) -> int:
     reward_at = attempt.get("reward_at")
     if reward_at is not None and reward_at <= end["time"] + timing.reward_grace_ms:
         return max(end["time"], reward_at) + timing.settle_ms
-    return end["time"] + timing.reward_grace_ms
+    # never before --settle-s: a grace shorter than it would settle the attempt while its calls may
+    # still be on their way (the burst test's 2 s grace under a 5 s settle lost calls when loaded)
+    return end["time"] + max(timing.reward_grace_ms, timing.settle_ms)
 
 
 class Assembly:
@@ -180,7 +185,10 @@ class Assembly:
 
     def _due(self, attempt: dict[str, Any]) -> int:
         settled = attempt.get("settled")
-        return settled["time"] + self.timing.retention_ms if settled else finalize_at(attempt, self.timing)
+        if settled:
+            return settled["time"] + self.timing.retention_ms
+        decided = attempt.get("decided")
+        return decided["at"] if decided else finalize_at(attempt, self.timing)
 
     # --- settling ----------------------------------------------------------------------------------
 
@@ -223,8 +231,26 @@ class Assembly:
             if attempt.get("settled"):
                 out.forgotten.append(attempt_id)
             else:
-                out.extend(self._settle(rollout_id, attempt_id, attempt))
+                out.extend(self._settle(rollout_id, attempt_id, attempt, now_ms))
         return out
+
+    def decide(self, settled: Settled) -> None:
+        """Record what the attempts' trajectories are built from, before they are published.
+
+        Settled again after a crash (the trajectory published, the settled marker lost), an attempt
+        is built from these same events, whatever arrived since: the repeat is the same bytes.
+        """
+        state = self.rollouts.get(settled.rollout_id)
+        if state is None or not settled.decided:
+            return
+        changed = False
+        for attempt_id, decided in settled.decided.items():
+            attempt = state["attempts"][attempt_id]
+            if attempt.get("decided") != decided:
+                attempt["decided"] = decided
+                changed = True
+        if changed:
+            self._save(settled.rollout_id, state)
 
     def record(self, settled: Settled) -> None:
         """Mark what `settle` settled as settled, and forget what it found expired."""
@@ -234,6 +260,7 @@ class Assembly:
         done: list[str] = []
         for attempt_id, marker in settled.attempts.items():
             attempt = state["attempts"][attempt_id]
+            attempt.pop("decided", None)
             attempt["settled"] = marker
             attempt["ids"] += [reward.id for reward in settled.rewards if reward.attempt_id == attempt_id]
             done += attempt["ids"]
@@ -252,25 +279,31 @@ class Assembly:
         self.counts["reward_failures"] += len(settled.unscored)
         self.counts["late"] += len(settled.late)
 
-    def _settle(self, rollout_id: str, attempt_id: str, attempt: dict[str, Any]) -> Settled:
+    def _settle(self, rollout_id: str, attempt_id: str, attempt: dict[str, Any], now_ms: int) -> Settled:
         out = Settled(rollout_id)
-        at = finalize_at(attempt, self.timing)
+        # an attempt decided before a crash is built as decided then (see `decide`)
+        decided = attempt.get("decided") or {
+            "at": finalize_at(attempt, self.timing), "end": attempt["end"], "awaits_reward": attempt["awaits_reward"],
+            "reward_fn": attempt.get("reward_fn"), "ids": None}
+        at, chosen = decided["at"], None if decided["ids"] is None else set(decided["ids"])
+        if chosen is not None and not self._holds(chosen, at, now_ms):
+            return out  # its events are being read again after a restart: settled once they are back
         events: list[Event] = []
         for event_id in attempt["ids"]:
             raw = self.events.get(event_id)
             if raw is None:
-                continue  # a heartbeat
+                continue  # a heartbeat (or, long overdue, an event that never came back)
             event = self._decoded.get(event_id) or decode(raw)
-            if event.time <= at:
+            if (event.time <= at) if chosen is None else event_id in chosen:
                 events.append(event)
             else:
                 out.late.append((raw, f"late: its time is after attempt {attempt_id} of rollout {rollout_id} "
                                       f"settled (at {at})"))
-        end = attempt["end"]
+        end = decided["end"]
         status = STATUS_OF[end["type"]] if end else "abandoned"
-        reward_fn = attempt.get("reward_fn")
+        reward_fn = decided["reward_fn"]
         ending = Ending(status, end["time"] if end else at,
-                        reward_expected=status == "finished" and (attempt["awaits_reward"] or bool(reward_fn)))
+                        reward_expected=status == "finished" and (decided["awaits_reward"] or bool(reward_fn)))
         trajectory = build(rollout_id, attempt_id, events, ending, self.source)
         if reward_fn and status == "finished":
             scored = self._score(reward_fn, rollout_id, attempt_id, events, trajectory)
@@ -281,7 +314,12 @@ class Assembly:
                 out.unscored.append((encode(trajectory), scored))
         out.trajectories.append(trajectory)
         out.attempts[attempt_id] = {"trajectory": trajectory.id, "time": at}
+        out.decided[attempt_id] = {**decided, "ids": [event.id for event in events]}
         return out
+
+    def _holds(self, ids: set[str], at: int, now_ms: int) -> bool:
+        """Whether every one of these events is in the state again; after the idle timeout, go on without."""
+        return all(event_id in self.events for event_id in ids) or now_ms > at + self.timing.idle_timeout_ms
 
     def _score(self, reward_fn: str, rollout_id: str, attempt_id: str, events: list[Event],
                trajectory: TrajectoryEvent) -> RewardEvent | str:

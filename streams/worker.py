@@ -1,7 +1,7 @@
 """The assembly worker: source records in, a batch at a time; trajectories, rewards and deadletters out.
 
     rollouts ┐
-    calls    ├─▶ add ─(a batch)─▶ settle due attempts ─▶ emit ─▶ flush (state, then positions)
+    calls    ├─▶ add ─(a batch)─▶ settle due attempts ─▶ decide ─▶ emit ─▶ flush (state, positions, windows)
     rewards  ┘                          ▲
               timer: the next due attempt, a batch no record ends, or every --tick-s
 
@@ -16,7 +16,8 @@ behind on but gets nothing from.
 
 Trajectories and computed rewards of a batch are published together, and acknowledged, before
 the state marks their attempts settled; their ids derive from the attempt, so a crash repeats
-them at worst and readers drop the repeat by id. Deadletters are acknowledged before the position
+them at worst and readers drop the repeat by id. What each is built from is written (and
+acknowledged) before it is published, so a repeat is built from the same events: the same bytes. Deadletters are acknowledged before the position
 passes their record.
 """
 
@@ -41,6 +42,7 @@ from schemas.kafka import deadletter_event
 from streams.assembly import Assembly, Settled
 from streams.settings import StreamsSettings
 from streams.tables import Staged, StateTable
+from streams.windows import Windows
 
 log = logging.getLogger("streams")
 ASSEMBLED = ("rollouts", "calls", "rewards")
@@ -58,12 +60,17 @@ Publish = Callable[[str, Event], Awaitable[Awaitable]]
 class AssemblyWorker(faust.Service):
     """Trajectory assembly over this worker's partitions of the rollout-scoped topics."""
 
-    def __init__(self, app: faust.App, settings: StreamsSettings, partitions: int, publish: Publish, **kwargs):
+    def __init__(self, app: faust.App, settings: StreamsSettings, partitions: int, publish: Publish,
+                 windows: Windows, **kwargs):
         super().__init__(**kwargs)
         self.app = app
         self.settings = settings
         self.publish = publish
+        self.windows = windows
+        """analytics of the calls read and the trajectories emitted, written with the batch"""
         self.sources = [settings.topics.name(base) for base in ASSEMBLED]
+        self.topic_of = {settings.topics.name(base): base for base in ASSEMBLED}
+        """source topic → the base name of the events it holds"""
         # one table, so that a partition's state, its events and its positions share one ordered changelog
         self.table = app.tables.add(StateTable(app, name="assembly", partitions=partitions,
                                                on_recover=self.recovered))
@@ -146,8 +153,15 @@ class AssemblyWorker(faust.Service):
 
     async def _in_order(self, message) -> bool:
         """Whether this record is the next of its partition; after a gap, read it again from there."""
-        expected = self.positions.get(f"{message.topic}:{message.partition}")
-        if expected is None or message.offset == expected:
+        key = f"{message.topic}:{message.partition}"
+        expected = self.positions.get(key)
+        if expected is None:
+            # the partition's first record this state sees: its offset is written before any state built
+            # from it (never ahead of it), so a worker killed after that state was written, whatever Faust
+            # committed, reads the partition again from here rather than from past the state's events
+            await self.table.write(message.partition, self.positions.prefix + key, message.offset)
+            return True
+        if message.offset == expected:
             return True
         if message.offset < expected:
             self.counts["redelivered"] += 1
@@ -165,9 +179,10 @@ class AssemblyWorker(faust.Service):
         except DecodeError as exc:
             return await self._deadletter(message, "undecodable", f"undecodable: {exc}")
         self.last_time[message.tp] = max(self.last_time.get(message.tp, 0), event.time)
-        topics = self.settings.topics
-        if event.topic not in ASSEMBLED or topics.name(event.topic) != message.topic:
+        if self.topic_of.get(message.topic) != event.topic:
             return await self._deadletter(message, "misplaced", f"a {event.type} event does not belong on {message.topic}")
+        if isinstance(event, CallEvent):
+            self.windows.add_call(event.data, message.partition, message.timestamp)
         if event.rollout_id is None:
             if isinstance(event, CallEvent):
                 self.counts["session_calls"] += 1  # traffic outside any rollout: analytics count it
@@ -205,7 +220,16 @@ class AssemblyWorker(faust.Service):
             await self._emit(settled)
 
     async def _emit(self, settled: list[Settled]) -> None:
-        """Publish what settling yielded, acknowledged, before the state says the attempts are settled."""
+        """Publish what settling yielded, acknowledged, before the state says the attempts are settled.
+
+        What each trajectory is built from is in the changelog before it is published: settled again
+        after a crash, an attempt yields the same bytes, not a trajectory with events that came since.
+        """
+        for one in settled:
+            self._point_at(self.rollouts_partition(one.rollout_id))
+            self.assembly.decide(one)
+        await self.rollouts.flush()
+        await self.table.written()
         sent = []
         for one in settled:
             sent += [await self.publish("rewards", reward) for reward in one.rewards]
@@ -217,8 +241,12 @@ class AssemblyWorker(faust.Service):
                     data=Deadletter(topic=self.settings.topics.name(event.topic), key=event.rollout_id,
                                     value=raw_event.decode(), reason=reason, consumer=self.settings.source))))
         await asyncio.gather(*sent)
+        emitted_at = time.time()
         for one in settled:
-            self._point_at(self.rollouts_partition(one.rollout_id))
+            partition = self.rollouts_partition(one.rollout_id)
+            for trajectory in one.trajectories:
+                self.windows.add_trajectory(trajectory.data, partition, emitted_at)
+            self._point_at(partition)
             self.assembly.record(one)
 
     def rollouts_partition(self, rollout_id: str) -> int:
@@ -233,6 +261,7 @@ class AssemblyWorker(faust.Service):
         await self.rollouts.flush()
         await self.events.flush()
         await self.positions.flush()
+        await self.windows.flush()
         if self.table.unacknowledged > UNACKNOWLEDGED_MAX:
             await self.table.written()
 

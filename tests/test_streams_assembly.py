@@ -114,6 +114,13 @@ def test_a_finished_attempt_waits_for_its_reward_up_to_the_grace_period():
     assert trajectory.data.reward is None and trajectory.data.reward_missing
 
 
+def test_a_reward_grace_shorter_than_the_settle_time_does_not_settle_before_it():
+    rollout = Rollout("r-short-grace")
+    *_, finished = rollout.two_turns(reward=None)
+    attempt = {"end": {"time": finished.time, "type": "rollout.finished"}, "awaits_reward": True, "last": 0}
+    assert finalize_at(attempt, Timing(settle_ms=5_000, reward_grace_ms=2_000)) == finished.time + 5_000
+
+
 def test_a_managed_attempt_ends_with_the_controller_an_unmanaged_one_with_the_agent():
     managed = Rollout("r-managed")
     events = [managed.queued(), managed.call([1], [2]), managed.reward(1.0), managed.finished(by="agent")]
@@ -205,6 +212,49 @@ def test_settling_twice_from_the_same_log_gives_the_same_events():
     events = rollout.two_turns(reward=None)
     first, second = (assemble(events, TIMING) for _ in range(2))
     assert [encode(t) for t in first] == [encode(t) for t in second]
+
+
+def test_an_attempt_settled_again_after_a_crash_is_built_from_what_it_was_decided_on():
+    """The worker's kill -9 case: a trajectory published without a reward still on its way (past the
+    grace), the worker killed before the settled marker was written. The state restored holds what
+    the trajectory was decided on; the reward read again after the restart is late, and the repeat
+    is the same bytes (not a second trajectory with the reward in it)."""
+    import copy
+
+    rollout = Rollout("r-decided")
+    *early, reward, finished = rollout.two_turns(reward=1.0)
+    assembly = Assembly({}, {}, TIMING)
+    feed(assembly, early + [finished])
+    now = finished.time + TIMING.reward_grace_ms
+    first = assembly.settle("r-decided", now)
+    assembly.decide(first)
+    restored = Assembly(copy.deepcopy(assembly.rollouts), dict(assembly.events), TIMING)  # killed here
+
+    assert feed(restored, [reward, finished]) == [None, None]  # read again: the reward, and a duplicate
+    again = restored.settle("r-decided", now + 1_000)
+    assert [encode(t) for t in again.trajectories] == [encode(t) for t in first.trajectories]
+    assert first.trajectories[0].data.reward_missing
+    assert [raw for raw, _ in again.late] == [encode(reward)]
+
+    undecided = Assembly(copy.deepcopy(assembly.rollouts), dict(assembly.events), TIMING)
+    undecided.rollouts["r-decided"]["attempts"]["a1"].pop("decided")  # as the worker did before it decided first
+    feed(undecided, [reward])
+    assert undecided.settle("r-decided", now + 1_000).trajectories[0].data.reward == 1.0  # the different repeat
+
+
+def test_an_attempt_decided_before_a_crash_waits_for_its_events_to_be_read_again():
+    rollout = Rollout("r-waits")
+    events = rollout.two_turns(reward=1.0)
+    assembly = Assembly({}, {}, TIMING)
+    feed(assembly, events)
+    now = events[-1].time + TIMING.settle_ms
+    first = assembly.settle("r-waits", now)
+    assembly.decide(first)
+    events_written = {k: v for k, v in assembly.events.items() if k != events[2].id}  # killed before this one
+    restored = Assembly(dict(assembly.rollouts), events_written, TIMING)
+    assert restored.settle("r-waits", now).trajectories == []  # not without the call it was decided on
+    feed(restored, [events[2]])
+    assert [encode(t) for t in restored.settle("r-waits", now).trajectories] == [encode(t) for t in first.trajectories]
 
 
 @pytest.mark.parametrize("answer,function,metadata,expected", [

@@ -9,6 +9,7 @@ import pytest
 
 import schemas as s
 from schemas.codec import encode
+from schemas.kafka import Publisher, make_producer
 from tests.conftest import wait_for
 from tests.streams_support import Rollout, StreamsWorker, TopicWatch, live, publish
 
@@ -43,7 +44,13 @@ def assert_once_each(events: list[s.Event], rollout_ids: set[str]) -> None:
     assert set(found) == rollout_ids, f"missing: {sorted(rollout_ids - set(found))}"
     for rollout_id, copies in found.items():
         assert len({copy.id for copy in copies}) == 1, f"{rollout_id}: several trajectory ids"
-        assert len({encode(copy) for copy in copies}) == 1, f"{rollout_id}: repeats differ"
+        assert len({encode(copy) for copy in copies}) == 1, f"{rollout_id}: repeats differ in {differing(copies)}"
+
+
+def differing(copies: list[s.TrajectoryEvent]) -> dict:
+    """The trajectory fields whose values differ between copies, with their values."""
+    dumps = [copy.data.model_dump() for copy in copies]
+    return {name: [dump[name] for dump in dumps] for name in dumps[0] if any(d[name] != dumps[0][name] for d in dumps)}
 
 
 async def test_worker_assembles_rollouts_and_deadletters_what_it_cannot_use(kafka, worker_factory):
@@ -191,22 +198,31 @@ async def test_an_sdk_retry_is_one_turn_and_sampling_twice_on_purpose_keeps_both
 async def test_a_burst_with_the_worker_killed_twice_settles_every_attempt_once(kafka, worker_factory):
     """20,000 events (4,000 attempts) while the worker is SIGKILLed twice and restarted. The deadlines
     are for a machine shared by many (each phase takes seconds on a quiet one)."""
-    from bench.load import publish_all
-
     # settle 5 s: the burst's events reach the broker a little after their time (built, then published,
-    # 500 at a time), and a worker must not settle an attempt while its events are on their way
+    # 500 at a time), and a worker must not settle an attempt while its events are on their way. The
+    # burst is published from a thread of its own: on this loop, decoding what the watch reads held the
+    # producer up for seconds on a loaded machine, past the settle time (calls deadlettered as late)
     worker = worker_factory("burst", "--settle-s", "5").start()
     ids = {f"r-burst-{i}" for i in range(4000)}
 
     async def burst() -> int:
-        sent = 0
-        for chunk in range(0, 4000, 100):
-            rollouts = [live(Rollout(f"r-burst-{i}")) for i in range(chunk, chunk + 100)]
-            sent += await publish_all(kafka, [event for rollout in rollouts for event in rollout.two_turns()])
-        return sent
+        # one producer for the whole burst: one started per chunk put its start-up between an
+        # event's time and its arrival, seconds on a loaded machine
+        producer = make_producer(kafka, linger_ms=20)
+        await producer.start()
+        try:
+            publisher, sent = Publisher(producer, kafka.topics), 0
+            for chunk in range(0, 4000, 100):
+                rollouts = [live(Rollout(f"r-burst-{i}")) for i in range(chunk, chunk + 100)]
+                pending = [await publisher.send(event) for rollout in rollouts for event in rollout.two_turns()]
+                await asyncio.gather(*pending)
+                sent += len(pending)
+            return sent
+        finally:
+            await producer.stop()
 
-    async with TopicWatch(kafka, "trajectories") as watch:
-        publishing = asyncio.create_task(burst())
+    async with TopicWatch(kafka, "trajectories", "deadletter") as watch:
+        publishing = asyncio.get_running_loop().run_in_executor(None, asyncio.run, burst())
         for share in (0.1, 0.4):  # killed twice, each time in the middle of the burst's trajectories
             await watch.until(lambda seen: len(trajectories_by_rollout(seen)) >= share * len(ids), timeout=240,
                               what=f"{share:.0%} of the trajectories")
@@ -216,6 +232,9 @@ async def test_a_burst_with_the_worker_killed_twice_settles_every_attempt_once(k
         await watch.until(lambda seen: set(trajectories_by_rollout(seen)) >= ids, timeout=240,
                           what="a trajectory for every attempt")
         assert_once_each(watch.events, ids)
-    assert all(len(copies[0].data.turns) == 2 for copies in trajectories_by_rollout(watch.events).values())
+        short = {rid: (len(copies[0].data.turns), copies[0].data.lineage) for rid, copies in
+                 trajectories_by_rollout(watch.events).items() if len(copies[0].data.turns) != 2}
+        late = [(e.data.key, e.data.reason[:80]) for e in watch.of_type("deadletter") if e.data.key in short]
+        assert not short, f"trajectories without both turns: {list(short.items())[:5]}; deadletters: {late[:5]}"
     wait_for(lambda: worker.analytics(open_attempts=True)["assembly"]["open_attempts"] == 0, timeout=30,
              what="no attempt left unsettled")
