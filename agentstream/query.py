@@ -271,7 +271,7 @@ def _columns(records: list[Record], envelope: tuple[str, ...], fields: tuple[_Fi
         for part in f.path:
             values = [getattr(v, part) if v is not None else None for v in values]
         if _kept_raw(f):
-            texts = [None if v is None or v == b"null" else bytes(v) for v in values]
+            texts = [None if text == b"null" else text for text in (b"null" if v is None else bytes(v) for v in values)]
             if f.json:
                 out[f.column] = pl.Series(f.column, _json_text(texts), pl.String)
             elif f.dtype in _NUMBER_LISTS:
@@ -310,7 +310,21 @@ def _decode_rows(records: list[Record], schema: pl.Schema, wanted: list[str]) ->
             row["readable"] = True
         rows.append(row)
     chosen = pl.Schema({**{name: schema[name] for name in wanted}, "readable": pl.Boolean})
-    return pl.from_dicts(rows, schema=chosen, strict=False) if rows else pl.DataFrame(schema=chosen)
+    if not rows:
+        return pl.DataFrame(schema=chosen)
+    try:
+        return pl.from_dicts(rows, schema=chosen, strict=False)
+    except Exception:  # noqa: BLE001 - a value polars cannot fit in its column even leniently (a list of lists
+        # for token ids): that record is unreadable, its neighbours are not
+        return pl.concat([_one_row(row, chosen) for row in rows])
+
+
+def _one_row(row: dict, schema: pl.Schema) -> pl.DataFrame:
+    try:
+        return pl.from_dicts([row], schema=schema, strict=False)
+    except Exception:  # noqa: BLE001
+        position = {n: row[n] for n in KAFKA_COLUMNS if n in row}
+        return pl.from_dicts([{**position, "readable": False}], schema=schema)
 
 
 async def load_table(settings: KafkaSettings, table: str, bounds: Bounds = Bounds(), on_progress=None,
@@ -331,8 +345,16 @@ async def load_table(settings: KafkaSettings, table: str, bounds: Bounds = Bound
             parts.append(old)
     if plan.tail:
         tail = Bounds.exactly(plan.tail, plan.ranges)
+        # a batch is decoded on a thread while the next is fetched: polars' part of it lets go of the GIL
+        decoding: asyncio.Future | None = None
         async for batch in scan(settings, topic, tail, batch_size=20_000, on_progress=on_progress):
-            df, bad = decode(batch, table, columns)
+            if decoding is not None:
+                df, bad = await decoding
+                parts.append(df)
+                unreadable += bad
+            decoding = asyncio.ensure_future(asyncio.to_thread(decode, batch, table, columns))
+        if decoding is not None:
+            df, bad = await decoding
             parts.append(df)
             unreadable += bad
     if not parts:
