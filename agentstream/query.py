@@ -14,10 +14,10 @@ import re
 import types
 import typing
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
 
+import msgspec
 import orjson
 import polars as pl
 from pydantic import BaseModel
@@ -100,7 +100,6 @@ def frame(rows: Iterable[dict]) -> pl.DataFrame:
 # Free-form JSON fields are the exception: polars would render them as text that is not JSON, so
 # they are encoded with orjson, and only when the query names them.
 
-_POOL = ThreadPoolExecutor(1, thread_name_prefix="json-fields")
 KAFKA_COLUMNS = {"kafka_partition": pl.Int64, "kafka_offset": pl.Int64, "kafka_timestamp": pl.Int64}
 _ENVELOPE_TYPES = {"id": pl.String, "type": pl.String, "schema_version": pl.Int64, "time": pl.Int64,
                    "source": pl.String, "rollout_id": pl.String, "attempt_id": pl.String}
@@ -195,54 +194,109 @@ def decode_aligned(records: list[Record], table: str, columns: frozenset[str] | 
     a record that is not an event (what the archive keeps too, as the log holds it)."""
     schema = table_schema(table)
     wanted = [name for name in schema if columns is None or name in columns]
-    fields = [f for f in table_fields(table) if f.column in wanted]
-    json_fields = [f for f in fields if f.json]
-    # orjson holds the GIL, polars' reader does not: the two passes overlap on two cores
-    encoding = _POOL.submit(_json_columns, records, json_fields) if json_fields and records else None
+    envelope = tuple(n for n in _ENVELOPE_TYPES if n in wanted)
+    fields = tuple(f for f in table_fields(table) if f.column in wanted)
     try:
-        read = [f for f in fields if not f.json]
-        raw = pl.read_ndjson(b"\n".join(r.value or b"{}" for r in records),
-                             schema=_reader_schema(read, [n for n in _ENVELOPE_TYPES if n in wanted]))
-        if raw.height != len(records):
-            raise ValueError("a value spans lines")
-    except Exception:  # noqa: BLE001 - any record polars cannot read: the batch goes the careful way
-        if encoding is not None:
-            encoding.result()
+        out = _columns(records, envelope, fields)
+    except Exception:  # noqa: BLE001 - any record the fast way cannot read: the batch goes the careful way
         return _decode_rows(records, schema, wanted)
-    out = [raw[n] for n in _ENVELOPE_TYPES if n in wanted]
     kafka = {"kafka_partition": [r.partition for r in records], "kafka_offset": [r.offset for r in records],
              "kafka_timestamp": [r.timestamp for r in records]}
-    out += [pl.Series(n, kafka[n], pl.Int64) for n in KAFKA_COLUMNS if n in wanted]
-    encoded = encoding.result() if encoding is not None else {f.column: [] for f in json_fields}
-    for f in fields:
-        if f.json:
-            out.append(pl.Series(f.column, encoded[f.column], pl.String))
-        else:
-            series = raw["data"]
-            for part in f.path:
-                series = series.struct.field(part)
-            out.append(series.alias(f.column))
-    known = raw["type"].is_in(list(_KNOWN_TYPES)).fill_null(False).alias("readable")
-    frame = pl.DataFrame([*out, known], schema={**{n: schema[n] for n in wanted}, "readable": pl.Boolean})
+    out.update({n: pl.Series(n, kafka[n], pl.Int64) for n in KAFKA_COLUMNS if n in wanted})
+    known = out.pop("type_").is_in(list(_KNOWN_TYPES)).fill_null(False).alias("readable")
+    frame = pl.DataFrame([*(out[n] for n in wanted), known],
+                         schema={**{n: schema[n] for n in wanted}, "readable": pl.Boolean})
     if not known.all():  # a record that is not an event has no columns but its position
         frame = frame.with_columns(pl.when(pl.col("readable")).then(pl.col(n)).otherwise(None).alias(n)
                                    for n in wanted if n not in KAFKA_COLUMNS)
     return frame
 
 
-def _json_columns(records: list[Record], fields: list[_Field]) -> dict[str, list[str | None]]:
-    out: dict[str, list[str | None]] = {f.column: [] for f in fields}
-    for record in records:
-        try:
-            data = orjson.loads(record.value).get("data") or {}
-        except (orjson.JSONDecodeError, AttributeError):
-            data = {}
-        for f in fields:
-            value = data
-            for part in f.path:
-                value = value.get(part) if isinstance(value, dict) else None
-            out[f.column].append(orjson.dumps(value).decode() if value is not None else None)
+# The fast way: msgspec decodes each record into a struct of exactly the fields asked for (skipping
+# the rest without building it), scalars strictly typed, and the columns are made from those. Lists
+# and free-form JSON are kept as their JSON text (`msgspec.Raw`) instead: lists of numbers (token
+# ids, logprobs: most of a call's bytes) polars splits and casts in bulk, strictly; other lists
+# polars' JSON parser reads with the column's type; free-form JSON orjson encodes again as
+# `orjson.dumps(value)` did. Anything that does not fit the models
+# (a wrong type, a record that is not JSON) raises, and its batch is decoded row by row instead.
+
+_NUMBER_LISTS = (pl.List(pl.Int64), pl.List(pl.Float64))
+_PYTHON_TYPES = ((pl.String, str), (pl.Int64, int), (pl.Float64, float), (pl.Boolean, bool))
+
+
+def _python_type(dtype: pl.DataType) -> type:
+    """What msgspec checks a scalar field's JSON against."""
+    return next(kind for polars_type, kind in _PYTHON_TYPES if dtype == polars_type)
+
+
+def _kept_raw(f: _Field) -> bool:
+    return f.json or isinstance(f.dtype, (pl.List, pl.Struct))
+
+
+@cache
+def _decoder(envelope: tuple[str, ...], fields: tuple[_Field, ...]) -> msgspec.json.Decoder:
+    """A decoder of a record into nested structs: the envelope names asked for, and each field at its path."""
+    tree: dict = {}
+    for f in fields:
+        node = tree
+        for part in f.path[:-1]:
+            node = node.setdefault(part, {})
+        node[f.path[-1]] = f
+
+    def struct(name: str, node: dict) -> type:
+        members = []
+        for key, sub in node.items():
+            if isinstance(sub, dict):
+                members.append((key, struct(f"{name}_{key}", sub) | None, None))
+            elif _kept_raw(sub):
+                members.append((key, msgspec.Raw, msgspec.Raw(b"null")))
+            else:
+                members.append((key, _python_type(sub.dtype) | None, None))
+        return msgspec.defstruct(name, members)
+
+    top = [(n, _python_type(_ENVELOPE_TYPES[n]) | None, None) for n in envelope if n != "type"]
+    top += [("type", str | None, None), ("data", struct("Data", tree) | None, None)]
+    return msgspec.json.Decoder(msgspec.defstruct("Event", top))
+
+
+def _columns(records: list[Record], envelope: tuple[str, ...], fields: tuple[_Field, ...]) -> dict[str, pl.Series]:
+    decode = _decoder(envelope, fields).decode
+    events = [decode(r.value or b"{}") for r in records]
+    out = {n: pl.Series(n, [e.type for e in events] if n == "type" else [getattr(e, n) for e in events],
+                        _ENVELOPE_TYPES[n], strict=True) for n in envelope}
+    out["type_"] = pl.Series("type", [e.type for e in events], pl.String)
+    datas = [e.data for e in events]
+    for f in fields:
+        values = datas
+        for part in f.path:
+            values = [getattr(v, part) if v is not None else None for v in values]
+        if _kept_raw(f):
+            texts = [None if text == b"null" else text for text in (b"null" if v is None else bytes(v) for v in values)]
+            if f.json:
+                out[f.column] = pl.Series(f.column, _json_text(texts), pl.String)
+            elif f.dtype in _NUMBER_LISTS:
+                out[f.column] = _number_lists(f.column, texts, f.dtype)
+            else:  # lists of records or of text: polars' JSON parser, as the whole record was read before
+                out[f.column] = (pl.Series(f.column, texts, pl.Binary).cast(pl.String)
+                                 .str.json_decode(f.dtype).alias(f.column))
+        else:
+            out[f.column] = pl.Series(f.column, values, f.dtype, strict=True)
     return out
+
+
+def _json_text(texts: list[bytes | None]) -> list[str | None]:
+    return [None if text is None else orjson.dumps(orjson.loads(text)).decode() for text in texts]
+
+
+def _number_lists(name: str, texts: list[bytes | None], dtype: pl.DataType) -> pl.Series:
+    """JSON arrays of numbers (their text) as a list column; raises on anything else."""
+    text = pl.col("text")
+    frame = pl.DataFrame({"text": pl.Series(texts, dtype=pl.Binary).cast(pl.String)})
+    if not frame.select((text.str.starts_with("[") & text.str.ends_with("]")) | text.is_null()).to_series().all():
+        raise ValueError(f"{name}: not a list")
+    items = text.str.slice(1, text.str.len_bytes() - 2).str.split(",")
+    return frame.select(pl.when(text == "[]").then(items.list.head(0)).otherwise(items)
+                        .cast(dtype, strict=True).alias(name)).to_series()
 
 
 def _decode_rows(records: list[Record], schema: pl.Schema, wanted: list[str]) -> pl.DataFrame:
@@ -256,7 +310,21 @@ def _decode_rows(records: list[Record], schema: pl.Schema, wanted: list[str]) ->
             row["readable"] = True
         rows.append(row)
     chosen = pl.Schema({**{name: schema[name] for name in wanted}, "readable": pl.Boolean})
-    return pl.from_dicts(rows, schema=chosen, strict=False) if rows else pl.DataFrame(schema=chosen)
+    if not rows:
+        return pl.DataFrame(schema=chosen)
+    try:
+        return pl.from_dicts(rows, schema=chosen, strict=False)
+    except Exception:  # noqa: BLE001 - a value polars cannot fit in its column even leniently (a list of lists
+        # for token ids): that record is unreadable, its neighbours are not
+        return pl.concat([_one_row(row, chosen) for row in rows])
+
+
+def _one_row(row: dict, schema: pl.Schema) -> pl.DataFrame:
+    try:
+        return pl.from_dicts([row], schema=schema, strict=False)
+    except Exception:  # noqa: BLE001
+        position = {n: row[n] for n in KAFKA_COLUMNS if n in row}
+        return pl.from_dicts([{**position, "readable": False}], schema=schema)
 
 
 async def load_table(settings: KafkaSettings, table: str, bounds: Bounds = Bounds(), on_progress=None,
@@ -277,8 +345,16 @@ async def load_table(settings: KafkaSettings, table: str, bounds: Bounds = Bound
             parts.append(old)
     if plan.tail:
         tail = Bounds.exactly(plan.tail, plan.ranges)
+        # a batch is decoded on a thread while the next is fetched: polars' part of it lets go of the GIL
+        decoding: asyncio.Future | None = None
         async for batch in scan(settings, topic, tail, batch_size=20_000, on_progress=on_progress):
-            df, bad = decode(batch, table, columns)
+            if decoding is not None:
+                df, bad = await decoding
+                parts.append(df)
+                unreadable += bad
+            decoding = asyncio.ensure_future(asyncio.to_thread(decode, batch, table, columns))
+        if decoding is not None:
+            df, bad = await decoding
             parts.append(df)
             unreadable += bad
     if not parts:

@@ -162,6 +162,13 @@ class Assembly:
         self._save(rollout_id, state)
         return None
 
+    def decoded(self, event_id: str) -> Event | None:
+        """An event held for an open attempt, decoded (once: kept from `add` while there is room)."""
+        event = self._decoded.get(event_id)
+        if event is None and (raw := self.events.get(event_id)) is not None:
+            event = decode(raw)
+        return event
+
     @staticmethod
     def _apply(attempt: dict[str, Any], event: Event) -> None:
         attempt["ids"].append(event.id)

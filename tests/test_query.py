@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import polars as pl
+import pytest
 from typer.testing import CliRunner
 
 import schemas as s
@@ -146,7 +147,12 @@ def graded(rollout: str, task: str, split: str, version: int, reward: float, dur
 async def test_questions_people_ask(kafka):
     pool = [s.PoolUpdateEvent(source="test", time=1000 * v, data=s.PoolUpdate(
         model="tiny", version=v, server="http://a", status="ok", pause_ms=100.0 * v, applied_by="g")) for v in (2, 1)]
-    await publish(kafka, KNOWN + pool + [
+    retried = call("r5", "http://a", 15.0)
+    retried.data.retry_count = 1  # the agent's SDK sent it again
+    split = s.TrajectoryEvent(source="test", rollout_id="r5", attempt_id="a", data=s.Trajectory(
+        status="finished", reward=0.0, turns=[], sequences=[], merged=False, merge_mismatches=1, superseded=2,
+        weight_version_launch=3, finished_at=0, lineage=[]))
+    await publish(kafka, KNOWN + pool + [retried, split] + [
         graded("g1", "t1", "train", 1, 1.0, 500), graded("g2", "t1", "train", 1, 0.0, 900),
         graded("g3", "t1", "validation", 1, 1.0, 100), graded("g4", "t2", "train", 2, 0.5, 300)])
 
@@ -160,9 +166,10 @@ async def test_questions_people_ask(kafka):
     assert pauses.select("version", "pause_ms").rows() == [(1, 100.0), (2, 200.0)]
     by_version = await run_sql(kafka, NAMED_QUERIES["tokens-latency-by-upstream-version"])
     assert by_version.select("upstream", "calls", "completion_tokens", "errors").rows() == [
-        ("http://a", 3, 9, 0), ("http://b", 2, 2, 1)]
-    if "retry_count" in s.Call.model_fields:  # schema version 2 of the events (retries and superseded calls)
-        retries = await run_sql(kafka, NAMED_QUERIES["retries-by-version"])
-        assert retries.select("calls", "retried_calls").rows() == [(5, 0)]
-        superseded = await run_sql(kafka, NAMED_QUERIES["superseded-by-version"])
-        assert superseded["superseded_calls"].sum() == 0
+        ("http://a", 4, 11, 0), ("http://b", 2, 2, 1)]
+    retries = await run_sql(kafka, NAMED_QUERIES["retries-by-version"])
+    assert retries.select("weight_version", "calls", "retried_calls", "failed_calls").rows() == [(1, 6, 1, 1)]
+    assert retries["retry_rate"].to_list() == [pytest.approx(1 / 6)]
+    superseded = await run_sql(kafka, NAMED_QUERIES["superseded-by-version"])
+    assert superseded.filter(pl.col("weight_version") == 3).rows() == [(3, 1, 2, 1, 1)]
+    assert superseded.filter(pl.col("weight_version") != 3)["superseded_calls"].sum() == 0

@@ -202,9 +202,9 @@ class Rebuild:
             return {}
         found = {}
         for turn in trajectory.data.turns:
-            raw = assembly.events.get(turn.call_id)
-            if raw is not None:
-                found[turn.call_id] = decode(raw, expect=CallEvent).data
+            event = assembly.decoded(turn.call_id)  # (validated when read: not again)
+            if isinstance(event, CallEvent):
+                found[turn.call_id] = event.data
         return found
 
     def _account(self, settled: Settled) -> None:
