@@ -42,7 +42,8 @@ async def test_task_file_runs_to_completion_with_every_event_in_order_once(kafka
         assert [t[0].data.attempt_number for t in tries] == list(range(1, expected_tries + 1))
         assert len({t[0].attempt_id for t in tries}) == expected_tries
         for attempt in tries[:-1]:  # the flaky task's first attempt
-            assert types(attempt) == ["queued", "started", "failed"]
+            # a heartbeat may come between: under load the agent can outlive a 0.3 s beat
+            assert [k for k in types(attempt) if k != "heartbeat"] == ["queued", "started", "failed"]
             failed = attempt[-1].data
             assert failed.exit_code == 3 and failed.will_retry and "failing on purpose" in failed.stderr_tail
         last = tries[-1]
