@@ -13,13 +13,16 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
+from agentstream.demo import reset_weights
+from agentstream.stack.vllm import running_servers
+
 from schemas.scan import scan
 from recipes.swe.recipe import RecipeConfig, run_recipe
 from schemas.codec import decode
 from schemas.events import EvalEvent, RewardEvent, RolloutDiffEvent, TrajectoryEvent, WeightsEvent
 from schemas.kafka import KafkaSettings
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(900)]
 
 
 async def read(kafka: KafkaSettings, *bases: str) -> list:
@@ -30,13 +33,20 @@ async def read(kafka: KafkaSettings, *bases: str) -> list:
     return events
 
 
-def test_a_short_recipe_run_trains_one_version_and_measures_both(kafka_bootstrap, tmp_path, monkeypatch):
+def test_a_short_recipe_run_trains_one_version_and_measures_both(smollm2_server, kafka_bootstrap, tmp_path,
+                                                                 monkeypatch):
+    """On the session's SmolLM2 server (the recipe resets a running server to the starting weights
+    instead of starting its own: a minute or more saved), reset again afterwards."""
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)
     out = tmp_path / "recipe-swe-ci"
+    name = next(n for n, state in running_servers().items() if state.url == smollm2_server.url)
     config = RecipeConfig(model="smollm2", train_tasks=2, validation_tasks=1, group_size=2, groups_per_batch=1,
                           versions=1, step_limit=3, max_tokens=64, concurrency=2, attempt_timeout_s=240, out=out,
-                          vllm_name="pytest-recipe-swe")
-    result = run_recipe(config, Console(width=160))
+                          vllm_name=name, keep_stack=True)
+    try:
+        result = run_recipe(config, Console(width=160))
+    finally:
+        assert reset_weights(smollm2_server.url, smollm2_server.model_dir)
 
     assert set(result["per_version"]) >= {0, 1}
     for version in (0, 1):

@@ -179,11 +179,6 @@ class Recipe(Demo):
 
         return build_base_model(self.config.model, self.out / "base-model", say=self.say)
 
-    def inference(self, model_dir: Path) -> ServerState:
-        self.vllm.stop()  # a server left by an earlier run may hold trained weights
-        # a 135 M model on a busy two-core machine can take minutes to load
-        return self.vllm.start(model_dir, served_name=self.served, timeout=900, say=self.say)
-
     starting = "Starting the local stack and building tasks…"
 
     def prepare(self) -> None:
