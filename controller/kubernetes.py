@@ -45,6 +45,7 @@ from kubernetes.client.rest import ApiException
 
 from sandbox.contract import Limits, Network
 from sandbox.kubernetes import GatewayPeer, PodSandbox, job_template, network_policy
+from sandbox.local import is_ip
 from schemas.ids import derived_id
 
 from controller.attempt import Attempt, Exit, Gateway, LaunchError, agent_env
@@ -100,13 +101,13 @@ def sandbox_of(settings) -> PodSandbox:
     port = settings.k8s_gateway_port or url.port or (443 if url.scheme == "https" else 80)
     namespace = {"kubernetes.io/metadata.name": settings.k8s_gateway_namespace} \
         if settings.k8s_gateway_namespace else None
-    if not _is_ip(host) and not settings.k8s_gateway_service_ip and not settings.k8s_allow_dns:
+    if not is_ip(host) and not settings.k8s_gateway_service_ip and not settings.k8s_allow_dns:
         raise ValueError(f"the gateway URL names host {host!r}, and sandbox pods have no DNS: give "
                          "--k8s-gateway-service-ip (its Service's ClusterIP, written into the pods' /etc/hosts), "
                          "or --k8s-allow-dns (a channel out), or an IP address in --gateway-url")
     gateway = GatewayPeer(pod_labels=_selector(settings.k8s_gateway_selector), port=port,
                           namespace_labels=namespace, service_ip=settings.k8s_gateway_service_ip,
-                          hostname=None if _is_ip(host) else host)
+                          hostname=None if is_ip(host) else host)
     limits = Limits(cpus=settings.k8s_cpus, memory_bytes=int(settings.k8s_memory_gib * (1 << 30)))
     return PodSandbox(limits=limits, network=Network.GATEWAY, gateway=gateway, allow_dns=settings.k8s_allow_dns)
 
@@ -116,16 +117,6 @@ def _selector(text: str) -> dict[str, str]:
     if not pairs or any(not key.strip() or not sep for key, sep, _ in pairs):
         raise ValueError(f"--k8s-gateway-selector {text!r}: give the gateway pods' labels as KEY=VALUE[,KEY=VALUE]")
     return {key.strip(): value.strip() for key, _, value in pairs}
-
-
-def _is_ip(host: str) -> bool:
-    import ipaddress
-
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 def image_of(template: str, task) -> str:

@@ -86,7 +86,7 @@ def inside_gateway_url(url: str) -> str:
     the sandbox's /etc/hosts, so TLS names and virtual hosts still match."""
     parts = urlsplit(url)
     host = parts.hostname or ""
-    if _is_ip(host) and host != "127.0.0.1":
+    if is_ip(host) and host != "127.0.0.1":
         netloc = f"127.0.0.1:{_port(parts)}"
         return urlunsplit(parts._replace(netloc=netloc))
     return url
@@ -184,7 +184,7 @@ class LocalSandbox:
         hosts = "127.0.0.1\tlocalhost sandbox\n"  # no ::1: the relay listens on IPv4 only
         if self.spec.network is Network.GATEWAY:
             host = urlsplit(self.spec.gateway_url or "").hostname or ""
-            if host and not _is_ip(host) and host != "localhost":
+            if host and not is_ip(host) and host != "localhost":
                 hosts += f"127.0.0.1\t{host}\n"  # the relay answers for the gateway's name
         return {
             "etc/passwd": "root:x:0:0:root:/root:/usr/sbin/nologin\n"
@@ -464,7 +464,8 @@ def chown_tree(root: Path, uid: int, gid: int) -> None:
 # --- addresses ------------------------------------------------------------------------------
 
 
-def _is_ip(host: str) -> bool:
+def is_ip(host: str) -> bool:
+    """An IP address (v4 or v6), not a name to resolve."""
     import ipaddress
 
     try:
