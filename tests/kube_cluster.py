@@ -117,6 +117,25 @@ def kube_cluster(tmp_path_factory):
     yield from start_cluster(tmp_path_factory.mktemp("kube"))
 
 
+@pytest.fixture
+def restricted_namespace(kube_cluster):  # noqa: F811
+    """A fresh namespace enforcing the `restricted` Pod Security Standard: (api client, its name)."""
+    import uuid
+
+    from kubernetes import client
+
+    from controller.kubernetes import api_client
+
+    api = api_client(kube_cluster.kubeconfig, None)
+    core = client.CoreV1Api(api)
+    name = f"restricted-{uuid.uuid4().hex[:8]}"
+    core.create_namespace({"metadata": {"name": name, "labels": {
+        "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}}})
+    core.create_namespaced_service_account(name, {"metadata": {"name": "default"}})  # no controller-manager here
+    yield api, name
+    core.delete_namespace(name)
+
+
 class ClusterSim:
     """What the Job controller and a kubelet would write, written through the real API."""
 

@@ -8,7 +8,6 @@ node runs here. Without the binaries only the pure test runs.
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from kubernetes.client.rest import ApiException
 
 import schemas as s
 from controller.attempt import Attempt
-from controller.kubernetes import api_client, default_job, merge, render_job
+from controller.kubernetes import default_job, merge, render_job
 from controller.tasks import PlannedRollout
 from sandbox.contract import Limits, Network, SandboxError
 from sandbox.kubernetes import (
@@ -31,7 +30,7 @@ from sandbox.kubernetes import (
     pod,
     pod_spec,
 )
-from tests.kube_cluster import kube_cluster  # noqa: F401 (fixture)
+from tests.kube_cluster import kube_cluster, restricted_namespace  # noqa: F401 (fixtures)
 
 LIMITS = Limits(cpus=1.5, memory_bytes=6 << 30, attempt_timeout_s=5400, tmp_bytes=1 << 30, disk_bytes=8 << 30)
 GATEWAY = GatewayPeer(pod_labels={"app.kubernetes.io/name": "agentstream-gateway"}, port=8000,
@@ -112,20 +111,10 @@ def test_every_field_is_a_field_of_the_api():
 # --- through the real API server --------------------------------------------------------------
 
 
-@pytest.fixture
-def namespace(kube_cluster):  # noqa: F811
-    api = api_client(kube_cluster.kubeconfig, None)
-    core = client.CoreV1Api(api)
-    name = f"sandbox-{uuid.uuid4().hex[:8]}"
-    core.create_namespace({"metadata": {"name": name, "labels": {
-        "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}}})
-    core.create_namespaced_service_account(name, {"metadata": {"name": "default"}})  # no controller-manager here
-    yield api, name
-    core.delete_namespace(name)
 
 
-def test_the_api_server_accepts_the_sandbox_pod_under_the_restricted_standard(namespace):
-    api, name = namespace
+def test_the_api_server_accepts_the_sandbox_pod_under_the_restricted_standard(restricted_namespace):
+    api, name = restricted_namespace
     core = client.CoreV1Api(api)
     created = core.create_namespaced_pod(name, pod("harness-1", HARNESS))
     stored = api.sanitize_for_serialization(core.read_namespaced_pod("harness-1", name))
@@ -142,8 +131,8 @@ def test_the_api_server_accepts_the_sandbox_pod_under_the_restricted_standard(na
         assert field in refused.value.body
 
 
-def test_the_network_policies_are_stored_as_built(namespace):
-    api, name = namespace
+def test_the_network_policies_are_stored_as_built(restricted_namespace):
+    api, name = restricted_namespace
     networking = client.NetworkingV1Api(api)
     for network in (Network.NONE, Network.GATEWAY):
         built = network_policy(network, GATEWAY)
@@ -159,8 +148,8 @@ def test_the_network_policies_are_stored_as_built(namespace):
     assert refused.value.status == 422
 
 
-def test_the_controllers_job_takes_the_sandbox_as_its_template(namespace):
-    api, name = namespace
+def test_the_controllers_job_takes_the_sandbox_as_its_template(restricted_namespace):
+    api, name = restricted_namespace
     template = PodSandbox(limits=LIMITS, network=Network.GATEWAY, gateway=GATEWAY)  # image, command: the controller's
     base = merge(default_job("swe-task:1", "codex exec --full-auto", timeout_s=5400, grace_s=10, keep_jobs=False),
                  job_template(template))

@@ -12,20 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from pathlib import Path
 
 import pytest
 from kubernetes import client
 
 from controller.attempt import Attempt, Gateway
-from controller.kubernetes import TASK_ANNOTATION, KubernetesLauncher, api_client
+from controller.kubernetes import TASK_ANNOTATION, KubernetesLauncher
 from controller.settings import ControllerSettings
 from controller.tasks import PlannedRollout
 from recipes.swe.instance import Instance
 from sandbox.kubernetes import NETWORK_LABEL
 from schemas.tokens import verify_rollout_token
-from tests.kube_cluster import kube_cluster  # noqa: F401 (fixture)
+from tests.kube_cluster import kube_cluster, restricted_namespace  # noqa: F401 (fixtures)
 
 SECRET = "operator-token-secret-" + "x" * 16
 OPERATOR_ENV = {"AGENTSTREAM_TOKEN_SECRET": SECRET, "AWS_SECRET_ACCESS_KEY": "aws-secret-of-the-operator",
@@ -50,16 +49,6 @@ spec:
 """
 
 
-@pytest.fixture
-def restricted_namespace(kube_cluster):  # noqa: F811
-    api = api_client(kube_cluster.kubeconfig, None)
-    core = client.CoreV1Api(api)
-    name = f"swe-{uuid.uuid4().hex[:8]}"
-    core.create_namespace({"metadata": {"name": name, "labels": {
-        "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}}})
-    core.create_namespaced_service_account(name, {"metadata": {"name": "default"}})  # no controller-manager here
-    yield api, name
-    core.delete_namespace(name)
 
 
 async def test_the_harness_attempt_is_a_sandboxed_job(kube_cluster, restricted_namespace, tmp_path: Path,  # noqa: F811
