@@ -13,6 +13,7 @@ BENCHMARKS = {
     "gateway_overhead": "the gateway's added latency and throughput against calling the upstream directly",
     "streams_assembly": "events per second one streams worker assembles, finish-to-trajectory delay",
     "query": "call events per second into polars and through SQL, from Kafka and from the Parquet archive; bytes per event",
+    "decode": "CPU per call event to decode records into a polars frame of all columns, its parts, and native JSON readers",
     "dashboard": "time to first render of the dashboard's views on a million events, against `agentstream sql`",
     "replay": "raw events per second a replay rebuilds into trajectories (topic, Parquet, new reward; from the archive)",
     "controller_launch": "how fast the controller launches attempts",

@@ -13,6 +13,7 @@ over, and the new function scores every finished attempt.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter, deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from typing import Any
 from agentstream.replay.selection import Selection
 from agentstream.replay.sources import Item
 from agentstream.replay.state import int_keys
-from schemas.scan import KAFKA, Bounds, Origin, ScanProgress, scan
+from schemas.scan import KAFKA, Bounds, Origin, Record, ScanProgress, scan
 from schemas.codec import DecodeError, decode, encode
 from schemas.events import CallEvent, Event, RewardEvent, RolloutQueuedEvent, TrajectoryEvent
 from schemas.kafka import KafkaSettings
@@ -31,6 +32,10 @@ from streams.assembly import Assembly, Settled, Timing, finalize_at
 RAW = ("rollouts", "calls", "rewards")
 """the sources, in the order that breaks ties between events of the same time"""
 REASONS_KEPT = 5
+
+
+async def _next(batches: AsyncIterator[list[Record]]) -> list[Record] | None:
+    return await anext(batches, None)
 
 
 @dataclass
@@ -79,15 +84,20 @@ class Rebuild:
     # --- reading -----------------------------------------------------------------------------
 
     async def chunks(self) -> AsyncIterator[list[Item]]:
+        # each topic's next batch is fetched while the ones before are folded; its positions count
+        # as read (for `_waiting` and the resume position) only once the batch is taken
+        reached: dict[str, dict[int, int]] = {t: {} for t in RAW}
+
         def progressed(topic: str):
             def update(progress: ScanProgress) -> None:
-                self.scanned[topic].update(progress.positions)
+                reached[topic] = dict(progress.positions)
             return update
 
         names = {t: self.settings.topics.name(t) for t in RAW}
         scans = {t: scan(self.settings, names[t], Bounds(start_offsets=dict(self.next[t]),
                                                          end_offsets=dict(self.ends[t])),
                          self.batch_size, on_progress=progressed(t), origin=self.origin) for t in RAW}
+        fetching: dict[str, asyncio.Future[list[Record] | None]] = {}
         try:
             while True:
                 out: list[Item] = []
@@ -99,17 +109,22 @@ class Rebuild:
                     break
                 yield out
                 for t in wanted:
-                    batch = await anext(scans[t], None)
+                    batch = await (fetching.pop(t) if t in fetching else anext(scans[t], None))
                     if batch is None:  # the scan ended: every partition of it is read to its end
                         self.scanned[t].update(self.ends[t])
                     else:
+                        self.scanned[t].update(reached[t])
                         self.read += len(batch)
                         self._queue(t, batch)
+                        fetching[t] = asyncio.ensure_future(_next(scans[t]))
             for p in self.partitions:
                 self._settle(p, self.closing_ms, out)
             self._count_open()
             yield out
         finally:
+            # a fetch under way is let finish (within a fetch's 1 s), not cancelled: its scan closes
+            # its consumer then, never while librdkafka is still reading on the thread
+            await asyncio.gather(*fetching.values(), return_exceptions=True)
             for gen in scans.values():
                 await gen.aclose()
 

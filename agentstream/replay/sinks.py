@@ -15,19 +15,21 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 import polars as pl
-from aiokafka.structs import RecordMetadata
 
 from agentstream.replay import dataset
 from agentstream.replay.sources import Item
 from agentstream.replay.state import ReplayError, fsync_dir, int_keys
-from schemas.scan import Bounds, resolve, scan
+from schemas.scan import Bounds, _quiet, resolve, scan
 from schemas.codec import encode
-from schemas.kafka import KafkaSettings, ensure_topics, make_producer
+from schemas.kafka import KafkaSettings, ensure_topics
 from schemas.topics import TopicSpec, topic_specs
+
+if TYPE_CHECKING:
+    from confluent_kafka import KafkaError, Message, Producer
 
 
 class Sink(Protocol):
@@ -60,6 +62,24 @@ class Sink(Protocol):
 LIVE_TOPICS = frozenset(spec.base for spec in topic_specs(1))
 
 
+DELIVERY_S = 60
+"""how long librdkafka tries to deliver a trajectory before reporting it failed"""
+
+
+def _producer(settings: KafkaSettings) -> Producer:
+    from confluent_kafka import Producer
+
+    return Producer({
+        "bootstrap.servers": settings.bootstrap_servers,
+        "enable.idempotence": True,  # (and acks=all): a retried batch is not written twice
+        "partitioner": "murmur2_random",  # keyed as Kafka's Java client and aiokafka do: by rollout id
+        "linger.ms": 20,
+        "message.max.bytes": 16 * 1024 * 1024,  # as make_producer's max_request_size
+        "message.timeout.ms": DELIVERY_S * 1000,  # then a delivery fails (and the commit with it)
+        "logger": _quiet,
+    })
+
+
 class TopicSink:
     """Trajectory events to a new topic under the prefix, keyed by rollout id like the live one."""
 
@@ -71,8 +91,9 @@ class TopicSink:
         self.base = base
         self.topic = settings.topics.name(base)
         self.partitions = partitions
-        self.producer = None
-        self.sent: list[asyncio.Future[RecordMetadata]] = []
+        self.producer: Producer | None = None
+        self.failures: list[str] = []
+        """delivery errors since the last commit (librdkafka reports them on its own thread)"""
         self.ends: dict[int, int] = {}
         self.present: set[str] = set()
         """ids written after the saved position by a run that was killed: not written again"""
@@ -95,32 +116,51 @@ class TopicSink:
         after = Bounds(start_offsets=dict(self.ends))
         async for batch in scan(self.settings, self.topic, after):
             self.present.update(orjson.loads(record.value)["id"] for record in batch)
-        # a replay writes in bulk: batches of many trajectories (each ~10 kB), not a record per request
-        self.producer = make_producer(self.settings, linger_ms=20, max_batch_size=1024 * 1024)
-        await self.producer.start()
+        # librdkafka's producer: it batches and sends on its own threads, so the rebuild goes on
+        # meanwhile (aiokafka's took a share of the event loop per record and waited on full batches)
+        self.producer = _producer(self.settings)
 
     async def write(self, items: list[Item]) -> None:
+        assert self.producer is not None
         for item in items:
             event = item.trajectory
             if event.id in self.present:
                 self.skipped_present += 1
                 self.written += 1
                 continue
-            self.sent.append(await self.producer.send(self.topic, encode(event), key=event.key))
+            value = encode(event)
+            while True:
+                try:
+                    self.producer.produce(self.topic, value, event.key, on_delivery=self._delivered)
+                    break
+                except BufferError:  # its queue is full: let it send
+                    await asyncio.to_thread(self.producer.poll, 0.5)
             self.written += 1
+        self.producer.poll(0)
+
+    def _delivered(self, error: KafkaError | None, message: Message) -> None:
+        if error is not None:
+            self.failures.append(f"{error.str()} (partition {message.partition()})")
+        else:
+            self.ends[message.partition()] = max(self.ends.get(message.partition(), 0), message.offset() + 1)
 
     async def commit(self) -> dict[str, Any]:
-        sent, self.sent = self.sent, []
-        for metadata in await asyncio.gather(*sent):
-            self.ends[metadata.partition] = max(self.ends.get(metadata.partition, 0), metadata.offset + 1)
+        assert self.producer is not None
+        left = await asyncio.to_thread(self.producer.flush, DELIVERY_S + 30)
+        if left or self.failures:
+            failures, self.failures = self.failures, []
+            raise ReplayError(f"writing to {self.topic}: {left} trajectories not acknowledged in "
+                              f"{DELIVERY_S + 30} s" if left else
+                              f"writing to {self.topic}: {failures[0]} ({len(failures)} failed)")
         return {"ends": dict(self.ends), "written": self.written}
 
     async def finish(self) -> None:
         pass
 
     async def close(self) -> None:
-        if self.producer is not None:
-            await self.producer.stop()
+        if self.producer is not None:  # what is not committed may be lost: a resume writes it again
+            await asyncio.to_thread(self.producer.flush, 5)
+            self.producer = None
 
     def discard(self) -> None:
         pass  # nothing to delete: create() refuses a topic that holds records
