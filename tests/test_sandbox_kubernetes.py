@@ -70,7 +70,7 @@ def test_pod_spec_and_policies_as_built():
     (seed,) = spec["initContainers"]
     assert seed["image"] == "swe-task:1" and seed["command"][-1] == "/testbed"
     agent = spec["containers"][0]
-    assert agent["command"] == ["/bin/sh", "-c", "codex exec --full-auto"]
+    assert agent["command"] == ["/bin/sh", "-c", "exec codex exec --full-auto"]
     assert {"name": "HOME", "value": "/tmp"} in agent["env"]
 
     closed = network_policy(Network.NONE)["spec"]
