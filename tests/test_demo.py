@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -18,6 +19,8 @@ def test_a_short_demo_trains_swaps_and_reports(kafka_bootstrap, tmp_path, monkey
     config = DemoConfig(versions=2, samples=4, tasks=2, concurrency=4, out=tmp_path / "demo",
                         vllm_name=f"pytest-demo-{os.getpid()}")
     result = run_demo(config, Console(width=120, record=True))
+    assert any((config.out / "attempts").rglob("task.json")), "no agent's task file where agents_of looks"
+    assert agents_of(config.out.resolve()) == [], "an agent outlived the demo (its controller was killed first?)"
 
     assert json.loads((tmp_path / "demo" / "summary.json").read_text()) == json.loads(json.dumps(result))
     assert (tmp_path / "demo" / "reward.png").stat().st_size > 0
@@ -30,3 +33,16 @@ def test_a_short_demo_trains_swaps_and_reports(kafka_bootstrap, tmp_path, monkey
     assert result["reward_start"] is not None and result["reward_end"] is not None
     assert 0 < result["pause_ms_p50"] <= result["pause_ms_max"]
     assert result["samples_per_version"] == 8
+
+
+def agents_of(out: Path) -> list[str]:
+    """Live processes whose task file is under `out`: the run's agents (the controller gives each its own)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()  # empty for a zombie
+        except OSError:
+            continue
+        if f"AGENTSTREAM_TASK={out}/".encode() in environ:
+            found.append(pid)
+    return found
