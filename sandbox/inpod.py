@@ -81,7 +81,8 @@ def harden() -> None:
 
 def _ancestors() -> list[int]:
     """This process's parent, its parent, … up to the pod's (or the host's) first process."""
-    found, pid = [], os.getppid()
+    found: list[int] = []
+    pid = os.getppid()
     while pid > 0 and pid not in found:
         found.append(pid)
         try:
