@@ -175,7 +175,7 @@ def test_the_controllers_job_takes_the_sandbox_as_its_template(namespace):
     assert stored["spec"]["activeDeadlineSeconds"] == 5400
     assert stored["spec"]["template"]["metadata"]["labels"][NETWORK_LABEL] == "gateway"
     (agent,) = spec["containers"]
-    assert agent["image"] == "swe-task:1" and agent["command"][-1] == "codex exec --full-auto"
+    assert agent["image"] == "swe-task:1" and agent["command"][-1] == "exec codex exec --full-auto"
     assert {e["name"] for e in agent["env"]} == {"HOME", "AGENTSTREAM_SANDBOX", "OPENAI_BASE_URL", "OPENAI_API_KEY"}
     assert {m["mountPath"] for m in agent["volumeMounts"]} == {"/workspace", "/tmp", "/var/run/agentstream"}
     assert_locked_down({**spec, "volumes": spec["volumes"]})
