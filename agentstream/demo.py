@@ -47,6 +47,8 @@ from schemas.kafka import KafkaSettings, ensure_topics, make_consumer
 REPO = Path(__file__).resolve().parents[1]
 AGENT = REPO / "examples" / "single_turn.py"
 QUIET_S = 15.0
+STOP_GRACE_S = 20.0
+"""each service's time to stop (SIGTERM) before it is killed: its own shutdown must fit in it"""
 PROMPTS = ["Reply with digits only.", "Write a number.", "Only numbers, please:", "Say some digits."]
 
 
@@ -266,6 +268,12 @@ class Demo:
         self.services.append(service)
         return service
 
+    def start_controller(self, *args: str, env: dict[str, str] | None = None) -> Service:
+        """The controller, told to stop its unfinished attempts at once when the run ends (SIGTERM): with
+        its default shutdown grace (30 s) it could outlive `stop_all`'s STOP_GRACE_S, be killed, and leave
+        its agents, each in a process group of its own, running with nobody to stop them."""
+        return self.start("controller", "controller", *args, "--shutdown-grace-s", "0", env=env)
+
     def check_alive(self) -> None:
         """Fail on a service that died; one that finished its work (exit 0: the trainer's last
         version, the controller's last rollout) is done, not dead."""
@@ -275,7 +283,7 @@ class Demo:
 
     def stop_all(self) -> None:
         for service in reversed(self.services):  # controller first: no new agents
-            stop_pid(service.process.pid, grace=20)
+            stop_pid(service.process.pid, grace=STOP_GRACE_S)
         if not self.config.keep_stack:
             self.vllm.stop()
             if self.started_kafka:
@@ -334,7 +342,7 @@ class Demo:
                    "--seed", str(config.seed), "--lora-rank", str(config.lora_rank), *spec.trainer_args)
         await self.await_http("gateway", f"{gateway_url}/healthz")
         tasks = write_tasks(self.out / "tasks.jsonl", config)
-        self.start("controller", "controller", *common, "--tasks", str(tasks), "--agent", f"{sys.executable} {AGENT}",
+        self.start_controller(*common, "--tasks", str(tasks), "--agent", f"{sys.executable} {AGENT}",
                    "--samples", str(config.samples), "--epochs", str(config.versions + 3),
                    "--concurrency", str(config.concurrency), "--gateway-url", gateway_url, f"--token-secret={secret}",
                    "--model", model, "--max-staleness", str(config.max_staleness),

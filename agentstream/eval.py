@@ -139,7 +139,10 @@ class Evaluator:
                 "--concurrency", str(config.concurrency), "--timeout-s", str(config.timeout_s),
                 "--max-attempts", str(config.max_attempts), "--gateway-url", config.gateway_url,
                 f"--token-secret={config.token_secret}", "--model", config.model, "--no-progress",
-                "--logs-dir", str(self.out / "attempts")]
+                "--logs-dir", str(self.out / "attempts"),
+                # stopped only when the eval is abandoned (its run is then discarded): its agents go at once,
+                # not after a grace that could outlast whoever stops the eval and leave them running
+                "--shutdown-grace-s", "0"]
         with open(self.out / f"{run_id}.log", "wb") as log:
             self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
                                             env={**os.environ, **config.agent_env})

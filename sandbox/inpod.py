@@ -6,22 +6,34 @@ gateway). bubblewrap cannot run there (it needs root or user namespaces, both re
 not: the harness and its commands share the pod by design (whole-harness mode). What this backend
 still does per command, as the local one does:
   - an environment built from `SandboxSpec.env` only (none of the harness's variables, so not its
-    rollout token: but see below);
+    rollout token);
   - the rlimits of `Limits` (cpu, address space, processes, file size; no core files);
   - the per-command and per-attempt wall clocks: the command's process group is killed at the deadline;
   - output kept as the local backend keeps it (first and last halves).
 
-What it cannot do without privileges, and why that is accepted: commands run as the harness's uid,
-so a command can read `/proc/<harness>/environ` and find the attempt's token. That token is scoped
-to this one attempt and expires with it; the NetworkPolicy lets it reach the gateway only, where
-it can do nothing but make this attempt's own (recorded) model calls. No operator credential is in
-the pod to find (the controller's Job carries none: tests/test_swe_kubernetes.py). A process that
-leaves the command's process group (`setsid`) outlives the command; the pod's deadline ends it.
-Binds are the image's own paths (a per-repo image holds the task's Python): nothing is mounted.
+Commands run as the harness's uid (no privileges to switch). What keeps the harness's secrets (the
+attempt's gateway token, in its environment and memory) from them, without privileges:
+  - the harness makes itself non-dumpable (`prctl(PR_SET_DUMPABLE, 0)`, `harden`) before the first
+    command runs: its /proc files (environ, mem, maps, fd) become root-owned and unreadable to
+    same-uid processes that are not root, and ptrace and process_vm_readv are refused;
+  - it refuses to run commands if an ancestor in the pod is readable: a wrapper that holds the same
+    environment (`/bin/sh -c CMD` without exec, `uv run`, `timeout`) would hand the token out. The
+    Job runs a one-command agent with `exec` (`sandbox.kubernetes.agent_command`), so the pod's
+    first process is the harness itself;
+  - the harness writes the token to no file (mini-swe-agent saves no trajectory, `output_path: None`;
+    its config folder stays empty), and the commands inherit no descriptor of it.
+This holds against a command running as a non-root uid, as the pod's are (runAsNonRoot, uid 1000, no
+capabilities: tests/test_sandbox_inpod.py attacks it). A root command could read anything, so as root
+no protection is claimed. What a command can still reach: the gateway, through the NetworkPolicy, but
+without the token; the token itself is scoped to this one attempt and expires with it. No operator
+credential is in the pod to find (the controller's Job carries none: tests/test_swe_kubernetes.py). A
+process that leaves the command's process group (`setsid`) outlives the command; the pod's deadline
+ends it. Binds are the image's own paths (a per-repo image holds the task's Python): nothing is mounted.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import resource
 import selectors
@@ -35,8 +47,57 @@ from sandbox.contract import IN_POD_ENV, WORKSPACE_MOUNT, CommandResult, Sandbox
 from sandbox.local import DEFAULT_ENV, Output, _limit_of
 
 
+PR_GET_DUMPABLE, PR_SET_DUMPABLE = 3, 4  # <linux/prctl.h>
+
+
 def in_sandbox_pod() -> bool:
     return os.environ.get(IN_POD_ENV) == "pod"
+
+
+def harden() -> None:
+    """Keep this process's secrets from the commands it runs, which share its uid: see the docstring.
+
+    prctl through ctypes: the PyPI wrappers (python-prctl, pyprctl) are unmaintained since 2020/21,
+    and this is one call. Non-dumpable holds until this process execs or changes its uid; the
+    commands (forked, then exec'd) start dumpable again, which is theirs to be."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 or libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise SandboxError(f"cannot make the harness non-dumpable ({os.strerror(ctypes.get_errno())}): its "
+                           "commands could read its environment; is this Linux?")
+    if os.geteuid() == 0:
+        return  # a root command reads every process anyway: the pod runs as a non-root uid
+    for pid in _ancestors():
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as environ:
+                environ.read(1)
+        except OSError:
+            continue  # another uid's, or non-dumpable: a command cannot read it either
+        raise SandboxError(
+            f"process {pid} ({_name(pid)}), an ancestor of this harness, is readable by its commands and holds "
+            "its environment (the attempt's token): start the harness with `exec` (the Job's command is "
+            "`/bin/sh -c CMD`: give one command, which sandbox.kubernetes runs with exec), not under a wrapper "
+            "process such as a shell, `uv run` or `timeout`")
+
+
+def _ancestors() -> list[int]:
+    """This process's parent, its parent, … up to the pod's (or the host's) first process."""
+    found: list[int] = []
+    pid = os.getppid()
+    while pid > 0 and pid not in found:
+        found.append(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        pid = int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state; the name may hold spaces
+    return found
+
+
+def _name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
 
 
 class InPodSandbox:
@@ -45,6 +106,7 @@ class InPodSandbox:
     def __init__(self, spec: SandboxSpec):
         if not spec.workspace.is_dir():
             raise SandboxError(f"the workspace {spec.workspace} is not a directory")
+        harden()  # before any command: they share our uid, and our environment holds the attempt's token
         self.spec = spec
         self.workspace = spec.workspace.resolve()
         self.deadline = time.monotonic() + spec.limits.attempt_timeout_s

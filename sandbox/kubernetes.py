@@ -20,6 +20,9 @@ What the local backend does and what stands for it here:
 | per-command wall clock               | the harness's, inside the pod                                     |
 | no network / only the gateway        | the NetworkPolicy below (needs a CNI that enforces policies)      |
 
+The agent's command runs with `exec` when it is one command (`agent_command`): no shell stays in the
+pod holding the environment, and so the attempt's token, where the agent's own commands could read it.
+
 The NetworkPolicy selects sandbox pods by `NETWORK_LABEL` and denies all ingress and egress, except,
 for `Network.GATEWAY`, TCP to the gateway's pods on the gateway's port. DNS is NOT allowed: a cluster
 resolver forwards names to the internet, and that is a channel out. So the pod's DNS points at
@@ -32,6 +35,8 @@ addresses after the Service's DNAT, so allowing the gateway pods allows their Se
 from __future__ import annotations
 
 import math
+import re
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,7 +127,7 @@ def pod_spec(sandbox: PodSandbox) -> dict[str, Any]:
     if sandbox.image:
         container["image"] = sandbox.image
     if sandbox.command:
-        container["command"] = ["/bin/sh", "-c", sandbox.command]
+        container["command"] = agent_command(sandbox.command)
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "activeDeadlineSeconds": math.ceil(limits.attempt_timeout_s),
@@ -157,6 +162,40 @@ def pod_spec(sandbox: PodSandbox) -> dict[str, Any]:
     if sandbox.network is Network.GATEWAY and gateway and gateway.service_ip and gateway.hostname:
         spec["hostAliases"] = [{"ip": gateway.service_ip, "hostnames": [gateway.hostname]}]
     return spec
+
+
+def agent_command(command: str) -> list[str]:
+    """The container's command for the agent's shell command: with `exec` when it is one command.
+
+    The pod's environment holds the attempt's token; a shell left waiting as the pod's first process
+    (dash does not exec the last command of `sh -c`) would hold it too, readable by every process of
+    the pod's uid, the agent's commands included. Exec'd, the agent is that process and can make
+    itself unreadable (`sandbox.inpod.harden`). A compound command keeps its shell (and the harness
+    then refuses to run commands, naming this fix)."""
+    words = _simple_command(command)
+    exec_it = bool(words) and words[0] != "exec"
+    return ["/bin/sh", "-c", f"exec {command}" if exec_it else command]
+
+
+_COMPOUND_WORDS = {"!", "{", "if", "while", "until", "for", "case", "function"}
+
+
+def _simple_command(command: str) -> list[str]:
+    """The words of `command` if it is one simple command: not a list, pipeline, subshell, background
+    job or compound statement, nor one that starts with variable assignments (`exec A=1 cmd` would run
+    a program named `A=1`); else []."""
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    try:
+        words = list(lexer)
+    except ValueError:  # unbalanced quotes: the shell will say so; leave the command as it is
+        return []
+    redirection = set("<>&")
+    control = [word for word in words if set(word) <= set("();<>|&") and not set(word) <= redirection]
+    if "\n" in command or control or "&" in words or "&&" in words or not words \
+            or words[0] in _COMPOUND_WORDS or re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]):
+        return []
+    return words
 
 
 def pod_labels(sandbox: PodSandbox) -> dict[str, str]:

@@ -89,7 +89,7 @@ spec:
     # the default pod is the sandbox's: locked down whatever the template adds
     assert pod["spec"]["automountServiceAccountToken"] is False and pod["spec"]["activeDeadlineSeconds"] == 95
     agent, sidecar = pod["spec"]["containers"]
-    assert (agent["image"], agent["command"]) == ("agent:1", ["/bin/sh", "-c", "python agent.py"])
+    assert (agent["image"], agent["command"]) == ("agent:1", ["/bin/sh", "-c", "exec python agent.py"])
     assert agent["securityContext"]["readOnlyRootFilesystem"] and agent["securityContext"]["capabilities"] == {
         "drop": ["ALL"]}
     assert agent["resources"]["limits"]["cpu"] == "1" and agent["resources"]["limits"]["memory"] == str(4 << 30)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -24,6 +26,8 @@ def test_a_short_demo_trains_swaps_and_reports(vllm_server, kafka_bootstrap, tmp
     finally:
         assert LocalVLLM(name).state() is not None, "the demo stopped a server it did not start"
         assert reset_weights(vllm_server.url, vllm_server.model_dir)
+    assert any((config.out / "attempts").rglob("task.json")), "no agent's task file where agents_of looks"
+    assert agents_of(config.out.resolve()) == [], "an agent outlived the demo (its controller was killed first?)"
 
     assert json.loads((tmp_path / "demo" / "summary.json").read_text()) == json.loads(json.dumps(result))
     assert (tmp_path / "demo" / "reward.png").stat().st_size > 0
@@ -36,3 +40,16 @@ def test_a_short_demo_trains_swaps_and_reports(vllm_server, kafka_bootstrap, tmp
     assert result["reward_start"] is not None and result["reward_end"] is not None
     assert 0 < result["pause_ms_p50"] <= result["pause_ms_max"]
     assert result["samples_per_version"] == 8
+
+
+def agents_of(out: Path) -> list[str]:
+    """Live processes whose task file is under `out`: the run's agents (the controller gives each its own)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()  # empty for a zombie
+        except OSError:
+            continue
+        if f"AGENTSTREAM_TASK={out}/".encode() in environ:
+            found.append(pid)
+    return found

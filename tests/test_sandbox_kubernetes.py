@@ -69,7 +69,7 @@ def test_pod_spec_and_policies_as_built():
     (seed,) = spec["initContainers"]
     assert seed["image"] == "swe-task:1" and seed["command"][-1] == "/testbed"
     agent = spec["containers"][0]
-    assert agent["command"] == ["/bin/sh", "-c", "codex exec --full-auto"]
+    assert agent["command"] == ["/bin/sh", "-c", "exec codex exec --full-auto"]
     assert {"name": "HOME", "value": "/tmp"} in agent["env"]
 
     closed = network_policy(Network.NONE)["spec"]
@@ -164,7 +164,7 @@ def test_the_controllers_job_takes_the_sandbox_as_its_template(restricted_namesp
     assert stored["spec"]["activeDeadlineSeconds"] == 5400
     assert stored["spec"]["template"]["metadata"]["labels"][NETWORK_LABEL] == "gateway"
     (agent,) = spec["containers"]
-    assert agent["image"] == "swe-task:1" and agent["command"][-1] == "codex exec --full-auto"
+    assert agent["image"] == "swe-task:1" and agent["command"][-1] == "exec codex exec --full-auto"
     assert {e["name"] for e in agent["env"]} == {"HOME", "AGENTSTREAM_SANDBOX", "OPENAI_BASE_URL", "OPENAI_API_KEY"}
     assert {m["mountPath"] for m in agent["volumeMounts"]} == {"/workspace", "/tmp", "/var/run/agentstream"}
     assert_locked_down({**spec, "volumes": spec["volumes"]})

@@ -91,7 +91,7 @@ async def test_the_harness_attempt_is_a_sandboxed_job(kube_cluster, restricted_n
         {"ip": "10.0.0.42", "hostnames": ["gateway.agentstream.svc"]}]
     (agent,) = spec["containers"]
     assert agent["image"] == "registry.test/swe-pytoolz__toolz:1", "the task's repository picks the image"
-    assert agent["command"] == ["/bin/sh", "-c", "python -m recipes.swe.harness"]
+    assert agent["command"] == ["/bin/sh", "-c", "exec python -m recipes.swe.harness"], "exec: no shell holds the token"
     security = agent["securityContext"]
     assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
     assert security["capabilities"] == {"drop": ["ALL"]} and security["privileged"] is False

@@ -227,12 +227,10 @@ class Recipe(Demo):
                    "--agent", HARNESS, "--follow", "--max-versions", str(config.versions + 1),
                    "--samples", str(config.eval_samples), "--out", str(self.out / "eval"), *run,
                    env={**agent_env, "KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers})
-        self.start("controller", "controller", *common, "--tasks", str(train), "--agent", HARNESS,
-                   "--samples", str(config.group_size), "--epochs", str(config.versions), "--no-shuffle",
-                   "--max-staleness", "0", "--train-batch-size", str(config.batch), "--max-attempts", "1",
-                   # at the end its unfinished attempts are stopped at once: with the default 30 s of grace the
-                   # controller outlived stop_all's 20 s, was killed, and left its harnesses running
-                   "--shutdown-grace-s", "0", "--no-progress", "--logs-dir", str(self.out / "attempts"), *run, env=agent_env)
+        self.start_controller(*common, "--tasks", str(train), "--agent", HARNESS,
+                              "--samples", str(config.group_size), "--epochs", str(config.versions), "--no-shuffle",
+                              "--max-staleness", "0", "--train-batch-size", str(config.batch), "--max-attempts", "1",
+                              "--no-progress", "--logs-dir", str(self.out / "attempts"), *run, env=agent_env)
 
     async def follow(self, kafka: KafkaSettings) -> None:
         """Until every version has its eval."""
