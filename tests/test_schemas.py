@@ -21,6 +21,20 @@ def test_round_trip(event):
     assert s.decode(raw, expect=type(event)) == event
 
 
+def test_encoding_is_the_bytes_orjson_wrote():
+    """Repeats are compared as bytes, and logs hold events encoded before: pydantic's serializer
+    must write what `orjson.dumps(model_dump())` did, floats, unicode and free-form JSON included."""
+    from bench.streams_assembly import history
+    from streams.assembly import Timing, assemble
+
+    events = [*sample_events(), *history(20, "r")]
+    events += assemble(events[-100:], Timing())
+    odd = s.RewardEvent(rollout_id="r-ü", attempt_id="a", source="t", data=s.Reward(
+        value=1e-7, details={"x": [1.5, 100.0, 1e16, -0.0, "é\u2028\n", None, True, {"k": 2**62}]}))
+    for event in [*events, odd]:
+        assert s.encode(event) == orjson.dumps(event.model_dump(mode="python")), event.type
+
+
 def test_ids_are_sortable_by_creation():
     ids = [s.new_id() for _ in range(1000)]
     assert ids == sorted(ids)
