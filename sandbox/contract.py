@@ -13,6 +13,7 @@ that are the caller's (a workspace that does not exist, bubblewrap missing) rais
 from __future__ import annotations
 
 import enum
+import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +60,12 @@ class Limits:
     cpus: float = 1.0
     """CPU cores (Kubernetes: the container's cpu limit; the local backend has no cgroups to enforce it)"""
 
+    def budget(self, left_s: float, timeout_s: float | None) -> tuple[float, str]:
+        """A command's wall clock and the limit that ends it: its own timeout (`timeout_s`, else
+        `command_timeout_s`), or the `left_s` seconds the attempt has left when those are fewer."""
+        wanted = self.command_timeout_s if timeout_s is None else timeout_s
+        return (wanted, "command_timeout") if wanted <= left_s else (left_s, "attempt_timeout")
+
 
 @dataclass(frozen=True)
 class CommandResult:
@@ -72,6 +79,12 @@ class CommandResult:
     limit: str | None = None
     """set when a limit ended the command: 'command_timeout', 'attempt_timeout', 'cpu', 'memory', 'processes',
     'file_size'"""
+
+    @classmethod
+    def not_run(cls, command: str, limits: Limits) -> CommandResult:
+        """A command asked for once the attempt's time was spent."""
+        note = f"[sandbox: not run: the attempt's {limits.attempt_timeout_s:g} s are spent]"
+        return cls(command, -signal.SIGKILL, note, 0.0, "attempt_timeout")
 
     @property
     def ok(self) -> bool:

@@ -138,11 +138,8 @@ class InPodSandbox:
         began = time.monotonic()
         left = self.deadline - began
         if left <= 0:
-            spent = self.spec.limits.attempt_timeout_s
-            return CommandResult(command, -signal.SIGKILL, f"[sandbox: not run: the attempt's {spent:g} s are spent]",
-                                 0.0, "attempt_timeout")
-        wanted = self.spec.limits.command_timeout_s if timeout_s is None else timeout_s
-        budget, timeout_limit = (wanted, "command_timeout") if wanted <= left else (left, "attempt_timeout")
+            return CommandResult.not_run(command, self.spec.limits)
+        budget, timeout_limit = self.spec.limits.budget(left, timeout_s)
         process = subprocess.Popen(["/bin/bash", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, cwd=self._cwd(cwd), env={**DEFAULT_ENV, **self.spec.env},
                                    start_new_session=True, preexec_fn=self._limit_self)

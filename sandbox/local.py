@@ -237,11 +237,8 @@ class LocalSandbox:
         began = time.monotonic()
         left = self.deadline - began
         if left <= 0:
-            spent = self.spec.limits.attempt_timeout_s
-            return CommandResult(command, -signal.SIGKILL, f"[sandbox: not run: the attempt's {spent:g} s are spent]",
-                                 0.0, "attempt_timeout")
-        wanted = self.spec.limits.command_timeout_s if timeout_s is None else timeout_s
-        budget, timeout_limit = (wanted, "command_timeout") if wanted <= left else (left, "attempt_timeout")
+            return CommandResult.not_run(command, self.spec.limits)
+        budget, timeout_limit = self.spec.limits.budget(left, timeout_s)
         inside_cwd = str(WORKSPACE_MOUNT / (cwd or ""))  # an absolute cwd replaces the workspace
         status_read, status_write = os.pipe()
         argv = [*self._argv_head, "--chdir", inside_cwd, "--json-status-fd", str(status_write),
