@@ -36,7 +36,6 @@ from __future__ import annotations
 import ctypes
 import os
 import resource
-import selectors
 import signal
 import subprocess
 import threading
@@ -44,7 +43,8 @@ import time
 from pathlib import Path
 
 from sandbox.contract import IN_POD_ENV, WORKSPACE_MOUNT, CommandResult, SandboxError, SandboxSpec
-from sandbox.local import DEFAULT_ENV, Output, _limit_of
+from sandbox.local import DEFAULT_ENV
+from sandbox.output import collect, kill_group, limit_of
 
 
 PR_GET_DUMPABLE, PR_SET_DUMPABLE = 3, 4  # <linux/prctl.h>
@@ -146,8 +146,8 @@ class InPodSandbox:
         with self._lock:
             self._running.add(process)
         try:
-            output, timed_out = _collect(process, began + budget)
-            _kill_group(process)  # at a timeout the command; else what it left running in the background
+            output, timed_out = collect(process, began + budget)
+            kill_group(process)  # at a timeout the command; else what it left running in the background
             exit_code = process.wait()
         finally:
             with self._lock:
@@ -158,14 +158,14 @@ class InPodSandbox:
             note = f"it ran past {budget:g} s" if timeout_limit == "command_timeout" else "the attempt's time ran out"
             return CommandResult(command, -signal.SIGKILL, f"{text}\n[sandbox: killed: {note}]", duration,
                                  timeout_limit)
-        return CommandResult(command, exit_code, text, duration, _limit_of(exit_code, output.tail_text()))
+        return CommandResult(command, exit_code, text, duration, limit_of(exit_code, output.tail_text()))
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             running = list(self._running)
         for process in running:
-            _kill_group(process)
+            kill_group(process)
             process.wait()
 
     def __enter__(self) -> InPodSandbox:
@@ -175,32 +175,3 @@ class InPodSandbox:
         self.close()
 
 
-def _kill_group(process: subprocess.Popen) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def _collect(process: subprocess.Popen, deadline: float) -> tuple[Output, bool]:
-    """The command's output until its shell exits (True: the deadline came first). Not until EOF: a
-    background child holding the pipe would keep the command running (no pid namespace ends it here)."""
-    output = Output()
-    stream = process.stdout
-    assert stream is not None
-    os.set_blocking(stream.fileno(), False)
-    with selectors.DefaultSelector() as selector, stream:
-        selector.register(stream, selectors.EVENT_READ)
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return output, True
-            exited = process.poll() is not None
-            if exited:
-                _kill_group(process)  # its background children hold the pipe: they end with the command
-            if selector.select(min(left, 0.05)) or exited:
-                data = stream.read(64 << 10)
-                if data:
-                    output.add(data)
-                elif data is not None or exited and not selector.select(0.2):
-                    return output, False

@@ -22,8 +22,6 @@ from __future__ import annotations
 import fcntl
 import os
 import random
-import re
-import selectors
 import shutil
 import signal
 import subprocess
@@ -35,12 +33,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 from sandbox import namespaces, relay
 from sandbox.contract import WORKSPACE_MOUNT, CommandResult, Network, SandboxError, SandboxSpec
+from sandbox.output import collect, limit_of
 
 UID_BASE = 600_000
 UID_SLOTS = 4096
 INSIDE_UID = 1000
 """the uid commands see (the leased host uid is mapped to it)"""
-OUTPUT_LIMIT = 1 << 20
 """bytes of output kept per command: the first and last halves, with a marker between"""
 STATE_DIR = Path("/tmp/agentstream-sandbox")
 STAGE = STATE_DIR / "stage"
@@ -71,14 +69,6 @@ MISSING_TOOL = {
     "nsenter": "nsenter (util-linux) is not installed: `apt-get install -y util-linux`",
     "prlimit": "prlimit (util-linux) is not installed: `apt-get install -y util-linux`",
 }
-_FORK_FAILED = re.compile(r"fork: (retry: )?Resource temporarily unavailable|Cannot fork")
-_FAILURE_MESSAGES = (
-    ("processes", re.compile(r"BlockingIOError: \[Errno 11\]")),
-    ("memory", re.compile(r"MemoryError|Cannot allocate memory|std::bad_alloc|xmalloc: .*cannot allocate|"
-                          r"out of memory")),
-    ("file_size", re.compile(r"File too large")),
-)
-
 
 def inside_gateway_url(url: str) -> str:
     """The gateway URL as a whole-harness sandbox must use it: the same, unless its host is an IP address
@@ -252,7 +242,7 @@ class LocalSandbox:
         with self._lock:
             self._running.add(process)
         try:
-            output, timed_out = _collect(process, began + budget)
+            output, timed_out = collect(process, began + budget)
             at_process_limit = timed_out and processes_of(self.uid) >= self.spec.limits.processes - 1
             if timed_out:
                 process.kill()
@@ -274,7 +264,7 @@ class LocalSandbox:
                     "command_timeout": f"it ran past {budget:g} s",
                     "attempt_timeout": "the attempt's time ran out"}[limit]
             return CommandResult(command, -signal.SIGKILL, f"{text}\n[sandbox: killed: {note}]", duration, limit)
-        return CommandResult(command, exit_code, text, duration, _limit_of(exit_code, output.tail_text()))
+        return CommandResult(command, exit_code, text, duration, limit_of(exit_code, output.tail_text()))
 
     # --- the end --------------------------------------------------------------------------
 
@@ -308,78 +298,6 @@ class LocalSandbox:
     def relayed_connections(self) -> int:
         """connections the gateway relay has accepted (whole-harness mode)"""
         return self._relay.connections if self._relay else 0
-
-
-# --- output ---------------------------------------------------------------------------------
-
-
-class Output:
-    """The first and last OUTPUT_LIMIT/2 bytes of a stream, and how many bytes fell between."""
-
-    def __init__(self, limit: int = OUTPUT_LIMIT):
-        self.half = limit // 2
-        self.head = bytearray()
-        self.tail = bytearray()
-        self.dropped = 0
-
-    def add(self, data: bytes) -> None:
-        room = self.half - len(self.head)
-        if room > 0:
-            self.head += data[:room]
-            data = data[room:]
-        if data:
-            self.tail += data
-            if len(self.tail) > self.half:
-                excess = len(self.tail) - self.half
-                self.dropped += excess
-                del self.tail[:excess]
-
-    def text(self) -> str:
-        if not self.dropped:
-            return (self.head + self.tail).decode(errors="replace")
-        marker = f"\n[sandbox: output truncated: {self.dropped} bytes not shown]\n"
-        return self.head.decode(errors="replace") + marker + self.tail.decode(errors="replace")
-
-    def tail_text(self) -> str:
-        return (self.head[-4096:] + self.tail[-4096:]).decode(errors="replace")
-
-
-def _collect(process: subprocess.Popen, deadline: float) -> tuple[Output, bool]:
-    """Read the process's output until it ends (True: the deadline came first)."""
-    output = Output()
-    stream = process.stdout
-    assert stream is not None
-    os.set_blocking(stream.fileno(), False)
-    with selectors.DefaultSelector() as selector, stream:
-        selector.register(stream, selectors.EVENT_READ)
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return output, True
-            if not selector.select(left):
-                continue
-            data = stream.read(64 << 10)
-            if data is None:  # spurious wake-up
-                continue
-            if not data:
-                return output, False
-            output.add(data)
-
-
-def _limit_of(exit_code: int, tail: str) -> str | None:
-    """Which limit ended a command that exited on its own. Signals are exact; a limit the kernel reports
-    as a failed call (fork, malloc, write) is recognised by the messages programs print for it."""
-    if exit_code == 128 + signal.SIGXCPU:
-        return "cpu"
-    if exit_code == 128 + signal.SIGXFSZ:
-        return "file_size"
-    if _FORK_FAILED.search(tail):
-        return "processes"  # even at exit 0: a shell fork bomb's parent returns at once
-    if exit_code != 0:
-        for limit, pattern in _FAILURE_MESSAGES:
-            if pattern.search(tail):
-                return limit
-    return None
 
 
 # --- uids and ownership ---------------------------------------------------------------------

@@ -22,7 +22,6 @@ import pytest
 from agentstream.stack.process import free_port
 from sandbox.contract import WORKSPACE_MOUNT, Limits, Network, SandboxError, SandboxSpec
 from sandbox.local import (
-    OUTPUT_LIMIT,
     UID_BASE,
     UID_SLOTS,
     LocalSandbox,
@@ -30,6 +29,7 @@ from sandbox.local import (
     processes_of,
     python_binds,
 )
+from sandbox.output import OUTPUT_LIMIT
 from tests.conftest import wait_for
 
 AGENTS = Path(__file__).parent / "sandbox_agents"
