@@ -97,6 +97,23 @@ def vllm_server(tmp_path_factory, tiny_model_dirs) -> VLLMServer:
 
 
 @pytest.fixture(scope="session")
+def tokenizer(vllm_server):
+    """The tiny model's tokenizer, to check recorded token ids against the text."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(vllm_server.model_dir)
+
+
+@pytest.fixture
+async def gw(kafka, vllm_server):
+    """A gateway (in this process) in front of the session's tiny vLLM, served as "tiny"."""
+    from tests.gateway_support import gateway_settings, running_gateway
+
+    async with running_gateway(gateway_settings(kafka, [f"tiny={vllm_server.url}"])) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct built from its PyPI wheel, once: cached in AGENTSTREAM_HOME across runs."""
     from agentstream.stack.smollm2 import build_smollm2, default_folder

@@ -21,7 +21,7 @@ import pytest
 
 from schemas import CallEvent
 from schemas.tokens import mint_rollout_token
-from tests.gateway_support import TOKEN_SECRET, gateway_settings, read_events, running_gateway
+from tests.gateway_support import TOKEN_SECRET, read_events
 
 CLAUDE = os.environ.get("AGENTSTREAM_CLAUDE_CODE")
 ROLLOUT, ATTEMPT = "0190d0c0-0000-5000-8000-00000000c1a0", "0190d0c0-0000-7000-8000-00000000c1a0"
@@ -33,12 +33,6 @@ QUIET = {  # nothing but the model calls: no update check, telemetry, error repo
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not CLAUDE or not Path(CLAUDE).is_file(),
                                  reason="Claude Code is not installed: export AGENTSTREAM_CLAUDE_CODE=$(.ci/claude-code.sh)")]
-
-
-@pytest.fixture
-async def gw(kafka, vllm_server):
-    async with running_gateway(gateway_settings(kafka, [f"tiny={vllm_server.url}"])) as running:
-        yield running
 
 
 async def test_claude_code_turns_are_answered_and_recorded_with_their_tokens(gw, kafka, tmp_path: Path):

@@ -9,7 +9,6 @@ import string
 import httpx
 import openai
 import pytest
-from transformers import AutoTokenizer
 
 from schemas import CallEvent
 from agentstream.stack.process import free_port
@@ -22,17 +21,6 @@ pytestmark = pytest.mark.vllm
 # shows that a field OpenAI does not know (vLLM's `allowed_token_ids`) passes through the gateway
 ASCII = {"allowed_token_ids": list(range(32, 127))}
 MESSAGES = [{"role": "user", "content": "Say something."}]
-
-
-@pytest.fixture(scope="module")
-def tokenizer(vllm_server):
-    return AutoTokenizer.from_pretrained(vllm_server.model_dir)
-
-
-@pytest.fixture
-async def gw(kafka, vllm_server):
-    async with running_gateway(gateway_settings(kafka, [f"tiny={vllm_server.url}"])) as running:
-        yield running
 
 
 def by_id(events) -> dict[str, CallEvent]:

@@ -16,13 +16,11 @@ import pytest
 from anthropic.types import Message, RawMessageStreamEvent
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
-from transformers import AutoTokenizer
 
 from gateway.adapters import ADAPTERS
 from gateway.errors import GatewayError
-from schemas import CallEvent
 from streams.assembly import assemble
-from tests.gateway_support import OPERATOR_KEY, gateway_settings, read_events, running_gateway
+from tests.gateway_support import read_events
 
 RESPONSES = ADAPTERS["responses"]
 MESSAGES = ADAPTERS["messages"]
@@ -33,17 +31,6 @@ SYSTEM = "Be brief."
 QUESTION = "Say something."
 CHAT_MESSAGES = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
 STREAM_EVENTS = {"responses": TypeAdapter(ResponseStreamEvent), "messages": TypeAdapter(RawMessageStreamEvent)}
-
-
-@pytest.fixture(scope="module")
-def tokenizer(vllm_server):
-    return AutoTokenizer.from_pretrained(vllm_server.model_dir)
-
-
-@pytest.fixture
-async def gw(kafka, vllm_server):
-    async with running_gateway(gateway_settings(kafka, [f"tiny={vllm_server.url}"])) as running:
-        yield running
 
 
 def call_id(raw) -> str:

@@ -23,7 +23,7 @@ from transformers import AutoTokenizer
 from agentstream.stack.chat_template import TOOL_CALL_PARSER, install_chat_template, tool_chat_template
 from agentstream.stack.vllm import vllm_python
 from schemas import CallEvent
-from tests.gateway_support import gateway_settings, read_events, running_gateway
+from tests.gateway_support import read_events
 from tests.test_gateway_harness import STREAM_EVENTS, call_id
 
 CITY = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]}},
@@ -44,17 +44,6 @@ TOOL_CALL_TEXT = re.compile(r"<tool_call>\s*(\{.*\})\s*</tool_call>", re.DOTALL)
 # `auto`, steered: some text, then a call, as a model that decided to call the tool would write it
 STEERED = {"structured_outputs": {"regex": r'Checking\.\n<tool_call>\n\{"name": "get_weather", "arguments": '
                                            r'\{"city": "(Paris|Rome|Oslo)"\}\}\n</tool_call>'}}
-
-
-@pytest.fixture(scope="module")
-def tokenizer(vllm_server):
-    return AutoTokenizer.from_pretrained(vllm_server.model_dir)
-
-
-@pytest.fixture
-async def gw(kafka, vllm_server):
-    async with running_gateway(gateway_settings(kafka, [f"tiny={vllm_server.url}"])) as running:
-        yield running
 
 
 def recorded_tool_calls(call: CallEvent, tokenizer) -> tuple[str, list[dict]]:
