@@ -110,7 +110,7 @@ class InPodSandbox:
         self.spec = spec
         self.workspace = spec.workspace.resolve()
         self.deadline = time.monotonic() + spec.limits.attempt_timeout_s
-        self._running: set[subprocess.Popen] = set()
+        self._running: set[subprocess.Popen[bytes]] = set()
         self._lock = threading.Lock()
         self._closed = False
 
@@ -146,7 +146,7 @@ class InPodSandbox:
         with self._lock:
             self._running.add(process)
         try:
-            output, timed_out = collect(process, began + budget)
+            output, timed_out = collect(process, began + budget, until_eof=False)
             kill_group(process)  # at a timeout the command; else what it left running in the background
             exit_code = process.wait()
         finally:

@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 from sandbox import namespaces, relay
 from sandbox.contract import WORKSPACE_MOUNT, CommandResult, Network, SandboxError, SandboxSpec
@@ -70,6 +70,14 @@ MISSING_TOOL = {
     "prlimit": "prlimit (util-linux) is not installed: `apt-get install -y util-linux`",
 }
 
+def _tool(name: str) -> str:
+    """The path of a host tool the sandbox runs, or the error that says how to install it."""
+    path = shutil.which(name)
+    if path is None:
+        raise SandboxError(MISSING_TOOL[name])
+    return path
+
+
 def inside_gateway_url(url: str) -> str:
     """The gateway URL as a whole-harness sandbox must use it: the same, unless its host is an IP address
     other than 127.0.0.1 (then 127.0.0.1, where the relay listens). Host names resolve to the relay via
@@ -108,7 +116,7 @@ class LocalSandbox:
         self._check_host()
         self._check_spec()
         self._lock = threading.Lock()
-        self._running: set[subprocess.Popen] = set()
+        self._running: set[subprocess.Popen[bytes]] = set()
         self._closed = False
         self._relay: relay.Relay | None = None
         self._ns: namespaces.Namespaces | None = None
@@ -126,7 +134,7 @@ class LocalSandbox:
                 assert self._ns.listener is not None
                 self._relay = relay.Relay(self._ns.listener, _gateway_address(spec.gateway_url or ""))
                 self._ns.listener = None  # the relay owns it now
-            self._argv_head = self._fixed_argv()
+            self._argv_head = self._fixed_argv(self._ns)
         except BaseException:
             self.close()
             raise
@@ -135,9 +143,8 @@ class LocalSandbox:
 
     @staticmethod
     def _check_host() -> None:
-        for tool, fix in MISSING_TOOL.items():
-            if shutil.which(tool) is None:
-                raise SandboxError(fix)
+        for tool in MISSING_TOOL:
+            _tool(tool)
         if os.geteuid() != 0:
             raise SandboxError("the local sandbox must be created by root: it runs commands as a uid of their own "
                                "(run the harness or controller as root, as the platform's images do)")
@@ -188,14 +195,14 @@ class LocalSandbox:
                                  "protocols: files\nservices: files\n",
         }
 
-    def _fixed_argv(self) -> list[str]:
+    def _fixed_argv(self, ns: namespaces.Namespaces) -> list[str]:
         """Everything of the command line but the per-command part (cwd, the command)."""
         limits = self.spec.limits
-        argv = [*self._ns.nsenter(), f"--setuid={self.uid}", f"--setgid={self.uid}", "--",
-                shutil.which("prlimit"), f"--cpu={limits.cpu_seconds}:{limits.cpu_seconds + 1}",
+        argv = [*ns.nsenter(), f"--setuid={self.uid}", f"--setgid={self.uid}", "--",
+                _tool("prlimit"), f"--cpu={limits.cpu_seconds}:{limits.cpu_seconds + 1}",
                 f"--as={limits.memory_bytes}",
                 f"--nproc={limits.processes}", f"--fsize={limits.file_size_bytes}", "--core=0", "--",
-                shutil.which("bwrap"), "--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-ipc",
+                _tool("bwrap"), "--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-ipc",
                 "--unshare-uts",
                 "--unshare-cgroup-try", "--hostname", "sandbox", "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID),
                 "--cap-drop", "ALL", "--die-with-parent", "--new-session", "--as-pid-1"]
@@ -242,7 +249,7 @@ class LocalSandbox:
         with self._lock:
             self._running.add(process)
         try:
-            output, timed_out = collect(process, began + budget)
+            output, timed_out = collect(process, began + budget, until_eof=True)
             at_process_limit = timed_out and processes_of(self.uid) >= self.spec.limits.processes - 1
             if timed_out:
                 process.kill()
@@ -390,7 +397,7 @@ def is_ip(host: str) -> bool:
     return True
 
 
-def _port(parts) -> int:
+def _port(parts: SplitResult) -> int:
     return parts.port or (443 if parts.scheme == "https" else 80)
 
 

@@ -51,7 +51,7 @@ class Output:
         return (self.head[-4096:] + self.tail[-4096:]).decode(errors="replace")
 
 
-def kill_group(process: subprocess.Popen) -> None:
+def kill_group(process: subprocess.Popen[bytes]) -> None:
     """SIGKILL the process group a command was started in (`start_new_session=True`)."""
     try:
         os.killpg(process.pid, signal.SIGKILL)
@@ -59,10 +59,12 @@ def kill_group(process: subprocess.Popen) -> None:
         pass
 
 
-def collect(process: subprocess.Popen, deadline: float) -> tuple[Output, bool]:
-    """The command's output until it exits (True: the deadline came first). Not until EOF: a
-    background child holding the pipe would keep the command running where no pid namespace ends it
-    (in a pod), so at the command's exit its process group is killed and the pipe drained."""
+def collect(process: subprocess.Popen[bytes], deadline: float, *, until_eof: bool) -> tuple[Output, bool]:
+    """The command's output (True: the deadline came first). `until_eof`: until every holder of the
+    pipe is gone, which the local backend's pid namespace makes the moment its whole tree has died (so
+    the next command starts with none of it left). Otherwise until the command exits; then its process
+    group is killed and the pipe drained: in a pod no pid namespace ends a background child, and one
+    that left the group would hold the pipe open for ever."""
     output = Output()
     stream = process.stdout
     assert stream is not None
@@ -73,7 +75,7 @@ def collect(process: subprocess.Popen, deadline: float) -> tuple[Output, bool]:
             left = deadline - time.monotonic()
             if left <= 0:
                 return output, True
-            exited = process.poll() is not None
+            exited = not until_eof and process.poll() is not None
             if exited:
                 kill_group(process)
             if selector.select(min(left, 0.05)) or exited:
