@@ -30,9 +30,8 @@ def careful(batch: list[Record], table: str) -> pl.DataFrame:
 
 def fast_way_taken(batch: list[Record], table: str) -> bool:
     try:
-        _columns(batch, tuple(n for n in ("id", "type", "schema_version", "time", "source", "rollout_id",
-                                          "attempt_id")), table_fields(table))
-    except Exception:  # noqa: BLE001
+        _columns(batch, ("id", "schema_version", "time", "source", "rollout_id", "attempt_id"), table_fields(table))
+    except ValueError:
         return False
     return True
 
