@@ -80,10 +80,11 @@ def event_row(record: Record, columns: frozenset[str] | None = None) -> dict | N
         event = orjson.loads(record.value)
         shape = _data_shapes()[event["type"]]
         row = {name: event.get(name) for name in ENVELOPE}
-    except (orjson.JSONDecodeError, KeyError, TypeError):
+        row.update(kafka_partition=record.partition, kafka_offset=record.offset, kafka_timestamp=record.timestamp)
+        _flatten(event.get("data") or {}, shape, "", row)
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):  # AttributeError: a sub-record
+        # (data, usage) that is not an object
         return None
-    row.update(kafka_partition=record.partition, kafka_offset=record.offset, kafka_timestamp=record.timestamp)
-    _flatten(event.get("data") or {}, shape, "", row)
     if columns is not None:
         row = {name: value for name, value in row.items() if name in columns}
     return row

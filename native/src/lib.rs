@@ -602,6 +602,22 @@ fn plain_int(text: &[u8]) -> bool {
     (-(1i128 << 63)..=u64::MAX as i128).contains(&value)
 }
 
+/// Room for `extra` more values; a large buffer backed by huge pages where the kernel has them
+/// (`madvise` mode): each 4 kB page faulted in and zeroed on first touch costs more than parsing it.
+fn huge<T>(values: &mut Vec<T>, extra: usize) {
+    values.reserve(extra);
+    let bytes = values.capacity() * std::mem::size_of::<T>();
+    if bytes >= 4 << 20 {
+        const HUGE: usize = 2 << 20;
+        let start = (values.as_ptr() as usize).next_multiple_of(HUGE);
+        let end = (values.as_ptr() as usize + bytes) / HUGE * HUGE;
+        if end > start {
+            // SAFETY: advice only, on whole huge pages inside the buffer's allocation
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+        }
+    }
+}
+
 // --- the column builders -------------------------------------------------------------------------
 
 enum Builder {
@@ -669,16 +685,15 @@ impl Builder {
     fn reserve(&mut self, done: usize, total: usize) {
         let room = |len: usize| len / done.max(1) * (total - done) + len / done.max(1) * total / 8;
         match self {
-            Builder::List { offsets, item, .. } => {
-                let _ = offsets;
+            Builder::List { item, .. } => {
                 let extra = room(item.len());
                 match item.as_mut() {
-                    Builder::Int { values, .. } => values.reserve(extra),
-                    Builder::Float { values, .. } => values.reserve(extra),
+                    Builder::Int { values, .. } => huge(values, extra),
+                    Builder::Float { values, .. } => huge(values, extra),
                     _ => {}
                 }
             }
-            Builder::Str { data, .. } => data.reserve(room(data.len())),
+            Builder::Str { data, .. } => huge(data, room(data.len())),
             _ => {}
         }
     }
