@@ -202,11 +202,8 @@ def decode_aligned(records: list[Record], table: str, columns: frozenset[str] | 
     except ValueError:  # a record the fast way cannot read (off the models' types, not JSON): the batch goes
         # the careful way
         return _decode_rows(records, schema, wanted)
-    kafka = {"kafka_partition": [r.partition for r in records], "kafka_offset": [r.offset for r in records],
-             "kafka_timestamp": [r.timestamp for r in records]}
     known = out["type_"].is_in(list(_KNOWN_TYPES)).fill_null(False).alias("readable")
-    frame = pl.DataFrame([*(pl.Series(n, kafka[n], pl.Int64) if n in KAFKA_COLUMNS
-                            else out["type_"].alias(n) if n == "type" else out[n] for n in wanted), known],
+    frame = pl.DataFrame([*(out["type_"].alias(n) if n == "type" else out[n] for n in wanted), known],
                          schema={**{n: schema[n] for n in wanted}, "readable": pl.Boolean})
     if not known.all():  # a record that is not an event has no columns but its position
         frame = frame.with_columns(pl.when(pl.col("readable")).then(pl.col(n)).otherwise(None).alias(n)
@@ -243,8 +240,9 @@ def _decoder(envelope: tuple[str, ...], fields: tuple[_Field, ...]) -> Decoder:
 
 
 def _columns(records: list[Record], envelope: tuple[str, ...], fields: tuple[_Field, ...]) -> pl.DataFrame:
-    """The records' columns (`type_` and those asked for); ValueError if a record does not fit the models."""
-    columns, recode = _decoder(envelope, fields).decode([r.value for r in records])
+    """The records' columns (`type_`, those asked for, their positions); ValueError if a record does not fit
+    the models."""
+    columns, recode = _decoder(envelope, fields).decode(records)
     out = pl.DataFrame(columns)
     for name, rows in recode:  # JSON text orjson writes otherwise (spaces, floats, other escapes): as it does
         out = out.with_columns(out[name].scatter(rows, _json_text(out[name].gather(rows).to_list())))

@@ -16,6 +16,9 @@ class Decoder:
     """Reads records into these columns: (name, path of keys in the record, kind)."""
 
     def __init__(self, columns: Sequence[tuple[str, Sequence[str], Kind]]) -> None: ...
-    def decode(self, values: list[bytes | None]) -> tuple[Columns, list[tuple[str, list[int]]]]:
-        """The columns, and per JSON column the rows whose text orjson would write otherwise.
-        Raises ValueError (naming the record and byte) if a record does not fit."""
+    def decode(self, records: Sequence[tuple[str, int, int, int, bytes | None, bytes | None]]
+               ) -> tuple[Columns, list[tuple[str, list[int]]]]:
+        """Records as `schemas.scan.Record` holds them (topic, partition, offset, timestamp, key, value;
+        a list): the columns, then kafka_partition, kafka_offset, kafka_timestamp; and per JSON column
+        the rows whose text orjson would write otherwise. Raises ValueError (naming the record and
+        byte) if a record does not fit."""

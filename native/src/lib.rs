@@ -3,9 +3,12 @@
 //! `Decoder(columns)` is made once per table and set of columns: each column is a name, the path of
 //! keys where it is in a record (`["data", "usage", "prompt_tokens"]`), and a kind: "int", "float",
 //! "bool", "str", "json" (any JSON value, kept as its text), ("list", kind) or ("struct", [(name,
-//! kind), ...]). `Decoder.decode(values)` reads a list of records (bytes, or None for an empty record)
-//! and returns the columns as one Arrow struct array, which polars imports through the Arrow C data
-//! interface (`pl.DataFrame(columns)`: the `__arrow_c_array__` protocol).
+//! kind), ...]). `Decoder.decode(records)` reads a list of records as `schemas.scan.Record` holds them
+//! (topic, partition, offset, timestamp, key, value: bytes, or None for an empty record) and returns
+//! the columns, then each record's partition, offset and timestamp, as one Arrow struct array, which
+//! polars imports through the Arrow C data interface (`pl.DataFrame(columns)`: the
+//! `__arrow_c_array__` protocol). Free-form JSON ("json") comes as its text, with the rows whose text
+//! orjson would write otherwise (spaces, floats, other escapes, a repeated key).
 //!
 //! Strict, like msgspec with the models' types: a value of another type (a float or text where an
 //! int is due, an int beyond 64 bits, a list of lists), a repeated key, bytes that are not UTF-8 or
@@ -23,7 +26,7 @@ use arrow_schema::ffi::FFI_ArrowSchema;
 use arrow_schema::{DataType, Field, Fields};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyCapsule, PyList, PyString};
+use pyo3::types::{PyBytes, PyCapsule, PyList, PyString, PyTuple};
 
 type Res<T> = Result<T, &'static str>;
 
@@ -934,6 +937,9 @@ fn object(p: &mut Parser<'_>, node: &Node, columns: &mut [Builder], seen: &mut [
     }
 }
 
+/// Each record's place in the log, as columns after the ones asked for.
+const KAFKA_COLUMNS: [&str; 3] = ["kafka_partition", "kafka_offset", "kafka_timestamp"];
+
 // --- Python --------------------------------------------------------------------------------------
 
 /// Reads batches of records into the columns it was made for (see the module's docs).
@@ -966,13 +972,21 @@ impl Decoder {
     /// The records' columns as one Arrow struct array, and for each JSON column the rows whose text
     /// orjson would write otherwise (`[(name, rows)]`, only columns with such rows); ValueError if a
     /// record does not fit.
-    fn decode(&self, py: Python<'_>, values: &Bound<'_, PyList>) -> PyResult<(Columns, Vec<(String, Vec<u32>)>)> {
-        let held: Vec<Option<Bound<'_, PyBytes>>> = values
-            .iter()
-            .map(|v| if v.is_none() { Ok(None) } else { v.cast_into::<PyBytes>().map(Some) })
-            .collect::<Result<_, _>>()?;
+    fn decode(&self, py: Python<'_>, records: &Bound<'_, PyList>) -> PyResult<(Columns, Vec<(String, Vec<u32>)>)> {
+        let mut held: Vec<Option<Bound<'_, PyBytes>>> = Vec::with_capacity(records.len());
+        let mut position = [Vec::with_capacity(records.len()), Vec::with_capacity(records.len()),
+                            Vec::with_capacity(records.len())];
+        for record in records.iter() {
+            // schemas.scan.Record: (topic, partition, offset, timestamp, key, value)
+            let record = record.cast_into::<PyTuple>()?;
+            for (column, at) in position.iter_mut().zip(1..4) {
+                column.push(record.get_item(at)?.extract::<i64>()?);
+            }
+            let value = record.get_item(5)?;
+            held.push(if value.is_none() { None } else { Some(value.cast_into::<PyBytes>()?) });
+        }
         let slices: Vec<&[u8]> = held.iter().map(|v| v.as_ref().map_or(&b"{}"[..], |b| b.as_bytes())).collect();
-        let result = py.detach(|| self.columns(&slices));
+        let result = py.detach(|| self.columns(&slices, position));
         match result {
             Ok((data, recode)) => Ok((Columns::new(data)?, recode)),
             Err((record, at, why)) => Err(PyValueError::new_err(format!("record {record}, byte {at}: {why}"))),
@@ -982,7 +996,11 @@ impl Decoder {
 
 impl Decoder {
     #[allow(clippy::type_complexity)]
-    fn columns(&self, values: &[&[u8]]) -> Result<(ArrayData, Vec<(String, Vec<u32>)>), (usize, usize, &'static str)> {
+    fn columns(
+        &self,
+        values: &[&[u8]],
+        position: [Vec<i64>; 3],
+    ) -> Result<(ArrayData, Vec<(String, Vec<u32>)>), (usize, usize, &'static str)> {
         let mut batch = Batch {
             root: &self.root,
             columns: self.kinds.iter().map(|k| Builder::new(k, values.len())).collect(),
@@ -995,12 +1013,13 @@ impl Decoder {
                 batch.columns.iter_mut().for_each(|c| c.reserve(SAMPLE, values.len()));
             }
         }
-        let fields: Vec<Field> = self
+        let mut fields: Vec<Field> = self
             .names
             .iter()
             .zip(&self.kinds)
             .map(|(name, kind)| Field::new(name, kind.data_type(), true))
             .collect();
+        fields.extend(KAFKA_COLUMNS.iter().map(|name| Field::new(*name, DataType::Int64, false)));
         let mut recode = vec![];
         for (name, column) in self.names.iter().zip(&mut batch.columns) {
             if let Builder::Str { recode: rows, .. } = column
@@ -1009,7 +1028,13 @@ impl Decoder {
                 recode.push((name.clone(), std::mem::take(rows)));
             }
         }
-        let children: Vec<ArrayData> = batch.columns.into_iter().map(Builder::finish).collect();
+        let mut children: Vec<ArrayData> = batch.columns.into_iter().map(Builder::finish).collect();
+        for column in position {
+            let len = column.len();
+            let builder = ArrayData::builder(DataType::Int64).len(len).add_buffer(Buffer::from_vec(column));
+            // SAFETY: one value per record, no nulls
+            children.push(unsafe { builder.build_unchecked() });
+        }
         let builder = ArrayData::builder(DataType::Struct(Fields::from(fields))).len(values.len()).child_data(children);
         // SAFETY: every column has one value per record
         Ok((unsafe { builder.build_unchecked() }, recode))
