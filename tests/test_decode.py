@@ -202,3 +202,19 @@ def test_a_record_that_is_not_a_fitting_event_sends_the_batch_the_careful_way(va
     fast = decode_aligned(batch, "calls")
     assert_frame_equal(fast, careful(batch, "calls"))
     assert fast["readable"][0] and fast["readable"][2]
+
+
+def test_numbers_of_every_length_decode_the_same_either_way():
+    """Token ids of 1 to 19 digits, signs, and floats of every form, around the decoder's 8-byte steps."""
+    import random
+
+    rng = random.Random(7)
+    ids = [0, -1, 2 ** 63 - 1, -2 ** 63] + [rng.randrange(10 ** (n - 1), 10 ** n) * rng.choice((1, -1))
+                                            for n in range(1, 20) for _ in range(3)]
+    floats = [rng.uniform(-1, 1) * 10.0 ** rng.randrange(-320, 300) for _ in range(200)] + [1.0, -0.0, 1e-7, 12.0]
+    events = [call(prompt_token_ids=ids[i:] + ids[:i], logprobs=floats[i:] + floats[:i]) for i in range(0, 40, 7)]
+    batch = records([encode(e) for e in events])
+    assert fast_way_taken(batch, "calls")
+    fast = decode_aligned(batch, "calls")
+    assert_frame_equal(fast, careful(batch, "calls"))
+    assert fast["prompt_token_ids"][0].to_list() == ids and fast["logprobs"][0].to_list() == floats

@@ -137,6 +137,30 @@ impl Node {
     }
 }
 
+/// How many ASCII digits `b` starts with: eight bytes at a time where there are eight (numbers
+/// differ in length, so a byte-at-a-time loop mispredicts its exit on nearly every one).
+#[inline]
+fn digit_run(b: &[u8]) -> usize {
+    let mut n = 0;
+    while let Some(chunk) = b.get(n..n + 8) {
+        let x = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8])) ^ 0x3030_3030_3030_3030;
+        // a byte is a digit iff it is now 0..=9: then neither it nor it + 6 reaches its high nibble
+        // (a carry out of a non-digit byte only disturbs the bytes after it, which are not counted)
+        let stops = (x | x.wrapping_add(0x0606_0606_0606_0606)) & 0xF0F0_F0F0_F0F0_F0F0;
+        if stops != 0 {
+            return n + (stops.trailing_zeros() / 8) as usize;
+        }
+        n += 8;
+    }
+    n + b[n..].iter().take_while(|c| c.is_ascii_digit()).count()
+}
+
+/// The value of up to 19 ASCII digits.
+#[inline]
+fn digits_value(digits: &[u8]) -> u64 {
+    digits.iter().fold(0, |value, &c| value * 10 + u64::from(c - b'0'))
+}
+
 // --- the parser ----------------------------------------------------------------------------------
 
 struct Parser<'a> {
@@ -227,28 +251,21 @@ impl<'a> Parser<'a> {
         let b = self.b;
         let negative = b.get(self.i) == Some(&b'-');
         let start = self.i + usize::from(negative);
-        let mut i = start;
-        let mut value: u64 = 0;
-        // up to 19 digits cannot overflow a u64: no check inside the loop
-        while i - start < 19 {
-            match b.get(i) {
-                Some(&c) if c.is_ascii_digit() => value = value * 10 + u64::from(c - b'0'),
-                _ => break,
-            }
-            i += 1;
-        }
-        let digits = i - start;
+        let digits = digit_run(&b[start.min(b.len())..]);
+        let i = start + digits;
         if digits == 0 {
             return Err("expected an int");
         }
-        match b.get(i) {
-            Some(b'.' | b'e' | b'E') => return Err("a float where an int is due"),
-            Some(c) if c.is_ascii_digit() => return Err("an int beyond 64 bits"),
-            _ => {}
+        if matches!(b.get(i), Some(b'.' | b'e' | b'E')) {
+            return Err("a float where an int is due");
         }
         if digits > 1 && b[start] == b'0' {
             return Err("not JSON: a number with a leading zero");
         }
+        if digits > 19 {
+            return Err("an int beyond 64 bits");
+        }
+        let value = digits_value(&b[start..i]); // 19 digits fit a u64
         self.i = i;
         if negative {
             if value > 1 << 63 {
@@ -267,11 +284,9 @@ impl<'a> Parser<'a> {
         let start = self.i;
         let mut i = self.i;
         let digits = |i: &mut usize| {
-            let from = *i;
-            while b.get(*i).is_some_and(u8::is_ascii_digit) {
-                *i += 1;
-            }
-            *i - from
+            let n = digit_run(&b[(*i).min(b.len())..]);
+            *i += n;
+            n
         };
         if b.get(i) == Some(&b'-') {
             i += 1;
@@ -450,7 +465,11 @@ impl<'a> Parser<'a> {
             b'[' => {
                 if self.open(b'[', b']')? {
                     loop {
-                        self.skip(depth + 1)?;
+                        // numbers (token ids, logprobs a query did not ask for) checked here, not recursing
+                        match self.b.get(self.i) {
+                            Some(b'-' | b'0'..=b'9') => self.number().map(|_| ())?,
+                            _ => self.skip(depth + 1)?,
+                        }
                         if !self.more(b']')? {
                             break;
                         }
