@@ -54,7 +54,9 @@ impl Kind {
                 "bool" => Ok(Kind::Bool),
                 "str" => Ok(Kind::Str),
                 "json" => Ok(Kind::Json),
-                other => Err(PyValueError::new_err(format!("unknown column kind {other:?}"))),
+                other => Err(PyValueError::new_err(format!(
+                    "unknown column kind {other:?}"
+                ))),
             };
         }
         let (tag, inner): (String, Bound<'_, PyAny>) = obj.extract()?;
@@ -68,7 +70,9 @@ impl Kind {
                     .collect::<PyResult<Vec<_>>>()?;
                 Ok(Kind::Struct(members))
             }
-            other => Err(PyValueError::new_err(format!("unknown column kind {other:?}"))),
+            other => Err(PyValueError::new_err(format!(
+                "unknown column kind {other:?}"
+            ))),
         }
     }
 
@@ -78,9 +82,14 @@ impl Kind {
             Kind::Float => DataType::Float64,
             Kind::Bool => DataType::Boolean,
             Kind::Str | Kind::Json => DataType::LargeUtf8,
-            Kind::List(item) => DataType::LargeList(Arc::new(Field::new("item", item.data_type(), true))),
+            Kind::List(item) => {
+                DataType::LargeList(Arc::new(Field::new("item", item.data_type(), true)))
+            }
             Kind::Struct(members) => DataType::Struct(Fields::from(
-                members.iter().map(|(name, kind)| Field::new(name, kind.data_type(), true)).collect::<Vec<_>>(),
+                members
+                    .iter()
+                    .map(|(name, kind)| Field::new(name, kind.data_type(), true))
+                    .collect::<Vec<_>>(),
             )),
         }
     }
@@ -100,11 +109,15 @@ enum Slot {
 
 impl Node {
     fn insert(&mut self, path: &[String], column: usize, objects: &mut usize) -> PyResult<()> {
-        let (first, rest) = path.split_first().ok_or_else(|| PyValueError::new_err("an empty path"))?;
+        let (first, rest) = path
+            .split_first()
+            .ok_or_else(|| PyValueError::new_err("an empty path"))?;
         let found = self.keys.iter().position(|k| k == first.as_bytes());
         if rest.is_empty() {
             if found.is_some() {
-                return Err(PyValueError::new_err(format!("two columns at the key {first:?}")));
+                return Err(PyValueError::new_err(format!(
+                    "two columns at the key {first:?}"
+                )));
             }
             self.keys.push(first.as_bytes().to_vec());
             self.slots.push(Slot::Column(column));
@@ -114,14 +127,22 @@ impl Node {
             Some(i) => i,
             None => {
                 self.keys.push(first.as_bytes().to_vec());
-                self.slots.push(Slot::Object(usize::MAX, Node { keys: vec![], slots: vec![] }));
+                self.slots.push(Slot::Object(
+                    usize::MAX,
+                    Node {
+                        keys: vec![],
+                        slots: vec![],
+                    },
+                ));
                 *objects += 1;
                 self.keys.len() - 1
             }
         };
         match &mut self.slots[index] {
             Slot::Object(_, node) => node.insert(rest, column, objects),
-            Slot::Column(_) => Err(PyValueError::new_err(format!("{first:?} is both a column and an object"))),
+            Slot::Column(_) => Err(PyValueError::new_err(format!(
+                "{first:?} is both a column and an object"
+            ))),
         }
     }
 
@@ -158,7 +179,9 @@ fn digit_run(b: &[u8]) -> usize {
 /// The value of up to 19 ASCII digits.
 #[inline]
 fn digits_value(digits: &[u8]) -> u64 {
-    digits.iter().fold(0, |value, &c| value * 10 + u64::from(c - b'0'))
+    digits
+        .iter()
+        .fold(0, |value, &c| value * 10 + u64::from(c - b'0'))
 }
 
 // --- the parser ----------------------------------------------------------------------------------
@@ -183,7 +206,10 @@ impl<'a> Parser<'a> {
     #[inline]
     fn peek(&mut self) -> Res<u8> {
         self.ws();
-        self.b.get(self.i).copied().ok_or("unexpected end of the record")
+        self.b
+            .get(self.i)
+            .copied()
+            .ok_or("unexpected end of the record")
     }
 
     #[inline]
@@ -294,7 +320,9 @@ impl<'a> Parser<'a> {
         let int_start = i;
         match digits(&mut i) {
             0 => return Err("expected a number"),
-            n if n > 1 && b[int_start] == b'0' => return Err("not JSON: a number with a leading zero"),
+            n if n > 1 && b[int_start] == b'0' => {
+                return Err("not JSON: a number with a leading zero");
+            }
             _ => {}
         }
         if b.get(i) == Some(&b'.') {
@@ -319,8 +347,14 @@ impl<'a> Parser<'a> {
     fn float(&mut self) -> Res<f64> {
         let text = self.number()?;
         // SAFETY: the grammar above lets through ASCII only
-        let value: f64 = unsafe { std::str::from_utf8_unchecked(text) }.parse().map_err(|_| "expected a number")?;
-        if value.is_finite() { Ok(value) } else { Err("a float beyond 64 bits") }
+        let value: f64 = unsafe { std::str::from_utf8_unchecked(text) }
+            .parse()
+            .map_err(|_| "expected a number")?;
+        if value.is_finite() {
+            Ok(value)
+        } else {
+            Err("a float beyond 64 bits")
+        }
     }
 
     fn bool(&mut self) -> Res<bool> {
@@ -360,7 +394,10 @@ impl<'a> Parser<'a> {
     }
 
     fn escape(&mut self, out: &mut Vec<u8>) -> Res<()> {
-        let c = *self.b.get(self.i + 1).ok_or("unexpected end of the record in a string")?;
+        let c = *self
+            .b
+            .get(self.i + 1)
+            .ok_or("unexpected end of the record in a string")?;
         self.i += 2;
         let byte = match c {
             b'"' => b'"',
@@ -574,8 +611,11 @@ impl<'a> Parser<'a> {
                         Some(b'"' | b'\\' | b'b' | b'f' | b'n' | b'r' | b't') => true,
                         Some(b'u') => match self.b.get(self.i + 2..self.i + 6) {
                             Some([b'0', b'0', high @ (b'0' | b'1'), low]) => {
-                                let code = (high - b'0') * 16 + (*low as char).to_digit(16).unwrap_or(99) as u8;
-                                !low.is_ascii_uppercase() && code < 0x20 && !matches!(code, 8 | 9 | 10 | 12 | 13)
+                                let code = (high - b'0') * 16
+                                    + (*low as char).to_digit(16).unwrap_or(99) as u8;
+                                !low.is_ascii_uppercase()
+                                    && code < 0x20
+                                    && !matches!(code, 8 | 9 | 10 | 12 | 13)
                             }
                             _ => false,
                         },
@@ -643,23 +683,59 @@ fn huge<T>(values: &mut Vec<T>, extra: usize) {
 // --- the column builders -------------------------------------------------------------------------
 
 enum Builder {
-    Int { values: Vec<i64>, nulls: NullBufferBuilder },
-    Float { values: Vec<f64>, nulls: NullBufferBuilder },
-    Bool { values: BooleanBufferBuilder, nulls: NullBufferBuilder },
+    Int {
+        values: Vec<i64>,
+        nulls: NullBufferBuilder,
+    },
+    Float {
+        values: Vec<f64>,
+        nulls: NullBufferBuilder,
+    },
+    Bool {
+        values: BooleanBufferBuilder,
+        nulls: NullBufferBuilder,
+    },
     /// text, or (`raw`) any JSON value as its text
     /// (`recode`: the rows whose JSON text orjson would write otherwise)
-    Str { offsets: Vec<i64>, data: Vec<u8>, nulls: NullBufferBuilder, raw: bool, recode: Vec<u32>, keys: Vec<(usize, usize)> },
-    List { offsets: Vec<i64>, nulls: NullBufferBuilder, item: Box<Builder>, kind: Kind },
-    Struct { keys: Vec<Vec<u8>>, members: Vec<Builder>, nulls: NullBufferBuilder, kind: Kind, seen: Vec<bool> },
+    Str {
+        offsets: Vec<i64>,
+        data: Vec<u8>,
+        nulls: NullBufferBuilder,
+        raw: bool,
+        recode: Vec<u32>,
+        keys: Vec<(usize, usize)>,
+    },
+    List {
+        offsets: Vec<i64>,
+        nulls: NullBufferBuilder,
+        item: Box<Builder>,
+        kind: Kind,
+    },
+    Struct {
+        keys: Vec<Vec<u8>>,
+        members: Vec<Builder>,
+        nulls: NullBufferBuilder,
+        kind: Kind,
+        seen: Vec<bool>,
+    },
 }
 
 impl Builder {
     fn new(kind: &Kind, capacity: usize) -> Builder {
         let nulls = NullBufferBuilder::new(capacity);
         match kind {
-            Kind::Int => Builder::Int { values: Vec::with_capacity(capacity), nulls },
-            Kind::Float => Builder::Float { values: Vec::with_capacity(capacity), nulls },
-            Kind::Bool => Builder::Bool { values: BooleanBufferBuilder::new(capacity), nulls },
+            Kind::Int => Builder::Int {
+                values: Vec::with_capacity(capacity),
+                nulls,
+            },
+            Kind::Float => Builder::Float {
+                values: Vec::with_capacity(capacity),
+                nulls,
+            },
+            Kind::Bool => Builder::Bool {
+                values: BooleanBufferBuilder::new(capacity),
+                nulls,
+            },
             Kind::Str | Kind::Json => Builder::Str {
                 offsets: {
                     let mut o = Vec::with_capacity(capacity + 1);
@@ -683,8 +759,14 @@ impl Builder {
                 kind: kind.clone(),
             },
             Kind::Struct(members) => Builder::Struct {
-                keys: members.iter().map(|(name, _)| name.as_bytes().to_vec()).collect(),
-                members: members.iter().map(|(_, k)| Builder::new(k, capacity)).collect(),
+                keys: members
+                    .iter()
+                    .map(|(name, _)| name.as_bytes().to_vec())
+                    .collect(),
+                members: members
+                    .iter()
+                    .map(|(_, k)| Builder::new(k, capacity))
+                    .collect(),
                 nulls,
                 kind: kind.clone(),
                 seen: vec![false; members.len()],
@@ -764,7 +846,14 @@ impl Builder {
                 values.append(p.bool()?);
                 nulls.append_non_null();
             }
-            Builder::Str { offsets, data, nulls, raw, recode, keys } => {
+            Builder::Str {
+                offsets,
+                data,
+                nulls,
+                raw,
+                recode,
+                keys,
+            } => {
                 if *raw {
                     p.ws();
                     let start = p.i;
@@ -778,7 +867,12 @@ impl Builder {
                 offsets.push(data.len() as i64);
                 nulls.append_non_null();
             }
-            Builder::List { offsets, nulls, item, .. } => {
+            Builder::List {
+                offsets,
+                nulls,
+                item,
+                ..
+            } => {
                 if p.open(b'[', b']')? {
                     // token ids and logprobs, most of a call's bytes: a loop of their own
                     match item.as_mut() {
@@ -817,7 +911,13 @@ impl Builder {
                 offsets.push(item.len() as i64);
                 nulls.append_non_null();
             }
-            Builder::Struct { keys, members, nulls, seen, .. } => {
+            Builder::Struct {
+                keys,
+                members,
+                nulls,
+                seen,
+                ..
+            } => {
                 seen.iter_mut().for_each(|s| *s = false);
                 if p.open(b'{', b'}')? {
                     loop {
@@ -850,31 +950,57 @@ impl Builder {
 
     fn finish(self) -> ArrayData {
         let (builder, nulls) = match self {
-            Builder::Int { values, nulls } => {
-                (ArrayData::builder(DataType::Int64).len(values.len()).add_buffer(Buffer::from_vec(values)), nulls)
-            }
-            Builder::Float { values, nulls } => {
-                (ArrayData::builder(DataType::Float64).len(values.len()).add_buffer(Buffer::from_vec(values)), nulls)
-            }
+            Builder::Int { values, nulls } => (
+                ArrayData::builder(DataType::Int64)
+                    .len(values.len())
+                    .add_buffer(Buffer::from_vec(values)),
+                nulls,
+            ),
+            Builder::Float { values, nulls } => (
+                ArrayData::builder(DataType::Float64)
+                    .len(values.len())
+                    .add_buffer(Buffer::from_vec(values)),
+                nulls,
+            ),
             Builder::Bool { mut values, nulls } => {
                 let len = values.len();
-                (ArrayData::builder(DataType::Boolean).len(len).add_buffer(values.finish().into_inner()), nulls)
+                (
+                    ArrayData::builder(DataType::Boolean)
+                        .len(len)
+                        .add_buffer(values.finish().into_inner()),
+                    nulls,
+                )
             }
-            Builder::Str { offsets, data, nulls, .. } => (
+            Builder::Str {
+                offsets,
+                data,
+                nulls,
+                ..
+            } => (
                 ArrayData::builder(DataType::LargeUtf8)
                     .len(offsets.len() - 1)
                     .add_buffer(Buffer::from_vec(offsets))
                     .add_buffer(Buffer::from_vec(data)),
                 nulls,
             ),
-            Builder::List { offsets, nulls, item, kind } => (
+            Builder::List {
+                offsets,
+                nulls,
+                item,
+                kind,
+            } => (
                 ArrayData::builder(kind.data_type())
                     .len(offsets.len() - 1)
                     .add_buffer(Buffer::from_vec(offsets))
                     .add_child_data(item.finish()),
                 nulls,
             ),
-            Builder::Struct { members, nulls, kind, .. } => {
+            Builder::Struct {
+                members,
+                nulls,
+                kind,
+                ..
+            } => {
                 let len = nulls.len();
                 (
                     ArrayData::builder(kind.data_type())
@@ -928,7 +1054,13 @@ impl Batch<'_> {
 }
 
 /// An object holding columns at some of its keys (null: all of them null).
-fn object(p: &mut Parser<'_>, node: &Node, columns: &mut [Builder], seen: &mut [bool], depth: usize) -> Res<()> {
+fn object(
+    p: &mut Parser<'_>,
+    node: &Node,
+    columns: &mut [Builder],
+    seen: &mut [bool],
+    depth: usize,
+) -> Res<()> {
     if p.null()? || !p.open(b'{', b'}')? {
         return Ok(());
     }
@@ -956,6 +1088,9 @@ fn object(p: &mut Parser<'_>, node: &Node, columns: &mut [Builder], seen: &mut [
     }
 }
 
+/// Per JSON column with such rows, the rows whose text orjson would write otherwise.
+type Recode = Vec<(String, Vec<u32>)>;
+
 /// Each record's place in the log, as columns after the ones asked for.
 const KAFKA_COLUMNS: [&str; 3] = ["kafka_partition", "kafka_offset", "kafka_timestamp"];
 
@@ -974,7 +1109,10 @@ struct Decoder {
 impl Decoder {
     #[new]
     fn new(columns: Vec<(String, Vec<String>, Bound<'_, PyAny>)>) -> PyResult<Self> {
-        let mut root = Node { keys: vec![], slots: vec![] };
+        let mut root = Node {
+            keys: vec![],
+            slots: vec![],
+        };
         let mut objects = 0;
         let mut names = vec![];
         let mut kinds = vec![];
@@ -985,16 +1123,24 @@ impl Decoder {
         }
         let mut next = columns.len();
         root.number(&mut next);
-        Ok(Decoder { root, names, kinds, flags: next })
+        Ok(Decoder {
+            root,
+            names,
+            kinds,
+            flags: next,
+        })
     }
 
     /// The records' columns as one Arrow struct array, and for each JSON column the rows whose text
     /// orjson would write otherwise (`[(name, rows)]`, only columns with such rows); ValueError if a
     /// record does not fit.
-    fn decode(&self, py: Python<'_>, records: &Bound<'_, PyList>) -> PyResult<(Columns, Vec<(String, Vec<u32>)>)> {
+    fn decode(&self, py: Python<'_>, records: &Bound<'_, PyList>) -> PyResult<(Columns, Recode)> {
         let mut held: Vec<Option<Bound<'_, PyBytes>>> = Vec::with_capacity(records.len());
-        let mut position = [Vec::with_capacity(records.len()), Vec::with_capacity(records.len()),
-                            Vec::with_capacity(records.len())];
+        let mut position = [
+            Vec::with_capacity(records.len()),
+            Vec::with_capacity(records.len()),
+            Vec::with_capacity(records.len()),
+        ];
         for record in records.iter() {
             // schemas.scan.Record: (topic, partition, offset, timestamp, key, value)
             let record = record.cast_into::<PyTuple>()?;
@@ -1002,34 +1148,49 @@ impl Decoder {
                 column.push(record.get_item(at)?.extract::<i64>()?);
             }
             let value = record.get_item(5)?;
-            held.push(if value.is_none() { None } else { Some(value.cast_into::<PyBytes>()?) });
+            held.push(if value.is_none() {
+                None
+            } else {
+                Some(value.cast_into::<PyBytes>()?)
+            });
         }
-        let slices: Vec<&[u8]> = held.iter().map(|v| v.as_ref().map_or(&b"{}"[..], |b| b.as_bytes())).collect();
+        let slices: Vec<&[u8]> = held
+            .iter()
+            .map(|v| v.as_ref().map_or(&b"{}"[..], |b| b.as_bytes()))
+            .collect();
         let result = py.detach(|| self.columns(&slices, position));
         match result {
             Ok((data, recode)) => Ok((Columns::new(data)?, recode)),
-            Err((record, at, why)) => Err(PyValueError::new_err(format!("record {record}, byte {at}: {why}"))),
+            Err((record, at, why)) => Err(PyValueError::new_err(format!(
+                "record {record}, byte {at}: {why}"
+            ))),
         }
     }
 }
 
 impl Decoder {
-    #[allow(clippy::type_complexity)]
     fn columns(
         &self,
         values: &[&[u8]],
         position: [Vec<i64>; 3],
-    ) -> Result<(ArrayData, Vec<(String, Vec<u32>)>), (usize, usize, &'static str)> {
+    ) -> Result<(ArrayData, Recode), (usize, usize, &'static str)> {
         let mut batch = Batch {
             root: &self.root,
-            columns: self.kinds.iter().map(|k| Builder::new(k, values.len())).collect(),
+            columns: self
+                .kinds
+                .iter()
+                .map(|k| Builder::new(k, values.len()))
+                .collect(),
             seen: vec![false; self.flags],
         };
         const SAMPLE: usize = 64;
         for (n, value) in values.iter().enumerate() {
             batch.record(value).map_err(|(at, why)| (n, at, why))?;
             if n + 1 == SAMPLE && values.len() > 2 * SAMPLE {
-                batch.columns.iter_mut().for_each(|c| c.reserve(SAMPLE, values.len()));
+                batch
+                    .columns
+                    .iter_mut()
+                    .for_each(|c| c.reserve(SAMPLE, values.len()));
             }
         }
         let mut fields: Vec<Field> = self
@@ -1038,7 +1199,11 @@ impl Decoder {
             .zip(&self.kinds)
             .map(|(name, kind)| Field::new(name, kind.data_type(), true))
             .collect();
-        fields.extend(KAFKA_COLUMNS.iter().map(|name| Field::new(*name, DataType::Int64, false)));
+        fields.extend(
+            KAFKA_COLUMNS
+                .iter()
+                .map(|name| Field::new(*name, DataType::Int64, false)),
+        );
         let mut recode = vec![];
         for (name, column) in self.names.iter().zip(&mut batch.columns) {
             if let Builder::Str { recode: rows, .. } = column
@@ -1050,11 +1215,15 @@ impl Decoder {
         let mut children: Vec<ArrayData> = batch.columns.into_iter().map(Builder::finish).collect();
         for column in position {
             let len = column.len();
-            let builder = ArrayData::builder(DataType::Int64).len(len).add_buffer(Buffer::from_vec(column));
+            let builder = ArrayData::builder(DataType::Int64)
+                .len(len)
+                .add_buffer(Buffer::from_vec(column));
             // SAFETY: one value per record, no nulls
             children.push(unsafe { builder.build_unchecked() });
         }
-        let builder = ArrayData::builder(DataType::Struct(Fields::from(fields))).len(values.len()).child_data(children);
+        let builder = ArrayData::builder(DataType::Struct(Fields::from(fields)))
+            .len(values.len())
+            .child_data(children);
         // SAFETY: every column has one value per record
         Ok((unsafe { builder.build_unchecked() }, recode))
     }
@@ -1081,7 +1250,10 @@ impl Columns {
         requested_schema: Option<Bound<'py, PyAny>>,
     ) -> PyResult<(Bound<'py, PyCapsule>, Bound<'py, PyCapsule>)> {
         let _ = requested_schema; // the columns have the types asked for when the decoder was made
-        let data = self.data.take().ok_or_else(|| PyRuntimeError::new_err("the columns were handed over already"))?;
+        let data = self
+            .data
+            .take()
+            .ok_or_else(|| PyRuntimeError::new_err("the columns were handed over already"))?;
         let schema = FFI_ArrowSchema::try_from(data.data_type())
             .map_err(|e| PyRuntimeError::new_err(format!("arrow schema: {e}")))?;
         let array = FFI_ArrowArray::new(&data);
