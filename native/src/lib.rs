@@ -176,6 +176,15 @@ fn digit_run(b: &[u8]) -> usize {
     n + b[n..].iter().take_while(|c| c.is_ascii_digit()).count()
 }
 
+/// The value of 8 ASCII digits read as a little-endian u64, the first digit in the lowest byte;
+/// zero bytes count as leading zeros (so fewer digits, shifted up, read the same).
+#[inline]
+fn eight_digits(x: u64) -> u64 {
+    let x = ((x & 0x0F0F_0F0F_0F0F_0F0F).wrapping_mul(2561)) >> 8;
+    let x = ((x & 0x00FF_00FF_00FF_00FF).wrapping_mul(6_553_601)) >> 16;
+    ((x & 0x0000_FFFF_0000_FFFF).wrapping_mul(42_949_672_960_001)) >> 32
+}
+
 /// The value of up to 19 ASCII digits.
 #[inline]
 fn digits_value(digits: &[u8]) -> u64 {
@@ -291,7 +300,13 @@ impl<'a> Parser<'a> {
         if digits > 19 {
             return Err("an int beyond 64 bits");
         }
-        let value = digits_value(&b[start..i]); // 19 digits fit a u64
+        let value = match b.get(start..start + 8) {
+            // fewer than 8 digits with 8 bytes to read: all at once (token ids)
+            Some(chunk) if digits < 8 => eight_digits(
+                u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8])) << (8 * (8 - digits)),
+            ),
+            _ => digits_value(&b[start..i]), // 19 digits fit a u64
+        };
         self.i = i;
         if negative {
             if value > 1 << 63 {
