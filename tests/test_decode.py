@@ -218,3 +218,16 @@ def test_numbers_of_every_length_decode_the_same_either_way():
     fast = decode_aligned(batch, "calls")
     assert_frame_equal(fast, careful(batch, "calls"))
     assert fast["prompt_token_ids"][0].to_list() == ids and fast["logprobs"][0].to_list() == floats
+
+
+def test_a_deeply_nested_request_is_refused_not_a_crash():
+    """JSON nested thousands deep (an attack on recursive parsers): that record is unreadable, as orjson finds it."""
+    good = encode(CALLS[1])
+    start = good.index(b'"request":') + len(b'"request":')
+    end = good.index(b',"response":')
+    deep = good[:start] + b"[" * 5000 + b"]" * 5000 + good[end:]
+    batch = records([good, deep])
+    assert not fast_way_taken(batch, "calls")
+    fast = decode_aligned(batch, "calls")
+    assert_frame_equal(fast, careful(batch, "calls"))
+    assert fast["readable"].to_list() == [True, False]
