@@ -15,7 +15,15 @@ WORKDIR /app
 # --- build stages: resolve the locked environment first (cached while only code changes) ---------
 
 FROM base AS build-services
+# the scans' Rust extension (native/) is built from source: a Rust toolchain in the build stages only
+# (the runtime stages copy the environment, the built extension in it)
+RUN apt-get update && apt-get install -y --no-install-recommends curl ca-certificates gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/* \
+    && curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --default-toolchain 1.95.0
+ENV PATH=/root/.cargo/bin:$PATH
 COPY pyproject.toml uv.lock README.md ./
+COPY native/pyproject.toml native/Cargo.toml native/Cargo.lock native/agentstream_native.pyi ./native/
+COPY native/src ./native/src
 RUN uv sync --frozen --no-dev --no-install-project --extra kubernetes
 COPY schemas ./schemas
 COPY gateway ./gateway

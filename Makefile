@@ -7,6 +7,7 @@ PYTEST_ARGS ?=
 
 install:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet "uv==0.13.9"
+	@command -v cargo >/dev/null 2>&1 || { echo "Rust (cargo) is needed to build native/, the scans' decoder: install it with rustup (https://rustup.rs), then open a new shell" >&2; exit 1; }
 	$(UV) sync --frozen --all-extras
 
 demo: install

@@ -17,9 +17,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 
-import msgspec
 import orjson
 import polars as pl
+from agentstream_native import Decoder
 from pydantic import BaseModel
 
 from agentstream.repeats import drop_repeats
@@ -80,10 +80,11 @@ def event_row(record: Record, columns: frozenset[str] | None = None) -> dict | N
         event = orjson.loads(record.value)
         shape = _data_shapes()[event["type"]]
         row = {name: event.get(name) for name in ENVELOPE}
-    except (orjson.JSONDecodeError, KeyError, TypeError):
+        row.update(kafka_partition=record.partition, kafka_offset=record.offset, kafka_timestamp=record.timestamp)
+        _flatten(event.get("data") or {}, shape, "", row)
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):  # AttributeError: a sub-record
+        # (data, usage) that is not an object
         return None
-    row.update(kafka_partition=record.partition, kafka_offset=record.offset, kafka_timestamp=record.timestamp)
-    _flatten(event.get("data") or {}, shape, "", row)
     if columns is not None:
         row = {name: value for name, value in row.items() if name in columns}
     return row
@@ -194,17 +195,15 @@ def decode_aligned(records: list[Record], table: str, columns: frozenset[str] | 
     a record that is not an event (what the archive keeps too, as the log holds it)."""
     schema = table_schema(table)
     wanted = [name for name in schema if columns is None or name in columns]
-    envelope = tuple(n for n in _ENVELOPE_TYPES if n in wanted)
+    envelope = tuple(n for n in _ENVELOPE_TYPES if n in wanted and n != "type")
     fields = tuple(f for f in table_fields(table) if f.column in wanted)
     try:
         out = _columns(records, envelope, fields)
-    except Exception:  # noqa: BLE001 - any record the fast way cannot read: the batch goes the careful way
+    except ValueError:  # a record the fast way cannot read (off the models' types, not JSON): the batch goes
+        # the careful way
         return _decode_rows(records, schema, wanted)
-    kafka = {"kafka_partition": [r.partition for r in records], "kafka_offset": [r.offset for r in records],
-             "kafka_timestamp": [r.timestamp for r in records]}
-    out.update({n: pl.Series(n, kafka[n], pl.Int64) for n in KAFKA_COLUMNS if n in wanted})
-    known = out.pop("type_").is_in(list(_KNOWN_TYPES)).fill_null(False).alias("readable")
-    frame = pl.DataFrame([*(out[n] for n in wanted), known],
+    known = out["type_"].is_in(list(_KNOWN_TYPES)).fill_null(False).alias("readable")
+    frame = pl.DataFrame([*(out["type_"].alias(n) if n == "type" else out[n] for n in wanted), known],
                          schema={**{n: schema[n] for n in wanted}, "readable": pl.Boolean})
     if not known.all():  # a record that is not an event has no columns but its position
         frame = frame.with_columns(pl.when(pl.col("readable")).then(pl.col(n)).otherwise(None).alias(n)
@@ -212,91 +211,46 @@ def decode_aligned(records: list[Record], table: str, columns: frozenset[str] | 
     return frame
 
 
-# The fast way: msgspec decodes each record into a struct of exactly the fields asked for (skipping
-# the rest without building it), scalars strictly typed, and the columns are made from those. Lists
-# and free-form JSON are kept as their JSON text (`msgspec.Raw`) instead: lists of numbers (token
-# ids, logprobs: most of a call's bytes) polars splits and casts in bulk, strictly; other lists
-# polars' JSON parser reads with the column's type; free-form JSON orjson encodes again as
-# `orjson.dumps(value)` did. Anything that does not fit the models
-# (a wrong type, a record that is not JSON) raises, and its batch is decoded row by row instead.
-
-_NUMBER_LISTS = (pl.List(pl.Int64), pl.List(pl.Float64))
-_PYTHON_TYPES = ((pl.String, str), (pl.Int64, int), (pl.Float64, float), (pl.Boolean, bool))
+# The fast way: one pass in Rust (native/, `agentstream_native`) parses each record straight into
+# Arrow columns of exactly the fields asked for, checking and skipping the rest, strictly typed; polars
+# takes the columns without a copy (the Arrow C data interface). It lets go of the GIL, so a batch
+# decodes on one core while the next is fetched on the other. Free-form JSON comes as its text, which
+# is what `orjson.dumps(value)` wrote unless the text has spaces, floats, other escapes or a repeated
+# key: those values (the decoder names them) orjson encodes again, as before. Anything that does not fit the models (a
+# wrong type, a record that is not JSON) raises ValueError, and its batch is decoded row by row instead.
 
 
-def _python_type(dtype: pl.DataType) -> type:
-    """What msgspec checks a scalar field's JSON against."""
-    return next(kind for polars_type, kind in _PYTHON_TYPES if dtype == polars_type)
-
-
-def _kept_raw(f: _Field) -> bool:
-    return f.json or isinstance(f.dtype, (pl.List, pl.Struct))
+def _kind(dtype: pl.DataType, json: bool = False) -> object:
+    """A column's type as the native decoder names it."""
+    if json:
+        return "json"
+    if isinstance(dtype, pl.List):
+        return ("list", _kind(dtype.inner))
+    if isinstance(dtype, pl.Struct):
+        return ("struct", [(f.name, _kind(f.dtype)) for f in dtype.fields])
+    return {pl.String: "str", pl.Int64: "int", pl.Float64: "float", pl.Boolean: "bool"}[dtype.base_type()]
 
 
 @cache
-def _decoder(envelope: tuple[str, ...], fields: tuple[_Field, ...]) -> msgspec.json.Decoder:
-    """A decoder of a record into nested structs: the envelope names asked for, and each field at its path."""
-    tree: dict = {}
-    for f in fields:
-        node = tree
-        for part in f.path[:-1]:
-            node = node.setdefault(part, {})
-        node[f.path[-1]] = f
-
-    def struct(name: str, node: dict) -> type:
-        members = []
-        for key, sub in node.items():
-            if isinstance(sub, dict):
-                members.append((key, struct(f"{name}_{key}", sub) | None, None))
-            elif _kept_raw(sub):
-                members.append((key, msgspec.Raw, msgspec.Raw(b"null")))
-            else:
-                members.append((key, _python_type(sub.dtype) | None, None))
-        return msgspec.defstruct(name, members)
-
-    top = [(n, _python_type(_ENVELOPE_TYPES[n]) | None, None) for n in envelope if n != "type"]
-    top += [("type", str | None, None), ("data", struct("Data", tree) | None, None)]
-    return msgspec.json.Decoder(msgspec.defstruct("Event", top))
+def _decoder(envelope: tuple[str, ...], fields: tuple[_Field, ...]) -> Decoder:
+    """The native decoder of the envelope names and the data fields asked for; the type always (as `type_`)."""
+    return Decoder([("type_", ["type"], "str"),
+                    *((n, [n], _kind(_ENVELOPE_TYPES[n])) for n in envelope),
+                    *((f.column, ["data", *f.path], _kind(f.dtype, f.json)) for f in fields)])
 
 
-def _columns(records: list[Record], envelope: tuple[str, ...], fields: tuple[_Field, ...]) -> dict[str, pl.Series]:
-    decode = _decoder(envelope, fields).decode
-    events = [decode(r.value or b"{}") for r in records]
-    out = {n: pl.Series(n, [e.type for e in events] if n == "type" else [getattr(e, n) for e in events],
-                        _ENVELOPE_TYPES[n], strict=True) for n in envelope}
-    out["type_"] = pl.Series("type", [e.type for e in events], pl.String)
-    datas = [e.data for e in events]
-    for f in fields:
-        values = datas
-        for part in f.path:
-            values = [getattr(v, part) if v is not None else None for v in values]
-        if _kept_raw(f):
-            texts = [None if text == b"null" else text for text in (b"null" if v is None else bytes(v) for v in values)]
-            if f.json:
-                out[f.column] = pl.Series(f.column, _json_text(texts), pl.String)
-            elif f.dtype in _NUMBER_LISTS:
-                out[f.column] = _number_lists(f.column, texts, f.dtype)
-            else:  # lists of records or of text: polars' JSON parser, as the whole record was read before
-                out[f.column] = (pl.Series(f.column, texts, pl.Binary).cast(pl.String)
-                                 .str.json_decode(f.dtype).alias(f.column))
-        else:
-            out[f.column] = pl.Series(f.column, values, f.dtype, strict=True)
+def _columns(records: list[Record], envelope: tuple[str, ...], fields: tuple[_Field, ...]) -> pl.DataFrame:
+    """The records' columns (`type_`, those asked for, their positions); ValueError if a record does not fit
+    the models."""
+    columns, recode = _decoder(envelope, fields).decode(records)
+    out = pl.DataFrame(columns)
+    for name, rows in recode:  # JSON text orjson writes otherwise (spaces, floats, other escapes): as it does
+        out = out.with_columns(out[name].scatter(rows, _json_text(out[name].gather(rows).to_list())))
     return out
 
 
-def _json_text(texts: list[bytes | None]) -> list[str | None]:
+def _json_text(texts: list[str | None]) -> list[str | None]:
     return [None if text is None else orjson.dumps(orjson.loads(text)).decode() for text in texts]
-
-
-def _number_lists(name: str, texts: list[bytes | None], dtype: pl.DataType) -> pl.Series:
-    """JSON arrays of numbers (their text) as a list column; raises on anything else."""
-    text = pl.col("text")
-    frame = pl.DataFrame({"text": pl.Series(texts, dtype=pl.Binary).cast(pl.String)})
-    if not frame.select((text.str.starts_with("[") & text.str.ends_with("]")) | text.is_null()).to_series().all():
-        raise ValueError(f"{name}: not a list")
-    items = text.str.slice(1, text.str.len_bytes() - 2).str.split(",")
-    return frame.select(pl.when(text == "[]").then(items.list.head(0)).otherwise(items)
-                        .cast(dtype, strict=True).alias(name)).to_series()
 
 
 def _decode_rows(records: list[Record], schema: pl.Schema, wanted: list[str]) -> pl.DataFrame:

@@ -6,9 +6,9 @@ No broker: call events as `bench.query` publishes them (200 prompt and 50 comple
 logprobs, a short request and response), held in memory as Kafka hands them over. CPU time of this
 process (all its threads), best of three, each figure against the row-by-row decoding (a dict per
 record, then polars: how queries decoded first) measured in the same run. Besides the way scans
-decode now (`agentstream.query.decode`: msgspec, then polars for the token lists), the whole-batch
-native JSON readers a faster decoding could be built on, given the schema of the typed columns
-(the free-form JSON fields left out: they would still need a pass of their own):
+decode now (`agentstream.query.decode`: one pass in Rust straight into Arrow columns, `native/`),
+and its Rust pass alone, the whole-batch JSON readers of polars and pyarrow, given the schema of the
+typed columns (the free-form JSON fields left out: they would still need a pass of their own):
 - polars' `read_ndjson` over the batch's values joined by newlines;
 - pyarrow's `read_json` (C++), where pyarrow is installed (it is not a dependency of the core).
 """
@@ -22,9 +22,7 @@ from collections.abc import Callable
 
 import polars as pl
 
-from agentstream.query import (
-    ENVELOPE, _decoder, _json_text, _number_lists, _reader_schema, decode, event_row, frame, table_fields,
-)
+from agentstream.query import ENVELOPE, _decoder, _reader_schema, decode, event_row, frame, table_fields
 from bench.query import call_values
 from bench.report import Report
 from schemas.scan import Record
@@ -68,21 +66,16 @@ def main(events: int) -> None:
     rows_s = cpu_s(lambda: frame(event_row(r) for r in records))
     report.add("row by row: a dict per record, then polars (the baseline)", per_event(rows_s), 1.0)
     now_s = cpu_s(lambda: decode(records, "calls"))
-    report.add("msgspec + polars: agentstream.query.decode (scans now)", per_event(now_s), rows_s / now_s)
+    report.add("native: agentstream.query.decode (scans now)", per_event(now_s), rows_s / now_s)
 
     # where decode's time goes
     fields = table_fields("calls")
-    decoder = _decoder(ENVELOPE, fields).decode
-    parsed = [decoder(r.value) for r in records]
-    report.add("  of which msgspec: each record into a struct of the fields",
-               per_event(cpu_s(lambda: [decoder(r.value) for r in records])), None)
-    lists = [(f, [bytes(getattr(e.data, f.column)) for e in parsed]) for f in fields
-             if f.dtype in (pl.List(pl.Int64), pl.List(pl.Float64))]
-    report.add("  of which the token id and logprob lists: polars split + cast",
-               per_event(cpu_s(lambda: [_number_lists(f.column, texts, f.dtype) for f, texts in lists])), None)
-    bodies = [[bytes(getattr(e.data, f.column)) for e in parsed] for f in fields if f.json]
-    report.add("  of which the free-form JSON (request, response): orjson again",
-               per_event(cpu_s(lambda: [_json_text(texts) for texts in bodies])), None)
+    decoder = _decoder(tuple(n for n in ENVELOPE if n != "type"), fields)
+    values = records
+    report.add("  of which the Rust pass: each record parsed into Arrow columns",
+               per_event(cpu_s(lambda: decoder.decode(values))), None)
+    report.add("  … and into a polars frame (the Arrow C data interface)",
+               per_event(cpu_s(lambda: pl.DataFrame(decoder.decode(values)[0]))), None)
 
     joined = b"\n".join(r.value or b"{}" for r in records)
     schema = _reader_schema([f for f in fields if not f.json], list(ENVELOPE))
