@@ -345,3 +345,17 @@ def test_a_built_trajectory_is_what_validating_it_gives_byte_for_byte():
     for trajectory in trajectories:
         validated = s.TrajectoryEvent.model_validate(trajectory.model_dump(), strict=True)
         assert validated == trajectory and encode(validated) == encode(trajectory)
+
+
+def test_the_next_due_time_is_the_next_attempts_not_one_already_settled():
+    """The worker's timer sleeps until `next_due`: a head of the index left from an attempt settled
+    since must not read as "due now" (the timer then waited a whole tick, not until the next)."""
+    assembly = Assembly({}, {}, TIMING)
+    first, second = Rollout("r-first"), Rollout("r-second")
+    feed(assembly, [first.queued(), first.reward(1.0), first.finished()])
+    later = [second.queued(), second.reward(1.0), second.finished(after_ms=5_000)]
+    feed(assembly, later)
+    now = finalize_at(assembly.rollouts["r-first"]["attempts"]["a1"], TIMING)
+    settled = settle_all(assembly, now)
+    assert [t.rollout_id for t in settled.trajectories] == ["r-first"]
+    assert assembly.next_due([0]) == finalize_at(assembly.rollouts["r-second"]["attempts"]["a1"], TIMING) > now
