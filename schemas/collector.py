@@ -27,7 +27,14 @@ def relax() -> tuple[int, int, int]:
 
 @contextlib.contextmanager
 def relaxed() -> Iterator[None]:
-    """For the duration of a job within a process that goes on after it (a rebuild in the CLI or a bench)."""
+    """For the duration of a job within a process that goes on after it (a rebuild in the CLI or a bench).
+
+    A process that froze its objects itself (a service's main) keeps its settings as they are: undoing
+    them here would unfreeze what it froze.
+    """
+    if gc.get_freeze_count():
+        yield
+        return
     previous = relax()
     try:
         yield

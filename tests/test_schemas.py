@@ -121,3 +121,23 @@ def test_rollout_tokens_bind_rollout_and_attempt():
             assert reason in str(exc)
         else:
             raise AssertionError(f"accepted a bad token ({reason})")
+
+
+def test_the_relaxed_collector_is_undone_after_a_job_and_leaves_a_frozen_process_alone():
+    import gc
+
+    from schemas import collector
+
+    before = gc.get_threshold()
+    assert gc.get_freeze_count() == 0, "another test left objects frozen"
+    with collector.relaxed():
+        assert gc.get_threshold() == collector.THRESHOLD and gc.get_freeze_count() > 0
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+    gc.freeze()  # a service's main froze its own objects: a job within it changes nothing
+    try:
+        frozen = gc.get_freeze_count()
+        with collector.relaxed():
+            assert gc.get_threshold() == before and gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
