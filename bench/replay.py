@@ -10,13 +10,24 @@ tokens, a reward, finished; a tenth scored by a reward function) are published, 
 - the raw topics archived to Parquet (`agentstream archive`), and the rebuild read from the archive;
 - `replay export --from` the rebuilt topic (stored trajectories, no rebuild), against a count-only
   scan of that topic.
+
+With `--baseline REV`, also before and after in the same run: `replay rebuild` into a topic by the
+code of commit REV (its tree checked out by `git archive`, run with this environment) and by this
+tree, each as a process of its own (events/s over its wall time, its CPU per event), in `--rounds`
+interleaved rounds, each against a raw scan just before; the topics rebuilt by both are compared
+byte for byte (a rebuild must make the live worker's bytes, so any change to them shows here).
+
+    uv run python -m bench.replay [--rollouts 10000] [--baseline main [--rounds 2]]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,6 +39,7 @@ from schemas.scan import KAFKA, Origin, scan
 from agentstream.stack.kafka import LocalKafka
 from bench.load import publish_all
 from bench.report import Report
+from bench.streams_assembly import ROOT, checkout
 from schemas.kafka import KafkaSettings, ensure_topics
 from streams.assembly import Timing
 
@@ -78,7 +90,66 @@ async def timed(coroutine) -> tuple[object, float]:
     return result, time.perf_counter() - start
 
 
-async def main(rollouts: int) -> None:
+REBUILD = """
+import asyncio, json, resource, sys, time
+from pathlib import Path
+from agentstream.replay import Job, Options, RebuildSpec, replay
+from schemas.kafka import KafkaSettings
+from streams.assembly import Timing
+url, topic, state = sys.argv[1:4]
+settings = KafkaSettings(bootstrap_servers=url, topic_prefix="bench.", partitions=4)
+job = Job("raw", "topic", topic, rebuild=RebuildSpec(timing=Timing(settle_ms=1000, reward_grace_ms=30_000)))
+began, cpu = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+summary = asyncio.run(replay(settings, job, Options(Path(state))))
+took, end = time.perf_counter() - began, resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"written": summary.written, "wall_s": took,
+                  "cpu_s": end.ru_utime + end.ru_stime - cpu.ru_utime - cpu.ru_stime}))
+"""
+"""`replay rebuild` into a topic, run by whichever tree is the working directory: figures as JSON"""
+
+
+def rebuild_process(tree: Path, url: str, topic: str, state: Path) -> dict:
+    """One rebuild by the code in `tree`, as a process of its own."""
+    done = subprocess.run([sys.executable, "-c", REBUILD, url, topic, str(state)], cwd=tree, capture_output=True,
+                          text=True)
+    if done.returncode:
+        raise SystemExit(f"the rebuild by {tree} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+async def values(settings: KafkaSettings, base: str) -> list[bytes]:
+    return sorted([record.value async for batch in scan(settings, settings.topics.name(base)) for record in batch])
+
+
+async def before_after(report: Report, settings: KafkaSettings, url: str, out: Path, rollouts: int, events: int,
+                       baseline: str, rounds: int) -> None:
+    """The rebuild by REV's code and by this tree's, interleaved; the topics they made compared."""
+    tree, version = checkout(baseline, out / "baseline")
+    if version != s.SCHEMA_VERSION:
+        raise SystemExit(f"{baseline} reads schema version {version}, these events are version {s.SCHEMA_VERSION}: "
+                         "choose a baseline of the same schema version")
+    trees = {f"before ({baseline})": tree, "after (this tree)": ROOT}
+    cpu: dict[str, list[float]] = {label: [] for label in trees}
+    for round_ in range(rounds):
+        _, raw_s = await timed(count_scan(settings, RAW))
+        report.add(f"round {round_ + 1}: raw scan (count only)", f"{events / raw_s:,.0f} events/s", 1.0)
+        for label, root in trees.items():
+            topic = f"rebuilt-{'before' if root == tree else 'after'}-{round_}"
+            figures = rebuild_process(root, url, topic, out / f"{topic}.state")
+            assert figures["written"] == rollouts, (label, figures)
+            cpu[label].append(figures["cpu_s"])
+            report.add(f"  rebuild into a topic, {label}: events/s (vs. raw), CPU per event",
+                       f"{events / figures['wall_s']:,.0f} events/s, {figures['cpu_s'] / events * 1e6:,.0f} µs",
+                       raw_s / figures["wall_s"])
+    before, after = cpu.values()
+    report.add("CPU per event, before → after (best of the rounds)",
+               f"{min(before) / events * 1e6:,.0f} → {min(after) / events * 1e6:,.0f} µs", min(before) / min(after))
+    same = await values(settings, "rebuilt-before-0") == await values(settings, "rebuilt-after-0")
+    report.add("the trajectories rebuilt before and after, byte for byte", "identical" if same else "DIFFERENT")
+    report.details["before_after"] = {"baseline": baseline, "cpu_s": cpu, "events": events, "identical": same}
+
+
+async def main(rollouts: int, baseline: str | None = None, rounds: int = 2) -> None:
     report = Report("replay")
     timing = Timing(settle_ms=1000, reward_grace_ms=30_000)
     with tempfile.TemporaryDirectory() as tmp:
@@ -91,6 +162,8 @@ async def main(rollouts: int) -> None:
             print(f"publishing {rollouts:,} rollouts…", flush=True)
             events = await fill(settings, rollouts)
 
+            if baseline:
+                await before_after(report, settings, state.url, out, rollouts, events, baseline, rounds)
             counted, raw_s = await timed(count_scan(settings, RAW))
             assert counted == events
             report.add(f"raw scan of rollouts, calls, rewards (count only), {events:,} events",
@@ -136,5 +209,7 @@ async def main(rollouts: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rollouts", type=int, default=10_000)
+    parser.add_argument("--baseline", metavar="REV", help="also rebuild with the code of this commit, before/after")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved before/after rounds with --baseline")
     args = parser.parse_args()
-    asyncio.run(main(args.rollouts))
+    asyncio.run(main(args.rollouts, args.baseline, args.rounds))

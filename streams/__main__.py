@@ -7,7 +7,6 @@ partition count), stop one and the others take its partitions and state over.
 from __future__ import annotations
 
 import asyncio
-import gc
 import sys
 
 import faust
@@ -15,14 +14,13 @@ import uvloop
 from pydantic import ValidationError
 from pydantic_settings import CliApp
 
+from schemas import collector
 from schemas.kafka import ensure_topics, partitions_of
 from schemas.topics import topic_specs
 from streams.app import changelog_specs, create_app
 from streams.settings import StreamsSettings
 
 USAGE = "usage: python -m streams worker [--help] [FLAGS]"
-GC_THRESHOLD = 20_000
-"""allocations between young-generation collections"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,10 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     app = create_app(settings, partitions)
     loop.run_until_complete(ensure_topics(settings, changelog_specs(app, settings)))
-    # the modules, app and loop live as long as the process: out of the collector's way. Decoding makes
-    # objects by the thousand per batch, and the default threshold (700) ran a collection every few events.
-    gc.freeze()
-    gc.set_threshold(GC_THRESHOLD, 20, 20)
+    collector.relax()  # the modules, app and loop live as long as the process
     worker = faust.Worker(app, loop=loop, loglevel=settings.log_level.upper(), quiet=True, redirect_stdouts=False)
     worker.spinner = None  # its log handler puts the root logger at DEBUG: a record per Kafka request
     worker.execute_from_commandline()  # exits the process when the worker stops

@@ -200,8 +200,20 @@ class Assembly:
     # --- settling ----------------------------------------------------------------------------------
 
     def next_due(self, partitions: Iterable[int]) -> int | None:
-        """When the first rollout of these partitions is due (perhaps earlier: the index may be stale)."""
-        heads = [heap[0][0] for heap in map(self._queue.get, partitions) if heap]
+        """When the first rollout of these partitions is due.
+
+        Stale entries at the heads are dropped first: `due` leaves the rollouts it found in the heap,
+        and settling them re-indexes them, so a stale head in the past would read as "something is
+        due now, held back" and the worker's timer would wait a whole tick instead of until the
+        next attempt is due (finish → trajectory p50 was settle + ~45 ms at 100 events/s).
+        """
+        heads = []
+        for partition in partitions:
+            heap = self._queue.get(partition)
+            while heap and self._due_at.get(heap[0][1]) != heap[0][0]:
+                heapq.heappop(heap)
+            if heap:
+                heads.append(heap[0][0])
         return min(heads) if heads else None
 
     def due(self, now_ms: int, partitions: Iterable[int] | None = None) -> list[str]:

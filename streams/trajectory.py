@@ -14,6 +14,11 @@ and kept in the lineage only, when the evidence says the agent never had it: not
 it, and either the repeat says it is a retry (`Call.retry_count`, from the SDK's headers) or a
 later prompt extends the repeat's answer. An agent that asks the same twice on purpose and uses
 both answers keeps both turns.
+
+The trajectory is put together with `model_construct`, not validated again: every part comes from
+events that were validated when decoded, or is computed here from them (lists of their ints and
+floats, counts), so validation would only copy the token lists. `tests/test_streams_assembly.py`
+checks that validating a built trajectory gives it back unchanged, byte for byte.
 """
 
 from __future__ import annotations
@@ -64,7 +69,7 @@ def build(rollout_id: str, attempt_id: str, events: Seq[Event], ending: Ending, 
     _apply_turn_rewards(turns, rewards)
     reward = rewards[-1].value if rewards else None
     started_at = min((e.time for e in events), default=None)
-    data = Trajectory(
+    data = Trajectory.model_construct(
         model=(queued.model if queued else None) or (calls[0].data.model if calls else None),
         status=ending.status,
         end_reason=end_reason(events, ending),
@@ -82,8 +87,8 @@ def build(rollout_id: str, attempt_id: str, events: Seq[Event], ending: Ending, 
         lineage=[e.id for e in events],
         **(_task_fields(queued) if queued else {}),
     )
-    return TrajectoryEvent(id=trajectory_id(rollout_id, attempt_id), time=ending.finished_at, source=source,
-                           rollout_id=rollout_id, attempt_id=attempt_id, data=data)
+    return TrajectoryEvent.model_construct(id=trajectory_id(rollout_id, attempt_id), time=ending.finished_at,
+                                           source=source, rollout_id=rollout_id, attempt_id=attempt_id, data=data)
 
 
 def end_reason(events: Seq[Event], ending: Ending) -> str | None:
@@ -113,9 +118,9 @@ def _is_turn(call: Call) -> bool:
 def _turn(call_id: str, call: Call) -> Turn:
     ids = call.completion_token_ids or []
     logprobs = call.logprobs if call.logprobs is not None and len(call.logprobs) == len(ids) else [0.0] * len(ids)
-    return Turn(call_id=call_id, sequence=0, prompt_token_ids=call.prompt_token_ids or [], completion_token_ids=ids,
-                logprobs=logprobs, weight_version=call.weight_version, finish_reason=call.finish_reason,
-                latency_ms=call.latency_ms)
+    return Turn.model_construct(call_id=call_id, sequence=0, prompt_token_ids=call.prompt_token_ids or [],
+                                completion_token_ids=ids, logprobs=logprobs, weight_version=call.weight_version,
+                                finish_reason=call.finish_reason, latency_ms=call.latency_ms)
 
 
 def superseded(turns: list[Turn], retry_counts: list[int]) -> set[int]:
@@ -145,32 +150,34 @@ def _used(turns: list[Turn], index: int) -> bool:
 
 def merge(turns: list[Turn]) -> tuple[list[Sequence], int]:
     """Token sequences for training, and how many turns did not extend the sequence before them."""
-    sequences: list[Sequence] = []
+    built: list[dict[str, list]] = []  # each sequence's lists, made into a `Sequence` once complete
+    prompt_lengths: list[int] = []
     mismatches = 0
     for index, turn in enumerate(turns):
-        current = sequences[-1] if sequences else None
+        current = built[-1] if built else None
         prompt = turn.prompt_token_ids
-        if current is not None and prompt[: len(current.token_ids)] == current.token_ids:
-            added = prompt[len(current.token_ids):]
+        if current is not None and prompt[: len(current["token_ids"])] == current["token_ids"]:
+            added = prompt[len(current["token_ids"]):]
         else:
             mismatches += current is not None
-            current = Sequence(token_ids=[], mask=[], logprobs=[], weight_versions=[], prompt_length=len(prompt),
-                               turns=[])
-            sequences.append(current)
+            current = {"token_ids": [], "mask": [], "logprobs": [], "weight_versions": [], "turns": []}
+            built.append(current)
+            prompt_lengths.append(len(prompt))
             added = prompt
         completion = turn.completion_token_ids
-        current.token_ids += added + completion
-        current.mask += [0] * len(added) + [1] * len(completion)
-        current.logprobs += [0.0] * len(added) + turn.logprobs
-        current.weight_versions += [None] * len(added) + [turn.weight_version] * len(completion)
-        current.turns.append(index)
-        turn.sequence = len(sequences) - 1
+        current["token_ids"] += added + completion
+        current["mask"] += [0] * len(added) + [1] * len(completion)
+        current["logprobs"] += [0.0] * len(added) + turn.logprobs
+        current["weight_versions"] += [None] * len(added) + [turn.weight_version] * len(completion)
+        current["turns"].append(index)
+        turn.sequence = len(built) - 1
+    sequences = [Sequence.model_construct(prompt_length=length, **lists) for lists, length in zip(built, prompt_lengths)]
     return sequences, mismatches
 
 
 def _reward_record(event: RewardEvent) -> RewardRecord:
-    return RewardRecord(event_id=event.id, value=event.data.value, reward_fn=event.data.reward_fn,
-                        turns=event.data.turns)
+    return RewardRecord.model_construct(event_id=event.id, value=event.data.value, reward_fn=event.data.reward_fn,
+                                        turns=event.data.turns)
 
 
 def _apply_turn_rewards(turns: list[Turn], rewards: list[RewardRecord]) -> None:

@@ -121,3 +121,28 @@ def test_rollout_tokens_bind_rollout_and_attempt():
             assert reason in str(exc)
         else:
             raise AssertionError(f"accepted a bad token ({reason})")
+
+
+def test_the_relaxed_collector_is_undone_after_a_job_and_leaves_a_frozen_process_alone():
+    # in a process of its own: the collector's state is the process's, and tests in this one (an
+    # in-process gateway) freeze objects of their own
+    import subprocess
+    import sys
+
+    check = """
+import gc
+from schemas import collector
+before = gc.get_threshold()
+assert gc.get_freeze_count() == 0
+with collector.relaxed():
+    assert gc.get_threshold() == collector.THRESHOLD and gc.get_freeze_count() > 0
+assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+gc.freeze()  # a service's main froze its own objects: a job within it changes nothing
+frozen = gc.get_freeze_count()
+with collector.relaxed():
+    assert gc.get_threshold() == before and gc.get_freeze_count() == frozen
+assert gc.get_freeze_count() == frozen
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
+    assert done.stdout.strip() == "ok", done.stderr

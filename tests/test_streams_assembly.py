@@ -328,3 +328,34 @@ def test_a_repeat_with_no_evidence_either_way_keeps_both_turns():
     data = assemble([rollout.queued(), first, second, rollout.finished()], TIMING)[0].data
     assert [turn.call_id for turn in data.turns] == [first.id, second.id]
     assert data.superseded == 0 and data.merge_mismatches == 1
+
+
+def test_a_built_trajectory_is_what_validating_it_gives_byte_for_byte():
+    """`build` constructs the trajectory from validated parts without validating again: it must be
+    exactly the model validation would make (types, defaults), or a rebuild's bytes would drift."""
+    rollout = Rollout("r-valid", reward_fn="streams.rewards:numeric_answer", metadata={"answer": 89})
+    first, failed, again = rollout.call([1], [2], "a"), rollout.call([1], [], status=500), rollout.call([1], [5], "b",
+                                                                                                       retry_count=1)
+    reward = rollout.reward(1.0, [s.TurnReward(call_id=again.id, value=0.9), s.TurnReward(turn=0, value=1)])
+    histories = [Rollout("r-merged").two_turns(merged=True), Rollout("r-split").two_turns(merged=False),
+                 [rollout.queued(), first, failed, again, rollout.call([1, 9], [3], "89"), reward, rollout.finished()],
+                 [Rollout("r-failed").queued(), Rollout("r-failed").failed()]]
+    trajectories = [trajectory for events in histories for trajectory in assemble(events, TIMING)]
+    assert len(trajectories) == 4
+    for trajectory in trajectories:
+        validated = s.TrajectoryEvent.model_validate(trajectory.model_dump(), strict=True)
+        assert validated == trajectory and encode(validated) == encode(trajectory)
+
+
+def test_the_next_due_time_is_the_next_attempts_not_one_already_settled():
+    """The worker's timer sleeps until `next_due`: a head of the index left from an attempt settled
+    since must not read as "due now" (the timer then waited a whole tick, not until the next)."""
+    assembly = Assembly({}, {}, TIMING)
+    first, second = Rollout("r-first"), Rollout("r-second")
+    feed(assembly, [first.queued(), first.reward(1.0), first.finished()])
+    later = [second.queued(), second.reward(1.0), second.finished(after_ms=5_000)]
+    feed(assembly, later)
+    now = finalize_at(assembly.rollouts["r-first"]["attempts"]["a1"], TIMING)
+    settled = settle_all(assembly, now)
+    assert [t.rollout_id for t in settled.trajectories] == ["r-first"]
+    assert assembly.next_due([0]) == finalize_at(assembly.rollouts["r-second"]["attempts"]["a1"], TIMING) > now

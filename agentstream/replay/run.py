@@ -24,6 +24,7 @@ from agentstream.replay.selection import Selection
 from agentstream.replay.sinks import JsonlSink, ParquetSink, Sink, TopicSink
 from agentstream.replay.sources import Source, StoredTrajectories
 from agentstream.replay.state import ReplayError, ReplayState
+from schemas import collector
 from schemas.scan import KAFKA, Bounds, Origin, parse_offsets, parse_time, resolve
 from schemas.ids import now_ms
 from schemas.kafka import KafkaSettings
@@ -160,41 +161,42 @@ async def replay(settings: KafkaSettings, job: Job, options: Options,
         state.sink = await sink.create()
         state.save(options.state)  # the pinned range, before any output
     counts = Counter(state.counts)
-    try:
-        await sink.open(state.sink)
-        source = _source(settings, job, state, counts, options)
-        progress = Progress(remaining=source.remaining, written=sink.written)
-        selection = _selection(job, state)
-        pause = options.checkpoint_s
-        last = time.monotonic()
+    with collector.relaxed():  # a rebuild decodes and builds objects by the thousand
+        try:
+            await sink.open(state.sink)
+            source = _source(settings, job, state, counts, options)
+            progress = Progress(remaining=source.remaining, written=sink.written)
+            selection = _selection(job, state)
+            pause = options.checkpoint_s
+            last = time.monotonic()
 
-        async def checkpoint() -> float:
-            """Output first, then the state; returns how long it took."""
-            begun = time.monotonic()
-            state.sink = await sink.commit()
-            state.source, state.counts = source.position(), dict(counts)
+            async def checkpoint() -> float:
+                """Output first, then the state; returns how long it took."""
+                begun = time.monotonic()
+                state.sink = await sink.commit()
+                state.source, state.counts = source.position(), dict(counts)
+                state.save(options.state)
+                return time.monotonic() - begun
+
+            async for items in source.chunks():
+                chosen = [item for item in items if selection.wants(item.trajectory)]
+                counts["not_selected"] += len(items) - len(chosen)
+                await sink.write(chosen)
+                progress.read, progress.written = source.read, sink.written
+                if on_progress:
+                    on_progress(progress)
+                if time.monotonic() - last >= pause:
+                    # a rebuild's state holds the open attempts (and settled ones' ids, against late
+                    # duplicates): where it is large, checkpoint less often, at most a tenth of the time
+                    took = await checkpoint()
+                    pause = max(options.checkpoint_s, 9 * took) if options.checkpoint_s else 0
+                    last = time.monotonic()
+            await checkpoint()
+            await sink.finish()
+            state.done, state.source = True, None  # a finished replay needs no position: keep the file small
             state.save(options.state)
-            return time.monotonic() - begun
-
-        async for items in source.chunks():
-            chosen = [item for item in items if selection.wants(item.trajectory)]
-            counts["not_selected"] += len(items) - len(chosen)
-            await sink.write(chosen)
-            progress.read, progress.written = source.read, sink.written
-            if on_progress:
-                on_progress(progress)
-            if time.monotonic() - last >= pause:
-                # a rebuild's state holds the open attempts (and settled ones' ids, against late
-                # duplicates): where it is large, checkpoint less often, at most a tenth of the time
-                took = await checkpoint()
-                pause = max(options.checkpoint_s, 9 * took) if options.checkpoint_s else 0
-                last = time.monotonic()
-        await checkpoint()
-        await sink.finish()
-        state.done, state.source = True, None  # a finished replay needs no position: keep the file small
-        state.save(options.state)
-    finally:
-        await sink.close()
+        finally:
+            await sink.close()
     if isinstance(sink, ParquetSink):
         sink.cleanup()
     return Summary(sink.written, dict(counts), list(getattr(source, "reasons", [])), resumed=resumed,
