@@ -105,6 +105,9 @@ struct Node {
 enum Slot {
     Column(usize),
     Object(usize, Node),
+    /// A sub-record none of whose columns is asked: still an object or null, or the record does
+    /// not fit (row by row it is unreadable whatever the columns asked)
+    Check,
 }
 
 impl Node {
@@ -140,7 +143,48 @@ impl Node {
         };
         match &mut self.slots[index] {
             Slot::Object(_, node) => node.insert(rest, column, objects),
-            Slot::Column(_) => Err(PyValueError::new_err(format!(
+            Slot::Column(_) | Slot::Check => Err(PyValueError::new_err(format!(
+                "{first:?} is both a column and an object"
+            ))),
+        }
+    }
+
+    /// A sub-record at `path` that must be an object or null (checked, not read, when none of its
+    /// columns is asked).
+    fn check(&mut self, path: &[String]) -> PyResult<()> {
+        let (first, rest) = path
+            .split_first()
+            .ok_or_else(|| PyValueError::new_err("an empty path"))?;
+        let found = self.keys.iter().position(|k| k == first.as_bytes());
+        let index = match found {
+            Some(i) => i,
+            None => {
+                self.keys.push(first.as_bytes().to_vec());
+                self.slots.push(Slot::Check);
+                self.keys.len() - 1
+            }
+        };
+        if rest.is_empty() {
+            return match self.slots[index] {
+                Slot::Column(_) => Err(PyValueError::new_err(format!(
+                    "{first:?} is both a column and an object"
+                ))),
+                _ => Ok(()),
+            };
+        }
+        if matches!(self.slots[index], Slot::Check) {
+            // an object with sub-records to check in it, and no columns
+            self.slots[index] = Slot::Object(
+                usize::MAX,
+                Node {
+                    keys: vec![],
+                    slots: vec![],
+                },
+            );
+        }
+        match &mut self.slots[index] {
+            Slot::Object(_, node) => node.check(rest),
+            _ => Err(PyValueError::new_err(format!(
                 "{first:?} is both a column and an object"
             ))),
         }
@@ -1082,9 +1126,19 @@ fn object(
     loop {
         let key = p.key()?;
         match node.keys.iter().position(|k| **k == *key) {
+            // a repeat is not caught here, as for a key not asked (orjson keeps the last)
+            Some(at) if matches!(node.slots[at], Slot::Check) => {
+                if !p.null()? {
+                    if p.peek()? != b'{' {
+                        return Err("expected an object");
+                    }
+                    p.skip(depth + 1)?;
+                }
+            }
             Some(at) => {
                 let id = match &node.slots[at] {
                     Slot::Column(c) | Slot::Object(c, _) => *c,
+                    Slot::Check => unreachable!(),
                 };
                 if seen[id] {
                     return Err("a key repeated in an object");
@@ -1093,6 +1147,7 @@ fn object(
                 match &node.slots[at] {
                     Slot::Column(c) => columns[*c].push(p)?,
                     Slot::Object(_, sub) => object(p, sub, columns, seen, depth + 1)?,
+                    Slot::Check => unreachable!(),
                 }
             }
             None => p.skip(depth + 1)?,
@@ -1123,18 +1178,27 @@ struct Decoder {
 #[pymethods]
 impl Decoder {
     #[new]
-    fn new(columns: Vec<(String, Vec<String>, Bound<'_, PyAny>)>) -> PyResult<Self> {
+    #[pyo3(signature = (columns, objects = vec![]))]
+    fn new(
+        columns: Vec<(String, Vec<String>, Bound<'_, PyAny>)>,
+        objects: Vec<Vec<String>>,
+    ) -> PyResult<Self> {
         let mut root = Node {
             keys: vec![],
             slots: vec![],
         };
-        let mut objects = 0;
+        let mut count = 0;
         let mut names = vec![];
         let mut kinds = vec![];
         for (i, (name, path, kind)) in columns.iter().enumerate() {
-            root.insert(path, i, &mut objects)?;
+            root.insert(path, i, &mut count)?;
             names.push(name.clone());
             kinds.push(Kind::from_py(kind)?);
+        }
+        let mut objects_in_order = objects;
+        objects_in_order.sort_by_key(Vec::len); // an object before the ones in it
+        for path in &objects_in_order {
+            root.check(path)?;
         }
         let mut next = columns.len();
         root.number(&mut next);
