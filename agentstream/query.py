@@ -247,7 +247,8 @@ def _decoder(envelope: tuple[str, ...], fields: tuple[_Field, ...],
 @cache
 def _sub_records(table: str) -> tuple[tuple[str, ...], ...]:
     """`data` and every sub-record under it in the table's events."""
-    return (("data",), *dict.fromkeys(("data", *f.path[:n]) for f in table_fields(table) for n in range(1, len(f.path))))
+    return (("data",),
+            *dict.fromkeys(("data", *f.path[:n]) for f in table_fields(table) for n in range(1, len(f.path))))
 
 
 def _columns(records: list[Record], envelope: tuple[str, ...], fields: tuple[_Field, ...],

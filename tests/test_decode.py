@@ -8,13 +8,17 @@ made in memory, as Kafka would hand them over.
 
 from __future__ import annotations
 
+import json as _json
+import random as _random
+
 import orjson
 import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
 import schemas as s
-from agentstream.query import TABLES, _columns, _fields, _sub_records, _decode_rows, decode_aligned, table_fields, table_schema
+from agentstream.query import (TABLES, _columns, _decode_rows, _fields, _sub_records, decode_aligned, table_fields,
+                               table_schema)
 from schemas.codec import encode
 from schemas.scan import Record
 
@@ -239,17 +243,15 @@ def test_a_deeply_nested_request_is_refused_not_a_crash():
 # numbers and strings, missing, null, extra and repeated keys, shuffled keys, random whitespace,
 # truncated records and bytes that are not UTF-8, written by orjson, Python's json and a hand writer.
 # On each small batch the native way either gives the row-by-row frame or raises (and the batch is
-# then read row by row, giving that frame too); it must be taken on most batches of fitting records.
-
-import json as _json  # noqa: E402
-import random as _random  # noqa: E402
+# then read row by row, giving that frame too); it must be taken on over a quarter of the batches.
 
 _CHARS = ['a', 'Z', ' ', '"', '\\', '/', '\b', '\f', '\n', '\r', '\t', '\x00', '\x1f', '\x7f', 'é', 'ß', '∅',
-          '日本', '\u2028', '\ufeff', '🎉', '\U0010ffff', 'plain words ', '\\u00e9']
+          '日本', '\u2028', '\ufeff', '🎉', '\U0010ffff', 'plain words ', '\\u00e9', '\ud800']  # a lone surrogate last
 
 
 def _text(rng: _random.Random) -> str:
-    return "".join(rng.choice(_CHARS) for _ in range(rng.choice((0, 1, 3, 12))))
+    chars = _CHARS if rng.random() < 0.005 else _CHARS[:-1]  # a lone surrogate: unreadable row by row
+    return "".join(rng.choice(chars) for _ in range(rng.choice((0, 1, 3, 12))))
 
 
 def _int(rng: _random.Random) -> int:
@@ -330,17 +332,17 @@ def _event(rng: _random.Random, table: str, off: float) -> dict:
         for part in f.path[:-1]:
             if not isinstance(node.get(part, {}), dict):
                 break
-            node = node.setdefault(part, {} if rng.random() >= off else rng.choice((None, [], 1)))
+            node = node.setdefault(part, {} if rng.random() >= 3 * off else rng.choice((None, [], 1)))
             if not isinstance(node, dict):
                 break
         else:
             node[f.path[-1]] = _value(rng, f.dtype, f.json, off=off)
     if rng.random() < 0.15:
         data["unknown_" + _text(rng)] = _junk(rng)
-    event = {"type": kind,
-             "id": _text(rng), "schema_version": rng.choice((1, 2, _int(rng) if off else -1)), "time": _int(rng) if rng.random() < off
-             else 1_700_000_000_000, "source": _text(rng), "rollout_id": rng.choice((None, "r1", _text(rng))),
-             "attempt_id": "a", "data": data if rng.random() >= off else rng.choice((None, [], "x", 1, 0))}
+    event = {"type": kind, "id": _text(rng), "schema_version": rng.choice((1, 2, _int(rng) if off else -1)),
+             "time": _int(rng) if rng.random() < off else 1_700_000_000_000, "source": _text(rng),
+             "rollout_id": rng.choice((None, "r1", _text(rng))), "attempt_id": "a",
+             "data": data if rng.random() >= off else rng.choice((None, [], "x", 1, 0))}
     if rng.random() < 0.1:
         del event[rng.choice(list(event))]
     return event
@@ -375,7 +377,7 @@ def _write(event: dict, rng: _random.Random, off: float) -> bytes:
             value = orjson.dumps(event)
         elif pick == 1:
             value = _json.dumps(event, indent=rng.choice((None, 0, 2, "\t")), ensure_ascii=rng.random() < 0.5,
-                                separators=rng.choice((None, (",", ":"), (" , ", " : ")))).encode()
+                                separators=rng.choice((None, (",", ":"), (" , ", " : ")))).encode("utf-8", "surrogatepass")
         else:
             value = _hand_written(event, rng, ascii_only=rng.random() < 0.5).encode("utf-8", "surrogatepass")
     except (TypeError, orjson.JSONEncodeError):  # orjson refuses ints beyond 64 bits: Python's json writes them
@@ -396,16 +398,19 @@ def test_random_records_decode_the_same_either_way(table):
     rng = _random.Random(f"differential-{table}")
     schema = table_schema(table)
     taken = batches = 0
-    for _ in range(160):  # ~500 records
+    unreadable = 0
+    for _ in range(120):  # ~400 records
         offs = [rng.choice((0.0, 0.0, 0.0, 0.02, 0.1)) for _ in range(rng.choice((1, 1, 2, 4, 8)))]
         batch = records([_write(_event(rng, table, off), rng, off) if rng.random() < 0.98 else None for off in offs])
-        columns = None if rng.random() < 0.8 else frozenset(rng.sample(list(schema), 4)) | {"kafka_offset"}
+        columns = None if rng.random() < 0.6 else frozenset(rng.sample(list(schema), 4)) | {"kafka_offset"}
         wanted = [n for n in schema if columns is None or n in columns]
         got = decode_aligned(batch, table, columns)
-        assert_frame_equal(got, _decode_rows(batch, schema, wanted)), [r.value for r in batch]
+        assert_frame_equal(got, _decode_rows(batch, schema, wanted))
         batches += 1
         taken += fast_way_taken(batch, table)
+        unreadable += int((~got["readable"]).sum())
     assert taken > batches // 4, f"the native way was taken on only {taken} of {batches} batches"
+    assert taken < batches and unreadable > 0  # records off the models were made too
 
 
 @pytest.mark.parametrize("table, value", [
