@@ -353,6 +353,11 @@ def _hand_written(value, rng: _random.Random, ascii_only: bool) -> str:
     def ws() -> str:
         return "".join(rng.choice(" \t\n\r") for _ in range(rng.choice((0, 0, 0, 1, 3))))
 
+    def key(k: str) -> str:  # now and then its first character escaped: "\u0074ype"
+        if k and rng.random() < 0.03:
+            return f'"\\u{ord(k[0]):04x}' + _json.dumps(k[1:], ensure_ascii=ascii_only)[1:]
+        return _json.dumps(k, ensure_ascii=ascii_only)
+
     def write(v) -> str:
         if isinstance(v, dict):
             items = list(v.items())
@@ -360,7 +365,7 @@ def _hand_written(value, rng: _random.Random, ascii_only: bool) -> str:
                 rng.shuffle(items)
             if items and rng.random() < 0.03:
                 items.insert(0, (items[-1][0], _junk(rng)))  # a repeated key, the last one wins in orjson
-            return "{" + ws() + ",".join(f"{ws()}{write(k)}{ws()}:{ws()}{write(x)}{ws()}" for k, x in items) + "}"
+            return "{" + ws() + ",".join(f"{ws()}{key(k)}{ws()}:{ws()}{write(x)}{ws()}" for k, x in items) + "}"
         if isinstance(v, list):
             return "[" + ws() + ",".join(ws() + write(x) + ws() for x in v) + "]"
         if isinstance(v, float) and v == v and abs(v) != float("inf"):

@@ -4,8 +4,9 @@
 //! keys where it is in a record (`["data", "usage", "prompt_tokens"]`), and a kind: "int", "float",
 //! "bool", "str", "json" (any JSON value, kept as its text), ("list", kind) or ("struct", [(name,
 //! kind), ...]); and, optionally, `objects`: the paths of sub-records (`["data", "usage"]`) that must
-//! hold an object or null even where none of their columns is asked (as row by row). `Decoder.decode(records)` reads a list of records as `schemas.scan.Record` holds them
-//! (topic, partition, offset, timestamp, key, value: bytes, or None for an empty record) and returns
+//! hold an object or null even where none of their columns is asked (as row by row).
+//! `Decoder.decode(records)` reads a list of records as `schemas.scan.Record` holds them (topic,
+//! partition, offset, timestamp, key, value: bytes, or None for an empty record) and returns
 //! the columns, then each record's partition, offset and timestamp, as one Arrow struct array, which
 //! polars imports through the Arrow C data interface (`pl.DataFrame(columns)`: the
 //! `__arrow_c_array__` protocol). Free-form JSON ("json") comes as its text, with the rows whose text
@@ -17,7 +18,7 @@
 //! and the caller reads that batch row by row instead. Keys not asked for are checked and skipped;
 //! a key that is missing or null gives a null. An int is accepted where a float is due (as Python).
 //!
-//! Why not serde_json: on the same 20,000 call events, in one run, serde_json 1.0 typed (derived
+//! Why not serde_json: on the same 20,000 call events, in one run, serde_json 1.0.154 typed (derived
 //! `Deserialize` with `Cow<str>` and `&RawValue`, token lists pushed straight into column buffers as
 //! a `DeserializeSeed` would) took 1.31–1.41× this pass's CPU (7.9–9.2 µs per 2.9 kB event), 1.49×
 //! with `float_roundtrip` (exact floats, as orjson reads them); docs/queries.md has the figures.
