@@ -198,7 +198,7 @@ def decode_aligned(records: list[Record], table: str, columns: frozenset[str] | 
     envelope = tuple(n for n in _ENVELOPE_TYPES if n in wanted and n != "type")
     fields = tuple(f for f in table_fields(table) if f.column in wanted)
     try:
-        out = _columns(records, envelope, fields)
+        out = _columns(records, envelope, fields, _sub_records(table))
     except ValueError:  # a record the fast way cannot read (off the models' types, not JSON): the batch goes
         # the careful way
         return _decode_rows(records, schema, wanted)
@@ -232,17 +232,30 @@ def _kind(dtype: pl.DataType, json: bool = False) -> object:
 
 
 @cache
-def _decoder(envelope: tuple[str, ...], fields: tuple[_Field, ...]) -> Decoder:
-    """The native decoder of the envelope names and the data fields asked for; the type always (as `type_`)."""
+def _decoder(envelope: tuple[str, ...], fields: tuple[_Field, ...],
+             objects: tuple[tuple[str, ...], ...] = ()) -> Decoder:
+    """The native decoder of the envelope names and the data fields asked for; the type always (as `type_`).
+
+    `objects`: the sub-records (`("data", "usage")`) that must be objects or null even when no column in
+    them is asked, since row by row a record with `"usage": []` is unreadable whatever the query."""
     return Decoder([("type_", ["type"], "str"),
                     *((n, [n], _kind(_ENVELOPE_TYPES[n])) for n in envelope),
-                    *((f.column, ["data", *f.path], _kind(f.dtype, f.json)) for f in fields)])
+                    *((f.column, ["data", *f.path], _kind(f.dtype, f.json)) for f in fields)],
+                   [list(path) for path in objects])
 
 
-def _columns(records: list[Record], envelope: tuple[str, ...], fields: tuple[_Field, ...]) -> pl.DataFrame:
+@cache
+def _sub_records(table: str) -> tuple[tuple[str, ...], ...]:
+    """`data` and every sub-record under it in the table's events."""
+    return (("data",),
+            *dict.fromkeys(("data", *f.path[:n]) for f in table_fields(table) for n in range(1, len(f.path))))
+
+
+def _columns(records: list[Record], envelope: tuple[str, ...], fields: tuple[_Field, ...],
+             objects: tuple[tuple[str, ...], ...] = ()) -> pl.DataFrame:
     """The records' columns (`type_`, those asked for, their positions); ValueError if a record does not fit
     the models."""
-    columns, recode = _decoder(envelope, fields).decode(records)
+    columns, recode = _decoder(envelope, fields, objects).decode(records)
     out = pl.DataFrame(columns)
     for name, rows in recode:  # JSON text orjson writes otherwise (spaces, floats, other escapes): as it does
         out = out.with_columns(out[name].scatter(rows, _json_text(out[name].gather(rows).to_list())))

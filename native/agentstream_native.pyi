@@ -13,9 +13,11 @@ class Columns:
     def __arrow_c_array__(self, requested_schema: object | None = None) -> tuple[object, object]: ...
 
 class Decoder:
-    """Reads records into these columns: (name, path of keys in the record, kind)."""
+    """Reads records into these columns: (name, path of keys in the record, kind); the keys at `objects`
+    (paths) must hold an object or null, even where no column in them is asked."""
 
-    def __init__(self, columns: Sequence[tuple[str, Sequence[str], Kind]]) -> None: ...
+    def __init__(self, columns: Sequence[tuple[str, Sequence[str], Kind]],
+                 objects: Sequence[Sequence[str]] = ()) -> None: ...
     def decode(self, records: Sequence[tuple[str, int, int, int, bytes | None, bytes | None]]
                ) -> tuple[Columns, list[tuple[str, list[int]]]]:
         """Records as `schemas.scan.Record` holds them (topic, partition, offset, timestamp, key, value;
