@@ -14,7 +14,10 @@ at-least-once: a view.
 
 from __future__ import annotations
 
+from time import monotonic
+
 import faust
+from faust.sensors import Monitor
 from faust.web import Request, Response, View
 
 from schemas.codec import encode
@@ -22,10 +25,47 @@ from schemas.events import Event, Metrics, MetricsEvent
 from schemas.topics import FOREVER, TopicSpec
 
 from streams.settings import StreamsSettings
+from streams.transport import Transport
 from streams.windows import Windows, parse
 from streams.worker import ASSEMBLED, AssemblyWorker
 
 RAW = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+
+
+class QuietMonitor(Monitor):
+    """Faust's Monitor without its per-record bookkeeping (~3 % of a catching-up worker's samples).
+
+    Nothing here reads those figures (no statsd, `/analytics` is the worker's own, Faust's
+    `/stats` and `/performance` views are off); what Faust itself reads of the monitor stays: the
+    time a partition's stream last took an event (its "stream idle" warnings), end offsets, commits.
+    """
+
+    def on_message_in(self, tp, offset, message) -> None:
+        pass
+
+    def on_stream_event_in(self, tp, offset, stream, event) -> None:
+        self.stream_inbound_time[tp] = monotonic()
+
+    def on_stream_event_out(self, tp, offset, stream, event, state=None) -> None:
+        pass
+
+    def on_message_out(self, tp, offset, message) -> None:
+        pass
+
+    def on_send_initiated(self, producer, topic, message, keysize, valsize) -> None:
+        pass
+
+    def on_send_completed(self, producer, state, metadata) -> None:
+        pass
+
+    def on_table_get(self, table, key) -> None:
+        pass
+
+    def on_table_set(self, table, key, value) -> None:
+        pass
+
+    def on_table_del(self, table, key) -> None:
+        pass
 
 
 def create_app(settings: StreamsSettings, partitions: int) -> faust.App:
@@ -56,7 +96,11 @@ def create_app(settings: StreamsSettings, partitions: int) -> faust.App:
         web_host=settings.web_host,
         web_port=settings.web_port,
         web_enabled=True,
+        Monitor=QuietMonitor,
     )
+    # Faust's Kafka transport, but for the tasks per record fetched (transport.py); set before
+    # anything creates the consumer (the `transport` setter is App's own)
+    app.transport = Transport(app.conf.broker_consumer, app)
     out = {base: app.topic(settings.topics.name(base), **RAW)
            for base in ("trajectories", "rewards", "deadletter", "metrics")}
 

@@ -42,21 +42,24 @@ class StateTable(faust.Table):
     def unacknowledged(self) -> int:
         return len(self._unacknowledged)
 
-    async def write(self, partition: int, key: str, value: Any) -> None:
+    async def write(self, partition: int, key: str, value: Any) -> asyncio.Future:
+        """Write `key` to the table and its changelog; the broker's acknowledgement, to await."""
         self.data[key] = value
-        await self._send(partition, key, orjson.dumps(value))
+        return await self._send(partition, key, orjson.dumps(value))
 
-    async def drop(self, partition: int, key: str) -> None:
+    async def drop(self, partition: int, key: str) -> asyncio.Future:
         self.data.pop(key, None)
-        await self._send(partition, key, None)  # a tombstone, as Faust writes one
+        return await self._send(partition, key, None)  # a tombstone, as Faust writes one
 
-    async def _send(self, partition: int, key: str, value: bytes | None) -> None:
+    async def _send(self, partition: int, key: str, value: bytes | None) -> asyncio.Future:
         # to the producer itself, as records of Faust's table format: Faust's own path (`send_changelog`)
         # queues them in a buffer that hands on one record at a time, and its topic's `send` yields to
         # the event loop on every record. The order of a partition's records is the order of these calls.
-        self._unacknowledged.append(await self.app.producer.send(
+        acknowledged = await self.app.producer.send(
             self.changelog_topic.get_topic_name(), orjson.dumps(key), value, partition=partition, timestamp=None,
-            headers=None))
+            headers=None)
+        self._unacknowledged.append(acknowledged)
+        return acknowledged
 
     async def written(self) -> None:
         pending, self._unacknowledged = self._unacknowledged, []
@@ -121,14 +124,13 @@ class Staged(MutableMapping):
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
-    async def flush(self) -> int:
-        """Write what is staged to the table and its changelog; how many records that took."""
-        for key, (partition, value) in self._staged.items():
-            if value is _DROPPED:
-                await self.table.drop(partition, self.prefix + key)
-            else:
-                await self.table.write(partition, self.prefix + key, value)
-        written = len(self._staged)
+    async def flush(self) -> list[asyncio.Future]:
+        """Write what is staged to the table and its changelog; the broker's acknowledgements of those
+        writes (the table's `written` awaits them too)."""
+        table, prefix = self.table, self.prefix
+        acknowledgements = [
+            await (table.drop(partition, prefix + key) if value is _DROPPED else table.write(partition, prefix + key, value))
+            for key, (partition, value) in self._staged.items()]
         self._staged.clear()
         self._new.clear()
-        return written
+        return acknowledgements
