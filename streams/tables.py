@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator, MutableMapping
+from functools import cached_property
 from typing import Any
 
 import faust
@@ -38,6 +39,10 @@ class StateTable(faust.Table):
         super().__init__(*args, **kwargs)
         self._unacknowledged: list[asyncio.Future] = []
 
+    @cached_property
+    def changelog_name(self) -> str:
+        return self.changelog_topic.get_topic_name()
+
     @property
     def unacknowledged(self) -> int:
         return len(self._unacknowledged)
@@ -56,7 +61,7 @@ class StateTable(faust.Table):
         # queues them in a buffer that hands on one record at a time, and its topic's `send` yields to
         # the event loop on every record. The order of a partition's records is the order of these calls.
         acknowledged = await self.app.producer.send(
-            self.changelog_topic.get_topic_name(), orjson.dumps(key), value, partition=partition, timestamp=None,
+            self.changelog_name, orjson.dumps(key), value, partition=partition, timestamp=None,
             headers=None)
         self._unacknowledged.append(acknowledged)
         return acknowledged
