@@ -31,8 +31,8 @@ class StateTable(faust.Table):
 
     faust-streaming 0.15.3 commits a source offset after `producer.flush()`, but its buffer's flush
     returns while a changelog message is still on its way to the client. The worker does not rely on
-    those commits (its positions are in this table); it awaits its changes only to bound how many
-    are on their way.
+    those commits (its positions are in this table); it awaits its changes to bound how many are on
+    their way, and a batch's decisions (what its trajectories are built from) before it publishes them.
     """
 
     def __init__(self, *args, **kwargs) -> None:
@@ -65,6 +65,12 @@ class StateTable(faust.Table):
             headers=None)
         self._unacknowledged.append(acknowledged)
         return acknowledged
+
+    def check(self) -> None:
+        """Raise the error of a change on its way that the broker refused (the producer gave up on it)."""
+        for acknowledged in self._unacknowledged:
+            if acknowledged.done() and not acknowledged.cancelled() and acknowledged.exception() is not None:
+                raise acknowledged.exception()
 
     async def written(self) -> None:
         pending, self._unacknowledged = self._unacknowledged, []
