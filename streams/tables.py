@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator, MutableMapping
+from functools import cached_property
 from typing import Any
 
 import faust
@@ -30,33 +31,46 @@ class StateTable(faust.Table):
 
     faust-streaming 0.15.3 commits a source offset after `producer.flush()`, but its buffer's flush
     returns while a changelog message is still on its way to the client. The worker does not rely on
-    those commits (its positions are in this table); it awaits its changes only to bound how many
-    are on their way.
+    those commits (its positions are in this table); it awaits its changes to bound how many are on
+    their way, and a batch's decisions (what its trajectories are built from) before it publishes them.
     """
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._unacknowledged: list[asyncio.Future] = []
 
+    @cached_property
+    def changelog_name(self) -> str:
+        return self.changelog_topic.get_topic_name()
+
     @property
     def unacknowledged(self) -> int:
         return len(self._unacknowledged)
 
-    async def write(self, partition: int, key: str, value: Any) -> None:
+    async def write(self, partition: int, key: str, value: Any) -> asyncio.Future:
+        """Write `key` to the table and its changelog; the broker's acknowledgement, to await."""
         self.data[key] = value
-        await self._send(partition, key, orjson.dumps(value))
+        return await self._send(partition, key, orjson.dumps(value))
 
-    async def drop(self, partition: int, key: str) -> None:
+    async def drop(self, partition: int, key: str) -> asyncio.Future:
         self.data.pop(key, None)
-        await self._send(partition, key, None)  # a tombstone, as Faust writes one
+        return await self._send(partition, key, None)  # a tombstone, as Faust writes one
 
-    async def _send(self, partition: int, key: str, value: bytes | None) -> None:
+    async def _send(self, partition: int, key: str, value: bytes | None) -> asyncio.Future:
         # to the producer itself, as records of Faust's table format: Faust's own path (`send_changelog`)
         # queues them in a buffer that hands on one record at a time, and its topic's `send` yields to
         # the event loop on every record. The order of a partition's records is the order of these calls.
-        self._unacknowledged.append(await self.app.producer.send(
-            self.changelog_topic.get_topic_name(), orjson.dumps(key), value, partition=partition, timestamp=None,
-            headers=None))
+        acknowledged = await self.app.producer.send(
+            self.changelog_name, orjson.dumps(key), value, partition=partition, timestamp=None,
+            headers=None)
+        self._unacknowledged.append(acknowledged)
+        return acknowledged
+
+    def check(self) -> None:
+        """Raise the error of a change on its way that the broker refused (the producer gave up on it)."""
+        for acknowledged in self._unacknowledged:
+            if acknowledged.done() and not acknowledged.cancelled() and acknowledged.exception() is not None:
+                raise acknowledged.exception()
 
     async def written(self) -> None:
         pending, self._unacknowledged = self._unacknowledged, []
@@ -121,14 +135,13 @@ class Staged(MutableMapping):
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
-    async def flush(self) -> int:
-        """Write what is staged to the table and its changelog; how many records that took."""
-        for key, (partition, value) in self._staged.items():
-            if value is _DROPPED:
-                await self.table.drop(partition, self.prefix + key)
-            else:
-                await self.table.write(partition, self.prefix + key, value)
-        written = len(self._staged)
+    async def flush(self) -> list[asyncio.Future]:
+        """Write what is staged to the table and its changelog; the broker's acknowledgements of those
+        writes (the table's `written` awaits them too)."""
+        table, prefix = self.table, self.prefix
+        acknowledgements = [
+            await (table.drop(partition, prefix + key) if value is _DROPPED else table.write(partition, prefix + key, value))
+            for key, (partition, value) in self._staged.items()]
         self._staged.clear()
         self._new.clear()
-        return written
+        return acknowledgements

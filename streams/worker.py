@@ -228,8 +228,11 @@ class AssemblyWorker(faust.Service):
         for one in settled:
             self._point_at(self.rollouts_partition(one.rollout_id))
             self.assembly.decide(one)
-        await self.rollouts.flush()
-        await self.table.written()
+        # what the trajectories are built from: their attempts' decisions, acknowledged; not every change
+        # still on its way (the events and positions of batches before, in the other partitions too), but
+        # none of those refused: a worker whose changelog has a hole publishes nothing more
+        await asyncio.gather(*await self.rollouts.flush())
+        self.table.check()
         sent = []
         for one in settled:
             sent += [await self.publish("rewards", reward) for reward in one.rewards]

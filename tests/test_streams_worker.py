@@ -62,7 +62,9 @@ async def test_worker_assembles_rollouts_and_deadletters_what_it_cannot_use(kafk
     garbage = [("calls", b"r-merged", b"{not json"), ("rewards", b"r-merged", b'{"type": "reward"}')]
     async with TopicWatch(kafka, "trajectories", "rewards", "deadletter") as watch:
         await publish(kafka, events + duplicates, raw=garbage)
-        await watch.until(lambda seen: len(trajectories_by_rollout(seen)) == 3, what="three trajectories")
+        # two topics, read in either order: the computed reward may arrive after its trajectory
+        await watch.until(lambda seen: len(trajectories_by_rollout(seen)) == 3 and any(
+            e.type == "reward" and e.source == "streams" for e in seen), what="three trajectories and the computed reward")
         by_rollout = {rid: copies[0].data for rid, copies in trajectories_by_rollout(watch.events).items()}
         assert by_rollout["r-merged"].merged and by_rollout["r-merged"].sequences[0].token_ids == list(range(1, 10))
         assert not by_rollout["r-split"].merged and by_rollout["r-split"].merge_mismatches == 1
