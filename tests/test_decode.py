@@ -225,6 +225,45 @@ def test_numbers_of_every_length_decode_the_same_either_way():
     assert fast["prompt_token_ids"][0].to_list() == ids and fast["logprobs"][0].to_list() == floats
 
 
+def test_numbers_read_in_one_step_decode_the_same_either_way():
+    """Token ids of 1 to 7 digits and floats without an exponent whose digits make at most 2^53 take the
+    decoder's one-step reads (a float: Clinger's fast path); around those limits (2^53, 8 digits, 19
+    digits, signs, zeros) the full parser reads them: either way, the doubles orjson reads."""
+    import random
+
+    rng = random.Random(11)
+    floats = [round(rng.uniform(-1, 1) * 10.0 ** rng.randrange(0, 12), rng.randrange(0, 19)) for _ in range(2000)]
+    floats += [rng.random() for _ in range(500)] + [0.1, 0.2, 0.30000000000000004, -0.0, 0.0, 1.0000000000000002,
+                                                   9007199254740992.0, 9007199254740994.0, 0.9007199254740993,
+                                                   0.9007199254740992, 900719925474099.3, 123456789012.34567]
+    ids = [rng.randrange(10 ** rng.randrange(0, 9)) for _ in range(2000)] + [0, 9_999_999, 10_000_000, 99_999_999]
+    events = [call(prompt_token_ids=ids[i:] + ids[:i], logprobs=floats[i:] + floats[:i]) for i in range(0, 40, 7)]
+    batch = records([encode(e) for e in events])
+    assert fast_way_taken(batch, "calls")
+    fast = decode_aligned(batch, "calls")
+    assert_frame_equal(fast, careful(batch, "calls"))
+    assert fast["prompt_token_ids"][0].to_list() == ids and fast["logprobs"][0].to_list() == floats
+
+
+@pytest.mark.parametrize(("field", "text", "fits"), [
+    ("logprobs", b"[0.1,-0.0,0.30000000000000004,9007199254740993.0,9007199254740993.5,0.9007199254740993,12.5e1,5.0]",
+     True),
+    ("logprobs", b"[1234567.000000000001,0.0000000000000000001,0.00000000000000000001,1.5 ,2.5]", True),
+    ("logprobs", b"[0,7,1234567,12345678,99999999,-5,0]", True),
+    ("prompt_token_ids", b"[0,7,1234567,12345678,99999999,-5,0,1 ,2, 3,4]", True),
+    ("prompt_token_ids", b"[01,2]", False), ("prompt_token_ids", b"[1,2.0]", False),
+    ("prompt_token_ids", b"[1,2,]", False), ("prompt_token_ids", b"[1,-]", False),
+    ("logprobs", b"[01.5,2.0]", False), ("logprobs", b"[1.,2.0]", False), ("logprobs", b"[1.5,]", False),
+    ("logprobs", b"[-.5]", False), ("logprobs", b"[1.5,2.5", False),
+])
+def test_numbers_near_the_one_step_reads_decode_the_same_either_way(field, text, fits):
+    event = orjson.loads(encode(CALLS[1]))
+    event["data"][field] = "PLACEHOLDER"
+    batch = records([orjson.dumps(event).replace(b'"PLACEHOLDER"', text)])
+    assert fast_way_taken(batch, "calls") == fits
+    assert_frame_equal(decode_aligned(batch, "calls"), careful(batch, "calls"))
+
+
 def test_a_deeply_nested_request_is_refused_not_a_crash():
     """JSON nested thousands deep (an attack on recursive parsers): that record is unreadable, as orjson finds it."""
     good = encode(CALLS[1])
