@@ -257,11 +257,26 @@ def test_numbers_read_in_one_step_decode_the_same_either_way():
     ("logprobs", b"[-.5]", False), ("logprobs", b"[1.5,2.5", False),
 ])
 def test_numbers_near_the_one_step_reads_decode_the_same_either_way(field, text, fits):
+    """Read into their column, and checked and skipped when the query does not ask for it."""
     event = orjson.loads(encode(CALLS[1]))
     event["data"][field] = "PLACEHOLDER"
     batch = records([orjson.dumps(event).replace(b'"PLACEHOLDER"', text)])
     assert fast_way_taken(batch, "calls") == fits
     assert_frame_equal(decode_aligned(batch, "calls"), careful(batch, "calls"))
+    columns = frozenset({"id", "kafka_offset", "status"})
+    schema = table_schema("calls")
+    assert_frame_equal(decode_aligned(batch, "calls", columns), _decode_rows(batch, schema, [n for n in schema
+                                                                                             if n in columns]))
+    def fits_json(read) -> bool:
+        try:
+            read()
+        except (ValueError, orjson.JSONDecodeError):
+            return False
+        return True
+
+    # skipped, a value need only be JSON (`[1,2.0]` is, if not token ids)
+    assert fits_json(lambda: _columns(batch, ("id",), tuple(f for f in table_fields("calls") if f.column == "status"),
+                                      _sub_records("calls"))) == fits_json(lambda: orjson.loads(text))
 
 
 def test_a_deeply_nested_request_is_refused_not_a_crash():

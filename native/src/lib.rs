@@ -647,9 +647,20 @@ impl<'a> Parser<'a> {
             b'[' => {
                 if self.open(b'[', b']')? {
                     loop {
-                        // numbers (token ids, logprobs a query did not ask for) checked here, not recursing
+                        // numbers (token ids, logprobs a query did not ask for) checked here, not recursing;
+                        // most in one step, with their separator
                         match self.b.get(self.i) {
-                            Some(b'-' | b'0'..=b'9') => self.number().map(|_| ())?,
+                            Some(b'-' | b'0'..=b'9') => {
+                                let quick = match self.compact_int() {
+                                    None => self.compact_float().map(|(_, stop)| stop),
+                                    found => found.map(|(_, stop)| stop),
+                                };
+                                match quick {
+                                    Some(b']') => break,
+                                    Some(_) => continue,
+                                    None => self.number().map(|_| ())?,
+                                }
+                            }
                             _ => self.skip(depth + 1)?,
                         }
                         if !self.more(b']')? {
@@ -1225,9 +1236,18 @@ fn object(
     if p.null()? || !p.open(b'{', b'}')? {
         return Ok(());
     }
+    // one writer writes the keys in one order: the key after the last one found is tried first
+    let mut next = 0;
     loop {
         let key = p.key()?;
-        match node.keys.iter().position(|k| **k == *key) {
+        let found = match node.keys.get(next) {
+            Some(k) if **k == *key => Some(next),
+            _ => node.keys.iter().position(|k| **k == *key),
+        };
+        if let Some(at) = found {
+            next = at + 1;
+        }
+        match found {
             // a repeat is not caught here, as for a key not asked (orjson keeps the last)
             Some(at) if matches!(node.slots[at], Slot::Check) => {
                 if !p.null()? {
