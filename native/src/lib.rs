@@ -12,6 +12,15 @@
 //! `__arrow_c_array__` protocol). Free-form JSON ("json") comes as its text, with the rows whose text
 //! orjson would write otherwise (spaces, floats, other escapes, a repeated key).
 //!
+//! Columnar scans skip the `Record`s: `take(messages, ends)` sorts one `Consumer.consume`'s
+//! confluent-kafka messages in one pass (errors apart; those of a partition in `ends` before its end
+//! kept, as a `Fetched`: their values and places), and `Decoder.decode_fetched(fetched)` reads them
+//! as `decode` reads records.
+//!
+//! Token ids and plain floats (`-0.8444218515250481`) followed by `,` or `]` are read in one step
+//! (`compact_int`, `compact_float`: Clinger's fast path, exact where it applies); anything else goes
+//! the full way, which gives the same values.
+//!
 //! Strict, like msgspec with the models' types: a value of another type (a float or text where an
 //! int is due, an int beyond 64 bits, a list of lists), a repeated key, bytes that are not UTF-8 or
 //! not JSON, a record that is not an object: `decode` raises ValueError, naming the record and byte,
