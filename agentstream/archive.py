@@ -16,7 +16,6 @@ same offsets are read again. Readers only ever open files a manifest names.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import time
 from collections.abc import Callable
@@ -26,7 +25,8 @@ from pathlib import Path
 import polars as pl
 
 from agentstream.query import TABLES, decode_aligned
-from schemas.scan import MANIFEST, Bounds, Manifest, fsync_dir, resolve, scan
+from schemas.durable import write_atomically
+from schemas.scan import MANIFEST, Bounds, Manifest, resolve, scan
 from schemas.kafka import KafkaSettings
 
 
@@ -105,12 +105,7 @@ class Archiver:
             relative = Path(hour) / f"part-{manifest.commits:08d}.parquet"
             path = manifest.folder / relative
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".tmp")
-            part.write_parquet(tmp, compression="zstd", statistics=True)
-            with tmp.open("rb") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            fsync_dir(path.parent)
+            write_atomically(path, lambda tmp: part.write_parquet(tmp, compression="zstd", statistics=True))
             offsets = part.group_by("kafka_partition").agg(pl.col("kafka_offset").min().alias("first"),
                                                             pl.col("kafka_offset").max().alias("last"))
             written.append({

@@ -24,7 +24,6 @@ Interface: `Record`, `Bounds`, `Origin`, `ScanProgress`, `scan`, `Fetch`, `scan_
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
@@ -36,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar
 
 import orjson
 
+from schemas.durable import write_atomically
 from schemas.errors import ConfigurationError, LogUnavailable
 from schemas.kafka import KafkaSettings
 
@@ -450,13 +450,7 @@ class Manifest:
         self.folder.mkdir(parents=True, exist_ok=True)
         body = orjson.dumps({"ends": self.ends, "files": self.files, "commits": self.commits},
                             option=orjson.OPT_NON_STR_KEYS)
-        tmp = self.folder / (MANIFEST + ".tmp")
-        with tmp.open("wb") as f:
-            f.write(body)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.folder / MANIFEST)
-        fsync_dir(self.folder)
+        write_atomically(self.folder / MANIFEST, lambda tmp: tmp.write_bytes(body))
 
     def held(self) -> set[int]:
         """the partitions of which the archive holds records"""
@@ -542,15 +536,6 @@ def archive_table(manifest: Manifest, ranges: dict[int, tuple[int, int]], column
         return None
     return (pl.scan_parquet(paths, missing_columns="insert", extra_columns="ignore")
             .filter(_in_ranges(ranges) & pl.col("readable")).select(columns).collect())
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename in `path` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # --- parsing the operator's range ----------------------------------------------------------------

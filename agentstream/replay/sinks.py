@@ -22,7 +22,8 @@ import polars as pl
 
 from agentstream.replay import dataset
 from agentstream.replay.sources import Item
-from agentstream.replay.state import ReplayError, fsync_dir, int_keys
+from agentstream.replay.state import ReplayError, int_keys
+from schemas.durable import write_atomically
 from schemas.scan import Bounds, _quiet, resolve, scan
 from schemas.codec import encode
 from schemas.kafka import KafkaSettings, ensure_topics
@@ -272,7 +273,7 @@ class ParquetSink:
     async def commit(self) -> dict[str, Any]:
         if self.buffer:
             frame = pl.DataFrame(self.buffer, schema=dataset.SCHEMA)
-            _write_atomically(self._part(self.count), frame.write_parquet)
+            write_atomically(self._part(self.count), frame.write_parquet)
             self.count += 1
             self.buffer = []
         return {"parts": self.count, "written": self.written}
@@ -281,9 +282,9 @@ class ParquetSink:
         parts = [self._part(i) for i in range(self.count)]
         if parts:
             joined = pl.scan_parquet(parts, schema=dataset.SCHEMA)
-            _write_atomically(self.path, lambda tmp: joined.sink_parquet(tmp))
+            write_atomically(self.path, lambda tmp: joined.sink_parquet(tmp))
         else:
-            _write_atomically(self.path, pl.DataFrame(schema=dataset.SCHEMA).write_parquet)
+            write_atomically(self.path, pl.DataFrame(schema=dataset.SCHEMA).write_parquet)
 
     async def close(self) -> None:
         pass
@@ -297,10 +298,3 @@ class ParquetSink:
         self.cleanup()
 
 
-def _write_atomically(path: Path, write: Callable[[Path], object]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    with tmp.open("rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)

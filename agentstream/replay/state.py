@@ -8,7 +8,6 @@ is either cut off (files) or recognised and not written again (a topic).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import orjson
 
 from schemas.errors import ConfigurationError
-from schemas.scan import fsync_dir
+from schemas.durable import write_atomically
 
 FORMAT = 1
 
@@ -48,13 +47,7 @@ class ReplayState:
             "counts": self.counts, "done": self.done,
             "ranges": {topic: {str(p): list(r) for p, r in parts.items()} for topic, parts in self.ranges.items()},
         }, option=orjson.OPT_NON_STR_KEYS)
-        tmp = path.with_name(path.name + ".tmp")
-        with tmp.open("wb") as f:
-            f.write(body)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
+        write_atomically(path, lambda tmp: tmp.write_bytes(body))
 
     @classmethod
     def load(cls, path: Path) -> ReplayState | None:

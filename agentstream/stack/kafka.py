@@ -113,10 +113,10 @@ class LocalKafka:
         state.save(self.state_file)
         return state
 
-    def stop(self) -> bool:
-        """Controlled shutdown; True if a broker was running."""
+    def stop(self, grace: float = 60.0) -> bool:
+        """Controlled shutdown, killed after `grace` seconds; True if a broker was running."""
         state = ServerState.load(self.state_file)
-        return bool(state) and stop_pid(state.pid, grace=60)
+        return bool(state) and stop_pid(state.pid, grace=grace)
 
     def _ports(self, port: int | None) -> tuple[int, int]:
         previous = ServerState.load(self.state_file)
