@@ -19,6 +19,7 @@ from polars.testing import assert_frame_equal
 import schemas as s
 from agentstream.query import (TABLES, _columns, _decode_rows, _fields, _sub_records, decode_aligned, table_fields,
                                table_schema)
+from agentstream_native import take
 from schemas.codec import encode
 from schemas.scan import Record
 
@@ -277,6 +278,42 @@ def test_numbers_near_the_one_step_reads_decode_the_same_either_way(field, text,
     # skipped, a value need only be JSON (`[1,2.0]` is, if not token ids)
     assert fits_json(lambda: _columns(batch, ("id",), tuple(f for f in table_fields("calls") if f.column == "status"),
                                       _sub_records("calls"))) == fits_json(lambda: orjson.loads(text))
+
+
+def test_take_keeps_the_messages_of_the_range_and_sets_errors_apart():
+    """`take` (a columnar scan's fetch, librdkafka's messages in bulk): a partition's messages before its end
+    kept, those at or past it and those of a partition not asked dropped, errors apart; the same list when
+    all are kept. A fetch decodes as the `Record`s of the same messages do."""
+    from confluent_kafka import KafkaError, Message
+
+    from agentstream.query import decode
+    from schemas.scan import Fetch
+
+    values = [encode(e) for e in CALLS]
+
+    def message(partition: int, offset: int, value: bytes | None = None) -> Message:
+        return Message(topic="t", partition=partition, offset=offset, timestamp=(1, 1_700_000_000_000 + offset),
+                       key=b"k", value=value if value is not None else values[offset % 3])
+
+    eof = Message(topic="t", partition=1, offset=12, error=KafkaError(KafkaError._PARTITION_EOF))
+    fetched = [message(0, 1), message(1, 9), message(0, 2), message(0, 3), message(2, 0), eof, message(1, 10),
+               message(1, 11, b"not json")]
+    kept, taken, errors, positions = take(fetched, {0: 3, 1: 12})
+    assert [(m.partition(), m.offset()) for m in kept] == [(0, 1), (1, 9), (0, 2), (1, 10), (1, 11)]
+    assert len(taken) == 5 and errors == [eof] and positions == {0: 3, 1: 12}
+    whole = [message(0, 1), message(0, 2)]
+    assert take(whole, {0: 3})[0] is whole
+
+    fetch = Fetch("t", kept, taken)
+    records = fetch.records()
+    assert [(r.partition, r.offset, r.timestamp, r.value) for r in records] == [
+        (m.partition(), m.offset(), m.timestamp()[1], m.value()) for m in kept]
+    assert not fast_way_taken(records, "calls")  # the record that is not JSON: read row by row, from the fetch
+    got, unreadable = decode(fetch, "calls")
+    assert_frame_equal(got, decode(records, "calls")[0])
+    assert unreadable == 1 and got.height == 4
+    good = Fetch("t", kept[:4], take(kept[:4], {0: 3, 1: 12})[1])
+    assert_frame_equal(decode(good, "calls")[0], decode(records[:4], "calls")[0])
 
 
 def test_a_deeply_nested_request_is_refused_not_a_crash():
