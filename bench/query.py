@@ -1,9 +1,11 @@
 """Scan and query speed: call events from Kafka and from the Parquet archive into polars, and SQL.
 
-    uv run python -m bench.query [--events 1000000] [--rows 1000000] [--bootstrap HOST:PORT --prefix P]
+    uv run python -m bench.query [--events 1000000] [--rows 1000000] [--rounds 3] [--bootstrap HOST:PORT --prefix P]
 
 Baselines measured in the same run: a raw scan of Kafka that only counts records (librdkafka, as
-scans read now; aiokafka's, as they read before, beside it), and `SELECT COUNT(*)` on a frame in
+scans read now; aiokafka's, as they read before, beside it): the Kafka scans (into a frame, SQL end
+to end) in rounds, each between two raw scans and against the faster of them, their median reported
+(the machine's load drifts within a run), and `SELECT COUNT(*)` on a frame in
 memory (what touching the table costs). The archive is written by `Archiver` (agentstream archive)
 and read back for replay (records) and for queries (the table it stored).
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import statistics
 import tempfile
 import time
 from collections.abc import Iterator
@@ -126,23 +129,47 @@ class Shown(Report):
         print(f"  {what}: {figure}" + (f" ({ratio:.2f}x)" if ratio is not None else ""), flush=True)
 
 
-async def measure(report: Report, settings: KafkaSettings, events: int, data_dir: Path | None, root: Path) -> None:
-    # the baseline: the faster of two raw scans, one before and one after the frame scans (the first
-    # scan after publishing may meet a broker still busy writing, and the machine's load drifts)
-    counted, raw_s = await timed_async(raw_scan(settings))
-    assert counted == events, (counted, events)
-    frames = []
-    for label, sql in (("all columns", None), ("columns of latency-by-upstream", NAMED_QUERIES["latency-by-upstream"])):
-        df, frame_s = await timed_async(frame_scan(settings, sql))
-        assert df.height == events
-        frames.append((label, frame_s))
-        del df
-    counted, again_s = await timed_async(raw_scan(settings))
-    raw_s = min(raw_s, again_s)
-    report.add("Kafka: raw scan (count only, librdkafka): the baseline, the faster of two",
+KAFKA_SCANS = {
+    "scan into a polars frame, all columns": lambda settings: frame_scan(settings),
+    "scan into a polars frame, columns of latency-by-upstream":
+        lambda settings: frame_scan(settings, NAMED_QUERIES["latency-by-upstream"]),
+    "sql --query latency-by-upstream (end to end)": lambda settings: run_sql(settings, NAMED_QUERIES["latency-by-upstream"]),
+    "sql --query tokens-latency-by-upstream-version (end to end)":
+        lambda settings: run_sql(settings, NAMED_QUERIES["tokens-latency-by-upstream-version"]),
+}
+
+
+async def measure(report: Report, settings: KafkaSettings, events: int, data_dir: Path | None, root: Path,
+                  rounds: int = 3) -> None:
+    # The machine is shared and its load drifts within a run: each round measures every Kafka scan between
+    # two raw scans, each against the faster of those two (the first scan after publishing may also meet a
+    # broker still busy writing); the report gives each scan's median over the rounds.
+    raw_rates, rates, ratios = [], {name: [] for name in KAFKA_SCANS}, {name: [] for name in KAFKA_SCANS}
+    for n in range(1, rounds + 1):
+        counted, before_s = await timed_async(raw_scan(settings))
+        assert counted == events, (counted, events)
+        took = {}
+        for name, run in KAFKA_SCANS.items():
+            df, took[name] = await timed_async(run(settings))
+            if name.startswith("scan"):
+                assert df.height == events
+            del df
+        counted, after_s = await timed_async(raw_scan(settings))
+        raw_s = min(before_s, after_s)
+        raw_rates.append(events / raw_s)
+        for name, took_s in took.items():
+            rates[name].append(events / took_s)
+            ratios[name].append(raw_s / took_s)
+        print(f"  round {n}/{rounds}: raw {events / raw_s:,.0f}/s; "
+              + "; ".join(f"{name.split(' (')[0]} {ratios[name][-1]:.2f}x" for name in KAFKA_SCANS), flush=True)
+    raw_s = events / statistics.median(raw_rates)
+    report.add(f"Kafka: raw scan (count only, librdkafka): the baseline, median of {rounds} rounds",
                f"{events / raw_s:,.0f} events/s", 1.0)
-    for label, frame_s in frames:
-        report.add(f"Kafka: scan into a polars frame, {label}", f"{events / frame_s:,.0f} events/s", raw_s / frame_s)
+    for name in KAFKA_SCANS:
+        report.add(f"Kafka: {name}, median of {rounds} (ratio: median of each round's)",
+                   f"{statistics.median(rates[name]):,.0f} events/s", statistics.median(ratios[name]))
+    report.details["kafka_rounds"] = {"raw": raw_rates, **{name: {"events_per_s": rates[name], "ratio": ratios[name]}
+                                                          for name in KAFKA_SCANS}}
     counted, aio_s = await timed_async(aiokafka_scan(settings))
     report.add("Kafka: raw scan with aiokafka (how scans read before)", f"{events / aio_s:,.0f} events/s", raw_s / aio_s)
     sample = min(events, 50_000)
@@ -174,10 +201,9 @@ async def measure(report: Report, settings: KafkaSettings, events: int, data_dir
         assert df.height == events
         report.add(f"archive: scan into a polars frame, {label}", f"{events / frame_s:,.0f} events/s", raw_s / frame_s)
     for name in ("latency-by-upstream", "tokens-latency-by-upstream-version"):
-        for label, origin in (("Kafka", KAFKA), ("archive", archive)):
-            _, sql_s = await timed_async(run_sql(settings, NAMED_QUERIES[name], origin=origin))
-            report.add(f"{label}: sql --query {name} ({events:,} calls, end to end)",
-                       f"{events / sql_s:,.0f} events/s", raw_s / sql_s)
+        _, sql_s = await timed_async(run_sql(settings, NAMED_QUERIES[name], origin=archive))
+        report.add(f"archive: sql --query {name} ({events:,} calls, end to end)",
+                   f"{events / sql_s:,.0f} events/s", raw_s / sql_s)
 
 
 async def decoding_only(settings: KafkaSettings, limit: int) -> tuple[float, float]:
@@ -227,7 +253,8 @@ def timed(fn):
     return result, time.perf_counter() - start
 
 
-async def main(events: int, rows: int, bootstrap: str | None, prefix: str, kafka_data: Path | None) -> None:
+async def main(events: int, rows: int, bootstrap: str | None, prefix: str, kafka_data: Path | None,
+               rounds: int = 3) -> None:
     report = Shown("query")
     with tempfile.TemporaryDirectory() as tmp:
         broker, data_dir = None, kafka_data
@@ -244,7 +271,7 @@ async def main(events: int, rows: int, bootstrap: str | None, prefix: str, kafka
                 await asyncio.to_thread(fill, settings, events - have, have)
             elif have > events:
                 events = have
-            await measure(report, settings, events, data_dir, Path(tmp) / "archive")
+            await measure(report, settings, events, data_dir, Path(tmp) / "archive", rounds)
         finally:
             if broker is not None:
                 broker.stop()
@@ -268,5 +295,6 @@ if __name__ == "__main__":
                                             "a throwaway one; then Kafka's bytes on disk are not measured")
     parser.add_argument("--prefix", default="bench.")
     parser.add_argument("--kafka-data", type=Path, help="with --bootstrap: the broker's data folder (for its bytes)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the Kafka scans, each between two raw scans")
     args = parser.parse_args()
-    asyncio.run(main(args.events, args.rows, args.bootstrap, args.prefix, args.kafka_data))
+    asyncio.run(main(args.events, args.rows, args.bootstrap, args.prefix, args.kafka_data, args.rounds))

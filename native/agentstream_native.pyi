@@ -12,6 +12,17 @@ class Columns:
 
     def __arrow_c_array__(self, requested_schema: object | None = None) -> tuple[object, object]: ...
 
+class Fetched:
+    """One fetch's messages in range, as `take` kept them: their values and places in the log."""
+
+    def __len__(self) -> int: ...
+
+def take(messages: list[Any], ends: dict[int, int]) -> tuple[list[Any], Fetched, list[Any], dict[int, int]]:
+    """Sorts one `Consumer.consume`'s confluent-kafka messages: those of a partition in `ends` (partition →
+    offset to stop before) before its end kept (the list itself when all are), and as a `Fetched`; the
+    messages carrying an error (a partition's end among them); per partition the offset after the last
+    message kept."""
+
 class Decoder:
     """Reads records into these columns: (name, path of keys in the record, kind); the keys at `objects`
     (paths) must hold an object or null, even where no column in them is asked."""
@@ -24,3 +35,5 @@ class Decoder:
         a list): the columns, then kafka_partition, kafka_offset, kafka_timestamp; and per JSON column
         the rows whose text orjson would write otherwise. Raises ValueError (naming the record and
         byte) if a record does not fit."""
+    def decode_fetched(self, fetched: Fetched) -> tuple[Columns, list[tuple[str, list[int]]]]:
+        """Like `decode`, for what `take` kept of one fetch."""

@@ -19,6 +19,7 @@ from polars.testing import assert_frame_equal
 import schemas as s
 from agentstream.query import (TABLES, _columns, _decode_rows, _fields, _sub_records, decode_aligned, table_fields,
                                table_schema)
+from agentstream_native import take
 from schemas.codec import encode
 from schemas.scan import Record
 
@@ -223,6 +224,96 @@ def test_numbers_of_every_length_decode_the_same_either_way():
     fast = decode_aligned(batch, "calls")
     assert_frame_equal(fast, careful(batch, "calls"))
     assert fast["prompt_token_ids"][0].to_list() == ids and fast["logprobs"][0].to_list() == floats
+
+
+def test_numbers_read_in_one_step_decode_the_same_either_way():
+    """Token ids of 1 to 7 digits and floats without an exponent whose digits make at most 2^53 take the
+    decoder's one-step reads (a float: Clinger's fast path); around those limits (2^53, 8 digits, 19
+    digits, signs, zeros) the full parser reads them: either way, the doubles orjson reads."""
+    import random
+
+    rng = random.Random(11)
+    floats = [round(rng.uniform(-1, 1) * 10.0 ** rng.randrange(0, 12), rng.randrange(0, 19)) for _ in range(2000)]
+    floats += [rng.random() for _ in range(500)] + [0.1, 0.2, 0.30000000000000004, -0.0, 0.0, 1.0000000000000002,
+                                                   9007199254740992.0, 9007199254740994.0, 0.9007199254740993,
+                                                   0.9007199254740992, 900719925474099.3, 123456789012.34567]
+    ids = [rng.randrange(10 ** rng.randrange(0, 9)) for _ in range(2000)] + [0, 9_999_999, 10_000_000, 99_999_999]
+    events = [call(prompt_token_ids=ids[i:] + ids[:i], logprobs=floats[i:] + floats[:i]) for i in range(0, 40, 7)]
+    batch = records([encode(e) for e in events])
+    assert fast_way_taken(batch, "calls")
+    fast = decode_aligned(batch, "calls")
+    assert_frame_equal(fast, careful(batch, "calls"))
+    assert fast["prompt_token_ids"][0].to_list() == ids and fast["logprobs"][0].to_list() == floats
+
+
+@pytest.mark.parametrize(("field", "text", "fits"), [
+    ("logprobs", b"[0.1,-0.0,0.30000000000000004,9007199254740993.0,9007199254740993.5,0.9007199254740993,12.5e1,5.0]",
+     True),
+    ("logprobs", b"[1234567.000000000001,0.0000000000000000001,0.00000000000000000001,1.5 ,2.5]", True),
+    ("logprobs", b"[0,7,1234567,12345678,99999999,-5,0]", True),
+    ("prompt_token_ids", b"[0,7,1234567,12345678,99999999,-5,0,1 ,2, 3,4]", True),
+    ("prompt_token_ids", b"[01,2]", False), ("prompt_token_ids", b"[1,2.0]", False),
+    ("prompt_token_ids", b"[1,2,]", False), ("prompt_token_ids", b"[1,-]", False),
+    ("logprobs", b"[01.5,2.0]", False), ("logprobs", b"[1.,2.0]", False), ("logprobs", b"[1.5,]", False),
+    ("logprobs", b"[-.5]", False), ("logprobs", b"[1.5,2.5", False),
+])
+def test_numbers_near_the_one_step_reads_decode_the_same_either_way(field, text, fits):
+    """Read into their column, and checked and skipped when the query does not ask for it."""
+    event = orjson.loads(encode(CALLS[1]))
+    event["data"][field] = "PLACEHOLDER"
+    batch = records([orjson.dumps(event).replace(b'"PLACEHOLDER"', text)])
+    assert fast_way_taken(batch, "calls") == fits
+    assert_frame_equal(decode_aligned(batch, "calls"), careful(batch, "calls"))
+    columns = frozenset({"id", "kafka_offset", "status"})
+    schema = table_schema("calls")
+    assert_frame_equal(decode_aligned(batch, "calls", columns), _decode_rows(batch, schema, [n for n in schema
+                                                                                             if n in columns]))
+    def fits_json(read) -> bool:
+        try:
+            read()
+        except (ValueError, orjson.JSONDecodeError):
+            return False
+        return True
+
+    # skipped, a value need only be JSON (`[1,2.0]` is, if not token ids)
+    assert fits_json(lambda: _columns(batch, ("id",), tuple(f for f in table_fields("calls") if f.column == "status"),
+                                      _sub_records("calls"))) == fits_json(lambda: orjson.loads(text))
+
+
+def test_take_keeps_the_messages_of_the_range_and_sets_errors_apart():
+    """`take` (a columnar scan's fetch, librdkafka's messages in bulk): a partition's messages before its end
+    kept, those at or past it and those of a partition not asked dropped, errors apart; the same list when
+    all are kept. A fetch decodes as the `Record`s of the same messages do."""
+    from confluent_kafka import KafkaError, Message
+
+    from agentstream.query import decode
+    from schemas.scan import Fetch
+
+    values = [encode(e) for e in CALLS]
+
+    def message(partition: int, offset: int, value: bytes | None = None) -> Message:
+        return Message(topic="t", partition=partition, offset=offset, timestamp=(1, 1_700_000_000_000 + offset),
+                       key=b"k", value=value if value is not None else values[offset % 3])
+
+    eof = Message(topic="t", partition=1, offset=12, error=KafkaError(KafkaError._PARTITION_EOF))
+    fetched = [message(0, 1), message(1, 9), message(0, 2), message(0, 3), message(2, 0), eof, message(1, 10),
+               message(1, 11, b"not json")]
+    kept, taken, errors, positions = take(fetched, {0: 3, 1: 12})
+    assert [(m.partition(), m.offset()) for m in kept] == [(0, 1), (1, 9), (0, 2), (1, 10), (1, 11)]
+    assert len(taken) == 5 and errors == [eof] and positions == {0: 3, 1: 12}
+    whole = [message(0, 1), message(0, 2)]
+    assert take(whole, {0: 3})[0] is whole
+
+    fetch = Fetch("t", kept, taken)
+    records = fetch.records()
+    assert [(r.partition, r.offset, r.timestamp, r.value) for r in records] == [
+        (m.partition(), m.offset(), m.timestamp()[1], m.value()) for m in kept]
+    assert not fast_way_taken(records, "calls")  # the record that is not JSON: read row by row, from the fetch
+    got, unreadable = decode(fetch, "calls")
+    assert_frame_equal(got, decode(records, "calls")[0])
+    assert unreadable == 1 and got.height == 4
+    good = Fetch("t", kept[:4], take(kept[:4], {0: 3, 1: 12})[1])
+    assert_frame_equal(decode(good, "calls")[0], decode(records[:4], "calls")[0])
 
 
 def test_a_deeply_nested_request_is_refused_not_a_crash():

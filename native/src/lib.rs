@@ -12,6 +12,15 @@
 //! `__arrow_c_array__` protocol). Free-form JSON ("json") comes as its text, with the rows whose text
 //! orjson would write otherwise (spaces, floats, other escapes, a repeated key).
 //!
+//! Columnar scans skip the `Record`s: `take(messages, ends)` sorts one `Consumer.consume`'s
+//! confluent-kafka messages in one pass (errors apart; those of a partition in `ends` before its end
+//! kept, as a `Fetched`: their values and places), and `Decoder.decode_fetched(fetched)` reads them
+//! as `decode` reads records.
+//!
+//! Token ids and plain floats (`-0.8444218515250481`) followed by `,` or `]` are read in one step
+//! (`compact_int`, `compact_float`: Clinger's fast path, exact where it applies); anything else goes
+//! the full way, which gives the same values.
+//!
 //! Strict, like msgspec with the models' types: a value of another type (a float or text where an
 //! int is due, an int beyond 64 bits, a list of lists), a repeated key, bytes that are not UTF-8 or
 //! not JSON, a record that is not an object: `decode` raises ValueError, naming the record and byte,
@@ -25,6 +34,7 @@
 //! `tests/test_decode.py` checks this parser against orjson row by row on random records.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow_buffer::{BooleanBufferBuilder, Buffer, NullBufferBuilder};
@@ -34,6 +44,7 @@ use arrow_schema::ffi::FFI_ArrowSchema;
 use arrow_schema::{DataType, Field, Fields};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::intern;
 use pyo3::types::{PyBytes, PyCapsule, PyList, PyString, PyTuple};
 
 type Res<T> = Result<T, &'static str>;
@@ -237,6 +248,26 @@ fn eight_digits(x: u64) -> u64 {
     ((x & 0x0000_FFFF_0000_FFFF).wrapping_mul(42_949_672_960_001)) >> 32
 }
 
+/// 10^0 ..= 10^22: the powers of ten a double holds exactly.
+const POWERS_OF_TEN: [f64; 23] = [
+    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16, 1e17,
+    1e18, 1e19, 1e20, 1e21, 1e22,
+];
+
+/// The value of up to 19 ASCII digits, eight at a time.
+#[inline]
+fn many_digits(digits: &[u8]) -> u64 {
+    let mut chunks = digits.chunks_exact(8);
+    let mut value = 0;
+    for chunk in &mut chunks {
+        value = value * 100_000_000 + eight_digits(u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8])));
+    }
+    chunks
+        .remainder()
+        .iter()
+        .fold(value, |value, &c| value * 10 + u64::from(c - b'0'))
+}
+
 /// The value of up to 19 ASCII digits.
 #[inline]
 fn digits_value(digits: &[u8]) -> u64 {
@@ -424,6 +455,62 @@ impl<'a> Parser<'a> {
         }
     }
 
+    /// A list's next item if it is an int as orjson writes most (1 to 7 digits, no sign, no leading
+    /// zero) followed by `,` or `]`, both consumed: a token id in one 8-byte read. None: anything else
+    /// (whitespace, a sign, a null, the record's last bytes), left to `int`, nothing consumed.
+    #[inline]
+    fn compact_int(&mut self) -> Option<(i64, u8)> {
+        let chunk = self.b.get(self.i..self.i + 8)?;
+        let x = u64::from_le_bytes(chunk.try_into().ok()?);
+        let y = x ^ 0x3030_3030_3030_3030;
+        let stops = (y | y.wrapping_add(0x0606_0606_0606_0606)) & 0xF0F0_F0F0_F0F0_F0F0;
+        let digits = (stops.trailing_zeros() / 8) as usize; // 8 when all eight are digits
+        if digits == 0 || digits == 8 || (digits > 1 && chunk[0] == b'0') {
+            return None;
+        }
+        let stop = chunk[digits];
+        if stop != b',' && stop != b']' {
+            return None;
+        }
+        self.i += digits + 1;
+        Some((eight_digits(x << (8 * (8 - digits))) as i64, stop))
+    }
+
+    /// A list's next item if it is a float as orjson writes most (`-0.8444218515250481`: digits, a
+    /// point, digits, no exponent) followed by `,` or `]`, both consumed, when its digits read as one
+    /// integer are at most 2^53 and the fraction has at most 22 digits: then both that integer and
+    /// 10^digits are exact doubles, and the one division rounds correctly, to the same double as the
+    /// full parser's (Clinger's fast path). None: anything else, left to `float`, nothing consumed.
+    #[inline]
+    fn compact_float(&mut self) -> Option<(f64, u8)> {
+        let b = self.b;
+        let negative = b.get(self.i) == Some(&b'-');
+        let start = self.i + usize::from(negative);
+        let whole = digit_run(b.get(start..)?);
+        if whole == 0 || (whole > 1 && b[start] == b'0') || b.get(start + whole) != Some(&b'.') {
+            return None;
+        }
+        let fraction_start = start + whole + 1;
+        let fraction = digit_run(b.get(fraction_start..)?);
+        let end = fraction_start + fraction;
+        if fraction == 0 || whole + fraction > 19 || fraction >= POWERS_OF_TEN.len() {
+            return None;
+        }
+        let stop = *b.get(end)?;
+        if stop != b',' && stop != b']' {
+            return None;
+        }
+        // at most 19 digits: below 10^19, within a u64
+        let digits = many_digits(&b[start..start + whole]) * 10u64.pow(fraction as u32)
+            + many_digits(&b[fraction_start..end]);
+        if digits > 1 << 53 {
+            return None;
+        }
+        let value = digits as f64 / POWERS_OF_TEN[fraction];
+        self.i = end + 1;
+        Some((if negative { -value } else { value }, stop))
+    }
+
     fn bool(&mut self) -> Res<bool> {
         match self.peek()? {
             b't' => self.literal(b"true").map(|_| true),
@@ -569,9 +656,20 @@ impl<'a> Parser<'a> {
             b'[' => {
                 if self.open(b'[', b']')? {
                     loop {
-                        // numbers (token ids, logprobs a query did not ask for) checked here, not recursing
+                        // numbers (token ids, logprobs a query did not ask for) checked here, not recursing;
+                        // most in one step, with their separator
                         match self.b.get(self.i) {
-                            Some(b'-' | b'0'..=b'9') => self.number().map(|_| ())?,
+                            Some(b'-' | b'0'..=b'9') => {
+                                let quick = match self.compact_int() {
+                                    None => self.compact_float().map(|(_, stop)| stop),
+                                    found => found.map(|(_, stop)| stop),
+                                };
+                                match quick {
+                                    Some(b']') => break,
+                                    Some(_) => continue,
+                                    None => self.number().map(|_| ())?,
+                                }
+                            }
                             _ => self.skip(depth + 1)?,
                         }
                         if !self.more(b']')? {
@@ -944,6 +1042,14 @@ impl Builder {
                     // token ids and logprobs, most of a call's bytes: a loop of their own
                     match item.as_mut() {
                         Builder::Int { values, nulls } => loop {
+                            if let Some((value, stop)) = p.compact_int() {
+                                values.push(value);
+                                nulls.append_non_null();
+                                if stop == b']' {
+                                    break;
+                                }
+                                continue;
+                            }
                             if p.null()? {
                                 values.push(0);
                                 nulls.append_null();
@@ -956,6 +1062,14 @@ impl Builder {
                             }
                         },
                         Builder::Float { values, nulls } => loop {
+                            if let Some((value, stop)) = p.compact_float() {
+                                values.push(value);
+                                nulls.append_non_null();
+                                if stop == b']' {
+                                    break;
+                                }
+                                continue;
+                            }
                             if p.null()? {
                                 values.push(0.0);
                                 nulls.append_null();
@@ -1131,9 +1245,18 @@ fn object(
     if p.null()? || !p.open(b'{', b'}')? {
         return Ok(());
     }
+    // one writer writes the keys in one order: the key after the last one found is tried first
+    let mut next = 0;
     loop {
         let key = p.key()?;
-        match node.keys.iter().position(|k| **k == *key) {
+        let found = match node.keys.get(next) {
+            Some(k) if **k == *key => Some(next),
+            _ => node.keys.iter().position(|k| **k == *key),
+        };
+        if let Some(at) = found {
+            next = at + 1;
+        }
+        match found {
             // a repeat is not caught here, as for a key not asked (orjson keeps the last)
             Some(at) if matches!(node.slots[at], Slot::Check) => {
                 if !p.null()? {
@@ -1245,7 +1368,28 @@ impl Decoder {
             .iter()
             .map(|v| v.as_ref().map_or(&b"{}"[..], |b| b.as_bytes()))
             .collect();
-        let result = py.detach(|| self.columns(&slices, position));
+        self.decode_slices(py, &slices, position)
+    }
+
+    /// Like `decode`, for what `take` kept of one fetch (no `Record` made for each message).
+    fn decode_fetched(&self, py: Python<'_>, fetched: &Fetched) -> PyResult<(Columns, Recode)> {
+        let slices: Vec<&[u8]> = fetched
+            .values
+            .iter()
+            .map(|v| v.as_ref().map_or(&b"{}"[..], |b| b.as_bytes(py)))
+            .collect();
+        self.decode_slices(py, &slices, fetched.position.clone())
+    }
+}
+
+impl Decoder {
+    fn decode_slices(
+        &self,
+        py: Python<'_>,
+        slices: &[&[u8]],
+        position: [Vec<i64>; 3],
+    ) -> PyResult<(Columns, Recode)> {
+        let result = py.detach(|| self.columns(slices, position));
         match result {
             Ok((data, recode)) => Ok((Columns::new(data)?, recode)),
             Err((record, at, why)) => Err(PyValueError::new_err(format!(
@@ -1253,6 +1397,88 @@ impl Decoder {
             ))),
         }
     }
+}
+
+/// One fetch's messages in range, as `take` found them: each one's value and place in the log.
+#[pyclass(frozen)]
+struct Fetched {
+    values: Vec<Option<Py<PyBytes>>>,
+    /// partition, offset, timestamp
+    position: [Vec<i64>; 3],
+}
+
+#[pymethods]
+impl Fetched {
+    fn __len__(&self) -> usize {
+        self.values.len()
+    }
+}
+
+/// What `take` returns: the messages kept (the list itself when all are), their values and places,
+/// the messages that carry an error (a partition's end among them), and per partition the offset
+/// after the last message kept.
+type Taken<'py> = (
+    Bound<'py, PyList>,
+    Fetched,
+    Vec<Bound<'py, PyAny>>,
+    HashMap<i64, i64>,
+);
+
+/// Sorts the messages of one `Consumer.consume` (confluent-kafka's `Message`s): those with an error
+/// apart, then those of a partition in `ends` before its end (partition → offset to stop before)
+/// kept, the others dropped; in one pass, a few calls per message instead of a `Record` each.
+#[pyfunction]
+fn take<'py>(
+    py: Python<'py>,
+    messages: &Bound<'py, PyList>,
+    ends: HashMap<i64, i64>,
+) -> PyResult<Taken<'py>> {
+    let n = messages.len();
+    let mut values = Vec::with_capacity(n);
+    let mut position = [
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    ];
+    let mut errors = vec![];
+    let mut positions = HashMap::new();
+    let mut kept: Option<Vec<Bound<'py, PyAny>>> = None;
+    for (i, message) in messages.iter().enumerate() {
+        let keep = if !message.call_method0(intern!(py, "error"))?.is_none() {
+            errors.push(message.clone());
+            false
+        } else {
+            let partition: i64 = message.call_method0(intern!(py, "partition"))?.extract()?;
+            let offset: i64 = message.call_method0(intern!(py, "offset"))?.extract()?;
+            match ends.get(&partition) {
+                Some(&end) if offset < end => {
+                    let stamp = message.call_method0(intern!(py, "timestamp"))?;
+                    let value = message.call_method0(intern!(py, "value"))?;
+                    position[0].push(partition);
+                    position[1].push(offset);
+                    position[2].push(stamp.cast_into::<PyTuple>()?.get_item(1)?.extract()?);
+                    values.push(if value.is_none() {
+                        None
+                    } else {
+                        Some(value.cast_into::<PyBytes>()?.unbind())
+                    });
+                    positions.insert(partition, offset + 1);
+                    true
+                }
+                _ => false,
+            }
+        };
+        match (&mut kept, keep) {
+            (Some(list), true) => list.push(message),
+            (None, false) => kept = Some(messages.iter().take(i).collect()),
+            _ => {}
+        }
+    }
+    let kept = match kept {
+        None => messages.clone(),
+        Some(list) => PyList::new(py, list)?,
+    };
+    Ok((kept, Fetched { values, position }, errors, positions))
 }
 
 impl Decoder {
@@ -1355,5 +1581,7 @@ impl Columns {
 fn agentstream_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Decoder>()?;
     m.add_class::<Columns>()?;
+    m.add_class::<Fetched>()?;
+    m.add_function(wrap_pyfunction!(take, m)?)?;
     Ok(())
 }
