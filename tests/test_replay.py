@@ -278,6 +278,46 @@ async def test_a_rebuild_killed_mid_range_resumes_and_writes_each_trajectory_onc
     assert all(encode(e) == encode(expected[e.id]) for e in written)
 
 
+async def test_a_rebuild_in_worker_processes_writes_the_same_and_resumes_in_one(spread, tmp_path):
+    """`--jobs 2` folds two partitions in each of two processes: the same records in each output partition as
+    one process makes, and a run killed mid-range resumes with `--jobs 1` (the state is the same)."""
+    kafka, expected = spread
+    common = [*WORKER_TIMING, "--batch-size", "3", "--checkpoint-s", "0"]
+    one = await asyncio.to_thread(cli_process, kafka, "replay", "rebuild", "--to-topic", "one", *common, "--jobs", "1",
+                                  "--state", str(tmp_path / "one.json"))
+    assert one.returncode == 0, one.stdout + one.stderr
+    args = ["replay", "rebuild", "--to-topic", "two", *common, "--state", str(tmp_path / "two.json")]
+    killed = await asyncio.to_thread(cli_process, kafka, *args, "--jobs", "2", fault="replay.after_output:3")
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    partial = await read_topic(kafka, "two")
+    assert 0 < len(partial) < len(expected)
+    finished = await asyncio.to_thread(cli_process, kafka, *args, "--jobs", "1")
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+
+    def by_partition(records: list[tuple[int, s.TrajectoryEvent]]) -> dict[int, list[bytes]]:
+        found: dict[int, list[bytes]] = {}
+        for partition, event in records:
+            found.setdefault(partition, []).append(encode(event))
+        return found
+
+    made_by_one = by_partition(await read_topic(kafka, "one"))
+    assert sorted(orjson.loads(v)["id"] for values in made_by_one.values() for v in values) == sorted(expected)
+    assert by_partition(await read_topic(kafka, "two")) == made_by_one  # nothing skipped, nothing twice, in order
+
+    fresh = await asyncio.to_thread(cli_process, kafka, "replay", "rebuild", "--to-topic", "two-whole", *common,
+                                    "--jobs", "2", "--state", str(tmp_path / "whole.json"))
+    assert fresh.returncode == 0, fresh.stdout + fresh.stderr
+    assert by_partition(await read_topic(kafka, "two-whole")) == made_by_one
+
+    def after_done(output: str) -> list[str]:
+        lines = output.splitlines()
+        return lines[next(i for i, line in enumerate(lines) if line.startswith("Done")) + 1:]
+
+    assert after_done(fresh.stdout) == after_done(one.stdout)  # the same counts and reasons
+    counts = [orjson.loads((tmp_path / name).read_bytes())["counts"] for name in ("one.json", "whole.json", "two.json")]
+    assert counts[0]["trajectories"] == len(expected) and counts[1] == counts[0] and counts[2] == counts[0]
+
+
 @pytest.mark.parametrize("fmt,crash", [("parquet", "after_output:2"), ("chat", "after_output:3"),
                                        ("events", "after_state:3")])
 async def test_an_export_killed_mid_range_resumes_and_covers_it_exactly_once(spread, tmp_path, fmt, crash):
