@@ -6,6 +6,9 @@ comes next (or when the range closes). That is what the live worker decides by i
 since trajectory ids derive from the attempt and `build` sorts events, the same events make the
 same trajectories, byte for byte.
 
+Partitions fold independently (the topics are co-partitioned by rollout id): `parallel.py` runs a
+`Rebuild` of some of them in each of `--jobs` processes and merges their positions into this one's.
+
 With a new reward function, every task names it instead of its own, and the rewards computed
 earlier (reward events with `reward_fn` set) are left out: only what agents posted is carried
 over, and the new function scores every finished attempt.
