@@ -394,7 +394,8 @@ LookbackS = Annotated[float, typer.Option(
 CheckpointS = Annotated[float, typer.Option(help="seconds between resume checkpoints", hidden=True)]
 BatchSize = Annotated[int, typer.Option(help="records per fetch", hidden=True)]
 Jobs = Annotated[int, typer.Option(
-    min=0, help="processes a rebuild from the raw topics folds in, each taking some of the partitions; 0: one per core")]
+    min=0, help="processes a rebuild from the raw topics folds in, each taking some of the partitions; 0: one per "
+                "core (one in all where it reads the archive: such workers take ~1.5 s to start)")]
 
 
 @dataclass

@@ -16,6 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 import schemas as s
+from agentstream.archive import Archiver
 from agentstream.cli import app
 from agentstream.replay import parse_versions
 from schemas.scan import scan
@@ -303,6 +304,15 @@ async def test_a_rebuild_in_worker_processes_writes_the_same_and_resumes_in_one(
     made_by_one = by_partition(await read_topic(kafka, "one"))
     assert sorted(orjson.loads(v)["id"] for values in made_by_one.values() for v in values) == sorted(expected)
     assert by_partition(await read_topic(kafka, "two")) == made_by_one  # nothing skipped, nothing twice, in order
+
+    # workers that read the archive start as new interpreters (polars does not survive a fork)
+    archive = tmp_path / "archive"
+    await Archiver(kafka, archive, tables=("rollouts", "calls", "rewards"), say=lambda _: None).cycle()
+    archived = await asyncio.to_thread(cli_process, kafka, "replay", "rebuild", "--to-topic", "two-archived", *common,
+                                       "--jobs", "2", "--source", "archive", "--archive", str(archive),
+                                       "--state", str(tmp_path / "archived.json"))
+    assert archived.returncode == 0, archived.stdout + archived.stderr
+    assert by_partition(await read_topic(kafka, "two-archived")) == made_by_one
 
     fresh = await asyncio.to_thread(cli_process, kafka, "replay", "rebuild", "--to-topic", "two-whole", *common,
                                     "--jobs", "2", "--state", str(tmp_path / "whole.json"))

@@ -13,9 +13,12 @@ last position are held here until the next one covers them. So the merged positi
 matches what was handed to the sink, and it is the one-process position (a state written with
 `--jobs 2` resumes with `--jobs 1` and back). The workers' counts come with their positions.
 
-Workers are forked, not spawned: a spawned one would import pydantic, the event models and
-librdkafka again (~1.5 s of CPU each on this machine, much of a rebuild of 50,000 events). They
-make their own Kafka consumers and event loop after the fork and touch nothing of this process's.
+Workers reading Kafka alone are forked, not spawned: a spawned one would import pydantic, the
+event models and librdkafka again (~1.5 s of CPU each on this machine, much of a rebuild of 50,000
+events). They make their own Kafka consumers and event loop after the fork and touch nothing of
+this process's. Workers that may read the Parquet archive start afresh: polars' thread pool does not
+survive a fork (a forked worker hung in its first read once this process had used polars), so a
+rebuild that reads the archive runs in one process unless `--jobs` asks for more.
 The sink writes bytes (a topic, JSONL events): a worker encodes the trajectories and sends bytes
 (pickling the models would cost more than encoding them); for datasets it sends the models.
 """
@@ -28,6 +31,8 @@ import multiprocessing
 import os
 import pickle
 import signal
+import subprocess
+import sys
 import time
 import traceback
 from collections import Counter
@@ -54,6 +59,11 @@ SET_COUNTS = ("open", "open_ended")
 
 def default_jobs() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def reads_archive(settings: KafkaSettings, origin: Origin) -> bool:
+    """Whether a rebuild may read the Parquet archive (then its workers cannot be forked: see above)."""
+    return any(origin.manifest(settings.topics.name(t)) is not None for t in RAW)
 
 
 def deal(partitions: list[int], jobs: int) -> list[list[int]]:
@@ -153,17 +163,8 @@ class ParallelRebuild:
     # --- running the workers -----------------------------------------------------------------
 
     async def chunks(self) -> AsyncIterator[list[Item]]:
-        context = multiprocessing.get_context("fork")
-        pipes = [context.Pipe(duplex=False) for _ in self.parts]
-        processes = []
-        for index, part in enumerate(self.parts):
-            others = [end for i, pipe in enumerate(pipes) if i != index for end in pipe]
-            process = context.Process(target=_work, args=(pipes[index][1], others, part, os.getpid()),
-                                      name=f"rebuild-{'-'.join(map(str, part.partitions))}", daemon=True)
-            process.start()
-            processes.append(process)
-            pipes[index][1].close()  # the worker's end: closed here, so its exit reads as the end of the pipe
-        readers = [receiving for receiving, _ in pipes]
+        part = self.parts[0]
+        processes, readers = _start(self.parts, fork=not reads_archive(part.settings, part.origin))
         pending = {asyncio.ensure_future(asyncio.to_thread(_receive, readers[i])): i for i in range(len(self.parts))}
         held: list[list[Item]] = [[] for _ in self.parts]
         try:
@@ -174,9 +175,8 @@ class ParallelRebuild:
                     index = pending.pop(future)
                     message = future.result()
                     if message is None:
-                        processes[index].join(5)
                         raise ReplayError(f"the rebuild worker of partitions {self.parts[index].partitions} died "
-                                          f"(exit code {processes[index].exitcode}); run the same command again to "
+                                          f"(exit code {processes[index].end(5)}); run the same command again to "
                                           "resume, or pass --jobs 1 to rebuild in one process")
                     kind, body = message
                     if kind == "error":
@@ -197,9 +197,7 @@ class ParallelRebuild:
             for future in pending:
                 future.cancel()
             for process in processes:
-                if process.is_alive():
-                    process.kill()
-                process.join()
+                process.end(0)
             for reader in readers:
                 reader.close()
 
@@ -228,6 +226,57 @@ class ParallelRebuild:
         dues = [due for _, _, due in reported if due is not None]
         if dues:
             Rebuild.add_open_reason(self.saved_reasons, self.counts["open_ended"], max(dues), self.closing_ms)
+
+
+class _Process:
+    """A worker, forked (multiprocessing) or started afresh (subprocess): ended the same way."""
+
+    def __init__(self, handle: multiprocessing.Process | subprocess.Popen):
+        self.handle = handle
+
+    def end(self, wait_s: float) -> int | None:
+        """Its exit code, killing it if it has not exited within `wait_s`."""
+        handle = self.handle
+        if isinstance(handle, subprocess.Popen):
+            try:
+                return handle.wait(wait_s)
+            except subprocess.TimeoutExpired:
+                handle.kill()
+                return handle.wait()
+        handle.join(wait_s)
+        if handle.is_alive():
+            handle.kill()
+            handle.join()
+        return handle.exitcode
+
+
+def _start(parts: list[Part], fork: bool) -> tuple[list[_Process], list[Connection]]:
+    """A worker per part, and the pipe each sends through.
+
+    A fresh one is a new interpreter running this module (not multiprocessing's spawn, which would
+    run the caller's main module again in it), told its part through its stdin."""
+    processes, readers = [], []
+    if fork:
+        context = multiprocessing.get_context("fork")
+        pipes = [context.Pipe(duplex=False) for _ in parts]
+        for index, part in enumerate(parts):
+            others = [end for i, pipe in enumerate(pipes) if i != index for end in pipe]
+            process = context.Process(target=_work, args=(pipes[index][1], others, part, os.getpid()),
+                                      name=f"rebuild-{'-'.join(map(str, part.partitions))}", daemon=True)
+            process.start()
+            pipes[index][1].close()  # the worker's end: closed here, so its exit reads as the end of the pipe
+            processes.append(_Process(process))
+            readers.append(pipes[index][0])
+        return processes, readers
+    for part in parts:
+        process = subprocess.Popen([sys.executable, "-c", f"from {__name__} import serve; serve()"],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        process.stdin.write(pickle.dumps((part, os.getpid())))
+        process.stdin.close()
+        readers.append(Connection(os.dup(process.stdout.fileno()), writable=False))
+        process.stdout.close()
+        processes.append(_Process(process))
+    return processes, readers
 
 
 def _receive(reader: Connection) -> tuple[str, Any] | None:
@@ -302,3 +351,11 @@ def _covered(rebuild: Rebuild, counts: Counter[str], partitions: list[int]) -> d
 
 def _send(writer: Connection, kind: str, body: Any) -> None:
     writer.send_bytes(pickle.dumps((kind, body), protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def serve() -> None:
+    """A worker started afresh (see `_start`): its part from stdin, frames to stdout."""
+    part, parent = pickle.load(sys.stdin.buffer)
+    frames = os.dup(1)
+    os.dup2(2, 1)  # whatever prints goes to stderr: stdout carries the frames
+    _work(Connection(frames, readable=False), [], part, parent)

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from agentstream.replay.parallel import ParallelRebuild, default_jobs
+from agentstream.replay.parallel import ParallelRebuild, default_jobs, reads_archive
 from agentstream.replay.rebuild import RAW, Rebuild
 from agentstream.replay.selection import Selection
 from agentstream.replay.sinks import JsonlSink, ParquetSink, Sink, TopicSink
@@ -257,7 +257,8 @@ def _source(settings: KafkaSettings, job: Job, state: ReplayState, counts: Count
         return StoredTrajectories(settings, settings.topics.name(job.source), state.ranges[job.source], state.source,
                                   counts, options.batch_size, options.origin)
     spec = job.rebuild
-    jobs = options.jobs or default_jobs()
+    # workers that may read the archive cannot be forked, and a fresh one costs ~1.5 s of CPU: asked for only
+    jobs = options.jobs or (1 if reads_archive(settings, options.origin) else default_jobs())
     if jobs < 0:
         raise ReplayError(f"--jobs {options.jobs}: give a number of processes (1 or more), or 0 for one per core")
     common = dict(timing=spec.timing, closing_ms=state.plan["closing_ms"], selection=_selection(job, state),
