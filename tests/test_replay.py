@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 import schemas as s
 from agentstream.archive import Archiver
 from agentstream.cli import app
-from agentstream.replay import parse_versions
+from agentstream.replay import Job, Options, RebuildSpec, parse_versions, replay
+from agentstream.replay.rebuild import Rebuild
 from schemas.scan import scan
 from agentstream.top import TopView
 from schemas.codec import encode
@@ -326,6 +327,18 @@ async def test_a_rebuild_in_worker_processes_writes_the_same_and_resumes_in_one(
     assert after_done(fresh.stdout) == after_done(one.stdout)  # the same counts and reasons
     counts = [orjson.loads((tmp_path / name).read_bytes())["counts"] for name in ("one.json", "whole.json", "two.json")]
     assert counts[0]["trajectories"] == len(expected) and counts[1] == counts[0] and counts[2] == counts[0]
+
+
+async def test_a_failing_rebuild_worker_ends_the_rebuild_with_its_error(spread, tmp_path, monkeypatch):
+    kafka, _ = spread
+
+    def broken(self, partition, out):
+        raise RuntimeError("boom in the fold")
+
+    monkeypatch.setattr(Rebuild, "_drain", broken)  # (before the fork: the workers have it too)
+    job = Job("raw", "topic", "broken", rebuild=RebuildSpec(timing=Timing(settle_ms=200, reward_grace_ms=2000)))
+    with pytest.raises(RuntimeError, match=r"rebuild worker of partitions \[\d, \d\] failed:(.|\n)*boom in the fold"):
+        await replay(kafka, job, Options(tmp_path / "state.json", jobs=2))
 
 
 @pytest.mark.parametrize("fmt,crash", [("parquet", "after_output:2"), ("chat", "after_output:3"),

@@ -48,7 +48,7 @@ from agentstream.replay.selection import Selection
 from agentstream.replay.sources import Item
 from agentstream.replay.state import ReplayError, int_keys
 from schemas.codec import encode
-from schemas.errors import ConfigurationError
+from schemas.errors import AgentstreamError
 from schemas.kafka import KafkaSettings
 from schemas.scan import KAFKA, Origin
 from streams.assembly import Timing
@@ -282,9 +282,13 @@ def _start(parts: list[Part], fork: bool) -> tuple[list[_Process], list[Connecti
 def _receive(reader: Connection) -> tuple[str, Any] | None:
     """The worker's next message (unpickled here, off the event loop), or None: it ended without one."""
     try:
-        return pickle.loads(reader.recv_bytes())
+        body = reader.recv_bytes()
     except (EOFError, OSError):
         return None
+    try:
+        return pickle.loads(body)
+    except Exception as exc:  # noqa: BLE001 - an error whose class does not unpickle
+        return "error", RuntimeError(f"a rebuild worker sent what cannot be read back ({exc})")
 
 
 # --- in the worker process -------------------------------------------------------------------
@@ -298,7 +302,7 @@ def _work(writer: Connection, others: list[Connection], part: Part, parent: int)
     try:
         asyncio.run(_fold(writer, part))
     except BaseException as exc:  # noqa: BLE001 - whatever it is, the parent says it
-        error = exc if isinstance(exc, ConfigurationError) else RuntimeError(
+        error = exc if isinstance(exc, AgentstreamError) else RuntimeError(  # (those say the fix themselves)
             f"the rebuild worker of partitions {part.partitions} failed:\n{traceback.format_exc()}")
         try:
             writer.send_bytes(pickle.dumps(("error", error)))
