@@ -126,8 +126,9 @@ class ParallelRebuild:
         self.counts = counts
         self.closing_ms = closing_ms
         partitions = sorted(ranges["rollouts"])
-        self.parts = [Part(group, settings, *_only(ranges, position, group), timing, closing_ms, selection, reward_fn, with_calls, source,
-                           batch_size, origin, checkpoint_s, as_bytes) for group in deal(partitions, jobs)]
+        self.parts = [Part(group, settings, *_only(ranges, position, group), timing, closing_ms, selection, reward_fn,
+                           with_calls, source, batch_size, origin, checkpoint_s, as_bytes)
+                      for group in deal(partitions, jobs)]
         if position:
             self.next = {t: int_keys(position["next"][t]) for t in RAW}
             self.assembly: dict[int, Any] = dict(int_keys(position["assembly"]))
@@ -138,6 +139,8 @@ class ParallelRebuild:
         self.remaining = sum(max(0, ends[t][p] - self.next[t][p]) for t in RAW for p in partitions)
         self.saved_reasons: list[str] = list(position.get("reasons", [])) if position else []
         self.worker_reasons: list[list[str]] = [[] for _ in self.parts]
+        self.open_reasons: list[str] = []
+        """why attempts are open at the close (last, as one process says it)"""
         self.reads = [0] * len(self.parts)
         self.applied: list[dict[str, int]] = [{} for _ in self.parts]
         """each worker's counts as far as its last position covers (added to `counts` already)"""
@@ -153,7 +156,7 @@ class ParallelRebuild:
         merged = list(self.saved_reasons)
         for reasons in self.worker_reasons:
             merged += [r for r in reasons if r not in merged][:max(0, REASONS_KEPT - len(merged))]
-        return merged
+        return merged + [r for r in self.open_reasons if r not in merged]
 
     def position(self) -> dict[str, Any]:
         """The one-process position: the workers' last positions merged (their open attempts as sent, in JSON)."""
@@ -225,7 +228,7 @@ class ParallelRebuild:
         self.counts["open_ended"] = sum(ended for _, ended, _ in reported)
         dues = [due for _, _, due in reported if due is not None]
         if dues:
-            Rebuild.add_open_reason(self.saved_reasons, self.counts["open_ended"], max(dues), self.closing_ms)
+            Rebuild.add_open_reason(self.open_reasons, self.counts["open_ended"], max(dues), self.closing_ms)
 
 
 class _Process:

@@ -265,6 +265,6 @@ def _source(settings: KafkaSettings, job: Job, state: ReplayState, counts: Count
                   counts=counts, reward_fn=spec.reward_fn, with_calls=job.sink in ("chat", "parquet"),
                   source=spec.source, batch_size=options.batch_size, origin=options.origin)
     if jobs > 1 and len(state.ranges["rollouts"]) > 1:
-        return ParallelRebuild(settings, state.ranges, state.source, jobs=jobs, as_bytes=job.sink in ("topic", "events"),
-                               checkpoint_s=options.checkpoint_s, **common)
+        return ParallelRebuild(settings, state.ranges, state.source, jobs=jobs, checkpoint_s=options.checkpoint_s,
+                               as_bytes=job.sink in ("topic", "events"), **common)
     return Rebuild(settings, state.ranges, state.source, **common)
