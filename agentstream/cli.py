@@ -393,6 +393,9 @@ LookbackS = Annotated[float, typer.Option(
          "recognised and left out rather than rebuilt from half their events")]
 CheckpointS = Annotated[float, typer.Option(help="seconds between resume checkpoints", hidden=True)]
 BatchSize = Annotated[int, typer.Option(help="records per fetch", hidden=True)]
+Jobs = Annotated[int, typer.Option(
+    min=0, help="processes a rebuild from the raw topics folds in, each taking some of the partitions; 0: one per "
+                "core (one in all where it reads the archive: such workers take ~1.5 s to start)")]
 
 
 @dataclass
@@ -415,6 +418,7 @@ class ReplayFlags:
     restart: Restart = False
     checkpoint_s: CheckpointS = 5.0
     batch_size: BatchSize = 5000
+    jobs: Jobs = 0
     read_from: ReadFrom = "auto"
     archive: ArchiveDir = Path("runs/archive")
 
@@ -462,7 +466,7 @@ def _replay(flags: ReplayFlags, source: str, sink: str, target: str):
     except ValueError as exc:  # pydantic's ValidationError is one
         fail(str(exc))
     options = Options(f.state or default_state(settings, job), f.restart, f.checkpoint_s, f.batch_size,
-                      _origin(f.read_from, f.archive))
+                      _origin(f.read_from, f.archive), jobs=f.jobs)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("records"),
                TextColumn("· {task.fields[written]:,} trajectories"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as bar:

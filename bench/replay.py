@@ -16,6 +16,8 @@ code of commit REV (its tree checked out by `git archive`, run with this environ
 tree, each as a process of its own (events/s over its wall time, its CPU per event), in `--rounds`
 interleaved rounds, each against a raw scan just before; the topics rebuilt by both are compared
 byte for byte (a rebuild must make the live worker's bytes, so any change to them shows here).
+Each runs with its default processes (`--jobs`: one per core since the partition-parallel
+rebuild); its CPU counts its worker processes'.
 
     uv run python -m bench.replay [--rollouts 10000] [--baseline main [--rounds 2]]
 """
@@ -99,11 +101,12 @@ from streams.assembly import Timing
 url, topic, state = sys.argv[1:4]
 settings = KafkaSettings(bootstrap_servers=url, topic_prefix="bench.", partitions=4)
 job = Job("raw", "topic", topic, rebuild=RebuildSpec(timing=Timing(settle_ms=1000, reward_grace_ms=30_000)))
-began, cpu = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+def cpu():  # with its worker processes' (replay rebuild --jobs), where it has them
+    usages = map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return sum(u.ru_utime + u.ru_stime for u in usages)
+began, used = time.perf_counter(), cpu()
 summary = asyncio.run(replay(settings, job, Options(Path(state))))
-took, end = time.perf_counter() - began, resource.getrusage(resource.RUSAGE_SELF)
-print(json.dumps({"written": summary.written, "wall_s": took,
-                  "cpu_s": end.ru_utime + end.ru_stime - cpu.ru_utime - cpu.ru_stime}))
+print(json.dumps({"written": summary.written, "wall_s": time.perf_counter() - began, "cpu_s": cpu() - used}))
 """
 """`replay rebuild` into a topic, run by whichever tree is the working directory: figures as JSON"""
 

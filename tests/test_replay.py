@@ -16,8 +16,10 @@ import pytest
 from typer.testing import CliRunner
 
 import schemas as s
+from agentstream.archive import Archiver
 from agentstream.cli import app
-from agentstream.replay import parse_versions
+from agentstream.replay import Job, Options, RebuildSpec, parse_versions, replay
+from agentstream.replay.rebuild import Rebuild
 from schemas.scan import scan
 from agentstream.top import TopView
 from schemas.codec import encode
@@ -276,6 +278,63 @@ async def test_a_rebuild_killed_mid_range_resumes_and_writes_each_trajectory_onc
     written = [event for _, event in await read_topic(kafka, "resumed")]
     assert sorted(e.id for e in written) == sorted(expected)  # nothing skipped, nothing twice
     assert all(encode(e) == encode(expected[e.id]) for e in written)
+
+
+async def test_a_rebuild_in_worker_processes_writes_the_same_and_resumes_in_one(spread, tmp_path):
+    """`--jobs 2` folds two partitions in each of two processes: the same records in each output partition as
+    one process makes, and a run killed mid-range resumes with `--jobs 1` (the state is the same)."""
+    kafka, expected = spread
+    common = [*WORKER_TIMING, "--batch-size", "3", "--checkpoint-s", "0"]
+    one = await asyncio.to_thread(cli_process, kafka, "replay", "rebuild", "--to-topic", "one", *common, "--jobs", "1",
+                                  "--state", str(tmp_path / "one.json"))
+    assert one.returncode == 0, one.stdout + one.stderr
+    args = ["replay", "rebuild", "--to-topic", "two", *common, "--state", str(tmp_path / "two.json")]
+    killed = await asyncio.to_thread(cli_process, kafka, *args, "--jobs", "2", fault="replay.after_output:3")
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    partial = await read_topic(kafka, "two")
+    assert 0 < len(partial) < len(expected)
+    finished = await asyncio.to_thread(cli_process, kafka, *args, "--jobs", "1")
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+
+    def by_partition(records: list[tuple[int, s.TrajectoryEvent]]) -> dict[int, list[bytes]]:
+        found: dict[int, list[bytes]] = {}
+        for partition, event in records:
+            found.setdefault(partition, []).append(encode(event))
+        return found
+
+    made_by_one = by_partition(await read_topic(kafka, "one"))
+    assert sorted(orjson.loads(v)["id"] for values in made_by_one.values() for v in values) == sorted(expected)
+    assert by_partition(await read_topic(kafka, "two")) == made_by_one  # nothing skipped, nothing twice, in order
+
+    # workers that read the archive start as new interpreters (polars does not survive a fork)
+    archive = tmp_path / "archive"
+    await Archiver(kafka, archive, tables=("rollouts", "calls", "rewards"), say=lambda _: None).cycle()
+    archived = await asyncio.to_thread(cli_process, kafka, "replay", "rebuild", "--to-topic", "two-archived", *common,
+                                       "--jobs", "2", "--source", "archive", "--archive", str(archive),
+                                       "--state", str(tmp_path / "archived.json"))
+    assert archived.returncode == 0, archived.stdout + archived.stderr
+    assert by_partition(await read_topic(kafka, "two-archived")) == made_by_one
+
+    def after_done(output: str) -> list[str]:
+        lines = output.splitlines()
+        return lines[next(i for i, line in enumerate(lines) if line.startswith("Done")) + 1:]
+
+    assert after_done(archived.stdout) == after_done(one.stdout)  # the same counts and reasons
+    counts = [orjson.loads((tmp_path / name).read_bytes())["counts"] for name in ("one.json", "archived.json",
+                                                                                   "two.json")]
+    assert counts[0]["trajectories"] == len(expected) and counts[1] == counts[0] and counts[2] == counts[0]
+
+
+async def test_a_failing_rebuild_worker_ends_the_rebuild_with_its_error(spread, tmp_path, monkeypatch):
+    kafka, _ = spread
+
+    def broken(self, partition, out):
+        raise RuntimeError("boom in the fold")
+
+    monkeypatch.setattr(Rebuild, "_drain", broken)  # (before the fork: the workers have it too)
+    job = Job("raw", "topic", "broken", rebuild=RebuildSpec(timing=Timing(settle_ms=200, reward_grace_ms=2000)))
+    with pytest.raises(RuntimeError, match=r"rebuild worker of partitions \[\d, \d\] failed:(.|\n)*boom in the fold"):
+        await replay(kafka, job, Options(tmp_path / "state.json", jobs=2))
 
 
 @pytest.mark.parametrize("fmt,crash", [("parquet", "after_output:2"), ("chat", "after_output:3"),

@@ -1,7 +1,8 @@
 """Replay: a range of the log into the trainer, into a rebuilt trajectories topic, or into a dataset.
 
 `run.replay` drives it; `rebuild` remakes trajectories from the raw topics with the streams
-worker's own fold; `sinks` write and resume the output; `state` is the resume file.
+worker's own fold (`parallel`: in several processes, by partition); `sinks` write and resume the
+output; `state` is the resume file.
 """
 
 from agentstream.replay.run import Job, Options, Progress, RangeSpec, RebuildSpec, Summary, default_state, replay

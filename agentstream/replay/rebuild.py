@@ -6,6 +6,9 @@ comes next (or when the range closes). That is what the live worker decides by i
 since trajectory ids derive from the attempt and `build` sorts events, the same events make the
 same trajectories, byte for byte.
 
+Partitions fold independently (the topics are co-partitioned by rollout id): `parallel.py` runs a
+`Rebuild` of some of them in each of `--jobs` processes and merges their positions into this one's.
+
 With a new reward function, every task names it instead of its own, and the rewards computed
 earlier (reward events with `reward_fn` set) are left out: only what agents posted is carried
 over, and the new function scores every finished attempt.
@@ -80,6 +83,11 @@ class Rebuild:
         self.read = 0
         self.reasons: list[str] = list(position.get("reasons", [])) if position else []
         """the first reasons for late events and failed reward functions, to show"""
+        self.explain_open = True
+        """whether the range's close adds why attempts are open to `reasons` (a worker process leaves it to
+        the parent, which knows them all: see parallel.py)"""
+        self.open_due: int | None = None
+        """when the last attempt that had ended but was still open at the close is due"""
 
     # --- reading -----------------------------------------------------------------------------
 
@@ -135,13 +143,19 @@ class Rebuild:
         ended = [finalize_at(attempt, self.timing) for attempt in unsettled if attempt["end"] is not None]
         self.counts["open"] = len(unsettled)
         self.counts["open_ended"] = len(ended)
-        if ended:  # the live worker would not have settled them yet either: a reward may still come
-            due = datetime.fromtimestamp(max(ended) / 1000, timezone.utc).isoformat(timespec="milliseconds")
-            reason = (f"{len(ended)} attempt(s) had ended but were not due by the range's close "
-                                f"({self.closing_ms}): their settle time or reward grace runs until {due}; "
-                                "rebuild after that (to a new topic) to include them")
-            if reason not in self.reasons:  # a resumed run reaches the close again
-                self.reasons.append(reason)
+        self.open_due = max(ended) if ended else None
+        if ended and self.explain_open:
+            self.add_open_reason(self.reasons, len(ended), max(ended), self.closing_ms)
+
+    @staticmethod
+    def add_open_reason(reasons: list[str], ended: int, due: int, closing_ms: int) -> None:
+        # the live worker would not have settled them yet either: a reward may still come
+        at = datetime.fromtimestamp(due / 1000, timezone.utc).isoformat(timespec="milliseconds")
+        reason = (f"{ended} attempt(s) had ended but were not due by the range's close "
+                  f"({closing_ms}): their settle time or reward grace runs until {at}; "
+                  "rebuild after that (to a new topic) to include them")
+        if reason not in reasons:  # a resumed run reaches the close again
+            reasons.append(reason)
 
     def _waiting(self, topic: str, partition: int) -> bool:
         """The merge of this partition needs the next record of this topic, which is not yet read."""

@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from agentstream.replay.parallel import ParallelRebuild, default_jobs, reads_archive
 from agentstream.replay.rebuild import RAW, Rebuild
 from agentstream.replay.selection import Selection
 from agentstream.replay.sinks import JsonlSink, ParquetSink, Sink, TopicSink
@@ -109,6 +110,8 @@ class Options:
     batch_size: int = 5000
     origin: Origin = KAFKA
     """where the range is read from: Kafka, the Parquet archive, or both (the same records either way)"""
+    jobs: int = 0
+    """processes a rebuild folds in, each taking some of the partitions (parallel.py); 0: one per core"""
 
 
 @dataclass
@@ -179,8 +182,11 @@ async def replay(settings: KafkaSettings, job: Job, options: Options,
                 return time.monotonic() - begun
 
             async for items in source.chunks():
-                chosen = [item for item in items if selection.wants(item.trajectory)]
-                counts["not_selected"] += len(items) - len(chosen)
+                if getattr(source, "selects", False):  # (its workers did, and counted what they left out)
+                    chosen = items
+                else:
+                    chosen = [item for item in items if selection.wants(item.trajectory)]
+                    counts["not_selected"] += len(items) - len(chosen)
                 await sink.write(chosen)
                 progress.read, progress.written = source.read, sink.written
                 if on_progress:
@@ -251,7 +257,14 @@ def _source(settings: KafkaSettings, job: Job, state: ReplayState, counts: Count
         return StoredTrajectories(settings, settings.topics.name(job.source), state.ranges[job.source], state.source,
                                   counts, options.batch_size, options.origin)
     spec = job.rebuild
-    return Rebuild(settings, state.ranges, state.source, timing=spec.timing, closing_ms=state.plan["closing_ms"],
-                   selection=_selection(job, state), counts=counts, reward_fn=spec.reward_fn,
-                   with_calls=job.sink in ("chat", "parquet"), source=spec.source, batch_size=options.batch_size,
-                   origin=options.origin)
+    # workers that may read the archive cannot be forked, and a fresh one costs ~1.5 s of CPU: asked for only
+    jobs = options.jobs or (1 if reads_archive(settings, options.origin) else default_jobs())
+    if jobs < 0:
+        raise ReplayError(f"--jobs {options.jobs}: give a number of processes (1 or more), or 0 for one per core")
+    common = dict(timing=spec.timing, closing_ms=state.plan["closing_ms"], selection=_selection(job, state),
+                  counts=counts, reward_fn=spec.reward_fn, with_calls=job.sink in ("chat", "parquet"),
+                  source=spec.source, batch_size=options.batch_size, origin=options.origin)
+    if jobs > 1 and len(state.ranges["rollouts"]) > 1:
+        return ParallelRebuild(settings, state.ranges, state.source, jobs=jobs, checkpoint_s=options.checkpoint_s,
+                               as_bytes=job.sink in ("topic", "events"), **common)
+    return Rebuild(settings, state.ranges, state.source, **common)

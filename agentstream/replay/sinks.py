@@ -124,15 +124,14 @@ class TopicSink:
     async def write(self, items: list[Item]) -> None:
         assert self.producer is not None
         for item in items:
-            event = item.trajectory
-            if event.id in self.present:
+            if item.id in self.present:
                 self.skipped_present += 1
                 self.written += 1
                 continue
-            value = encode(event)
+            value = item.raw or encode(item.trajectory)
             while True:
                 try:
-                    self.producer.produce(self.topic, value, event.key, on_delivery=self._delivered)
+                    self.producer.produce(self.topic, value, item.key, on_delivery=self._delivered)
                     break
                 except BufferError:  # its queue is full: let it send
                     await asyncio.to_thread(self.producer.poll, 0.5)

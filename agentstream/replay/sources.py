@@ -21,11 +21,19 @@ from schemas.kafka import KafkaSettings
 
 @dataclass
 class Item:
-    trajectory: TrajectoryEvent
+    trajectory: TrajectoryEvent | None
+    """None where only its bytes came (from a rebuild's worker process, for a sink that writes bytes)"""
     calls: dict[str, Call] = field(default_factory=dict)
     """the calls of its turns by id, where the source has them (a rebuild does): the dataset's messages"""
     raw: bytes | None = None
-    """the event as the topic holds it, where it was read from one (written as is, not encoded again)"""
+    """the event as the topic holds it or a worker encoded it (written as is, not encoded again)"""
+    id: str = ""
+    key: bytes | None = None
+    """the trajectory's id and record key (given with `raw` where there is no `trajectory`)"""
+
+    def __post_init__(self) -> None:
+        if self.trajectory is not None:
+            self.id, self.key = self.trajectory.id, self.trajectory.key
 
 
 class Source(Protocol):

@@ -1,0 +1,368 @@
+"""A rebuild spread over worker processes, by partition: `replay rebuild --jobs N`.
+
+The raw topics are co-partitioned by rollout id, so each partition folds on its own (rebuild.py
+keeps an `Assembly` per partition already). The partitions are dealt out to N processes; each
+scans and folds its own with a `Rebuild` of them and sends what it makes through a pipe; this
+process writes it to the sink. Within a partition the order is the one-process order, and the
+output topic is keyed by rollout id as before, so every output partition gets the same records in
+the same order; only how partitions interleave differs, as between two runs of the live worker.
+
+Resuming: a worker sends its `Rebuild.position()` (read positions and its partitions' open
+attempts) every checkpoint interval and with its last chunk, and the items it sent since its
+last position are held here until the next one covers them. So the merged position always
+matches what was handed to the sink, and it is the one-process position (a state written with
+`--jobs 2` resumes with `--jobs 1` and back). The workers' counts come with their positions.
+
+Workers reading Kafka alone are forked, not spawned: a spawned one would import pydantic, the
+event models and librdkafka again (~1.5 s of CPU each on this machine, much of a rebuild of 50,000
+events). They make their own Kafka consumers and event loop after the fork and touch nothing of
+this process's. Workers that may read the Parquet archive start afresh: polars' thread pool does not
+survive a fork (a forked worker hung in its first read once this process had used polars), so a
+rebuild that reads the archive runs in one process unless `--jobs` asks for more.
+The sink writes bytes (a topic, JSONL events): a worker encodes the trajectories and sends bytes
+(pickling the models would cost more than encoding them); for datasets it sends the models.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import multiprocessing
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import orjson
+
+from agentstream.replay.rebuild import RAW, REASONS_KEPT, Rebuild
+from agentstream.replay.selection import Selection
+from agentstream.replay.sources import Item
+from agentstream.replay.state import ReplayError, int_keys
+from schemas.codec import encode
+from schemas.errors import AgentstreamError
+from schemas.kafka import KafkaSettings
+from schemas.scan import KAFKA, Origin
+from streams.assembly import Timing
+
+SET_COUNTS = ("open", "open_ended")
+"""counts a rebuild sets at the range's close rather than adds to"""
+
+
+def default_jobs() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def reads_archive(settings: KafkaSettings, origin: Origin) -> bool:
+    """Whether a rebuild may read the Parquet archive (then its workers cannot be forked: see above)."""
+    return any(origin.manifest(settings.topics.name(t)) is not None for t in RAW)
+
+
+def deal(partitions: list[int], jobs: int) -> list[list[int]]:
+    """The partitions dealt round-robin to at most `jobs` workers (none gets none)."""
+    return [part for part in (partitions[i::jobs] for i in range(max(1, jobs))) if part]
+
+
+@dataclass
+class Part:
+    """What one worker folds, and how (everything a `Rebuild` of its partitions takes)."""
+
+    partitions: list[int]
+    settings: KafkaSettings
+    ranges: dict[str, dict[int, tuple[int, int]]]
+    position: dict[str, Any] | None
+    timing: Timing
+    closing_ms: int
+    selection: Selection
+    reward_fn: str | None
+    with_calls: bool
+    source: str
+    batch_size: int
+    origin: Origin
+    interval_s: float
+    """the least time between two positions sent (0: with every chunk)"""
+    as_bytes: bool
+    """send trajectories encoded (the sink writes bytes) rather than as models with their calls"""
+
+
+def _only(ranges: dict[str, dict[int, tuple[int, int]]], position: dict[str, Any] | None,
+          partitions: list[int]) -> tuple[dict[str, dict[int, tuple[int, int]]], dict[str, Any] | None]:
+    """The range and position of a worker: its partitions as they are, the others empty (read to their end).
+
+    (`scan` reads every partition of a topic it is not told to stop at, and skips the empty ranges.)
+    """
+    keep = set(partitions)
+    ranges = {t: {p: r if p in keep else (r[1], r[1]) for p, r in ranges[t].items()} for t in RAW}
+    if position is None:
+        return ranges, None
+    return ranges, {
+        "next": {t: {p: n if p in keep else ranges[t][p][1] for p, n in int_keys(position["next"][t]).items()}
+                 for t in RAW},
+        "assembly": {p: a for p, a in int_keys(position["assembly"]).items() if p in keep},
+        "reasons": []}
+
+
+class ParallelRebuild:
+    """The `Rebuild` source's interface (chunks, position, counts, read, remaining, reasons), by N processes.
+
+    Its chunks are selected already (`selects`): a worker keeps what the selection wants, counting the rest.
+    """
+
+    selects = True
+
+    def __init__(self, settings: KafkaSettings, ranges: dict[str, dict[int, tuple[int, int]]],
+                 position: dict[str, Any] | None, *, jobs: int, timing: Timing, closing_ms: int,
+                 selection: Selection, counts: Counter[str], reward_fn: str | None = None, with_calls: bool = False,
+                 as_bytes: bool = True, source: str = "streams", batch_size: int = 5000, origin: Origin = KAFKA,
+                 checkpoint_s: float = 5.0):
+        self.counts = counts
+        self.closing_ms = closing_ms
+        partitions = sorted(ranges["rollouts"])
+        self.parts = [Part(group, settings, *_only(ranges, position, group), timing, closing_ms, selection, reward_fn,
+                           with_calls, source, batch_size, origin, checkpoint_s, as_bytes)
+                      for group in deal(partitions, jobs)]
+        if position:
+            self.next = {t: int_keys(position["next"][t]) for t in RAW}
+            self.assembly: dict[int, Any] = dict(int_keys(position["assembly"]))
+        else:
+            self.next = {t: {p: start for p, (start, _) in ranges[t].items()} for t in RAW}
+            self.assembly = {}
+        ends = {t: {p: end for p, (_, end) in ranges[t].items()} for t in RAW}
+        self.remaining = sum(max(0, ends[t][p] - self.next[t][p]) for t in RAW for p in partitions)
+        self.saved_reasons: list[str] = list(position.get("reasons", [])) if position else []
+        self.worker_reasons: list[list[str]] = [[] for _ in self.parts]
+        self.open_reasons: list[str] = []
+        """why attempts are open at the close (last, as one process says it)"""
+        self.reads = [0] * len(self.parts)
+        self.applied: list[dict[str, int]] = [{} for _ in self.parts]
+        """each worker's counts as far as its last position covers (added to `counts` already)"""
+        self.open: list[tuple[int, int, int | None] | None] = [None for _ in self.parts]
+        """each worker's open attempts at the close: (open, of which ended, when the last of those is due)"""
+
+    @property
+    def read(self) -> int:
+        return sum(self.reads)
+
+    @property
+    def reasons(self) -> list[str]:
+        merged = list(self.saved_reasons)
+        for reasons in self.worker_reasons:
+            merged += [r for r in reasons if r not in merged][:max(0, REASONS_KEPT - len(merged))]
+        return merged + [r for r in self.open_reasons if r not in merged]
+
+    def position(self) -> dict[str, Any]:
+        """The one-process position: the workers' last positions merged (their open attempts as sent, in JSON)."""
+        return {"next": {t: dict(self.next[t]) for t in RAW}, "assembly": dict(self.assembly),
+                "reasons": self.reasons}
+
+    # --- running the workers -----------------------------------------------------------------
+
+    async def chunks(self) -> AsyncIterator[list[Item]]:
+        part = self.parts[0]
+        processes, readers = _start(self.parts, fork=not reads_archive(part.settings, part.origin))
+        pending = {asyncio.ensure_future(asyncio.to_thread(_receive, readers[i])): i for i in range(len(self.parts))}
+        held: list[list[Item]] = [[] for _ in self.parts]
+        try:
+            while pending:
+                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                out: list[Item] = []
+                for future in done:
+                    index = pending.pop(future)
+                    message = future.result()
+                    if message is None:
+                        raise ReplayError(f"the rebuild worker of partitions {self.parts[index].partitions} died "
+                                          f"(exit code {processes[index].end(5)}); run the same command again to "
+                                          "resume, or pass --jobs 1 to rebuild in one process")
+                    kind, body = message
+                    if kind == "error":
+                        raise body
+                    items, read, covered = body
+                    self.reads[index] = read
+                    held[index] += [Item(None, raw=raw, id=id_, key=key) for raw, id_, key in items] \
+                        if self.parts[index].as_bytes else items
+                    if covered is not None:
+                        self._cover(index, covered)
+                        out += held[index]
+                        held[index] = []
+                    if kind == "chunk":
+                        pending[asyncio.ensure_future(asyncio.to_thread(_receive, readers[index]))] = index
+                self._update_open()
+                yield out
+        finally:
+            for future in pending:
+                future.cancel()
+            for process in processes:
+                process.end(0)
+            for reader in readers:
+                reader.close()
+
+    def _cover(self, index: int, covered: dict[str, Any]) -> None:
+        """A worker's position and counts, as of the items it sent so far."""
+        mine = self.parts[index].partitions
+        for t in RAW:
+            self.next[t].update({p: covered["next"][t][p] for p in mine})
+        self.assembly.update({p: orjson.Fragment(covered["assembly"][p]) for p in mine})
+        self.worker_reasons[index] = covered["reasons"]
+        counts = covered["counts"]
+        for key, value in counts.items():
+            if key not in SET_COUNTS:
+                self.counts[key] += value - self.applied[index].get(key, 0)
+        self.applied[index] = counts
+        if covered["open"] is not None:
+            self.open[index] = covered["open"]
+
+    def _update_open(self) -> None:
+        """The workers' open attempts at the close, added up (as one process counts them)."""
+        reported = [found for found in self.open if found is not None]
+        if not reported:
+            return
+        self.counts["open"] = sum(opened for opened, _, _ in reported)
+        self.counts["open_ended"] = sum(ended for _, ended, _ in reported)
+        dues = [due for _, _, due in reported if due is not None]
+        if dues:
+            Rebuild.add_open_reason(self.open_reasons, self.counts["open_ended"], max(dues), self.closing_ms)
+
+
+class _Process:
+    """A worker, forked (multiprocessing) or started afresh (subprocess): ended the same way."""
+
+    def __init__(self, handle: multiprocessing.Process | subprocess.Popen):
+        self.handle = handle
+
+    def end(self, wait_s: float) -> int | None:
+        """Its exit code, killing it if it has not exited within `wait_s`."""
+        handle = self.handle
+        if isinstance(handle, subprocess.Popen):
+            try:
+                return handle.wait(wait_s)
+            except subprocess.TimeoutExpired:
+                handle.kill()
+                return handle.wait()
+        handle.join(wait_s)
+        if handle.is_alive():
+            handle.kill()
+            handle.join()
+        return handle.exitcode
+
+
+def _start(parts: list[Part], fork: bool) -> tuple[list[_Process], list[Connection]]:
+    """A worker per part, and the pipe each sends through.
+
+    A fresh one is a new interpreter running this module (not multiprocessing's spawn, which would
+    run the caller's main module again in it), told its part through its stdin."""
+    processes, readers = [], []
+    if fork:
+        context = multiprocessing.get_context("fork")
+        pipes = [context.Pipe(duplex=False) for _ in parts]
+        for index, part in enumerate(parts):
+            others = [end for i, pipe in enumerate(pipes) if i != index for end in pipe]
+            process = context.Process(target=_work, args=(pipes[index][1], others, part, os.getpid()),
+                                      name=f"rebuild-{'-'.join(map(str, part.partitions))}", daemon=True)
+            process.start()
+            pipes[index][1].close()  # the worker's end: closed here, so its exit reads as the end of the pipe
+            processes.append(_Process(process))
+            readers.append(pipes[index][0])
+        return processes, readers
+    for part in parts:
+        process = subprocess.Popen([sys.executable, "-c", f"from {__name__} import serve; serve()"],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        process.stdin.write(pickle.dumps((part, os.getpid())))
+        process.stdin.close()
+        readers.append(Connection(os.dup(process.stdout.fileno()), writable=False))
+        process.stdout.close()
+        processes.append(_Process(process))
+    return processes, readers
+
+
+def _receive(reader: Connection) -> tuple[str, Any] | None:
+    """The worker's next message (unpickled here, off the event loop), or None: it ended without one."""
+    try:
+        body = reader.recv_bytes()
+    except (EOFError, OSError):
+        return None
+    try:
+        return pickle.loads(body)
+    except Exception as exc:  # noqa: BLE001 - an error whose class does not unpickle
+        return "error", RuntimeError(f"a rebuild worker sent what cannot be read back ({exc})")
+
+
+# --- in the worker process -------------------------------------------------------------------
+
+
+def _work(writer: Connection, others: list[Connection], part: Part, parent: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the workers
+    _die_with(parent)
+    for end in others:  # the other workers' pipes: held here, they would keep those open past their end
+        end.close()
+    try:
+        asyncio.run(_fold(writer, part))
+    except BaseException as exc:  # noqa: BLE001 - whatever it is, the parent says it
+        error = exc if isinstance(exc, AgentstreamError) else RuntimeError(  # (those say the fix themselves)
+            f"the rebuild worker of partitions {part.partitions} failed:\n{traceback.format_exc()}")
+        try:
+            writer.send_bytes(pickle.dumps(("error", error)))
+        except Exception:  # noqa: BLE001 - not picklable, or the parent is gone
+            writer.send_bytes(pickle.dumps(("error", RuntimeError(str(error)))))
+        os._exit(1)
+    writer.close()
+
+
+def _die_with(parent: int) -> None:
+    """SIGKILL this worker when the parent dies (a replay killed mid-run leaves none behind; Linux)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it died before the call
+        os._exit(1)
+
+
+async def _fold(writer: Connection, part: Part) -> None:
+    counts: Counter[str] = Counter()
+    rebuild = Rebuild(part.settings, part.ranges, part.position, timing=part.timing, closing_ms=part.closing_ms,
+                      selection=part.selection, counts=counts, reward_fn=part.reward_fn, with_calls=part.with_calls,
+                      source=part.source, batch_size=part.batch_size, origin=part.origin)
+    rebuild.explain_open = False
+    interval, last = part.interval_s, time.monotonic()
+    async for chunk in rebuild.chunks():
+        chosen = [item for item in chunk if part.selection.wants(item.trajectory)]
+        counts["not_selected"] += len(chunk) - len(chosen)
+        if part.as_bytes:  # (tuples: a third of the pickling of `Item`s)
+            chosen = [(encode(item.trajectory), item.trajectory.id, item.trajectory.key) for item in chosen]
+        covered = None
+        if time.monotonic() - last >= interval:  # between chunks, as the one-process replay checkpoints
+            begun = time.monotonic()
+            covered = _covered(rebuild, counts, part.partitions)
+            # a large state (many open attempts, settled ids kept against duplicates) is sent less often
+            interval = max(part.interval_s, 9 * (time.monotonic() - begun)) if part.interval_s else 0
+            last = time.monotonic()
+        _send(writer, "chunk", (chosen, rebuild.read, covered))
+    _send(writer, "end", ([], rebuild.read, _covered(rebuild, counts, part.partitions)))
+
+
+def _covered(rebuild: Rebuild, counts: Counter[str], partitions: list[int]) -> dict[str, Any]:
+    """The position and counts as of the chunks sent so far; each partition's open attempts as JSON."""
+    position = rebuild.position()
+    return {"next": position["next"], "reasons": position["reasons"], "counts": dict(counts),
+            "assembly": {p: orjson.dumps(state) for p, state in position["assembly"].items() if p in partitions},
+            "open": (counts["open"], counts["open_ended"], rebuild.open_due) if "open" in counts else None}
+
+
+def _send(writer: Connection, kind: str, body: Any) -> None:
+    writer.send_bytes(pickle.dumps((kind, body), protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def serve() -> None:
+    """A worker started afresh (see `_start`): its part from stdin, frames to stdout."""
+    part, parent = pickle.load(sys.stdin.buffer)
+    frames = os.dup(1)
+    os.dup2(2, 1)  # whatever prints goes to stderr: stdout carries the frames
+    _work(Connection(frames, readable=False), [], part, parent)
