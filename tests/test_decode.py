@@ -218,12 +218,7 @@ def test_numbers_of_every_length_decode_the_same_either_way():
     ids = [0, -1, 2 ** 63 - 1, -2 ** 63] + [rng.randrange(10 ** (n - 1), 10 ** n) * rng.choice((1, -1))
                                             for n in range(1, 20) for _ in range(3)]
     floats = [rng.uniform(-1, 1) * 10.0 ** rng.randrange(-320, 300) for _ in range(200)] + [1.0, -0.0, 1e-7, 12.0]
-    events = [call(prompt_token_ids=ids[i:] + ids[:i], logprobs=floats[i:] + floats[:i]) for i in range(0, 40, 7)]
-    batch = records([encode(e) for e in events])
-    assert fast_way_taken(batch, "calls")
-    fast = decode_aligned(batch, "calls")
-    assert_frame_equal(fast, careful(batch, "calls"))
-    assert fast["prompt_token_ids"][0].to_list() == ids and fast["logprobs"][0].to_list() == floats
+    assert_lists_decode_the_same(ids, floats)
 
 
 def test_numbers_read_in_one_step_decode_the_same_either_way():
@@ -238,13 +233,18 @@ def test_numbers_read_in_one_step_decode_the_same_either_way():
                                                    9007199254740992.0, 9007199254740994.0, 0.9007199254740993,
                                                    0.9007199254740992, 900719925474099.3, 123456789012.34567]
     ids = [rng.randrange(10 ** rng.randrange(0, 9)) for _ in range(2000)] + [0, 9_999_999, 10_000_000, 99_999_999]
+    assert_lists_decode_the_same(ids, floats)
+
+
+
+def assert_lists_decode_the_same(ids: list[int], floats: list[float]) -> None:
+    """Calls made of these token ids and logprobs (rotated) decode the native way as row by row."""
     events = [call(prompt_token_ids=ids[i:] + ids[:i], logprobs=floats[i:] + floats[:i]) for i in range(0, 40, 7)]
     batch = records([encode(e) for e in events])
     assert fast_way_taken(batch, "calls")
     fast = decode_aligned(batch, "calls")
     assert_frame_equal(fast, careful(batch, "calls"))
     assert fast["prompt_token_ids"][0].to_list() == ids and fast["logprobs"][0].to_list() == floats
-
 
 @pytest.mark.parametrize(("field", "text", "fits"), [
     ("logprobs", b"[0.1,-0.0,0.30000000000000004,9007199254740993.0,9007199254740993.5,0.9007199254740993,12.5e1,5.0]",
