@@ -150,7 +150,7 @@ class ServerStarts:
     def stop(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
         for server in self.servers:
-            server.stop()
+            server.stop(grace=2)  # nothing of it outlives the session: no wait for open connections to close
 
 
 @pytest.fixture(scope="session", autouse=True)

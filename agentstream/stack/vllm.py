@@ -151,9 +151,10 @@ class LocalVLLM:
         state.save(self.state_file)
         return state
 
-    def stop(self) -> bool:
+    def stop(self, grace: float = 20.0) -> bool:
+        """SIGTERM, killed after `grace` seconds; True if a server was running."""
         state = ServerState.load(self.state_file)
-        return bool(state) and stop_pid(state.pid, grace=20)
+        return bool(state) and stop_pid(state.pid, grace=grace)
 
 
 def serving_overrides(model: Path) -> list[str]:
