@@ -104,9 +104,10 @@ def start_cluster(root: Path):
         await_ready("kube-apiserver", apiserver, ready, root / "apiserver.log", timeout=120)
         yield KubeCluster(url, write_kubeconfig(root / "kubeconfig", url, ca_file), ca_file)
     finally:
+        # the cluster goes with the session: no graceful drain (the API server's took its whole 10 s)
         if apiserver is not None:
-            stop_pid(apiserver.pid, grace=10)
-        stop_pid(etcd.pid, grace=10)
+            stop_pid(apiserver.pid, grace=1)
+        stop_pid(etcd.pid, grace=1)
 
 
 @pytest.fixture(scope="session")
