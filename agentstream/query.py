@@ -10,13 +10,11 @@ metrics, the task input) is kept as a JSON string, queryable with polars' JSON f
 from __future__ import annotations
 
 import asyncio
-import gc
 import re
 import types
 import typing
 from collections import deque
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 
@@ -27,6 +25,7 @@ from pydantic import BaseModel
 
 from agentstream.repeats import drop_repeats
 from schemas.scan import KAFKA, Bounds, Fetch, Origin, Record, archive_table, plan_scan, scan_fetches
+from schemas import collector
 from schemas.events import EVENT_TYPES, Payload
 from schemas.kafka import KafkaSettings
 
@@ -318,7 +317,7 @@ async def load_table(settings: KafkaSettings, table: str, bounds: Bounds = Bound
         if old is not None:
             parts.append(old)
     if plan.tail:
-        with _collector_paused():
+        with collector.paused():
             # fetches are decoded on threads (the native decoder lets go of the GIL) while the next is fetched
             decoding: deque[asyncio.Future] = deque()
             async for fetch in scan_fetches(settings, topic, plan.tail, batch_size=20_000, on_progress=on_progress):
@@ -335,29 +334,6 @@ async def load_table(settings: KafkaSettings, table: str, bounds: Bounds = Bound
         return decode([], table, columns)[0], 0
     whole = pl.concat(parts, how="vertical_relaxed") if len(parts) > 1 else parts[0]
     return drop_repeats(whole), unreadable
-
-
-_pausing = 0
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cycle collector off while a scan from Kafka runs (and on again after the last of several
-    at once): librdkafka's messages are objects it tracks, tens of thousands alive at a time while their
-    fetches decode, and its full passes over them cost ~1.5 µs of CPU per call event (of ~17, measured
-    with it on and off in turn). Nothing a scan makes holds a cycle; reference counting frees it."""
-    global _pausing
-    if _pausing == 0 and not gc.isenabled():  # off already (by the program): leave it so
-        yield
-        return
-    _pausing += 1
-    gc.disable()
-    try:
-        yield
-    finally:
-        _pausing -= 1
-        if _pausing == 0:
-            gc.enable()
 
 
 def _words(sql: str) -> frozenset[str]:
