@@ -98,7 +98,8 @@ def cli_process(kafka: KafkaSettings, *args: str, fault: str | None = None) -> s
     args = (*args[:at], "--prefix", kafka.topic_prefix, *args[at:])
     command = faults.command(fault, "agentstream", *args) if fault else [sys.executable, "-m", "agentstream", *args]
     return subprocess.run(command, cwd=REPO,
-                          env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers},
+                          # wide, so rich never wraps a line the tests compare (its default is 80 columns)
+                          env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers, "COLUMNS": "400"},
                           capture_output=True, text=True, timeout=120)
 
 
