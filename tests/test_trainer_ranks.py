@@ -74,8 +74,11 @@ def test_two_ranks_give_the_update_of_one_process(tiny_model_dirs, ray_address, 
         assert metrics[name] == pytest.approx(expected[name], rel=1e-4, abs=1e-6), name
     assert metrics["rank_tokens_max_share"] < 0.6, "the ranks' token counts are not balanced"
     weights = load_file(tmp_path / "model.safetensors")
+    # two AdamW steps of lr 1e-3 move a weight by up to ~2e-3; the ranks sum in another order, and AdamW
+    # divides by the gradient's own scale, so an element whose gradient is near zero carries that rounding
+    # into its step (1.1e-5 seen on an AVX-512 machine, <1e-5 elsewhere)
     for name, tensor in one.model.state_dict().items():
-        assert torch.allclose(weights[name], tensor, atol=1e-5), name
+        assert torch.allclose(weights[name], tensor, atol=5e-5), name
     assert not torch.equal(weights["model.embed_tokens.weight"], load_file(base / "model.safetensors")[
         "model.embed_tokens.weight"]), "the update did not move the weights"
     # the optimizer state is saved in the one-process format: a restart may change the number of ranks

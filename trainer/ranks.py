@@ -316,6 +316,7 @@ class LocalRay:
     def start(self, attempts: int = 3) -> str:
         """Start it; a start that fails (the raylet gives its agents a fixed 15 s to come up, which a
         loaded machine can miss) is tried again."""
+        self._ensure_token()
         for attempt in range(1, attempts + 1):
             try:
                 return self._start_once()
@@ -324,6 +325,16 @@ class LocalRay:
                     raise
                 log.warning("a local Ray failed to start (attempt %d of %d); trying again", attempt, attempts)
         raise AssertionError("unreachable")
+
+    @staticmethod
+    def _ensure_token() -> None:
+        """The cluster and its clients authenticate with a token (`ray_env`), which `ray start` does not
+        make: Ray's own command makes one where none is found (~/.ray/auth_token; one there is kept)."""
+        command = [str(Path(sys.executable).with_name("ray")), "get-auth-token", "--generate"]
+        made = subprocess.run(command, env=ray_env(), capture_output=True, text=True, timeout=120)
+        if made.returncode:
+            raise TrainerError(f"could not make a Ray authentication token (`{' '.join(command)}`): "
+                               f"{made.stderr[-2000:]} — set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH to a token of your own")
 
     def _start_once(self, timeout: float = 180) -> str:
         ports = {name: _free_port() for name in self.PORTS}
@@ -382,7 +393,7 @@ class LocalRay:
 def ray_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no calls home
-    env.setdefault("RAY_AUTH_MODE", "token")  # the cluster and its clients share ~/.ray/auth_token
+    env.setdefault("RAY_AUTH_MODE", "token")  # the cluster and its clients share ~/.ray/auth_token (LocalRay makes it)
     # under `uv run` Ray would start its workers with `uv run` too, outside this environment
     env.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     return env
