@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Callable, TypeVar
 
 from pydantic import BaseModel
 
@@ -38,26 +38,39 @@ from schemas.ids import derived_id
 
 M = TypeVar("M", bound=BaseModel)
 _set = object.__setattr__
-_DEFAULTS: dict[type, tuple[tuple[str, Any], ...]] = {}
+_REQUIRED = object()
+"""in a model's template, where a value must be given"""
+_SHAPES: dict[type, tuple[dict[str, Any], tuple[tuple[str, Callable[[], Any]], ...]]] = {}
+"""model class → its fields in order, with their plain defaults, and the fields whose default a factory makes"""
 
 
 def _made(cls: type[M], **values: Any) -> M:
     """`cls.model_construct(**values)` for a model without aliases, extras or post-init: the given values in
     the fields' order, defaults for the others, the given ones as the fields set."""
-    defaults = _DEFAULTS.get(cls)
-    if defaults is None:
-        fields = cls.__pydantic_fields__
-        assert not cls.__pydantic_post_init__ and cls.model_config.get("extra") != "allow" and not any(
-            f.alias or f.validation_alias for f in fields.values()), cls
-        defaults = _DEFAULTS[cls] = tuple((name, f) for name, f in fields.items())
+    shape = _SHAPES.get(cls) or _shape(cls)
+    fields = {**shape[0], **values}  # (the template's keys first: the fields' order)
+    for name, factory in shape[1]:
+        if name not in values:
+            fields[name] = factory()
     model = cls.__new__(cls)
-    fields_set = set(values)
-    _set(model, "__dict__", {name: values[name] if name in values else
-                             field.get_default(call_default_factory=True) for name, field in defaults})
-    _set(model, "__pydantic_fields_set__", fields_set)
+    _set(model, "__dict__", fields)
+    _set(model, "__pydantic_fields_set__", set(values))
     _set(model, "__pydantic_extra__", None)
     _set(model, "__pydantic_private__", None)
     return model
+
+
+def _shape(cls: type[BaseModel]) -> tuple[dict[str, Any], tuple[tuple[str, Callable[[], Any]], ...]]:
+    fields = cls.__pydantic_fields__
+    assert not cls.__pydantic_post_init__ and cls.model_config.get("extra") != "allow" and not any(
+        f.alias or f.validation_alias for f in fields.values()), cls
+    template = {name: _REQUIRED if f.is_required() or f.default_factory else f.get_default()
+                for name, f in fields.items()}
+    assert all(type(value) in (type(None), bool, int, float, str) or value is _REQUIRED
+               for value in template.values()), cls  # shared by every model made: immutable only
+    factories = tuple((name, f.default_factory) for name, f in fields.items() if f.default_factory)
+    shape = _SHAPES[cls] = template, factories  # type: ignore[assignment]
+    return shape
 
 
 STATUS_OF = {"rollout.finished": "finished", "rollout.failed": "failed", "rollout.timed_out": "timed_out"}

@@ -33,6 +33,7 @@ def test_encoding_is_the_bytes_orjson_wrote():
         value=1e-7, details={"x": [1.5, 100.0, 1e16, -0.0, "é\u2028\n", None, True, {"k": 2**62}]}))
     for event in [*events, odd]:
         assert s.encode(event) == orjson.dumps(event.model_dump(mode="python")), event.type
+        assert s.encode(event) == event.__pydantic_serializer__.to_json(event), event.type  # (trajectories: orjson)
 
 
 def test_ids_are_sortable_by_creation():
@@ -44,6 +45,17 @@ def test_ids_are_sortable_by_creation():
 def test_derived_ids_are_stable():
     assert s.derived_id("trajectory", "a-1") == s.derived_id("trajectory", "a-1")
     assert s.derived_id("trajectory", "a-1") != s.derived_id("trajectory", "a-2")
+
+
+@pytest.mark.parametrize("parts", [("trajectory", "r-1", "a-1"), ("reward", "x", "streams.rewards:exact_match"),
+                                   ("streams.deadletter", "t", "0", "12"), ("é\u2028", ""), ("",)])
+def test_derived_ids_are_uuid5_of_the_parts(parts):
+    """They are in the log (trajectory and reward ids): computed faster, they must stay these strings."""
+    import uuid
+
+    from schemas.ids import _NAMESPACE
+
+    assert s.derived_id(*parts) == str(uuid.uuid5(_NAMESPACE, "\x1f".join(parts)))
 
 
 def _call_dict() -> dict:
