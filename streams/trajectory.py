@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Callable, TypeVar
 
 from pydantic import BaseModel
@@ -98,18 +99,28 @@ def build(rollout_id: str, attempt_id: str, events: Seq[Event], ending: Ending, 
     calls and rewards topics side by side, so arrival order differs between runs, and the same
     events must always make the same trajectory.
     """
-    events = sorted({e.id: e for e in events}.values(), key=lambda e: (e.time, e.id))
-    queued = next((e.data for e in events if isinstance(e, RolloutQueuedEvent)), None)
-    calls = sorted((e for e in events if isinstance(e, CallEvent)), key=lambda e: (e.data.started_at, e.id))
+    events = sorted({e.id: e for e in events}.values(), key=_in_time)
+    queued: RolloutQueued | None = None
+    calls: list[CallEvent] = []
+    rewards: list[RewardRecord] = []
+    for event in events:  # (one pass, by exact type: `isinstance` on a model class costs more)
+        if type(event) is CallEvent:
+            calls.append(event)
+        elif type(event) is RewardEvent:
+            rewards.append(_reward_record(event))
+        elif type(event) is RolloutQueuedEvent and queued is None:
+            queued = event.data
+    calls.sort(key=_in_call_order)
     answered = [call for call in calls if _is_turn(call.data)]
     turns = [_turn(call.id, call.data) for call in answered]
-    lost = superseded(turns, [call.data.retry_count or 0 for call in answered])
-    turns = [turn for index, turn in enumerate(turns) if index not in lost]
+    lost = superseded(turns, [call.data.retry_count or 0 for call in answered]) if len(turns) > 1 else set()
+    if lost:
+        turns = [turn for index, turn in enumerate(turns) if index not in lost]
     sequences, mismatches = merge(turns)
-    rewards = [_reward_record(e) for e in events if isinstance(e, RewardEvent)]
-    _apply_turn_rewards(turns, rewards)
+    if rewards:
+        _apply_turn_rewards(turns, rewards)
     reward = rewards[-1].value if rewards else None
-    started_at = min((e.time for e in events), default=None)
+    started_at = events[0].time if events else None
     data = _made(Trajectory, 
         model=(queued.model if queued else None) or (calls[0].data.model if calls else None),
         status=ending.status,
@@ -132,16 +143,23 @@ def build(rollout_id: str, attempt_id: str, events: Seq[Event], ending: Ending, 
                                            source=source, rollout_id=rollout_id, attempt_id=attempt_id, data=data)
 
 
+_in_time = attrgetter("time", "id")
+
+
+def _in_call_order(call: CallEvent) -> tuple[int, str]:
+    return call.data.started_at, call.id
+
+
 def end_reason(events: Seq[Event], ending: Ending) -> str | None:
     """Why the attempt ended: a timeout, a failure's error (with the last line the agent wrote to stderr,
     where a crash's exception is), the outcome a coding agent reported with its diff, or abandonment."""
-    for event in reversed(events):
-        if isinstance(event, RolloutTimedOutEvent):
+    for event in reversed(events):  # (by exact type, as in `build`)
+        if type(event) is RolloutTimedOutEvent:
             return f"timed out after {event.data.timeout_s:g} s"
-        if isinstance(event, RolloutFailedEvent):
+        if type(event) is RolloutFailedEvent:
             last = next((line for line in reversed(event.data.stderr_tail.splitlines()) if line.strip()), "")
             return f"{event.data.error}: {last.strip()[:300]}" if last else event.data.error
-        if isinstance(event, RolloutDiffEvent) and ending.status == "finished":
+        if type(event) is RolloutDiffEvent and ending.status == "finished":
             return event.data.outcome
     return "abandoned: no ending was recorded" if ending.status == "abandoned" else None
 
@@ -205,11 +223,15 @@ def merge(turns: list[Turn]) -> tuple[list[Sequence], int]:
             built.append(current)
             prompt_lengths.append(len(prompt))
             added = prompt
-        completion = turn.completion_token_ids
-        current["token_ids"] += added + completion
-        current["mask"] += [0] * len(added) + [1] * len(completion)
-        current["logprobs"] += [0.0] * len(added) + turn.logprobs
-        current["weight_versions"] += [None] * len(added) + [turn.weight_version] * len(completion)
+        completion, between = turn.completion_token_ids, len(added)
+        current["token_ids"] += added
+        current["token_ids"] += completion
+        current["mask"] += [0] * between
+        current["mask"] += [1] * len(completion)
+        current["logprobs"] += [0.0] * between
+        current["logprobs"] += turn.logprobs
+        current["weight_versions"] += [None] * between
+        current["weight_versions"] += [turn.weight_version] * len(completion)
         current["turns"].append(index)
         turn.sequence = len(built) - 1
     sequences = [_made(Sequence, prompt_length=length, **lists) for lists, length in zip(built, prompt_lengths)]
