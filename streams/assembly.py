@@ -39,7 +39,7 @@ from schemas.events import (
 from schemas.ids import derived_id
 
 from streams import rewards
-from streams.trajectory import STATUS_OF, Ending, build, trajectory_id
+from streams.trajectory import STATUS_OF, Ending, build, trajectory_id, with_reward
 
 NO_ATTEMPT = "-"
 """the attempt of events that name a rollout but no attempt, before any attempt is known"""
@@ -330,7 +330,7 @@ class Assembly:
             scored = self._score(reward_fn, rollout_id, attempt_id, events, trajectory)
             if isinstance(scored, RewardEvent):
                 out.rewards.append(scored)
-                trajectory = build(rollout_id, attempt_id, [*events, scored], ending, self.source)
+                trajectory = with_reward(trajectory, events, scored, ending)
             else:
                 out.unscored.append((encode(trajectory), scored))
         out.trajectories.append(trajectory)

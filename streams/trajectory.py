@@ -102,12 +102,9 @@ def build(rollout_id: str, attempt_id: str, events: Seq[Event], ending: Ending, 
     events = sorted({e.id: e for e in events}.values(), key=_in_time)
     queued: RolloutQueued | None = None
     calls: list[CallEvent] = []
-    rewards: list[RewardRecord] = []
     for event in events:  # (one pass, by exact type: `isinstance` on a model class costs more)
         if type(event) is CallEvent:
             calls.append(event)
-        elif type(event) is RewardEvent:
-            rewards.append(_reward_record(event))
         elif type(event) is RolloutQueuedEvent and queued is None:
             queued = event.data
     calls.sort(key=_in_call_order)
@@ -117,30 +114,48 @@ def build(rollout_id: str, attempt_id: str, events: Seq[Event], ending: Ending, 
     if lost:
         turns = [turn for index, turn in enumerate(turns) if index not in lost]
     sequences, mismatches = merge(turns)
-    if rewards:
-        _apply_turn_rewards(turns, rewards)
-    reward = rewards[-1].value if rewards else None
-    started_at = events[0].time if events else None
-    data = _made(Trajectory, 
+    data = _made(Trajectory,
         model=(queued.model if queued else None) or (calls[0].data.model if calls else None),
         status=ending.status,
         end_reason=end_reason(events, ending),
-        reward=reward,
-        reward_missing=reward is None and ending.reward_expected,
-        rewards=rewards,
         turns=turns,
         sequences=sequences,
         merged=len(sequences) == 1,
         merge_mismatches=mismatches,
         superseded=len(lost),
         finished_at=ending.finished_at,
-        started_at=started_at,
-        duration_ms=ending.finished_at - started_at if started_at is not None else None,
-        lineage=[e.id for e in events],
+        **_rewarded(events, turns, ending),
         **(_task_fields(queued) if queued else {}),
     )
     return _made(TrajectoryEvent, id=trajectory_id(rollout_id, attempt_id), time=ending.finished_at,
                                            source=source, rollout_id=rollout_id, attempt_id=attempt_id, data=data)
+
+
+def with_reward(trajectory: TrajectoryEvent, events: Seq[Event], reward: RewardEvent, ending: Ending) -> TrajectoryEvent:
+    """What `build` makes of `[*events, reward]`, from the trajectory it made of `events` (whose turns it
+    takes over): a reward changes only the fields `_rewarded` fills, so the turns and sequences are not
+    made again (an attempt scored by a reward function, every one in a rescoring rebuild)."""
+    events = sorted({e.id: e for e in [*events, reward]}.values(), key=_in_time)
+    data = trajectory.data
+    for turn in data.turns:
+        turn.reward = None  # as `_turn` makes them: `_rewarded` applies every reward again, in order
+    fields = {name: value for name, value in data.__dict__.items() if name in data.__pydantic_fields_set__}
+    fields.update(_rewarded(events, data.turns, ending))
+    envelope = {name: value for name, value in trajectory.__dict__.items() if name in trajectory.__pydantic_fields_set__}
+    return _made(TrajectoryEvent, **{**envelope, "data": _made(Trajectory, **fields)})
+
+
+def _rewarded(events: list[Event], turns: list[Turn], ending: Ending) -> dict[str, Any]:
+    """The trajectory's fields that reward events change: its rewards (final and per turn) and lineage,
+    and its start (a reward may come first), from the events in time order."""
+    rewards = [_reward_record(e) for e in events if type(e) is RewardEvent]
+    if rewards:
+        _apply_turn_rewards(turns, rewards)
+    reward = rewards[-1].value if rewards else None
+    started_at = events[0].time if events else None
+    return dict(reward=reward, reward_missing=reward is None and ending.reward_expected, rewards=rewards,
+                started_at=started_at, lineage=[e.id for e in events],
+                duration_ms=ending.finished_at - started_at if started_at is not None else None)
 
 
 _in_time = attrgetter("time", "id")
