@@ -318,8 +318,8 @@ class Assembly:
             if (event.time <= at) if chosen is None else event_id in chosen:
                 events.append(event)
             else:
-                out.late.append((self.events[event_id], f"late: its time is after attempt {attempt_id} of rollout {rollout_id} "
-                                      f"settled (at {at})"))
+                out.late.append((self.events[event_id], f"late: its time is after attempt {attempt_id} of rollout "
+                                                        f"{rollout_id} settled (at {at})"))
         end = decided["end"]
         status = STATUS_OF[end["type"]] if end else "abandoned"
         reward_fn = decided["reward_fn"]

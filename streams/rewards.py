@@ -29,6 +29,7 @@ from schemas.events import Call, Event, Reward, RolloutDiff, RolloutDiffEvent, T
 class Sample:
     task: Task
     trajectory: Trajectory
+    """the attempt's trajectory as built so far (read it, do not change it: the scored one is made from it)"""
     calls: list[Call]
     """the calls of the trajectory's turns (successful, with tokens), in the order they were made"""
     events: Sequence[Event] = ()

@@ -131,7 +131,8 @@ def build(rollout_id: str, attempt_id: str, events: Seq[Event], ending: Ending, 
                                            source=source, rollout_id=rollout_id, attempt_id=attempt_id, data=data)
 
 
-def with_reward(trajectory: TrajectoryEvent, events: Seq[Event], reward: RewardEvent, ending: Ending) -> TrajectoryEvent:
+def with_reward(trajectory: TrajectoryEvent, events: Seq[Event], reward: RewardEvent,
+                ending: Ending) -> TrajectoryEvent:
     """What `build` makes of `[*events, reward]`, from the trajectory it made of `events` (whose turns it
     takes over): a reward changes only the fields `_rewarded` fills, so the turns and sequences are not
     made again (an attempt scored by a reward function, every one in a rescoring rebuild)."""
@@ -141,7 +142,8 @@ def with_reward(trajectory: TrajectoryEvent, events: Seq[Event], reward: RewardE
         turn.reward = None  # as `_turn` makes them: `_rewarded` applies every reward again, in order
     fields = {name: value for name, value in data.__dict__.items() if name in data.__pydantic_fields_set__}
     fields.update(_rewarded(events, data.turns, ending))
-    envelope = {name: value for name, value in trajectory.__dict__.items() if name in trajectory.__pydantic_fields_set__}
+    envelope = {name: value for name, value in trajectory.__dict__.items()
+                if name in trajectory.__pydantic_fields_set__}  # (the fields `build` set, as it set them)
     return _made(TrajectoryEvent, **{**envelope, "data": _made(Trajectory, **fields)})
 
 
