@@ -31,7 +31,11 @@ def test_encoding_is_the_bytes_orjson_wrote():
     events += assemble(events[-100:], Timing())
     odd = s.RewardEvent(rollout_id="r-ü", attempt_id="a", source="t", data=s.Reward(
         value=1e-7, details={"x": [1.5, 100.0, 1e16, -0.0, "é\u2028\n", None, True, {"k": 2**62}]}))
-    for event in [*events, odd]:
+    odd_trajectory = s.TrajectoryEvent(rollout_id="r", attempt_id="a", source="t", data=s.Trajectory(
+        status="failed", end_reason="é\u2028\n\"x\"", reward=float("nan"), turns=[s.Turn(
+            call_id="c", sequence=0, prompt_token_ids=[1], completion_token_ids=[2], logprobs=[-0.0],
+            latency_ms=1e16, reward=float("-inf"))], sequences=[], merged=False, finished_at=1, lineage=[]))
+    for event in [*events, odd, odd_trajectory]:
         assert s.encode(event) == orjson.dumps(event.model_dump(mode="python")), event.type
         assert s.encode(event) == event.__pydantic_serializer__.to_json(event), event.type  # (trajectories: orjson)
 
