@@ -39,7 +39,7 @@ from schemas.events import (
 from schemas.ids import derived_id
 
 from streams import rewards
-from streams.trajectory import STATUS_OF, Ending, build, trajectory_id, with_reward
+from streams.trajectory import STATUS_OF, Ending, build, with_reward
 
 NO_ATTEMPT = "-"
 """the attempt of events that name a rollout but no attempt, before any attempt is known"""
@@ -353,7 +353,7 @@ class Assembly:
             reward = rewards.score(reward_fn, rewards.Sample(queued.data.task, trajectory.data, calls, events))
         except rewards.RewardError as exc:
             return f"no reward for attempt {attempt_id} of rollout {rollout_id}: {exc}"
-        return RewardEvent(id=derived_id("reward", trajectory_id(rollout_id, attempt_id), reward_fn),
+        return RewardEvent(id=derived_id("reward", trajectory.id, reward_fn),  # (the attempt's `trajectory_id`)
                            time=trajectory.time, source=self.source, rollout_id=rollout_id, attempt_id=attempt_id,
                            data=reward)
 
