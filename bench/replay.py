@@ -15,7 +15,10 @@ With `--baseline REV`, also before and after in the same run: `replay rebuild` i
 code of commit REV (its tree checked out by `git archive`, run with this environment) and by this
 tree, each as a process of its own (events/s over its wall time, its CPU per event), in `--rounds`
 interleaved rounds, each against a raw scan just before; the topics rebuilt by both are compared
-byte for byte (a rebuild must make the live worker's bytes, so any change to them shows here).
+byte for byte (a rebuild must make the live worker's bytes, so any change to them shows here). Before the
+rebuilds of each round, the fold alone by each tree, in-process (2,000 rollouts' raw events decoded,
+added, settled as time passes, recorded, the trajectories encoded; CPU of the best of 5 passes): what
+both the rebuild and the live worker pay per event, without Kafka.
 Each runs with its default processes (`--jobs`: one per core since the partition-parallel
 rebuild); its CPU counts its worker processes'.
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import pickle
 import random
 import subprocess
 import sys
@@ -120,6 +124,49 @@ def rebuild_process(tree: Path, url: str, topic: str, state: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+FOLD = """
+import json, pickle, sys, time
+from schemas import collector
+from schemas.codec import decode, encode
+from streams.assembly import Assembly, Timing
+raws = pickle.load(open(sys.argv[1], "rb"))
+timing = Timing(settle_ms=1000, reward_grace_ms=30_000)
+def fold():
+    assembly, out = Assembly({}, {}, timing), []
+    def settle(now):
+        for rollout_id in assembly.due(now, [0]):
+            settled = assembly.settle(rollout_id, now)
+            out.extend(encode(trajectory) for trajectory in settled.trajectories)
+            assembly.record(settled)
+    began = time.process_time()
+    for raw in raws:
+        event = decode(raw)
+        settle(event.time - 1)
+        assembly.add(event, raw, 0)
+    settle(2 ** 62)
+    return time.process_time() - began
+with collector.relaxed():
+    print(json.dumps({"cpu_s": min(fold() for _ in range(int(sys.argv[2])))}))
+"""
+"""the rebuild's fold alone, in-process, by whichever tree is the working directory: decode, add, settle as
+time passes, record, encode; CPU seconds of the best of N passes over the raw events in a pickle file"""
+
+
+def fold_process(tree: Path, raws: Path, passes: int = 5) -> float:
+    done = subprocess.run([sys.executable, "-c", FOLD, str(raws), str(passes)], cwd=tree, capture_output=True,
+                          text=True)
+    if done.returncode:
+        raise SystemExit(f"the fold by {tree} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])["cpu_s"]
+
+
+def fold_events(rollouts: int) -> list[bytes]:
+    """Raw events of `rollouts` rollouts as the rebuild meets them: in time order."""
+    rng = random.Random(1)
+    events = [event for i in range(rollouts) for event in rollout_events(i, 1_700_000_000_000 + i * 50, rng)]
+    return [s.encode(event) for event in sorted(events, key=lambda event: event.time)]
+
+
 async def values(settings: KafkaSettings, base: str) -> list[bytes]:
     return sorted([record.value async for batch in scan(settings, settings.topics.name(base)) for record in batch])
 
@@ -132,7 +179,17 @@ async def before_after(report: Report, settings: KafkaSettings, url: str, out: P
         raise SystemExit(f"{baseline} reads schema version {version}, these events are version {s.SCHEMA_VERSION}: "
                          "choose a baseline of the same schema version")
     trees = {f"before ({baseline})": tree, "after (this tree)": ROOT}
+    raws = out / "fold.pickle"
+    folded = fold_events(2000)
+    raws.write_bytes(pickle.dumps(folded))
     cpu: dict[str, list[float]] = {label: [] for label in trees}
+    fold_cpu: dict[str, list[float]] = {label: [] for label in trees}
+    for round_ in range(rounds):
+        for label, root in trees.items():
+            fold_cpu[label].append(fold_process(root, raws))
+            report.add(f"round {round_ + 1}: the fold alone, in-process (decode, add, settle, record, encode), {label}",
+                       f"{len(folded) / fold_cpu[label][-1]:,.0f} events/s of CPU", 1.0 if root == tree else
+                       fold_cpu[f"before ({baseline})"][-1] / fold_cpu[label][-1])
     for round_ in range(rounds):
         _, raw_s = await timed(count_scan(settings, RAW))
         report.add(f"round {round_ + 1}: raw scan (count only)", f"{events / raw_s:,.0f} events/s", 1.0)
@@ -149,7 +206,8 @@ async def before_after(report: Report, settings: KafkaSettings, url: str, out: P
                f"{min(before) / events * 1e6:,.0f} → {min(after) / events * 1e6:,.0f} µs", min(before) / min(after))
     same = await values(settings, "rebuilt-before-0") == await values(settings, "rebuilt-after-0")
     report.add("the trajectories rebuilt before and after, byte for byte", "identical" if same else "DIFFERENT")
-    report.details["before_after"] = {"baseline": baseline, "cpu_s": cpu, "events": events, "identical": same}
+    report.details["before_after"] = {"baseline": baseline, "cpu_s": cpu, "events": events, "identical": same,
+                                      "fold_cpu_s": fold_cpu, "fold_events": len(folded)}
 
 
 async def main(rollouts: int, baseline: str | None = None, rounds: int = 2) -> None:

@@ -39,7 +39,7 @@ from schemas.events import (
 from schemas.ids import derived_id
 
 from streams import rewards
-from streams.trajectory import STATUS_OF, Ending, build, trajectory_id
+from streams.trajectory import STATUS_OF, Ending, build, with_reward
 
 NO_ATTEMPT = "-"
 """the attempt of events that name a rollout but no attempt, before any attempt is known"""
@@ -137,9 +137,10 @@ class Assembly:
         state = self.rollouts.get(rollout_id) or {"partition": partition, "latest": None, "attempts": {}}
         attempt_id = event.attempt_id or state["latest"] or NO_ATTEMPT
         attempt = state["attempts"].get(attempt_id)
+        heartbeat = type(event) is RolloutHeartbeatEvent  # (exact types: `isinstance` on a model class costs more)
         if attempt is not None and event.id in attempt["ids"]:
             self.counts["duplicates"] += 1
-            if not attempt.get("settled") and not isinstance(event, RolloutHeartbeatEvent):
+            if not attempt.get("settled") and not heartbeat:
                 # a worker that died between writing the state and the event: handled again, it completes
                 self.events.setdefault(event.id, raw)
             return None
@@ -152,12 +153,12 @@ class Assembly:
                                                        "last": event.time, "end": None, "reward_at": None}
         self._apply(attempt, event)
         self.counts["events"] += 1
-        if not isinstance(event, RolloutHeartbeatEvent):  # heartbeats only keep an attempt alive
+        if not heartbeat:  # heartbeats only keep an attempt alive
             self.events[event.id] = raw
             if len(self._decoded) >= DECODED_MAX:
                 self._decoded.clear()
             self._decoded[event.id] = event
-        if event.attempt_id and (state["latest"] is None or isinstance(event, RolloutQueuedEvent)):
+        if event.attempt_id and (state["latest"] is None or type(event) is RolloutQueuedEvent):
             state["latest"] = event.attempt_id
         self._save(rollout_id, state)
         return None
@@ -173,11 +174,11 @@ class Assembly:
     def _apply(attempt: dict[str, Any], event: Event) -> None:
         attempt["ids"].append(event.id)
         attempt["last"] = max(attempt["last"], event.time)
-        if isinstance(event, RolloutQueuedEvent):
+        if type(event) is RolloutQueuedEvent:
             attempt["managed"] = event.data.managed
             attempt["awaits_reward"] = event.data.task.reward_fn is None
             attempt["reward_fn"] = event.data.task.reward_fn
-        elif isinstance(event, RewardEvent):
+        elif type(event) is RewardEvent:
             if attempt["reward_at"] is None or event.time < attempt["reward_at"]:
                 attempt["reward_at"] = event.time
         elif event.type in TERMINAL_TYPES and attempt["end"] is None:
@@ -186,7 +187,7 @@ class Assembly:
                 attempt["end"] = {"id": event.id, "type": event.type, "time": event.time}
 
     def _save(self, rollout_id: str, state: dict[str, Any]) -> None:
-        state["due"] = min(self._due(attempt) for attempt in state["attempts"].values())
+        state["due"] = min(map(self._due, state["attempts"].values()))
         self.rollouts[rollout_id] = state  # written back whole: a Faust table records changes on assignment
         self._index(rollout_id, state)
 
@@ -250,7 +251,7 @@ class Assembly:
             if attempt.get("settled"):
                 out.forgotten.append(attempt_id)
             else:
-                out.extend(self._settle(rollout_id, attempt_id, attempt, now_ms))
+                self._settle(out, attempt_id, attempt, now_ms)
         return out
 
     def decide(self, settled: Settled) -> None:
@@ -298,26 +299,27 @@ class Assembly:
         self.counts["reward_failures"] += len(settled.unscored)
         self.counts["late"] += len(settled.late)
 
-    def _settle(self, rollout_id: str, attempt_id: str, attempt: dict[str, Any], now_ms: int) -> Settled:
-        out = Settled(rollout_id)
+    def _settle(self, out: Settled, attempt_id: str, attempt: dict[str, Any], now_ms: int) -> None:
+        """Settle one attempt of `out`'s rollout into `out`."""
+        rollout_id = out.rollout_id
         # an attempt decided before a crash is built as decided then (see `decide`)
         decided = attempt.get("decided") or {
             "at": finalize_at(attempt, self.timing), "end": attempt["end"], "awaits_reward": attempt["awaits_reward"],
             "reward_fn": attempt.get("reward_fn"), "ids": None}
         at, chosen = decided["at"], None if decided["ids"] is None else set(decided["ids"])
         if chosen is not None and not self._holds(chosen, at, now_ms):
-            return out  # its events are being read again after a restart: settled once they are back
+            return  # its events are being read again after a restart: settled once they are back
         events: list[Event] = []
         for event_id in attempt["ids"]:
-            raw = self.events.get(event_id)
-            if raw is None:
+            if event_id not in self.events:
                 continue  # a heartbeat (or, long overdue, an event that never came back)
-            event = self._decoded.get(event_id) or decode(raw)
+            # (the raw event read only where needed: a worker's table copies it to bytes on each read)
+            event = self._decoded.get(event_id) or decode(self.events[event_id])
             if (event.time <= at) if chosen is None else event_id in chosen:
                 events.append(event)
             else:
-                out.late.append((raw, f"late: its time is after attempt {attempt_id} of rollout {rollout_id} "
-                                      f"settled (at {at})"))
+                out.late.append((self.events[event_id], f"late: its time is after attempt {attempt_id} of rollout "
+                                                        f"{rollout_id} settled (at {at})"))
         end = decided["end"]
         status = STATUS_OF[end["type"]] if end else "abandoned"
         reward_fn = decided["reward_fn"]
@@ -328,13 +330,12 @@ class Assembly:
             scored = self._score(reward_fn, rollout_id, attempt_id, events, trajectory)
             if isinstance(scored, RewardEvent):
                 out.rewards.append(scored)
-                trajectory = build(rollout_id, attempt_id, [*events, scored], ending, self.source)
+                trajectory = with_reward(trajectory, events, scored, ending)
             else:
                 out.unscored.append((encode(trajectory), scored))
         out.trajectories.append(trajectory)
         out.attempts[attempt_id] = {"trajectory": trajectory.id, "time": at}
         out.decided[attempt_id] = {**decided, "ids": [event.id for event in events]}
-        return out
 
     def _holds(self, ids: set[str], at: int, now_ms: int) -> bool:
         """Whether every one of these events is in the state again; after the idle timeout, go on without."""
@@ -343,16 +344,16 @@ class Assembly:
     def _score(self, reward_fn: str, rollout_id: str, attempt_id: str, events: list[Event],
                trajectory: TrajectoryEvent) -> RewardEvent | str:
         """The computed reward's event, or why there is none."""
-        queued = next((e for e in events if isinstance(e, RolloutQueuedEvent)), None)
+        queued = next((e for e in events if type(e) is RolloutQueuedEvent), None)
         if queued is None:
             return f"no reward for attempt {attempt_id} of rollout {rollout_id}: its queued event (the task) is missing"
-        by_id = {e.id: e.data for e in events if isinstance(e, CallEvent)}
+        by_id = {e.id: e.data for e in events if type(e) is CallEvent}
         calls = [by_id[turn.call_id] for turn in trajectory.data.turns]
         try:
             reward = rewards.score(reward_fn, rewards.Sample(queued.data.task, trajectory.data, calls, events))
         except rewards.RewardError as exc:
             return f"no reward for attempt {attempt_id} of rollout {rollout_id}: {exc}"
-        return RewardEvent(id=derived_id("reward", trajectory_id(rollout_id, attempt_id), reward_fn),
+        return RewardEvent(id=derived_id("reward", trajectory.id, reward_fn),  # (the attempt's `trajectory_id`)
                            time=trajectory.time, source=self.source, rollout_id=rollout_id, attempt_id=attempt_id,
                            data=reward)
 

@@ -29,6 +29,7 @@ from schemas.events import Call, Event, Reward, RolloutDiff, RolloutDiffEvent, T
 class Sample:
     task: Task
     trajectory: Trajectory
+    """the attempt's trajectory as built so far (read it, do not change it: the scored one is made from it)"""
     calls: list[Call]
     """the calls of the trajectory's turns (successful, with tokens), in the order they were made"""
     events: Sequence[Event] = ()
@@ -83,16 +84,17 @@ def score(name: str, sample: Sample) -> Reward:
         raise
     except Exception as exc:
         raise RewardError(f"reward function {name} failed: {type(exc).__name__}: {exc}") from exc
-    reward = result if isinstance(result, Reward) else _as_reward(name, result)
+    # a function's own Reward is copied to name it (the function may hand out one it keeps); a float is made one
+    reward = result.model_copy(update={"reward_fn": name}) if isinstance(result, Reward) else _as_reward(name, result)
     if not math.isfinite(reward.value):
         raise RewardError(f"reward function {name} returned {reward.value}, not a finite number")
-    return reward.model_copy(update={"reward_fn": name})
+    return reward
 
 
 def _as_reward(name: str, value: Any) -> Reward:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise RewardError(f"reward function {name} returned {type(value).__name__}; return a float or a Reward")
-    return Reward(value=float(value))
+    return Reward(value=float(value), reward_fn=name)
 
 
 def answer_text(call: Call) -> str:

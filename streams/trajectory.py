@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from operator import attrgetter
+from typing import Any, Callable, TypeVar
 
 from pydantic import BaseModel
 
@@ -38,26 +39,39 @@ from schemas.ids import derived_id
 
 M = TypeVar("M", bound=BaseModel)
 _set = object.__setattr__
-_DEFAULTS: dict[type, tuple[tuple[str, Any], ...]] = {}
+_REQUIRED = object()
+"""in a model's template, where a value must be given"""
+_SHAPES: dict[type, tuple[dict[str, Any], tuple[tuple[str, Callable[[], Any]], ...]]] = {}
+"""model class → its fields in order, with their plain defaults, and the fields whose default a factory makes"""
 
 
 def _made(cls: type[M], **values: Any) -> M:
     """`cls.model_construct(**values)` for a model without aliases, extras or post-init: the given values in
     the fields' order, defaults for the others, the given ones as the fields set."""
-    defaults = _DEFAULTS.get(cls)
-    if defaults is None:
-        fields = cls.__pydantic_fields__
-        assert not cls.__pydantic_post_init__ and cls.model_config.get("extra") != "allow" and not any(
-            f.alias or f.validation_alias for f in fields.values()), cls
-        defaults = _DEFAULTS[cls] = tuple((name, f) for name, f in fields.items())
+    shape = _SHAPES.get(cls) or _shape(cls)
+    fields = {**shape[0], **values}  # (the template's keys first: the fields' order)
+    for name, factory in shape[1]:
+        if name not in values:
+            fields[name] = factory()
     model = cls.__new__(cls)
-    fields_set = set(values)
-    _set(model, "__dict__", {name: values[name] if name in values else
-                             field.get_default(call_default_factory=True) for name, field in defaults})
-    _set(model, "__pydantic_fields_set__", fields_set)
+    _set(model, "__dict__", fields)
+    _set(model, "__pydantic_fields_set__", set(values))
     _set(model, "__pydantic_extra__", None)
     _set(model, "__pydantic_private__", None)
     return model
+
+
+def _shape(cls: type[BaseModel]) -> tuple[dict[str, Any], tuple[tuple[str, Callable[[], Any]], ...]]:
+    fields = cls.__pydantic_fields__
+    assert not cls.__pydantic_post_init__ and cls.model_config.get("extra") != "allow" and not any(
+        f.alias or f.validation_alias for f in fields.values()), cls
+    template = {name: _REQUIRED if f.is_required() or f.default_factory else f.get_default()
+                for name, f in fields.items()}
+    assert all(type(value) in (type(None), bool, int, float, str) or value is _REQUIRED
+               for value in template.values()), cls  # shared by every model made: immutable only
+    factories = tuple((name, f.default_factory) for name, f in fields.items() if f.default_factory)
+    shape = _SHAPES[cls] = template, factories  # type: ignore[assignment]
+    return shape
 
 
 STATUS_OF = {"rollout.finished": "finished", "rollout.failed": "failed", "rollout.timed_out": "timed_out"}
@@ -85,50 +99,84 @@ def build(rollout_id: str, attempt_id: str, events: Seq[Event], ending: Ending, 
     calls and rewards topics side by side, so arrival order differs between runs, and the same
     events must always make the same trajectory.
     """
-    events = sorted({e.id: e for e in events}.values(), key=lambda e: (e.time, e.id))
-    queued = next((e.data for e in events if isinstance(e, RolloutQueuedEvent)), None)
-    calls = sorted((e for e in events if isinstance(e, CallEvent)), key=lambda e: (e.data.started_at, e.id))
+    events = sorted({e.id: e for e in events}.values(), key=_in_time)
+    queued: RolloutQueued | None = None
+    calls: list[CallEvent] = []
+    for event in events:  # (one pass, by exact type: `isinstance` on a model class costs more)
+        if type(event) is CallEvent:
+            calls.append(event)
+        elif type(event) is RolloutQueuedEvent and queued is None:
+            queued = event.data
+    calls.sort(key=_in_call_order)
     answered = [call for call in calls if _is_turn(call.data)]
     turns = [_turn(call.id, call.data) for call in answered]
-    lost = superseded(turns, [call.data.retry_count or 0 for call in answered])
-    turns = [turn for index, turn in enumerate(turns) if index not in lost]
+    lost = superseded(turns, [call.data.retry_count or 0 for call in answered]) if len(turns) > 1 else set()
+    if lost:
+        turns = [turn for index, turn in enumerate(turns) if index not in lost]
     sequences, mismatches = merge(turns)
-    rewards = [_reward_record(e) for e in events if isinstance(e, RewardEvent)]
-    _apply_turn_rewards(turns, rewards)
-    reward = rewards[-1].value if rewards else None
-    started_at = min((e.time for e in events), default=None)
-    data = _made(Trajectory, 
+    data = _made(Trajectory,
         model=(queued.model if queued else None) or (calls[0].data.model if calls else None),
         status=ending.status,
         end_reason=end_reason(events, ending),
-        reward=reward,
-        reward_missing=reward is None and ending.reward_expected,
-        rewards=rewards,
         turns=turns,
         sequences=sequences,
         merged=len(sequences) == 1,
         merge_mismatches=mismatches,
         superseded=len(lost),
         finished_at=ending.finished_at,
-        started_at=started_at,
-        duration_ms=ending.finished_at - started_at if started_at is not None else None,
-        lineage=[e.id for e in events],
+        **_rewarded(events, turns, ending),
         **(_task_fields(queued) if queued else {}),
     )
     return _made(TrajectoryEvent, id=trajectory_id(rollout_id, attempt_id), time=ending.finished_at,
                                            source=source, rollout_id=rollout_id, attempt_id=attempt_id, data=data)
 
 
+def with_reward(trajectory: TrajectoryEvent, events: Seq[Event], reward: RewardEvent,
+                ending: Ending) -> TrajectoryEvent:
+    """What `build` makes of `[*events, reward]`, from the trajectory it made of `events` (whose turns it
+    takes over): a reward changes only the fields `_rewarded` fills, so the turns and sequences are not
+    made again (an attempt scored by a reward function, every one in a rescoring rebuild)."""
+    events = sorted({e.id: e for e in [*events, reward]}.values(), key=_in_time)
+    data = trajectory.data
+    for turn in data.turns:
+        turn.reward = None  # as `_turn` makes them: `_rewarded` applies every reward again, in order
+    fields = {name: value for name, value in data.__dict__.items() if name in data.__pydantic_fields_set__}
+    fields.update(_rewarded(events, data.turns, ending))
+    envelope = {name: value for name, value in trajectory.__dict__.items()
+                if name in trajectory.__pydantic_fields_set__}  # (the fields `build` set, as it set them)
+    return _made(TrajectoryEvent, **{**envelope, "data": _made(Trajectory, **fields)})
+
+
+def _rewarded(events: list[Event], turns: list[Turn], ending: Ending) -> dict[str, Any]:
+    """The trajectory's fields that reward events change: its rewards (final and per turn) and lineage,
+    and its start (a reward may come first), from the events in time order."""
+    rewards = [_reward_record(e) for e in events if type(e) is RewardEvent]
+    if rewards:
+        _apply_turn_rewards(turns, rewards)
+    reward = rewards[-1].value if rewards else None
+    started_at = events[0].time if events else None
+    return dict(reward=reward, reward_missing=reward is None and ending.reward_expected, rewards=rewards,
+                started_at=started_at, lineage=[e.id for e in events],
+                duration_ms=ending.finished_at - started_at if started_at is not None else None)
+
+
+_in_time = attrgetter("time", "id")
+
+
+def _in_call_order(call: CallEvent) -> tuple[int, str]:
+    return call.data.started_at, call.id
+
+
 def end_reason(events: Seq[Event], ending: Ending) -> str | None:
     """Why the attempt ended: a timeout, a failure's error (with the last line the agent wrote to stderr,
     where a crash's exception is), the outcome a coding agent reported with its diff, or abandonment."""
-    for event in reversed(events):
-        if isinstance(event, RolloutTimedOutEvent):
+    for event in reversed(events):  # (by exact type, as in `build`)
+        if type(event) is RolloutTimedOutEvent:
             return f"timed out after {event.data.timeout_s:g} s"
-        if isinstance(event, RolloutFailedEvent):
+        if type(event) is RolloutFailedEvent:
             last = next((line for line in reversed(event.data.stderr_tail.splitlines()) if line.strip()), "")
             return f"{event.data.error}: {last.strip()[:300]}" if last else event.data.error
-        if isinstance(event, RolloutDiffEvent) and ending.status == "finished":
+        if type(event) is RolloutDiffEvent and ending.status == "finished":
             return event.data.outcome
     return "abandoned: no ending was recorded" if ending.status == "abandoned" else None
 
@@ -192,11 +240,15 @@ def merge(turns: list[Turn]) -> tuple[list[Sequence], int]:
             built.append(current)
             prompt_lengths.append(len(prompt))
             added = prompt
-        completion = turn.completion_token_ids
-        current["token_ids"] += added + completion
-        current["mask"] += [0] * len(added) + [1] * len(completion)
-        current["logprobs"] += [0.0] * len(added) + turn.logprobs
-        current["weight_versions"] += [None] * len(added) + [turn.weight_version] * len(completion)
+        completion, between = turn.completion_token_ids, len(added)
+        current["token_ids"] += added
+        current["token_ids"] += completion
+        current["mask"] += [0] * between
+        current["mask"] += [1] * len(completion)
+        current["logprobs"] += [0.0] * between
+        current["logprobs"] += turn.logprobs
+        current["weight_versions"] += [None] * between
+        current["weight_versions"] += [turn.weight_version] * len(completion)
         current["turns"].append(index)
         turn.sequence = len(built) - 1
     sequences = [_made(Sequence, prompt_length=length, **lists) for lists, length in zip(built, prompt_lengths)]

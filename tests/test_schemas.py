@@ -31,8 +31,13 @@ def test_encoding_is_the_bytes_orjson_wrote():
     events += assemble(events[-100:], Timing())
     odd = s.RewardEvent(rollout_id="r-ü", attempt_id="a", source="t", data=s.Reward(
         value=1e-7, details={"x": [1.5, 100.0, 1e16, -0.0, "é\u2028\n", None, True, {"k": 2**62}]}))
-    for event in [*events, odd]:
+    odd_trajectory = s.TrajectoryEvent(rollout_id="r", attempt_id="a", source="t", data=s.Trajectory(
+        status="failed", end_reason="é\u2028\n\"x\"", reward=float("nan"), turns=[s.Turn(
+            call_id="c", sequence=0, prompt_token_ids=[1], completion_token_ids=[2], logprobs=[-0.0],
+            latency_ms=1e16, reward=float("-inf"))], sequences=[], merged=False, finished_at=1, lineage=[]))
+    for event in [*events, odd, odd_trajectory]:
         assert s.encode(event) == orjson.dumps(event.model_dump(mode="python")), event.type
+        assert s.encode(event) == event.__pydantic_serializer__.to_json(event), event.type  # (trajectories: orjson)
 
 
 def test_ids_are_sortable_by_creation():
@@ -44,6 +49,17 @@ def test_ids_are_sortable_by_creation():
 def test_derived_ids_are_stable():
     assert s.derived_id("trajectory", "a-1") == s.derived_id("trajectory", "a-1")
     assert s.derived_id("trajectory", "a-1") != s.derived_id("trajectory", "a-2")
+
+
+@pytest.mark.parametrize("parts", [("trajectory", "r-1", "a-1"), ("reward", "x", "streams.rewards:exact_match"),
+                                   ("streams.deadletter", "t", "0", "12"), ("é\u2028", ""), ("",)])
+def test_derived_ids_are_uuid5_of_the_parts(parts):
+    """They are in the log (trajectory and reward ids): computed faster, they must stay these strings."""
+    import uuid
+
+    from schemas.ids import _NAMESPACE
+
+    assert s.derived_id(*parts) == str(uuid.uuid5(_NAMESPACE, "\x1f".join(parts)))
 
 
 def _call_dict() -> dict:

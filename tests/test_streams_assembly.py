@@ -359,3 +359,27 @@ def test_the_next_due_time_is_the_next_attempts_not_one_already_settled():
     settled = settle_all(assembly, now)
     assert [t.rollout_id for t in settled.trajectories] == ["r-first"]
     assert assembly.next_due([0]) == finalize_at(assembly.rollouts["r-second"]["attempts"]["a1"], TIMING) > now
+
+
+def test_a_computed_reward_added_to_a_built_trajectory_is_what_building_with_it_makes():
+    """`with_reward` (a scored attempt's trajectory, its turns not made again) must be `build` with the reward
+    event, byte for byte: per-turn rewards overridden in time order, the lineage, the start."""
+    from streams.trajectory import Ending, build, with_reward
+
+    rollout = Rollout("r-with-reward", reward_fn="streams.rewards:exact_match", metadata={"answer": "b"})
+    first, second = rollout.call([1], [2], "a"), rollout.call([1, 2, 7], [5], "b")
+    posted = rollout.reward(0.5, [s.TurnReward(call_id=first.id, value=0.1), s.TurnReward(turn=1, value=0.2)])
+    finished = rollout.finished()
+    events = [rollout.queued(), second, first, posted, finished]
+    ending = Ending("finished", finished.time, reward_expected=True)
+    for at, turns in [(finished.time, [s.TurnReward(turn=0, value=0.9)]),  # after the posted reward: it wins
+                      (posted.time - 1, [s.TurnReward(call_id=second.id, value=0.7)]),  # before it: overridden
+                      (0, [])]:  # before every event: the trajectory starts with it
+        computed = s.RewardEvent(id=s.derived_id("reward", str(at)), time=at, source="t", rollout_id=rollout.rollout_id,
+                                 attempt_id="a1", data=s.Reward(value=1.0, turns=turns, reward_fn="f"))
+        expected = build(rollout.rollout_id, "a1", [*events, computed], ending, "streams")
+        made = with_reward(build(rollout.rollout_id, "a1", events, ending, "streams"), events, computed, ending)
+        assert encode(made) == encode(expected) and made == expected
+        assert made.model_fields_set == expected.model_fields_set
+        assert made.data.model_fields_set == expected.data.model_fields_set
+    assert [turn.reward for turn in expected.data.turns] == [0.1, 0.2]  # (the last case: the posted reward's)
