@@ -15,6 +15,7 @@ import types
 import typing
 from collections import deque
 from collections.abc import Iterable
+from contextlib import aclosing
 from dataclasses import dataclass
 from functools import cache
 
@@ -318,22 +319,39 @@ async def load_table(settings: KafkaSettings, table: str, bounds: Bounds = Bound
             parts.append(old)
     if plan.tail:
         with collector.paused():
-            # fetches are decoded on threads (the native decoder lets go of the GIL) while the next is fetched
-            decoding: deque[asyncio.Future] = deque()
-            async for fetch in scan_fetches(settings, topic, plan.tail, batch_size=20_000, on_progress=on_progress):
+            tail, unreadable = await _kafka_parts(settings, topic, plan.tail, table, columns, on_progress)
+        parts += tail
+    if not parts:
+        return decode([], table, columns)[0], 0
+    whole = pl.concat(parts, how="vertical_relaxed") if len(parts) > 1 else parts[0]
+    return drop_repeats(whole), unreadable
+
+
+async def _kafka_parts(settings: KafkaSettings, topic: str, ranges: dict[int, tuple[int, int]], table: str,
+                       columns: frozenset[str] | None, on_progress=None) -> tuple[list[pl.DataFrame], int]:
+    """The table's rows in `ranges` from Kafka, a frame per fetch, and how many records were unreadable.
+
+    Fetches are decoded on threads (the native decoder lets go of the GIL) while the next is fetched."""
+    parts, unreadable = [], 0
+    decoding: deque[asyncio.Future[tuple[pl.DataFrame, int]]] = deque()
+    fetches = scan_fetches(settings, topic, ranges, batch_size=20_000, on_progress=on_progress)
+    try:
+        async with aclosing(fetches):  # a decoding that fails closes the scan's consumer at once
+            async for fetch in fetches:
                 decoding.append(asyncio.ensure_future(asyncio.to_thread(decode, fetch, table, columns)))
                 if len(decoding) > DECODING:
                     df, bad = await decoding.popleft()
                     parts.append(df)
                     unreadable += bad
-            for future in decoding:
-                df, bad = await future
-                parts.append(df)
-                unreadable += bad
-    if not parts:
-        return decode([], table, columns)[0], 0
-    whole = pl.concat(parts, how="vertical_relaxed") if len(parts) > 1 else parts[0]
-    return drop_repeats(whole), unreadable
+        while decoding:
+            df, bad = await decoding.popleft()
+            parts.append(df)
+            unreadable += bad
+    finally:
+        # a scan that failed partway: the decodings under way run on to their end on their threads (a thread
+        # cannot be stopped); wait for them, so none outlives the scan and no error of theirs goes unread
+        await asyncio.gather(*decoding, return_exceptions=True)
+    return parts, unreadable
 
 
 def _words(sql: str) -> frozenset[str]:

@@ -100,7 +100,7 @@ impl Kind {
             Kind::Int => DataType::Int64,
             Kind::Float => DataType::Float64,
             Kind::Bool => DataType::Boolean,
-            Kind::Str | Kind::Json => DataType::LargeUtf8,
+            Kind::Str | Kind::Json => DataType::Utf8View,
             Kind::List(item) => {
                 DataType::LargeList(Arc::new(Field::new("item", item.data_type(), true)))
             }
@@ -847,6 +847,73 @@ fn huge<T>(values: &mut Vec<T>, extra: usize) {
 
 // --- the column builders -------------------------------------------------------------------------
 
+/// Text as Arrow's string views, the layout polars keeps strings in (so it takes the column as it is,
+/// where offsets and bytes would be converted, a copy of every text): each row a 16-byte view, its
+/// text inline when it has at most 12 bytes, else its length, first 4 bytes and place in a buffer.
+struct Views {
+    views: Vec<u128>,
+    /// the buffer being written
+    data: Vec<u8>,
+    /// the buffers written before (a view's offset into its buffer is 32 bits: up to 4 GiB each)
+    full: Vec<Buffer>,
+}
+
+impl Views {
+    fn new(capacity: usize) -> Views {
+        Views {
+            views: Vec::with_capacity(capacity),
+            data: Vec::new(),
+            full: vec![],
+        }
+    }
+
+    /// The view of the text written to `data` from `start` on (moved into the view if it fits).
+    #[inline]
+    fn close(&mut self, start: usize) {
+        let len = self.data.len() - start;
+        if len <= 12 {
+            let mut inline = [0u8; 16];
+            inline[..4].copy_from_slice(&(len as u32).to_le_bytes());
+            inline[4..4 + len].copy_from_slice(&self.data[start..]);
+            self.data.truncate(start);
+            self.views.push(u128::from_le_bytes(inline));
+            return;
+        }
+        let mut start = start;
+        if self.data.len() > u32::MAX as usize {
+            // the text starts a buffer of its own
+            let text = self.data.split_off(start);
+            self.full
+                .push(Buffer::from_vec(std::mem::replace(&mut self.data, text)));
+            start = 0;
+        }
+        let prefix = u32::from_le_bytes(
+            self.data[start..start + 4]
+                .try_into()
+                .unwrap_or([0; 4]),
+        );
+        self.views.push(
+            len as u128
+                | u128::from(prefix) << 32
+                | (self.full.len() as u128) << 64
+                | (start as u128) << 96,
+        );
+    }
+
+    fn finish(self) -> arrow_data::ArrayDataBuilder {
+        let Views {
+            views,
+            data,
+            mut full,
+        } = self;
+        full.push(Buffer::from_vec(data));
+        ArrayData::builder(DataType::Utf8View)
+            .len(views.len())
+            .add_buffer(Buffer::from_vec(views))
+            .add_buffers(full)
+    }
+}
+
 enum Builder {
     Int {
         values: Vec<i64>,
@@ -863,8 +930,7 @@ enum Builder {
     /// text, or (`raw`) any JSON value as its text
     /// (`recode`: the rows whose JSON text orjson would write otherwise)
     Str {
-        offsets: Vec<i64>,
-        data: Vec<u8>,
+        text: Views,
         nulls: NullBufferBuilder,
         raw: bool,
         recode: Vec<u32>,
@@ -902,12 +968,7 @@ impl Builder {
                 nulls,
             },
             Kind::Str | Kind::Json => Builder::Str {
-                offsets: {
-                    let mut o = Vec::with_capacity(capacity + 1);
-                    o.push(0);
-                    o
-                },
-                data: Vec::new(),
+                text: Views::new(capacity),
                 nulls,
                 raw: matches!(kind, Kind::Json),
                 recode: Vec::new(),
@@ -944,7 +1005,8 @@ impl Builder {
             Builder::Int { values, .. } => values.len(),
             Builder::Float { values, .. } => values.len(),
             Builder::Bool { values, .. } => values.len(),
-            Builder::Str { offsets, .. } | Builder::List { offsets, .. } => offsets.len() - 1,
+            Builder::Str { text, .. } => text.views.len(),
+            Builder::List { offsets, .. } => offsets.len() - 1,
             Builder::Struct { nulls, .. } => nulls.len(),
         }
     }
@@ -962,7 +1024,10 @@ impl Builder {
                     _ => {}
                 }
             }
-            Builder::Str { data, .. } => huge(data, room(data.len())),
+            Builder::Str { text, .. } => {
+                let extra = room(text.data.len());
+                huge(&mut text.data, extra)
+            }
             _ => {}
         }
     }
@@ -981,7 +1046,11 @@ impl Builder {
                 values.append(false);
                 nulls.append_null();
             }
-            Builder::Str { offsets, nulls, .. } | Builder::List { offsets, nulls, .. } => {
+            Builder::Str { text, nulls, .. } => {
+                text.views.push(0);
+                nulls.append_null();
+            }
+            Builder::List { offsets, nulls, .. } => {
                 offsets.push(*offsets.last().unwrap_or(&0));
                 nulls.append_null();
             }
@@ -1012,24 +1081,24 @@ impl Builder {
                 nulls.append_non_null();
             }
             Builder::Str {
-                offsets,
-                data,
+                text,
                 nulls,
                 raw,
                 recode,
                 keys,
             } => {
+                let start = text.data.len();
                 if *raw {
                     p.ws();
-                    let start = p.i;
+                    let from = p.i;
                     if !p.raw(0, keys)? {
-                        recode.push((offsets.len() - 1) as u32);
+                        recode.push(text.views.len() as u32);
                     }
-                    data.extend_from_slice(&p.b[start..p.i]);
+                    text.data.extend_from_slice(&p.b[from..p.i]);
                 } else {
-                    p.string_into(data)?;
+                    p.string_into(&mut text.data)?;
                 }
-                offsets.push(data.len() as i64);
+                text.close(start);
                 nulls.append_non_null();
             }
             Builder::List {
@@ -1152,18 +1221,7 @@ impl Builder {
                     nulls,
                 )
             }
-            Builder::Str {
-                offsets,
-                data,
-                nulls,
-                ..
-            } => (
-                ArrayData::builder(DataType::LargeUtf8)
-                    .len(offsets.len() - 1)
-                    .add_buffer(Buffer::from_vec(offsets))
-                    .add_buffer(Buffer::from_vec(data)),
-                nulls,
-            ),
+            Builder::Str { text, nulls, .. } => (text.finish(), nulls),
             Builder::List {
                 offsets,
                 nulls,
@@ -1193,8 +1251,9 @@ impl Builder {
         };
         let mut nulls = nulls;
         let built = builder.nulls(nulls.finish());
-        // SAFETY: the buffers are as the type needs them: offsets from 0, rising, within the data;
-        // text from records checked to be UTF-8, cut at whole characters; as many values as the length
+        // SAFETY: the buffers are as the type needs them: offsets from 0, rising, within the data; views
+        // of whole texts within their buffers; text from records checked to be UTF-8, cut at whole
+        // characters; as many values as the length
         unsafe { built.build_unchecked() }
     }
 }
