@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Iterable
 import faust
 from aiokafka.errors import KafkaError
 from faust.exceptions import ProducerSendError
-from faust.types import TP, EventT
+from faust.types import TP, Message
 
 from schemas.codec import DecodeError, decode
 from schemas.events import CallEvent, Deadletter, DeadletterEvent, Event
@@ -42,6 +42,7 @@ from schemas.kafka import deadletter_event
 from streams.assembly import Assembly, Settled
 from streams.settings import StreamsSettings
 from streams.tables import Staged, StateTable
+from streams.transport import Inbox
 from streams.windows import Windows
 
 log = logging.getLogger("streams")
@@ -61,9 +62,11 @@ class AssemblyWorker(faust.Service):
     """Trajectory assembly over this worker's partitions of the rollout-scoped topics."""
 
     def __init__(self, app: faust.App, settings: StreamsSettings, partitions: int, publish: Publish,
-                 windows: Windows, **kwargs):
+                 windows: Windows, inbox: Inbox, **kwargs):
         super().__init__(**kwargs)
         self.app = app
+        self.inbox = inbox
+        """the fetched records of the source topics (transport.py)"""
         self.settings = settings
         self.publish = publish
         self.windows = windows
@@ -93,41 +96,64 @@ class AssemblyWorker(faust.Service):
         self.batched = 0
         self.batch_began = time.monotonic()
         self.lock = asyncio.Lock()
-        """one record, batch end, timer or rebalance at a time: each changes the state and stages writes"""
+        """records, batch end, timer or rebalance at a time: each changes the state and stages writes"""
 
     async def recovered(self) -> None:
         self.assembly.reindex()
         log.info("state recovered: %d keys", len(self.table))
 
     async def revoked(self, revoked: Iterable[TP]) -> None:
-        # no lock: Faust waits for the record in hand to be acknowledged before it revokes, and that
-        # record may wait for the lock
-        for tp in revoked:
-            self.last_time.pop(tp, None)
-            self.gaps.pop(tp, None)
+        # after the batch in hand (Faust waits for no record of the inbox: none is tracked as in a stream)
+        async with self.lock:
+            self.inbox.clear()
+            for tp in revoked:
+                self.last_time.pop(tp, None)
+                self.gaps.pop(tp, None)
 
     # --- handling a batch --------------------------------------------------------------------------
 
-    async def add(self, record: EventT) -> None:
-        """Add one source record to the state; end the batch when it is full or old enough."""
+    @faust.Service.task
+    async def _take_fetched(self) -> None:
+        """Take the records fetched since the last take, once the flow is on (not during a rebalance,
+        nor before the tables are recovered), and add them."""
+        while not self.should_stop:
+            await self.inbox.wait()
+            await self.app.flow_control.acquire()
+            records = self.inbox.take()
+            if records:
+                await self.handle(records)
+
+    async def handle(self, records: list[Message]) -> None:
+        """Add source records to the state, in order; end the batch whenever it is full or old enough."""
         async with self.lock:
-            self.handled_at = time.monotonic()
-            try:
-                if not self.touched:
-                    self.batch_began = self.handled_at
-                if await self._take(record.message):
-                    self.touched.add(record.message.partition)
-                    self.batched += 1
-                if self.batched >= self.settings.batch_max or (
-                        time.monotonic() - self.batch_began >= self.settings.batch_wait_s):
-                    await self._end_batch()
-            except (KafkaError, ProducerSendError) as exc:
-                # nothing is recorded past the last batch: the next worker handles it again
-                await self.app.crash(exc)
-                raise
-            except Exception:  # settling failed (a bug): the attempts stay due and are tried again
-                log.exception("the batch ending at %s:%d@%d failed", record.message.topic, record.message.partition,
-                              record.message.offset)
+            now, inbound = time.monotonic(), self.app.monitor.stream_inbound_time
+            for tp in {message.tp for message in records}:
+                inbound[tp] = now  # what Faust's "stream idle" check reads (it no longer sees a stream)
+            flowing, acknowledge = self.app.flow_control.is_active, self.app.consumer.ack
+            for message in records:
+                if not flowing():  # a rebalance began: what is left is read again after it
+                    return
+                await self._handle_one(message)
+                acknowledge(message)  # for Faust's commits: the table's positions say what was handled
+
+    async def _handle_one(self, message: Message) -> None:
+        """Add one source record to the state; end the batch when it is full or old enough."""
+        self.handled_at = time.monotonic()
+        try:
+            if not self.touched:
+                self.batch_began = self.handled_at
+            if await self._take(message):
+                self.touched.add(message.partition)
+                self.batched += 1
+            if self.batched >= self.settings.batch_max or (
+                    self.handled_at - self.batch_began >= self.settings.batch_wait_s):
+                await self._end_batch()
+        except (KafkaError, ProducerSendError) as exc:
+            # nothing is recorded past the last batch: the next worker handles it again
+            await self.app.crash(exc)
+            raise
+        except Exception:  # settling failed (a bug): the attempts stay due and are tried again
+            log.exception("the batch ending at %s:%d@%d failed", message.topic, message.partition, message.offset)
 
     async def _end_batch(self, partitions: Iterable[int] = ()) -> None:
         """Settle what the batch made due (and the attempts due in `partitions`), then write its changes."""
