@@ -106,9 +106,11 @@ class Inbox:
 
     def put(self, message: Message) -> None:
         self.records.append(message)
-        if len(self.records) >= self.high and message.tp not in self.paused:
-            self.paused.add(message.tp)
-            self.app.consumer.on_buffer_full(message.tp)
+        if len(self.records) >= self.high:
+            tp = TP(message.topic, message.partition)  # Faust's, not the driver's, as the consumer's sets hold
+            if tp not in self.paused:
+                self.paused.add(tp)
+                self.app.consumer.on_buffer_full(tp)
         self.ready.set()
 
     async def wait(self) -> None:
