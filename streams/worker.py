@@ -135,6 +135,20 @@ class AssemblyWorker(faust.Service):
                     return
                 await self._handle_one(message)
                 acknowledge(message)  # for Faust's commits: the table's positions say what was handled
+            if self.batched and self._held_back():
+                await self._end_batch()
+
+    def _held_back(self) -> bool:
+        """Whether an attempt of the batch's partitions is due and was held back only by these records
+        (the partition is now handled to its end): ending the batch now settles it, rather than at the
+        batch's age or the timer's next tick, up to --tick-s later. A worker catching up is behind its
+        partitions' ends and keeps its batches."""
+        now = now_ms()
+        for partition in self.touched:
+            upcoming = self.assembly.next_due([partition])
+            if upcoming is not None and upcoming <= now and not self._behind(partition):
+                return True
+        return False
 
     async def _handle_one(self, message: Message) -> None:
         """Add one source record to the state; end the batch when it is full or old enough."""
@@ -299,13 +313,17 @@ class AssemblyWorker(faust.Service):
         topic's partition has been handled to its end; else the time of the last event handled from
         the one behind. Faust reads the three topics side by side, not in the order they were
         written, so a worker catching up may see an attempt's finish before its calls."""
-        mark = now_ms()
+        return min([now_ms(), *(self.last_time.get(tp, 0) for tp in self._behind(partition))])
+
+    def _behind(self, partition: int) -> list[TP]:
+        """The source partitions of `partition` not handled to their end (as last fetched)."""
+        behind = []
         for topic in self.sources:
             tp = TP(topic, partition)
             start, end = self.position(tp)
             if end is None or start < end:
-                mark = min(mark, self.last_time.get(tp, 0))
-        return mark
+                behind.append(tp)
+        return behind
 
     def position(self, tp: TP) -> tuple[int, int | None]:
         """(next offset to handle, the log's end as last fetched) of a source partition.
