@@ -1,12 +1,12 @@
 """The Faust application: trajectory assembly and windowed analytics over the log.
 
     rollouts ┐
-    calls    ├─▶ assemble ─▶ AssemblyWorker (worker.py; table: tables.py) ─▶ trajectories, rewards, deadletter
+    calls    ├─▶ Inbox (transport.py) ─▶ AssemblyWorker (worker.py; table: tables.py) ─▶ trajectories, rewards, deadletter
     rewards  ┘
 
     the calls it reads, the trajectories it emits ─▶ Windows (windows.py) ─▶ metrics topic, GET /analytics
 
-All rollout-scoped topics share one partition count, so each agent reads a rollout's events from
+All rollout-scoped topics share one partition count, so a worker reads a rollout's events from
 one partition, and each table key is written from one partition: the changelogs are
 co-partitioned with the sources and a rebalance moves state with its partition. Analytics are
 at-least-once: a view.
