@@ -136,7 +136,7 @@ class AssemblyWorker(faust.Service):
                 await self._handle_one(message)
                 acknowledge(message)  # for Faust's commits: the table's positions say what was handled
             if self.batched and self._held_back():
-                await self._end_batch()
+                await self._end_batch_guarded()
 
     def _held_back(self) -> bool:
         """Whether an attempt of the batch's partitions is due and was held back only by these records
@@ -168,6 +168,18 @@ class AssemblyWorker(faust.Service):
             raise
         except Exception:  # settling failed (a bug): the attempts stay due and are tried again
             log.exception("the batch ending at %s:%d@%d failed", message.topic, message.partition, message.offset)
+
+    async def _end_batch_guarded(self, partitions: Iterable[int] = ()) -> None:
+        """`_end_batch`, outside a record's handling: a broker's error stops the worker (nothing is
+        recorded past the last batch: the next worker handles it again), a bug is logged (the
+        attempts stay due and are tried again)."""
+        try:
+            await self._end_batch(partitions)
+        except (KafkaError, ProducerSendError) as exc:
+            await self.app.crash(exc)
+            raise
+        except Exception:
+            log.exception("settling due attempts failed")
 
     async def _end_batch(self, partitions: Iterable[int] = ()) -> None:
         """Settle what the batch made due (and the attempts due in `partitions`), then write its changes."""
@@ -347,13 +359,7 @@ class AssemblyWorker(faust.Service):
             if self.app.rebalancing:
                 continue
             async with self.lock:
-                try:
-                    await self._end_batch(self.active_partitions())
-                except (KafkaError, ProducerSendError) as exc:
-                    await self.app.crash(exc)
-                    raise
-                except Exception:  # a bug: the attempts stay due and are tried again
-                    log.exception("settling due attempts failed")
+                await self._end_batch_guarded(self.active_partitions())
 
     def _until_next(self) -> float:
         """Seconds until the next attempt is due or the batch is old enough, at most --tick-s."""
