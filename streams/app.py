@@ -1,12 +1,12 @@
 """The Faust application: trajectory assembly and windowed analytics over the log.
 
     rollouts ┐
-    calls    ├─▶ assemble ─▶ AssemblyWorker (worker.py; table: tables.py) ─▶ trajectories, rewards, deadletter
+    calls    ├─▶ Inbox (transport.py) ─▶ AssemblyWorker (worker.py; table: tables.py) ─▶ trajectories, rewards, deadletter
     rewards  ┘
 
     the calls it reads, the trajectories it emits ─▶ Windows (windows.py) ─▶ metrics topic, GET /analytics
 
-All rollout-scoped topics share one partition count, so each agent reads a rollout's events from
+All rollout-scoped topics share one partition count, so a worker reads a rollout's events from
 one partition, and each table key is written from one partition: the changelogs are
 co-partitioned with the sources and a rebalance moves state with its partition. Analytics are
 at-least-once: a view.
@@ -84,11 +84,9 @@ def create_app(settings: StreamsSettings, partitions: int) -> faust.App:
         # trajectory) a send waits for the broker's ack of the batch before it, at every few records
         producer_max_batch_size=1024 * 1024,
         consumer_max_fetch_size=16 * 1024 * 1024,
-        # the stream's buffer pauses a partition's fetching once it is 80 % full (stream_buffer_maxsize
-        # / 1.25); what a fetch hands over past that still goes in. Unbounded (Faust's default, up to
-        # 16 MiB a partition), it fills the buffer, and each record then waits for room with tasks of
-        # its own (transport.py's way back to `wait_first`). 500 records a fetch, and a buffer whose
-        # margin (a fifth) holds a few fetches of partitions not yet paused
+        # the worker's inbox pauses a partition's fetching once it holds stream_buffer_maxsize records;
+        # what a fetch hands over past that still goes in: 500 records a fetch (Faust's default is
+        # unbounded, up to 16 MiB a partition)
         broker_max_poll_records=500,
         stream_buffer_maxsize=8192,
         consumer_auto_offset_reset="earliest",
@@ -104,13 +102,10 @@ def create_app(settings: StreamsSettings, partitions: int) -> faust.App:
         web_port=settings.web_port,
         web_enabled=True,
         Monitor=QuietMonitor,
-        # the stream takes a record already in its buffer without awaiting the channel: the Cython
-        # iterator's repaired fast path, opt-in in faust-streaming 0.15.3 (the pure-Python one does the same)
-        cython_optimizations=True,
     )
-    # Faust's Kafka transport, but for the tasks per record fetched (transport.py); set before
-    # anything creates the consumer (the `transport` setter is App's own)
-    app.transport = Transport(app.conf.broker_consumer, app)
+    # Faust's Kafka transport, but the sources' records handed over in batches (transport.py); set
+    # before anything creates the consumer (the `transport` setter is App's own)
+    transport = app.transport = Transport(app.conf.broker_consumer, app)
     out = {base: app.topic(settings.topics.name(base), **RAW)
            for base in ("trajectories", "rewards", "deadletter", "metrics")}
 
@@ -126,12 +121,12 @@ def create_app(settings: StreamsSettings, partitions: int) -> faust.App:
                                        timestamp=None, headers=None)
 
     windows = Windows(app, settings.windows_s, settings.window_history, partitions)
-    worker = AssemblyWorker(app, settings, partitions, send, windows)
-
-    @app.agent(app.topic(*worker.sources, **RAW), name="assemble")
-    async def assemble(stream):
-        async for _ in stream:  # acknowledged at once: the table holds the positions
-            await worker.add(stream.current_event)  # (what `stream.events()` yields, without its generator)
+    sources = [settings.topics.name(base) for base in ASSEMBLED]
+    # the sources' records go to the worker in batches, not through a stream (transport.py); the topic is
+    # still Faust's to subscribe to, and the worker pauses a partition as a stream's full buffer would
+    inbox = transport.claim(sources, high=app.conf.stream_buffer_maxsize)
+    app.topics.add(app.topic(*sources, **RAW))
+    worker = AssemblyWorker(app, settings, partitions, send, windows, inbox)
 
     @app.task
     async def start_worker() -> None:  # its timers start once the tables are recovered, as Faust's own do

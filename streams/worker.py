@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Iterable
 import faust
 from aiokafka.errors import KafkaError
 from faust.exceptions import ProducerSendError
-from faust.types import TP, EventT
+from faust.types import TP, Message
 
 from schemas.codec import DecodeError, decode
 from schemas.events import CallEvent, Deadletter, DeadletterEvent, Event
@@ -42,6 +42,7 @@ from schemas.kafka import deadletter_event
 from streams.assembly import Assembly, Settled
 from streams.settings import StreamsSettings
 from streams.tables import Staged, StateTable
+from streams.transport import Inbox
 from streams.windows import Windows
 
 log = logging.getLogger("streams")
@@ -61,9 +62,11 @@ class AssemblyWorker(faust.Service):
     """Trajectory assembly over this worker's partitions of the rollout-scoped topics."""
 
     def __init__(self, app: faust.App, settings: StreamsSettings, partitions: int, publish: Publish,
-                 windows: Windows, **kwargs):
+                 windows: Windows, inbox: Inbox, **kwargs):
         super().__init__(**kwargs)
         self.app = app
+        self.inbox = inbox
+        """the fetched records of the source topics (transport.py)"""
         self.settings = settings
         self.publish = publish
         self.windows = windows
@@ -93,41 +96,90 @@ class AssemblyWorker(faust.Service):
         self.batched = 0
         self.batch_began = time.monotonic()
         self.lock = asyncio.Lock()
-        """one record, batch end, timer or rebalance at a time: each changes the state and stages writes"""
+        """records, batch end, timer or rebalance at a time: each changes the state and stages writes"""
 
     async def recovered(self) -> None:
         self.assembly.reindex()
         log.info("state recovered: %d keys", len(self.table))
 
     async def revoked(self, revoked: Iterable[TP]) -> None:
-        # no lock: Faust waits for the record in hand to be acknowledged before it revokes, and that
-        # record may wait for the lock
-        for tp in revoked:
-            self.last_time.pop(tp, None)
-            self.gaps.pop(tp, None)
+        # after the batch in hand (Faust waits for no record of the inbox: none is tracked as in a stream)
+        async with self.lock:
+            self.inbox.clear()
+            for tp in revoked:
+                self.last_time.pop(tp, None)
+                self.gaps.pop(tp, None)
 
     # --- handling a batch --------------------------------------------------------------------------
 
-    async def add(self, record: EventT) -> None:
-        """Add one source record to the state; end the batch when it is full or old enough."""
+    @faust.Service.task
+    async def _take_fetched(self) -> None:
+        """Take the records fetched since the last take, once the flow is on (not during a rebalance,
+        nor before the tables are recovered), and add them."""
+        while not self.should_stop:
+            await self.inbox.wait()
+            await self.app.flow_control.acquire()
+            records = self.inbox.take()
+            if records:
+                await self.handle(records)
+
+    async def handle(self, records: list[Message]) -> None:
+        """Add source records to the state, in order; end the batch whenever it is full or old enough."""
         async with self.lock:
-            self.handled_at = time.monotonic()
-            try:
-                if not self.touched:
-                    self.batch_began = self.handled_at
-                if await self._take(record.message):
-                    self.touched.add(record.message.partition)
-                    self.batched += 1
-                if self.batched >= self.settings.batch_max or (
-                        time.monotonic() - self.batch_began >= self.settings.batch_wait_s):
-                    await self._end_batch()
-            except (KafkaError, ProducerSendError) as exc:
-                # nothing is recorded past the last batch: the next worker handles it again
-                await self.app.crash(exc)
-                raise
-            except Exception:  # settling failed (a bug): the attempts stay due and are tried again
-                log.exception("the batch ending at %s:%d@%d failed", record.message.topic, record.message.partition,
-                              record.message.offset)
+            now, inbound = time.monotonic(), self.app.monitor.stream_inbound_time
+            for tp in {message.tp for message in records}:
+                inbound[tp] = now  # what Faust's "stream idle" check reads (it no longer sees a stream)
+            flowing, acknowledge = self.app.flow_control.is_active, self.app.consumer.ack
+            for message in records:
+                if not flowing():  # a rebalance began: what is left is read again after it
+                    return
+                await self._handle_one(message)
+                acknowledge(message)  # for Faust's commits: the table's positions say what was handled
+            if self.batched and self._held_back():
+                await self._end_batch_guarded()
+
+    def _held_back(self) -> bool:
+        """Whether an attempt of the batch's partitions is due and was held back only by these records
+        (the partition is now handled to its end): ending the batch now settles it, rather than at the
+        batch's age or the timer's next tick, up to --tick-s later. A worker catching up is behind its
+        partitions' ends and keeps its batches."""
+        now = now_ms()
+        for partition in self.touched:
+            upcoming = self.assembly.next_due([partition])
+            if upcoming is not None and upcoming <= now and not self._behind(partition):
+                return True
+        return False
+
+    async def _handle_one(self, message: Message) -> None:
+        """Add one source record to the state; end the batch when it is full or old enough."""
+        self.handled_at = time.monotonic()
+        try:
+            if not self.touched:
+                self.batch_began = self.handled_at
+            if await self._take(message):
+                self.touched.add(message.partition)
+                self.batched += 1
+            if self.batched >= self.settings.batch_max or (
+                    self.handled_at - self.batch_began >= self.settings.batch_wait_s):
+                await self._end_batch()
+        except (KafkaError, ProducerSendError) as exc:
+            # nothing is recorded past the last batch: the next worker handles it again
+            await self.app.crash(exc)
+            raise
+        except Exception:  # settling failed (a bug): the attempts stay due and are tried again
+            log.exception("the batch ending at %s:%d@%d failed", message.topic, message.partition, message.offset)
+
+    async def _end_batch_guarded(self, partitions: Iterable[int] = ()) -> None:
+        """`_end_batch`, outside a record's handling: a broker's error stops the worker (nothing is
+        recorded past the last batch: the next worker handles it again), a bug is logged (the
+        attempts stay due and are tried again)."""
+        try:
+            await self._end_batch(partitions)
+        except (KafkaError, ProducerSendError) as exc:
+            await self.app.crash(exc)
+            raise
+        except Exception:
+            log.exception("settling due attempts failed")
 
     async def _end_batch(self, partitions: Iterable[int] = ()) -> None:
         """Settle what the batch made due (and the attempts due in `partitions`), then write its changes."""
@@ -273,13 +325,17 @@ class AssemblyWorker(faust.Service):
         topic's partition has been handled to its end; else the time of the last event handled from
         the one behind. Faust reads the three topics side by side, not in the order they were
         written, so a worker catching up may see an attempt's finish before its calls."""
-        mark = now_ms()
+        return min([now_ms(), *(self.last_time.get(tp, 0) for tp in self._behind(partition))])
+
+    def _behind(self, partition: int) -> list[TP]:
+        """The source partitions of `partition` not handled to their end (as last fetched)."""
+        behind = []
         for topic in self.sources:
             tp = TP(topic, partition)
             start, end = self.position(tp)
             if end is None or start < end:
-                mark = min(mark, self.last_time.get(tp, 0))
-        return mark
+                behind.append(tp)
+        return behind
 
     def position(self, tp: TP) -> tuple[int, int | None]:
         """(next offset to handle, the log's end as last fetched) of a source partition.
@@ -303,13 +359,7 @@ class AssemblyWorker(faust.Service):
             if self.app.rebalancing:
                 continue
             async with self.lock:
-                try:
-                    await self._end_batch(self.active_partitions())
-                except (KafkaError, ProducerSendError) as exc:
-                    await self.app.crash(exc)
-                    raise
-                except Exception:  # a bug: the attempts stay due and are tried again
-                    log.exception("settling due attempts failed")
+                await self._end_batch_guarded(self.active_partitions())
 
     def _until_next(self) -> float:
         """Seconds until the next attempt is due or the batch is old enough, at most --tick-s."""

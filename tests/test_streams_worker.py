@@ -9,8 +9,10 @@ import pytest
 
 import schemas as s
 from schemas.codec import encode
-from schemas.kafka import Publisher, make_producer
-from tests.conftest import wait_for
+from aiokafka.admin import AIOKafkaAdminClient
+
+from schemas.kafka import Publisher, make_consumer, make_producer, partitions_of
+from tests.conftest import wait_for, wait_for_async
 from tests.streams_support import Rollout, StreamsWorker, TopicWatch, live, publish
 
 pytestmark = pytest.mark.timeout(300)
@@ -124,6 +126,35 @@ async def test_sigkill_in_the_middle_of_a_stream_loses_and_duplicates_nothing(ka
         bad = {rid: [(c.data.reward, c.data.lineage, [t.call_id for t in c.data.turns]) for c in copies]
                for rid, copies in trajectories_by_rollout(watch.events).items() if any(c.data.reward != 1.0 for c in copies)}
         assert not bad, bad
+
+
+async def test_the_consumer_group_commits_what_the_worker_handled(kafka, worker_factory):
+    """The worker takes its records past Faust's streams (an inbox) but acknowledges each to Faust: the
+    group's committed offsets reach the sources' ends, so a restarted worker does not read them from
+    the start."""
+    worker_factory().start()
+    rollouts = [live(Rollout(f"r-commit-{i}")) for i in range(12)]
+    async with TopicWatch(kafka, "trajectories") as watch:
+        await publish(kafka, [event for rollout in rollouts for event in rollout.two_turns()])
+        await watch.until(lambda seen: len(trajectories_by_rollout(seen)) == 12, what="every trajectory")
+    sources = [tp for base in ("rollouts", "calls", "rewards") for tp in await partitions_of(kafka, kafka.topics.name(base))]
+    reader = make_consumer(kafka, group_id=None)
+    await reader.start()
+    try:
+        ends = {tp: end for tp, end in (await reader.end_offsets(sources)).items() if end}
+    finally:
+        await reader.stop()
+    assert ends
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
+    await admin.start()
+    try:
+        async def committed_to_the_ends() -> bool:
+            offsets = await admin.list_consumer_group_offsets(f"{kafka.topic_prefix}agentstream-streams")
+            return all(tp in offsets and offsets[tp].offset >= end for tp, end in ends.items())
+
+        await wait_for_async(committed_to_the_ends, timeout=30, what="the group's offsets at the sources' ends")
+    finally:
+        await admin.close()
 
 
 async def test_two_workers_share_the_partitions_and_emit_each_trajectory_once(kafka, worker_factory):
