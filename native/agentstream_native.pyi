@@ -37,3 +37,16 @@ class Decoder:
         byte) if a record does not fit."""
     def decode_fetched(self, fetched: Fetched) -> tuple[Columns, list[tuple[str, list[int]]]]:
         """Like `decode`, for what `take` kept of one fetch."""
+
+Form: TypeAlias = str | tuple[Any, ...]
+""""int", "float", "bool", "str", ("range", low, high), ("literal", [texts]), ("optional", form),
+("list", form), ("dict", form), ("object", [(key, form, required), ...]) (src/shapes.rs)"""
+
+class Shape:
+    """A model's shape, to check records against: never looser than pydantic's strict validation."""
+
+    def __init__(self, form: Form) -> None: ...
+    def misfits(self, values: list[bytes | None]) -> list[int]:
+        """The indices of the values (bytes, or None for an empty record) that do not fit."""
+    def misfits_fetched(self, fetched: Fetched) -> list[int]:
+        """Like `misfits`, for what `take` kept of one fetch."""

@@ -1,0 +1,271 @@
+//! Whether records fit a model's shape exactly, checked in one pass without the GIL: what lets a
+//! reader skip pydantic for a batch whose records all fit (`schemas/shapes.py` makes the shapes
+//! from the models).
+//!
+//! `Shape(form)`: a form is "int", "float", "bool", "str", ("range", low, high) (an int within),
+//! ("literal", [texts]), ("optional", form) (or null), ("list", form), ("dict", form) (an object of
+//! any keys, values of the form), or ("object", [(key, form, required), ...]) (those keys only,
+//! the required ones present). `Shape.misfits(values)` (bytes, or None for an empty record) and
+//! `Shape.misfits_fetched(fetched)` return the indices of the records that do not fit.
+//!
+//! Never looser than pydantic's strict validation of the model: where in doubt, a record does not
+//! fit (a repeated key, an int beyond 64 bits, NaN, a float's int part of more than 18 digits, a
+//! lone surrogate), and the caller decodes it with pydantic, which decides as before.
+
+use std::collections::HashSet;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
+
+use super::{Fetched, Parser, Res};
+
+enum Form {
+    Int { low: i64, high: i64 },
+    Float,
+    Bool,
+    Str,
+    OneOf(Vec<Vec<u8>>),
+    Nullable(Box<Form>),
+    List(Box<Form>),
+    Map(Box<Form>),
+    Object(Vec<Member>),
+}
+
+struct Member {
+    key: Vec<u8>,
+    form: Form,
+    required: bool,
+}
+
+fn unknown(tag: &str) -> PyErr {
+    PyValueError::new_err(format!("unknown form {tag:?}"))
+}
+
+impl Form {
+    fn from_py(obj: &Bound<'_, PyAny>) -> PyResult<Form> {
+        if let Ok(name) = obj.cast::<PyString>() {
+            return match name.to_str()? {
+                "int" => Ok(Form::Int {
+                    low: i64::MIN,
+                    high: i64::MAX,
+                }),
+                "float" => Ok(Form::Float),
+                "bool" => Ok(Form::Bool),
+                "str" => Ok(Form::Str),
+                other => Err(unknown(other)),
+            };
+        }
+        let parts = obj.cast::<PyTuple>()?;
+        let tag: String = parts.get_item(0)?.extract()?;
+        let inner = || Form::from_py(&parts.get_item(1)?).map(Box::new);
+        match tag.as_str() {
+            "range" => Ok(Form::Int {
+                low: parts.get_item(1)?.extract()?,
+                high: parts.get_item(2)?.extract()?,
+            }),
+            "literal" => {
+                let words: Vec<String> = parts.get_item(1)?.extract()?;
+                Ok(Form::OneOf(words.into_iter().map(String::into_bytes).collect()))
+            }
+            "optional" => Ok(Form::Nullable(inner()?)),
+            "list" => Ok(Form::List(inner()?)),
+            "dict" => Ok(Form::Map(inner()?)),
+            "object" => {
+                let members: Vec<(String, Bound<'_, PyAny>, bool)> = parts.get_item(1)?.extract()?;
+                if members.len() > 64 {
+                    return Err(PyValueError::new_err("an object of more than 64 keys"));
+                }
+                let members = members
+                    .iter()
+                    .map(|(key, form, required)| {
+                        Ok(Member {
+                            key: key.clone().into_bytes(),
+                            form: Form::from_py(form)?,
+                            required: *required,
+                        })
+                    })
+                    .collect::<PyResult<Vec<_>>>()?;
+                Ok(Form::Object(members))
+            }
+            other => Err(unknown(other)),
+        }
+    }
+
+    /// Moves past a value of this form; an error if it is not one.
+    fn check(&self, p: &mut Parser<'_>, scratch: &mut Vec<u8>) -> Res<()> {
+        match self {
+            Form::Nullable(inner) => {
+                if p.null()? {
+                    Ok(())
+                } else {
+                    inner.check(p, scratch)
+                }
+            }
+            Form::Int { low, high } => {
+                let value = p.int()?;
+                if value < *low || value > *high {
+                    return Err("an int out of range");
+                }
+                Ok(())
+            }
+            Form::Float => float(p),
+            Form::Bool => p.bool().map(|_| ()),
+            Form::Str => {
+                scratch.clear();
+                p.string_into(scratch)
+            }
+            Form::OneOf(words) => {
+                scratch.clear();
+                p.string_into(scratch)?;
+                if words.iter().any(|w| w == scratch) {
+                    Ok(())
+                } else {
+                    Err("not one of the literal's texts")
+                }
+            }
+            Form::List(item) => {
+                if p.open(b'[', b']')? {
+                    loop {
+                        item.check(p, scratch)?;
+                        if !p.more(b']')? {
+                            break;
+                        }
+                    }
+                }
+                Ok(())
+            }
+            Form::Map(value) => {
+                if p.open(b'{', b'}')? {
+                    let mut keys = HashSet::new();
+                    loop {
+                        if !keys.insert(p.key()?) {
+                            return Err("a key repeated in an object");
+                        }
+                        value.check(p, scratch)?;
+                        if !p.more(b'}')? {
+                            break;
+                        }
+                    }
+                }
+                Ok(())
+            }
+            Form::Object(members) => object(p, members, scratch),
+        }
+    }
+}
+
+/// A number where a float is due: pydantic takes an int there too; NaN and infinities do not fit.
+fn float(p: &mut Parser<'_>) -> Res<()> {
+    let text = p.number()?;
+    if text.iter().any(|c| matches!(c, b'.' | b'e' | b'E')) {
+        // SAFETY: the number grammar lets through ASCII only
+        let value: f64 = unsafe { std::str::from_utf8_unchecked(text) }
+            .parse()
+            .map_err(|_| "expected a number")?;
+        if !value.is_finite() {
+            return Err("a float beyond 64 bits");
+        }
+    } else if text.len() - usize::from(text[0] == b'-') > 18 {
+        return Err("an int of more than 18 digits where a float is due");
+    }
+    Ok(())
+}
+
+fn object(p: &mut Parser<'_>, members: &[Member], scratch: &mut Vec<u8>) -> Res<()> {
+    let mut seen: u64 = 0;
+    if p.open(b'{', b'}')? {
+        // one writer writes the keys in one order: the key after the last one found is tried first
+        let mut next = 0;
+        loop {
+            let key = p.key()?;
+            let at = match members.get(next) {
+                Some(m) if *m.key == *key => next,
+                _ => members
+                    .iter()
+                    .position(|m| *m.key == *key)
+                    .ok_or("a key the model does not have")?,
+            };
+            if seen & (1 << at) != 0 {
+                return Err("a key repeated in an object");
+            }
+            seen |= 1 << at;
+            next = at + 1;
+            members[at].form.check(p, scratch)?;
+            if !p.more(b'}')? {
+                break;
+            }
+        }
+    }
+    let missing = members
+        .iter()
+        .enumerate()
+        .any(|(i, m)| m.required && seen & (1 << i) == 0);
+    if missing {
+        return Err("a required key missing");
+    }
+    Ok(())
+}
+
+/// A model's shape, to check records against (see the module's docs).
+#[pyclass(frozen)]
+pub struct Shape {
+    root: Form,
+}
+
+impl Shape {
+    fn fits(&self, value: &[u8], scratch: &mut Vec<u8>) -> bool {
+        let mut p = Parser { b: value, i: 0 };
+        if self.root.check(&mut p, scratch).is_err() {
+            return false;
+        }
+        p.ws();
+        p.i == value.len()
+    }
+
+    fn sort(&self, values: &[Option<&[u8]>]) -> Vec<usize> {
+        let mut scratch = Vec::new();
+        values
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| !v.is_some_and(|value| self.fits(value, &mut scratch)))
+            .map(|(i, _)| i)
+            .collect()
+    }
+}
+
+#[pymethods]
+impl Shape {
+    #[new]
+    fn new(form: &Bound<'_, PyAny>) -> PyResult<Self> {
+        Ok(Shape {
+            root: Form::from_py(form)?,
+        })
+    }
+
+    /// The indices of the values (bytes, or None) that do not fit.
+    fn misfits(&self, py: Python<'_>, values: &Bound<'_, PyList>) -> PyResult<Vec<usize>> {
+        let held = values
+            .iter()
+            .map(|v| {
+                if v.is_none() {
+                    Ok(None)
+                } else {
+                    Ok(Some(v.cast_into::<PyBytes>()?))
+                }
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let slices: Vec<Option<&[u8]>> = held.iter().map(|v| v.as_ref().map(|b| b.as_bytes())).collect();
+        Ok(py.detach(|| self.sort(&slices)))
+    }
+
+    /// Like `misfits`, for what `take` kept of one fetch.
+    fn misfits_fetched(&self, py: Python<'_>, fetched: &Fetched) -> Vec<usize> {
+        let slices: Vec<Option<&[u8]>> = fetched
+            .values
+            .iter()
+            .map(|v| v.as_ref().map(|b| b.as_bytes(py)))
+            .collect();
+        py.detach(|| self.sort(&slices))
+    }
+}
