@@ -6,14 +6,20 @@ the chunks so far durable resumes.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import polars as pl
+
 from agentstream.repeats import Repeats
-from schemas.scan import KAFKA, Bounds, Origin, ScanProgress, scan
+from agentstream.replay import columnar
+from agentstream.replay.columnar import Misfit
+from agentstream.replay.selection import Selection, made_by
 from agentstream.replay.state import int_keys
+from schemas.scan import KAFKA, Bounds, Fetch, Origin, Record, ScanProgress, archive_records, plan_scan, scan_fetches
 from schemas.codec import DecodeError, decode
 from schemas.events import Call, TrajectoryEvent
 from schemas.kafka import KafkaSettings
@@ -53,18 +59,34 @@ class Source(Protocol):
         """records read since the source started"""
 
 
+class Chunk(list[Item]):
+    """A chunk of items; `rows`, where the source made them: the dataset rows of its items, in order
+    (`columnar.dataset_rows`, for a sink that writes rows)."""
+
+    rows: pl.DataFrame | None = None
+
+
 class StoredTrajectories:
-    """The trajectory events of one topic (the live `trajectories`, or a rebuild's), in a range."""
+    """The trajectory events of one topic (the live `trajectories`, or a rebuild's), in a range.
+
+    Read a batch at a time into columns (`columnar`), a batch with a record pydantic would not take as
+    it is row by row with pydantic; the selection is applied here (`selects`), after dropping repeats.
+    """
+
+    selects = True
 
     def __init__(self, settings: KafkaSettings, topic: str, ranges: dict[int, tuple[int, int]],
                  position: dict[str, Any] | None, counts: Counter[str], batch_size: int = 5000,
-                 origin: Origin = KAFKA):
+                 origin: Origin = KAFKA, selection: Selection = Selection(), rows: bool = False):
         self.settings = settings
         self.topic = topic
         self.ends = {p: end for p, (_, end) in ranges.items()}
         self.next = int_keys(position["next"]) if position else {p: start for p, (start, _) in ranges.items()}
         self.batch_size = batch_size
         self.origin = origin
+        self.selection = selection
+        self.rows = rows
+        """whether the sink writes dataset rows (then the chunks carry them) rather than the events"""
         self.counts = counts
         self.remaining = sum(max(0, self.ends[p] - self.next[p]) for p in self.ends)
         self.read = 0
@@ -74,22 +96,63 @@ class StoredTrajectories:
         def progressed(progress: ScanProgress) -> None:
             self.next.update(progress.positions)
 
-        bounds = Bounds(start_offsets=dict(self.next), end_offsets=dict(self.ends))
-        async for batch in scan(self.settings, self.topic, bounds, self.batch_size, on_progress=progressed,
-                                     origin=self.origin):
-            self.read += len(batch)
-            items = []
-            for record in batch:
-                try:
-                    trajectory = decode(record.value, expect=TrajectoryEvent)
-                except DecodeError:
-                    self.counts["undecodable"] += 1
-                    continue
-                if self.repeats.first(trajectory.id):  # a worker that crashed may have published it twice
-                    items.append(Item(trajectory, raw=record.value))
-                else:
-                    self.counts["repeats"] += 1
-            yield items
+        plan = await plan_scan(self.settings, self.topic, Bounds(start_offsets=dict(self.next),
+                                                                 end_offsets=dict(self.ends)), self.origin)
+        if plan.old and plan.manifest:
+            for records in archive_records(plan.manifest, plan.old, self.batch_size):
+                chunk = self._chunk(records)
+                self.next.update({record.partition: record.offset + 1 for record in records})
+                yield chunk
+                await asyncio.sleep(0)
+            self.next.update({p: end for p, (_, end) in plan.old.items()})
+        if plan.tail:
+            async for fetch in scan_fetches(self.settings, self.topic, plan.tail, self.batch_size,
+                                            on_progress=progressed):
+                yield self._chunk(fetch)
+
+    def _chunk(self, batch: list[Record] | Fetch) -> Chunk:
+        self.read += len(batch)
+        try:
+            return self._from_columns(batch)
+        except Misfit:
+            return self._row_by_row(batch.records() if isinstance(batch, Fetch) else batch)
+
+    def _from_columns(self, batch: list[Record] | Fetch) -> Chunk:
+        frame = columnar.columns(batch, self.rows)
+        rows = columnar.dataset_rows(frame) if self.rows else None  # (Misfit, if it is: before any is kept)
+        values = [None] * len(batch) if self.rows else (
+            [m.value() for m in batch.messages] if isinstance(batch, Fetch) else [r.value for r in batch])
+        versions = columnar.turn_versions(frame) if self.selection.versions else None
+        launches = frame["weight_version_launch"].to_list()
+        chunk, kept = Chunk(), []
+        for i, (event_id, rollout_id, started_at) in enumerate(frame.select("id", "rollout_id", "started_at").iter_rows()):
+            if not self.repeats.first(event_id):
+                self.counts["repeats"] += 1
+            elif not self.selection.wants_fields(rollout_id, started_at,
+                                                 lambda: made_by(versions[i] if versions else [], launches[i])):
+                self.counts["not_selected"] += 1
+            else:
+                chunk.append(Item(None, raw=values[i], id=event_id, key=rollout_id.encode() if rollout_id else None))
+                kept.append(i)
+        if rows is not None:
+            chunk.rows = rows.filter(pl.col("index").is_in(kept)).drop("index")
+        return chunk
+
+    def _row_by_row(self, records: list[Record]) -> Chunk:
+        chunk = Chunk()
+        for record in records:
+            try:
+                trajectory = decode(record.value, expect=TrajectoryEvent)
+            except DecodeError:
+                self.counts["undecodable"] += 1
+                continue
+            if not self.repeats.first(trajectory.id):  # a worker that crashed may have published it twice
+                self.counts["repeats"] += 1
+            elif not self.selection.wants(trajectory):
+                self.counts["not_selected"] += 1
+            else:
+                chunk.append(Item(trajectory, raw=record.value))
+        return chunk
 
     def position(self) -> dict[str, Any]:
         return {"next": dict(self.next)}

@@ -1,0 +1,179 @@
+"""`replay export --from <trajectories topic>` read in columns gives what pydantic row by row gave.
+
+The reference here is the export as it was (each record decoded with pydantic, repeats dropped, the
+selection applied, the event's bytes or `dataset.rows` written), over a topic of odd but valid
+trajectories (ints where floats are due, unicode and escapes, empty turns, keys left out for their
+defaults, formatted JSON) and bad or doubtful records (NaN and infinity, a key the model lacks, a
+wrong type, a newer schema version, not JSON, an empty record, a repeated key, a lone surrogate).
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections import Counter
+
+import orjson
+import polars as pl
+import pytest
+
+import schemas as s
+from agentstream.replay import Job, Options, Selection, parse_versions, replay
+from agentstream.replay import columnar, dataset
+from schemas.codec import DecodeError, decode, encode
+from schemas.kafka import KafkaSettings, ensure_topics
+from schemas.scan import Record
+from streams.assembly import Timing, assemble
+from tests.streams_support import Rollout
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def base(rollout_id: str, version: int = 1) -> dict:
+    (trajectory,) = assemble(Rollout(rollout_id, version=version).two_turns(merged=False, reward=0.25),
+                             Timing(settle_ms=0))
+    return orjson.loads(encode(trajectory))
+
+
+def variant(rollout_id: str, version: int = 1, **data: object) -> dict:
+    event = base(rollout_id, version)
+    event["data"].update(data)
+    return event
+
+
+def odd_but_valid() -> list[bytes]:
+    """Trajectories pydantic takes as they are, each a little unusual."""
+    plain = base("r-plain")
+    ints = variant("r-ints", reward=1)  # an int where a float is due: 1.0 in a row
+    for part in (*ints["data"]["turns"], *ints["data"]["sequences"]):
+        part["logprobs"] = [0, -1, *part["logprobs"][2:]]
+    unicode = variant("r-ünï-😀", model="模型", task_id="tâche 🚀", group_id="g\n\t\"q\"")
+    empty = variant("r-empty", turns=[], sequences=[], reward=None, reward_missing=True, lineage=[])
+    no_turns = variant("r-seq-no-turns")
+    for sequence in no_turns["data"]["sequences"]:
+        sequence["turns"] = []
+    defaults = base("r-defaults", version=2)
+    defaults["schema_version"] = 1
+    for key in ("split", "epoch", "sample_index", "reward_missing", "rewards", "merge_mismatches", "superseded"):
+        defaults["data"].pop(key)
+    extremes = variant("r-extremes", epoch=2**63 - 1, sample_index=-(2**63), reward=5e-324)
+    for part in (*extremes["data"]["turns"], *extremes["data"]["sequences"]):
+        part["logprobs"] = [-0.0, -0.8444218515250481, -1.2345678901234567e-300, *part["logprobs"][3:]]
+    for sequence in extremes["data"]["sequences"]:
+        sequence["weight_versions"] = [None] * len(sequence["weight_versions"])
+    negative_turn = variant("r-last-turn")  # a sequence's turn counted from the end, as Python indexes
+    negative_turn["data"]["sequences"][0]["turns"] = [-1]
+    values = [orjson.dumps(e) for e in (plain, ints, unicode, empty, no_turns, defaults, extremes, negative_turn)]
+    escaped = orjson.dumps(variant("r-escaped", model="e")).replace(b'"model":"e"', b'"model":"\\u00e9\\ud83d\\ude00"')
+    formatted = orjson.dumps(base("r-formatted"), option=orjson.OPT_INDENT_2)
+    return [*values, escaped, formatted]
+
+
+def bad_or_doubtful() -> list[bytes | None]:
+    """Records pydantic refuses, or takes though the native check does not (they go row by row)."""
+    nan = orjson.dumps(variant("r-nan", reward=0.5)).replace(b'"reward":0.5', b'"reward":NaN')
+    inf = orjson.dumps(variant("r-inf", reward=0.5)).replace(b'"reward":0.5', b'"reward":-Infinity')
+    repeated_key = orjson.dumps(variant("r-repeated-key", model="a")).replace(b'"model":"a"', b'"model":"a","model":"b"')
+    surrogate = orjson.dumps(variant("r-surrogate", model="a")).replace(b'"model":"a"', b'"model":"\\ud800"')
+    newer = base("r-newer")
+    newer["schema_version"] = 3
+    unversioned = base("r-unversioned")
+    del unversioned["schema_version"]
+    return [nan, inf, repeated_key, surrogate, orjson.dumps(newer), orjson.dumps(unversioned),
+            orjson.dumps(variant("r-extra", colour="red")), orjson.dumps(variant("r-null", status=None)),
+            orjson.dumps({**base("r-call"), "type": "call"}), orjson.dumps(variant("r-float-int", epoch=1.0)),
+            b"not json", b"", None, b"[1, 2]"]
+
+
+async def topic_of(kafka_bootstrap: str, values: list[bytes | None]) -> KafkaSettings:
+    """A topic `trajectories` of one partition (records in a known order) holding `values`."""
+    from confluent_kafka import Producer
+
+    kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:10]}.", partitions=1)
+    assert (await ensure_topics(kafka)).ok
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True})
+    for value in values:
+        producer.produce(kafka.topics.trajectories, value, b"k")
+    assert producer.flush(30) == 0
+    return kafka
+
+
+def reference(values: list[bytes | None], sink: str, selection: Selection = Selection()) -> tuple[object, Counter]:
+    """The export as it was: pydantic row by row."""
+    counts: Counter[str] = Counter()
+    seen: set[str] = set()
+    lines, rows = [], []
+    for value in values:
+        try:
+            trajectory = decode(value, expect=s.TrajectoryEvent)
+        except DecodeError:
+            counts["undecodable"] += 1
+            continue
+        if trajectory.id in seen:
+            counts["repeats"] += 1
+            continue
+        seen.add(trajectory.id)
+        if not selection.wants(trajectory):
+            counts["not_selected"] += 1
+            continue
+        if sink == "events":
+            lines.append(value)
+        elif sink == "chat":
+            lines += [orjson.dumps(row) for row in dataset.rows(trajectory, {})]
+        else:
+            rows += dataset.rows(trajectory, {}, messages_as_json=True)
+    if sink == "parquet":
+        return pl.DataFrame(rows, schema=dataset.SCHEMA), counts
+    return b"".join(line + b"\n" for line in lines), counts
+
+
+async def export(kafka: KafkaSettings, sink: str, tmp_path, batch_size: int, **selection: object):
+    out = tmp_path / f"{sink}-{batch_size}-{uuid.uuid4().hex[:6]}"
+    summary = await replay(kafka, Job("trajectories", sink, str(out), **selection),
+                           Options(tmp_path / f"{out.name}.state", batch_size=batch_size))
+    written = pl.read_parquet(out) if sink == "parquet" else out.read_bytes()
+    return written, Counter({k: v for k, v in summary.counts.items() if v})
+
+
+def test_the_odd_trajectories_fit_the_columns_and_the_bad_ones_do_not():
+    good = odd_but_valid()
+    records = [Record("t", 0, i, 0, None, value) for i, value in enumerate(good)]
+    assert columnar.columns(records, rows=True).height == len(good)  # no Misfit: read in columns
+    for value in bad_or_doubtful():
+        with pytest.raises(columnar.Misfit):
+            columnar.columns([Record("t", 0, 0, 0, None, value)], rows=False)
+
+
+@pytest.mark.parametrize("sink", ["events", "chat", "parquet"])
+async def test_export_of_stored_trajectories_equals_the_row_by_row_export(kafka_bootstrap, tmp_path, sink):
+    good, bad = odd_but_valid(), bad_or_doubtful()
+    mixed = [*good[:3], bad[0], *good[3:], good[1], *bad[1:], good[0], good[5]]  # repeats of good ones, too
+    for values, batch_size in ((good, 5000), (mixed, 5000), (mixed, 3)):
+        kafka = await topic_of(kafka_bootstrap, values)
+        written, counts = await export(kafka, sink, tmp_path, batch_size)
+        expected, expected_counts = reference(values, sink)
+        if sink == "parquet":
+            assert written.schema == expected.schema and written.height == expected.height
+            assert written.to_dicts() == expected.to_dicts() or _same_with_nan(written, expected)
+        else:
+            assert written == expected
+        assert counts == expected_counts
+
+
+def _same_with_nan(a: pl.DataFrame, b: pl.DataFrame) -> bool:
+    """Row for row equal, NaN equal to NaN (a NaN reward is taken row by row, as before)."""
+    def key(row: dict) -> dict:
+        return {k: "nan" if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
+    return [key(r) for r in a.to_dicts()] == [key(r) for r in b.to_dicts()]
+
+
+async def test_export_selects_rollouts_and_versions_as_before(kafka_bootstrap, tmp_path):
+    values = [orjson.dumps(base(f"r-{i}", version=i % 3)) for i in range(9)] + odd_but_valid()
+    kafka = await topic_of(kafka_bootstrap, values)
+    for selection in ({"rollouts": frozenset({"r-1", "r-4", "r-ints", "r-nope"})},
+                      {"versions": parse_versions("1-2")}, {"versions": parse_versions("0")}):
+        for sink in ("events", "chat"):
+            written, counts = await export(kafka, sink, tmp_path, 4, **selection)
+            expected, expected_counts = reference(values, sink, Selection(**selection))
+            assert written == expected and counts == expected_counts, selection
+
