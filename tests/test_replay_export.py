@@ -177,3 +177,47 @@ async def test_export_selects_rollouts_and_versions_as_before(kafka_bootstrap, t
             expected, expected_counts = reference(values, sink, Selection(**selection))
             assert written == expected and counts == expected_counts, selection
 
+
+# --- top -------------------------------------------------------------------------------------------
+
+
+def top_records() -> list[bytes | None]:
+    """Metrics and pool events as the streams worker and the gateway write them, odd ones, and bad ones."""
+    def metrics(start: int, version: int, **values: float) -> s.MetricsEvent:
+        return s.MetricsEvent(source="streams", data=s.Metrics(window_s=10, window_start=start, values=values,
+                                                               group={"model": "tïny", "weight_version": str(version)}))
+
+    pool = s.PoolUpdateEvent(source="gateway", data=s.PoolUpdate(
+        model="tiny", version=2, server="http://vllm-a", status="ok", pause_ms=123.4, applied_by="gw-1"))
+    good = [metrics(10_000, 1, calls=4, reward_sum=0.5), metrics(10_000, 1, calls=5, reward_sum=1.5),
+            metrics(20_000, 2, calls=1), pool]
+    values: list[bytes | None] = [encode(e) for e in good]
+    ints = orjson.loads(values[2])
+    ints["data"]["values"] = {"calls": 3, "latency_b10": 2}  # ints where floats are due
+    failed = orjson.loads(values[3])
+    failed["data"].update(status="failed", error="load failed", pause_ms=7, load_ms=None)
+    failed["id"] = s.new_id()
+    ungrouped = orjson.loads(encode(metrics(30_000, 3, calls=1)))
+    del ungrouped["data"]["group"]  # its default
+    untyped = orjson.loads(encode(metrics(40_000, 1, calls=9)))
+    del untyped["type"]  # any event is told by its type: refused
+    nan = encode(metrics(50_000, 1, calls=2.5)).replace(b"2.5", b"NaN")
+    call = s.CallEvent(source="gateway", data=s.Call(api="completions", model="m", request={}, status=200,
+                                                     started_at=1, latency_ms=1.0))
+    return [*values, orjson.dumps(ints), orjson.dumps(failed), orjson.dumps(ungrouped), values[0], orjson.dumps(untyped),
+            nan, encode(call), values[1].replace(b'"values"', b'"colour":1,"values"'), b"{", None]
+
+
+def test_top_reads_a_batch_as_it_read_each_record():
+    from agentstream.top import TopView
+
+    records = top_records()
+    one_by_one, batched = TopView(), TopView()
+    for value in records:
+        one_by_one.add(value)
+    batched.add_all(records)
+    assert repr(batched.windows) == repr(one_by_one.windows)  # (repr: a NaN value, taken by pydantic, equals itself)
+    assert batched.last_event_ms == one_by_one.last_event_ms
+    assert [(at, u.model_dump()) for at, u in batched.pool] == [(at, u.model_dump()) for at, u in one_by_one.pool]
+    assert all(type(v) is float for values in batched.windows.values() for v in values.values())
+    assert len(batched.windows) == 4 and len(batched.pool) == 2
