@@ -127,6 +127,12 @@ impl Form {
             Form::List(item) => {
                 if p.open(b'[', b']')? {
                     loop {
+                        // token ids and logprobs as orjson writes most, with their separator, in one step
+                        match item.quick(p) {
+                            Some(b']') => break,
+                            Some(_) => continue,
+                            None => {}
+                        }
                         item.check(p, scratch)?;
                         if !p.more(b']')? {
                             break;
@@ -155,10 +161,33 @@ impl Form {
     }
 }
 
+impl Form {
+    /// A list item of an int or float form, checked with the separator after it (consumed) where it is
+    /// a plain int of up to 7 digits or a plain float (`Parser::compact_int`, `compact_float`); None:
+    /// anything else, nothing consumed.
+    #[inline]
+    fn quick(&self, p: &mut Parser<'_>) -> Option<u8> {
+        let form = match self {
+            Form::Nullable(inner) => inner,
+            form => form,
+        };
+        match form {
+            Form::Int { low, high } if *low <= 0 && *high >= 9_999_999 => p.compact_int().map(|(_, stop)| stop),
+            Form::Float => match p.compact_float() {
+                None => p.compact_int().map(|(_, stop)| stop),
+                found => found.map(|(_, stop)| stop),
+            },
+            _ => None,
+        }
+    }
+}
+
 /// A number where a float is due: pydantic takes an int there too; NaN and infinities do not fit.
 fn float(p: &mut Parser<'_>) -> Res<()> {
     let text = p.number()?;
-    if text.iter().any(|c| matches!(c, b'.' | b'e' | b'E')) {
+    let negative = usize::from(text[0] == b'-');
+    let point = text.iter().position(|&c| c == b'.');
+    if text.iter().any(|&c| c == b'e' || c == b'E') {
         // SAFETY: the number grammar lets through ASCII only
         let value: f64 = unsafe { std::str::from_utf8_unchecked(text) }
             .parse()
@@ -166,7 +195,11 @@ fn float(p: &mut Parser<'_>) -> Res<()> {
         if !value.is_finite() {
             return Err("a float beyond 64 bits");
         }
-    } else if text.len() - usize::from(text[0] == b'-') > 18 {
+    } else if let Some(at) = point {
+        if at - negative > 300 {
+            return Err("a float beyond 64 bits"); // (below 10^300 without an exponent: finite)
+        }
+    } else if text.len() - negative > 18 {
         return Err("an int of more than 18 digits where a float is due");
     }
     Ok(())
