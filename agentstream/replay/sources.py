@@ -7,8 +7,9 @@ the chunks so far durable resumes.
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -59,6 +60,12 @@ class Source(Protocol):
         """records read since the source started"""
 
 
+DECODING_AHEAD = 2
+"""fetches decoded at once, each on a thread of its own, while the next is fetched (as SQL's scans)"""
+Decoded = tuple[pl.DataFrame, pl.DataFrame | None]
+"""a batch's columns (`columnar.columns`), and its dataset rows where the sink writes rows"""
+
+
 class Chunk(list[Item]):
     """A chunk of items; `rows`, where the source made them: the dataset rows of its items, in order
     (`columnar.dataset_rows`, for a sink that writes rows)."""
@@ -93,33 +100,60 @@ class StoredTrajectories:
         self.repeats = Repeats()
 
     async def chunks(self) -> AsyncIterator[list[Item]]:
-        def progressed(progress: ScanProgress) -> None:
-            self.next.update(progress.positions)
-
         plan = await plan_scan(self.settings, self.topic, Bounds(start_offsets=dict(self.next),
                                                                  end_offsets=dict(self.ends)), self.origin)
         if plan.old and plan.manifest:
             for records in archive_records(plan.manifest, plan.old, self.batch_size):
-                chunk = self._chunk(records)
+                chunk = self._chunk(records, self._decode(records))
                 self.next.update({record.partition: record.offset + 1 for record in records})
                 yield chunk
                 await asyncio.sleep(0)
             self.next.update({p: end for p, (_, end) in plan.old.items()})
         if plan.tail:
-            async for fetch in scan_fetches(self.settings, self.topic, plan.tail, self.batch_size,
-                                            on_progress=progressed):
-                yield self._chunk(fetch)
+            async for chunk in self._kafka_chunks(plan.tail):
+                yield chunk
 
-    def _chunk(self, batch: list[Record] | Fetch) -> Chunk:
-        self.read += len(batch)
+    async def _kafka_chunks(self, ranges: dict[int, tuple[int, int]]) -> AsyncIterator[Chunk]:
+        """A chunk per fetch, each decoded on a thread while the next is fetched (the native check and
+        decoder let go of the GIL); the position after a chunk counts once it is yielded."""
+        latest: dict[int, int] = {}
+
+        def progressed(progress: ScanProgress) -> None:
+            latest.update(progress.positions)
+
+        ahead: deque[tuple[Fetch, dict[int, int], asyncio.Future[Decoded | None]]] = deque()
+
+        async def take() -> Chunk:
+            fetch, positions, decoding = ahead.popleft()
+            chunk = self._chunk(fetch, await decoding)
+            self.next.update(positions)
+            return chunk
+
+        fetches = scan_fetches(self.settings, self.topic, ranges, self.batch_size, on_progress=progressed)
         try:
-            return self._from_columns(batch)
-        except Misfit:
-            return self._row_by_row(batch.records() if isinstance(batch, Fetch) else batch)
+            async with aclosing(fetches):
+                async for fetch in fetches:
+                    ahead.append((fetch, dict(latest), asyncio.ensure_future(asyncio.to_thread(self._decode, fetch))))
+                    if len(ahead) > DECODING_AHEAD:
+                        yield await take()
+            while ahead:
+                yield await take()
+        finally:  # a decoding under way runs on to its end on its thread: none outlives the scan
+            await asyncio.gather(*(decoding for _, _, decoding in ahead), return_exceptions=True)
 
-    def _from_columns(self, batch: list[Record] | Fetch) -> Chunk:
-        frame = columnar.columns(batch, self.rows)
-        rows = columnar.dataset_rows(frame) if self.rows else None  # (Misfit, if it is: before any is kept)
+    def _decode(self, batch: list[Record] | Fetch) -> Decoded | None:
+        """The batch's columns, and its dataset rows if the sink writes rows; None if a record does not fit."""
+        try:
+            frame = columnar.columns(batch, self.rows)
+            return frame, columnar.dataset_rows(frame) if self.rows else None
+        except Misfit:
+            return None
+
+    def _chunk(self, batch: list[Record] | Fetch, decoded: Decoded | None) -> Chunk:
+        self.read += len(batch)
+        if decoded is None:
+            return self._row_by_row(batch.records() if isinstance(batch, Fetch) else batch)
+        frame, rows = decoded
         values = [None] * len(batch) if self.rows else (
             [m.value() for m in batch.messages] if isinstance(batch, Fetch) else [r.value for r in batch])
         versions = columnar.turn_versions(frame) if self.selection.versions else None
