@@ -221,3 +221,32 @@ def test_top_reads_a_batch_as_it_read_each_record():
     assert [(at, u.model_dump()) for at, u in batched.pool] == [(at, u.model_dump()) for at, u in one_by_one.pool]
     assert all(type(v) is float for values in batched.windows.values() for v in values.values())
     assert len(batched.windows) == 4 and len(batched.pool) == 2
+
+
+def test_top_reads_a_batch_of_metrics_in_columns_as_it_read_each_record():
+    """Windows published again and again (the latest counts), one group written with its keys in two
+    orders, a group left out, ints for floats, a repeated id; over two batches, the second updating
+    windows of the first: the same windows, in the same order (the merges add in it), as one by one."""
+    from agentstream.top import TopView
+
+    def event(start: int, group: dict, **values: float) -> dict:
+        return orjson.loads(encode(s.MetricsEvent(source="streams", data=s.Metrics(
+            window_s=10, window_start=start, group=group, values=values))))
+
+    a, b = {"model": "m", "weight_version": "1"}, {"weight_version": "1", "model": "m"}
+    events = [event(20_000, a, calls=1), event(10_000, b, calls=2.5), event(10_000, a, calls=3),
+              event(30_000, {"model": "ü"}, calls=4), event(20_000, a, calls=5)]
+    ungrouped = event(40_000, {}, calls=6)
+    del ungrouped["data"]["group"]
+    ints = event(30_000, {"model": "ü"}, calls=0)
+    ints["data"]["values"] = {"calls": 7, "errors": 1}
+    batches = [[orjson.dumps(e) for e in events], [orjson.dumps(e) for e in (ungrouped, ints, events[2], event(10_000, a))]]
+    one_by_one, batched = TopView(), TopView()
+    for batch in batches:
+        for value in batch:
+            one_by_one.add(value)
+        batched.add_all(batch)
+    assert list(batched.windows.items()) == list(one_by_one.windows.items())
+    assert batched.last_event_ms == one_by_one.last_event_ms
+    assert all(type(v) is float for values in batched.windows.values() for v in values.values())
+    assert batched.windows[10, 10_000, (("model", "m"), ("weight_version", "1"))] == {}
