@@ -45,8 +45,14 @@ Form: TypeAlias = str | tuple[Any, ...]
 class Shape:
     """A model's shape, to check records against: never looser than pydantic's strict validation."""
 
-    def __init__(self, form: Form) -> None: ...
+    def __init__(self, form: Form, take: Sequence[str] = ()) -> None:
+        """`take`: keys of the root (a str or optional str each) whose texts `check` returns."""
     def misfits(self, values: list[bytes | None]) -> list[int]:
         """The indices of the values (bytes, or None for an empty record) that do not fit."""
     def misfits_fetched(self, fetched: Fetched) -> list[int]:
         """Like `misfits`, for what `take` kept of one fetch."""
+    def check(self, values: list[bytes | None]) -> tuple[list[int], list[list[str | None]]]:
+        """The indices of the values that do not fit, and per key taken its text in each (None where it
+        does not fit)."""
+    def check_fetched(self, fetched: Fetched) -> tuple[list[int], list[list[str | None]]]:
+        """Like `check`, for what `take` kept of one fetch."""

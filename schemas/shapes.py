@@ -28,10 +28,11 @@ differs run to run, so it does not fit, and pydantic decodes it as before"""
 
 
 @cache
-def shape(model: type[Event], tagged: bool = False) -> Shape:
+def shape(model: type[Event], tagged: bool = False, take: tuple[str, ...] = ()) -> Shape:
     """The native check of an event type. `tagged`: the `type` key is required, as when an event is
-    decoded as any event (the union picks the model by it); otherwise it may be left out (its default)."""
-    return Shape(_object(model, envelope=True, tagged=tagged))
+    decoded as any event (the union picks the model by it); otherwise it may be left out (its default).
+    `take`: envelope keys (texts: `id`, `rollout_id`) whose values `Shape.check` also returns."""
+    return Shape(_object(model, envelope=True, tagged=tagged), list(take))
 
 
 def _object(model: type[BaseModel], envelope: bool = False, tagged: bool = False) -> Form:

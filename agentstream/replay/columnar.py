@@ -32,6 +32,10 @@ class Misfit(Exception):
     """A batch the columns cannot serve as pydantic and `dataset.rows` would: it goes row by row."""
 
 
+TAKEN = ("id", "rollout_id")
+"""what the check itself returns: all an export of the events needs where its selection looks at no more"""
+
+
 @cache
 def _decoder(rows: bool) -> Decoder:
     columns: list[tuple[str, list[str], Any]] = [
@@ -54,17 +58,19 @@ def _defaults() -> list[pl.Expr]:
             if fields[name].default not in (None, PydanticUndefined)]
 
 
-def columns(batch: list[Record] | Fetch, rows: bool) -> pl.DataFrame:
-    """The batch's trajectories, a row each: id, rollout_id, attempt_id, started_at, weight_version_launch,
-    turn_versions (each turn's weight version), and with `rows` the dataset rows' fields and `sequences_`.
-    Misfit if a record is not a trajectory event as pydantic reads it."""
-    shaped = shape(TrajectoryEvent)
+def columns(batch: list[Record] | Fetch, rows: bool, fields: bool = True) -> pl.DataFrame:
+    """The batch's trajectories, a row each: id, rollout_id; with `fields` or `rows` also attempt_id,
+    started_at, weight_version_launch, turn_versions (each turn's weight version); with `rows` the
+    dataset rows' fields and `sequences_`. Misfit if a record is not a trajectory event as pydantic reads it."""
+    shaped = shape(TrajectoryEvent, take=TAKEN)
     if isinstance(batch, Fetch):
-        misfits = shaped.misfits_fetched(batch.taken)
+        misfits, taken = shaped.check_fetched(batch.taken)
     else:
-        misfits = shaped.misfits([record.value for record in batch])
+        misfits, taken = shaped.check([record.value for record in batch])
     if misfits:
         raise Misfit(f"{len(misfits)} records do not fit, the first at {misfits[0]}")
+    if not (rows or fields):
+        return pl.DataFrame(dict(zip(TAKEN, taken)), schema={name: pl.String for name in TAKEN})
     decoder = _decoder(rows)
     try:
         found, _ = decoder.decode_fetched(batch.taken) if isinstance(batch, Fetch) else decoder.decode(batch)

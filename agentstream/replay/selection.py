@@ -20,6 +20,11 @@ class Selection:
     history before the range, so that attempts running across its start are not rebuilt from half
     their events, and leaves those attempts out"""
 
+    @property
+    def looks_inside(self) -> bool:
+        """whether it looks at more of a trajectory than its rollout id (its start, its weight versions)"""
+        return bool(self.versions) or self.started_from_ms is not None
+
     def wants_rollout(self, rollout_id: str | None) -> bool:
         return not self.rollouts or rollout_id in self.rollouts
 

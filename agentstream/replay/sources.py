@@ -144,7 +144,7 @@ class StoredTrajectories:
     def _decode(self, batch: list[Record] | Fetch) -> Decoded | None:
         """The batch's columns, and its dataset rows if the sink writes rows; None if a record does not fit."""
         try:
-            frame = columnar.columns(batch, self.rows)
+            frame = columnar.columns(batch, self.rows, fields=self.selection.looks_inside)
             return frame, columnar.dataset_rows(frame) if self.rows else None
         except Misfit:
             return None
@@ -156,14 +156,16 @@ class StoredTrajectories:
         frame, rows = decoded
         values = [None] * len(batch) if self.rows else (
             [m.value() for m in batch.messages] if isinstance(batch, Fetch) else [r.value for r in batch])
+        # what the selection looks at inside a trajectory (read where it does: `looks_inside`)
         versions = columnar.turn_versions(frame) if self.selection.versions else None
-        launches = frame["weight_version_launch"].to_list()
+        launches = frame["weight_version_launch"].to_list() if self.selection.versions else None
+        started = frame["started_at"].to_list() if self.selection.started_from_ms is not None else None
         chunk, kept = Chunk(), []
-        for i, (event_id, rollout_id, started_at) in enumerate(frame.select("id", "rollout_id", "started_at").iter_rows()):
+        for i, (event_id, rollout_id) in enumerate(zip(frame["id"].to_list(), frame["rollout_id"].to_list())):
             if not self.repeats.first(event_id):
                 self.counts["repeats"] += 1
-            elif not self.selection.wants_fields(rollout_id, started_at,
-                                                 lambda: made_by(versions[i] if versions else [], launches[i])):
+            elif not self.selection.wants_fields(rollout_id, started[i] if started else None,
+                                                 lambda: made_by(versions[i], launches[i])):
                 self.counts["not_selected"] += 1
             else:
                 chunk.append(Item(None, raw=values[i], id=event_id, key=rollout_id.encode() if rollout_id else None))

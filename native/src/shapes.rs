@@ -5,8 +5,11 @@
 //! `Shape(form)`: a form is "int", "float", "bool", "str", ("range", low, high) (an int within),
 //! ("literal", [texts]), ("optional", form) (or null), ("list", form), ("dict", form) (an object of
 //! any keys, values of the form), or ("object", [(key, form, required), ...]) (those keys only,
-//! the required ones present). `Shape.misfits(values)` (bytes, or None for an empty record) and
-//! `Shape.misfits_fetched(fetched)` return the indices of the records that do not fit.
+//! the required ones present); the root is an object. `Shape.misfits(values)` (bytes, or None for an
+//! empty record) and `Shape.misfits_fetched(fetched)` return the indices of the records that do not
+//! fit; `Shape(form, take=[keys])`'s `check` and `check_fetched` also the texts at those keys of the
+//! root (a str or optional str each: an id), in the same pass, so that a reader needing no more of a
+//! record than them reads no column.
 //!
 //! Never looser than pydantic's strict validation of the model: where in doubt, a record does not
 //! fit (a repeated key, an int beyond 64 bits, NaN, a float's int part of more than 18 digits, a
@@ -156,7 +159,7 @@ impl Form {
                 }
                 Ok(())
             }
-            Form::Object(members) => object(p, members, scratch),
+            Form::Object(members) => object(p, members, scratch, &[], &mut []),
         }
     }
 }
@@ -205,7 +208,14 @@ fn float(p: &mut Parser<'_>) -> Res<()> {
     Ok(())
 }
 
-fn object(p: &mut Parser<'_>, members: &[Member], scratch: &mut Vec<u8>) -> Res<()> {
+/// An object of these members; the text of those with a slot in `slots` (by member) into `out`.
+fn object(
+    p: &mut Parser<'_>,
+    members: &[Member],
+    scratch: &mut Vec<u8>,
+    slots: &[Option<usize>],
+    out: &mut [Option<String>],
+) -> Res<()> {
     let mut seen: u64 = 0;
     if p.open(b'{', b'}')? {
         // one writer writes the keys in one order: the key after the last one found is tried first
@@ -224,7 +234,10 @@ fn object(p: &mut Parser<'_>, members: &[Member], scratch: &mut Vec<u8>) -> Res<
             }
             seen |= 1 << at;
             next = at + 1;
-            members[at].form.check(p, scratch)?;
+            match slots.get(at).copied().flatten() {
+                Some(slot) => out[slot] = text(p, &members[at].form, scratch)?,
+                None => members[at].form.check(p, scratch)?,
+            }
             if !p.more(b'}')? {
                 break;
             }
@@ -240,44 +253,103 @@ fn object(p: &mut Parser<'_>, members: &[Member], scratch: &mut Vec<u8>) -> Res<
     Ok(())
 }
 
+/// A text (or null, where the form lets it be) checked as `form.check` does, and taken.
+fn text(p: &mut Parser<'_>, form: &Form, scratch: &mut Vec<u8>) -> Res<Option<String>> {
+    if matches!(form, Form::Nullable(_)) && p.null()? {
+        return Ok(None);
+    }
+    scratch.clear();
+    p.string_into(scratch)?;
+    String::from_utf8(scratch.clone()).map(Some).map_err(|_| "not UTF-8")
+}
+
+/// What a check returns: the indices of the records that do not fit, and per key taken, its text in
+/// each record (None where the record does not fit).
+type Checked = (Vec<usize>, Vec<Vec<Option<String>>>);
+
 /// A model's shape, to check records against (see the module's docs).
 #[pyclass(frozen)]
 pub struct Shape {
-    root: Form,
+    root: Vec<Member>,
+    /// per member of the root, the slot of the text taken from it
+    slots: Vec<Option<usize>>,
+    taken: usize,
 }
 
 impl Shape {
-    fn fits(&self, value: &[u8], scratch: &mut Vec<u8>) -> bool {
+    fn fits(&self, value: &[u8], scratch: &mut Vec<u8>, out: &mut [Option<String>]) -> bool {
         let mut p = Parser { b: value, i: 0 };
-        if self.root.check(&mut p, scratch).is_err() {
+        if object(&mut p, &self.root, scratch, &self.slots, out).is_err() {
             return false;
         }
         p.ws();
         p.i == value.len()
     }
 
-    fn sort(&self, values: &[Option<&[u8]>]) -> Vec<usize> {
+    fn sort(&self, values: &[Option<&[u8]>]) -> Checked {
         let mut scratch = Vec::new();
-        values
-            .iter()
-            .enumerate()
-            .filter(|(_, v)| !v.is_some_and(|value| self.fits(value, &mut scratch)))
-            .map(|(i, _)| i)
-            .collect()
+        let mut misfits = vec![];
+        let mut out = vec![None; self.taken];
+        let mut columns = vec![Vec::with_capacity(values.len()); self.taken];
+        for (i, value) in values.iter().enumerate() {
+            out.iter_mut().for_each(|o| *o = None);
+            if !value.is_some_and(|v| self.fits(v, &mut scratch, &mut out)) {
+                misfits.push(i);
+                out.iter_mut().for_each(|o| *o = None);
+            }
+            for (column, o) in columns.iter_mut().zip(out.iter_mut()) {
+                column.push(o.take());
+            }
+        }
+        (misfits, columns)
+    }
+
+    fn slices<'a>(values: &'a [Option<Bound<'_, PyBytes>>]) -> Vec<Option<&'a [u8]>> {
+        values.iter().map(|v| v.as_ref().map(|b| b.as_bytes())).collect()
     }
 }
 
 #[pymethods]
 impl Shape {
+    /// `take`: keys of the root whose text (a str, or an optional one) each check also returns.
     #[new]
-    fn new(form: &Bound<'_, PyAny>) -> PyResult<Self> {
+    #[pyo3(signature = (form, take = vec![]))]
+    fn new(form: &Bound<'_, PyAny>, take: Vec<String>) -> PyResult<Self> {
+        let Form::Object(root) = Form::from_py(form)? else {
+            return Err(PyValueError::new_err("a record's shape is an object"));
+        };
+        let mut slots = vec![None; root.len()];
+        for (slot, key) in take.iter().enumerate() {
+            let at = root
+                .iter()
+                .position(|m| m.key == key.as_bytes())
+                .ok_or_else(|| PyValueError::new_err(format!("no key {key:?} to take")))?;
+            if !matches!(&root[at].form, Form::Str)
+                && !matches!(&root[at].form, Form::Nullable(inner) if matches!(**inner, Form::Str))
+            {
+                return Err(PyValueError::new_err(format!("{key:?} is not a text")));
+            }
+            slots[at] = Some(slot);
+        }
         Ok(Shape {
-            root: Form::from_py(form)?,
+            root,
+            slots,
+            taken: take.len(),
         })
     }
 
     /// The indices of the values (bytes, or None) that do not fit.
     fn misfits(&self, py: Python<'_>, values: &Bound<'_, PyList>) -> PyResult<Vec<usize>> {
+        Ok(self.check(py, values)?.0)
+    }
+
+    /// Like `misfits`, for what `take` kept of one fetch.
+    fn misfits_fetched(&self, py: Python<'_>, fetched: &Fetched) -> Vec<usize> {
+        self.check_fetched(py, fetched).0
+    }
+
+    /// The indices of the values that do not fit, and the texts taken (a list per key).
+    fn check(&self, py: Python<'_>, values: &Bound<'_, PyList>) -> PyResult<Checked> {
         let held = values
             .iter()
             .map(|v| {
@@ -288,12 +360,12 @@ impl Shape {
                 }
             })
             .collect::<PyResult<Vec<_>>>()?;
-        let slices: Vec<Option<&[u8]>> = held.iter().map(|v| v.as_ref().map(|b| b.as_bytes())).collect();
+        let slices = Shape::slices(&held);
         Ok(py.detach(|| self.sort(&slices)))
     }
 
-    /// Like `misfits`, for what `take` kept of one fetch.
-    fn misfits_fetched(&self, py: Python<'_>, fetched: &Fetched) -> Vec<usize> {
+    /// Like `check`, for what `take` kept of one fetch.
+    fn check_fetched(&self, py: Python<'_>, fetched: &Fetched) -> Checked {
         let slices: Vec<Option<&[u8]>> = fetched
             .values
             .iter()
