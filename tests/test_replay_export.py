@@ -250,3 +250,25 @@ def test_top_reads_a_batch_of_metrics_in_columns_as_it_read_each_record():
     assert batched.last_event_ms == one_by_one.last_event_ms
     assert all(type(v) is float for values in batched.windows.values() for v in values.values())
     assert batched.windows[10, 10_000, (("model", "m"), ("weight_version", "1"))] == {}
+
+
+def test_polars_writes_json_lines_as_orjson_does():
+    """The chat rows made from columns are written by polars (`JsonlSink`): the same bytes as orjson's
+    for every kind of value a row holds (floats of every exponent, subnormals; ints to 64 bits; text of
+    every code point to U+3000, astral ones, escapes; lists with nulls, empty lists, nulls, booleans)."""
+    import io
+    import random
+    import struct
+
+    rng = random.Random(0)
+    floats = [struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0] for _ in range(50_000)]
+    floats = [f for f in floats if math.isfinite(f)] + [rng.uniform(-30, 0) for _ in range(20_000)]
+    floats += [2.0**k for k in range(-1074, 1024)] + [-0.0, 0.0, 1.0, 1e16, 1e-7, 123456789.123]
+    ints = [0, -1, 2**63 - 1, -(2**63)] + [rng.randrange(-(2**63), 2**63) for _ in range(5_000)]
+    texts = [chr(c) for c in range(0x3000) if not 0xD800 <= c < 0xE000] + ["\U0001F600", "\U0010FFFF", "\uffff", "a\\\\b\"c"]
+    frames = [pl.DataFrame({"f": floats}), pl.DataFrame({"i": ints}), pl.DataFrame({"s": texts}),
+              pl.DataFrame({"l": [[1, None], [], None], "b": [True, False, None], "x": [[0.5], [], [None]]})]
+    for frame in frames:
+        written = io.BytesIO()
+        frame.write_ndjson(written)
+        assert written.getvalue() == b"".join(orjson.dumps(row) + b"\n" for row in frame.iter_rows(named=True))
