@@ -272,3 +272,27 @@ def test_polars_writes_json_lines_as_orjson_does():
         written = io.BytesIO()
         frame.write_ndjson(written)
         assert written.getvalue() == b"".join(orjson.dumps(row) + b"\n" for row in frame.iter_rows(named=True))
+
+
+@pytest.mark.parametrize("sink", ["events", "chat"])
+async def test_export_from_the_archive_and_its_tail_equals_the_row_by_row_export(kafka_bootstrap, tmp_path, sink):
+    """Stored trajectories read back from the Parquet archive (records, not fetches), then the tail after
+    it from Kafka: the same output and counts."""
+    from agentstream.archive import Archiver
+    from confluent_kafka import Producer
+    from schemas.scan import Origin
+
+    good, bad = odd_but_valid(), bad_or_doubtful()
+    first, later = [*good[:6], bad[2], good[0]], [*good[6:], bad[6], good[1]]
+    kafka = await topic_of(kafka_bootstrap, first)
+    await Archiver(kafka, tmp_path / "archive", tables=("trajectories",), say=lambda _: None).cycle()
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True})
+    for value in later:
+        producer.produce(kafka.topics.trajectories, value, b"k")
+    assert producer.flush(30) == 0
+    out = tmp_path / f"{sink}.jsonl"
+    summary = await replay(kafka, Job("trajectories", sink, str(out)),
+                           Options(tmp_path / "state", batch_size=3, origin=Origin("auto", tmp_path / "archive")))
+    expected, expected_counts = reference(first + later, sink)
+    assert out.read_bytes() == expected
+    assert Counter({k: v for k, v in summary.counts.items() if v}) == expected_counts
