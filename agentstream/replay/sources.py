@@ -29,7 +29,8 @@ from schemas.kafka import KafkaSettings
 @dataclass
 class Item:
     trajectory: TrajectoryEvent | None
-    """None where only its bytes came (from a rebuild's worker process, for a sink that writes bytes)"""
+    """None where no model was made: only its bytes came (from a rebuild's worker process, or a stored
+    trajectory read in columns, for a sink that writes bytes), or its rows are the chunk's (`Chunk.rows`)"""
     calls: dict[str, Call] = field(default_factory=dict)
     """the calls of its turns by id, where the source has them (a rebuild does): the dataset's messages"""
     raw: bytes | None = None
