@@ -39,7 +39,7 @@ class Decoder:
         """Like `decode`, for what `take` kept of one fetch."""
 
 Form: TypeAlias = str | tuple[Any, ...]
-""""int", "float", "bool", "str", ("range", low, high), ("literal", [texts]), ("optional", form),
+""""int", "float", "bool", "str", "any", ("range", low, high), ("literal", [texts]), ("optional", form),
 ("list", form), ("dict", form), ("object", [(key, form, required), ...]) (src/shapes.rs)"""
 
 class Shape:

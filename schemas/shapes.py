@@ -60,6 +60,8 @@ def _form(annotation: Any) -> Form:
         return ("dict", _form(args[1]))
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return _object(annotation)
+    if annotation is Any:
+        return "any"
     forms = {bool: "bool", int: "int", float: "float", str: "str"}  # (`is`: bool is an int to issubclass)
     for kind, form in forms.items():
         if annotation is kind:

@@ -10,6 +10,7 @@ wrong type, a newer schema version, not JSON, an empty record, a repeated key, a
 from __future__ import annotations
 
 import math
+import re
 import uuid
 from collections import Counter
 
@@ -296,3 +297,43 @@ async def test_export_from_the_archive_and_its_tail_equals_the_row_by_row_export
     expected, expected_counts = reference(first + later, sink)
     assert out.read_bytes() == expected
     assert Counter({k: v for k, v in summary.counts.items() if v}) == expected_counts
+
+
+def test_every_event_type_has_a_shape_and_a_fitting_record_is_one_pydantic_takes_as_it_is():
+    """Never looser than pydantic: records changed at random (a byte replaced, dropped or doubled, a
+    value swapped for another kind) that still fit the trajectory's shape decode with pydantic, to the
+    same id and rollout id the check takes."""
+    import random
+
+    from schemas.shapes import shape
+
+    for cls in s.EVENT_TYPES:
+        shape(cls)
+        shape(cls, tagged=True)
+    rng = random.Random(0)
+    sources = [value for value in odd_but_valid()]
+    swaps = [b"null", b"1", b"1.5", b"-1", b"true", b'"x"', b"[]", b"{}", b"NaN", b"1e400", b'"\\ud800"']
+    changed = []
+    for _ in range(3000):
+        value = bytearray(rng.choice(sources))
+        at = rng.randrange(len(value))
+        kind = rng.randrange(4)
+        if kind == 0:
+            value[at] = rng.randrange(256)
+        elif kind == 1:
+            del value[at]
+        elif kind == 2:
+            value[at:at] = value[at:at + rng.randrange(1, 8)]
+        else:  # a value (after a key's colon, up to the next comma or brace) swapped for another kind
+            at = rng.choice([match.end() for match in re.finditer(rb'":', value)])
+            end = re.compile(rb"[,}]").search(value, at)
+            value[at:end.start() if end else at] = rng.choice(swaps)
+        changed.append(bytes(value))
+    checked = shape(s.TrajectoryEvent, take=("id", "rollout_id"))
+    misfits, (ids, rollout_ids) = checked.check(changed)
+    fitting = set(range(len(changed))) - set(misfits)
+    assert len(fitting) > 100 and len(misfits) > 100  # both kinds met
+    assert len({changed[i] for i in fitting} - set(sources)) > 100  # changed, and still fitting
+    for i in fitting:
+        event = decode(changed[i], expect=s.TrajectoryEvent)  # DecodeError here: the check was looser
+        assert (event.id, event.rollout_id) == (ids[i], rollout_ids[i])

@@ -2,7 +2,8 @@
 //! reader skip pydantic for a batch whose records all fit (`schemas/shapes.py` makes the shapes
 //! from the models).
 //!
-//! `Shape(form)`: a form is "int", "float", "bool", "str", ("range", low, high) (an int within),
+//! `Shape(form)`: a form is "int", "float", "bool", "str", "any" (any JSON value; NaN does not fit),
+//! ("range", low, high) (an int within),
 //! ("literal", [texts]), ("optional", form) (or null), ("list", form), ("dict", form) (an object of
 //! any keys, values of the form), or ("object", [(key, form, required), ...]) (those keys only,
 //! the required ones present); the root is an object. `Shape.misfits(values)` (bytes, or None for an
@@ -24,6 +25,7 @@ use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 use super::{Fetched, Parser, Res};
 
 enum Form {
+    Any,
     Int { low: i64, high: i64 },
     Float,
     Bool,
@@ -56,6 +58,7 @@ impl Form {
                 "float" => Ok(Form::Float),
                 "bool" => Ok(Form::Bool),
                 "str" => Ok(Form::Str),
+                "any" => Ok(Form::Any),
                 other => Err(unknown(other)),
             };
         }
@@ -98,6 +101,7 @@ impl Form {
     /// Moves past a value of this form; an error if it is not one.
     fn check(&self, p: &mut Parser<'_>, scratch: &mut Vec<u8>) -> Res<()> {
         match self {
+            Form::Any => p.skip(1),
             Form::Nullable(inner) => {
                 if p.null()? {
                     Ok(())
