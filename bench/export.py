@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -216,7 +217,10 @@ async def main(trajectories: int, metrics: int, baseline: str | None, rounds: in
             if baseline:
                 tree, _ = checkout(baseline, out / "baseline")
                 trees = {f"before ({baseline})": tree, **trees}
+            load = os.getloadavg()[0]
             await measure(report, settings, out, trees, rounds, trajectories, metrics)
+            report.add("load average (1 min) at the start and the end of the rounds",
+                       f"{load:.2f} → {os.getloadavg()[0]:.2f}")
         finally:
             broker.stop()
     report.print("ratio: throughput vs. the count-only scan of the same topic just before (median of the rounds); "
