@@ -12,19 +12,22 @@ Against a real broker (a throwaway local one, or KAFKA_BOOTSTRAP_SERVERS) and a 
    a plain consumer (`schemas.kafka.make_consumer`) reading and decoding the same three topics
    end to end, and the fold alone, in-process (`Assembly` over dicts: decode, add, settle,
    record), an upper bound.
-2. Latency. With the worker caught up, rollouts are published live at a steady rate, each event
-   acknowledged before the next; for each rollout, the time from the broker's ack of its finish
-   event to its trajectory being read by a consumer, and that minus the worker's `--settle-s`,
-   which it waits after a finish by design. Baseline, at the same time, on the same broker and
-   through the same consumer: one record produced (acked) and consumed.
+2. Latency. With the worker caught up, rollouts are published live at a steady rate by a load
+   generator process of its own (`bench.live_load`: librdkafka, a rollout's events produced at its
+   time without waiting for acks; a few percent of a core at 5,000 events/s); for each rollout, the
+   time from the broker's ack of its finish event reaching the generator to its trajectory being
+   read by the generator's consumer, and that minus the worker's `--settle-s`, which it waits after
+   a finish by design. Baseline, at the same time, on the same broker, producer and consumer: one
+   record produced and consumed. The CPU shares of the worker and the generator are reported.
 
+Each worker gets a broker of its own, fresh (unless `--one-broker`, or KAFKA_BOOTSTRAP_SERVERS).
 With `--baseline REV` the worker of commit REV (its tree checked out by `git archive` into a
 temporary folder, run with this environment) goes through both phases first, on a prefix of its
 own, with the same events: before and after, in the same run. Events are written in the schema
 version that worker reads (a version 1 worker gets them without the fields version 2 added).
 
     uv run python -m bench.streams_assembly [--rollouts 1500] [--rate 20] [--seconds 25] [--settle-s 1]
-                                            [--baseline REV]
+                                            [--baseline REV] [--one-broker]
 """
 
 from __future__ import annotations
@@ -125,7 +128,7 @@ def kafka_broker(workdir: Path) -> Iterator[str]:
     if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
         yield os.environ["KAFKA_BOOTSTRAP_SERVERS"]
         return
-    broker = LocalKafka(workdir / "kafka", default_port=None)
+    broker = LocalKafka(workdir, default_port=None)
     with console.status("Starting Kafka…"):
         state = broker.start(say=lambda message: None)
     try:
@@ -331,80 +334,47 @@ async def catch_up(kafka: KafkaSettings, worker: Worker, rollouts: int, timeout:
 
 # --- latency --------------------------------------------------------------------------------------
 
-async def live_delays(kafka: KafkaSettings, worker: Worker, rate: float, seconds: float, ping_rate: float,
-                      settle_s: float, written: Callable[[s.Event], bytes] = encode) -> dict:
-    """Publish live rollouts at `rate`/s for `seconds`, and pings at `ping_rate`/s; delays in seconds."""
-    ping_topic = kafka.topics.name(PING)
-    consumer, _ = await assigned_consumer(kafka, [kafka.topics.trajectories, ping_topic], True)
-    producer = make_producer(kafka)
-    await producer.start()
-    acked: dict[str, float] = {}  # rollout id → wall time the broker acknowledged its finish event
-    seen: dict[str, tuple[float, int]] = {}  # rollout id → (wall time read, record timestamp ms)
-    pings: dict[bytes, float] = {}  # ping → wall time its send began
-    round_trips: list[float] = []
-    rng = random.Random(1)
-    prefix = f"live-{uuid.uuid4().hex[:6]}-"
-    count = int(rate * seconds)
-
-    async def read() -> None:
-        while True:
-            for tp, records in (await consumer.getmany(timeout_ms=100)).items():
-                now = time.time()
-                for record in records:
-                    if tp.topic == ping_topic:
-                        round_trips.append(now - pings[record.value])
-                    else:
-                        seen.setdefault(record.key.decode(), (now, record.timestamp))
-
-    async def one(n: int) -> None:
-        rollout_id = f"{prefix}{n}"
-        for event in rollout_events(rollout_id, random.Random(rng.random()), s.now_ms):
-            await producer.send_and_wait(kafka.topics.name(event.topic), written(event), key=event.key)
-        acked[rollout_id] = time.time()
-
-    async def ping() -> None:
-        began = time.monotonic()
-        for n in range(int(ping_rate * seconds)):
-            await asyncio.sleep(max(0.0, began + n / ping_rate - time.monotonic()))
-            value = str(n).encode()
-            pings[value] = time.time()
-            await producer.send_and_wait(ping_topic, value, key=b"ping")
-
-    reader = asyncio.create_task(read())
+async def live_delays(kafka: KafkaSettings, worker: Worker, args: argparse.Namespace, workdir: Path,
+                      schema_version: int) -> dict:
+    """Live rollouts at `args.rate`/s for `args.seconds`, and pings at `args.ping_rate`/s, from a load
+    generator process of its own (`bench.live_load`); delays in seconds, CPU of the worker and of the
+    generator while publishing."""
+    out = workdir / f"live-{kafka.topic_prefix.rstrip('.')}.json"
+    cmd = [sys.executable, "-m", "bench.live_load", "--bootstrap-servers", kafka.bootstrap_servers,
+           "--topic-prefix", kafka.topic_prefix, "--ping-topic", kafka.topics.name(PING),
+           "--schema-version", str(schema_version), "--rate", str(args.rate), "--seconds", str(args.seconds),
+           "--ping-rate", str(args.ping_rate), "--wait-s", str(args.settle_s + 30), "--out", str(out)]
+    log = workdir / f"live-{kafka.topic_prefix.rstrip('.')}.log"
+    generator = spawn(cmd, log, cwd=ROOT)
+    watches = CpuWatch(worker.process.pid), CpuWatch(generator.pid)
     try:
-        with progress() as bar:
-            task = bar.add_task(f"live rollouts at {rate:g}/s: trajectories", total=count)
-            pinger = asyncio.create_task(ping())
-            watch = CpuWatch(worker.process.pid)
-            watch.sample()
-            publishing = [time.time(), 0.0]
-            began = time.monotonic()
-            rollouts = []
-            for n in range(count):
-                await asyncio.sleep(max(0.0, began + n / rate - time.monotonic()))
+        with console.status(f"live rollouts at {args.rate:g}/s for {args.seconds:g} s (bench.live_load)…"):
+            while generator.poll() is None:
                 worker.check()
-                rollouts.append(asyncio.create_task(one(n)))
-                bar.update(task, completed=len(seen))
-            await asyncio.gather(*rollouts, pinger)
-            watch.sample()
-            publishing[1] = time.time()
-            deadline = time.monotonic() + settle_s + 30
-            while len(seen) < count:
-                worker.check()
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"{len(seen)}/{count} live trajectories 30 s after the last; log: {worker.log}")
-                bar.update(task, completed=len(seen))
-                await asyncio.sleep(0.1)
+                for watch in watches:
+                    watch.sample()
+                await asyncio.sleep(0.25)
     finally:
-        reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reader
-        await producer.stop()
-        await consumer.stop()
+        if generator.poll() is None:
+            stop_pid(generator.pid, grace=5)
+    if generator.returncode != 0 or not out.exists():
+        raise SystemExit(f"the load generator failed ({generator.returncode}); log ({log}):\n{tail(log)}")
+    live = orjson.loads(out.read_bytes())
+    if live["failures"]:
+        raise SystemExit(f"the load generator's deliveries failed: {live['failures']}")
+    acked, read = live["acked"], live["read"]
+    missing = [rid for rid in acked if rid not in read]
+    if missing:
+        raise SystemExit(f"{len(missing)}/{len(acked)} live trajectories not read {args.settle_s + 30:g} s after "
+                         f"the last finish; log: {worker.log}")
     order = sorted(acked, key=acked.get)
-    return {"delays": [seen[rid][0] - acked[rid] for rid in order],
-            "written": [seen[rid][1] / 1000 - acked[rid] for rid in order],
-            "round_trips": round_trips, "worker_cpu": watch.between(publishing[0], publishing[1])}
+    began, ended = live["publishing"]
+    return {"delays": [read[rid][0] - acked[rid] for rid in order],
+            "written": [read[rid][1] / 1000 - acked[rid] for rid in order],
+            "round_trips": live["round_trips"], "worker_cpu": watches[0].between(began, ended),
+            "generator_cpu": watches[1].between(began, ended), "generator_lag_p99_s": live["lag_p99_s"],
+            "generator_own_cpu_share": live["cpu_share"], "events_per_s": EVENTS_PER_ROLLOUT * live["produced"]
+            / (ended - began)}
 
 
 # --- the run --------------------------------------------------------------------------------------
@@ -441,8 +411,10 @@ async def fresh_topics(bootstrap: str, partitions: int | None = None) -> KafkaSe
 
 
 async def measure_worker(args: argparse.Namespace, workdir: Path, kafka: KafkaSettings, events: list[s.Event],
-                         root: Path, written: Callable[[s.Event], bytes], label: str) -> dict:
-    """One worker (this tree's, or a baseline's) through both phases, on topics of its own."""
+                         root: Path, version: int, label: str) -> dict:
+    """One worker (this tree's, or a baseline's, reading schema `version`) through both phases, on
+    topics of its own."""
+    written = written_for(version)
     with console.status(f"[{label}] publishing {len(events)} events…"):
         producer = make_producer(kafka, linger_ms=20)
         await producer.start()
@@ -467,7 +439,7 @@ async def measure_worker(args: argparse.Namespace, workdir: Path, kafka: KafkaSe
         view = worker.analytics() or {}
         out["worker_counts"] = view.get("assembly", {})
         await asyncio.sleep(1.0)  # let the worker's commit and its last settling pass
-        live = await live_delays(kafka, worker, args.rate, args.seconds, args.ping_rate, args.settle_s, written)
+        live = await live_delays(kafka, worker, args, workdir, version)
     finally:
         with console.status(f"[{label}] stopping the worker…"):
             worker.stop()
@@ -484,13 +456,15 @@ async def measure_worker(args: argparse.Namespace, workdir: Path, kafka: KafkaSe
     third = max(1, len(delays) // 3)
     out["latency"].update({
         "first_third_p50_s": statistics.median(delays[:third]), "last_third_p50_s": statistics.median(delays[-third:]),
-        "worker_cpu": live["worker_cpu"]})
+        "worker_cpu": live["worker_cpu"], "generator_cpu": live["generator_cpu"],
+        "generator_own_cpu_share": live["generator_own_cpu_share"], "generator_lag_p99_s": live["generator_lag_p99_s"],
+        "events_per_s": live["events_per_s"]})
     console.print(f"[{label}] finish → trajectory p50 {out['latency']['delay_p50_s'] * 1000:,.0f} ms, "
                   f"p99 {out['latency']['delay_p99_s'] * 1000:,.0f} ms at {args.rate:g} rollouts/s")
     return out
 
 
-async def run(args: argparse.Namespace, workdir: Path, bootstrap: str) -> dict:
+async def run(args: argparse.Namespace, workdir: Path) -> dict:
     timing = Timing(settle_ms=int(args.settle_s * 1000))
     results: dict = {"rollouts": args.rollouts, "events": args.rollouts * EVENTS_PER_ROLLOUT,
                      "settle_s": args.settle_s, "tick_s": args.tick_s, "cpus": os.cpu_count(),
@@ -511,14 +485,19 @@ async def run(args: argparse.Namespace, workdir: Path, bootstrap: str) -> dict:
     console.print(f"fold (decode, add, settle, record): {len(raws) / fold_s:,.0f} events/s; "
                   f"without decoding {len(raws) / fold_bare_s:,.0f} events/s")
 
+    runs = [("after", ROOT, s.SCHEMA_VERSION, "after: this tree")]
     if args.baseline:
         tree, version = checkout(args.baseline, workdir / "baseline")
-        kafka = await fresh_topics(bootstrap)
-        results["before"] = await measure_worker(args, workdir, kafka, events, tree, written_for(version),
-                                                 f"before: {args.baseline}")
-    kafka = await fresh_topics(bootstrap)
-    results["partitions"] = kafka.partitions
-    results["after"] = await measure_worker(args, workdir, kafka, events, ROOT, encode, "after: this tree")
+        runs.insert(0, ("before", tree, version, f"before: {args.baseline}"))
+    with contextlib.ExitStack() as stack:
+        shared = stack.enter_context(kafka_broker(workdir / "kafka")) if args.one_broker else None
+        for key, root, version, label in runs:
+            # a broker of its own per worker (unless --one-broker): the second worker does not share one with
+            # the first's topics, changelog and log segments
+            with contextlib.nullcontext(shared) if shared else kafka_broker(workdir / f"kafka-{key}") as bootstrap:
+                kafka = await fresh_topics(bootstrap)
+                results["partitions"] = kafka.partitions
+                results[key] = await measure_worker(args, workdir, kafka, events, root, version, label)
     results["load_after"] = os.getloadavg()[0]
     results["cpu_pressure_after"] = cpu_pressure()
     return results
@@ -574,6 +553,9 @@ def show(results: dict) -> None:
                    f"{ms(lat['first_third_p50_s'])} / {ms(lat['last_third_p50_s'])}")
         if lat["worker_cpu"]:
             report.add(f"{label}: worker while live", shares(lat["worker_cpu"]))
+        if lat["generator_cpu"]:
+            report.add(f"{label}: load generator while live ({lat['events_per_s']:,.0f} events/s produced, "
+                       f"p99 {ms(lat['generator_lag_p99_s'])} behind its schedule)", shares(lat["generator_cpu"]))
     if before:
         report.add("after / before: events per second while catching up", "",
                    after["worker_events_per_s"] / before["worker_events_per_s"])
@@ -602,9 +584,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="the worker's --tick-s (its default): how often it looks for attempts due to settle")
     parser.add_argument("--timeout", type=float, default=300.0, help="give up catching up after this long")
     parser.add_argument("--baseline", metavar="REV", help="also measure the worker of this commit, first (before)")
+    parser.add_argument("--one-broker", action="store_true",
+                        help="both workers on one broker (the second then shares it with the first's topics)")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="bench-streams-") as tmp, kafka_broker(Path(tmp)) as bootstrap:
-        results = asyncio.run(run(args, Path(tmp), bootstrap))
+    with tempfile.TemporaryDirectory(prefix="bench-streams-") as tmp:
+        results = asyncio.run(run(args, Path(tmp)))
     show(results)
 
 
