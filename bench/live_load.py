@@ -217,7 +217,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rate", type=float, required=True, help="rollouts per second")
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--ping-rate", type=float, default=10.0)
-    parser.add_argument("--wait-s", type=float, default=30.0, help="for the last trajectories, after the last finish")
+    parser.add_argument("--wait-s", type=float, default=30.0, help="for the last trajectories: give up once none came "
+                        "for this long")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     from bench.streams_assembly import written_for
@@ -233,9 +234,12 @@ def main(argv: list[str] | None = None) -> None:
     prefix = f"live-{uuid.uuid4().hex[:6]}-"
     publish(writer, topics, args.ping_topic, shapes, prefix, args.rate, args.seconds, args.ping_rate, run)
     cpu_published = resource.getrusage(resource.RUSAGE_SELF)
-    deadline = time.monotonic() + args.wait_s
-    while len(run.read) < len(run.acked) and time.monotonic() < deadline and not run.failures:
+    # until every trajectory is read, or none came for --wait-s (a worker far behind still drains)
+    last, progress = len(run.read), time.monotonic()
+    while len(run.read) < len(run.acked) and time.monotonic() < progress + args.wait_s and not run.failures:
         time.sleep(0.05)
+        if len(run.read) > last:
+            last, progress = len(run.read), time.monotonic()
     done.set()
     reading.join()
     reader.close()

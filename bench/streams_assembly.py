@@ -124,15 +124,16 @@ def history(count: int, prefix: str) -> list[s.Event]:
 # --- helpers --------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def kafka_broker(workdir: Path) -> Iterator[str]:
+def kafka_broker(workdir: Path) -> Iterator[tuple[str, int | None]]:
+    """(bootstrap servers, the broker's process id when it is this machine's and ours)."""
     if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
-        yield os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+        yield os.environ["KAFKA_BOOTSTRAP_SERVERS"], None
         return
     broker = LocalKafka(workdir, default_port=None)
     with console.status("Starting Kafka…"):
         state = broker.start(say=lambda message: None)
     try:
-        yield state.url
+        yield state.url, state.pid
     finally:
         broker.stop()
 
@@ -335,7 +336,7 @@ async def catch_up(kafka: KafkaSettings, worker: Worker, rollouts: int, timeout:
 # --- latency --------------------------------------------------------------------------------------
 
 async def live_delays(kafka: KafkaSettings, worker: Worker, args: argparse.Namespace, workdir: Path,
-                      schema_version: int) -> dict:
+                      schema_version: int, broker_pid: int | None) -> dict:
     """Live rollouts at `args.rate`/s for `args.seconds`, and pings at `args.ping_rate`/s, from a load
     generator process of its own (`bench.live_load`); delays in seconds, CPU of the worker and of the
     generator while publishing."""
@@ -346,7 +347,7 @@ async def live_delays(kafka: KafkaSettings, worker: Worker, args: argparse.Names
            "--ping-rate", str(args.ping_rate), "--wait-s", str(args.settle_s + 30), "--out", str(out)]
     log = workdir / f"live-{kafka.topic_prefix.rstrip('.')}.log"
     generator = spawn(cmd, log, cwd=ROOT)
-    watches = CpuWatch(worker.process.pid), CpuWatch(generator.pid)
+    watches = CpuWatch(worker.process.pid), CpuWatch(generator.pid), CpuWatch(broker_pid or -1)
     try:
         with console.status(f"live rollouts at {args.rate:g}/s for {args.seconds:g} s (bench.live_load)…"):
             while generator.poll() is None:
@@ -365,14 +366,19 @@ async def live_delays(kafka: KafkaSettings, worker: Worker, args: argparse.Names
     acked, read = live["acked"], live["read"]
     missing = [rid for rid in acked if rid not in read]
     if missing:
-        raise SystemExit(f"{len(missing)}/{len(acked)} live trajectories not read {args.settle_s + 30:g} s after "
-                         f"the last finish; log: {worker.log}")
+        raise SystemExit(f"{len(missing)}/{len(acked)} live trajectories not read (none came for "
+                         f"{args.settle_s + 30:g} s); log: {worker.log}")
     order = sorted(acked, key=acked.get)
     began, ended = live["publishing"]
-    return {"delays": [read[rid][0] - acked[rid] for rid in order],
+    drained = max(at for at, _ in read.values())  # every event published was handled by then
+    handled = {name: watch.between(began, drained) for name, watch in zip(("worker", "broker"), watches[::2])}
+    return {"cpu_per_event_s": {name: cpu and cpu["cpu_s"] / (EVENTS_PER_ROLLOUT * live["produced"])
+                                for name, cpu in handled.items()},
+            "generator_cpu_per_event_s": live["cpu_s"] / (EVENTS_PER_ROLLOUT * live["produced"]),
+            "delays": [read[rid][0] - acked[rid] for rid in order],
             "written": [read[rid][1] / 1000 - acked[rid] for rid in order],
             "round_trips": live["round_trips"], "worker_cpu": watches[0].between(began, ended),
-            "generator_cpu": watches[1].between(began, ended), "generator_lag_p99_s": live["lag_p99_s"],
+            "generator_cpu": watches[1].between(began, ended), "broker_cpu": watches[2].between(began, ended), "generator_lag_p99_s": live["lag_p99_s"],
             "generator_own_cpu_share": live["cpu_share"], "events_per_s": EVENTS_PER_ROLLOUT * live["produced"]
             / (ended - began)}
 
@@ -411,7 +417,7 @@ async def fresh_topics(bootstrap: str, partitions: int | None = None) -> KafkaSe
 
 
 async def measure_worker(args: argparse.Namespace, workdir: Path, kafka: KafkaSettings, events: list[s.Event],
-                         root: Path, version: int, label: str) -> dict:
+                         root: Path, version: int, label: str, broker_pid: int | None) -> dict:
     """One worker (this tree's, or a baseline's, reading schema `version`) through both phases, on
     topics of its own."""
     written = written_for(version)
@@ -439,7 +445,7 @@ async def measure_worker(args: argparse.Namespace, workdir: Path, kafka: KafkaSe
         view = worker.analytics() or {}
         out["worker_counts"] = view.get("assembly", {})
         await asyncio.sleep(1.0)  # let the worker's commit and its last settling pass
-        live = await live_delays(kafka, worker, args, workdir, version)
+        live = await live_delays(kafka, worker, args, workdir, version, broker_pid)
     finally:
         with console.status(f"[{label}] stopping the worker…"):
             worker.stop()
@@ -456,9 +462,10 @@ async def measure_worker(args: argparse.Namespace, workdir: Path, kafka: KafkaSe
     third = max(1, len(delays) // 3)
     out["latency"].update({
         "first_third_p50_s": statistics.median(delays[:third]), "last_third_p50_s": statistics.median(delays[-third:]),
-        "worker_cpu": live["worker_cpu"], "generator_cpu": live["generator_cpu"],
+        "worker_cpu": live["worker_cpu"], "generator_cpu": live["generator_cpu"], "broker_cpu": live["broker_cpu"],
         "generator_own_cpu_share": live["generator_own_cpu_share"], "generator_lag_p99_s": live["generator_lag_p99_s"],
-        "events_per_s": live["events_per_s"]})
+        "events_per_s": live["events_per_s"], "cpu_per_event_s": live["cpu_per_event_s"],
+        "generator_cpu_per_event_s": live["generator_cpu_per_event_s"]})
     console.print(f"[{label}] finish → trajectory p50 {out['latency']['delay_p50_s'] * 1000:,.0f} ms, "
                   f"p99 {out['latency']['delay_p99_s'] * 1000:,.0f} ms at {args.rate:g} rollouts/s")
     return out
@@ -494,10 +501,10 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict:
         for key, root, version, label in runs:
             # a broker of its own per worker (unless --one-broker): the second worker does not share one with
             # the first's topics, changelog and log segments
-            with contextlib.nullcontext(shared) if shared else kafka_broker(workdir / f"kafka-{key}") as bootstrap:
+            with contextlib.nullcontext(shared) if shared else kafka_broker(workdir / f"kafka-{key}") as (bootstrap, pid):
                 kafka = await fresh_topics(bootstrap)
                 results["partitions"] = kafka.partitions
-                results[key] = await measure_worker(args, workdir, kafka, events, root, version, label)
+                results[key] = await measure_worker(args, workdir, kafka, events, root, version, label, pid)
     results["load_after"] = os.getloadavg()[0]
     results["cpu_pressure_after"] = cpu_pressure()
     return results
@@ -553,6 +560,15 @@ def show(results: dict) -> None:
                    f"{ms(lat['first_third_p50_s'])} / {ms(lat['last_third_p50_s'])}")
         if lat["worker_cpu"]:
             report.add(f"{label}: worker while live", shares(lat["worker_cpu"]))
+        per_event = {**lat["cpu_per_event_s"], "generator": lat["generator_cpu_per_event_s"]}
+        if None not in per_event.values():
+            cores = {name: cpu * lat["rate_per_s"] * EVENTS_PER_ROLLOUT for name, cpu in per_event.items()}
+            report.add(f"{label}: CPU per live event (first publish → last trajectory read; cores that takes at "
+                       f"{lat['rate_per_s'] * EVENTS_PER_ROLLOUT:,.0f} events/s)",
+                       ", ".join(f"{name} {cpu * 1000:.3f} ms ({cores[name]:.2f})" for name, cpu in per_event.items())
+                       + f"; {sum(cores.values()):.2f} cores of {os.cpu_count()}")
+        if lat["broker_cpu"]:
+            report.add(f"{label}: the broker while live", shares(lat["broker_cpu"]))
         if lat["generator_cpu"]:
             report.add(f"{label}: load generator while live ({lat['events_per_s']:,.0f} events/s produced, "
                        f"p99 {ms(lat['generator_lag_p99_s'])} behind its schedule)", shares(lat["generator_cpu"]))
