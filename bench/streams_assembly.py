@@ -20,7 +20,9 @@ Against a real broker (a throwaway local one, or KAFKA_BOOTSTRAP_SERVERS) and a 
    a finish by design. Baseline, at the same time, on the same broker, producer and consumer: one
    record produced and consumed. The CPU shares of the worker and the generator are reported.
 
-Each worker gets a broker of its own, fresh (unless `--one-broker`, or KAFKA_BOOTSTRAP_SERVERS).
+Each worker gets a broker of its own, fresh (unless `--one-broker`, or KAFKA_BOOTSTRAP_SERVERS),
+warmed up first by `--warm-up-s` of the live load with no worker (a fresh broker's JVM costs about
+twice the CPU in its first seconds under load).
 With `--baseline REV` the worker of commit REV (its tree checked out by `git archive` into a
 temporary folder, run with this environment) goes through both phases first, on a prefix of its
 own, with the same events: before and after, in the same run. Events are written in the schema
@@ -335,18 +337,37 @@ async def catch_up(kafka: KafkaSettings, worker: Worker, rollouts: int, timeout:
 
 # --- latency --------------------------------------------------------------------------------------
 
+def live_load(kafka: KafkaSettings, args: argparse.Namespace, out: Path, log: Path, schema_version: int,
+              seconds: float, wait_s: float) -> subprocess.Popen:
+    """`bench.live_load` started: live rollouts at `args.rate`/s on `kafka`'s topics for `seconds`."""
+    cmd = [sys.executable, "-m", "bench.live_load", "--bootstrap-servers", kafka.bootstrap_servers,
+           "--topic-prefix", kafka.topic_prefix, "--ping-topic", kafka.topics.name(PING),
+           "--schema-version", str(schema_version), "--rate", str(args.rate), "--seconds", str(seconds),
+           "--ping-rate", str(args.ping_rate), "--wait-s", str(wait_s), "--out", str(out)]
+    return spawn(cmd, log, cwd=ROOT)
+
+
+async def warm_up(bootstrap: str, args: argparse.Namespace, workdir: Path) -> None:
+    """The live load on throwaway topics of a fresh broker, with no worker: a broker's first seconds
+    under load cost it about twice the CPU of later ones (the JVM compiling; measured 0.65 → 0.24-0.29
+    of a core at 5,000 events/s), which would land on the worker measured first."""
+    kafka = await fresh_topics(bootstrap)
+    name = kafka.topic_prefix.rstrip(".")
+    generator = live_load(kafka, args, workdir / f"warm-{name}.json", workdir / f"warm-{name}.log",
+                          s.SCHEMA_VERSION, args.warm_up_s, 0)
+    with console.status(f"warming the broker up: the live load for {args.warm_up_s:g} s, no worker…"):
+        while generator.poll() is None:
+            await asyncio.sleep(0.25)
+
+
 async def live_delays(kafka: KafkaSettings, worker: Worker, args: argparse.Namespace, workdir: Path,
                       schema_version: int, broker_pid: int | None) -> dict:
     """Live rollouts at `args.rate`/s for `args.seconds`, and pings at `args.ping_rate`/s, from a load
     generator process of its own (`bench.live_load`); delays in seconds, CPU of the worker and of the
     generator while publishing."""
     out = workdir / f"live-{kafka.topic_prefix.rstrip('.')}.json"
-    cmd = [sys.executable, "-m", "bench.live_load", "--bootstrap-servers", kafka.bootstrap_servers,
-           "--topic-prefix", kafka.topic_prefix, "--ping-topic", kafka.topics.name(PING),
-           "--schema-version", str(schema_version), "--rate", str(args.rate), "--seconds", str(args.seconds),
-           "--ping-rate", str(args.ping_rate), "--wait-s", str(args.settle_s + 30), "--out", str(out)]
     log = workdir / f"live-{kafka.topic_prefix.rstrip('.')}.log"
-    generator = spawn(cmd, log, cwd=ROOT)
+    generator = live_load(kafka, args, out, log, schema_version, args.seconds, args.settle_s + 30)
     watches = CpuWatch(worker.process.pid), CpuWatch(generator.pid), CpuWatch(broker_pid or -1)
     try:
         with console.status(f"live rollouts at {args.rate:g}/s for {args.seconds:g} s (bench.live_load)…"):
@@ -502,6 +523,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict:
             # a broker of its own per worker (unless --one-broker): the second worker does not share one with
             # the first's topics, changelog and log segments
             with contextlib.nullcontext(shared) if shared else kafka_broker(workdir / f"kafka-{key}") as (bootstrap, pid):
+                if args.warm_up_s and (not shared or key == runs[0][0]):
+                    await warm_up(bootstrap, args, workdir)
                 kafka = await fresh_topics(bootstrap)
                 results["partitions"] = kafka.partitions
                 results[key] = await measure_worker(args, workdir, kafka, events, root, version, label, pid)
@@ -600,6 +623,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="the worker's --tick-s (its default): how often it looks for attempts due to settle")
     parser.add_argument("--timeout", type=float, default=300.0, help="give up catching up after this long")
     parser.add_argument("--baseline", metavar="REV", help="also measure the worker of this commit, first (before)")
+    parser.add_argument("--warm-up-s", type=float, default=15.0,
+                        help="the live load on a fresh broker before its worker is measured (0: none)")
     parser.add_argument("--one-broker", action="store_true",
                         help="both workers on one broker (the second then shares it with the first's topics)")
     args = parser.parse_args(argv)
