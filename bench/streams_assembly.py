@@ -516,7 +516,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict:
     runs = [("after", ROOT, s.SCHEMA_VERSION, "after: this tree")]
     if args.baseline:
         tree, version = checkout(args.baseline, workdir / "baseline")
-        runs.insert(0, ("before", tree, version, f"before: {args.baseline}"))
+        runs.insert(len(runs) if args.baseline_second else 0, ("before", tree, version, f"before: {args.baseline}"))
     with contextlib.ExitStack() as stack:
         shared = stack.enter_context(kafka_broker(workdir / "kafka")) if args.one_broker else None
         for key, root, version, label in runs:
@@ -623,6 +623,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="the worker's --tick-s (its default): how often it looks for attempts due to settle")
     parser.add_argument("--timeout", type=float, default=300.0, help="give up catching up after this long")
     parser.add_argument("--baseline", metavar="REV", help="also measure the worker of this commit, first (before)")
+    parser.add_argument("--baseline-second", action="store_true",
+                        help="measure the baseline's worker second, not first (to tell order from code)")
     parser.add_argument("--warm-up-s", type=float, default=15.0,
                         help="the live load on a fresh broker before its worker is measured (0: none)")
     parser.add_argument("--one-broker", action="store_true",
