@@ -12,19 +12,24 @@ Against a real broker (a throwaway local one, or KAFKA_BOOTSTRAP_SERVERS) and a 
    a plain consumer (`schemas.kafka.make_consumer`) reading and decoding the same three topics
    end to end, and the fold alone, in-process (`Assembly` over dicts: decode, add, settle,
    record), an upper bound.
-2. Latency. With the worker caught up, rollouts are published live at a steady rate, each event
-   acknowledged before the next; for each rollout, the time from the broker's ack of its finish
-   event to its trajectory being read by a consumer, and that minus the worker's `--settle-s`,
-   which it waits after a finish by design. Baseline, at the same time, on the same broker and
-   through the same consumer: one record produced (acked) and consumed.
+2. Latency. With the worker caught up, rollouts are published live at a steady rate by a load
+   generator process of its own (`bench.live_load`: librdkafka, a rollout's events produced at its
+   time without waiting for acks; a few percent of a core at 5,000 events/s); for each rollout, the
+   time from the broker's ack of its finish event reaching the generator to its trajectory being
+   read by the generator's consumer, and that minus the worker's `--settle-s`, which it waits after
+   a finish by design. Baseline, at the same time, on the same broker, producer and consumer: one
+   record produced and consumed. The CPU shares of the worker and the generator are reported.
 
+Each worker gets a broker of its own, fresh (unless `--one-broker`, or KAFKA_BOOTSTRAP_SERVERS),
+warmed up first by `--warm-up-s` of the live load with no worker (a fresh broker's JVM costs about
+twice the CPU in its first seconds under load).
 With `--baseline REV` the worker of commit REV (its tree checked out by `git archive` into a
 temporary folder, run with this environment) goes through both phases first, on a prefix of its
 own, with the same events: before and after, in the same run. Events are written in the schema
 version that worker reads (a version 1 worker gets them without the fields version 2 added).
 
     uv run python -m bench.streams_assembly [--rollouts 1500] [--rate 20] [--seconds 25] [--settle-s 1]
-                                            [--baseline REV]
+                                            [--baseline REV] [--one-broker]
 """
 
 from __future__ import annotations
@@ -121,15 +126,16 @@ def history(count: int, prefix: str) -> list[s.Event]:
 # --- helpers --------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def kafka_broker(workdir: Path) -> Iterator[str]:
+def kafka_broker(workdir: Path) -> Iterator[tuple[str, int | None]]:
+    """(bootstrap servers, the broker's process id when it is this machine's and ours)."""
     if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
-        yield os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+        yield os.environ["KAFKA_BOOTSTRAP_SERVERS"], None
         return
-    broker = LocalKafka(workdir / "kafka", default_port=None)
+    broker = LocalKafka(workdir, default_port=None)
     with console.status("Starting Kafka…"):
         state = broker.start(say=lambda message: None)
     try:
-        yield state.url
+        yield state.url, state.pid
     finally:
         broker.stop()
 
@@ -331,80 +337,71 @@ async def catch_up(kafka: KafkaSettings, worker: Worker, rollouts: int, timeout:
 
 # --- latency --------------------------------------------------------------------------------------
 
-async def live_delays(kafka: KafkaSettings, worker: Worker, rate: float, seconds: float, ping_rate: float,
-                      settle_s: float, written: Callable[[s.Event], bytes] = encode) -> dict:
-    """Publish live rollouts at `rate`/s for `seconds`, and pings at `ping_rate`/s; delays in seconds."""
-    ping_topic = kafka.topics.name(PING)
-    consumer, _ = await assigned_consumer(kafka, [kafka.topics.trajectories, ping_topic], True)
-    producer = make_producer(kafka)
-    await producer.start()
-    acked: dict[str, float] = {}  # rollout id → wall time the broker acknowledged its finish event
-    seen: dict[str, tuple[float, int]] = {}  # rollout id → (wall time read, record timestamp ms)
-    pings: dict[bytes, float] = {}  # ping → wall time its send began
-    round_trips: list[float] = []
-    rng = random.Random(1)
-    prefix = f"live-{uuid.uuid4().hex[:6]}-"
-    count = int(rate * seconds)
+def live_load(kafka: KafkaSettings, args: argparse.Namespace, out: Path, log: Path, schema_version: int,
+              seconds: float, wait_s: float) -> subprocess.Popen:
+    """`bench.live_load` started: live rollouts at `args.rate`/s on `kafka`'s topics for `seconds`."""
+    cmd = [sys.executable, "-m", "bench.live_load", "--bootstrap-servers", kafka.bootstrap_servers,
+           "--topic-prefix", kafka.topic_prefix, "--ping-topic", kafka.topics.name(PING),
+           "--schema-version", str(schema_version), "--rate", str(args.rate), "--seconds", str(seconds),
+           "--ping-rate", str(args.ping_rate), "--wait-s", str(wait_s), "--out", str(out)]
+    return spawn(cmd, log, cwd=ROOT)
 
-    async def read() -> None:
-        while True:
-            for tp, records in (await consumer.getmany(timeout_ms=100)).items():
-                now = time.time()
-                for record in records:
-                    if tp.topic == ping_topic:
-                        round_trips.append(now - pings[record.value])
-                    else:
-                        seen.setdefault(record.key.decode(), (now, record.timestamp))
 
-    async def one(n: int) -> None:
-        rollout_id = f"{prefix}{n}"
-        for event in rollout_events(rollout_id, random.Random(rng.random()), s.now_ms):
-            await producer.send_and_wait(kafka.topics.name(event.topic), written(event), key=event.key)
-        acked[rollout_id] = time.time()
+async def warm_up(bootstrap: str, args: argparse.Namespace, workdir: Path) -> None:
+    """The live load on throwaway topics of a fresh broker, with no worker: a broker's first seconds
+    under load cost it about twice the CPU of later ones (the JVM compiling; measured 0.65 → 0.24-0.29
+    of a core at 5,000 events/s), which would land on the worker measured first."""
+    kafka = await fresh_topics(bootstrap)
+    name = kafka.topic_prefix.rstrip(".")
+    generator = live_load(kafka, args, workdir / f"warm-{name}.json", workdir / f"warm-{name}.log",
+                          s.SCHEMA_VERSION, args.warm_up_s, 0)
+    with console.status(f"warming the broker up: the live load for {args.warm_up_s:g} s, no worker…"):
+        while generator.poll() is None:
+            await asyncio.sleep(0.25)
 
-    async def ping() -> None:
-        began = time.monotonic()
-        for n in range(int(ping_rate * seconds)):
-            await asyncio.sleep(max(0.0, began + n / ping_rate - time.monotonic()))
-            value = str(n).encode()
-            pings[value] = time.time()
-            await producer.send_and_wait(ping_topic, value, key=b"ping")
 
-    reader = asyncio.create_task(read())
+async def live_delays(kafka: KafkaSettings, worker: Worker, args: argparse.Namespace, workdir: Path,
+                      schema_version: int, broker_pid: int | None) -> dict:
+    """Live rollouts at `args.rate`/s for `args.seconds`, and pings at `args.ping_rate`/s, from a load
+    generator process of its own (`bench.live_load`); delays in seconds, CPU of the worker and of the
+    generator while publishing."""
+    out = workdir / f"live-{kafka.topic_prefix.rstrip('.')}.json"
+    log = workdir / f"live-{kafka.topic_prefix.rstrip('.')}.log"
+    generator = live_load(kafka, args, out, log, schema_version, args.seconds, args.settle_s + 30)
+    watches = CpuWatch(worker.process.pid), CpuWatch(generator.pid), CpuWatch(broker_pid or -1)
     try:
-        with progress() as bar:
-            task = bar.add_task(f"live rollouts at {rate:g}/s: trajectories", total=count)
-            pinger = asyncio.create_task(ping())
-            watch = CpuWatch(worker.process.pid)
-            watch.sample()
-            publishing = [time.time(), 0.0]
-            began = time.monotonic()
-            rollouts = []
-            for n in range(count):
-                await asyncio.sleep(max(0.0, began + n / rate - time.monotonic()))
+        with console.status(f"live rollouts at {args.rate:g}/s for {args.seconds:g} s (bench.live_load)…"):
+            while generator.poll() is None:
                 worker.check()
-                rollouts.append(asyncio.create_task(one(n)))
-                bar.update(task, completed=len(seen))
-            await asyncio.gather(*rollouts, pinger)
-            watch.sample()
-            publishing[1] = time.time()
-            deadline = time.monotonic() + settle_s + 30
-            while len(seen) < count:
-                worker.check()
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"{len(seen)}/{count} live trajectories 30 s after the last; log: {worker.log}")
-                bar.update(task, completed=len(seen))
-                await asyncio.sleep(0.1)
+                for watch in watches:
+                    watch.sample()
+                await asyncio.sleep(0.25)
     finally:
-        reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reader
-        await producer.stop()
-        await consumer.stop()
+        if generator.poll() is None:
+            stop_pid(generator.pid, grace=5)
+    if generator.returncode != 0 or not out.exists():
+        raise SystemExit(f"the load generator failed ({generator.returncode}); log ({log}):\n{tail(log)}")
+    live = orjson.loads(out.read_bytes())
+    if live["failures"]:
+        raise SystemExit(f"the load generator's deliveries failed: {live['failures']}")
+    acked, read = live["acked"], live["read"]
+    missing = [rid for rid in acked if rid not in read]
+    if missing:
+        raise SystemExit(f"{len(missing)}/{len(acked)} live trajectories not read (none came for "
+                         f"{args.settle_s + 30:g} s); log: {worker.log}")
     order = sorted(acked, key=acked.get)
-    return {"delays": [seen[rid][0] - acked[rid] for rid in order],
-            "written": [seen[rid][1] / 1000 - acked[rid] for rid in order],
-            "round_trips": round_trips, "worker_cpu": watch.between(publishing[0], publishing[1])}
+    began, ended = live["publishing"]
+    drained = max(at for at, _ in read.values())  # every event published was handled by then
+    handled = {name: watch.between(began, drained) for name, watch in zip(("worker", "broker"), watches[::2])}
+    return {"cpu_per_event_s": {name: cpu and cpu["cpu_s"] / (EVENTS_PER_ROLLOUT * live["produced"])
+                                for name, cpu in handled.items()},
+            "generator_cpu_per_event_s": live["cpu_s"] / (EVENTS_PER_ROLLOUT * live["produced"]),
+            "delays": [read[rid][0] - acked[rid] for rid in order],
+            "written": [read[rid][1] / 1000 - acked[rid] for rid in order],
+            "round_trips": live["round_trips"], "worker_cpu": watches[0].between(began, ended),
+            "generator_cpu": watches[1].between(began, ended), "broker_cpu": watches[2].between(began, ended), "generator_lag_p99_s": live["lag_p99_s"],
+            "generator_own_cpu_share": live["cpu_share"], "events_per_s": EVENTS_PER_ROLLOUT * live["produced"]
+            / (ended - began)}
 
 
 # --- the run --------------------------------------------------------------------------------------
@@ -441,8 +438,10 @@ async def fresh_topics(bootstrap: str, partitions: int | None = None) -> KafkaSe
 
 
 async def measure_worker(args: argparse.Namespace, workdir: Path, kafka: KafkaSettings, events: list[s.Event],
-                         root: Path, written: Callable[[s.Event], bytes], label: str) -> dict:
-    """One worker (this tree's, or a baseline's) through both phases, on topics of its own."""
+                         root: Path, version: int, label: str, broker_pid: int | None) -> dict:
+    """One worker (this tree's, or a baseline's, reading schema `version`) through both phases, on
+    topics of its own."""
+    written = written_for(version)
     with console.status(f"[{label}] publishing {len(events)} events…"):
         producer = make_producer(kafka, linger_ms=20)
         await producer.start()
@@ -467,7 +466,7 @@ async def measure_worker(args: argparse.Namespace, workdir: Path, kafka: KafkaSe
         view = worker.analytics() or {}
         out["worker_counts"] = view.get("assembly", {})
         await asyncio.sleep(1.0)  # let the worker's commit and its last settling pass
-        live = await live_delays(kafka, worker, args.rate, args.seconds, args.ping_rate, args.settle_s, written)
+        live = await live_delays(kafka, worker, args, workdir, version, broker_pid)
     finally:
         with console.status(f"[{label}] stopping the worker…"):
             worker.stop()
@@ -484,13 +483,16 @@ async def measure_worker(args: argparse.Namespace, workdir: Path, kafka: KafkaSe
     third = max(1, len(delays) // 3)
     out["latency"].update({
         "first_third_p50_s": statistics.median(delays[:third]), "last_third_p50_s": statistics.median(delays[-third:]),
-        "worker_cpu": live["worker_cpu"]})
+        "worker_cpu": live["worker_cpu"], "generator_cpu": live["generator_cpu"], "broker_cpu": live["broker_cpu"],
+        "generator_own_cpu_share": live["generator_own_cpu_share"], "generator_lag_p99_s": live["generator_lag_p99_s"],
+        "events_per_s": live["events_per_s"], "cpu_per_event_s": live["cpu_per_event_s"],
+        "generator_cpu_per_event_s": live["generator_cpu_per_event_s"]})
     console.print(f"[{label}] finish → trajectory p50 {out['latency']['delay_p50_s'] * 1000:,.0f} ms, "
                   f"p99 {out['latency']['delay_p99_s'] * 1000:,.0f} ms at {args.rate:g} rollouts/s")
     return out
 
 
-async def run(args: argparse.Namespace, workdir: Path, bootstrap: str) -> dict:
+async def run(args: argparse.Namespace, workdir: Path) -> dict:
     timing = Timing(settle_ms=int(args.settle_s * 1000))
     results: dict = {"rollouts": args.rollouts, "events": args.rollouts * EVENTS_PER_ROLLOUT,
                      "settle_s": args.settle_s, "tick_s": args.tick_s, "cpus": os.cpu_count(),
@@ -511,14 +513,21 @@ async def run(args: argparse.Namespace, workdir: Path, bootstrap: str) -> dict:
     console.print(f"fold (decode, add, settle, record): {len(raws) / fold_s:,.0f} events/s; "
                   f"without decoding {len(raws) / fold_bare_s:,.0f} events/s")
 
+    runs = [("after", ROOT, s.SCHEMA_VERSION, "after: this tree")]
     if args.baseline:
         tree, version = checkout(args.baseline, workdir / "baseline")
-        kafka = await fresh_topics(bootstrap)
-        results["before"] = await measure_worker(args, workdir, kafka, events, tree, written_for(version),
-                                                 f"before: {args.baseline}")
-    kafka = await fresh_topics(bootstrap)
-    results["partitions"] = kafka.partitions
-    results["after"] = await measure_worker(args, workdir, kafka, events, ROOT, encode, "after: this tree")
+        runs.insert(len(runs) if args.baseline_second else 0, ("before", tree, version, f"before: {args.baseline}"))
+    with contextlib.ExitStack() as stack:
+        shared = stack.enter_context(kafka_broker(workdir / "kafka")) if args.one_broker else None
+        for key, root, version, label in runs:
+            # a broker of its own per worker (unless --one-broker): the second worker does not share one with
+            # the first's topics, changelog and log segments
+            with contextlib.nullcontext(shared) if shared else kafka_broker(workdir / f"kafka-{key}") as (bootstrap, pid):
+                if args.warm_up_s and (not shared or key == runs[0][0]):
+                    await warm_up(bootstrap, args, workdir)
+                kafka = await fresh_topics(bootstrap)
+                results["partitions"] = kafka.partitions
+                results[key] = await measure_worker(args, workdir, kafka, events, root, version, label, pid)
     results["load_after"] = os.getloadavg()[0]
     results["cpu_pressure_after"] = cpu_pressure()
     return results
@@ -574,6 +583,18 @@ def show(results: dict) -> None:
                    f"{ms(lat['first_third_p50_s'])} / {ms(lat['last_third_p50_s'])}")
         if lat["worker_cpu"]:
             report.add(f"{label}: worker while live", shares(lat["worker_cpu"]))
+        per_event = {**lat["cpu_per_event_s"], "generator": lat["generator_cpu_per_event_s"]}
+        if None not in per_event.values():
+            cores = {name: cpu * lat["rate_per_s"] * EVENTS_PER_ROLLOUT for name, cpu in per_event.items()}
+            report.add(f"{label}: CPU per live event (first publish → last trajectory read; cores that takes at "
+                       f"{lat['rate_per_s'] * EVENTS_PER_ROLLOUT:,.0f} events/s)",
+                       ", ".join(f"{name} {cpu * 1000:.3f} ms ({cores[name]:.2f})" for name, cpu in per_event.items())
+                       + f"; {sum(cores.values()):.2f} cores of {os.cpu_count()}")
+        if lat["broker_cpu"]:
+            report.add(f"{label}: the broker while live", shares(lat["broker_cpu"]))
+        if lat["generator_cpu"]:
+            report.add(f"{label}: load generator while live ({lat['events_per_s']:,.0f} events/s produced, "
+                       f"p99 {ms(lat['generator_lag_p99_s'])} behind its schedule)", shares(lat["generator_cpu"]))
     if before:
         report.add("after / before: events per second while catching up", "",
                    after["worker_events_per_s"] / before["worker_events_per_s"])
@@ -602,9 +623,15 @@ def main(argv: list[str] | None = None) -> None:
                         help="the worker's --tick-s (its default): how often it looks for attempts due to settle")
     parser.add_argument("--timeout", type=float, default=300.0, help="give up catching up after this long")
     parser.add_argument("--baseline", metavar="REV", help="also measure the worker of this commit, first (before)")
+    parser.add_argument("--baseline-second", action="store_true",
+                        help="measure the baseline's worker second, not first (to tell order from code)")
+    parser.add_argument("--warm-up-s", type=float, default=15.0,
+                        help="the live load on a fresh broker before its worker is measured (0: none)")
+    parser.add_argument("--one-broker", action="store_true",
+                        help="both workers on one broker (the second then shares it with the first's topics)")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="bench-streams-") as tmp, kafka_broker(Path(tmp)) as bootstrap:
-        results = asyncio.run(run(args, Path(tmp), bootstrap))
+    with tempfile.TemporaryDirectory(prefix="bench-streams-") as tmp:
+        results = asyncio.run(run(args, Path(tmp)))
     show(results)
 
 

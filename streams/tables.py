@@ -12,14 +12,14 @@ worker, one record per event, is restored as it was.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from functools import cached_property
 from typing import Any
 
 import faust
 import orjson
 
-_DROPPED = object()
+DROPPED = object()
 """a staged deletion"""
 
 
@@ -38,6 +38,7 @@ class StateTable(faust.Table):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._unacknowledged: list[asyncio.Future] = []
+        self._records_unacknowledged = 0
 
     @cached_property
     def changelog_name(self) -> str:
@@ -45,7 +46,8 @@ class StateTable(faust.Table):
 
     @property
     def unacknowledged(self) -> int:
-        return len(self._unacknowledged)
+        """Changes on their way to the broker (since the last `written`)."""
+        return self._records_unacknowledged
 
     async def write(self, partition: int, key: str, value: Any) -> asyncio.Future:
         """Write `key` to the table and its changelog; the broker's acknowledgement, to await."""
@@ -64,7 +66,40 @@ class StateTable(faust.Table):
             self.changelog_name, orjson.dumps(key), value, partition=partition, timestamp=None,
             headers=None)
         self._unacknowledged.append(acknowledged)
+        self._records_unacknowledged += 1
         return acknowledged
+
+    async def write_all(self, changes: Iterable[tuple[int, str, Any]]) -> list[asyncio.Future]:
+        """Write (partition, key, value or `DROPPED`) changes, in order within each partition, one record
+        batch per partition: the producer's per-record step (a future, the accumulator's lookup and
+        append: ~10 % of a live worker's samples) is left out. The batches' acknowledgements, to await.
+
+        A partition's batch waits for the one before it to go out (aiokafka's `add_batch`), so a
+        batch end's changes of a partition go in one batch, not one per kind of key.
+        """
+        producer = self.app.producer._ensure_producer()
+        topic, batches = self.changelog_name, {}
+        sent = []
+        for partition, key, value in changes:
+            if value is DROPPED:
+                self.data.pop(key, None)
+                raw = None  # a tombstone, as Faust writes one
+            else:
+                self.data[key] = value
+                raw = orjson.dumps(value)
+            batch = batches.get(partition)
+            if batch is None:
+                batch = batches[partition] = producer.create_batch()
+            if batch.append(key=orjson.dumps(key), value=raw, timestamp=None) is None:  # full: send it, start one
+                sent.append(await producer.send_batch(batch, topic, partition=partition))
+                batch = batches[partition] = producer.create_batch()
+                if batch.append(key=orjson.dumps(key), value=raw, timestamp=None) is None:
+                    raise ValueError(f"a change of {key} does not fit in a batch")
+            self._records_unacknowledged += 1
+        for partition, batch in batches.items():
+            sent.append(await producer.send_batch(batch, topic, partition=partition))
+        self._unacknowledged += sent
+        return sent
 
     def check(self) -> None:
         """Raise the error of a change on its way that the broker refused (the producer gave up on it)."""
@@ -74,6 +109,7 @@ class StateTable(faust.Table):
 
     async def written(self) -> None:
         pending, self._unacknowledged = self._unacknowledged, []
+        self._records_unacknowledged = 0
         if pending:
             await asyncio.gather(*pending)
 
@@ -101,7 +137,7 @@ class Staged(MutableMapping):
         staged = self._staged.get(key)
         if staged is None:
             value = self.table.data[self.prefix + key]
-        elif staged[1] is _DROPPED:
+        elif staged[1] is DROPPED:
             raise KeyError(key)
         else:
             value = staged[1]
@@ -110,7 +146,7 @@ class Staged(MutableMapping):
     def __contains__(self, key: object) -> bool:
         staged = self._staged.get(key)  # type: ignore[arg-type]
         if staged is not None:
-            return staged[1] is not _DROPPED
+            return staged[1] is not DROPPED
         return self.prefix + key in self.table.data  # type: ignore[operator]
 
     def __setitem__(self, key: str, value: Any) -> None:
@@ -125,7 +161,7 @@ class Staged(MutableMapping):
             self._new.discard(key)
             del self._staged[key]
         else:
-            self._staged[key] = (self.partition, _DROPPED)
+            self._staged[key] = (self.partition, DROPPED)
 
     def __iter__(self) -> Iterator[str]:
         cut = len(self.prefix)
@@ -135,13 +171,15 @@ class Staged(MutableMapping):
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
+    def changes(self) -> list[tuple[int, str, Any]]:
+        """What is staged, as (partition, table key, value or `DROPPED`), and nothing staged any more."""
+        prefix = self.prefix
+        out = [(partition, prefix + key, value) for key, (partition, value) in self._staged.items()]
+        self._staged.clear()
+        self._new.clear()
+        return out
+
     async def flush(self) -> list[asyncio.Future]:
         """Write what is staged to the table and its changelog; the broker's acknowledgements of those
         writes (the table's `written` awaits them too)."""
-        table, prefix = self.table, self.prefix
-        acknowledgements = [
-            await (table.drop(partition, prefix + key) if value is _DROPPED else table.write(partition, prefix + key, value))
-            for key, (partition, value) in self._staged.items()]
-        self._staged.clear()
-        self._new.clear()
-        return acknowledgements
+        return await self.table.write_all(self.changes())

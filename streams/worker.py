@@ -313,9 +313,8 @@ class AssemblyWorker(faust.Service):
         if self.deadletters:
             pending, self.deadletters = self.deadletters, []
             await asyncio.gather(*pending)
-        await self.rollouts.flush()
-        await self.events.flush()
-        await self.positions.flush()
+        # one write, so that each changelog partition gets one record batch (state, then positions)
+        await self.table.write_all([*self.rollouts.changes(), *self.events.changes(), *self.positions.changes()])
         await self.windows.flush()
         if self.table.unacknowledged > UNACKNOWLEDGED_MAX:
             await self.table.written()
