@@ -19,6 +19,8 @@ from typing import Any
 import faust
 import orjson
 
+from streams.transport import Producer
+
 DROPPED = object()
 """a staged deletion"""
 
@@ -77,7 +79,9 @@ class StateTable(faust.Table):
         A partition's batch waits for the one before it to go out (aiokafka's `add_batch`), so a
         batch end's changes of a partition go in one batch, not one per kind of key.
         """
-        producer = self.app.producer._ensure_producer()
+        producer = self.app.producer
+        if not isinstance(producer, Producer):
+            raise TypeError("the table writes record batches: run it with streams.transport.Transport")
         topic, batches = self.changelog_name, {}
         sent = []
         for partition, key, value in changes:

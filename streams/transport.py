@@ -36,6 +36,7 @@ from collections.abc import Coroutine, Generator, Iterable
 from typing import Any
 
 import faust
+from aiokafka.producer.message_accumulator import BatchBuilder
 from faust.types import TP, Message
 from faust.types.transports import ConsumerCallback, ConsumerT
 from faust.transport.drivers import aiokafka as driver
@@ -132,8 +133,23 @@ class Inbox:
         self.take()
 
 
+class Producer(driver.Producer):
+    """Faust's producer, and aiokafka's record batches: many records of one partition in one send,
+    without the per-record step of `send` (the table's changelog writes at a batch end:
+    `tables.StateTable.write_all`)."""
+
+    def create_batch(self) -> BatchBuilder:
+        return self._ensure_producer().create_batch()
+
+    async def send_batch(self, batch: BatchBuilder, topic: str, partition: int) -> asyncio.Future[Any]:
+        """The batch's acknowledgement, to await (once the batch before it of the partition has gone out)."""
+        sent: asyncio.Future[Any] = await self._ensure_producer().send_batch(batch, topic, partition=partition)
+        return sent
+
+
 class Transport(driver.Transport):
     Consumer = Consumer
+    Producer = Producer
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
