@@ -154,6 +154,14 @@ async def measure(report: Report, settings: KafkaSettings, out: Path, trees: dic
     ratios: dict[str, list[float]] = {}
     cpus: dict[str, list[float]] = {}
     written: dict[str, Path] = {}
+
+    def note(name: str, count: int, raw_s: float, figures: dict, path: Path) -> None:
+        """A run's rate, its ratio to the count-only scan before it, its CPU per record, and its output."""
+        rates.setdefault(name, []).append(count / figures["wall_s"])
+        ratios.setdefault(name, []).append(raw_s / figures["wall_s"])
+        cpus.setdefault(name, []).append(figures["cpu_s"] / count * 1e6)
+        written[name] = path
+
     for round_ in range(1, rounds + 1):
         for sink in SINKS:
             counted, raw_s = await count_scan(settings, settings.topics.trajectories)
@@ -163,11 +171,7 @@ async def measure(report: Report, settings: KafkaSettings, out: Path, trees: dic
                 path = out / f"{sink}-{label.split()[0]}-{round_}"
                 figures = run(tree, EXPORT, settings.bootstrap_servers, PREFIX, sink, str(path), f"{path}.state")
                 assert figures["written"] == trajectories, figures
-                name = f"export {sink}, {label}"
-                rates.setdefault(name, []).append(trajectories / figures["wall_s"])
-                ratios.setdefault(name, []).append(raw_s / figures["wall_s"])
-                cpus.setdefault(name, []).append(figures["cpu_s"] / trajectories * 1e6)
-                written[name] = path
+                note(f"export {sink}, {label}", trajectories, raw_s, figures, path)
             print(f"  round {round_}, {sink}: scan {counted / raw_s:,.0f}/s; " + "; ".join(
                 f"{label} {ratios[f'export {sink}, {label}'][-1]:.2f}x" for label in trees), flush=True)
         counted, raw_s = await count_scan(settings, settings.topics.metrics)
@@ -175,12 +179,8 @@ async def measure(report: Report, settings: KafkaSettings, out: Path, trees: dic
         rates.setdefault("scan of metrics (count only)", []).append(counted / raw_s)
         for label, tree in trees.items():
             path = out / f"top-{label.split()[0]}-{round_}.txt"
-            figures = run(tree, TOP, settings.bootstrap_servers, PREFIX, str(path))
-            name = f"top --once, {label}"
-            rates.setdefault(name, []).append(metrics / figures["wall_s"])
-            ratios.setdefault(name, []).append(raw_s / figures["wall_s"])
-            cpus.setdefault(name, []).append(figures["cpu_s"] / metrics * 1e6)
-            written[name] = path
+            note(f"top --once, {label}", metrics, raw_s, run(tree, TOP, settings.bootstrap_servers, PREFIX, str(path)),
+                 path)
         print(f"  round {round_}, top: scan {counted / raw_s:,.0f}/s; " + "; ".join(
             f"{label} {ratios[f'top --once, {label}'][-1]:.2f}x" for label in trees), flush=True)
     for name, values in rates.items():
