@@ -14,6 +14,11 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any, get_args
+
+import orjson
+import polars as pl
+from agentstream_native import Decoder
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -21,15 +26,24 @@ from rich.table import Table
 from rich.text import Text
 
 from agentstream.repeats import Repeats
-from schemas.scan import Bounds, scan
+from schemas.scan import Bounds, Fetch, plan_scan, scan_fetches
 from schemas.codec import DecodeError, decode
 from schemas.errors import LogUnavailable
 from schemas.events import MetricsEvent, PoolUpdate, PoolUpdateEvent
 from schemas.kafka import KafkaSettings, make_consumer, partitions_of
+from schemas.shapes import shape
 from streams.analytics import merge, summary
 
 WINDOWS_SHOWN = 10
 POOL_SHOWN = 8
+_METRICS, _POOL = shape(MetricsEvent, tagged=True), shape(PoolUpdateEvent, tagged=True)
+"""as `decode` reads any event: the `type` key names the model"""
+_METRICS_COLUMNS = Decoder([("id", ["id"], "str"), ("time", ["time"], "int"),
+                            ("window_s", ["data", "window_s"], "int"), ("window_start", ["data", "window_start"], "int"),
+                            ("group", ["data", "group"], "json"), ("values", ["data", "values"], "json")])
+"""a metrics event's columns: its group and values as their JSON text, read whole only where needed"""
+_POOL_FLOATS = frozenset(name for name, info in PoolUpdate.model_fields.items() if float in (info.annotation,
+                                                                                             *get_args(info.annotation)))
 
 
 @dataclass
@@ -40,7 +54,63 @@ class TopView:
     last_event_ms: int | None = None
     repeats: Repeats = field(default_factory=Repeats)
 
-    def add(self, raw: bytes) -> None:
+    def add_all(self, batch: list[bytes | None] | Fetch) -> None:
+        """A batch of records, in order, as `add` would take each. A batch of metrics events that all fit
+        their shape (checked natively, as strictly as pydantic) is read into columns; otherwise those that
+        fit the metrics or pool event's shape are read with orjson, no pydantic model each, and any other
+        as `add` reads it."""
+        if not len(batch):
+            return
+        not_metrics = _METRICS.misfits_fetched(batch.taken) if isinstance(batch, Fetch) else _METRICS.misfits(batch)
+        if not not_metrics:
+            self._add_metrics(batch)
+            return
+        values = [message.value() for message in batch.messages] if isinstance(batch, Fetch) else batch
+        neither = {not_metrics[i] for i in _POOL.misfits([values[i] for i in not_metrics])}
+        not_metrics_set = set(not_metrics)
+        for i, raw in enumerate(values):
+            if i in neither:
+                self.add(raw)
+            else:
+                self._add_fitting(orjson.loads(raw), metrics=i not in not_metrics_set)
+
+    def _add_metrics(self, batch: list[bytes | None] | Fetch) -> None:
+        """Metrics events that fit their shape, in columns: of the windows published again and again, only
+        the latest of each is read whole (its values), and the windows new to the view are added in the
+        order they first came (as one by one: the merges add in that order)."""
+        found, _ = (_METRICS_COLUMNS.decode_fetched(batch.taken) if isinstance(batch, Fetch) else
+                    _METRICS_COLUMNS.decode([("", 0, 0, 0, None, value) for value in batch]))
+        frame = pl.DataFrame(found)
+        frame = frame.filter(pl.Series([self.repeats.first(event_id) for event_id in frame["id"].to_list()]))
+        if not frame.height:
+            return
+        frame = frame.with_columns(pl.col("group").fill_null("{}"))  # (left out: its default)
+        # a group as its sorted items, whatever the order of its keys in the text: each text read once
+        named = {text: tuple(sorted(orjson.loads(text).items())) for text in frame["group"].unique().to_list()}
+        canonical = {text: orjson.dumps(group).decode() for text, group in named.items()}
+        groups = {canonical[text]: group for text, group in named.items()}
+        frame = frame.with_columns(pl.col("group").replace_strict(canonical, return_dtype=pl.String))
+        latest = frame.group_by("window_s", "window_start", "group", maintain_order=True).agg(pl.col("values").last())
+        for size, start, group, text in latest.iter_rows():
+            self.windows[size, start, groups[group]] = {name: float(v) for name, v in orjson.loads(text).items()}
+        self.last_event_ms = max(self.last_event_ms or 0, frame["time"].max())
+
+    def _add_fitting(self, event: dict[str, Any], metrics: bool) -> None:
+        """An event that fits its model's shape, as orjson reads it: its floats as pydantic makes them."""
+        if not self.repeats.first(event["id"]):
+            return
+        data = event["data"]
+        if metrics:
+            group = data.get("group", {})
+            self.windows[data["window_s"], data["window_start"], tuple(sorted(group.items()))] = {
+                name: float(value) for name, value in data["values"].items()}
+        else:
+            self.pool.append((event["time"], PoolUpdate.model_construct(**{
+                name: float(value) if name in _POOL_FLOATS and value is not None else value
+                for name, value in data.items()})))
+        self.last_event_ms = max(self.last_event_ms or 0, event["time"])
+
+    def add(self, raw: bytes | None) -> None:
         try:
             event = decode(raw)
         except DecodeError:
@@ -161,9 +231,9 @@ async def show_once(settings: KafkaSettings, since_ms: int, size: int | None, co
     """Read both topics from `since_ms` to their current end and print the view."""
     view = TopView()
     for topic in _topics(settings):
-        async for batch in scan(settings, topic, Bounds(since_ms=since_ms)):
-            for record in batch:
-                view.add(record.value)
+        plan = await plan_scan(settings, topic, Bounds(since_ms=since_ms))
+        async for fetch in scan_fetches(settings, topic, plan.tail):
+            view.add_all(fetch)
     console.print(render(view, size, f"agentstream top · {settings.topic_prefix or '(no prefix)'}"))
     return view
 
@@ -191,8 +261,7 @@ async def show_live(settings: KafkaSettings, since_ms: int, size: int | None, re
                 deadline = loop.time() + refresh_s
                 while (left := deadline - loop.time()) > 0:
                     for records in (await consumer.getmany(timeout_ms=int(left * 1000), max_records=5000)).values():
-                        for record in records:
-                            view.add(record.value)
+                        view.add_all([record.value for record in records])
                 live.update(render(view, size, title), refresh=True)
     finally:
         await consumer.stop()

@@ -37,3 +37,22 @@ class Decoder:
         byte) if a record does not fit."""
     def decode_fetched(self, fetched: Fetched) -> tuple[Columns, list[tuple[str, list[int]]]]:
         """Like `decode`, for what `take` kept of one fetch."""
+
+Form: TypeAlias = str | tuple[Any, ...]
+""""int", "float", "bool", "str", "any", ("range", low, high), ("literal", [texts]), ("optional", form),
+("list", form), ("dict", form), ("object", [(key, form, required), ...]) (src/shapes.rs)"""
+
+class Shape:
+    """A model's shape, to check records against: never looser than pydantic's strict validation."""
+
+    def __init__(self, form: Form, take: Sequence[str] = ()) -> None:
+        """`take`: keys of the root (a str or optional str each) whose texts `check` returns."""
+    def misfits(self, values: list[bytes | None]) -> list[int]:
+        """The indices of the values (bytes, or None for an empty record) that do not fit."""
+    def misfits_fetched(self, fetched: Fetched) -> list[int]:
+        """Like `misfits`, for what `take` kept of one fetch."""
+    def check(self, values: list[bytes | None]) -> tuple[list[int], list[list[str | None]]]:
+        """The indices of the values that do not fit, and per key taken its text in each (None where it
+        does not fit)."""
+    def check_fetched(self, fetched: Fetched) -> tuple[list[int], list[list[str | None]]]:
+        """Like `check`, for what `take` kept of one fetch."""

@@ -19,7 +19,6 @@ import schemas as s
 from agentstream.archive import Archiver
 from agentstream.cli import app
 from agentstream.replay import Job, Options, RebuildSpec, parse_versions, replay
-from agentstream.replay.rebuild import Rebuild
 from schemas.scan import scan
 from agentstream.top import TopView
 from schemas.codec import encode
@@ -326,14 +325,20 @@ async def test_a_rebuild_in_worker_processes_writes_the_same_and_resumes_in_one(
     assert counts[0]["trajectories"] == len(expected) and counts[1] == counts[0] and counts[2] == counts[0]
 
 
-async def test_a_failing_rebuild_worker_ends_the_rebuild_with_its_error(spread, tmp_path, monkeypatch):
+class Crash(BaseException):
+    """What no error handling of the fold catches (a reward function's errors are deadlettered)."""
+
+
+def crashing(sample: Sample) -> float:
+    """A reward function that ends the process calling it: in a rebuild, its worker."""
+    raise Crash("boom in the fold")
+
+
+async def test_a_failing_rebuild_worker_ends_the_rebuild_with_its_error(spread, tmp_path):
     kafka, _ = spread
-
-    def broken(self, partition, out):
-        raise RuntimeError("boom in the fold")
-
-    monkeypatch.setattr(Rebuild, "_drain", broken)  # (before the fork: the workers have it too)
-    job = Job("raw", "topic", "broken", rebuild=RebuildSpec(timing=Timing(settle_ms=200, reward_grace_ms=2000)))
+    # the workers fork from a fresh fork server, so the crash comes with the job, not patched in here
+    job = Job("raw", "topic", "broken", rebuild=RebuildSpec(timing=Timing(settle_ms=200, reward_grace_ms=2000),
+                                                            reward_fn="tests.test_replay:crashing"))
     with pytest.raises(RuntimeError, match=r"rebuild worker of partitions \[\d, \d\] failed:(.|\n)*boom in the fold"):
         await replay(kafka, job, Options(tmp_path / "state.json", jobs=2))
 

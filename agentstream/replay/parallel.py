@@ -13,12 +13,16 @@ last position are held here until the next one covers them. So the merged positi
 matches what was handed to the sink, and it is the one-process position (a state written with
 `--jobs 2` resumes with `--jobs 1` and back). The workers' counts come with their positions.
 
-Workers reading Kafka alone are forked, not spawned: a spawned one would import pydantic, the
-event models and librdkafka again (~1.5 s of CPU each on this machine, much of a rebuild of 50,000
-events). They make their own Kafka consumers and event loop after the fork and touch nothing of
-this process's. Workers that may read the Parquet archive start afresh: polars' thread pool does not
-survive a fork (a forked worker hung in its first read once this process had used polars), so a
-rebuild that reads the archive runs in one process unless `--jobs` asks for more.
+Workers reading Kafka alone fork from a fork server (multiprocessing's "forkserver"): a fresh
+interpreter, started when the rebuild is set up, that imports this module and nothing else runs in.
+Forking this process instead copied its libraries' threads' locks as they were: a worker forked
+while the sink's librdkafka producer (or, in a test, another client) was running hung for good in
+its own consumer's `close()` (seen in CI). Starting each worker afresh would import pydantic, the
+event models and librdkafka again (~0.5–1.5 s of CPU each); the fork server imports them once,
+while this process plans the range. The workers make their own Kafka consumers and event loop.
+Workers that may read the Parquet archive start afresh: polars' thread pool does not survive a
+fork (a forked worker hung in its first read once this process had used polars), so a rebuild
+that reads the archive runs in one process unless `--jobs` asks for more.
 The sink writes bytes (a topic, JSONL events): a worker encodes the trajectories and sends bytes
 (pickling the models would cost more than encoding them); for datasets it sends the models.
 """
@@ -28,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import pickle
 import signal
@@ -126,6 +131,9 @@ class ParallelRebuild:
         self.counts = counts
         self.closing_ms = closing_ms
         partitions = sorted(ranges["rollouts"])
+        if not reads_archive(settings, origin):
+            _fork_server()
+            multiprocessing.forkserver.ensure_running()  # its imports overlap the rest of the setup
         self.parts = [Part(group, settings, *_only(ranges, position, group), timing, closing_ms, selection, reward_fn,
                            with_calls, source, batch_size, origin, checkpoint_s, as_bytes)
                       for group in deal(partitions, jobs)]
@@ -232,7 +240,7 @@ class ParallelRebuild:
 
 
 class _Process:
-    """A worker, forked (multiprocessing) or started afresh (subprocess): ended the same way."""
+    """A worker, forked by the fork server (multiprocessing) or started afresh (subprocess): ended the same way."""
 
     def __init__(self, handle: multiprocessing.Process | subprocess.Popen):
         self.handle = handle
@@ -260,16 +268,15 @@ def _start(parts: list[Part], fork: bool) -> tuple[list[_Process], list[Connecti
     run the caller's main module again in it), told its part through its stdin."""
     processes, readers = [], []
     if fork:
-        context = multiprocessing.get_context("fork")
-        pipes = [context.Pipe(duplex=False) for _ in parts]
-        for index, part in enumerate(parts):
-            others = [end for i, pipe in enumerate(pipes) if i != index for end in pipe]
-            process = context.Process(target=_work, args=(pipes[index][1], others, part, os.getpid()),
+        context = _fork_server()
+        for part in parts:
+            reader, writer = context.Pipe(duplex=False)
+            process = context.Process(target=_work, args=(writer, part, None),
                                       name=f"rebuild-{'-'.join(map(str, part.partitions))}", daemon=True)
             process.start()
-            pipes[index][1].close()  # the worker's end: closed here, so its exit reads as the end of the pipe
+            writer.close()  # the worker's end: closed here, so its exit reads as the end of the pipe
             processes.append(_Process(process))
-            readers.append(pipes[index][0])
+            readers.append(reader)
         return processes, readers
     for part in parts:
         process = subprocess.Popen([sys.executable, "-c", f"from {__name__} import serve; serve()"],
@@ -280,6 +287,13 @@ def _start(parts: list[Part], fork: bool) -> tuple[list[_Process], list[Connecti
         process.stdout.close()
         processes.append(_Process(process))
     return processes, readers
+
+
+def _fork_server() -> multiprocessing.context.ForkServerContext:
+    """The context whose workers fork from the fork server (see the module's docstring)."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])  # (once it runs, the server keeps what it imported)
+    return context
 
 
 def _receive(reader: Connection) -> tuple[str, Any] | None:
@@ -297,11 +311,9 @@ def _receive(reader: Connection) -> tuple[str, Any] | None:
 # --- in the worker process -------------------------------------------------------------------
 
 
-def _work(writer: Connection, others: list[Connection], part: Part, parent: int) -> None:
+def _work(writer: Connection, part: Part, parent: int | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the workers
     _die_with(parent)
-    for end in others:  # the other workers' pipes: held here, they would keep those open past their end
-        end.close()
     try:
         asyncio.run(_fold(writer, part))
     except BaseException as exc:  # noqa: BLE001 - whatever it is, the parent says it
@@ -315,8 +327,12 @@ def _work(writer: Connection, others: list[Connection], part: Part, parent: int)
     writer.close()
 
 
-def _die_with(parent: int) -> None:
-    """SIGKILL this worker when the parent dies (a replay killed mid-run leaves none behind; Linux)."""
+def _die_with(parent: int | None) -> None:
+    """SIGKILL this worker when its parent dies (a replay killed mid-run leaves none behind; Linux).
+
+    A worker forked by the fork server (`parent` None) is that server's child: the server ends when
+    the replay's process does, and so the worker."""
+    parent = os.getppid() if parent is None else parent
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
@@ -365,4 +381,4 @@ def serve() -> None:
     part, parent = pickle.load(sys.stdin.buffer)
     frames = os.dup(1)
     os.dup2(2, 1)  # whatever prints goes to stderr: stdout carries the frames
-    _work(Connection(frames, readable=False), [], part, parent)
+    _work(Connection(frames, readable=False), part, parent)

@@ -259,7 +259,8 @@ def _sink(settings: KafkaSettings, job: Job, state: ReplayState) -> Sink:
 def _source(settings: KafkaSettings, job: Job, state: ReplayState, counts: Counter[str], options: Options) -> Source:
     if not job.raw:
         return StoredTrajectories(settings, settings.topics.name(job.source), state.ranges[job.source], state.source,
-                                  counts, options.batch_size, options.origin)
+                                  counts, options.batch_size, options.origin, selection=_selection(job, state),
+                                  rows=job.sink in ("chat", "parquet"))
     spec = job.rebuild
     # workers that may read the archive cannot be forked, and a fresh one costs ~1.5 s of CPU: asked for only
     jobs = options.jobs or (1 if reads_archive(settings, options.origin) else default_jobs())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,23 +20,37 @@ class Selection:
     history before the range, so that attempts running across its start are not rebuilt from half
     their events, and leaves those attempts out"""
 
+    @property
+    def looks_inside(self) -> bool:
+        """whether it looks at more of a trajectory than its rollout id (its start, its weight versions)"""
+        return bool(self.versions) or self.started_from_ms is not None
+
     def wants_rollout(self, rollout_id: str | None) -> bool:
         return not self.rollouts or rollout_id in self.rollouts
 
     def wants(self, event: TrajectoryEvent) -> bool:
         data = event.data
-        if not self.wants_rollout(event.rollout_id):
+        return self.wants_fields(event.rollout_id, data.started_at, lambda: versions_of(data))
+
+    def wants_fields(self, rollout_id: str | None, started_at: int | None, versions: Callable[[], set[int]]) -> bool:
+        """`wants`, of a trajectory's fields (read into columns); `versions` is asked only if needed."""
+        if not self.wants_rollout(rollout_id):
             return False
-        if self.started_from_ms is not None and (data.started_at is None or data.started_at < self.started_from_ms):
+        if self.started_from_ms is not None and (started_at is None or started_at < self.started_from_ms):
             return False
-        return not self.versions or bool(versions_of(data) & self.versions)
+        return not self.versions or bool(versions() & self.versions)
 
 
 def versions_of(trajectory: Trajectory) -> set[int]:
     """The weight versions that generated the trajectory's tokens; its launch version if no turn says."""
-    made = {turn.weight_version for turn in trajectory.turns if turn.weight_version is not None}
-    if not made and trajectory.weight_version_launch is not None:
-        made = {trajectory.weight_version_launch}
+    return made_by((turn.weight_version for turn in trajectory.turns), trajectory.weight_version_launch)
+
+
+def made_by(turn_versions: Iterable[int | None], launch: int | None) -> set[int]:
+    """`versions_of`, of the turns' weight versions and the launch version."""
+    made = {version for version in turn_versions if version is not None}
+    if not made and launch is not None:
+        made = {launch}
     return made
 
 

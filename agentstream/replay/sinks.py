@@ -21,7 +21,7 @@ import orjson
 import polars as pl
 
 from agentstream.replay import dataset
-from agentstream.replay.sources import Item
+from agentstream.replay.sources import Chunk, Item
 from agentstream.replay.state import ReplayError, int_keys
 from schemas.durable import write_atomically
 from schemas.scan import Bounds, _quiet, resolve, scan
@@ -179,9 +179,11 @@ def _refuse_existing(*paths: Path) -> None:
 class JsonlSink:
     """One JSON line per row: encoded trajectory events (the trainer's offline file), or dataset rows."""
 
-    def __init__(self, path: Path, lines: Callable[[Item], list[bytes]]):
+    def __init__(self, path: Path, lines: Callable[[Item], list[bytes]], of_rows: bool = False):
         self.path = path
         self.lines = lines
+        self.of_rows = of_rows
+        """its lines are dataset rows: a chunk's, where the source made them (`Chunk.rows`)"""
         self.file = None
         self.written = 0
 
@@ -191,7 +193,8 @@ class JsonlSink:
 
     @classmethod
     def chat(cls, path: Path) -> JsonlSink:
-        return cls(path, lambda item: [orjson.dumps(row) for row in dataset.rows(item.trajectory, item.calls)])
+        return cls(path, lambda item: [orjson.dumps(row) for row in dataset.rows(item.trajectory, item.calls)],
+                   of_rows=True)
 
     async def create(self) -> dict[str, Any]:
         _refuse_existing(self.path)
@@ -211,6 +214,13 @@ class JsonlSink:
         self.written = position["written"]
 
     async def write(self, items: list[Item]) -> None:
+        if self.of_rows and isinstance(items, Chunk) and items.rows is not None:
+            # polars' JSON lines: the bytes orjson writes for the dicts `dataset.rows` makes (keys in the
+            # schema's order; floats, ints and strings written alike: tests/test_replay_export.py), without
+            # a Python object per value
+            items.rows.write_ndjson(self.file)
+            self.written += len(items)
+            return
         for item in items:
             for line in self.lines(item):
                 self.file.write(line + b"\n")
@@ -242,7 +252,8 @@ class ParquetSink:
     def __init__(self, path: Path):
         self.path = path
         self.parts = path.with_name(path.name + ".parts")
-        self.buffer: list[dict] = []
+        self.frames: list[pl.DataFrame] = []
+        """rows since the last commit, a frame per chunk"""
         self.count = 0
         self.written = 0
 
@@ -265,16 +276,22 @@ class ParquetSink:
                 path.unlink()  # a temporary file, or a part written after the last saved state
 
     async def write(self, items: list[Item]) -> None:
-        for item in items:
-            self.buffer += dataset.rows(item.trajectory, item.calls, messages_as_json=True)
-            self.written += 1
+        if isinstance(items, Chunk) and items.rows is not None:
+            frame = items.rows.cast(dict(dataset.SCHEMA))
+        else:
+            frame = pl.DataFrame([row for item in items for row in dataset.rows(item.trajectory, item.calls,
+                                                                                messages_as_json=True)],
+                                 schema=dataset.SCHEMA)
+        if frame.height:
+            self.frames.append(frame)
+        self.written += len(items)
 
     async def commit(self) -> dict[str, Any]:
-        if self.buffer:
-            frame = pl.DataFrame(self.buffer, schema=dataset.SCHEMA)
+        if self.frames:
+            frame = pl.concat(self.frames)
             write_atomically(self._part(self.count), frame.write_parquet)
             self.count += 1
-            self.buffer = []
+            self.frames = []
         return {"parts": self.count, "written": self.written}
 
     async def finish(self) -> None:

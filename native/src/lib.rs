@@ -47,6 +47,8 @@ use pyo3::prelude::*;
 use pyo3::intern;
 use pyo3::types::{PyBytes, PyCapsule, PyList, PyString, PyTuple};
 
+mod shapes;
+
 type Res<T> = Result<T, &'static str>;
 
 const MAX_DEPTH: usize = 512;
@@ -1642,5 +1644,6 @@ fn agentstream_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Columns>()?;
     m.add_class::<Fetched>()?;
     m.add_function(wrap_pyfunction!(take, m)?)?;
+    m.add_class::<shapes::Shape>()?;
     Ok(())
 }
