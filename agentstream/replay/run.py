@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from agentstream.replay.parallel import ParallelRebuild, default_jobs, reads_archive
+from agentstream.replay.parallel import ParallelRebuild, default_jobs, reads_archive, start_fork_server
 from agentstream.replay.rebuild import RAW, Rebuild
 from agentstream.replay.selection import Selection
 from agentstream.replay.sinks import JsonlSink, ParquetSink, Sink, TopicSink
@@ -145,6 +145,8 @@ async def replay(settings: KafkaSettings, job: Job, options: Options,
                  on_progress: Callable[[Progress], None] | None = None) -> Summary:
     job.check()
     started = time.monotonic()
+    if job.raw and (options.jobs or default_jobs()) > 1 and not reads_archive(settings, options.origin):
+        start_fork_server()  # (its imports overlap the plan and the sink's setup; idle if one process folds)
     state = ReplayState.load(options.state) if not options.restart else None
     if state is not None and state.job != job.signature():
         changed = sorted(k for k in set(state.job) | set(job.signature()) if state.job.get(k) != job.signature().get(k))
