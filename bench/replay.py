@@ -20,7 +20,7 @@ rebuilds of each round, the fold alone by each tree, in-process (2,000 rollouts'
 added, settled as time passes, recorded, the trajectories encoded; CPU of the best of 5 passes): what
 both the rebuild and the live worker pay per event, without Kafka.
 Each runs with its default processes (`--jobs`: one per core since the partition-parallel
-rebuild); its CPU counts its worker processes'.
+rebuild); its CPU counts its worker processes' (and the fork server's that forks them).
 
     uv run python -m bench.replay [--rollouts 10000] [--baseline main [--rounds 2]]
 """
@@ -110,7 +110,12 @@ def cpu():  # with its worker processes' (replay rebuild --jobs), where it has t
     return sum(u.ru_utime + u.ru_stime for u in usages)
 began, used = time.perf_counter(), cpu()
 summary = asyncio.run(replay(settings, job, Options(Path(state))))
-print(json.dumps({"written": summary.written, "wall_s": time.perf_counter() - began, "cpu_s": cpu() - used}))
+wall = time.perf_counter() - began
+# workers forked by multiprocessing's fork server are its children: their CPU (and its own) counts here once
+# the server, which reaped them, has ended and been waited for
+import multiprocessing.forkserver
+multiprocessing.forkserver._forkserver._stop()
+print(json.dumps({"written": summary.written, "wall_s": wall, "cpu_s": cpu() - used}))
 """
 """`replay rebuild` into a topic, run by whichever tree is the working directory: figures as JSON"""
 

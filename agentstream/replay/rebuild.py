@@ -116,8 +116,11 @@ class Rebuild:
                 if not wanted:
                     break
                 yield out
+                for t in wanted:  # (every wanted scan fetching at once: the first fetches start their consumers)
+                    if t not in fetching:
+                        fetching[t] = asyncio.ensure_future(_next(scans[t]))
                 for t in wanted:
-                    batch = await (fetching.pop(t) if t in fetching else anext(scans[t], None))
+                    batch = await fetching.pop(t)
                     if batch is None:  # the scan ended: every partition of it is read to its end
                         self.scanned[t].update(self.ends[t])
                     else:

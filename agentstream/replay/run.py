@@ -10,6 +10,7 @@ in the output exactly once.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from agentstream.replay.parallel import ParallelRebuild, default_jobs, reads_archive
+from agentstream.replay.parallel import ParallelRebuild, default_jobs, reads_archive, start_fork_server
 from agentstream.replay.rebuild import RAW, Rebuild
 from agentstream.replay.selection import Selection
 from agentstream.replay.sinks import JsonlSink, ParquetSink, Sink, TopicSink
@@ -144,6 +145,8 @@ async def replay(settings: KafkaSettings, job: Job, options: Options,
                  on_progress: Callable[[Progress], None] | None = None) -> Summary:
     job.check()
     started = time.monotonic()
+    if job.raw and (options.jobs or default_jobs()) > 1 and not reads_archive(settings, options.origin):
+        start_fork_server()  # (its imports overlap the plan and the sink's setup; idle if one process folds)
     state = ReplayState.load(options.state) if not options.restart else None
     if state is not None and state.job != job.signature():
         changed = sorted(k for k in set(state.job) | set(job.signature()) if state.job.get(k) != job.signature().get(k))
@@ -227,8 +230,11 @@ async def _plan(settings: KafkaSettings, job: Job, origin: Origin = KAFKA) -> Re
             return ReplayState(job.signature(), ranges)
         # an attempt running across `since` began earlier: read its beginning too, leave it out (Selection)
         read_from = since - job.rebuild.lookback_ms if since is not None else None
-        ranges = {t: await resolve(settings, settings.topics.name(t), Bounds(since_ms=read_from, until_ms=until),
-                                   origin) for t in RAW}
+        # the three at once: each asks the broker for metadata and offsets (~50 ms of waiting apiece)
+        found = await asyncio.gather(*(resolve(settings, settings.topics.name(t), Bounds(since_ms=read_from,
+                                                                                         until_ms=until), origin)
+                                       for t in RAW))
+        ranges = dict(zip(RAW, found))
     except LookupError as exc:
         raise ReplayError(str(exc)) from None
     counts = {t: len(parts) for t, parts in ranges.items()}
