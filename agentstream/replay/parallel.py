@@ -299,7 +299,12 @@ def start_fork_server() -> None:
 def _fork_server() -> multiprocessing.context.ForkServerContext:
     """The context whose workers fork from the fork server (see the module's docstring)."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([__name__])  # (once it runs, the server keeps what it imported)
+    # what the server imports once, before it forks any worker (once it runs, it keeps what it imported).
+    # Each worker still imports the command's main script as `__mp_main__` (multiprocessing's way; its
+    # "__main__" preload is never given the script's path): `agentstream`'s imports only agentstream.cli,
+    # and a script of a user's that calls `replay` with more than one job needs the `if __name__ ==
+    # "__main__":` guard, as any program using multiprocessing's fork server or spawn
+    context.set_forkserver_preload([__name__])
     return context
 
 
