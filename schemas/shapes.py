@@ -36,8 +36,15 @@ def shape(model: type[Event], tagged: bool = False, take: tuple[str, ...] = ()) 
 
 
 def _object(model: type[BaseModel], envelope: bool = False, tagged: bool = False) -> Form:
+    # a form checks types only: a validator or a constraint (ge=, max_length=, ...) would make it looser
+    # than pydantic, so a model with one has no form (and `shape` fails where it is made: a test builds all)
+    decorators = model.__pydantic_decorators__
+    if decorators.field_validators or decorators.model_validators or decorators.validators:
+        raise TypeError(f"{model.__name__} has validators: no native form checks them")
     members = []
     for name, info in model.model_fields.items():
+        if info.metadata:
+            raise TypeError(f"{model.__name__}.{name} is constrained ({info.metadata}): no native form checks it")
         required = info.is_required() or (envelope and (name in FRESH or name == "schema_version"
                                                         or (name == "type" and tagged)))
         form = ("range", 1, SCHEMA_VERSION) if envelope and name == "schema_version" else _form(info.annotation)

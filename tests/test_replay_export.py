@@ -337,3 +337,29 @@ def test_every_event_type_has_a_shape_and_a_fitting_record_is_one_pydantic_takes
     for i in fitting:
         event = decode(changed[i], expect=s.TrajectoryEvent)  # DecodeError here: the check was looser
         assert (event.id, event.rollout_id) == (ids[i], rollout_ids[i])
+
+
+def test_a_model_with_a_constraint_or_a_validator_has_no_shape():
+    """A shape checks types only: a model that pydantic checks further cannot have one (it would be looser)."""
+    from pydantic import BaseModel, Field, field_validator
+
+    from schemas.shapes import shape
+
+    class Bounded(s.RolloutStartedEvent):
+        retries: int = Field(0, ge=0)
+
+    class Checked(s.RolloutStartedEvent):
+        @field_validator("rollout_id")
+        @classmethod
+        def known(cls, value: str) -> str:
+            return value
+
+    class Inner(BaseModel):
+        name: str = Field(max_length=3)
+
+    class Nesting(s.RolloutStartedEvent):
+        inner: Inner | None = None
+
+    for model, complaint in ((Bounded, "is constrained"), (Checked, "has validators"), (Nesting, "is constrained")):
+        with pytest.raises(TypeError, match=complaint):
+            shape(model)
