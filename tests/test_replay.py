@@ -343,6 +343,22 @@ async def test_a_failing_rebuild_worker_ends_the_rebuild_with_its_error(spread, 
         await replay(kafka, job, Options(tmp_path / "state.json", jobs=2))
 
 
+def from_environment(sample: Sample) -> float:
+    """A reward function that reads its setting from the environment, as the SWE grader does."""
+    return float(os.environ["AGENTSTREAM_TEST_REWARD"])
+
+
+async def test_rebuild_workers_see_the_environment_of_the_rebuild_not_of_their_fork_server(spread, tmp_path,
+                                                                                           monkeypatch):
+    kafka, expected = spread
+    spec = RebuildSpec(timing=Timing(settle_ms=200, reward_grace_ms=2000), reward_fn="tests.test_replay:from_environment")
+    for value in ("0.25", "0.75"):  # the second rebuild's workers fork from the server the first one started
+        monkeypatch.setenv("AGENTSTREAM_TEST_REWARD", value)
+        await replay(kafka, Job("raw", "topic", f"env-{value}", rebuild=spec), Options(tmp_path / f"{value}.json", jobs=2))
+        rewards = {t.data.reward for _, t in await read_topic(kafka, f"env-{value}") if t.data.status == "finished"}
+        assert rewards == {float(value)}
+
+
 @pytest.mark.parametrize("fmt,crash", [("parquet", "after_output:2"), ("chat", "after_output:3"),
                                        ("events", "after_state:3")])
 async def test_an_export_killed_mid_range_resumes_and_covers_it_exactly_once(spread, tmp_path, fmt, crash):

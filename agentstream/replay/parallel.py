@@ -270,7 +270,7 @@ def _start(parts: list[Part], fork: bool) -> tuple[list[_Process], list[Connecti
         context = _fork_server()
         for part in parts:
             reader, writer = context.Pipe(duplex=False)
-            process = context.Process(target=_work, args=(writer, part, None),
+            process = context.Process(target=_work, args=(writer, part, None, dict(os.environ)),
                                       name=f"rebuild-{'-'.join(map(str, part.partitions))}", daemon=True)
             process.start()
             writer.close()  # the worker's end: closed here, so its exit reads as the end of the pipe
@@ -323,9 +323,12 @@ def _receive(reader: Connection) -> tuple[str, Any] | None:
 # --- in the worker process -------------------------------------------------------------------
 
 
-def _work(writer: Connection, part: Part, parent: int | None) -> None:
+def _work(writer: Connection, part: Part, parent: int | None, environ: dict[str, str] | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the workers
     _die_with(parent)
+    if environ is not None:  # the rebuild's environment now, not the fork server's when it started (multiprocessing
+        os.environ.clear()  # carries the working directory and sys.path over, not this): a reward function reads it
+        os.environ.update(environ)
     try:
         asyncio.run(_fold(writer, part))
     except BaseException as exc:  # noqa: BLE001 - whatever it is, the parent says it
