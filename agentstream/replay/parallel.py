@@ -14,7 +14,8 @@ matches what was handed to the sink, and it is the one-process position (a state
 `--jobs 2` resumes with `--jobs 1` and back). The workers' counts come with their positions.
 
 Workers reading Kafka alone fork from a fork server (multiprocessing's "forkserver"): a fresh
-interpreter, started when the rebuild is set up, that imports this module and nothing else runs in.
+interpreter, started as the replay begins (`start_fork_server`), that imports this module and nothing
+else runs in.
 Forking this process instead copied its libraries' threads' locks as they were: a worker forked
 while the sink's librdkafka producer (or, in a test, another client) was running hung for good in
 its own consumer's `close()` (seen in CI). Starting each worker afresh would import pydantic, the
@@ -131,8 +132,6 @@ class ParallelRebuild:
         self.counts = counts
         self.closing_ms = closing_ms
         partitions = sorted(ranges["rollouts"])
-        if not reads_archive(settings, origin):
-            start_fork_server()  # (started already where the replay began with it: see `start_fork_server`)
         self.parts = [Part(group, settings, *_only(ranges, position, group), timing, closing_ms, selection, reward_fn,
                            with_calls, source, batch_size, origin, checkpoint_s, as_bytes)
                       for group in deal(partitions, jobs)]

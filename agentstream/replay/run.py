@@ -145,8 +145,8 @@ async def replay(settings: KafkaSettings, job: Job, options: Options,
                  on_progress: Callable[[Progress], None] | None = None) -> Summary:
     job.check()
     started = time.monotonic()
-    if job.raw and (options.jobs or default_jobs()) > 1 and not reads_archive(settings, options.origin):
-        start_fork_server()  # (its imports overlap the plan and the sink's setup; idle if one process folds)
+    if job.raw and _jobs(settings, options) > 1 and not reads_archive(settings, options.origin):
+        start_fork_server()  # (its imports overlap the plan and the sink's setup)
     state = ReplayState.load(options.state) if not options.restart else None
     if state is not None and state.job != job.signature():
         changed = sorted(k for k in set(state.job) | set(job.signature()) if state.job.get(k) != job.signature().get(k))
@@ -258,14 +258,19 @@ def _sink(settings: KafkaSettings, job: Job, state: ReplayState) -> Sink:
     return JsonlSink.events(path) if job.sink == "events" else JsonlSink.chat(path)
 
 
+def _jobs(settings: KafkaSettings, options: Options) -> int:
+    """The processes a rebuild folds in: `--jobs`, else one per core; one where it may read the archive
+    (its workers cannot fork from the fork server, and a fresh one costs ~1.5 s of CPU: asked for only)."""
+    return options.jobs or (1 if reads_archive(settings, options.origin) else default_jobs())
+
+
 def _source(settings: KafkaSettings, job: Job, state: ReplayState, counts: Counter[str], options: Options) -> Source:
     if not job.raw:
         return StoredTrajectories(settings, settings.topics.name(job.source), state.ranges[job.source], state.source,
                                   counts, options.batch_size, options.origin, selection=_selection(job, state),
                                   rows=job.sink in ("chat", "parquet"))
     spec = job.rebuild
-    # workers that may read the archive cannot be forked, and a fresh one costs ~1.5 s of CPU: asked for only
-    jobs = options.jobs or (1 if reads_archive(settings, options.origin) else default_jobs())
+    jobs = _jobs(settings, options)
     if jobs < 0:
         raise ReplayError(f"--jobs {options.jobs}: give a number of processes (1 or more), or 0 for one per core")
     common = dict(timing=spec.timing, closing_ms=state.plan["closing_ms"], selection=_selection(job, state),
