@@ -91,13 +91,13 @@ class StateTable(faust.Table):
             else:
                 self.data[key] = value
                 raw = orjson.dumps(value)
-            batch = batches.get(partition)
+            batch, encoded = batches.get(partition), orjson.dumps(key)
             if batch is None:
                 batch = batches[partition] = producer.create_batch()
-            if batch.append(key=orjson.dumps(key), value=raw, timestamp=None) is None:  # full: send it, start one
+            if batch.append(key=encoded, value=raw, timestamp=None) is None:  # full: send it, start one
                 sent.append(await producer.send_batch(batch, topic, partition=partition))
                 batch = batches[partition] = producer.create_batch()
-                if batch.append(key=orjson.dumps(key), value=raw, timestamp=None) is None:
+                if batch.append(key=encoded, value=raw, timestamp=None) is None:
                     raise ValueError(f"a change of {key} does not fit in a batch")
             self._records_unacknowledged += 1
         for partition, batch in batches.items():
