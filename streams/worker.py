@@ -42,6 +42,7 @@ from schemas.kafka import deadletter_event
 from streams.assembly import Assembly, Settled
 from streams.settings import StreamsSettings
 from streams.tables import Staged, StateTable
+from streams.timeline import TIMELINE
 from streams.transport import Inbox
 from streams.windows import Windows
 
@@ -120,6 +121,7 @@ class AssemblyWorker(faust.Service):
             await self.inbox.wait()
             await self.app.flow_control.acquire()
             records = self.inbox.take()
+            TIMELINE.mark("take", n=len(records))
             if records:
                 await self.handle(records)
 
@@ -183,9 +185,13 @@ class AssemblyWorker(faust.Service):
 
     async def _end_batch(self, partitions: Iterable[int] = ()) -> None:
         """Settle what the batch made due (and the attempts due in `partitions`), then write its changes."""
+        began, records = time.perf_counter(), self.batched
         touched, self.touched, self.batched = self.touched, set(), 0
         await self._settle(touched | set(partitions))
+        settled = time.perf_counter()
         await self._flush()
+        TIMELINE.mark("batch", n=records, timer=bool(partitions), settle_ms=(settled - began) * 1000,
+                      flush_ms=(time.perf_counter() - settled) * 1000)
 
     async def _take(self, message) -> bool:
         """Add one record to the state; whether it was the next of its partition."""
@@ -283,7 +289,9 @@ class AssemblyWorker(faust.Service):
         # what the trajectories are built from: their attempts' decisions, acknowledged; not every change
         # still on its way (the events and positions of batches before, in the other partitions too), but
         # none of those refused: a worker whose changelog has a hole publishes nothing more
+        began = time.perf_counter()
         await asyncio.gather(*await self.rollouts.flush())
+        decided = time.perf_counter()
         self.table.check()
         sent = []
         for one in settled:
@@ -295,7 +303,10 @@ class AssemblyWorker(faust.Service):
                     id=derived_id("streams.deadletter", event.id), source=self.settings.source,
                     data=Deadletter(topic=self.settings.topics.name(event.topic), key=event.rollout_id,
                                     value=raw_event.decode(), reason=reason, consumer=self.settings.source))))
+        published = time.perf_counter()
         await asyncio.gather(*sent)
+        TIMELINE.mark("emit", settled=len(settled), decided_ms=(decided - began) * 1000,
+                      build_ms=(published - decided) * 1000, acked_ms=(time.perf_counter() - published) * 1000)
         emitted_at = time.time()
         for one in settled:
             partition = self.rollouts_partition(one.rollout_id)
@@ -370,6 +381,10 @@ class AssemblyWorker(faust.Service):
             if upcoming is not None and upcoming > now:  # one due already is held back: a batch settles it
                 wait = min(wait, (upcoming - now) / 1000)
         return max(0.001, wait)
+
+    @faust.Service.task
+    async def _timeline(self) -> None:
+        await TIMELINE.watch_loop()  # the bench's probe; returns at once unless it is on
 
     @faust.Service.timer(STALL_S / 2)
     async def _watchdog(self) -> None:
