@@ -34,6 +34,7 @@ from aiokafka.errors import KafkaError
 from faust.exceptions import ProducerSendError
 from faust.types import TP, Message
 
+from schemas.collector import Survivors
 from schemas.codec import DecodeError, decode
 from schemas.events import CallEvent, Deadletter, DeadletterEvent, Event
 from schemas.ids import derived_id, now_ms
@@ -96,6 +97,8 @@ class AssemblyWorker(faust.Service):
         """partitions of the records in the batch so far"""
         self.batched = 0
         self.batch_began = time.monotonic()
+        self.survivors = Survivors()
+        """what is alive at a batch end (the events held until they settle) kept out of the collector's passes"""
         self.lock = asyncio.Lock()
         """records, batch end, timer or rebalance at a time: each changes the state and stages writes"""
 
@@ -190,6 +193,7 @@ class AssemblyWorker(faust.Service):
         await self._settle(touched | set(partitions))
         settled = time.perf_counter()
         await self._flush()
+        self.survivors.batch_ended()
         TIMELINE.mark("batch", n=records, timer=bool(partitions), settle_ms=(settled - began) * 1000,
                       flush_ms=(time.perf_counter() - settled) * 1000)
 
