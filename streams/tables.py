@@ -175,15 +175,23 @@ class Staged(MutableMapping):
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
-    def changes(self) -> list[tuple[int, str, Any]]:
-        """What is staged, as (partition, table key, value or `DROPPED`), and nothing staged any more."""
+    def changes(self, keys: Iterable[str] | None = None) -> list[tuple[int, str, Any]]:
+        """What is staged (of `keys`, or all), as (partition, table key, value or `DROPPED`), and no longer staged."""
         prefix = self.prefix
-        out = [(partition, prefix + key, value) for key, (partition, value) in self._staged.items()]
-        self._staged.clear()
-        self._new.clear()
+        if keys is None:
+            out = [(partition, prefix + key, value) for key, (partition, value) in self._staged.items()]
+            self._staged.clear()
+            self._new.clear()
+            return out
+        out = []
+        for key in dict.fromkeys(keys):
+            staged = self._staged.pop(key, None)
+            if staged is not None:
+                self._new.discard(key)
+                out.append((staged[0], prefix + key, staged[1]))
         return out
 
-    async def flush(self) -> list[asyncio.Future]:
-        """Write what is staged to the table and its changelog; the broker's acknowledgements of those
-        writes (the table's `written` awaits them too)."""
-        return await self.table.write_all(self.changes())
+    async def flush(self, keys: Iterable[str] | None = None) -> list[asyncio.Future]:
+        """Write what is staged (of `keys`, or all) to the table and its changelog; the broker's
+        acknowledgements of those writes (the table's `written` awaits them too)."""
+        return await self.table.write_all(self.changes(keys))

@@ -2,13 +2,16 @@
 
     rollouts ┐
     calls    ├─▶ add ─(a batch)─▶ settle due attempts ─▶ decide ─▶ emit ─▶ flush (state, positions, windows)
-    rewards  ┘                          ▲
+    rewards  ┘                          ▲                                       (every --write-every-s)
               timer: the next due attempt, a batch no record ends, or every --tick-s
 
 Exactly-once handling of the sources does not rest on Faust's offset commits. The table holds, per
 source partition, the next offset to handle, in the same changelog partition as the state those
 records built and written after it (`flush`): whatever prefix of that changelog a crash leaves,
-the position restored is never ahead of the state. A record delivered again is skipped, one the
+the position restored is never ahead of the state. The changes are held and written every
+`--write-every-s` (not at every batch end), so a key changed again meanwhile is written once, and the
+events of an attempt that came and settled meanwhile not at all; a crash loses at most that much of
+the state, and the worker reads it again from the sources. A record delivered again is skipped, one the
 state already holds is a duplicate by id, and a record delivered after a gap (Faust committed past
 the restored position, or faust-streaming 0.15.3 dropped records around a restart) makes the
 worker read the partition again from the gap; a watchdog does the same for a partition it is
@@ -97,6 +100,8 @@ class AssemblyWorker(faust.Service):
         """partitions of the records in the batch so far"""
         self.batched = 0
         self.batch_began = time.monotonic()
+        self.written_at = time.monotonic()
+        """when the held changes were last written (`_flush`)"""
         self.survivors = Survivors()
         """what is alive at a batch end (the events held until they settle) kept out of the collector's passes"""
         self.lock = asyncio.Lock()
@@ -110,6 +115,13 @@ class AssemblyWorker(faust.Service):
         # after the batch in hand (Faust waits for no record of the inbox: none is tracked as in a stream)
         async with self.lock:
             self.inbox.clear()
+            # what is held goes out, acknowledged, before another worker restores these partitions: a write of
+            # ours after its own would put its state back behind its positions
+            try:
+                await self._flush(now=True)
+                await self.table.written()
+            except (KafkaError, ProducerSendError):  # as a crash would leave it: read again by the next owner
+                log.warning("the held changes were not written before the partitions were revoked", exc_info=True)
             for tp in revoked:
                 self.last_time.pop(tp, None)
                 self.gaps.pop(tp, None)
@@ -294,7 +306,7 @@ class AssemblyWorker(faust.Service):
         # still on its way (the events and positions of batches before, in the other partitions too), but
         # none of those refused: a worker whose changelog has a hole publishes nothing more
         began = time.perf_counter()
-        await asyncio.gather(*await self.rollouts.flush())
+        await asyncio.gather(*await self.rollouts.flush(one.rollout_id for one in settled))
         decided = time.perf_counter()
         self.table.check()
         sent = []
@@ -323,8 +335,12 @@ class AssemblyWorker(faust.Service):
         state = self.rollouts.get(rollout_id)
         return state["partition"] if state else self.rollouts.partition
 
-    async def _flush(self) -> None:
-        """Write the batch's changes: deadletters acknowledged, then the state, then the positions."""
+    async def _flush(self, now: bool = False) -> None:
+        """Write the changes held since the last write, once --write-every-s has passed (or `now`):
+        deadletters acknowledged, then the state, then the positions."""
+        if not now and time.monotonic() - self.written_at < self.settings.write_every_s:
+            return
+        self.written_at = time.monotonic()
         if self.deadletters:
             pending, self.deadletters = self.deadletters, []
             await asyncio.gather(*pending)
