@@ -100,8 +100,10 @@ class AssemblyWorker(faust.Service):
         """partitions of the records in the batch so far"""
         self.batched = 0
         self.batch_began = time.monotonic()
-        self.written_at = time.monotonic()
-        """when the held changes were last written (`_flush`)"""
+        every = settings.write_every_s
+        self.written_at = [time.monotonic() - every * (1 - p / partitions) for p in range(partitions)]
+        """per changelog partition, when its held changes were last written (`_flush`): staggered, so that a
+        batch end writes one partition's, not every partition's at once"""
         self.survivors = Survivors()
         """what is alive at a batch end (the events held until they settle) kept out of the collector's passes"""
         self.lock = asyncio.Lock()
@@ -336,16 +338,21 @@ class AssemblyWorker(faust.Service):
         return state["partition"] if state else self.rollouts.partition
 
     async def _flush(self, now: bool = False) -> None:
-        """Write the changes held since the last write, once --write-every-s has passed (or `now`):
-        deadletters acknowledged, then the state, then the positions."""
-        if not now and time.monotonic() - self.written_at < self.settings.write_every_s:
+        """Write the changes held in each changelog partition last written --write-every-s ago (every
+        partition's, `now`): deadletters acknowledged, then per partition the state, then the positions."""
+        clock = time.monotonic()
+        due = [p for p, at in enumerate(self.written_at) if now or clock - at >= self.settings.write_every_s]
+        if not due:
             return
-        self.written_at = time.monotonic()
         if self.deadletters:
             pending, self.deadletters = self.deadletters, []
             await asyncio.gather(*pending)
-        # one write, so that each changelog partition gets one record batch (state, then positions)
-        await self.table.write_all([*self.rollouts.changes(), *self.events.changes(), *self.positions.changes()])
+        changes = []
+        for partition in due:
+            self.written_at[partition] = clock
+            changes += [*self.rollouts.changes_of(partition), *self.events.changes_of(partition),
+                        *self.positions.changes_of(partition)]
+        await self.table.write_all(changes)  # one record batch per partition: its state, then its positions
         await self.windows.flush()
         if self.table.unacknowledged > UNACKNOWLEDGED_MAX:
             await self.table.written()
