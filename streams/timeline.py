@@ -46,7 +46,7 @@ class Timeline:
         if self.path and self.marks:
             marks, self.marks = self.marks, []
             with open(self.path, "ab") as out:
-                out.writelines(orjson.dumps(mark) + b"\n" for mark in marks)
+                out.writelines(orjson.dumps(mark, option=orjson.OPT_NON_STR_KEYS) + b"\n" for mark in marks)
 
     async def watch_loop(self) -> None:
         """Mark the event loop's stalls (a short sleep returning late), and write the marks every second."""
