@@ -104,6 +104,8 @@ class AssemblyWorker(faust.Service):
         self.written_at = [time.monotonic() - every * (1 - p / partitions) for p in range(partitions)]
         """per changelog partition, when its held changes were last written (`_flush`): staggered, so that a
         batch end writes one partition's, not every partition's at once"""
+        self.overdue: dict[int, int] = {}
+        """partition → its first due time, past when the timer last looked and not held back (`_until_next`)"""
         self.survivors = Survivors()
         """what is alive at a batch end (the events held until they settle) kept out of the collector's passes"""
         self.lock = asyncio.Lock()
@@ -403,10 +405,24 @@ class AssemblyWorker(faust.Service):
         wait = self.settings.tick_s
         if self.batched:
             wait = min(wait, self.batch_began + self.settings.batch_wait_s - time.monotonic())
-        if not self.app.rebalancing:  # until its tables are recovered, a worker has no state to settle
-            upcoming, now = self.assembly.next_due(self.active_partitions()), now_ms()
-            if upcoming is not None and upcoming > now:  # one due already is held back: a batch settles it
+        if self.app.rebalancing:  # until its tables are recovered, a worker has no state to settle
+            return max(0.001, wait)
+        now, overdue = now_ms(), {}
+        for partition in self.active_partitions():
+            upcoming = self.assembly.next_due([partition])
+            if upcoming is None:
+                continue
+            if upcoming > now:
                 wait = min(wait, (upcoming - now) / 1000)
+            elif not self._behind(partition):
+                # it came due while the last settling ran, and no record in flight holds it back: settle it now,
+                # not a tick later (at 2,000 events/s once the load stopped, ~100 ms over the settle time); the same
+                # one still due at the next look did not settle (a failed settling): it waits a tick
+                overdue[partition] = upcoming
+                if self.overdue.get(partition) != upcoming:
+                    wait = 0
+            # else a batch settles it once its partition's records in flight are handled (`_held_back`)
+        self.overdue = overdue
         return max(0.001, wait)
 
     @faust.Service.task
