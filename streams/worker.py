@@ -203,7 +203,8 @@ class AssemblyWorker(faust.Service):
             log.exception("settling due attempts failed")
 
     async def _end_batch(self, partitions: Iterable[int] = ()) -> None:
-        """Settle what the batch made due (and the attempts due in `partitions`), then write its changes."""
+        """Settle what the batch made due (and the attempts due in `partitions`), then write the changes held
+        in the changelog partitions due a write (`_flush`)."""
         began, records = time.perf_counter(), self.batched
         touched, self.touched, self.batched = self.touched, set(), 0
         await self._settle(touched | set(partitions))
