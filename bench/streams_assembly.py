@@ -401,7 +401,8 @@ async def live_delays(kafka: KafkaSettings, worker: Worker, args: argparse.Names
             "round_trips": live["round_trips"], "worker_cpu": watches[0].between(began, ended),
             "generator_cpu": watches[1].between(began, ended), "broker_cpu": watches[2].between(began, ended), "generator_lag_p99_s": live["lag_p99_s"],
             "generator_own_cpu_share": live["cpu_share"], "events_per_s": EVENTS_PER_ROLLOUT * live["produced"]
-            / (ended - began)}
+            / (ended - began), "window": (began, drained), "produced_events": EVENTS_PER_ROLLOUT * live["produced"],
+            "generator_requests": live.get("requests")}
 
 
 # --- the run --------------------------------------------------------------------------------------
@@ -486,7 +487,9 @@ async def measure_worker(args: argparse.Namespace, workdir: Path, kafka: KafkaSe
         "worker_cpu": live["worker_cpu"], "generator_cpu": live["generator_cpu"], "broker_cpu": live["broker_cpu"],
         "generator_own_cpu_share": live["generator_own_cpu_share"], "generator_lag_p99_s": live["generator_lag_p99_s"],
         "events_per_s": live["events_per_s"], "cpu_per_event_s": live["cpu_per_event_s"],
-        "generator_cpu_per_event_s": live["generator_cpu_per_event_s"]})
+        "generator_cpu_per_event_s": live["generator_cpu_per_event_s"],
+        "window": live["window"], "produced_events": live["produced_events"],
+        "generator_requests": live["generator_requests"]})
     console.print(f"[{label}] finish → trajectory p50 {out['latency']['delay_p50_s'] * 1000:,.0f} ms, "
                   f"p99 {out['latency']['delay_p99_s'] * 1000:,.0f} ms at {args.rate:g} rollouts/s")
     return out
