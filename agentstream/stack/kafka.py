@@ -26,6 +26,8 @@ from agentstream.stack.process import (
 STACK_FILES = resources.files("agentstream.stack")
 STARTED_LINE = "Kafka Server started"
 DEFAULT_PORT = 9092
+JVM_OPTIONS = ("-Xms256m", "-Xmx512m", "-XX:+UseG1GC")
+"""the broker's heap and collector"""
 
 
 def kafka_libs(home: Path | None = None, say=print) -> Path:
@@ -71,6 +73,9 @@ class LocalKafka:
     home: Path | None = None
     default_port: int | None = DEFAULT_PORT
     """taken when free and no port is given; None: always a free port (tests)"""
+    jvm_options: tuple[str, ...] = JVM_OPTIONS
+    extra_properties: tuple[str, ...] = ()
+    """`key=value` lines after the broker's own (a later key wins): for benchmarks of its settings"""
 
     @property
     def state_file(self) -> Path:
@@ -158,6 +163,7 @@ class LocalKafka:
             "num.partitions=1",
             "log.retention.ms=-1",
             "message.max.bytes=16777216",
+            *self.extra_properties,
             "",
         ]))
         return config
@@ -180,7 +186,7 @@ class LocalKafka:
             raise StackError("Java 17+ is needed for the local Kafka broker: install it (apt install openjdk-17-jre), "
                              "or set KAFKA_BOOTSTRAP_SERVERS to use an existing cluster")
         log4j = STACK_FILES.joinpath("log4j2.properties")
-        return [str(java), "-Xms256m", "-Xmx512m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+        return [str(java), *self.jvm_options, "-Djava.awt.headless=true",
                 f"-Dlog4j2.configurationFile={log4j}", f"-Dkafka.logs.dir={self.log.parent}",
                 "-cp", f"{libs / 'jars'}/*", main, *args]
 
