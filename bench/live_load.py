@@ -116,8 +116,23 @@ class Run:
     publishing: tuple[float, float] = (0.0, 0.0)
 
 
-def producer(bootstrap: str) -> Producer:
+class Requests:
+    """Requests a librdkafka client sent to the brokers, from its statistics (every second)."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+    def __call__(self, stats: str) -> None:
+        self.sent = sum(broker["tx"] for broker in orjson.loads(stats)["brokers"].values())
+
+    @property
+    def config(self) -> dict:
+        return {"statistics.interval.ms": 1000, "stats_cb": self}
+
+
+def producer(bootstrap: str, requests: Requests) -> Producer:
     return Producer({
+        **requests.config,
         "bootstrap.servers": bootstrap,
         "enable.idempotence": True,  # and acks=all, as the gateway's and the bench's producers
         "partitioner": "murmur2_random",  # keyed as Kafka's Java client and aiokafka: by rollout id
@@ -127,10 +142,10 @@ def producer(bootstrap: str) -> Producer:
     })
 
 
-def consumer(bootstrap: str, topics: list[str]) -> Consumer:
+def consumer(bootstrap: str, topics: list[str], requests: Requests) -> Consumer:
     """A consumer assigned every partition of `topics` at its current end (resolved now, not at the
     first fetch, which could come after the first event)."""
-    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-live-{uuid.uuid4().hex[:8]}",
+    reader = Consumer({**requests.config, "bootstrap.servers": bootstrap, "group.id": f"bench-live-{uuid.uuid4().hex[:8]}",
                        "enable.auto.commit": False, "auto.offset.reset": "latest",
                        "fetch.wait.max.ms": 100, "fetch.min.bytes": 1})
     partitions = []
@@ -227,14 +242,17 @@ def main(argv: list[str] | None = None) -> None:
     names = KafkaSettings(bootstrap_servers=args.bootstrap_servers, topic_prefix=args.topic_prefix).topics
     topics = {base: names.name(base) for base in ("rollouts", "calls", "rewards")}
     shapes = templates(written_for(args.schema_version))
-    writer, run, done = producer(args.bootstrap_servers), Run(), threading.Event()
-    reader = consumer(args.bootstrap_servers, [names.trajectories, args.ping_topic])
+    produced, fetched = Requests(), Requests()
+    writer, run, done = producer(args.bootstrap_servers, produced), Run(), threading.Event()
+    reader = consumer(args.bootstrap_servers, [names.trajectories, args.ping_topic], fetched)
     reading = threading.Thread(target=read, args=(reader, args.ping_topic, run, done), daemon=True)
     reading.start()
     cpu_began = resource.getrusage(resource.RUSAGE_SELF)
+    requests_began = produced.sent, fetched.sent
     prefix = f"live-{uuid.uuid4().hex[:6]}-"
     publish(writer, topics, args.ping_topic, shapes, prefix, args.rate, args.seconds, args.ping_rate, run)
     cpu_published = resource.getrusage(resource.RUSAGE_SELF)
+    requests_published = produced.sent, fetched.sent  # as of the last statistics, within a second
     # until every trajectory is read, or none came for --wait-s (a worker far behind still drains)
     last, progress = len(run.read), time.monotonic()
     while len(run.read) < len(run.acked) and time.monotonic() < progress + args.wait_s and not run.failures:
@@ -249,7 +267,9 @@ def main(argv: list[str] | None = None) -> None:
     args.out.write_bytes(orjson.dumps({
         "acked": run.acked, "read": run.read, "round_trips": run.round_trips, "failures": run.failures[:20],
         "produced": len(run.lag_s), "lag_p99_s": sorted(run.lag_s)[int(0.99 * len(run.lag_s))] if run.lag_s else None,
-        "publishing": run.publishing, "cpu_s": cpu, "cpu_share": cpu / wall if wall > 0 else None}))
+        "publishing": run.publishing, "cpu_s": cpu, "cpu_share": cpu / wall if wall > 0 else None,
+        "requests": {"producer": requests_published[0] - requests_began[0],
+                     "consumer": requests_published[1] - requests_began[1]}}))
 
 
 if __name__ == "__main__":

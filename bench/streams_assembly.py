@@ -21,8 +21,9 @@ Against a real broker (a throwaway local one, or KAFKA_BOOTSTRAP_SERVERS) and a 
    record produced and consumed. The CPU shares of the worker and the generator are reported.
 
 Each worker gets a broker of its own, fresh (unless `--one-broker`, or KAFKA_BOOTSTRAP_SERVERS),
-warmed up first by `--warm-up-s` of the live load with no worker (a fresh broker's JVM costs about
-twice the CPU in its first seconds under load).
+warmed up first by `--warm-up-s` of the live load with a throwaway worker reading it (a fresh
+broker's JVM costs about twice the CPU in its first seconds under load, and again when a worker's
+requests first come).
 With `--baseline REV` the worker of commit REV (its tree checked out by `git archive` into a
 temporary folder, run with this environment) goes through both phases first, on a prefix of its
 own, with the same events: before and after, in the same run. Events are written in the schema
@@ -353,16 +354,27 @@ def live_load(kafka: KafkaSettings, args: argparse.Namespace, out: Path, log: Pa
 
 
 async def warm_up(bootstrap: str, args: argparse.Namespace, workdir: Path) -> None:
-    """The live load on throwaway topics of a fresh broker, with no worker: a broker's first seconds
-    under load cost it about twice the CPU of later ones (the JVM compiling; measured 0.65 → 0.24-0.29
-    of a core at 5,000 events/s), which would land on the worker measured first."""
+    """The live load on throwaway topics of a fresh broker, with a throwaway worker (this tree's)
+    reading them: a broker's first seconds under load cost it about twice the CPU of later ones (the
+    JVM compiling; measured 0.65 → 0.24-0.29 of a core at 5,000 events/s with the load alone), which
+    would land on the worker measured first; and the worker's own requests (its group, changelog
+    batches, trajectories) take the broker's compiler another 20-30 s (0.18-0.26 of a core in the
+    first 20 s of a worker's live load after a warm-up without one), unless a worker was there."""
     kafka = await fresh_topics(bootstrap)
     name = kafka.topic_prefix.rstrip(".")
+    worker = Worker(kafka, workdir, args.settle_s, args.tick_s) if not args.warm_up_without_worker else None
     generator = live_load(kafka, args, workdir / f"warm-{name}.json", workdir / f"warm-{name}.log",
                           s.SCHEMA_VERSION, args.warm_up_s, 0)
-    with console.status(f"warming the broker up: the live load for {args.warm_up_s:g} s, no worker…"):
-        while generator.poll() is None:
-            await asyncio.sleep(0.25)
+    try:
+        if worker:
+            worker.start()
+        with console.status(f"warming the broker up: the live load for {args.warm_up_s:g} s"
+                            f"{', a worker reading it' if worker else ', no worker'}…"):
+            while generator.poll() is None:
+                await asyncio.sleep(0.25)
+    finally:
+        if worker:
+            worker.stop()
 
 
 async def live_delays(kafka: KafkaSettings, worker: Worker, args: argparse.Namespace, workdir: Path,
@@ -408,7 +420,8 @@ async def live_delays(kafka: KafkaSettings, worker: Worker, args: argparse.Names
             "round_trips": live["round_trips"], "worker_cpu": watches[0].between(began, ended),
             "generator_cpu": watches[1].between(began, ended), "broker_cpu": watches[2].between(began, ended), "generator_lag_p99_s": live["lag_p99_s"],
             "generator_own_cpu_share": live["cpu_share"], "events_per_s": EVENTS_PER_ROLLOUT * live["produced"]
-            / (ended - began)}
+            / (ended - began), "window": (began, drained), "produced_events": EVENTS_PER_ROLLOUT * live["produced"],
+            "generator_requests": live.get("requests")}
 
 
 # --- the run --------------------------------------------------------------------------------------
@@ -494,7 +507,9 @@ async def measure_worker(args: argparse.Namespace, workdir: Path, kafka: KafkaSe
         "worker_cpu": live["worker_cpu"], "generator_cpu": live["generator_cpu"], "broker_cpu": live["broker_cpu"],
         "generator_own_cpu_share": live["generator_own_cpu_share"], "generator_lag_p99_s": live["generator_lag_p99_s"],
         "events_per_s": live["events_per_s"], "cpu_per_event_s": live["cpu_per_event_s"],
-        "generator_cpu_per_event_s": live["generator_cpu_per_event_s"]})
+        "generator_cpu_per_event_s": live["generator_cpu_per_event_s"],
+        "window": live["window"], "produced_events": live["produced_events"],
+        "generator_requests": live["generator_requests"]})
     console.print(f"[{label}] finish → trajectory p50 {out['latency']['delay_p50_s'] * 1000:,.0f} ms, "
                   f"p99 {out['latency']['delay_p99_s'] * 1000:,.0f} ms at {args.rate:g} rollouts/s")
     return out
@@ -635,6 +650,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="measure the baseline's worker second, not first (to tell order from code)")
     parser.add_argument("--warm-up-s", type=float, default=15.0,
                         help="the live load on a fresh broker before its worker is measured (0: none)")
+    parser.add_argument("--warm-up-without-worker", action="store_true",
+                        help="warm the broker up with the live load alone (as before: the broker's JIT then "
+                        "compiles the worker's requests while it is measured)")
     parser.add_argument("--one-broker", action="store_true",
                         help="both workers on one broker (the second then shares it with the first's topics)")
     parser.add_argument("--timeline", type=Path, metavar="DIR",

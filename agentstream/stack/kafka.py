@@ -26,6 +26,11 @@ from agentstream.stack.process import (
 STACK_FILES = resources.files("agentstream.stack")
 STARTED_LINE = "Kafka Server started"
 DEFAULT_PORT = 9092
+JVM_OPTIONS = ("-Xms256m", "-Xmx512m", "-XX:+UseSerialGC")
+"""the broker's heap and collector. Not G1: with its 1 MB regions each request of 512 KB or more
+(the streams worker's larger changelog writes) is a humongous object that starts a concurrent
+marking; at 5,000 live events/s G1 took 0.004-0.08 ms of CPU per event, the serial collector
+0.002, with young pauses of ~10 ms (streams/README.md, "The broker's share")"""
 
 
 def kafka_libs(home: Path | None = None, say=print) -> Path:
@@ -71,6 +76,9 @@ class LocalKafka:
     home: Path | None = None
     default_port: int | None = DEFAULT_PORT
     """taken when free and no port is given; None: always a free port (tests)"""
+    jvm_options: tuple[str, ...] = JVM_OPTIONS
+    extra_properties: tuple[str, ...] = ()
+    """`key=value` lines after the broker's own (a later key wins): for benchmarks of its settings"""
 
     @property
     def state_file(self) -> Path:
@@ -155,9 +163,13 @@ class LocalKafka:
             "share.coordinator.state.topic.replication.factor=1",
             "share.coordinator.state.topic.min.isr=1",
             "group.initial.rebalance.delay.ms=0",
+            # one machine's few clients: fewer threads hand each request over fewer times (3 and 8 by default)
+            "num.network.threads=1",
+            "num.io.threads=2",
             "num.partitions=1",
             "log.retention.ms=-1",
             "message.max.bytes=16777216",
+            *self.extra_properties,
             "",
         ]))
         return config
@@ -180,7 +192,7 @@ class LocalKafka:
             raise StackError("Java 17+ is needed for the local Kafka broker: install it (apt install openjdk-17-jre), "
                              "or set KAFKA_BOOTSTRAP_SERVERS to use an existing cluster")
         log4j = STACK_FILES.joinpath("log4j2.properties")
-        return [str(java), "-Xms256m", "-Xmx512m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+        return [str(java), *self.jvm_options, "-Djava.awt.headless=true",
                 f"-Dlog4j2.configurationFile={log4j}", f"-Dkafka.logs.dir={self.log.parent}",
                 "-cp", f"{libs / 'jars'}/*", main, *args]
 
