@@ -41,6 +41,7 @@ import contextlib
 import os
 import random
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -251,7 +252,8 @@ def fold(raws: list[bytes], timing: Timing, decoded: list[s.Event] | None = None
 class Worker:
     """`python -m streams worker` as a process of its own."""
 
-    def __init__(self, kafka: KafkaSettings, workdir: Path, settle_s: float, tick_s: float, root: Path = ROOT):
+    def __init__(self, kafka: KafkaSettings, workdir: Path, settle_s: float, tick_s: float, root: Path = ROOT,
+                 timeline: Path | None = None):
         self.settings = StreamsSettings(bootstrap_servers=kafka.bootstrap_servers, topic_prefix=kafka.topic_prefix,
                                         settle_s=settle_s, tick_s=tick_s)
         self.port = free_port()
@@ -262,9 +264,12 @@ class Worker:
                     "--data-dir", str(workdir / f"streams-{kafka.topic_prefix.rstrip('.')}"), "--settle-s", str(settle_s), "--tick-s", str(tick_s),
                     "--log-level", "warning"]
         self.process: subprocess.Popen | None = None
+        self.timeline = timeline
+        self.env = {"AGENTSTREAM_STREAMS_TIMELINE": str(timeline)} if timeline else {}
+        """the worker's probe (streams/timeline.py), when asked for"""
 
     def start(self) -> None:
-        self.process = spawn(self.cmd, self.log, cwd=self.root)
+        self.process = spawn(self.cmd, self.log, env=self.env, cwd=self.root)
 
     def check(self) -> None:
         if self.process.poll() is not None:
@@ -394,6 +399,8 @@ async def live_delays(kafka: KafkaSettings, worker: Worker, args: argparse.Names
     if generator.returncode != 0 or not out.exists():
         raise SystemExit(f"the load generator failed ({generator.returncode}); log ({log}):\n{tail(log)}")
     live = orjson.loads(out.read_bytes())
+    if worker.timeline:  # beside the worker's timeline: when each finish was acked and its trajectory read
+        shutil.copy(out, worker.timeline.with_name(worker.timeline.stem.replace("worker-", "live-") + ".json"))
     if live["failures"]:
         raise SystemExit(f"the load generator's deliveries failed: {live['failures']}")
     acked, read = live["acked"], live["read"]
@@ -467,7 +474,8 @@ async def measure_worker(args: argparse.Namespace, workdir: Path, kafka: KafkaSe
         read, read_s = await read_and_decode(kafka)
     assert read == len(events), (read, len(events))
     out: dict = {"consumer_events_per_s": read / read_s}
-    worker = Worker(kafka, workdir, args.settle_s, args.tick_s, root)
+    timeline = args.timeline / f"worker-{label.split(':')[0]}.jsonl" if args.timeline else None
+    worker = Worker(kafka, workdir, args.settle_s, args.tick_s, root, timeline)
     try:
         caught = await catch_up(kafka, worker, args.rollouts, timeout=args.timeout)
         out["catch_up"] = caught
@@ -647,7 +655,11 @@ def main(argv: list[str] | None = None) -> None:
                         "compiles the worker's requests while it is measured)")
     parser.add_argument("--one-broker", action="store_true",
                         help="both workers on one broker (the second then shares it with the first's topics)")
+    parser.add_argument("--timeline", type=Path, metavar="DIR",
+                        help="write each worker's timeline (streams/timeline.py) and the live load's times here")
     args = parser.parse_args(argv)
+    if args.timeline:
+        args.timeline.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bench-streams-") as tmp:
         results = asyncio.run(run(args, Path(tmp)))
     show(results)

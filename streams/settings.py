@@ -29,8 +29,12 @@ class StreamsSettings(KafkaSettings):
     tick_s: float = Field(0.1, gt=0, description="how often the worker looks for attempts due to settle, at "
                           "least (it also wakes when the next attempt is due)")
     batch_max: int = Field(2000, ge=1, description="source records whose changes are written together, at most")
-    batch_wait_s: float = Field(0.05, gt=0, description="how long a batch of changes may wait for more records "
-                                "before it is written")
+    batch_wait_s: float = Field(0.05, gt=0, description="how long a batch may wait for more records before "
+                                "the attempts it made due are settled")
+    write_every_s: float = Field(2.0, ge=0, description="how often the state's changes are written to its "
+                                 "changelog (a key changed again or dropped meanwhile is written once or not at "
+                                 "all: the events of attempts that settle within it); a restarted worker reads "
+                                 "up to this much of its sources again")
 
     # --- analytics ---------------------------------------------------------------------------------
     windows_s: Annotated[list[int], NoDecode] = Field(

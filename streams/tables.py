@@ -119,7 +119,8 @@ class StateTable(faust.Table):
 
 
 class Staged(MutableMapping):
-    """The keys of a `StateTable` under `prefix`, with writes held until `flush`: one write per key.
+    """The keys of a `StateTable` under `prefix`, with writes held until they are taken (`changes_of` a
+    partition, `changes` of keys) and written: one write per key.
 
     Every write goes to the partition `partition` names when it is made (the worker sets it before it
     handles an event or settles a rollout of that partition). Reads see the staged writes. Values are
@@ -136,6 +137,8 @@ class Staged(MutableMapping):
         self._staged: dict[str, tuple[int, Any]] = {}
         self._new: set[str] = set()
         """staged keys the table does not hold: dropping one drops its staged write, and writes nothing"""
+        self._keys_of: dict[int, dict[str, None]] = {}
+        """partition → the keys staged in it (some since written or dropped), in order"""
 
     def __getitem__(self, key: str) -> Any:
         staged = self._staged.get(key)
@@ -157,6 +160,7 @@ class Staged(MutableMapping):
         if key not in self._staged and self.prefix + key not in self.table.data:
             self._new.add(key)
         self._staged[key] = (self.partition, self.encode(value) if self.encode else value)
+        self._keys_of.setdefault(self.partition, {})[key] = None
 
     def __delitem__(self, key: str) -> None:
         if key not in self:
@@ -166,6 +170,7 @@ class Staged(MutableMapping):
             del self._staged[key]
         else:
             self._staged[key] = (self.partition, DROPPED)
+        self._keys_of.setdefault(self.partition, {})[key] = None
 
     def __iter__(self) -> Iterator[str]:
         cut = len(self.prefix)
@@ -175,15 +180,28 @@ class Staged(MutableMapping):
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
-    def changes(self) -> list[tuple[int, str, Any]]:
-        """What is staged, as (partition, table key, value or `DROPPED`), and nothing staged any more."""
-        prefix = self.prefix
-        out = [(partition, prefix + key, value) for key, (partition, value) in self._staged.items()]
-        self._staged.clear()
-        self._new.clear()
+    def changes(self, keys: Iterable[str]) -> list[tuple[int, str, Any]]:
+        """What is staged of `keys`, as (partition, table key, value or `DROPPED`), and no longer staged."""
+        out = []
+        for key in dict.fromkeys(keys):
+            staged = self._staged.pop(key, None)
+            if staged is not None:
+                self._new.discard(key)
+                out.append((staged[0], self.prefix + key, staged[1]))
         return out
 
-    async def flush(self) -> list[asyncio.Future]:
-        """Write what is staged to the table and its changelog; the broker's acknowledgements of those
-        writes (the table's `written` awaits them too)."""
-        return await self.table.write_all(self.changes())
+    def changes_of(self, partition: int) -> list[tuple[int, str, Any]]:
+        """What is staged in `partition`, as `changes` gives it, and no longer staged."""
+        out = []
+        for key in self._keys_of.pop(partition, {}):
+            staged = self._staged.get(key)
+            if staged is not None and staged[0] == partition:
+                del self._staged[key]
+                self._new.discard(key)
+                out.append((partition, self.prefix + key, staged[1]))
+        return out
+
+    async def flush(self, keys: Iterable[str]) -> list[asyncio.Future]:
+        """Write what is staged of `keys` to the table and its changelog; the broker's acknowledgements of
+        those writes (the table's `written` awaits them too)."""
+        return await self.table.write_all(self.changes(keys))

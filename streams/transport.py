@@ -32,6 +32,7 @@ faust-streaming changes (the call shape is matched by the flow event's `wait` co
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Coroutine, Generator, Iterable
 from typing import Any
 
@@ -41,6 +42,8 @@ from faust.types import TP, Message
 from faust.types.transports import ConsumerCallback, ConsumerT
 from faust.transport.drivers import aiokafka as driver
 from mode.services import WaitResults
+
+from streams.timeline import TIMELINE
 
 _FLOW_WAIT = asyncio.Event.wait.__code__
 """the code of `suspend_flow.wait()`, the second coroutine of the fetcher's call"""
@@ -74,6 +77,13 @@ class Rest:
 
 
 class Consumer(driver.Consumer):
+    async def commit(self, *args: Any, **kwargs: Any) -> bool:
+        began = time.perf_counter()
+        try:
+            return await super().commit(*args, **kwargs)
+        finally:
+            TIMELINE.mark("commit", ms=(time.perf_counter() - began) * 1000)
+
     async def wait_first(self, *coros: Any, timeout: Any = None) -> WaitResults:
         if (timeout is None and len(coros) == 2 and asyncio.iscoroutine(coros[0])
                 and getattr(coros[1], "cr_code", None) is _FLOW_WAIT and not self.suspend_flow.is_set()
