@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -18,7 +19,7 @@ from typer.testing import CliRunner
 import schemas as s
 from agentstream.archive import Archiver
 from agentstream.cli import app
-from agentstream.replay import Job, Options, RebuildSpec, parse_versions, replay
+from agentstream.replay import Job, Options, RebuildSpec, ReplayError, parse_versions, replay
 from schemas.scan import scan
 from agentstream.top import TopView
 from schemas.codec import encode
@@ -105,6 +106,14 @@ def cli_process(kafka: KafkaSettings, *args: str, fault: str | None = None) -> s
 async def read_topic(kafka: KafkaSettings, base: str) -> list[tuple[int, s.TrajectoryEvent]]:
     return [(record.partition, s.decode(record.value)) async for batch in scan(kafka, kafka.topics.name(base))
             for record in batch]
+
+
+def by_partition(records: list[tuple[int, s.TrajectoryEvent]]) -> dict[int, list[bytes]]:
+    """Each partition's records, encoded, in order."""
+    found: dict[int, list[bytes]] = {}
+    for partition, event in records:
+        found.setdefault(partition, []).append(encode(event))
+    return found
 
 
 async def partitions_of_live(kafka: KafkaSettings) -> dict[str, int]:
@@ -296,12 +305,6 @@ async def test_a_rebuild_in_worker_processes_writes_the_same_and_resumes_in_one(
     finished = await asyncio.to_thread(cli_process, kafka, *args, "--jobs", "1")
     assert finished.returncode == 0, finished.stdout + finished.stderr
 
-    def by_partition(records: list[tuple[int, s.TrajectoryEvent]]) -> dict[int, list[bytes]]:
-        found: dict[int, list[bytes]] = {}
-        for partition, event in records:
-            found.setdefault(partition, []).append(encode(event))
-        return found
-
     made_by_one = by_partition(await read_topic(kafka, "one"))
     assert sorted(orjson.loads(v)["id"] for values in made_by_one.values() for v in values) == sorted(expected)
     assert by_partition(await read_topic(kafka, "two")) == made_by_one  # nothing skipped, nothing twice, in order
@@ -341,6 +344,46 @@ async def test_a_failing_rebuild_worker_ends_the_rebuild_with_its_error(spread, 
                                                             reward_fn="tests.test_replay:crashing"))
     with pytest.raises(RuntimeError, match=r"rebuild worker of partitions \[\d, \d\] failed:(.|\n)*boom in the fold"):
         await replay(kafka, job, Options(tmp_path / "state.json", jobs=2))
+
+
+CALLS = {"made": 0}
+
+
+def killing_once(sample: Sample) -> float:
+    """A reward function that SIGKILLs the process calling it at its fourth call, once: in a rebuild, its worker
+    (the first to get there creates the file $AGENTSTREAM_TEST_KILLED; none dies once it exists)."""
+    CALLS["made"] += 1
+    marker = os.environ.get("AGENTSTREAM_TEST_KILLED")
+    if marker and CALLS["made"] == 4:
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            pass
+        else:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return len(sample.answer) / 10
+
+
+async def test_a_rebuild_whose_worker_is_killed_resumes_with_each_trajectory_written_once(spread, tmp_path,
+                                                                                         monkeypatch):
+    """Into a topic, the workers write their trajectories themselves and flush before sending a position: one
+    killed mid-range (after some of its writes, whatever the state says) ends the rebuild, and the run again
+    writes the rest, each trajectory once, each partition in the order one process writes it."""
+    kafka, expected = spread
+    spec = RebuildSpec(timing=Timing(settle_ms=200, reward_grace_ms=2000), reward_fn="tests.test_replay:killing_once")
+    await replay(kafka, Job("raw", "topic", "killed-one", rebuild=spec), Options(tmp_path / "one.json", jobs=1))
+    job, options = Job("raw", "topic", "killed-two", rebuild=spec), Options(tmp_path / "two.json", jobs=2,
+                                                                             batch_size=3, checkpoint_s=0)
+    monkeypatch.setenv("AGENTSTREAM_TEST_KILLED", str(tmp_path / "killed"))
+    with pytest.raises(ReplayError, match=r"rebuild worker of partitions \[\d, \d\] died"):
+        await replay(kafka, job, options)
+    partial = await read_topic(kafka, "killed-two")
+    assert 0 < len(partial) < len(expected)
+    summary = await replay(kafka, job, options)
+    assert summary.resumed and summary.written == len(expected)
+    made_by_one = by_partition(await read_topic(kafka, "killed-one"))
+    assert sorted(orjson.loads(v)["id"] for values in made_by_one.values() for v in values) == sorted(expected)
+    assert by_partition(await read_topic(kafka, "killed-two")) == made_by_one  # nothing skipped, nothing twice
 
 
 def from_environment(sample: Sample) -> float:

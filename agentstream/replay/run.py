@@ -170,7 +170,7 @@ async def replay(settings: KafkaSettings, job: Job, options: Options,
     with collector.relaxed():  # a rebuild decodes and builds objects by the thousand
         try:
             await sink.open(state.sink)
-            source = _source(settings, job, state, counts, options)
+            source = _source(settings, job, state, counts, options, sink)
             progress = Progress(remaining=source.remaining, written=sink.written)
             selection = _selection(job, state)
             pause = options.checkpoint_s
@@ -264,7 +264,8 @@ def _jobs(settings: KafkaSettings, options: Options) -> int:
     return options.jobs or (1 if reads_archive(settings, options.origin) else default_jobs())
 
 
-def _source(settings: KafkaSettings, job: Job, state: ReplayState, counts: Counter[str], options: Options) -> Source:
+def _source(settings: KafkaSettings, job: Job, state: ReplayState, counts: Counter[str], options: Options,
+            sink: Sink) -> Source:
     if not job.raw:
         return StoredTrajectories(settings, settings.topics.name(job.source), state.ranges[job.source], state.source,
                                   counts, options.batch_size, options.origin, selection=_selection(job, state),
@@ -277,6 +278,8 @@ def _source(settings: KafkaSettings, job: Job, state: ReplayState, counts: Count
                   counts=counts, reward_fn=spec.reward_fn, with_calls=job.sink in ("chat", "parquet"),
                   source=spec.source, batch_size=options.batch_size, origin=options.origin)
     if jobs > 1 and len(state.ranges["rollouts"]) > 1:
+        # into a topic, the workers write it themselves (parallel.py)
         return ParallelRebuild(settings, state.ranges, state.source, jobs=jobs, checkpoint_s=options.checkpoint_s,
-                               as_bytes=job.sink in ("topic", "events"), **common)
+                               as_bytes=job.sink in ("topic", "events"),
+                               output=sink if isinstance(sink, TopicSink) else None, **common)
     return Rebuild(settings, state.ranges, state.source, **common)
