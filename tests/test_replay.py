@@ -10,6 +10,7 @@ import subprocess
 import sys
 import uuid
 from datetime import datetime, timezone
+from pathlib import Path
 
 import orjson
 import polars as pl
@@ -535,3 +536,19 @@ async def test_readers_keep_one_copy_of_a_trajectory_published_twice(kafka, monk
         for record in batch:
             view.add(record.value)
     assert len(view.pool) == 1
+
+
+def test_a_rebuild_folds_in_one_process_by_default_where_the_range_left_is_small(monkeypatch):
+    """The fork server's start costs about what a second core gains at `SMALL_RANGE` records (docs/queries.md)."""
+    from agentstream.replay import run
+    from agentstream.replay.state import ReplayState
+
+    monkeypatch.setattr(run, "default_jobs", lambda: 2)
+    kafka = KafkaSettings(bootstrap_servers="localhost:1", topic_prefix="t.")
+    half, options = run.SMALL_RANGE // 2, Options(Path("unused"))
+    state = ReplayState({}, {t: {0: (10, 10 + half), 1: (0, half)} for t in ("rollouts", "calls", "rewards")})
+    assert run._jobs(kafka, options, state) == 2
+    state.source = {"next": {t: {"0": 10 + half, "1": half // 2} for t in ("rollouts", "calls", "rewards")}}
+    assert run._left(state) == 3 * (half - half // 2)
+    assert run._jobs(kafka, options, state) == 1
+    assert run._jobs(kafka, Options(Path("unused"), jobs=2), state) == 2
