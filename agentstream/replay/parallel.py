@@ -28,9 +28,9 @@ Into a topic, each worker writes its trajectories itself, with a librdkafka prod
 (`TopicShare`), keyed by rollout id as the one process writes them: nothing of them goes through
 this process. Before it sends a position, the worker flushes its producer (every trajectory the
 position covers delivered, or the error raised), and sends the sink's position with it; this
-process saves a state only from positions so covered (sinks.py: the topic's ends below which
-every record is covered, from which a resume reads back what is present). A run killed between
-a worker's write and the state's leaves trajectories a resume finds present and skips. Into a
+process saves a state only from positions so covered, with the topic's ends those flushes reached.
+A run killed between a worker's write and the state's leaves trajectories past those ends, which a
+resume reads back and does not write again (sinks.py: at most a repeat, never a loss). Into a
 JSONL file a worker encodes the trajectories and sends the bytes (pickling the models would cost
 more than encoding them); for datasets it sends the models.
 """
