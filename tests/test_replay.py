@@ -329,6 +329,46 @@ async def test_a_rebuild_in_worker_processes_writes_the_same_and_resumes_in_one(
     assert counts[0]["trajectories"] == len(expected) and counts[1] == counts[0] and counts[2] == counts[0]
 
 
+async def test_a_resumed_rebuild_knows_the_attempts_settled_before_from_their_files_not_its_position(
+        kafka_bootstrap, tmp_path):
+    """A rebuild keeps its settled rollouts in files beside the state (settled.py), its position only the open
+    ones: resumed, a late event and a repeat for an attempt settled long before are still late and a duplicate
+    (not a new attempt), as in a run not interrupted; killed with `--jobs 1`, resumed with `--jobs 2`."""
+    kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:10]}.", partitions=4)
+    assert (await ensure_topics(kafka)).ok
+    base = s.now_ms() - 60_000
+    early = Rollout("r-early", time=base)
+    events = early.two_turns(reward=0.5)
+    for i in range(40):
+        events += Rollout(f"r-later-{i}", time=base + (i + 1) * 1000).two_turns(reward=i / 40)
+    early.time = base + 45_000
+    events += [events[1], early.call([1, 2], [3], "3")]  # a repeat of its first call, then a late call
+    await publish(kafka, events)
+    common = [*WORKER_TIMING, "--batch-size", "3", "--checkpoint-s", "0"]
+    one = await asyncio.to_thread(cli_process, kafka, "replay", "rebuild", "--to-topic", "whole", *common,
+                                  "--jobs", "1", "--state", str(tmp_path / "whole.json"))
+    assert one.returncode == 0, one.stdout + one.stderr
+    whole = orjson.loads((tmp_path / "whole.json").read_bytes())["counts"]
+    assert whole["late"] == 1 and whole["duplicates"] == 1 and whole["trajectories"] == 41
+    assert not (tmp_path / "whole.json.settled").exists()  # a finished rebuild needs no files
+
+    args = ["replay", "rebuild", "--to-topic", "resumed", *common, "--state", str(tmp_path / "state.json")]
+    killed = await asyncio.to_thread(cli_process, kafka, *args, "--jobs", "1", fault="replay.after_state:4")
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    state = orjson.loads((tmp_path / "state.json").read_bytes())
+    held = {rollout for part in state["source"]["assembly"].values() for rollout in part["rollouts"]}
+    lengths = state["source"]["settled"]  # (of the files: what the state counts)
+    files = {p: [orjson.loads(line)[0] for line in path.read_bytes()[:lengths[p]].splitlines()]
+             for path in (tmp_path / "state.json.settled").iterdir() if (p := path.stem.rpartition("-")[2]) in lengths}
+    partition = next(p for p, rollouts in files.items() if "r-early" in rollouts)  # settled: in its file,
+    assert "r-early" not in held  # not in the position; and its late call is not read yet
+    assert state["source"]["next"]["calls"][partition] < state["ranges"]["calls"][partition][1] - 1
+    finished = await asyncio.to_thread(cli_process, kafka, *args, "--jobs", "2")
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert orjson.loads((tmp_path / "state.json").read_bytes())["counts"] == whole
+    assert by_partition(await read_topic(kafka, "resumed")) == by_partition(await read_topic(kafka, "whole"))
+
+
 class Crash(BaseException):
     """What no error handling of the fold catches (a reward function's errors are deadlettered)."""
 

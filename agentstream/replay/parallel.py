@@ -9,7 +9,8 @@ the same order; only how partitions interleave differs, as between two runs of t
 
 Resuming: a worker sends its `Rebuild.position()` (read positions and its partitions' open
 attempts) every checkpoint interval and with its last chunk, and the items it sent since its
-last position are held here until the next one covers them. So the merged position always
+last position are held here until the next one covers them. (Its settled rollouts it appends to
+its partitions' files itself, settled.py; the position says their lengths.) So the merged position always
 matches what was handed to the sink, and it is the one-process position (a state written with
 `--jobs 2` resumes with `--jobs 1` and back). The workers' counts come with their positions.
 
@@ -52,6 +53,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -106,6 +108,8 @@ class Part:
     """the least time between two positions sent (0: with every chunk)"""
     as_bytes: bool
     """send trajectories encoded (the sink writes bytes) rather than as models with their calls"""
+    settled: Path
+    """the folder of the settled rollouts' files (settled.py): each worker writes its partitions'"""
     share: TopicShare | None = None
     """write the trajectories to this topic (sending none): the sink is a topic"""
 
@@ -124,6 +128,7 @@ def _only(ranges: dict[str, dict[int, tuple[int, int]]], position: dict[str, Any
         "next": {t: {p: n if p in keep else ranges[t][p][1] for p, n in int_keys(position["next"][t]).items()}
                  for t in RAW},
         "assembly": {p: a for p, a in int_keys(position["assembly"]).items() if p in keep},
+        "settled": {p: n for p, n in int_keys(position.get("settled", {})).items() if p in keep},
         "reasons": []}
 
 
@@ -139,7 +144,7 @@ class ParallelRebuild:
                  position: dict[str, Any] | None, *, jobs: int, timing: Timing, closing_ms: int,
                  selection: Selection, counts: Counter[str], reward_fn: str | None = None, with_calls: bool = False,
                  as_bytes: bool = True, source: str = "streams", batch_size: int = 5000, origin: Origin = KAFKA,
-                 checkpoint_s: float = 5.0, output: TopicSink | None = None):
+                 settled: Path, checkpoint_s: float = 5.0, output: TopicSink | None = None):
         self.counts = counts
         self.closing_ms = closing_ms
         partitions = sorted(ranges["rollouts"])
@@ -148,14 +153,15 @@ class ParallelRebuild:
         """the topic the workers write to themselves (None: they send what they make here)"""
         share = output.share(len(groups)) if output is not None else None
         self.parts = [Part(group, settings, *_only(ranges, position, group), timing, closing_ms, selection, reward_fn,
-                           with_calls, source, batch_size, origin, checkpoint_s, as_bytes, share)
+                           with_calls, source, batch_size, origin, checkpoint_s, as_bytes, settled, share)
                       for group in groups]
         if position:
             self.next = {t: int_keys(position["next"][t]) for t in RAW}
             self.assembly: dict[int, Any] = dict(int_keys(position["assembly"]))
+            self.settled: dict[int, int] = int_keys(position.get("settled", {}))
         else:
             self.next = {t: {p: start for p, (start, _) in ranges[t].items()} for t in RAW}
-            self.assembly = {}
+            self.assembly, self.settled = {}, {}
         ends = {t: {p: end for p, (_, end) in ranges[t].items()} for t in RAW}
         self.remaining = sum(max(0, ends[t][p] - self.next[t][p]) for t in RAW for p in partitions)
         self.saved_reasons: list[str] = list(position.get("reasons", [])) if position else []
@@ -182,7 +188,7 @@ class ParallelRebuild:
     def position(self) -> dict[str, Any]:
         """The one-process position: the workers' last positions merged (their open attempts as sent, in JSON)."""
         return {"next": {t: dict(self.next[t]) for t in RAW}, "assembly": dict(self.assembly),
-                "reasons": self.reasons}
+                "settled": dict(self.settled), "reasons": self.reasons}
 
     # --- running the workers -----------------------------------------------------------------
 
@@ -233,6 +239,7 @@ class ParallelRebuild:
         for t in RAW:
             self.next[t].update({p: covered["next"][t][p] for p in mine})
         self.assembly.update({p: orjson.Fragment(covered["assembly"][p]) for p in mine})
+        self.settled.update({p: covered["settled"][p] for p in mine})
         self.worker_reasons[index] = covered["reasons"]
         counts = covered["counts"]
         for key, value in counts.items():
@@ -378,8 +385,9 @@ def _die_with(parent: int | None) -> None:
 async def _fold(writer: Connection, part: Part) -> None:
     counts: Counter[str] = Counter()
     rebuild = Rebuild(part.settings, part.ranges, part.position, timing=part.timing, closing_ms=part.closing_ms,
-                      selection=part.selection, counts=counts, reward_fn=part.reward_fn, with_calls=part.with_calls,
-                      source=part.source, batch_size=part.batch_size, origin=part.origin)
+                      selection=part.selection, counts=counts, settled=part.settled, reward_fn=part.reward_fn,
+                      with_calls=part.with_calls, source=part.source, batch_size=part.batch_size, origin=part.origin,
+                      partitions=part.partitions)
     rebuild.explain_open = False
     sink = None
     if part.share is not None:
@@ -399,7 +407,7 @@ async def _fold(writer: Connection, part: Part) -> None:
             if time.monotonic() - last >= interval:  # between chunks, as the one-process replay checkpoints
                 begun = time.monotonic()
                 covered = await _covered(rebuild, counts, part.partitions, sink)
-                # a large state (many open attempts, settled ids kept against duplicates) is sent less often
+                # a large state (many open attempts) is sent less often
                 interval = max(part.interval_s, 9 * (time.monotonic() - begun)) if part.interval_s else 0
                 last = time.monotonic()
             _send(writer, "chunk", (chosen, rebuild.read, covered))
@@ -417,6 +425,7 @@ async def _covered(rebuild: Rebuild, counts: Counter[str], partitions: list[int]
     position = rebuild.position()
     return {"next": position["next"], "reasons": position["reasons"], "counts": dict(counts), "sink": written,
             "assembly": {p: orjson.dumps(state) for p, state in position["assembly"].items() if p in partitions},
+            "settled": position["settled"],
             "open": (counts["open"], counts["open_ended"], rebuild.open_due) if "open" in counts else None}
 
 

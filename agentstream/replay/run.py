@@ -11,6 +11,7 @@ in the output exactly once.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -22,6 +23,7 @@ import orjson
 
 from agentstream.replay.parallel import ParallelRebuild, default_jobs, reads_archive, start_fork_server
 from agentstream.replay.rebuild import RAW, Rebuild
+from agentstream.replay import settled
 from agentstream.replay.selection import Selection
 from agentstream.replay.sinks import JsonlSink, ParquetSink, Sink, TopicSink
 from agentstream.replay.sources import Source, StoredTrajectories
@@ -162,6 +164,7 @@ async def replay(settings: KafkaSettings, job: Job, options: Options,
     if state.done:
         if isinstance(sink, ParquetSink):
             sink.cleanup()
+        shutil.rmtree(settled.folder(options.state), ignore_errors=True)  # (left where a run died just after)
         return Summary(state.sink.get("written", 0), state.counts, already_done=True)
     if not state.sink:
         if options.restart:
@@ -197,8 +200,8 @@ async def replay(settings: KafkaSettings, job: Job, options: Options,
                 if on_progress:
                     on_progress(progress)
                 if time.monotonic() - last >= pause:
-                    # a rebuild's state holds the open attempts (and settled ones' ids, against late
-                    # duplicates): where it is large, checkpoint less often, at most a tenth of the time
+                    # a rebuild's state holds the open attempts (the settled ones are in files of their own:
+                    # settled.py): where it is large, checkpoint less often, at most a tenth of the time
                     took = await checkpoint()
                     pause = max(options.checkpoint_s, 9 * took) if options.checkpoint_s else 0
                     last = time.monotonic()
@@ -206,6 +209,7 @@ async def replay(settings: KafkaSettings, job: Job, options: Options,
             await sink.finish()
             state.done, state.source = True, None  # a finished replay needs no position: keep the file small
             state.save(options.state)
+            shutil.rmtree(settled.folder(options.state), ignore_errors=True)  # (a rebuild's settled rollouts)
         finally:
             await sink.close()
     if isinstance(sink, ParquetSink):
@@ -294,7 +298,8 @@ def _source(settings: KafkaSettings, job: Job, state: ReplayState, counts: Count
         raise ReplayError(f"--jobs {options.jobs}: give a number of processes (1 or more), or 0 for one per core")
     common = dict(timing=spec.timing, closing_ms=state.plan["closing_ms"], selection=_selection(job, state),
                   counts=counts, reward_fn=spec.reward_fn, with_calls=job.sink in ("chat", "parquet"),
-                  source=spec.source, batch_size=options.batch_size, origin=options.origin)
+                  source=spec.source, batch_size=options.batch_size, origin=options.origin,
+                  settled=settled.folder(options.state))
     if jobs > 1 and len(state.ranges["rollouts"]) > 1:
         # into a topic, the workers write it themselves (parallel.py)
         return ParallelRebuild(settings, state.ranges, state.source, jobs=jobs, checkpoint_s=options.checkpoint_s,
