@@ -395,7 +395,8 @@ CheckpointS = Annotated[float, typer.Option(help="seconds between resume checkpo
 BatchSize = Annotated[int, typer.Option(help="records per fetch", hidden=True)]
 Jobs = Annotated[int, typer.Option(
     min=0, help="processes a rebuild from the raw topics folds in, each taking some of the partitions; 0: one per "
-                "core (one in all where it reads the archive: such workers take ~1.5 s to start)")]
+                "core, but one in all where it reads the archive (such workers take ~1.5 s to start) or where "
+                "fewer than 25,000 raw records are left to read (a second process costs about what it gains)")]
 
 
 @dataclass

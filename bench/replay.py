@@ -20,18 +20,27 @@ rebuilds of each round, the fold alone by each tree, in-process (2,000 rollouts'
 added, settled as time passes, recorded, the trajectories encoded; CPU of the best of 5 passes): what
 both the rebuild and the live worker pay per event, without Kafka.
 Each runs with its default processes (`--jobs`: one per core since the partition-parallel
-rebuild); its CPU counts its worker processes' (and the fork server's that forks them).
+rebuild, one for a range under 25,000 raw records since a1e6eb8); its CPU counts its worker processes'
+(and the fork server's that forks them).
 
-    uv run python -m bench.replay [--rollouts 10000] [--baseline main [--rounds 2]]
+With `--large N`, then the rebuild into a topic at the issue's scale (100000: 490,000 raw events), on raw
+topics of their own: a raw scan and the rebuild by each tree (REV's too, with `--baseline`), `--large-rounds`
+rounds. The raw events are produced by librdkafka from 50 rollouts encoded once, each rollout's id, event
+ids and times put in (~110,000 events/s; building and encoding them one by one with pydantic alone ran at
+~30,000 events/s of CPU).
+
+    uv run python -m bench.replay [--rollouts 10000] [--baseline main [--rounds 2]] [--large 100000]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import pickle
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -43,9 +52,9 @@ from agentstream.replay import Job, Options, RebuildSpec, replay
 from agentstream.archive import Archiver
 from schemas.scan import KAFKA, Origin, scan
 from agentstream.stack.kafka import LocalKafka
-from bench.load import publish_all
 from bench.report import Report
 from bench.streams_assembly import ROOT, checkout
+from schemas.ids import new_id
 from schemas.kafka import KafkaSettings, ensure_topics
 from streams.assembly import Timing
 
@@ -78,11 +87,61 @@ def rollout_events(i: int, at: int, rng: random.Random) -> list[s.Event]:
     return events + [s.RolloutFinishedEvent(**ids, time=at + 40, data=s.RolloutFinished(by="controller"))]
 
 
-async def fill(settings: KafkaSettings, rollouts: int) -> int:
+TEMPLATES = 50
+"""distinct rollouts built and encoded once (a multiple of 10: every tenth is scored by a reward function)"""
+RID, EID, T0 = "@@rollout@@", "@@event@@", 7_777_777_000_000
+SLOTS = re.compile(rb"@@rollout@@|@@event@@|7777777(\d{6})")
+"""a template's rollout id, event ids, and times (T0 + what follows it: the events' offsets within the rollout)"""
+
+
+def templates() -> list[list[tuple[str, list[bytes], list[re.Match[bytes]]]]]:
+    """`TEMPLATES` rollouts' events encoded once, each cut at its slots: (topic, the bytes between, the slots)."""
     rng = random.Random(0)
-    start = s.now_ms() - 3_600_000
-    return await publish_all(settings, (event for i in range(rollouts)
-                                        for event in rollout_events(i, start + i * 50, rng)))
+    out = []
+    for i in range(TEMPLATES):
+        events = rollout_events(i, T0, rng)
+        for event in events:
+            event.rollout_id, event.id = RID, EID
+        encoded = [(event.topic, s.encode(event)) for event in events]
+        assert all(raw.count(b"7777777") == sum(1 for slot in SLOTS.finditer(raw) if slot.group(1))
+                   for _, raw in encoded)
+        out.append([(topic, SLOTS.split(raw)[::2], list(SLOTS.finditer(raw))) for topic, raw in encoded])
+    return out
+
+
+def produce_rollouts(settings: KafkaSettings, rollouts: int, start: int) -> int:
+    """N rollouts 50 ms apart from `start`, each a template's events with its own rollout id, event ids and
+    times put in (building and encoding each event with pydantic alone runs at ~30,000 events/s of CPU; this
+    publishes ~110,000 events/s, Kafka included)."""
+    from bench.live_load import producer, produce
+
+    shapes, names = templates(), {t: settings.topics.name(t) for t in RAW}
+    writer, failures, count = producer(settings.bootstrap_servers), [], 0
+
+    def delivered(error, _message) -> None:
+        if error is not None:
+            failures.append(error.str())
+
+    for i in range(rollouts):
+        rollout_id, at = f"r{i}".encode(), start + i * 50
+        for topic, between, slots in shapes[i % TEMPLATES]:
+            parts = [between[0]]
+            for slot, after in zip(slots, between[1:]):
+                value = slot.group(0)
+                parts += (rollout_id if value == RID.encode() else new_id().encode() if value == EID.encode()
+                          else b"%d" % (at + int(slot.group(1))), after)
+            produce(writer, names[topic], b"".join(parts), rollout_id, delivered)
+            count += 1
+        writer.poll(0)
+    while writer.flush(1.0):
+        pass
+    if failures:
+        raise SystemExit(f"publishing the raw events: {failures[0]} ({len(failures)} failed)")
+    return count
+
+
+async def fill(settings: KafkaSettings, rollouts: int) -> int:
+    return await asyncio.to_thread(produce_rollouts, settings, rollouts, s.now_ms() - 3_600_000 - rollouts * 50)
 
 
 async def count_scan(settings: KafkaSettings, bases: tuple[str, ...], origin: Origin = KAFKA) -> int:
@@ -102,8 +161,8 @@ from pathlib import Path
 from agentstream.replay import Job, Options, RebuildSpec, replay
 from schemas.kafka import KafkaSettings
 from streams.assembly import Timing
-url, topic, state = sys.argv[1:4]
-settings = KafkaSettings(bootstrap_servers=url, topic_prefix="bench.", partitions=4)
+url, prefix, topic, state = sys.argv[1:5]
+settings = KafkaSettings(bootstrap_servers=url, topic_prefix=prefix, partitions=4)
 job = Job("raw", "topic", topic, rebuild=RebuildSpec(timing=Timing(settle_ms=1000, reward_grace_ms=30_000)))
 def cpu():  # with its worker processes' (replay rebuild --jobs), where it has them
     usages = map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
@@ -120,10 +179,10 @@ print(json.dumps({"written": summary.written, "wall_s": wall, "cpu_s": cpu() - u
 """`replay rebuild` into a topic, run by whichever tree is the working directory: figures as JSON"""
 
 
-def rebuild_process(tree: Path, url: str, topic: str, state: Path) -> dict:
+def rebuild_process(tree: Path, settings: KafkaSettings, topic: str, state: Path) -> dict:
     """One rebuild by the code in `tree`, as a process of its own."""
-    done = subprocess.run([sys.executable, "-c", REBUILD, url, topic, str(state)], cwd=tree, capture_output=True,
-                          text=True)
+    done = subprocess.run([sys.executable, "-c", REBUILD, settings.bootstrap_servers, settings.topic_prefix, topic,
+                           str(state)], cwd=tree, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"the rebuild by {tree} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -173,21 +232,19 @@ def fold_events(rollouts: int) -> list[bytes]:
 
 
 async def values(settings: KafkaSettings, base: str) -> list[bytes]:
-    return sorted([record.value async for batch in scan(settings, settings.topics.name(base)) for record in batch])
+    """The topic's records, as digests (a large rebuild's topic is a GB), sorted."""
+    return sorted([hashlib.blake2b(record.value).digest() async for batch in scan(settings, settings.topics.name(base))
+                   for record in batch])
 
 
-async def before_after(report: Report, settings: KafkaSettings, url: str, out: Path, rollouts: int, events: int,
+async def before_after(report: Report, settings: KafkaSettings, out: Path, rollouts: int, events: int,
                        baseline: str, rounds: int) -> None:
-    """The rebuild by REV's code and by this tree's, interleaved; the topics they made compared."""
-    tree, version = checkout(baseline, out / "baseline")
-    if version != s.SCHEMA_VERSION:
-        raise SystemExit(f"{baseline} reads schema version {version}, these events are version {s.SCHEMA_VERSION}: "
-                         "choose a baseline of the same schema version")
-    trees = {f"before ({baseline})": tree, "after (this tree)": ROOT}
+    """The fold alone and the rebuild by REV's code and by this tree's, interleaved; the topics they made compared."""
+    trees = baseline_trees(out, baseline)
+    tree = trees[f"before ({baseline})"]
     raws = out / "fold.pickle"
     folded = fold_events(2000)
     raws.write_bytes(pickle.dumps(folded))
-    cpu: dict[str, list[float]] = {label: [] for label in trees}
     fold_cpu: dict[str, list[float]] = {label: [] for label in trees}
     for round_ in range(rounds):
         for label, root in trees.items():
@@ -195,27 +252,64 @@ async def before_after(report: Report, settings: KafkaSettings, url: str, out: P
             report.add(f"round {round_ + 1}: the fold alone, in-process (decode, add, settle, record, encode), {label}",
                        f"{len(folded) / fold_cpu[label][-1]:,.0f} events/s of CPU", 1.0 if root == tree else
                        fold_cpu[f"before ({baseline})"][-1] / fold_cpu[label][-1])
+    report.details["before_after"] = {"baseline": baseline, "fold_cpu_s": fold_cpu, "fold_events": len(folded),
+                                      **await rebuild_rounds(report, settings, out, trees, rollouts, events, rounds)}
+
+
+def baseline_trees(out: Path, baseline: str | None) -> dict[str, Path]:
+    """The trees whose rebuilds are compared: REV's (checked out once) and this one."""
+    if baseline is None:
+        return {"this tree": ROOT}
+    into = out / "baseline"
+    if not into.exists():
+        _, version = checkout(baseline, into)
+        if version != s.SCHEMA_VERSION:
+            raise SystemExit(f"{baseline} reads schema version {version}, these events are version "
+                             f"{s.SCHEMA_VERSION}: choose a baseline of the same schema version")
+    return {f"before ({baseline})": into, "after (this tree)": ROOT}
+
+
+async def rebuild_rounds(report: Report, settings: KafkaSettings, out: Path, trees: dict[str, Path], rollouts: int,
+                         events: int, rounds: int) -> dict:
+    """`replay rebuild` into a topic by each tree, as a process of its own, in interleaved rounds, each round
+    after a raw scan; the topics of the first round compared byte for byte."""
+    cpu: dict[str, list[float]] = {label: [] for label in trees}
+    size = f"{events:,} events"
     for round_ in range(rounds):
         _, raw_s = await timed(count_scan(settings, RAW))
-        report.add(f"round {round_ + 1}: raw scan (count only)", f"{events / raw_s:,.0f} events/s", 1.0)
-        for label, root in trees.items():
-            topic = f"rebuilt-{'before' if root == tree else 'after'}-{round_}"
-            figures = rebuild_process(root, url, topic, out / f"{topic}.state")
+        report.add(f"{size}, round {round_ + 1}: raw scan (count only)", f"{events / raw_s:,.0f} events/s", 1.0)
+        for n, (label, root) in enumerate(trees.items()):
+            topic = f"rebuilt-{n}-{round_}"
+            figures = rebuild_process(root, settings, topic, out / f"{settings.topic_prefix}{topic}.state")
             assert figures["written"] == rollouts, (label, figures)
             cpu[label].append(figures["cpu_s"])
             report.add(f"  rebuild into a topic, {label}: events/s (vs. raw), CPU per event",
                        f"{events / figures['wall_s']:,.0f} events/s, {figures['cpu_s'] / events * 1e6:,.0f} µs",
                        raw_s / figures["wall_s"])
+    if len(trees) < 2:
+        return {"cpu_s": cpu, "events": events}
     before, after = cpu.values()
-    report.add("CPU per event, before → after (best of the rounds)",
+    report.add(f"{size}: CPU per event, before → after (best of the rounds)",
                f"{min(before) / events * 1e6:,.0f} → {min(after) / events * 1e6:,.0f} µs", min(before) / min(after))
-    same = await values(settings, "rebuilt-before-0") == await values(settings, "rebuilt-after-0")
-    report.add("the trajectories rebuilt before and after, byte for byte", "identical" if same else "DIFFERENT")
-    report.details["before_after"] = {"baseline": baseline, "cpu_s": cpu, "events": events, "identical": same,
-                                      "fold_cpu_s": fold_cpu, "fold_events": len(folded)}
+    same = await values(settings, "rebuilt-0-0") == await values(settings, "rebuilt-1-0")
+    report.add(f"{size}: the trajectories rebuilt before and after, byte for byte", "identical" if same else "DIFFERENT")
+    return {"cpu_s": cpu, "events": events, "identical": same}
 
 
-async def main(rollouts: int, baseline: str | None = None, rounds: int = 2) -> None:
+async def large_size(report: Report, url: str, out: Path, rollouts: int, baseline: str | None, rounds: int) -> None:
+    """The rebuild at the issue's scale (its fixed costs, a third of the CPU at 24,500 events, amortized):
+    raw topics of their own, filled with `rollouts` rollouts, then the rebuild rounds."""
+    settings = KafkaSettings(bootstrap_servers=url, topic_prefix="bench-large.", partitions=4)
+    await ensure_topics(settings)
+    print(f"publishing {rollouts:,} rollouts…", flush=True)
+    events, took = await timed(fill(settings, rollouts))
+    report.add(f"publishing {rollouts:,} rollouts ({events:,} raw events)", f"{events / took:,.0f} events/s")
+    report.details["large"] = await rebuild_rounds(report, settings, out, baseline_trees(out, baseline), rollouts,
+                                                   events, rounds)
+
+
+async def main(rollouts: int, baseline: str | None = None, rounds: int = 2, large: int = 0,
+               large_rounds: int = 1) -> None:
     report = Report("replay")
     timing = Timing(settle_ms=1000, reward_grace_ms=30_000)
     with tempfile.TemporaryDirectory() as tmp:
@@ -229,7 +323,7 @@ async def main(rollouts: int, baseline: str | None = None, rounds: int = 2) -> N
             events = await fill(settings, rollouts)
 
             if baseline:
-                await before_after(report, settings, state.url, out, rollouts, events, baseline, rounds)
+                await before_after(report, settings, out, rollouts, events, baseline, rounds)
             counted, raw_s = await timed(count_scan(settings, RAW))
             assert counted == events
             report.add(f"raw scan of rollouts, calls, rewards (count only), {events:,} events",
@@ -267,6 +361,8 @@ async def main(rollouts: int, baseline: str | None = None, rounds: int = 2) -> N
             assert summary.written == rollouts
             report.add("export stored trajectories (JSONL events)", f"{counted / took:,.0f} trajectories/s",
                        stored_s / took)
+            if large:
+                await large_size(report, state.url, out, large, baseline, large_rounds)
         finally:
             broker.stop()
     report.print("ratio: throughput vs. the count-only scan above it")
@@ -277,5 +373,8 @@ if __name__ == "__main__":
     parser.add_argument("--rollouts", type=int, default=10_000)
     parser.add_argument("--baseline", metavar="REV", help="also rebuild with the code of this commit, before/after")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved before/after rounds with --baseline")
+    parser.add_argument("--large", type=int, default=0, metavar="ROLLOUTS",
+                        help="then rebuild this many rollouts too (on topics of their own; 100000: 490,000 events)")
+    parser.add_argument("--large-rounds", type=int, default=1, help="before/after rounds at the --large size")
     args = parser.parse_args()
-    asyncio.run(main(args.rollouts, args.baseline, args.rounds))
+    asyncio.run(main(args.rollouts, args.baseline, args.rounds, args.large, args.large_rounds))

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import uuid
 from datetime import datetime, timezone
+from pathlib import Path
 
 import orjson
 import polars as pl
@@ -18,7 +20,7 @@ from typer.testing import CliRunner
 import schemas as s
 from agentstream.archive import Archiver
 from agentstream.cli import app
-from agentstream.replay import Job, Options, RebuildSpec, parse_versions, replay
+from agentstream.replay import Job, Options, RebuildSpec, ReplayError, parse_versions, replay
 from schemas.scan import scan
 from agentstream.top import TopView
 from schemas.codec import encode
@@ -105,6 +107,14 @@ def cli_process(kafka: KafkaSettings, *args: str, fault: str | None = None) -> s
 async def read_topic(kafka: KafkaSettings, base: str) -> list[tuple[int, s.TrajectoryEvent]]:
     return [(record.partition, s.decode(record.value)) async for batch in scan(kafka, kafka.topics.name(base))
             for record in batch]
+
+
+def by_partition(records: list[tuple[int, s.TrajectoryEvent]]) -> dict[int, list[bytes]]:
+    """Each partition's records, encoded, in order."""
+    found: dict[int, list[bytes]] = {}
+    for partition, event in records:
+        found.setdefault(partition, []).append(encode(event))
+    return found
 
 
 async def partitions_of_live(kafka: KafkaSettings) -> dict[str, int]:
@@ -296,12 +306,6 @@ async def test_a_rebuild_in_worker_processes_writes_the_same_and_resumes_in_one(
     finished = await asyncio.to_thread(cli_process, kafka, *args, "--jobs", "1")
     assert finished.returncode == 0, finished.stdout + finished.stderr
 
-    def by_partition(records: list[tuple[int, s.TrajectoryEvent]]) -> dict[int, list[bytes]]:
-        found: dict[int, list[bytes]] = {}
-        for partition, event in records:
-            found.setdefault(partition, []).append(encode(event))
-        return found
-
     made_by_one = by_partition(await read_topic(kafka, "one"))
     assert sorted(orjson.loads(v)["id"] for values in made_by_one.values() for v in values) == sorted(expected)
     assert by_partition(await read_topic(kafka, "two")) == made_by_one  # nothing skipped, nothing twice, in order
@@ -325,6 +329,46 @@ async def test_a_rebuild_in_worker_processes_writes_the_same_and_resumes_in_one(
     assert counts[0]["trajectories"] == len(expected) and counts[1] == counts[0] and counts[2] == counts[0]
 
 
+async def test_a_resumed_rebuild_knows_the_attempts_settled_before_from_their_files_not_its_position(
+        kafka_bootstrap, tmp_path):
+    """A rebuild keeps its settled rollouts in files beside the state (settled.py), its position only the open
+    ones: resumed, a late event and a repeat for an attempt settled long before are still late and a duplicate
+    (not a new attempt), as in a run not interrupted; killed with `--jobs 1`, resumed with `--jobs 2`."""
+    kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:10]}.", partitions=4)
+    assert (await ensure_topics(kafka)).ok
+    base = s.now_ms() - 60_000
+    early = Rollout("r-early", time=base)
+    events = early.two_turns(reward=0.5)
+    for i in range(40):
+        events += Rollout(f"r-later-{i}", time=base + (i + 1) * 1000).two_turns(reward=i / 40)
+    early.time = base + 45_000
+    events += [events[1], early.call([1, 2], [3], "3")]  # a repeat of its first call, then a late call
+    await publish(kafka, events)
+    common = [*WORKER_TIMING, "--batch-size", "3", "--checkpoint-s", "0"]
+    one = await asyncio.to_thread(cli_process, kafka, "replay", "rebuild", "--to-topic", "whole", *common,
+                                  "--jobs", "1", "--state", str(tmp_path / "whole.json"))
+    assert one.returncode == 0, one.stdout + one.stderr
+    whole = orjson.loads((tmp_path / "whole.json").read_bytes())["counts"]
+    assert whole["late"] == 1 and whole["duplicates"] == 1 and whole["trajectories"] == 41
+    assert not (tmp_path / "whole.json.settled").exists()  # a finished rebuild needs no files
+
+    args = ["replay", "rebuild", "--to-topic", "resumed", *common, "--state", str(tmp_path / "state.json")]
+    killed = await asyncio.to_thread(cli_process, kafka, *args, "--jobs", "1", fault="replay.after_state:4")
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    state = orjson.loads((tmp_path / "state.json").read_bytes())
+    held = {rollout for part in state["source"]["assembly"].values() for rollout in part["rollouts"]}
+    lengths = state["source"]["settled"]  # (of the files: what the state counts)
+    files = {p: [orjson.loads(line)[0] for line in path.read_bytes()[:lengths[p]].splitlines()]
+             for path in (tmp_path / "state.json.settled").iterdir() if (p := path.stem.rpartition("-")[2]) in lengths}
+    partition = next(p for p, rollouts in files.items() if "r-early" in rollouts)  # settled: in its file,
+    assert "r-early" not in held  # not in the position; and its late call is not read yet
+    assert state["source"]["next"]["calls"][partition] < state["ranges"]["calls"][partition][1] - 1
+    finished = await asyncio.to_thread(cli_process, kafka, *args, "--jobs", "2")
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert orjson.loads((tmp_path / "state.json").read_bytes())["counts"] == whole
+    assert by_partition(await read_topic(kafka, "resumed")) == by_partition(await read_topic(kafka, "whole"))
+
+
 class Crash(BaseException):
     """What no error handling of the fold catches (a reward function's errors are deadlettered)."""
 
@@ -341,6 +385,46 @@ async def test_a_failing_rebuild_worker_ends_the_rebuild_with_its_error(spread, 
                                                             reward_fn="tests.test_replay:crashing"))
     with pytest.raises(RuntimeError, match=r"rebuild worker of partitions \[\d, \d\] failed:(.|\n)*boom in the fold"):
         await replay(kafka, job, Options(tmp_path / "state.json", jobs=2))
+
+
+CALLS = {"made": 0}
+
+
+def killing_once(sample: Sample) -> float:
+    """A reward function that SIGKILLs the process calling it at its fourth call, once: in a rebuild, its worker
+    (the first to get there creates the file $AGENTSTREAM_TEST_KILLED; none dies once it exists)."""
+    CALLS["made"] += 1
+    marker = os.environ.get("AGENTSTREAM_TEST_KILLED")
+    if marker and CALLS["made"] == 4:
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            pass
+        else:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return len(sample.answer) / 10
+
+
+async def test_a_rebuild_whose_worker_is_killed_resumes_with_each_trajectory_written_once(spread, tmp_path,
+                                                                                         monkeypatch):
+    """Into a topic, the workers write their trajectories themselves and flush before sending a position: one
+    killed mid-range (after some of its writes, whatever the state says) ends the rebuild, and the run again
+    writes the rest, each trajectory once, each partition in the order one process writes it."""
+    kafka, expected = spread
+    spec = RebuildSpec(timing=Timing(settle_ms=200, reward_grace_ms=2000), reward_fn="tests.test_replay:killing_once")
+    await replay(kafka, Job("raw", "topic", "killed-one", rebuild=spec), Options(tmp_path / "one.json", jobs=1))
+    job, options = Job("raw", "topic", "killed-two", rebuild=spec), Options(tmp_path / "two.json", jobs=2,
+                                                                             batch_size=3, checkpoint_s=0)
+    monkeypatch.setenv("AGENTSTREAM_TEST_KILLED", str(tmp_path / "killed"))
+    with pytest.raises(ReplayError, match=r"rebuild worker of partitions \[\d, \d\] died"):
+        await replay(kafka, job, options)
+    partial = await read_topic(kafka, "killed-two")
+    assert 0 < len(partial) < len(expected)
+    summary = await replay(kafka, job, options)
+    assert summary.resumed and summary.written == len(expected)
+    made_by_one = by_partition(await read_topic(kafka, "killed-one"))
+    assert sorted(orjson.loads(v)["id"] for values in made_by_one.values() for v in values) == sorted(expected)
+    assert by_partition(await read_topic(kafka, "killed-two")) == made_by_one  # nothing skipped, nothing twice
 
 
 def from_environment(sample: Sample) -> float:
@@ -492,3 +576,19 @@ async def test_readers_keep_one_copy_of_a_trajectory_published_twice(kafka, monk
         for record in batch:
             view.add(record.value)
     assert len(view.pool) == 1
+
+
+def test_a_rebuild_folds_in_one_process_by_default_where_the_range_left_is_small(monkeypatch):
+    """The fork server's start costs about what a second core gains at `SMALL_RANGE` records (docs/queries.md)."""
+    from agentstream.replay import run
+    from agentstream.replay.state import ReplayState
+
+    monkeypatch.setattr(run, "default_jobs", lambda: 2)
+    kafka = KafkaSettings(bootstrap_servers="localhost:1", topic_prefix="t.")
+    half, options = run.SMALL_RANGE // 2, Options(Path("unused"))
+    state = ReplayState({}, {t: {0: (10, 10 + half), 1: (0, half)} for t in ("rollouts", "calls", "rewards")})
+    assert run._jobs(kafka, options, state) == 2
+    state.source = {"next": {t: {"0": 10 + half, "1": half // 2} for t in ("rollouts", "calls", "rewards")}}
+    assert run._left(state) == 3 * (half - half // 2)
+    assert run._jobs(kafka, options, state) == 1
+    assert run._jobs(kafka, Options(Path("unused"), jobs=2), state) == 2

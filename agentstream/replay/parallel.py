@@ -9,7 +9,8 @@ the same order; only how partitions interleave differs, as between two runs of t
 
 Resuming: a worker sends its `Rebuild.position()` (read positions and its partitions' open
 attempts) every checkpoint interval and with its last chunk, and the items it sent since its
-last position are held here until the next one covers them. So the merged position always
+last position are held here until the next one covers them. (Its settled rollouts it appends to
+its partitions' files itself, settled.py; the position says their lengths.) So the merged position always
 matches what was handed to the sink, and it is the one-process position (a state written with
 `--jobs 2` resumes with `--jobs 1` and back). The workers' counts come with their positions.
 
@@ -24,8 +25,15 @@ while this process plans the range. The workers make their own Kafka consumers a
 Workers that may read the Parquet archive start afresh: polars' thread pool does not survive a
 fork (a forked worker hung in its first read once this process had used polars), so a rebuild
 that reads the archive runs in one process unless `--jobs` asks for more.
-The sink writes bytes (a topic, JSONL events): a worker encodes the trajectories and sends bytes
-(pickling the models would cost more than encoding them); for datasets it sends the models.
+Into a topic, each worker writes its trajectories itself, with a librdkafka producer of its own
+(`TopicShare`), keyed by rollout id as the one process writes them: nothing of them goes through
+this process. Before it sends a position, the worker flushes its producer (every trajectory the
+position covers delivered, or the error raised), and sends the sink's position with it; this
+process saves a state only from positions so covered, with the topic's ends those flushes reached.
+A run killed between a worker's write and the state's leaves trajectories past those ends, which a
+resume reads back and does not write again (sinks.py: at most a repeat, never a loss). Into a
+JSONL file a worker encodes the trajectories and sends the bytes (pickling the models would cost
+more than encoding them); for datasets it sends the models.
 """
 
 from __future__ import annotations
@@ -45,14 +53,17 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import orjson
 
 from agentstream.replay.rebuild import RAW, REASONS_KEPT, Rebuild
 from agentstream.replay.selection import Selection
+from agentstream.replay.sinks import TopicShare, TopicSink
 from agentstream.replay.sources import Item
 from agentstream.replay.state import ReplayError, int_keys
+from schemas import collector
 from schemas.codec import encode
 from schemas.errors import AgentstreamError
 from schemas.kafka import KafkaSettings
@@ -97,6 +108,10 @@ class Part:
     """the least time between two positions sent (0: with every chunk)"""
     as_bytes: bool
     """send trajectories encoded (the sink writes bytes) rather than as models with their calls"""
+    settled: Path
+    """the folder of the settled rollouts' files (settled.py): each worker writes its partitions'"""
+    share: TopicShare | None = None
+    """write the trajectories to this topic (sending none): the sink is a topic"""
 
 
 def _only(ranges: dict[str, dict[int, tuple[int, int]]], position: dict[str, Any] | None,
@@ -113,6 +128,7 @@ def _only(ranges: dict[str, dict[int, tuple[int, int]]], position: dict[str, Any
         "next": {t: {p: n if p in keep else ranges[t][p][1] for p, n in int_keys(position["next"][t]).items()}
                  for t in RAW},
         "assembly": {p: a for p, a in int_keys(position["assembly"]).items() if p in keep},
+        "settled": {p: n for p, n in int_keys(position.get("settled", {})).items() if p in keep},
         "reasons": []}
 
 
@@ -128,19 +144,24 @@ class ParallelRebuild:
                  position: dict[str, Any] | None, *, jobs: int, timing: Timing, closing_ms: int,
                  selection: Selection, counts: Counter[str], reward_fn: str | None = None, with_calls: bool = False,
                  as_bytes: bool = True, source: str = "streams", batch_size: int = 5000, origin: Origin = KAFKA,
-                 checkpoint_s: float = 5.0):
+                 settled: Path, checkpoint_s: float = 5.0, output: TopicSink | None = None):
         self.counts = counts
         self.closing_ms = closing_ms
         partitions = sorted(ranges["rollouts"])
+        groups = deal(partitions, jobs)
+        self.output = output
+        """the topic the workers write to themselves (None: they send what they make here)"""
+        share = output.share(len(groups)) if output is not None else None
         self.parts = [Part(group, settings, *_only(ranges, position, group), timing, closing_ms, selection, reward_fn,
-                           with_calls, source, batch_size, origin, checkpoint_s, as_bytes)
-                      for group in deal(partitions, jobs)]
+                           with_calls, source, batch_size, origin, checkpoint_s, as_bytes, settled, share)
+                      for group in groups]
         if position:
             self.next = {t: int_keys(position["next"][t]) for t in RAW}
             self.assembly: dict[int, Any] = dict(int_keys(position["assembly"]))
+            self.settled: dict[int, int] = int_keys(position.get("settled", {}))
         else:
             self.next = {t: {p: start for p, (start, _) in ranges[t].items()} for t in RAW}
-            self.assembly = {}
+            self.assembly, self.settled = {}, {}
         ends = {t: {p: end for p, (_, end) in ranges[t].items()} for t in RAW}
         self.remaining = sum(max(0, ends[t][p] - self.next[t][p]) for t in RAW for p in partitions)
         self.saved_reasons: list[str] = list(position.get("reasons", [])) if position else []
@@ -167,7 +188,7 @@ class ParallelRebuild:
     def position(self) -> dict[str, Any]:
         """The one-process position: the workers' last positions merged (their open attempts as sent, in JSON)."""
         return {"next": {t: dict(self.next[t]) for t in RAW}, "assembly": dict(self.assembly),
-                "reasons": self.reasons}
+                "settled": dict(self.settled), "reasons": self.reasons}
 
     # --- running the workers -----------------------------------------------------------------
 
@@ -211,11 +232,14 @@ class ParallelRebuild:
                 reader.close()
 
     def _cover(self, index: int, covered: dict[str, Any]) -> None:
-        """A worker's position and counts, as of the items it sent so far."""
+        """A worker's position and counts, as of the items it sent (or wrote to the topic and flushed) so far."""
         mine = self.parts[index].partitions
+        if self.output is not None:
+            self.output.covered(index, covered["sink"])
         for t in RAW:
             self.next[t].update({p: covered["next"][t][p] for p in mine})
         self.assembly.update({p: orjson.Fragment(covered["assembly"][p]) for p in mine})
+        self.settled.update({p: covered["settled"][p] for p in mine})
         self.worker_reasons[index] = covered["reasons"]
         counts = covered["counts"]
         for key, value in counts.items():
@@ -328,6 +352,9 @@ def _work(writer: Connection, part: Part, parent: int | None, environ: dict[str,
     if environ is not None:  # the rebuild's environment now, not the fork server's when it started (multiprocessing
         os.environ.clear()  # carries the working directory and sys.path over, not this): a reward function reads it
         os.environ.update(environ)
+    # a worker is a process of its own, forked from a fresh interpreter with the default thresholds (a young
+    # collection every 700 allocations: 1.4× the CPU of a rebuild, measured when the command's process had them)
+    collector.relax()
     try:
         asyncio.run(_fold(writer, part))
     except BaseException as exc:  # noqa: BLE001 - whatever it is, the parent says it
@@ -358,31 +385,47 @@ def _die_with(parent: int | None) -> None:
 async def _fold(writer: Connection, part: Part) -> None:
     counts: Counter[str] = Counter()
     rebuild = Rebuild(part.settings, part.ranges, part.position, timing=part.timing, closing_ms=part.closing_ms,
-                      selection=part.selection, counts=counts, reward_fn=part.reward_fn, with_calls=part.with_calls,
-                      source=part.source, batch_size=part.batch_size, origin=part.origin)
+                      selection=part.selection, counts=counts, settled=part.settled, reward_fn=part.reward_fn,
+                      with_calls=part.with_calls, source=part.source, batch_size=part.batch_size, origin=part.origin,
+                      partitions=part.partitions)
     rebuild.explain_open = False
+    sink = None
+    if part.share is not None:
+        sink = TopicSink(part.settings, part.share.base, part.share.partitions)
+        sink.resume(part.share)
     interval, last = part.interval_s, time.monotonic()
-    async for chunk in rebuild.chunks():
-        chosen = [item for item in chunk if part.selection.wants(item.trajectory)]
-        counts["not_selected"] += len(chunk) - len(chosen)
-        if part.as_bytes:  # (tuples: a third of the pickling of `Item`s)
-            chosen = [(encode(item.trajectory), item.trajectory.id, item.trajectory.key) for item in chosen]
-        covered = None
-        if time.monotonic() - last >= interval:  # between chunks, as the one-process replay checkpoints
-            begun = time.monotonic()
-            covered = _covered(rebuild, counts, part.partitions)
-            # a large state (many open attempts, settled ids kept against duplicates) is sent less often
-            interval = max(part.interval_s, 9 * (time.monotonic() - begun)) if part.interval_s else 0
-            last = time.monotonic()
-        _send(writer, "chunk", (chosen, rebuild.read, covered))
-    _send(writer, "end", ([], rebuild.read, _covered(rebuild, counts, part.partitions)))
+    try:
+        async for chunk in rebuild.chunks():
+            chosen: list[Any] = [item for item in chunk if part.selection.wants(item.trajectory)]
+            counts["not_selected"] += len(chunk) - len(chosen)
+            if sink is not None:
+                await sink.write(chosen)
+                chosen = []
+            elif part.as_bytes:  # (tuples: a third of the pickling of `Item`s)
+                chosen = [(encode(item.trajectory), item.trajectory.id, item.trajectory.key) for item in chosen]
+            covered = None
+            if time.monotonic() - last >= interval:  # between chunks, as the one-process replay checkpoints
+                begun = time.monotonic()
+                covered = await _covered(rebuild, counts, part.partitions, sink)
+                # a large state (many open attempts) is sent less often
+                interval = max(part.interval_s, 9 * (time.monotonic() - begun)) if part.interval_s else 0
+                last = time.monotonic()
+            _send(writer, "chunk", (chosen, rebuild.read, covered))
+        _send(writer, "end", ([], rebuild.read, await _covered(rebuild, counts, part.partitions, sink)))
+    finally:
+        if sink is not None:
+            await sink.close()
 
 
-def _covered(rebuild: Rebuild, counts: Counter[str], partitions: list[int]) -> dict[str, Any]:
-    """The position and counts as of the chunks sent so far; each partition's open attempts as JSON."""
+async def _covered(rebuild: Rebuild, counts: Counter[str], partitions: list[int],
+                   sink: TopicSink | None) -> dict[str, Any]:
+    """The position and counts as of the chunks sent so far; each partition's open attempts as JSON; and where
+    the worker writes to the topic itself, that sink's position once everything written so far is delivered."""
+    written = await sink.commit() if sink is not None else None
     position = rebuild.position()
-    return {"next": position["next"], "reasons": position["reasons"], "counts": dict(counts),
+    return {"next": position["next"], "reasons": position["reasons"], "counts": dict(counts), "sink": written,
             "assembly": {p: orjson.dumps(state) for p, state in position["assembly"].items() if p in partitions},
+            "settled": position["settled"],
             "open": (counts["open"], counts["open_ended"], rebuild.open_due) if "open" in counts else None}
 
 

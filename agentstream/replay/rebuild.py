@@ -6,6 +6,9 @@ comes next (or when the range closes). That is what the live worker decides by i
 since trajectory ids derive from the attempt and `build` sorts events, the same events make the
 same trajectories, byte for byte.
 
+A resume position holds the read offsets and the open attempts; the settled ones, which the assembly
+keeps against late events and repeats, go to a file per partition beside the state (settled.py).
+
 Partitions fold independently (the topics are co-partitioned by rollout id): `parallel.py` runs a
 `Rebuild` of some of them in each of `--jobs` processes and merges their positions into this one's.
 
@@ -21,9 +24,11 @@ from collections import Counter, deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from agentstream.replay.selection import Selection
+from agentstream.replay.settled import SettledLog, Tracked
 from agentstream.replay.sources import Item
 from agentstream.replay.state import int_keys
 from schemas.scan import KAFKA, Bounds, Origin, Record, ScanProgress, scan
@@ -52,8 +57,11 @@ class Pending:
 class Rebuild:
     def __init__(self, settings: KafkaSettings, ranges: dict[str, dict[int, tuple[int, int]]],
                  position: dict[str, Any] | None, *, timing: Timing, closing_ms: int, selection: Selection,
-                 counts: Counter[str], reward_fn: str | None = None, with_calls: bool = False,
-                 source: str = "streams", batch_size: int = 5000, origin: Origin = KAFKA):
+                 counts: Counter[str], settled: Path, reward_fn: str | None = None, with_calls: bool = False,
+                 source: str = "streams", batch_size: int = 5000, origin: Origin = KAFKA,
+                 partitions: list[int] | None = None):
+        """`settled`: the folder of the partitions' settled rollouts (settled.py), beside the resume state;
+        `partitions`: those this rebuild folds, where it is one of several (the others' ranges are empty)."""
         self.settings = settings
         self.timing = timing
         self.closing_ms = closing_ms
@@ -62,22 +70,29 @@ class Rebuild:
         self.with_calls = with_calls
         self.batch_size = batch_size
         self.origin = origin
-        self.partitions = sorted(ranges["rollouts"])
+        self.partitions = sorted(ranges["rollouts"]) if partitions is None else sorted(partitions)
         self.ends = {t: {p: end for p, (_, end) in ranges[t].items()} for t in RAW}
         self.counts = counts
         if position:
             self.next = {t: int_keys(position["next"][t]) for t in RAW}
             saved = int_keys(position["assembly"])
+            lengths = int_keys(position.get("settled", {}))
         else:
             self.next = {t: {p: start for p, (start, _) in ranges[t].items()} for t in RAW}
-            saved = {}
+            saved, lengths = {}, {}
         self.scanned = {t: dict(self.next[t]) for t in RAW}
         """next offset each scan will deliver, per topic and partition"""
         self.assemblies: dict[int, Assembly] = {}
+        self.logs = {p: SettledLog(settled, p, lengths.get(p, 0)) for p in self.partitions}
+        self.rollouts: dict[int, Tracked] = {}
         for p in self.partitions:
             state = saved.get(p, {"rollouts": {}, "events": {}})
+            rollouts = self.rollouts[p] = Tracked()
+            dict.update(rollouts, self.logs[p].load())  # (not changes: the file has them)
+            for rollout_id, rollout in state["rollouts"].items():  # the open ones: sorted again at the next position
+                rollouts[rollout_id] = rollout
             events = {event_id: raw.encode() for event_id, raw in state["events"].items()}
-            self.assemblies[p] = Assembly(state["rollouts"], events, timing, source)
+            self.assemblies[p] = Assembly(rollouts, events, timing, source)
         self.queues: dict[tuple[str, int], deque[Pending]] = {(t, p): deque() for t in RAW for p in self.partitions}
         self.remaining = sum(max(0, self.ends[t][p] - self.next[t][p]) for t in RAW for p in self.partitions)
         self.read = 0
@@ -254,10 +269,14 @@ class Rebuild:
     # --- resuming ----------------------------------------------------------------------------
 
     def position(self) -> dict[str, Any]:
-        """The read positions and the open attempts' state: what a resume needs besides the counts."""
+        """The read positions and the open attempts' state, the settled ones' files' lengths (those written to
+        disk first): what a resume needs besides the counts."""
+        lengths = {p: self.logs[p].sync(self.rollouts[p]) for p in self.partitions}
         return {
             "next": {t: dict(self.next[t]) for t in RAW},
-            "assembly": {p: {"rollouts": a.rollouts, "events": {k: v.decode() for k, v in a.events.items()}}
+            "assembly": {p: {"rollouts": {r: self.rollouts[p][r] for r in self.logs[p].open},
+                             "events": {k: v.decode() for k, v in a.events.items()}}
                          for p, a in self.assemblies.items()},
+            "settled": lengths,
             "reasons": self.reasons,
         }

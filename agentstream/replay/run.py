@@ -11,6 +11,7 @@ in the output exactly once.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -22,10 +23,11 @@ import orjson
 
 from agentstream.replay.parallel import ParallelRebuild, default_jobs, reads_archive, start_fork_server
 from agentstream.replay.rebuild import RAW, Rebuild
+from agentstream.replay import settled
 from agentstream.replay.selection import Selection
 from agentstream.replay.sinks import JsonlSink, ParquetSink, Sink, TopicSink
 from agentstream.replay.sources import Source, StoredTrajectories
-from agentstream.replay.state import ReplayError, ReplayState
+from agentstream.replay.state import ReplayError, ReplayState, int_keys
 from schemas import collector
 from schemas.scan import KAFKA, Bounds, Origin, parse_offsets, parse_time, resolve
 from schemas.ids import now_ms
@@ -112,7 +114,8 @@ class Options:
     origin: Origin = KAFKA
     """where the range is read from: Kafka, the Parquet archive, or both (the same records either way)"""
     jobs: int = 0
-    """processes a rebuild folds in, each taking some of the partitions (parallel.py); 0: one per core"""
+    """processes a rebuild folds in, each taking some of the partitions (parallel.py); 0: one per core, or one
+    where the range left is small (`SMALL_RANGE`) or read from the archive"""
 
 
 @dataclass
@@ -145,8 +148,6 @@ async def replay(settings: KafkaSettings, job: Job, options: Options,
                  on_progress: Callable[[Progress], None] | None = None) -> Summary:
     job.check()
     started = time.monotonic()
-    if job.raw and _jobs(settings, options) > 1 and not reads_archive(settings, options.origin):
-        start_fork_server()  # (its imports overlap the plan and the sink's setup)
     state = ReplayState.load(options.state) if not options.restart else None
     if state is not None and state.job != job.signature():
         changed = sorted(k for k in set(state.job) | set(job.signature()) if state.job.get(k) != job.signature().get(k))
@@ -156,10 +157,14 @@ async def replay(settings: KafkaSettings, job: Job, options: Options,
     resumed = state is not None and state.source is not None
     if state is None:
         state = await _plan(settings, job, options.origin)
+    if job.raw and not state.done and _jobs(settings, options, state) > 1 \
+            and not reads_archive(settings, options.origin):
+        start_fork_server()  # (its imports overlap the sink's setup)
     sink = _sink(settings, job, state)
     if state.done:
         if isinstance(sink, ParquetSink):
             sink.cleanup()
+        shutil.rmtree(settled.folder(options.state), ignore_errors=True)  # (left where a run died just after)
         return Summary(state.sink.get("written", 0), state.counts, already_done=True)
     if not state.sink:
         if options.restart:
@@ -170,7 +175,7 @@ async def replay(settings: KafkaSettings, job: Job, options: Options,
     with collector.relaxed():  # a rebuild decodes and builds objects by the thousand
         try:
             await sink.open(state.sink)
-            source = _source(settings, job, state, counts, options)
+            source = _source(settings, job, state, counts, options, sink)
             progress = Progress(remaining=source.remaining, written=sink.written)
             selection = _selection(job, state)
             pause = options.checkpoint_s
@@ -195,8 +200,8 @@ async def replay(settings: KafkaSettings, job: Job, options: Options,
                 if on_progress:
                     on_progress(progress)
                 if time.monotonic() - last >= pause:
-                    # a rebuild's state holds the open attempts (and settled ones' ids, against late
-                    # duplicates): where it is large, checkpoint less often, at most a tenth of the time
+                    # a rebuild's state holds the open attempts (the settled ones are in files of their own:
+                    # settled.py): where it is large, checkpoint less often, at most a tenth of the time
                     took = await checkpoint()
                     pause = max(options.checkpoint_s, 9 * took) if options.checkpoint_s else 0
                     last = time.monotonic()
@@ -204,6 +209,7 @@ async def replay(settings: KafkaSettings, job: Job, options: Options,
             await sink.finish()
             state.done, state.source = True, None  # a finished replay needs no position: keep the file small
             state.save(options.state)
+            shutil.rmtree(settled.folder(options.state), ignore_errors=True)  # (a rebuild's settled rollouts)
         finally:
             await sink.close()
     if isinstance(sink, ParquetSink):
@@ -258,25 +264,45 @@ def _sink(settings: KafkaSettings, job: Job, state: ReplayState) -> Sink:
     return JsonlSink.events(path) if job.sink == "events" else JsonlSink.chat(path)
 
 
-def _jobs(settings: KafkaSettings, options: Options) -> int:
-    """The processes a rebuild folds in: `--jobs`, else one per core; one where it may read the archive
-    (its workers cannot fork from the fork server, and a fresh one costs ~1.5 s of CPU: asked for only)."""
-    return options.jobs or (1 if reads_archive(settings, options.origin) else default_jobs())
+SMALL_RANGE = 25_000
+"""raw records left to read below which a rebuild folds in one process unless `--jobs` says otherwise: the fork
+server's start (~0.5 s of CPU) and a second set of scans cost about what a second core gains at 24,500 records
+(rebuilds alternating `--jobs 1` and `--jobs 2`: one process ahead at 14,700, even at 24,500, behind at 39,200)"""
 
 
-def _source(settings: KafkaSettings, job: Job, state: ReplayState, counts: Counter[str], options: Options) -> Source:
+def _jobs(settings: KafkaSettings, options: Options, state: ReplayState) -> int:
+    """The processes a rebuild folds in: `--jobs`, else one per core; one where it may read the archive (its
+    workers cannot fork from the fork server, and a fresh one costs ~1.5 s of CPU: asked for only) or where
+    the range left is small."""
+    if options.jobs:
+        return options.jobs
+    return 1 if reads_archive(settings, options.origin) or _left(state) < SMALL_RANGE else default_jobs()
+
+
+def _left(state: ReplayState) -> int:
+    """The raw records a rebuild has left to read."""
+    position = {t: int_keys(state.source["next"][t]) for t in RAW} if state.source else None
+    return sum(end - (position[t].get(p, start) if position else start)
+               for t in RAW for p, (start, end) in int_keys(state.ranges[t]).items())
+
+
+def _source(settings: KafkaSettings, job: Job, state: ReplayState, counts: Counter[str], options: Options,
+            sink: Sink) -> Source:
     if not job.raw:
         return StoredTrajectories(settings, settings.topics.name(job.source), state.ranges[job.source], state.source,
                                   counts, options.batch_size, options.origin, selection=_selection(job, state),
                                   rows=job.sink in ("chat", "parquet"))
     spec = job.rebuild
-    jobs = _jobs(settings, options)
+    jobs = _jobs(settings, options, state)
     if jobs < 0:
         raise ReplayError(f"--jobs {options.jobs}: give a number of processes (1 or more), or 0 for one per core")
     common = dict(timing=spec.timing, closing_ms=state.plan["closing_ms"], selection=_selection(job, state),
                   counts=counts, reward_fn=spec.reward_fn, with_calls=job.sink in ("chat", "parquet"),
-                  source=spec.source, batch_size=options.batch_size, origin=options.origin)
+                  source=spec.source, batch_size=options.batch_size, origin=options.origin,
+                  settled=settled.folder(options.state))
     if jobs > 1 and len(state.ranges["rollouts"]) > 1:
+        # into a topic, the workers write it themselves (parallel.py)
         return ParallelRebuild(settings, state.ranges, state.source, jobs=jobs, checkpoint_s=options.checkpoint_s,
-                               as_bytes=job.sink in ("topic", "events"), **common)
+                               as_bytes=job.sink in ("topic", "events"),
+                               output=sink if isinstance(sink, TopicSink) else None, **common)
     return Rebuild(settings, state.ranges, state.source, **common)

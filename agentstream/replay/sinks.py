@@ -6,6 +6,9 @@ the output match a saved position again, whatever a killed run left behind:
 - a file is cut back to the bytes (JSONL) or parts (Parquet) the state counts;
 - a topic cannot be cut: the trajectories written after the saved end offsets are read back, and
   the same trajectories (a rebuild makes the same ids) are not written again.
+
+A rebuild in worker processes into a topic has each worker write its own trajectories to the topic
+(`TopicShare`); the command's sink then only keeps the position their flushed writes cover.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import asyncio
 import os
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -81,6 +85,18 @@ def _producer(settings: KafkaSettings) -> Producer:
     })
 
 
+@dataclass
+class TopicShare:
+    """What a rebuild's worker process needs to write its trajectories to the sink's topic itself."""
+
+    base: str
+    partitions: int
+    ends: dict[int, int]
+    """the topic's ends at the saved position (what the worker's writes come after)"""
+    present: set[str]
+    """ids written after the saved position by a run that was killed: not written again"""
+
+
 class TopicSink:
     """Trajectory events to a new topic under the prefix, keyed by rollout id like the live one."""
 
@@ -100,6 +116,9 @@ class TopicSink:
         """ids written after the saved position by a run that was killed: not written again"""
         self.written = 0
         self.skipped_present = 0
+        self.shares: list[tuple[dict[int, int], int]] = []
+        """per worker process writing to the topic itself: its delivered ends and trajectories written, as far as
+        its last flush covers (`share`, `covered`)"""
 
     async def create(self) -> dict[str, Any]:
         report = await ensure_topics(self.settings, [TopicSpec(self.base, self.partitions)])
@@ -117,12 +136,40 @@ class TopicSink:
         after = Bounds(start_offsets=dict(self.ends))
         async for batch in scan(self.settings, self.topic, after):
             self.present.update(orjson.loads(record.value)["id"] for record in batch)
-        # librdkafka's producer: it batches and sends on its own threads, so the rebuild goes on
-        # meanwhile (aiokafka's took a share of the event loop per record and waited on full batches)
-        self.producer = _producer(self.settings)
+
+    def resume(self, share: TopicShare) -> None:
+        """In a worker process: continue the topic from the command's position (it read what is present)."""
+        self.ends, self.present = dict(share.ends), share.present
+
+    def share(self, workers: int) -> TopicShare:
+        """`workers` processes write to the topic from now on, each through a sink `resume`d from this share,
+        and report what their flushes cover (`covered`)."""
+        self.shares = [(dict(self.ends), 0) for _ in range(workers)]
+        return TopicShare(self.base, self.partitions, dict(self.ends), self.present)
+
+    def covered(self, worker: int, position: dict[str, Any]) -> None:
+        """A worker's sink position as of its last flush, sent with the source position that covers it."""
+        before = self.shares[worker][1]
+        self.shares[worker] = (position["ends"], position["written"])
+        self.written += position["written"] - before
+
+    def _shared_ends(self) -> dict[int, int]:
+        """Each partition's end as the workers' covered flushes found it (their last delivered records).
+
+        A resume reads back what follows and does not write it again: everything a worker wrote after its
+        last covered flush follows its own last delivered record. The output is keyed as the raw topics are,
+        with as many partitions, so each output partition is written by the worker of that raw partition
+        alone; were it written by two, a record of one written before the other's covered ones would be
+        written again on resume: a repeat, which readers drop by id."""
+        return {p: max(ends.get(p, start) for ends, _ in self.shares) for p, start in self.ends.items()}
 
     async def write(self, items: list[Item]) -> None:
-        assert self.producer is not None
+        if not items:
+            return
+        if self.producer is None:
+            # librdkafka's producer: it batches and sends on its own threads, so the rebuild goes on
+            # meanwhile (aiokafka's took a share of the event loop per record and waited on full batches)
+            self.producer = _producer(self.settings)
         for item in items:
             if item.id in self.present:
                 self.skipped_present += 1
@@ -145,7 +192,10 @@ class TopicSink:
             self.ends[message.partition()] = max(self.ends.get(message.partition(), 0), message.offset() + 1)
 
     async def commit(self) -> dict[str, Any]:
-        assert self.producer is not None
+        if self.shares:
+            return {"ends": self._shared_ends(), "written": self.written}
+        if self.producer is None:
+            return {"ends": dict(self.ends), "written": self.written}
         left = await asyncio.to_thread(self.producer.flush, DELIVERY_S + 30)
         if left or self.failures:
             failures, self.failures = self.failures, []
