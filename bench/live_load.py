@@ -130,9 +130,10 @@ class Requests:
         return {"statistics.interval.ms": 1000, "stats_cb": self}
 
 
-def producer(bootstrap: str, requests: Requests) -> Producer:
+def producer(bootstrap: str, requests: Requests | None = None) -> Producer:
+    """The generator's producer; with `requests`, counting the requests it sends (bench.replay's fill needs no count)."""
     return Producer({
-        **requests.config,
+        **(requests.config if requests else {}),
         "bootstrap.servers": bootstrap,
         "enable.idempotence": True,  # and acks=all, as the gateway's and the bench's producers
         "partitioner": "murmur2_random",  # keyed as Kafka's Java client and aiokafka: by rollout id
