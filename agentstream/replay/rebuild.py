@@ -31,6 +31,7 @@ from agentstream.replay.selection import Selection
 from agentstream.replay.settled import SettledLog, Tracked
 from agentstream.replay.sources import Item
 from agentstream.replay.state import int_keys
+from schemas import collector
 from schemas.scan import KAFKA, Bounds, Origin, Record, ScanProgress, scan
 from schemas.codec import DecodeError, decode, encode
 from schemas.events import CallEvent, Event, RewardEvent, RolloutQueuedEvent, TrajectoryEvent
@@ -121,6 +122,7 @@ class Rebuild:
                                                          end_offsets=dict(self.ends[t])),
                          self.batch_size, on_progress=progressed(t), origin=self.origin) for t in RAW}
         fetching: dict[str, asyncio.Future[list[Record] | None]] = {}
+        survivors = collector.Survivors()
         try:
             while True:
                 out: list[Item] = []
@@ -131,6 +133,7 @@ class Rebuild:
                 if not wanted:
                     break
                 yield out
+                survivors.batch_ended()  # the fold's state, alive until the range ends, out of the collector's passes
                 for t in wanted:  # (every wanted scan fetching at once: the first fetches start their consumers)
                     if t not in fetching:
                         fetching[t] = asyncio.ensure_future(_next(scans[t]))
