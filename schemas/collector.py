@@ -5,7 +5,7 @@ default threshold (700 allocations) ran a young-generation collection every few 
 streams worker and in a rebuild, a fifth of the time went to collections that found no cycles.
 `relax` raises the thresholds and freezes what exists (modules, the app): collections still run,
 less often, over the objects made since. `paused` turns it off for the length of a Kafka scan.
-`Survivors` keeps a live worker's held events out of the collector's passes.
+`Survivors` keeps a live worker's held events, and a rebuild's settled attempts, out of the collector's passes.
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ def paused() -> Iterator[None]:
 
 
 class Survivors:
-    """Freeze what is alive at the end of each batch of a live worker, and collect everything now and then.
+    """Freeze what is alive at the end of each batch of a live worker (or each fetched round of a rebuild,
+    whose settled attempts stay in memory for the range), and collect everything now and then.
 
     A live streams worker holds each event it reads, decoded, until its attempt settles (`--settle-s`
     later): thousands of objects with lists of token ids. Every young-generation pass met them alive,
