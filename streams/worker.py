@@ -100,10 +100,11 @@ class AssemblyWorker(faust.Service):
         """partitions of the records in the batch so far"""
         self.batched = 0
         self.batch_began = time.monotonic()
-        every = settings.write_every_s
-        self.written_at = [time.monotonic() - every * (1 - p / partitions) for p in range(partitions)]
-        """per changelog partition, when its held changes were last written (`_flush`): staggered, so that a
-        batch end writes one partition's, not every partition's at once"""
+        self.partitions = partitions
+        self.turn = 0
+        """the changelog partition whose held changes are written next (`_flush`): one at a time, in turn"""
+        self.turn_at = time.monotonic()
+        """when the next turn comes: every --write-every-s / partitions, so each partition's every --write-every-s"""
         self.overdue: dict[int, int] = {}
         """partition → its first due time, past when the timer last looked and not held back (`_until_next`)"""
         self.survivors = Survivors()
@@ -341,18 +342,26 @@ class AssemblyWorker(faust.Service):
         return state["partition"] if state else self.rollouts.partition
 
     async def _flush(self, now: bool = False) -> None:
-        """Write the changes held in each changelog partition last written --write-every-s ago (every
-        partition's, `now`): deadletters acknowledged, then per partition the state, then the positions."""
+        """Write the changes held in the changelog partition whose turn has come (every partition's, `now`):
+        deadletters acknowledged, then per partition the state, then the positions.
+
+        One partition a turn, in turn, whatever the pauses between batch ends: partitions written when due
+        by each one's own clock fell into step after a pause (a worker's start, a revocation), and then every
+        partition's changes went in one write, awaited under the lock (~90 ms every 2 s at 5,000 events/s:
+        the tail of the finish → trajectory delay)."""
         clock = time.monotonic()
-        due = [p for p, at in enumerate(self.written_at) if now or clock - at >= self.settings.write_every_s]
-        if not due:
+        if now:
+            due = list(range(self.partitions))
+        elif clock >= self.turn_at:
+            due, self.turn = [self.turn], (self.turn + 1) % self.partitions
+            self.turn_at = clock + self.settings.write_every_s / self.partitions
+        else:
             return
         if self.deadletters:
             pending, self.deadletters = self.deadletters, []
             await asyncio.gather(*pending)
         changes = []
         for partition in due:
-            self.written_at[partition] = clock
             changes += [*self.rollouts.changes_of(partition), *self.events.changes_of(partition),
                         *self.positions.changes_of(partition)]
         await self.table.write_all(changes)  # one record batch per partition: its state, then its positions
