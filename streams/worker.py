@@ -350,7 +350,7 @@ class AssemblyWorker(faust.Service):
         partition's changes went in one write, awaited under the lock (~90 ms every 2 s at 5,000 events/s:
         the tail of the finish → trajectory delay)."""
         clock = time.monotonic()
-        if now:
+        if now or not self.settings.write_every_s:  # (0: every partition's at every batch end)
             due = list(range(self.partitions))
         elif clock >= self.turn_at:
             due, self.turn = [self.turn], (self.turn + 1) % self.partitions
