@@ -123,39 +123,43 @@ class Rebuild:
                          self.batch_size, on_progress=progressed(t), origin=self.origin) for t in RAW}
         fetching: dict[str, asyncio.Future[list[Record] | None]] = {}
         survivors = collector.Survivors()
-        try:
-            while True:
-                out: list[Item] = []
+        # no automatic collections while folding (8 % of a worker's CPU in a 490,000-event rebuild, though
+        # what the batches leave alive is frozen): nothing the fold makes holds a cycle, and what else does
+        # is frozen at the next batch end and collected by the survivors' full pass
+        with collector.paused():
+            try:
+                while True:
+                    out: list[Item] = []
+                    for p in self.partitions:
+                        self._drain(p, out)
+                    self._update_next()
+                    wanted = [t for t in RAW if any(self._waiting(t, p) for p in self.partitions)]
+                    if not wanted:
+                        break
+                    yield out
+                    survivors.batch_ended()  # (the fold's state lives as long as the range)
+                    for t in wanted:  # (every wanted scan fetching at once: the first fetches start their consumers)
+                        if t not in fetching:
+                            fetching[t] = asyncio.ensure_future(_next(scans[t]))
+                    for t in wanted:
+                        batch = await fetching.pop(t)
+                        if batch is None:  # the scan ended: every partition of it is read to its end
+                            self.scanned[t].update(self.ends[t])
+                        else:
+                            self.scanned[t].update(reached[t])
+                            self.read += len(batch)
+                            self._queue(t, batch)
+                            fetching[t] = asyncio.ensure_future(_next(scans[t]))
                 for p in self.partitions:
-                    self._drain(p, out)
-                self._update_next()
-                wanted = [t for t in RAW if any(self._waiting(t, p) for p in self.partitions)]
-                if not wanted:
-                    break
+                    self._settle(p, self.closing_ms, out)
+                self._count_open()
                 yield out
-                survivors.batch_ended()  # the fold's state, alive until the range ends, out of the collector's passes
-                for t in wanted:  # (every wanted scan fetching at once: the first fetches start their consumers)
-                    if t not in fetching:
-                        fetching[t] = asyncio.ensure_future(_next(scans[t]))
-                for t in wanted:
-                    batch = await fetching.pop(t)
-                    if batch is None:  # the scan ended: every partition of it is read to its end
-                        self.scanned[t].update(self.ends[t])
-                    else:
-                        self.scanned[t].update(reached[t])
-                        self.read += len(batch)
-                        self._queue(t, batch)
-                        fetching[t] = asyncio.ensure_future(_next(scans[t]))
-            for p in self.partitions:
-                self._settle(p, self.closing_ms, out)
-            self._count_open()
-            yield out
-        finally:
-            # a fetch under way is let finish (within a fetch's 1 s), not cancelled: its scan closes
-            # its consumer then, never while librdkafka is still reading on the thread
-            await asyncio.gather(*fetching.values(), return_exceptions=True)
-            for gen in scans.values():
-                await gen.aclose()
+            finally:
+                # a fetch under way is let finish (within a fetch's 1 s), not cancelled: its scan closes
+                # its consumer then, never while librdkafka is still reading on the thread
+                await asyncio.gather(*fetching.values(), return_exceptions=True)
+                for gen in scans.values():
+                    await gen.aclose()
 
     def _count_open(self) -> None:
         """Attempts the range leaves unsettled, and why: still running, or ended too recently to be due."""
