@@ -217,6 +217,11 @@ class Assembly:
                 heads.append(heap[0][0])
         return min(heads) if heads else None
 
+    def any_due(self, now_ms: int, partition: int) -> bool:
+        """Whether `due(now_ms, [partition])` may find a rollout (its first entry is due, if stale maybe)."""
+        heap = self._queue.get(partition)
+        return bool(heap) and heap[0][0] <= now_ms
+
     def due(self, now_ms: int, partitions: Iterable[int] | None = None) -> list[str]:
         """Rollouts of these partitions with an attempt to settle or to forget by `now_ms`."""
         found: dict[str, None] = {}

@@ -47,7 +47,7 @@ async def _next(batches: AsyncIterator[list[Record]]) -> list[Record] | None:
     return await anext(batches, None)
 
 
-@dataclass
+@dataclass(slots=True)
 class Pending:
     time: int
     offset: int
@@ -221,29 +221,33 @@ class Rebuild:
     def _drain(self, partition: int, out: list[Item]) -> None:
         """Feed the partition's events in time order while every topic's next event is known."""
         assembly = self.assemblies[partition]
-        while True:
-            head: tuple[int, int, str] | None = None
-            for index, t in enumerate(RAW):
-                queue = self.queues[t, partition]
-                if queue:
-                    if head is None or (queue[0].time, index) < head[:2]:
-                        head = (queue[0].time, index, t)
-                elif self._waiting(t, partition):
+        queues = [self.queues[t, partition] for t in RAW]
+        duplicates = assembly.counts["duplicates"]
+        try:
+            while True:
+                head: deque[Pending] | None = None
+                for t, queue in zip(RAW, queues):
+                    if queue:
+                        if head is None or queue[0].time < head[0].time:  # (a tie: the topic first in RAW)
+                            head = queue
+                    elif self._waiting(t, partition):
+                        return
+                if head is None:
                     return
-            if head is None:
-                return
-            pending = self.queues[head[2], partition].popleft()
-            # everything due before this event's time settles first, as the live watermark would have it;
-            # an attempt's own later events then come late, whichever rollouts the selection skipped
-            self._settle(partition, pending.time - 1, out)
-            duplicates = assembly.counts["duplicates"]
-            if late := assembly.add(pending.event, pending.raw, partition):
-                self.counts["late"] += 1
-                self._reason(late)
+                pending = head.popleft()
+                # everything due before this event's time settles first, as the live watermark would have it;
+                # an attempt's own later events then come late, whichever rollouts the selection skipped
+                self._settle(partition, pending.time - 1, out)
+                if late := assembly.add(pending.event, pending.raw, partition):
+                    self.counts["late"] += 1
+                    self._reason(late)
+        finally:
             self.counts["duplicates"] += assembly.counts["duplicates"] - duplicates
 
     def _settle(self, partition: int, now: int, out: list[Item]) -> None:
         assembly = self.assemblies[partition]
+        if not assembly.any_due(now, partition):  # (as for most events: `due` would pop and push back the head)
+            return
         for rollout_id in assembly.due(now, [partition]):
             settled = assembly.settle(rollout_id, now)
             out += [Item(trajectory, self._calls(assembly, trajectory)) for trajectory in settled.trajectories]
