@@ -4,6 +4,7 @@ a killed replay resumes and covers its range exactly once, and `agentstream top`
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import subprocess
@@ -385,6 +386,32 @@ async def test_a_failing_rebuild_worker_ends_the_rebuild_with_its_error(spread, 
                                                             reward_fn="tests.test_replay:crashing"))
     with pytest.raises(RuntimeError, match=r"rebuild worker of partitions \[\d, \d\] failed:(.|\n)*boom in the fold"):
         await replay(kafka, job, Options(tmp_path / "state.json", jobs=2))
+
+
+COLLECTOR: list[bool] = []
+"""whether the cycle collector ran on its own, as each reward function call found it"""
+
+
+def noting_the_collector(sample: Sample) -> float:
+    """A reward function that notes whether the collector runs on its own, and crashes at its third call."""
+    COLLECTOR.append(gc.isenabled())
+    if len(COLLECTOR) == 3:
+        raise Crash("boom at the third")
+    return 0.5
+
+
+async def test_a_rebuild_folds_without_automatic_collections_and_turns_them_on_again_when_it_fails(spread, tmp_path):
+    """A rebuild folds with the collector paused (its young passes were 8 % of the CPU); the collector runs
+    again once it ends, even where it ends by an error, and for the code after it."""
+    kafka, _ = spread
+    job = Job("raw", "topic", "paused", rebuild=RebuildSpec(timing=Timing(settle_ms=200, reward_grace_ms=2000),
+                                                            reward_fn="tests.test_replay:noting_the_collector"))
+    COLLECTOR.clear()
+    assert gc.isenabled()
+    with pytest.raises(Crash, match="boom at the third"):
+        await replay(kafka, job, Options(tmp_path / "state.json", jobs=1))  # (in this process: its calls seen here)
+    assert COLLECTOR == [False, False, False]
+    assert gc.isenabled()
 
 
 CALLS = {"made": 0}
