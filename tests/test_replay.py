@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 import schemas as s
 from agentstream.archive import Archiver
 from agentstream.cli import app
-from agentstream.replay import Job, Options, RebuildSpec, ReplayError, parse_versions, replay
+from agentstream.replay import Job, Options, Progress, RebuildSpec, ReplayError, parse_versions, replay
 from schemas.scan import scan
 from agentstream.top import TopView
 from schemas.codec import encode
@@ -411,6 +411,21 @@ async def test_a_rebuild_folds_without_automatic_collections_and_turns_them_on_a
     with pytest.raises(Crash, match="boom at the third"):
         await replay(kafka, job, Options(tmp_path / "state.json", jobs=1))  # (in this process: its calls seen here)
     assert COLLECTOR == [False, False, False]
+    assert gc.isenabled()
+
+
+async def test_a_rebuild_that_fails_outside_its_fold_ends_it_at_once(spread, tmp_path):
+    """An error in the loop that takes the rebuild's chunks (here the progress callback's) closes the fold there
+    and then: the collector runs again as the error comes out, not once the event loop finalizes the fold."""
+    kafka, _ = spread
+    job = Job("raw", "topic", "interrupted", rebuild=RebuildSpec(timing=Timing(settle_ms=200, reward_grace_ms=2000)))
+
+    def interrupting(progress: Progress) -> None:
+        assert not gc.isenabled()  # (folding)
+        raise Crash("boom in the progress")
+
+    with pytest.raises(Crash, match="boom in the progress"):
+        await replay(kafka, job, Options(tmp_path / "state.json", jobs=1, batch_size=3), on_progress=interrupting)
     assert gc.isenabled()
 
 

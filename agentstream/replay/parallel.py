@@ -50,7 +50,7 @@ import sys
 import time
 import traceback
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -192,7 +192,7 @@ class ParallelRebuild:
 
     # --- running the workers -----------------------------------------------------------------
 
-    async def chunks(self) -> AsyncIterator[list[Item]]:
+    async def chunks(self) -> AsyncGenerator[list[Item], None]:
         part = self.parts[0]
         processes, readers = _start(self.parts, fork=not reads_archive(part.settings, part.origin))
         pending = {asyncio.ensure_future(asyncio.to_thread(_receive, readers[i])): i for i in range(len(self.parts))}

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter, deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -107,7 +107,7 @@ class Rebuild:
 
     # --- reading -----------------------------------------------------------------------------
 
-    async def chunks(self) -> AsyncIterator[list[Item]]:
+    async def chunks(self) -> AsyncGenerator[list[Item], None]:
         # each topic's next batch is fetched while the ones before are folded; its positions count
         # as read (for `_waiting` and the resume position) only once the batch is taken
         reached: dict[str, dict[int, int]] = {t: {} for t in RAW}

@@ -15,6 +15,7 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Callable
+from contextlib import aclosing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -189,22 +190,25 @@ async def replay(settings: KafkaSettings, job: Job, options: Options,
                 state.save(options.state)
                 return time.monotonic() - begun
 
-            async for items in source.chunks():
-                if getattr(source, "selects", False):  # (its workers did, and counted what they left out)
-                    chosen = items
-                else:
-                    chosen = [item for item in items if selection.wants(item.trajectory)]
-                    counts["not_selected"] += len(items) - len(chosen)
-                await sink.write(chosen)
-                progress.read, progress.written = source.read, sink.written
-                if on_progress:
-                    on_progress(progress)
-                if time.monotonic() - last >= pause:
-                    # a rebuild's state holds the open attempts (the settled ones are in files of their own:
-                    # settled.py): where it is large, checkpoint less often, at most a tenth of the time
-                    took = await checkpoint()
-                    pause = max(options.checkpoint_s, 9 * took) if options.checkpoint_s else 0
-                    last = time.monotonic()
+            # closed here whatever ends the loop: a rebuild's scans, workers and paused collector end with it, not
+            # once the event loop gets round to finalizing the suspended generator
+            async with aclosing(source.chunks()) as chunks:
+                async for items in chunks:
+                    if getattr(source, "selects", False):  # (its workers did, and counted what they left out)
+                        chosen = items
+                    else:
+                        chosen = [item for item in items if selection.wants(item.trajectory)]
+                        counts["not_selected"] += len(items) - len(chosen)
+                    await sink.write(chosen)
+                    progress.read, progress.written = source.read, sink.written
+                    if on_progress:
+                        on_progress(progress)
+                    if time.monotonic() - last >= pause:
+                        # a rebuild's state holds the open attempts (the settled ones are in files of their own:
+                        # settled.py): where it is large, checkpoint less often, at most a tenth of the time
+                        took = await checkpoint()
+                        pause = max(options.checkpoint_s, 9 * took) if options.checkpoint_s else 0
+                        last = time.monotonic()
             await checkpoint()
             await sink.finish()
             state.done, state.source = True, None  # a finished replay needs no position: keep the file small

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter, deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -48,7 +48,7 @@ class Source(Protocol):
     counts: Counter[str]
     """records left out, by reason; and what the source made"""
 
-    def chunks(self) -> AsyncIterator[list[Item]]: ...
+    def chunks(self) -> AsyncGenerator[list[Item], None]: ...
 
     def position(self) -> dict[str, Any]: ...
 
@@ -100,7 +100,7 @@ class StoredTrajectories:
         self.read = 0
         self.repeats = Repeats()
 
-    async def chunks(self) -> AsyncIterator[list[Item]]:
+    async def chunks(self) -> AsyncGenerator[list[Item], None]:
         plan = await plan_scan(self.settings, self.topic, Bounds(start_offsets=dict(self.next),
                                                                  end_offsets=dict(self.ends)), self.origin)
         if plan.old and plan.manifest:
