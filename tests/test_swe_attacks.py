@@ -6,6 +6,7 @@ graded after them still scores 1."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import py_compile
 import subprocess
@@ -15,9 +16,15 @@ from pathlib import Path
 
 import pytest
 
+from recipes.swe.build import write
+from recipes.swe.grade import GradeService, GradeSettings
 from recipes.swe.grader import Grader
 from recipes.swe.instance import Instance
 from sandbox.local import STATE_DIR
+from schemas.codec import decode
+from schemas.events import DeadletterEvent, RewardEvent, RolloutDiff, RolloutDiffEvent
+from schemas.kafka import Publisher, make_consumer, make_producer
+from tests.conftest import wait_for_async
 from tests.swe_support import HONEST, make_repo
 
 F2P = "tests/test_calc.py::test_add"
@@ -320,3 +327,61 @@ def test_the_honest_fix_after_all_of_them_scores_1(task):
     result = task.grade(HONEST)
     assert result.reward == 1.0 and not result.details["flagged"], result.details
     assert result.details["second_opinion"] == {"agreed": True, "statuses": {F2P: "PASSED"}}
+
+
+# --- the service: a poison pill does not stall its partition ---------------------------------------
+
+async def test_the_service_answers_a_poison_pill_and_commits_past_it(task, kafka, tmp_path):
+    class Exploding(Grader):
+        """The real grader, except that one diff makes it raise what no grading should: the service's last net."""
+
+        def grade(self, instance, diff, truncated=False):
+            if diff == "boom":
+                raise RuntimeError("boom")
+            return super().grade(instance, diff, truncated)
+
+    tasks_file = tmp_path / "tasks.jsonl"
+    write([task.instance], tasks_file)
+    settings = GradeSettings(bootstrap_servers=kafka.bootstrap_servers, topic_prefix=kafka.topic_prefix, tasks=tasks_file,
+                             repos_dir=task.repos, workers=1, group_id="grader-poison")
+    diffs = {"r-poison": new_file("tests", "not a folder\n"), "r-symlink": new_file("tests/test_calc.py", "/etc", "0120000"),
+             "r-boom": "boom", "r-honest": HONEST}
+    events = [RolloutDiffEvent(source="harness", rollout_id=rollout, attempt_id=f"{rollout}-a1",
+                               data=RolloutDiff(instance_id=task.instance.instance_id, base_commit=task.commit,
+                                                diff=diff, size=len(diff)))
+              for rollout, diff in diffs.items()]
+    producer = make_producer(kafka)
+    await producer.start()
+    try:
+        publisher = Publisher(producer, kafka.topics)
+        for event in events:
+            await publisher.publish(event)
+    finally:
+        await producer.stop()
+    stop = asyncio.Event()
+    service = GradeService(settings, [task.instance], grader=Exploding(repos_dir=task.repos))
+    running = asyncio.create_task(service.run(stop))
+    consumer = make_consumer(kafka, kafka.topics.rewards, kafka.topics.deadletter, group_id=None)
+    await consumer.start()
+    rewards: dict[str, RewardEvent] = {}
+    dead: list[DeadletterEvent] = []
+
+    async def answered():
+        for records in (await consumer.getmany(timeout_ms=200)).values():
+            for record in records:
+                event = decode(record.value)
+                (rewards.__setitem__(event.rollout_id, event) if isinstance(event, RewardEvent) else dead.append(event))
+        return len(rewards) == 3 and dead
+
+    try:
+        await wait_for_async(answered, timeout=300, what="three rewards and a deadletter")
+        await wait_for_async(lambda: sum(service.offsets.committable().values()) == 4, timeout=30,
+                             what="the offsets past all four diffs")
+    finally:
+        stop.set()
+        await running
+        await consumer.stop()
+    assert {r: e.data.value for r, e in rewards.items()} == {"r-poison": 0.0, "r-symlink": 0.0, "r-honest": 1.0}
+    assert rewards["r-poison"].data.details["refused"] == [{"path": "tests", "rule": "hidden-test"}]
+    assert "the grader failed on this diff (RuntimeError: boom)" in dead[0].data.reason
+    assert "not the task's fault" in dead[0].data.reason
