@@ -60,6 +60,16 @@ def test_every_start_up_hook_of_the_pinned_python_is_refused(env):
     assert diffs.refusal(diffs.Change("pkg/x.pth", "A", "000000", "100644")) == "startup-hook"
 
 
+def test_nothing_installed_in_the_test_environment_can_be_shadowed(env):
+    site = next((env / "lib").glob("python3*/site-packages"))
+    modules = diffs.env_modules(site)
+    assert {"pytest", "_pytest", "pluggy", "pygments", "iniconfig", "packaging", "py"} <= modules
+    for name in modules:
+        for path in (f"{name}/__init__.py", f"{name}.py"):
+            assert diffs.refusal(diffs.Change(path, "A", "000000", "100644"), modules=modules) in (
+                "shadows-module", "startup-hook"), path
+
+
 def _flags(new: str, old: str | None = None) -> set[str]:
     return {str(f["flag"]) for f in scan("m.py", old, new)}
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 PYTEST_CONFIG_FILES = frozenset({"pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini", "pyproject.toml",
                                  "tox.ini", "setup.cfg"})
@@ -30,8 +30,9 @@ COMPILED_SUFFIXES = (".pyc", ".pyo", ".so", ".pyd", ".dll", ".dylib", ".o", ".a"
 METADATA_SUFFIXES = (".dist-info", ".egg-info", ".egg-link", ".data")
 METADATA_FILES = frozenset({"entry_points.txt", "PKG-INFO", "METADATA", "RECORD", "direct_url.json", "top_level.txt"})
 TEST_DIRS = frozenset({"tests", "test", "testing"})
-RUNNER_MODULES = frozenset({"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging", "site", "conftest"})
-"""top-level names that would shadow what runs the tests, on top of the standard library's"""
+RUNNER_MODULES = frozenset({"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging", "pygments", "site", "conftest"})
+"""top-level names that would shadow what runs the tests, on top of the standard library's and whatever else
+the test environment has installed (`env_modules`): pytest puts a test's rootdir first on sys.path"""
 REGULAR = "100644"
 
 RULES = {
@@ -73,7 +74,18 @@ class Change:
                    binary=raw["path"] in binary, text=raw.get("text", True))
 
 
-def refusal(change: Change, hidden: frozenset[str] = frozenset()) -> str | None:
+def env_modules(site_packages: Path) -> frozenset[str]:
+    """The top-level module names installed in a test environment's site-packages."""
+    names = set()
+    for entry in site_packages.iterdir():
+        name = entry.name
+        if name.endswith((".dist-info", ".egg-info", ".pth")) or name.startswith("__"):
+            continue
+        names.add(name.split(".")[0] if entry.is_file() else name)
+    return frozenset(names)
+
+
+def refusal(change: Change, hidden: frozenset[str] = frozenset(), modules: frozenset[str] = RUNNER_MODULES) -> str | None:
     """The rule that refuses `change`, or None when the grader takes it."""
     path = change.path
     parts = PurePosixPath(path).parts
@@ -102,7 +114,7 @@ def refusal(change: Change, hidden: frozenset[str] = frozenset()) -> str | None:
             name.endswith("_test.py") or name in ("tests.py", "test.py"):
         return "test-file"
     top = parts[0].removesuffix(".py")
-    if (top in RUNNER_MODULES or top in sys.stdlib_module_names) and (len(parts) > 1 or name.endswith(".py")):
+    if (top in modules or top in RUNNER_MODULES or top in sys.stdlib_module_names) and (len(parts) > 1 or name.endswith(".py")):
         return "shadows-module"
     if change.status not in ("A", "M", "D"):
         return "mode"
@@ -126,12 +138,13 @@ class Refused:
     rule: str
 
 
-def sift(changes: list[Change], hidden: frozenset[str] = frozenset()) -> tuple[list[str], list[Refused]]:
-    """The paths taken, and those refused with their rule."""
+def sift(changes: list[Change], hidden: frozenset[str] = frozenset(),
+         modules: frozenset[str] = RUNNER_MODULES) -> tuple[list[str], list[Refused]]:
+    """The paths taken, and those refused with their rule (`modules`: the test environment's, see `env_modules`)."""
     taken: list[str] = []
     refused: list[Refused] = []
     for change in changes:
-        rule = refusal(change, hidden)
+        rule = refusal(change, hidden, modules)
         if rule:
             refused.append(Refused(change.path, rule))
         else:

@@ -156,11 +156,13 @@ class Grader:
                 raise _Zero(f"the agent's diff does not apply: {inspected['error']}")
             binary = set(inspected["binary"])
             changes = [diffs.Change.from_raw(raw, binary) for raw in inspected["changes"]]
-            taken, refused = diffs.sift(changes, frozenset(inspected["hidden"]))
+            site = next((env / "lib").glob("python3*/site-packages"))
+            taken, refused = diffs.sift(changes, frozenset(inspected["hidden"]), diffs.env_modules(site))
             details["refused"] = [{"path": r.path, "rule": r.rule} for r in refused]
             details["flags"] += [f"refused:{r.rule}" for r in refused]
             details["applied"] = True
-            built = self._prep(box, env, ["build", instance.base_commit, json.dumps(taken)])
+            _write_new(first / "in" / "taken.json", json.dumps(taken).encode())
+            built = self._prep(box, env, ["build", instance.base_commit, "/workspace/in/taken.json"])
             if not built["built"]:
                 if repos.check_patches(repo, instance.base_commit, instance.test_patch) is not None:
                     raise GradeError(f"{instance.instance_id}: the test patch does not apply: {built['test_patch_error']}")
@@ -296,6 +298,14 @@ def _fresh(folder: Path, files: dict[str, bytes]) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
     return folder
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """A new file in a workspace the sandbox's uid owns by now (only the grader's prep ran there): never
+    through a link, never over an existing file."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
 
 
 def _read_regular(path: Path) -> bytes:

@@ -3,7 +3,7 @@
     inspect BASE          the agent's diff applied by git onto BASE on a scratch index; what git says it
                           changes (`diff-index --raw`), which parts are binary (`apply --numstat`), whether
                           each new blob is text; the paths the hidden tests' patch touches
-    build BASE ALLOWED    a fresh index of BASE with exactly the ALLOWED paths (a JSON list) taken from the
+    build BASE TAKEN      a fresh index of BASE with exactly the TAKEN paths (a JSON list in that file) from the
                           scratch index, the hidden tests' patch applied, the tree archived to out/tree.tar
                           and extracted to tree/; the ast scan of the changed Python files
     untar TAR DEST        a tree archive extracted (the second opinion's fresh copy)
@@ -153,7 +153,7 @@ def main(argv: list[str]) -> int:
         if argv[0] == "inspect":
             frame(inspect(argv[1]))
         elif argv[0] == "build":
-            frame(build(argv[1], json.loads(argv[2])))
+            frame(build(argv[1], json.loads(Path(argv[2]).read_text())))
         elif argv[0] == "untar":
             untar(Path(argv[1]), Path(argv[2]))
             frame({"untarred": True})
