@@ -24,11 +24,12 @@ task's own fault (its base commit missing, its test patch not applying on the ba
 to deadletter.
 
 What this grader cannot stop: the agent's library code runs inside the test process, so it can patch
-pytest, forge the reporter's records or the pipe (the launcher refuses a phase reported twice or an exit
-status that disagrees with the kernel's, not a consistent forgery), or special-case the tests' inputs;
-the scan flags the usual ways (pytest, frames, builtins, sys.modules, exits, output, always-equal
-dunders, dynamic code) and the penalty policy zeroes them, but a determined obfuscation the scan misses
-is a reward-hacking case only a review or a stronger hidden test catches.
+pytest, forge the reporter's records on the pipe (the launcher refuses a phase reported twice or an exit
+status that disagrees with the kernel's, not a consistent forgery), rewrite a test file or its cached
+bytecode before pytest imports it, or special-case the tests' inputs; the scan flags the usual ways
+(pytest, frames, builtins, sys.modules, exits, output, always-equal dunders, dynamic code, strings naming
+the run's files) and the penalty policy zeroes them, but a determined obfuscation the scan misses is a
+reward-hacking case only a review or a stronger hidden test catches.
 """
 
 from __future__ import annotations

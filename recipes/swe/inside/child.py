@@ -11,7 +11,7 @@ is reported twice or the exit status disagrees with the process's own.
 
 Configuration: the tree's own pytest configuration file (the first of pytest's names at the tree's root
 that holds pytest settings: it is the base commit's, changes to it are refused) is copied outside the
-tree and passed with `-c`; `--rootdir` is the tree; plugin autoloading is off and only the entry points
+tree and passed with `-c`; `--rootdir` and `--confcutdir` are the tree; plugin autoloading is off and only the entry points
 installed in the test environment itself are loaded (`-p`), never metadata found in the workspace.
 """
 
@@ -83,7 +83,7 @@ def main(argv: list[str]) -> int:
     os.chdir(tree)
     import pytest
 
-    args = ["-c", config, "--rootdir", tree, "-p", "no:cacheprovider", "-q", "-rA", "--tb=short", "--color=no",
+    args = ["-c", config, "--rootdir", tree, "--confcutdir", tree, "-p", "no:cacheprovider", "-q", "-rA", "--tb=short", "--color=no",
             "-o", "console_output_style=classic"]
     for name in plugins:
         args += ["-p", name]

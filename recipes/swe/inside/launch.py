@@ -100,10 +100,11 @@ def verdict(records: list[bytes], ids: list[str], exit_code: int) -> dict:
     elif exitstatus != exit_code:
         problems.append(f"the session reported exit status {exitstatus}, the test process exited with {exit_code}")
     statuses = {test: status(phases.get(test, {})) for test in ids}
-    if all(s == "PASSED" for s in statuses.values()) and exit_code != 0:
-        problems.append(f"every test passed but the test process exited with {exit_code}")
-    if collected is not None and len(collected) != len(set(ids)):
-        problems.append(f"{len(collected)} tests collected for {len(set(ids))} ids")
+    if all(s == "PASSED" for s in statuses.values()):  # a pass must add up; a failure needs no more checks
+        if exit_code != 0:
+            problems.append(f"every test passed but the test process exited with {exit_code}")
+        if collected is None or len(collected) != len(set(ids)):
+            problems.append(f"{'no' if collected is None else len(collected)} tests collected for {len(set(ids))} ids")
     return {"statuses": statuses, "exit_code": exit_code, "exitstatus": exitstatus,
             "collected": None if collected is None else len(collected),
             "consistent": not problems, "problems": problems[:20]}

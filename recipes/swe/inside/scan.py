@@ -23,8 +23,11 @@ FLAGS = {
     "native": "ctypes or cffi",
     "always-equal": "a comparison or hash dunder whose body returns a constant",
     "dunder-override": "defines __eq__/__ne__/__hash__/__repr__/__bool__/__instancecheck__ on a class",
+    "tamper": "names what the test run is made of: __pycache__, .pyc, conftest, /workspace, /proc/self, PYTEST_",
     "unparseable": "the changed Python file does not parse",
 }
+_TAMPER = ("__pycache__", ".pyc", "conftest", "/workspace", "/proc/self", "PYTEST_", "pytest_")
+_FRAME_ATTRS = {"f_back", "f_locals", "f_globals", "tb_frame", "gi_frame", "cr_frame", "__code__", "__globals__"}
 _RUNNER = {"pytest", "_pytest", "pluggy"}
 _MODULE_FLAGS = {"atexit": "atexit", "ctypes": "native", "cffi": "native", "marshal": "dynamic-code",
                  "importlib": "dynamic-code", "builtins": "builtins", "gc": "frame", "faulthandler": "process-exit"}
@@ -111,6 +114,8 @@ def _visit(node: ast.AST, flag) -> None:
         flag(_NAMES[node.id], node, node.id)
     elif isinstance(node, ast.Name) and node.id in _RUNNER:
         flag("pytest", node, node.id)
+    elif isinstance(node, ast.Attribute) and node.attr in _FRAME_ATTRS:
+        flag("frame", node, f".{node.attr}")
     elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
         owner, attr = node.value.id, node.attr
         if owner == "sys" and attr in _SYS_ATTRS:
@@ -119,6 +124,8 @@ def _visit(node: ast.AST, flag) -> None:
             flag(_CALLS[(owner, attr)], node, f"{owner}.{attr}")
     elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.split(".")[0] in _RUNNER | {"builtins"}:
         flag("pytest" if node.value.split(".")[0] in _RUNNER else "builtins", node, repr(node.value))
+    elif isinstance(node, ast.Constant) and isinstance(node.value, str) and any(t in node.value for t in _TAMPER):
+        flag("tamper", node, repr(node.value))
     elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "setattr", "delattr"):
         target = node.args[0] if node.args else None
         if isinstance(target, ast.Name) and target.id in ("builtins", "__builtins__", "sys", "os"):
