@@ -154,17 +154,14 @@ def test_a_plugin_autoloaded_through_package_metadata_is_refused(task):
 
 @pytest.mark.parametrize("spelling", ["120000", "0120000", "00120000"])
 def test_a_symlink_in_any_spelling_is_refused_and_the_host_is_untouched(task, spelling):
-    target_file, target_dir = task.canary / "keep.txt", task.canary
-    diff = (new_file("calc_link.py", str(target_file), mode=spelling)
-            + new_file("tests/test_calc.py", str(target_dir), mode=spelling)
-            + new_file("tests", str(target_dir), mode=spelling))
-    result = task.grade(diff)
-    if result.details.get("applied"):
-        assert refused(result) == {"calc_link.py": "symlink", "tests/test_calc.py": "symlink", "tests": "symlink"} or \
-            set(refused(result).values()) <= {"symlink", "hidden-test"}
-        assert_zero_and_flagged(result, "refused:symlink")
-    else:  # git itself refused the diff (both a file and a folder at `tests`): 0, nothing applied
-        assert result.reward == 0.0 and "does not apply" in result.details["error"]
+    """The old grader matched one spelling and restored the hidden tests' paths through the link, as root."""
+    into_the_tests = task.grade(new_file("calc_link.py", str(task.canary / "keep.txt"), mode=spelling)
+                                + new_file("tests/test_calc.py", str(task.canary), mode=spelling))
+    assert refused(into_the_tests) == {"calc_link.py": "symlink", "tests/test_calc.py": "symlink"}
+    assert_zero_and_flagged(into_the_tests, "refused:symlink")
+    as_the_tests_folder = task.grade(new_file("tests", str(task.canary), mode=spelling))
+    assert refused(as_the_tests_folder) == {"tests": "symlink"}
+    assert_zero_and_flagged(as_the_tests_folder, "refused:symlink")
 
 
 def test_a_mode_change_startup_hooks_and_shadowing_modules_are_refused(task):
