@@ -211,9 +211,10 @@ def test_paths_outside_the_tree_do_not_apply(task):
 
 # --- code that runs in the test process ------------------------------------------------------------
 
-def test_pytest_xfail_from_library_code_is_not_a_pass(task):
-    result = task.grade(replace_calc("def add(a, b):\n    import pytest\n    pytest.xfail('no')\n"))
-    assert result.details["fail_to_pass"]["failed"] == {F2P: "XFAIL"}
+@pytest.mark.parametrize("call, status", [("pytest.xfail('no')", "XFAIL"), ("pytest.skip('no')", "SKIPPED")])
+def test_pytest_xfail_or_skip_from_library_code_is_not_a_pass(task, call, status):
+    result = task.grade(replace_calc(f"def add(a, b):\n    import pytest\n    {call}\n"))
+    assert result.details["fail_to_pass"]["failed"] == {F2P: status}
     assert_zero_and_flagged(result, "pytest")
 
 

@@ -118,3 +118,53 @@ def test_the_penalty_setting():
     assert set(FLAGS) <= ALL_FLAGS and {f"refused:{r}" for r in diffs.RULES} <= ALL_FLAGS
     with pytest.raises(ValueError, match="unknown flags"):
         penalties_from("always-equal,no-such-flag")
+
+
+def _records(*rows: dict) -> list[bytes]:
+    import json
+
+    return [json.dumps(row).encode() for row in rows]
+
+
+def _phases(nodeid: str, setup="passed", call="passed", teardown="passed", xfail=False) -> list[dict]:
+    rows = [{"nodeid": nodeid, "when": "setup", "outcome": setup, "xfail": xfail and call is None}]
+    if call is not None:
+        rows.append({"nodeid": nodeid, "when": "call", "outcome": call, "xfail": xfail})
+    return rows + [{"nodeid": nodeid, "when": "teardown", "outcome": teardown, "xfail": False}]
+
+
+@pytest.mark.parametrize("phases, expected", [
+    (_phases("t"), "PASSED"),
+    (_phases("t", call="failed"), "FAILED"),
+    (_phases("t", call="skipped", xfail=True), "XFAIL"),
+    (_phases("t", call="passed", xfail=True), "XPASS"),
+    (_phases("t", setup="skipped", call=None), "SKIPPED"),
+    (_phases("t", setup="failed", call=None), "ERROR"),
+    (_phases("t", teardown="failed"), "ERROR"),
+    (_phases("t")[:2], "INCOMPLETE"),
+    ([], "NOT RUN"),
+])
+def test_only_a_clean_pass_is_a_pass(phases, expected):
+    from recipes.swe.inside.launch import verdict
+
+    result = verdict(_records({"collected": ["t"]}, *phases, {"exitstatus": 0 if expected == "PASSED" else 1}),
+                     ["t"], 0 if expected == "PASSED" else 1)
+    assert result["statuses"] == {"t": expected}
+
+
+def test_a_pass_that_does_not_add_up_is_inconsistent():
+    from recipes.swe.inside.launch import verdict
+
+    clean = [{"collected": ["t"]}, *_phases("t"), {"exitstatus": 0}]
+    assert verdict(_records(*clean), ["t"], 0)["consistent"]
+    twice = verdict(_records(*clean, _phases("t")[1]), ["t"], 0)
+    assert not twice["consistent"] and "t: its call reported twice" in twice["problems"]
+    cut_short = verdict(_records(*clean[:-1]), ["t"], 0)
+    assert not cut_short["consistent"] and "never reported its end" in cut_short["problems"][0]
+    other_code = verdict(_records(*clean), ["t"], 3)
+    assert not other_code["consistent"] and "exited with 3" in " ".join(other_code["problems"])
+    too_many = verdict(_records({"collected": ["t", "u"]}, *clean[1:]), ["t"], 0)
+    assert not too_many["consistent"] and "2 tests collected for 1 ids" in too_many["problems"]
+    # a failing run needs no more checks: a collection error is a failure, not a forged channel
+    failing = verdict(_records({"collected": []}, {"exitstatus": 2}), ["t"], 2)
+    assert failing["consistent"] and failing["statuses"] == {"t": "NOT RUN"}
