@@ -175,7 +175,6 @@ class Grader:
             timings["prepare"] = round(time.monotonic() - started, 3)
             ids = [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS]
             run, verdict = self._run_tests(box, env, ids, "")
-            box.run(CLEANUP, timeout_s=60)
         timings["tests"] = round(run.duration_s, 3)
         statuses = verdict.get("statuses", {}) if verdict else {}
         f2p, p2p = _count(statuses, instance.FAIL_TO_PASS), _count(statuses, instance.PASS_TO_PASS)
@@ -206,7 +205,6 @@ class Grader:
         with _Opened(self.sandbox(self._spec(workspace, env, repo))) as box:
             untar = _python(env, "prep.py", "untar", "/workspace/in/tree.tar", "/workspace/tree")
             _, verdict = self._run_tests(box, env, [test], f"{untar} >/dev/null && ")
-            box.run(CLEANUP, timeout_s=60)
         if not verdict or not verdict["consistent"]:
             return "INCONSISTENT"
         return str(verdict["statuses"].get(test, "NOT RUN"))
@@ -235,7 +233,8 @@ class Grader:
 
 
 class _Opened:
-    """A sandbox as a context manager whose close never hides the grading's own outcome."""
+    """A grading sandbox: emptied from inside (CLEANUP) and closed on the way out, whatever happened; a
+    failure of either is logged and never hides the grading's own outcome."""
 
     def __init__(self, box: Sandbox):
         self.box = box
@@ -244,6 +243,10 @@ class _Opened:
         return self.box
 
     def __exit__(self, *exc: object) -> None:
+        try:
+            self.box.run(CLEANUP, timeout_s=60)
+        except Exception:
+            log.exception("emptying a grading sandbox failed")
         try:
             self.box.close()
         except Exception:
