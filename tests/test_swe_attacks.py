@@ -204,6 +204,14 @@ def test_a_file_where_the_tests_folder_goes_is_the_diffs_fault_and_the_fix_besid
     assert with_fix.reward == 1.0 and refused(with_fix) == {"tests": "hidden-test"}, with_fix.details
 
 
+def test_a_quoted_path_with_a_control_character_is_refused(task):
+    quoted = ('diff --git "a/calc\\nhelper.py" "b/calc\\nhelper.py"\nnew file mode 100644\n--- /dev/null\n'
+              '+++ "b/calc\\nhelper.py"\n@@ -0,0 +1 @@\n+x = 1\n')
+    result = task.grade(quoted)
+    assert refused(result) == {"calc\nhelper.py": "bad-path"}
+    assert_zero_and_flagged(result, "refused:bad-path")
+
+
 def test_paths_outside_the_tree_do_not_apply(task):
     result = task.grade(new_file("../outside.py", "x = 1\n"))
     assert result.reward == 0.0 and "does not apply" in result.details["error"]
