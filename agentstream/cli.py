@@ -874,7 +874,8 @@ def sandbox_k8s_manifests(
 def grade(ctx: typer.Context) -> None:
     """The coding recipe's grader: diffs from the rollouts topic in, rewards out (flags: `agentstream grade --help`).
 
-    agentstream grade --tasks FILE [--workers N] [--timeout-s S]
+    agentstream grade --tasks FILE [--workers N] [--timeout-s S] [--no-second-opinion]
+                      [--reward-penalties default|none|FLAG,FLAG…]
     """
     from recipes.swe.grade import main as grade_main
 

@@ -424,6 +424,18 @@ NAMED_QUERIES: dict[str, str] = {
                AVG(reward) AS reward_mean, SUM(CASE WHEN reward_missing THEN 1 ELSE 0 END) AS reward_missing
         FROM trajectories GROUP BY weight_version_launch, split, task_id
         ORDER BY weight_version, split, task_id""",
+    # the SWE grader's details: `flagged` (a refused change or a scan finding), `graded_reward` (what the
+    # tests said) beside the reward paid (0 when a penalized flag was raised: `--reward-penalties`)
+    "flagged-rewards-by-version": """
+        SELECT t.weight_version_launch AS weight_version, COUNT(*) AS graded,
+               SUM(CASE WHEN r.details LIKE '%"flagged":true%' THEN 1 ELSE 0 END) AS flagged,
+               AVG(CASE WHEN r.details LIKE '%"flagged":true%' THEN 1.0 ELSE 0.0 END) AS flagged_rate,
+               SUM(CASE WHEN r.details LIKE '%"graded_reward":1%' THEN 1 ELSE 0 END) AS tests_passed,
+               SUM(CASE WHEN r.details LIKE '%"graded_reward":1%' AND r.value < 1 THEN 1 ELSE 0 END) AS penalized,
+               AVG(r.value) AS reward_mean
+        FROM rewards r JOIN trajectories t ON t.rollout_id = r.rollout_id AND t.attempt_id = r.attempt_id
+        WHERE r.reward_fn = 'recipes.swe.grader'
+        GROUP BY t.weight_version_launch ORDER BY weight_version""",
     "slowest-rollouts": """
         SELECT rollout_id, attempt_id, task_id, weight_version_launch AS weight_version, status, duration_ms,
                ARRAY_LENGTH(turns) AS turns, reward

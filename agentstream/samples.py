@@ -103,11 +103,14 @@ def rollout(index: int, version: int, task: str, split: str, reward: float | Non
             exit_code=1, duration_ms=end - t0, error="exit code 1", stderr_tail="Traceback: boom\n")))
     rewards = []
     if reward is not None:
+        flagged = index % 3 == 0  # the grader's shape: a refused test edit, the tests' grade beside the paid one
         event = s.RewardEvent(**ids, time=end + 1, data=s.Reward(
-            value=reward, reward_fn="recipes.swe:grade",
-            details={"tests_run": 4, "tests_passed": round(4 * reward), "stripped_edits": ["tests/test_x.py"]}))
+            value=reward, reward_fn="recipes.swe.grader",
+            details={"tests_run": 4, "tests_passed": round(4 * reward), "graded_reward": reward, "flagged": flagged,
+                     "flags": ["refused:test-file"] if flagged else [], "penalized_by": [],
+                     "refused": [{"path": "tests/test_x.py", "rule": "test-file"}] if flagged else []}))
         events.append(event)
-        rewards.append(s.RewardRecord(event_id=event.id, value=reward, reward_fn="recipes.swe:grade"))
+        rewards.append(s.RewardRecord(event_id=event.id, value=reward, reward_fn="recipes.swe.grader"))
     sequence = s.Sequence(token_ids=token_ids, mask=mask, logprobs=logprobs, weight_versions=versions,
                           prompt_length=5, turns=list(range(turns)))
     events.append(s.TrajectoryEvent(**ids, time=end + 2, data=s.Trajectory(

@@ -1,9 +1,11 @@
 """The coding recipe's grader and task builder: seconds per grading, tasks built per minute.
 
-Grading: the grader on each task's gold patch (checkout, strip, apply, revert and apply the test
-patch, FAIL_TO_PASS + PASS_TO_PASS under pytest in a fresh bubblewrap sandbox). Baseline, measured in
-the same run on the same tasks: the same pytest command on the same tree, on the host, outside any
-sandbox (the test run alone). The ratio is what isolation and a fresh start cost per grading.
+Grading: the grader on each task's gold patch (git inspects and builds the tree inside a fresh
+bubblewrap sandbox, the policy, the ast scan, FAIL_TO_PASS + PASS_TO_PASS under the pinned pytest with
+the outcome pipe), with the second opinion (each FAIL_TO_PASS test again in a sandbox of its own) and
+without. Baseline, measured in the same run on the same tasks, interleaved: the same pytest run on the
+same tree, on the host, outside any sandbox (the test run alone). The ratios are what isolation, the
+parsed diff, the pinned run and the second opinion cost per grading.
 
 Building: `build` with a fresh repos folder (sdist and test venv cached), tasks and candidates per
 minute. Baseline: one bare run of the package's whole suite on the host, the work each candidate needs
@@ -25,7 +27,7 @@ from pathlib import Path
 from bench.report import Report
 from recipes.swe import repos, testrun
 from recipes.swe.build import TOOLZ, build, fetch_sdist
-from recipes.swe.grader import Grader, apply
+from recipes.swe.grader import Grader
 from recipes.swe.instance import Instance
 
 
@@ -34,7 +36,9 @@ def bare_run(instance: Instance, repos_dir: Path, env: Path, ids: list[str] | No
     with tempfile.TemporaryDirectory() as scratch:
         tree = Path(scratch) / "tree"
         repos.checkout(repos.repo_path(repos_dir, instance.repo), instance.base_commit, tree)
-        assert apply(tree, instance.test_patch) is None and apply(tree, instance.patch) is None
+        for patch in (instance.test_patch, instance.patch):
+            subprocess.run(["git", "apply", "-"], cwd=tree, input=patch.encode(), check=True,
+                           env={**os.environ, "GIT_CEILING_DIRECTORIES": scratch})
         command = testrun.pytest_command(env, ids or ())
         # the venv's .pth points at /workspace, which the host lacks: the tree goes on PYTHONPATH (-I off)
         command = command.replace(" -I ", " ")
@@ -58,24 +62,29 @@ def main() -> None:
         instances = built.instances
         suite_bare = bare_run(instances[0], repos_dir, env, None)
 
-        grader = Grader(repos_dir=repos_dir)
-        graded, bare = [], []
+        graders = {"second opinion on": Grader(repos_dir=repos_dir),
+                   "second opinion off": Grader(repos_dir=repos_dir, second_opinion=False)}
+        graded: dict[str, list[float]] = {name: [] for name in graders}
+        bare: list[float] = []
         for instance in instances:
-            began = time.perf_counter()
-            result = grader.grade(instance, instance.patch)
-            graded.append(time.perf_counter() - began)
-            assert result.reward == 1.0, result.details
-            bare.append(bare_run(instance, repos_dir, env,
-                                 [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS]))
-    grade_s, bare_s = statistics.median(graded), statistics.median(bare)
+            ids = [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS]
+            for name, grader in graders.items():
+                began = time.perf_counter()
+                result = grader.grade(instance, instance.patch)
+                graded[name].append(time.perf_counter() - began)
+                assert result.reward == 1.0, result.details
+                bare.append(bare_run(instance, repos_dir, env, ids))
+    bare_s = statistics.median(bare)
     report.add("bare test run of one task (host, no sandbox), median", f"{bare_s:.2f} s", 1.0)
-    report.add("grading one task (fresh sandbox, gold patch), median", f"{grade_s:.2f} s", grade_s / bare_s)
+    for name, times in graded.items():
+        grade_s = statistics.median(times)
+        report.add(f"grading one task, {name} (gold patch), median", f"{grade_s:.2f} s", grade_s / bare_s)
     report.add("bare run of the whole toolz suite (host)", f"{suite_bare:.2f} s", 1.0)
     per_candidate = build_s / max(built.tried, 1)
     report.add("build: seconds per candidate tried (2 workers)", f"{per_candidate:.2f} s", per_candidate / suite_bare)
     report.add("build: tasks per minute", f"{len(instances) / build_s * 60:.1f}", None)
     report.add("build: candidates per minute", f"{built.tried / build_s * 60:.1f}", None)
-    report.details.update(graded_s=graded, bare_s=bare, build_s=build_s, tried=built.tried, kept=len(instances),
+    report.details.update(graded_s=graded, bare_s=bare, fail_to_pass=[len(i.FAIL_TO_PASS) for i in instances], build_s=build_s, tried=built.tried, kept=len(instances),
                           rejected=built.rejected, load_average=os.getloadavg())
     report.print("ratio vs. the bare run on the host in the same run")
 

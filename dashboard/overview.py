@@ -1,4 +1,5 @@
-"""The overview: throughput, latency by upstream, versions per server, swaps, reward by version, staleness, lag.
+"""The overview: throughput, latency by upstream, versions per server, swaps, reward by version, flagged
+gradings by version, staleness, lag.
 
 Every number is a SQL query over the log within the chosen time range (`QUERIES`, also sent to the page
 so a reader can run the same with `agentstream sql`); rates are counts divided by the range. The
@@ -37,6 +38,7 @@ QUERIES: dict[str, str] = {
                   SUM(CASE WHEN reward_missing THEN 1 ELSE 0 END) AS reward_missing
                   FROM trajectories GROUP BY weight_version_launch, split ORDER BY weight_version, split""",
     "staleness": NAMED_QUERIES["staleness"],
+    "flagged": NAMED_QUERIES["flagged-rewards-by-version"],
     "settle": """SELECT QUANTILE_CONT(kafka_timestamp - finished_at, 0.5) AS p50_ms,
                  QUANTILE_CONT(kafka_timestamp - finished_at, 0.99) AS p99_ms FROM trajectories""",
 }

@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 import schemas as s
 from agentstream.cli import app as cli
+from agentstream.query import NAMED_QUERIES
 from agentstream.stack.process import free_port
 from bench.load import publish_all
 from dashboard.app import create_app
@@ -94,6 +95,12 @@ async def test_the_dashboard_in_a_browser(kafka):
             for i, row in enumerate(by_version):
                 cells = await shown.nth(i).locator("td").all_inner_texts()
                 assert (int(cells[0]), cells[1], float(cells[3])) == (row["v"], row["split"], round(row["r"], 3))
+            flagged = await sql(kafka, NAMED_QUERIES["flagged-rewards-by-version"])
+            shown = page.locator("text=Flagged gradings by weight version >> xpath=.. >> tbody tr")
+            assert await shown.count() == len(flagged) > 0 and sum(row["flagged"] for row in flagged) > 0
+            for i, row in enumerate(flagged):
+                cells = await shown.nth(i).locator("td").all_inner_texts()
+                assert (int(cells[0]), int(cells[1]), int(cells[2])) == (row["weight_version"], row["graded"], row["flagged"])
             upstreams = await sql(kafka, "SELECT upstream, COUNT(*) AS n FROM calls GROUP BY upstream")
             for row in upstreams:
                 cells = page.locator(f'td[data-col="upstream"]:has-text("{row["upstream"]}") >> xpath=..')

@@ -185,6 +185,16 @@ async def test_questions_people_ask(kafka):
         "FROM trajectories", "FROM trajectories WHERE task_id IS NOT NULL"))
     assert passed.select("weight_version", "split", "task_id", "attempts", "passed", "pass_rate").rows() == [
         (1, "train", "t1", 2, 1, 0.5), (1, "validation", "t1", 1, 1, 1.0), (2, "train", "t2", 1, 0, 0.0)]
+    grades = [("g1", {"flagged": False, "graded_reward": 1.0}, 1.0), ("g2", {"flagged": True, "graded_reward": 0.0}, 0.0),
+              ("g3", {"flagged": True, "graded_reward": 1.0, "penalized_by": ["always-equal"]}, 0.0),
+              ("g4", {"flagged": False, "graded_reward": 0.0}, 0.0)]
+    await publish(kafka, [s.RewardEvent(source="grader", rollout_id=rollout, attempt_id="a", data=s.Reward(
+        value=value, details=details, reward_fn="recipes.swe.grader")) for rollout, details, value in grades]
+                  + [s.RewardEvent(source="agent", rollout_id="g4", attempt_id="a", data=s.Reward(value=1.0))])
+    flagged = await run_sql(kafka, NAMED_QUERIES["flagged-rewards-by-version"])
+    assert flagged.select("weight_version", "graded", "flagged", "tests_passed", "penalized").rows() == [
+        (1, 3, 2, 2, 1), (2, 1, 0, 0, 0)]
+    assert flagged["flagged_rate"].to_list() == [pytest.approx(2 / 3), 0.0]
     slowest = await run_sql(kafka, NAMED_QUERIES["slowest-rollouts"])
     assert slowest["rollout_id"].to_list() == ["g2", "g1", "g4", "g3"]
     pauses = await run_sql(kafka, NAMED_QUERIES["pool-pauses"])

@@ -52,7 +52,7 @@ def _p2p_file(instance: Instance) -> str:
 
 
 def cheats(instance: Instance) -> dict[str, tuple[str, str]]:
-    """name → (the agent's script, the path the grader must report stripped)."""
+    """name → (the agent's script, the path the grader must report refused)."""
     test_file, test_name = _f2p(instance)
     other = _p2p_file(instance)
     return {
@@ -82,7 +82,8 @@ def test_the_gold_patch_applied_by_an_agent_scores_1(task, tmp_path):
     result = Grader(repos_dir=repos_dir).grade(instance, diff)
     assert result.reward == 1.0, result.details
     details = result.details
-    assert details["resolved"] and not details["flagged"] and details["stripped"] == []
+    assert details["resolved"] and not details["flagged"] and details["refused"] == []
+    assert details["second_opinion"]["agreed"] and details["graded_reward"] == 1.0 and details["penalized_by"] == []
     assert details["fail_to_pass"] == {"total": len(instance.FAIL_TO_PASS), "passed": len(instance.FAIL_TO_PASS),
                                        "failed": {}}
     assert details["pass_to_pass"]["passed"] == len(instance.PASS_TO_PASS)
@@ -93,13 +94,13 @@ def test_the_gold_patch_applied_by_an_agent_scores_1(task, tmp_path):
                                   "writes sitecustomize.py", "deletes the tests", "edits a test with sed -i"])
 def test_a_cheating_agent_scores_0_and_is_flagged(task, tmp_path, name):
     instance, repos_dir = task
-    script, stripped_path = cheats(instance)[name]
+    script, refused_path = cheats(instance)[name]
     diff = agent_diff(instance, repos_dir, tmp_path, script)
-    assert stripped_path in diff
+    assert refused_path in diff
     result = Grader(repos_dir=repos_dir).grade(instance, diff)
     assert result.reward == 0.0, result.details
     assert result.details["flagged"] is True
-    assert {s["path"] for s in result.details["stripped"]} == {stripped_path}
+    assert {r["path"] for r in result.details["refused"]} == {refused_path}
     # the tests ran as the task wrote them: the bug is still there, nothing else broke
     assert result.details["fail_to_pass"]["passed"] == 0
     assert result.details["pass_to_pass"]["passed"] == result.details["pass_to_pass"]["total"]
@@ -179,7 +180,7 @@ async def test_a_diff_event_in_gives_a_reward_event_out(task, kafka, tmp_path):
     assert gold.data.reward_fn == REWARD_FN and gold.attempt_id == "r-gold-a1"
     assert gold.id == derived_id("reward", events[0].id, REWARD_FN) == reward_event(events[0], 1.0, {}).id
     assert gold.data.details["fail_to_pass"]["passed"] == len(instance.FAIL_TO_PASS)
-    assert seen["r-cheat"].data.details["stripped"] == [{"path": "conftest.py", "reason": "test configuration"}]
+    assert seen["r-cheat"].data.details["refused"] == [{"path": "conftest.py", "rule": "test-config"}]
     assert "unknown instance 'no-such-task'" in dead[0].data.reason
     # every diff was answered: the group's position is past all four, so a restart grades nothing again
     committed = service.offsets.committable()
@@ -208,34 +209,47 @@ def test_the_streams_fold_keeps_a_diff_event_and_waits_for_the_graders_reward(ta
     assert waited.data.reward is None and waited.data.reward_missing
 
 
-def _part(path: str, body: str = "+x = 1\n", header: str = "new file mode 100644\n") -> str:
-    return f"diff --git a/{path} b/{path}\n{header}--- /dev/null\n+++ b/{path}\n@@ -0,0 +1 @@\n{body}"
+def test_the_policy_takes_source_changes_and_refuses_each_rule_by_name():
+    from recipes.swe.diffs import Change, sift
 
+    def added(path: str, mode: str = "100644", **kw) -> Change:
+        return Change(path=path, status="A", old_mode="000000", new_mode=mode, **kw)
 
-def test_sift_strips_what_would_change_how_the_tests_run_and_keeps_the_source():
-    from recipes.swe.diffs import sift
-
-    rename = ("diff --git a/toolz/tests/test_x.py b/toolz/x.py\nsimilarity index 100%\n"
-              "rename from toolz/tests/test_x.py\nrename to toolz/x.py\n")
-    symlink = ("diff --git a/toolz/link.py b/toolz/link.py\nnew file mode 120000\n--- /dev/null\n+++ b/toolz/link.py\n"
-               "@@ -0,0 +1 @@\n+/etc/passwd\n\\ No newline at end of file\n")
-    parts = {
-        "toolz/itertoolz.py": None,
-        "toolz/tests/test_itertoolz.py": "test file",
-        "tests/helpers.py": "test file",
-        "src/conftest.py": "test configuration",
-        "pyproject.toml": "test configuration",
-        "tox.ini": "test configuration",
-        "setup.cfg": "test configuration",
-        "easy.pth": "interpreter start-up hook",
-        "toolz/usercustomize.py": "interpreter start-up hook",
-        "pytest.py": "shadows a module the test run imports",
-        "_pytest/python.py": "shadows a module the test run imports",
-        "json.py": "shadows a module the test run imports",
-        "../outside.py": "outside the repository",
+    cases = {
+        added("toolz/itertoolz.py"): None,
+        Change("toolz/dicttoolz.py", "D", "100644", "000000"): None,
+        Change("toolz/curried/exceptions.py", "M", "100644", "100644"): None,
+        added("toolz/tests/test_itertoolz.py"): "test-file",
+        added("tests/helpers.py"): "test-file",
+        added("toolz/tests/data/x.json"): "test-file",
+        added("src/conftest.py"): "test-config",
+        added("pyproject.toml"): "test-config",
+        added("sub/.pytest.toml"): "test-config",
+        added("easy.pth"): "startup-hook",
+        added("toolz/usercustomize.py"): "startup-hook",
+        added("pytest.py"): "shadows-module",
+        added("_pytest/python.py"): "shadows-module",
+        added("json.py"): "shadows-module",
+        added("toolz/link.py", mode="120000"): "symlink",
+        Change("toolz/functoolz.py", "T", "100644", "120000"): "symlink",
+        added("vendor", mode="160000"): "submodule",
+        Change("toolz/utils.py", "M", "100644", "100755"): "mode",
+        added("run.sh", mode="100755"): "mode",
+        added("toolz/__pycache__/x.cpython-311.pyc"): "compiled",
+        added("toolz/fast.so"): "compiled",
+        added("toolz-1.0.dist-info/entry_points.txt"): "package-metadata",
+        added("toolz.egg-info/PKG-INFO"): "package-metadata",
+        added("toolz/entry_points.txt"): "package-metadata",
+        added(".gitattributes"): "git-metadata",
+        added("toolz/_version.py", binary=True): "binary-patch",
+        added("toolz/blob.py", text=False): "binary-content",
+        added("toolz/bad\nname.py"): "bad-path",
+        added(".git/hooks/post-checkout"): "outside-tree",
+        added("toolz/sandbox/core.py"): None,
+        added("toolz/hidden"): "hidden-test",
+        added("toolz/hidden/test_new.py/x.py"): "hidden-test",
+        added("toolz/hidden/beside.py"): None,
     }
-    diff = "".join(_part(path) for path in parts) + rename + symlink
-    kept, stripped = sift(diff)
-    reasons = {s.path: s.reason for s in stripped}
-    assert reasons == {**{p: r for p, r in parts.items() if r}, "toolz/x.py": "test file", "toolz/link.py": "symlink"}
-    assert kept == _part("toolz/itertoolz.py")
+    taken, refused = sift(list(cases), frozenset({"toolz/hidden/test_new.py"}))
+    assert taken == [c.path for c, rule in cases.items() if rule is None]
+    assert {r.path: r.rule for r in refused} == {c.path: rule for c, rule in cases.items() if rule}

@@ -242,6 +242,13 @@ async function renderOverview() {
           { key: "pass_rate", label: "pass rate (reward ≥ 1)", num: true, fmt: pct }, { key: "reward_missing", label: "missing", num: true, fmt: int }])}
         ${sqlBlock(o.sql.reward)}</div>
       <div class="card span5"><h2>Live</h2><div id="feed" class="feed">${feedHtml()}</div></div>
+      <div class="card span7"><h2>Flagged gradings by weight version</h2>${panelError(o.flagged)}
+        ${table(o.flagged.rows, [
+          { key: "weight_version", label: "version", num: true }, { key: "graded", label: "graded", num: true, fmt: int },
+          { key: "flagged", label: "flagged", num: true, fmt: int }, { key: "flagged_rate", label: "flagged rate", num: true, fmt: pct },
+          { key: "tests_passed", label: "tests passed", num: true, fmt: int }, { key: "penalized", label: "paid 0 by policy", num: true, fmt: int },
+          { key: "reward_mean", label: "reward mean", num: true, fmt: (v) => num(v, 3) }], "no graded diff in this range")}
+        ${sqlBlock(o.sql.flagged)}</div>
       <div class="card span7"><h2>Latency by upstream</h2>${panelError(o.latency)}
         ${table(o.latency.rows, [
           { key: "upstream", label: "upstream", fmt: (v) => `<span class="mono">${esc(v)}</span>` }, { key: "calls", label: "calls", num: true, fmt: int },

@@ -1,137 +1,152 @@
-"""An agent's diff, file by file: which changes reach the grader and which are stripped (and why).
+"""Which of an agent's changes the grader takes: the policy over the changes git itself parsed.
 
-Grading trusts the task's tests, so nothing the agent writes may change how they run: test files,
-`conftest.py`, pytest/tox/setup configuration, interpreter start-up hooks (`.pth`, `sitecustomize`,
-`usercustomize`), modules that would shadow the test runner or the standard library, and symlinks
-(they could point the tests somewhere else). Those changes are cut out of the diff and reported; the
-rest is applied as is.
+The diff is never split or pattern-matched here. Inside the sandbox, `git apply --cached` applies it to
+a scratch index of the base commit, and `git diff-index --raw` says what it changed: each path with its
+old and new mode and blob (`recipes.swe.inside.prep`). So a part hidden inside another file's part, a
+mode spelled `0120000`, a rename, or a binary patch is seen exactly as git applies it. This module
+decides, per changed path, whether it is taken; the grader then builds the tree from the base commit
+and the taken paths only (`prep build`): what is applied is what was checked.
 
-A git diff is split on its `diff --git` headers; a plain unified diff (no git header) on its `--- `
-lines. Paths come from the `---`/`+++` lines and git's rename/copy lines, never from the header alone
-(its `a/x b/y` form is ambiguous when a path holds a space).
+Taken: a text change (UTF-8, no NUL) to an existing or new regular file (mode 100644, or an existing
+100755 kept as it is) of the repository's source tree. Everything else is refused and named by its rule
+(`RULES`); a refused change is not applied and costs nothing by itself (agents write tests of their own).
 """
 
 from __future__ import annotations
 
-import re
 import sys
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
-TEST_DIRS = frozenset({"tests", "test", "testing"})
-CONFIG_FILES = frozenset({"conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "setup.py", "pyproject.toml",
-                          ".pytest.ini", "noxfile.py", ".coveragerc"})
+PYTEST_CONFIG_FILES = frozenset({"pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini", "pyproject.toml",
+                                 "tox.ini", "setup.cfg"})
+"""every file name pytest reads configuration from (`_pytest.config.findpaths.CONFIG_LOADERS_BY_NAME` of
+the pinned pytest; tests/test_swe_policy.py fails when the installed pytest knows a name not here)"""
+TEST_CONFIG_FILES = PYTEST_CONFIG_FILES | {"conftest.py", "noxfile.py", ".coveragerc", "setup.py",
+                                           "MANIFEST.in", ".env"}
 STARTUP_FILES = frozenset({"sitecustomize.py", "usercustomize.py"})
-RUNNER_MODULES = frozenset({"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging", "site", "conftest"})
-"""top-level names that would shadow what runs the tests, on top of the standard library's"""
+"""what Python's `site` imports at start-up from any folder on sys.path, besides `*.pth` files"""
+COMPILED_SUFFIXES = (".pyc", ".pyo", ".so", ".pyd", ".dll", ".dylib", ".o", ".a", ".whl", ".egg", ".zip")
+METADATA_SUFFIXES = (".dist-info", ".egg-info", ".egg-link", ".data")
+METADATA_FILES = frozenset({"entry_points.txt", "PKG-INFO", "METADATA", "RECORD", "direct_url.json", "top_level.txt"})
+TEST_DIRS = frozenset({"tests", "test", "testing"})
+RUNNER_MODULES = frozenset({"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging", "pygments", "site", "conftest"})
+"""top-level names that would shadow what runs the tests, on top of the standard library's and whatever else
+the test environment has installed (`env_modules`): pytest puts a test's rootdir first on sys.path"""
+REGULAR = "100644"
 
-_GIT_HEADER = re.compile(r"^diff --git ", re.M)
-_PLAIN_HEADER = re.compile(r"^--- ", re.M)
+RULES = {
+    "outside-tree": "an absolute path, a `..` or a `.git` component",
+    "bad-path": "a path that is not UTF-8 or holds a control character",
+    "symlink": "a symbolic link (mode 120000 in any spelling git accepts)",
+    "submodule": "a gitlink (mode 160000)",
+    "mode": "a mode change, or a new file that is not a plain 100644 file",
+    "binary-patch": "a GIT binary patch or a 'Binary files differ' part",
+    "binary-content": "new content that is not UTF-8 text (or holds NUL)",
+    "compiled": "bytecode, __pycache__, shared objects, archives",
+    "package-metadata": "*.dist-info, *.egg-info, entry points: how plugins get autoloaded",
+    "startup-hook": "sitecustomize, usercustomize, *.pth: code the interpreter runs at start-up",
+    "test-config": "a file pytest (or the test tooling) reads as configuration, conftest.py",
+    "git-metadata": ".gitattributes, .gitmodules: they change what `git archive` writes",
+    "hidden-test": "a path of the hidden tests' patch, or a folder or file in its way",
+    "test-file": "a test file or anything under a test folder (test data)",
+    "shadows-module": "a top-level module named like the standard library or the test runner",
+}
 
 
 @dataclass(frozen=True)
-class FileDiff:
+class Change:
+    """One path as git's `diff-index --raw` reports it against the base commit."""
+
     path: str
-    """the path the change writes (the new path of a rename; the old one of a deletion)"""
-    old_path: str | None
-    text: str
-    """this file's part of the diff, headers included"""
-    symlink: bool = False
+    status: str
+    """A(dded), M(odified), D(eleted), T(ype changed)"""
+    old_mode: str
+    new_mode: str
+    binary: bool = False
+    """git's numstat called this path's patch binary"""
+    text: bool = True
+    """the new content is UTF-8 without NUL"""
 
-    @property
-    def paths(self) -> set[str]:
-        return {p for p in (self.path, self.old_path) if p}
-
-
-def split(diff: str) -> list[FileDiff]:
-    """The diff's parts, one per file, in order."""
-    if not diff.strip():
-        return []
-    header = _GIT_HEADER if _GIT_HEADER.search(diff) else _PLAIN_HEADER
-    starts = [m.start() for m in header.finditer(diff)]
-    if not starts:
-        raise ValueError("not a diff: no 'diff --git' or '--- ' header")
-    parts = [diff[a:b] for a, b in zip(starts, [*starts[1:], len(diff)])]
-    return [_file_diff(part) for part in parts]
+    @classmethod
+    def from_raw(cls, raw: dict, binary: set[str]) -> Change:
+        return cls(path=raw["path"], status=raw["status"], old_mode=raw["old_mode"], new_mode=raw["new_mode"],
+                   binary=raw["path"] in binary, text=raw.get("text", True))
 
 
-def _file_diff(text: str) -> FileDiff:
-    old = new = None
-    symlink = False
-    for line in text.splitlines():
-        if line.startswith("@@"):
-            break
-        if line.startswith("--- "):
-            old = _strip_prefix(line[4:], "a/")
-        elif line.startswith("+++ "):
-            new = _strip_prefix(line[4:], "b/")
-        elif line.startswith(("rename from ", "copy from ")):
-            old = line.split(" ", 2)[2]
-        elif line.startswith(("rename to ", "copy to ")):
-            new = line.split(" ", 2)[2]
-        elif line.endswith(" 120000") and line.startswith(("new file mode", "new mode", "old mode", "deleted file mode", "index ")):
-            symlink = True
-    if old is None and new is None and text.startswith("diff --git "):
-        old, new = _header_paths(text.splitlines()[0])  # a mode change or an empty file: no ---/+++ lines
-    path = new if new is not None else old
-    if path is None:
-        raise ValueError(f"a diff part without file names: {text[:80]!r}")
-    return FileDiff(path=path, old_path=old if old != path else None, text=text, symlink=symlink)
+def env_modules(site_packages: Path) -> frozenset[str]:
+    """The top-level module names installed in a test environment's site-packages."""
+    names = set()
+    for entry in site_packages.iterdir():
+        name = entry.name
+        if name.endswith((".dist-info", ".egg-info", ".pth")) or name.startswith("__"):
+            continue
+        names.add(name.split(".")[0] if entry.is_file() else name)
+    return frozenset(names)
 
 
-def _strip_prefix(name: str, prefix: str) -> str | None:
-    name = name.split("\t")[0].strip()
-    if name == "/dev/null":
-        return None
-    if name.startswith('"') and name.endswith('"'):
-        name = name[1:-1].encode().decode("unicode_escape")
-    return name[len(prefix):] if name.startswith(prefix) else name
-
-
-def _header_paths(line: str) -> tuple[str, str]:
-    rest = line[len("diff --git "):]
-    middle = len(rest) // 2  # "a/X b/X" with the same X on both sides
-    return rest[2:middle], rest[middle + 3:]
-
-
-def protected(path: str) -> str | None:
-    """Why the grader must not take a change to `path` from the agent, or None."""
+def refusal(change: Change, hidden: frozenset[str] = frozenset(), modules: frozenset[str] = RUNNER_MODULES) -> str | None:
+    """The rule that refuses `change`, or None when the grader takes it."""
+    path = change.path
     parts = PurePosixPath(path).parts
-    name = parts[-1] if parts else path
-    if ".." in parts or path.startswith("/"):
-        return "outside the repository"
+    if not parts or path.startswith("/") or ".." in parts or "." in parts or ".git" in parts:
+        return "outside-tree"
+    if any(ord(c) < 32 or ord(c) == 127 or 0xD800 <= ord(c) <= 0xDFFF for c in path):
+        return "bad-path"
+    if "120000" in (change.old_mode, change.new_mode):
+        return "symlink"
+    if "160000" in (change.old_mode, change.new_mode):
+        return "submodule"
+    name = parts[-1]
+    if name.endswith(COMPILED_SUFFIXES) or "__pycache__" in parts:
+        return "compiled"
+    if any(p.endswith(METADATA_SUFFIXES) for p in parts) or name in METADATA_FILES:
+        return "package-metadata"
     if name in STARTUP_FILES or name.endswith(".pth"):
-        return "interpreter start-up hook"
-    if name in CONFIG_FILES:
-        return "test configuration"
-    if any(part in TEST_DIRS for part in parts[:-1]) or name.startswith("test_") or name.endswith("_test.py"):
-        return "test file"
-    top = parts[0].removesuffix(".py") if parts else ""
-    if len(parts) >= 1 and (top in RUNNER_MODULES or top in sys.stdlib_module_names) and (
-            len(parts) > 1 or name.endswith(".py")):
-        return "shadows a module the test run imports"
+        return "startup-hook"
+    if name in TEST_CONFIG_FILES:
+        return "test-config"
+    if name in (".gitattributes", ".gitmodules"):
+        return "git-metadata"
+    if _in_the_way(path, hidden):
+        return "hidden-test"
+    if any(part in TEST_DIRS for part in parts[:-1]) or name in TEST_DIRS or name.startswith("test_") or \
+            name.endswith("_test.py") or name in ("tests.py", "test.py"):
+        return "test-file"
+    top = parts[0].removesuffix(".py")
+    if (top in modules or top in RUNNER_MODULES or top in sys.stdlib_module_names) and (len(parts) > 1 or name.endswith(".py")):
+        return "shadows-module"
+    if change.status not in ("A", "M", "D"):
+        return "mode"
+    if change.status == "A" and change.new_mode != REGULAR or change.status == "M" and change.old_mode != change.new_mode:
+        return "mode"
+    if change.binary:
+        return "binary-patch"
+    if change.status != "D" and not change.text:
+        return "binary-content"
     return None
 
 
+def _in_the_way(path: str, hidden: frozenset[str]) -> bool:
+    """`path` is a hidden test's path, a folder above one, or under one (a file where its folder goes)."""
+    return any(path == h or h.startswith(path + "/") or path.startswith(h + "/") for h in hidden)
+
+
 @dataclass(frozen=True)
-class Stripped:
+class Refused:
     path: str
-    reason: str
+    rule: str
 
 
-def sift(diff: str) -> tuple[str, list[Stripped]]:
-    """The diff without the protected changes, and what was taken out."""
-    kept: list[str] = []
-    stripped: list[Stripped] = []
-    for part in split(diff):
-        reason = "symlink" if part.symlink else next(filter(None, map(protected, sorted(part.paths))), None)
-        if reason:
-            stripped.append(Stripped(part.path, reason))
+def sift(changes: list[Change], hidden: frozenset[str] = frozenset(),
+         modules: frozenset[str] = RUNNER_MODULES) -> tuple[list[str], list[Refused]]:
+    """The paths taken, and those refused with their rule (`modules`: the test environment's, see `env_modules`)."""
+    taken: list[str] = []
+    refused: list[Refused] = []
+    for change in changes:
+        rule = refusal(change, hidden, modules)
+        if rule:
+            refused.append(Refused(change.path, rule))
         else:
-            kept.append(part.text if part.text.endswith("\n") else part.text + "\n")
-    return "".join(kept), stripped
-
-
-def touched(diff: str) -> set[str]:
-    """Every path a diff writes or removes."""
-    return set().union(*(part.paths for part in split(diff))) if diff.strip() else set()
+            taken.append(change.path)
+    return taken, refused

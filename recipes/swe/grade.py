@@ -9,7 +9,9 @@ assembly; inside it, gradings run side by side, so a slow one never holds up the
 Offsets are committed, per partition, only below the oldest diff whose reward the broker has not yet
 acknowledged: a crash grades the rest again, and a reward's id is derived from the diff event's id,
 so the repeat is the same event and consumers drop it. A diff for an unknown instance, or a task whose
-test patch does not apply, goes to the deadletter topic with the reason.
+test patch does not apply, goes to the deadletter topic with the reason. Nothing a diff does stalls a
+partition: the grader turns any failure of a grading into reward 0 with the reason, and should anything
+still escape it, the diff is deadlettered with that reason and its offset done like any other.
 """
 
 from __future__ import annotations
@@ -22,11 +24,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from aiokafka import ConsumerRecord, TopicPartition
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import CliApp, SettingsConfigDict
 
 from recipes.swe import repos, tasks
-from recipes.swe.grader import REWARD_FN, GradeError, Grader
+from recipes.swe.grader import REWARD_FN, GradeError, Grader, penalties_from
 from recipes.swe.instance import Instance
 from schemas.codec import DecodeError, decode
 from schemas.events import Reward, RewardEvent, RolloutDiffEvent
@@ -48,6 +50,17 @@ class GradeSettings(KafkaSettings):
     workers: int = Field(2, ge=1, description="gradings run at once (each in its own sandbox)")
     timeout_s: float = Field(120.0, gt=0, description="wall clock of one grading's test run")
     group_id: str = Field("agentstream-grader", description="consumer group (the topic prefix is put before it)")
+    second_opinion: bool = Field(True, description="rerun a reward-1 diff's FAIL_TO_PASS tests, each alone in a "
+                                                   "fresh sandbox; pay 1 only when both runs agree")
+    reward_penalties: str = Field("default", description="flags that zero the training reward (the recorded grade "
+                                                         "stays in details.graded_reward): 'default', 'none', or "
+                                                         "a comma-separated list of flag names")
+
+    @field_validator("reward_penalties")
+    @classmethod
+    def _known_flags(cls, value: str) -> str:
+        penalties_from(value)
+        return value
 
 
 def reward_event(diff: RolloutDiffEvent, value: float, details: dict) -> RewardEvent:
@@ -81,7 +94,8 @@ class GradeService:
         self.settings = settings
         self.instances = tasks.by_id(instances)
         self.grader = grader or Grader(repos_dir=settings.repos_dir, envs_dir=settings.envs_dir,
-                                       timeout_s=settings.timeout_s)
+                                       timeout_s=settings.timeout_s, second_opinion=settings.second_opinion,
+                                       penalties=penalties_from(settings.reward_penalties))
         self.executor = ThreadPoolExecutor(settings.workers, thread_name_prefix="grade")
         self.slots = asyncio.Semaphore(settings.workers * 2)
         self.offsets = Offsets()
@@ -129,31 +143,38 @@ class GradeService:
     async def _grade(self, tp: TopicPartition, record: ConsumerRecord, event: RolloutDiffEvent,
                      publisher: Publisher) -> None:
         try:
-            instance = self.instances.get(event.data.instance_id)
-            if instance is None:
-                await publisher.deadletter(record, f"unknown instance {event.data.instance_id!r}: not in "
-                                           f"{self.settings.tasks}", SOURCE)
-            elif instance.base_commit != event.data.base_commit:
-                await publisher.deadletter(record, f"the diff is against {event.data.base_commit}, the task's base "
-                                           f"commit is {instance.base_commit}", SOURCE)
+            reward, dead = await self._answer(event)
+            if reward is not None:
+                await publisher.publish(reward)
+                self.graded += 1
             else:
-                loop = asyncio.get_running_loop()
-                try:
-                    result = await loop.run_in_executor(self.executor, self.grader.grade, instance,
-                                                        event.data.diff, event.data.truncated)
-                except GradeError as exc:
-                    await publisher.deadletter(record, f"the task cannot be graded: {exc}", SOURCE)
-                else:
-                    # how the attempt ended goes with its score: a 0 after a context overflow says so
-                    details = {**result.details, "outcome": event.data.outcome}
-                    await publisher.publish(reward_event(event, result.reward, details))
-                    self.graded += 1
+                await publisher.deadletter(record, dead or "not graded", SOURCE)
             self.offsets.done(tp, record.offset)
-        except Exception:
-            log.exception("grading %s:%d@%d failed; it is graded again after a restart", tp.topic, tp.partition,
-                          record.offset)
+        except Exception:  # only the broker refusing the answer gets here: graded again after a restart
+            log.exception("publishing the answer to %s:%d@%d failed; it is graded again after a restart", tp.topic,
+                          tp.partition, record.offset)
         finally:
             self.slots.release()
+
+    async def _answer(self, event: RolloutDiffEvent) -> tuple[RewardEvent | None, str | None]:
+        """The diff's reward event, or the reason it goes to the deadletter topic. Never raises."""
+        instance = self.instances.get(event.data.instance_id)
+        if instance is None:
+            return None, f"unknown instance {event.data.instance_id!r}: not in {self.settings.tasks}"
+        if instance.base_commit != event.data.base_commit:
+            return None, f"the diff is against {event.data.base_commit}, the task's base commit is {instance.base_commit}"
+        loop = asyncio.get_running_loop()
+        try:
+            result = await loop.run_in_executor(self.executor, self.grader.grade, instance, event.data.diff,
+                                                event.data.truncated)
+        except GradeError as exc:
+            return None, f"the task cannot be graded: {exc}"
+        except Exception as exc:
+            log.exception("grading %s failed", event.id)
+            return None, f"the grader failed on this diff ({type(exc).__name__}: {str(exc)[:400]}); not the task's fault"
+        # how the attempt ended goes with its score: a 0 after a context overflow says so
+        details = {**result.details, "outcome": event.data.outcome}
+        return reward_event(event, result.reward, details), None
 
     async def _commit(self, consumer) -> None:
         assigned = consumer.assignment()

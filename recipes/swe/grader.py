@@ -1,46 +1,82 @@
 """The grader: an instance and the agent's diff in, a reward with its details out. Nothing else is trusted.
 
-Each grading starts again, in a fresh sandbox, from the task's base commit:
-  1. the agent's diff, with every change to tests, test configuration, start-up hooks, shadowing
-     modules and symlinks stripped and reported (`recipes.swe.diffs`), is applied; a diff that does not
-     apply scores 0;
-  2. every file the test patch touches is put back as it was at the base commit (or removed, if the
-     base had none), then the test patch is applied: the hidden tests arrive only now;
-  3. FAIL_TO_PASS and PASS_TO_PASS run under pytest inside the sandbox (no network, a wall-clock limit);
-  4. the reward is 1 when every one of them passed, else 0; the details say what ran, what passed,
-     what was stripped and how long each step took.
+Each grading starts again, in fresh sandboxes, from the task's base commit, and nothing of it runs as
+root or touches the host's files beyond a fresh scratch folder: git, the tests and the clean-up run
+inside the sandbox as its unprivileged uid (`recipes/swe/inside/`).
+  1. inspect: git applies the diff to a scratch index of the base commit and says what it changes
+     (path, modes, blobs, binary or text); a diff git does not apply scores 0;
+  2. policy (`recipes.swe.diffs`): each change is taken or refused by a named rule (tests, test data,
+     anything pytest or Python reads as configuration or at start-up, symlinks, mode changes, binary
+     patches, compiled files, package metadata, paths outside the tree);
+  3. build: a fresh index of the base commit plus exactly the taken paths, then the hidden tests'
+     patch; that tree is what runs. An ast scan of the changed Python lines adds `flags`;
+  4. run: FAIL_TO_PASS + PASS_TO_PASS under pytest with its configuration file, rootdir and plugin set
+     pinned. Outcomes travel through a pipe to a launcher process outside the test process, which
+     prints the verdict as the output's last line after killing every other process (`inside/launch.py`).
+     A test passes only when setup, call and teardown passed and it was no expected failure;
+  5. second opinion (on by default): a reward-1 diff's FAIL_TO_PASS tests run again, each in a sandbox
+     and tree of its own; 1 only when both agree;
+  6. policy on flags: the recorded grade (`graded_reward`) is what the tests said; the reward is 0 when
+     a flag in `penalties` was raised (`penalized_by` names them).
 
-Stripped changes are not punished by themselves (agents legitimately add tests of their own); they
-cannot help either, as the tests run as the task wrote them. What a grader of this kind cannot stop:
-library code that patches pytest when the tests import it (it runs inside the test process). Added
-lines in the agent's source that name pytest or reach into `sys.modules`/`builtins` are flagged as
-`suspicious` for review; they do not change the reward.
+Any exception while grading a diff becomes reward 0 with the reason (`error`); a `GradeError` is the
+task's own fault (its base commit missing, its test patch not applying on the base) and is the caller's
+to deadletter.
+
+What this grader cannot stop: the agent's library code runs inside the test process, so it can patch
+pytest, forge the reporter's records on the pipe (the launcher refuses a phase reported twice or an exit
+status that disagrees with the kernel's, not a consistent forgery), rewrite a test file or its cached
+bytecode before pytest imports it, or special-case the tests' inputs; the scan flags the usual ways
+(pytest, frames, builtins, sys.modules, exits, output, always-equal dunders, dynamic code, strings naming
+the run's files) and the penalty policy zeroes them, but a determined obfuscation the scan misses is a
+reward-hacking case only a review or a stronger hidden test catches.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
-import re
+import shlex
 import shutil
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from schemas.errors import ServiceError
 from recipes.swe import diffs, repos, testrun
+from recipes.swe.inside import scan
 from recipes.swe.instance import Instance
-from sandbox.contract import Sandbox, SandboxSpec
+from sandbox.contract import CommandResult, Limits, Network, Sandbox, SandboxSpec
+from schemas.errors import ServiceError
 
+log = logging.getLogger("recipes.swe.grader")
 REWARD_FN = "recipes.swe.grader"
 DEFAULT_TIMEOUT_S = 120.0
-_SUSPICIOUS = re.compile(r"\b(_?pytest|sys\.modules|builtins|__builtins__|sys\.settrace|atexit|os\._exit)\b")
+INSIDE = Path(__file__).resolve().parent / "inside"
+GRADER_MOUNT = Path("/grader")
+PREP_FRAME = "@@agentstream-grade@@ "
+VERDICT_FRAME = "@@agentstream-verdict@@ "
+MAX_TREE_BYTES = 1 << 30
+OUTCOME_FLAGS = {"outcome-channel": "the test run's outcomes were inconsistent (a phase reported twice, an exit "
+                                    "status that disagrees with the kernel's, the session cut short)",
+                 "second-opinion": "the FAIL_TO_PASS tests, each rerun alone in a fresh sandbox, did not all pass"}
+NOT_PENALIZED = frozenset({"dunder-override", "refused:test-file", "refused:test-config", "refused:hidden-test"})
+ALL_FLAGS = frozenset(scan.FLAGS) | {f"refused:{rule}" for rule in diffs.RULES} | set(OUTCOME_FLAGS)
+DEFAULT_PENALTIES = ALL_FLAGS - NOT_PENALIZED
+"""flags that zero the reward by default: everything but a plain dunder and the refusals of test edits"""
+CLEANUP = "chmod -R u+rwX /workspace 2>/dev/null; rm -rf /workspace/* /workspace/.[!.]* /workspace/..?* 2>/dev/null; true"
+"""run inside, as the sandbox's uid, before it is closed: whatever the tests left (however deep) goes
+there, not by a recursive walk on the host"""
 
 
 class GradeError(ServiceError):
     """The task itself is broken (its test patch does not apply, its repository is missing): not the agent's fault."""
+
+
+class _Zero(Exception):
+    """This diff scores 0, for the reason given."""
 
 
 @dataclass
@@ -49,12 +85,28 @@ class GradeResult:
     details: dict[str, Any] = field(default_factory=dict)
 
 
+def penalties_from(text: str) -> frozenset[str]:
+    """`default`, `none`, or a comma-separated list of flag names (`--reward-penalties`)."""
+    text = text.strip()
+    if text == "default":
+        return DEFAULT_PENALTIES
+    if text in ("none", ""):
+        return frozenset()
+    names = frozenset(n.strip() for n in text.split(",") if n.strip())
+    unknown = names - ALL_FLAGS
+    if unknown:
+        raise ValueError(f"unknown flags {sorted(unknown)}; known: {sorted(ALL_FLAGS)}")
+    return names
+
+
 @dataclass(frozen=True)
 class Grader:
     repos_dir: Path = field(default_factory=repos.default_repos_dir)
     envs_dir: Path = field(default_factory=repos.default_envs_dir)
     timeout_s: float = DEFAULT_TIMEOUT_S
     sandbox: Callable[[SandboxSpec], Sandbox] = testrun.make_sandbox
+    second_opinion: bool = True
+    penalties: frozenset[str] = DEFAULT_PENALTIES
 
     def grade(self, instance: Instance, diff: str, truncated: bool = False) -> GradeResult:
         started = time.monotonic()
@@ -63,87 +115,219 @@ class Grader:
             raise GradeError(f"{instance.instance_id}: base_commit {instance.base_commit} is not in {repo}")
         env = testrun.ensure_env(self.envs_dir / repos.slug(instance.repo))
         details: dict[str, Any] = {"instance_id": instance.instance_id, "base_commit": instance.base_commit,
-                                   "diff_bytes": len(diff.encode()), "timings_s": {}}
-        timings = details["timings_s"]
-        if truncated:
-            return self._zero(details, started, "the diff was truncated on its way to the log: it cannot be applied whole")
+                                   "diff_bytes": len(diff.encode(errors="replace")), "timings_s": {},
+                                   "refused": [], "flags": [], "findings": [], "flagged": False}
+        scratch = Path(tempfile.mkdtemp(prefix="swe-grade-"))
         try:
-            kept, stripped = diffs.sift(diff)
-        except ValueError as exc:
-            return self._zero(details, started, f"not a diff: {exc}")
-        details["stripped"] = [{"path": s.path, "reason": s.reason} for s in stripped]
-        details["flagged"] = bool(stripped)
-        details["suspicious"] = suspicious_lines(kept)
-        with tempfile.TemporaryDirectory(prefix="swe-grade-") as scratch:
-            workspace = Path(scratch) / "workspace"
-            repos.checkout(repo, instance.base_commit, workspace)
-            timings["checkout"] = round(time.monotonic() - started, 3)
-            mark = time.monotonic()
-            if kept.strip() and (error := apply(workspace, kept)):
-                return self._zero(details, started, f"the agent's diff does not apply: {error}")
-            restore(repo, instance.base_commit, workspace, diffs.touched(instance.test_patch))
-            if error := apply(workspace, instance.test_patch):
-                raise GradeError(f"{instance.instance_id}: the test patch does not apply: {error}")
-            timings["apply"] = round(time.monotonic() - mark, 3)
-            result = self.run_tests(workspace, env, [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS])
-        timings["tests"] = round(result.duration_s, 3)
-        statuses = testrun.parse_pytest_log(result.output)
-        f2p, p2p = _count(statuses, instance.FAIL_TO_PASS), _count(statuses, instance.PASS_TO_PASS)
-        resolved = f2p["passed"] == f2p["total"] and p2p["passed"] == p2p["total"]
-        details.update(
-            resolved=resolved, fail_to_pass=f2p, pass_to_pass=p2p, applied=True,
-            ran={"command": testrun.pytest_command(env) + " <test ids>", "exit_code": result.exit_code, "limit": result.limit,
-                 "tests": len(instance.FAIL_TO_PASS) + len(instance.PASS_TO_PASS)},
-            output_tail=testrun.scrub(result.output[-2000:]) if not resolved else "",
-        )
-        timings["total"] = round(time.monotonic() - started, 3)
-        return GradeResult(1.0 if resolved else 0.0, details)
-
-    def run_tests(self, workspace: Path, env: Path, test_ids: list[str]):
-        with self.sandbox(testrun.sandbox_spec(workspace, env, self.timeout_s)) as box:
-            return box.run(testrun.pytest_command(env, test_ids), timeout_s=self.timeout_s)
-
-    @staticmethod
-    def _zero(details: dict[str, Any], started: float, error: str) -> GradeResult:
-        details.update(resolved=False, applied=False, error=error)
+            if truncated:
+                raise _Zero("the diff was truncated on its way to the log: it cannot be applied whole")
+            graded = self._grade(instance, diff, repo, env, scratch, details, started)
+        except GradeError:
+            raise
+        except _Zero as zero:
+            details.update(resolved=False, error=str(zero))
+            graded = 0.0
+        except Exception as exc:  # whatever the diff did to the grader, it scores 0 and the service goes on
+            log.exception("grading %s failed", instance.instance_id)
+            details.update(resolved=False, error=f"the grader failed on this diff: {type(exc).__name__}: {exc}"[:800])
+            graded = 0.0
+        finally:
+            _remove(scratch)
+        details.setdefault("applied", False)
         details["timings_s"]["total"] = round(time.monotonic() - started, 3)
-        return GradeResult(0.0, details)
+        return self._policy(graded, details)
+
+    def _policy(self, graded: float, details: dict[str, Any]) -> GradeResult:
+        details["flags"] = sorted(set(details["flags"]))
+        details["flagged"] = bool(details["flags"])
+        details["graded_reward"] = graded
+        details["penalized_by"] = sorted(set(details["flags"]) & self.penalties)
+        return GradeResult(0.0 if details["penalized_by"] else graded, details)
+
+    # --- the steps ----------------------------------------------------------------------------------
+
+    def _grade(self, instance: Instance, diff: str, repo: Path, env: Path, scratch: Path,
+               details: dict[str, Any], started: float) -> float:
+        timings = details["timings_s"]
+        first = _fresh(scratch / "first", {"in/agent.diff": diff.encode(errors="replace"),
+                                           "in/test.patch": instance.test_patch.encode()})
+        with _Opened(self.sandbox(self._spec(first, env, repo))) as box:
+            inspected = self._prep(box, env, ["inspect", instance.base_commit])
+            if not inspected["applies"]:
+                raise _Zero(f"the agent's diff does not apply: {inspected['error']}")
+            binary = set(inspected["binary"])
+            changes = [diffs.Change.from_raw(raw, binary) for raw in inspected["changes"]]
+            site = next((env / "lib").glob("python3*/site-packages"))
+            taken, refused = diffs.sift(changes, frozenset(inspected["hidden"]), diffs.env_modules(site))
+            details["refused"] = [{"path": r.path, "rule": r.rule} for r in refused]
+            details["flags"] += [f"refused:{r.rule}" for r in refused]
+            details["applied"] = True
+            _write_new(first / "in" / "taken.json", json.dumps(taken).encode())
+            built = self._prep(box, env, ["build", instance.base_commit, "/workspace/in/taken.json"])
+            if not built["built"]:
+                if repos.check_patches(repo, instance.base_commit, instance.test_patch) is not None:
+                    raise GradeError(f"{instance.instance_id}: the test patch does not apply: {built['test_patch_error']}")
+                details["flags"].append("refused:hidden-test")
+                raise _Zero(f"the agent's changes are in the way of the hidden tests: {built['test_patch_error']}")
+            details["findings"] = built["flags"][:50]
+            details["flags"] += [f["flag"] for f in built["flags"]]
+            tree_tar = _read_regular(first / "out" / "tree.tar") if self.second_opinion else b""
+            timings["prepare"] = round(time.monotonic() - started, 3)
+            ids = [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS]
+            run, verdict = self._run_tests(box, env, ids, "")
+        timings["tests"] = round(run.duration_s, 3)
+        statuses = verdict.get("statuses", {}) if verdict else {}
+        f2p, p2p = _count(statuses, instance.FAIL_TO_PASS), _count(statuses, instance.PASS_TO_PASS)
+        consistent = bool(verdict and verdict["consistent"])
+        details.update(fail_to_pass=f2p, pass_to_pass=p2p, ran=_ran(run, verdict, len(ids)))
+        if verdict and not consistent:
+            details["flags"].append("outcome-channel")
+        resolved = consistent and f2p["passed"] == f2p["total"] and p2p["passed"] == p2p["total"]
+        if not resolved:
+            details.update(resolved=False, output_tail=testrun.scrub(_before_frame(run.output)[-2000:]))
+            return 0.0
+        if self.second_opinion:
+            mark = time.monotonic()
+            opinion = [self._second_opinion(scratch, n, env, repo, tree_tar, test)
+                       for n, test in enumerate(instance.FAIL_TO_PASS)]
+            timings["second_opinion"] = round(time.monotonic() - mark, 3)
+            agreed = all(status == "PASSED" for status in opinion)
+            details["second_opinion"] = {"agreed": agreed, "statuses": dict(zip(instance.FAIL_TO_PASS, opinion))}
+            if not agreed:
+                details["flags"].append("second-opinion")
+                details["resolved"] = False
+                return 0.0
+        details["resolved"] = True
+        return 1.0
+
+    def _second_opinion(self, scratch: Path, n: int, env: Path, repo: Path, tree_tar: bytes, test: str) -> str:
+        workspace = _fresh(scratch / f"second-{n}", {"in/tree.tar": tree_tar})
+        with _Opened(self.sandbox(self._spec(workspace, env, repo))) as box:
+            untar = _python(env, "prep.py", "untar", "/workspace/in/tree.tar", "/workspace/tree")
+            _, verdict = self._run_tests(box, env, [test], f"{untar} >/dev/null && ")
+        if not verdict or not verdict["consistent"]:
+            return "INCONSISTENT"
+        return str(verdict["statuses"].get(test, "NOT RUN"))
+
+    def _run_tests(self, box: Sandbox, env: Path, ids: list[str], before: str) -> tuple[CommandResult, dict | None]:
+        command = before + "exec " + _python(env, "launch.py", "/workspace/tree", *ids)
+        run = box.run(command, timeout_s=self.timeout_s)
+        return run, _frame(run.output, VERDICT_FRAME)
+
+    def _prep(self, box: Sandbox, env: Path, args: list[str]) -> dict:
+        done = box.run(_python(env, "prep.py", *args), timeout_s=self.timeout_s)
+        answer = _frame(done.output, PREP_FRAME)
+        if answer is None:
+            raise RuntimeError(f"prep {args[0]} gave no answer (exit {done.exit_code}, limit {done.limit}): "
+                               f"{done.output[-400:]}")
+        if "failed" in answer:
+            raise RuntimeError(f"prep {args[0]}: {answer['failed']}")
+        return answer
+
+    def _spec(self, workspace: Path, env: Path, repo: Path) -> SandboxSpec:
+        spec = testrun.sandbox_spec(workspace, env, self.timeout_s)
+        git_dir = Path(repos.git(repo, "rev-parse", "--absolute-git-dir").stdout.decode().strip())
+        binds = [*spec.binds, (git_dir, GRADER_MOUNT / "repo"), (INSIDE, GRADER_MOUNT / "inside")]
+        limits = Limits(command_timeout_s=self.timeout_s, attempt_timeout_s=max(self.timeout_s * 4, 300.0))
+        return SandboxSpec(workspace=workspace, limits=limits, network=Network.NONE, binds=binds, env=spec.env)
+
+
+class _Opened:
+    """A grading sandbox: emptied from inside (CLEANUP) and closed on the way out, whatever happened; a
+    failure of either is logged and never hides the grading's own outcome."""
+
+    def __init__(self, box: Sandbox):
+        self.box = box
+
+    def __enter__(self) -> Sandbox:
+        return self.box
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.box.run(CLEANUP, timeout_s=60)
+        except Exception:
+            log.exception("emptying a grading sandbox failed")
+        try:
+            self.box.close()
+        except Exception:
+            log.exception("closing a grading sandbox failed")
+
+
+def _python(env: Path, script: str, *args: str) -> str:
+    argv = [str(env.resolve() / "bin" / "python"), "-I", str(GRADER_MOUNT / "inside" / script), *args]
+    return " ".join(shlex.quote(arg) for arg in argv)
+
+
+def _frame(output: str, marker: str) -> dict | None:
+    """The JSON of the output's last line when it is a `marker` frame (a frame anywhere else is not ours)."""
+    at = output.rfind("\n" + marker)
+    if at < 0:
+        return None
+    line, _, rest = output[at + 1 + len(marker):].partition("\n")
+    if rest.strip():
+        return None
+    try:
+        answer = json.loads(line)
+    except ValueError:
+        return None
+    return answer if isinstance(answer, dict) else None
+
+
+def _before_frame(output: str) -> str:
+    at = output.rfind("\n" + VERDICT_FRAME)
+    return output if at < 0 else output[:at]
+
+
+def _ran(run: CommandResult, verdict: dict | None, tests: int) -> dict[str, Any]:
+    ran: dict[str, Any] = {"exit_code": run.exit_code, "limit": run.limit, "tests": tests}
+    if verdict is None:
+        ran.update(consistent=False, problems=["no verdict from the launcher (killed, or a limit was hit)"])
+    else:
+        ran.update({key: verdict.get(key) for key in ("consistent", "problems", "collected", "exitstatus")},
+                   pytest_exit_code=verdict.get("exit_code"))
+    return ran
 
 
 def _count(statuses: dict[str, str], ids: list[str]) -> dict[str, Any]:
-    failed = [test for test in ids if statuses.get(test) not in testrun.PASSING]
+    failed = [test for test in ids if statuses.get(test) != "PASSED"]
     return {"total": len(ids), "passed": len(ids) - len(failed),
             "failed": {test: statuses.get(test, "NOT RUN") for test in failed[:50]}}
 
 
-def apply(workspace: Path, patch: str) -> str | None:
-    """Why `patch` does not apply in `workspace` (nothing is changed then), or None once applied."""
-    env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(workspace.parent), "GIT_CONFIG_NOSYSTEM": "1"}
-    done = subprocess.run(["git", "apply", "--whitespace=nowarn", "-"], cwd=workspace, input=patch.encode(),
-                          capture_output=True, env=env)
-    if done.returncode:
-        return done.stderr.decode(errors="replace").strip()[:500] or "git apply failed"
-    return None
+def _fresh(folder: Path, files: dict[str, bytes]) -> Path:
+    """A new folder (in the grading's own scratch) holding `files`, written before any sandbox owns it."""
+    folder.mkdir()
+    for name, data in files.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return folder
 
 
-def restore(repo: Path, commit: str, workspace: Path, paths: set[str]) -> None:
-    """Put `paths` back as they are at `commit`; remove those it does not have."""
-    for path in sorted(paths):
-        target = workspace / path
-        if target.is_symlink() or target.is_file():
-            target.unlink()
-        elif target.is_dir():
-            shutil.rmtree(target)
-        shown = repos.git(repo, "show", f"{commit}:{path}", check=False)
-        if shown.returncode == 0:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(shown.stdout)
+def _write_new(path: Path, data: bytes) -> None:
+    """A new file in a workspace the sandbox's uid owns by now (only the grader's prep ran there): never
+    through a link, never over an existing file."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
 
 
-def suspicious_lines(patch: str) -> list[dict[str, str]]:
-    found = []
-    for part in diffs.split(patch) if patch.strip() else []:
-        for line in part.text.splitlines():
-            if line.startswith("+") and not line.startswith("+++") and _SUSPICIOUS.search(line):
-                found.append({"path": part.path, "line": line[1:].strip()[:200]})
-    return found[:20]
+def _read_regular(path: Path) -> bytes:
+    """A file the prep step wrote, read without following a link (nothing of the agent's has run yet)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not (info.st_mode & 0o170000 == 0o100000) or info.st_size > MAX_TREE_BYTES:
+            raise RuntimeError(f"{path.name} is not a regular file under {MAX_TREE_BYTES} bytes")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read()
+    finally:
+        os.close(fd)
+
+
+def _remove(scratch: Path) -> None:
+    """The scratch folder, emptied inside the sandboxes already (CLEANUP); what is left is small."""
+    try:
+        shutil.rmtree(scratch)
+    except Exception:  # a deep tree a limit kept CLEANUP from removing: logged, never the grading's outcome
+        log.exception("could not remove %s", scratch)
