@@ -78,7 +78,7 @@ class CommandResult:
     duration_s: float
     limit: str | None = None
     """set when a limit ended the command: 'command_timeout', 'attempt_timeout', 'cpu', 'memory', 'processes',
-    'file_size'"""
+    'file_size', 'disk' (the workspace or /tmp is full: ENOSPC)"""
 
     @classmethod
     def not_run(cls, command: str, limits: Limits) -> CommandResult:

@@ -57,6 +57,9 @@ STATE_DIR = Path("/tmp/agentstream-sandbox")
 STAGE = STATE_DIR / "stage"
 DISKS = STATE_DIR / "disks"
 """where a workspace disk's image is made (and unlinked at once: the loop device holds it)"""
+NPROC_MARGIN = 16
+"""RLIMIT_NPROC above Limits.processes where the pids cgroup enforces it: the cgroup is the line a fork
+bomb meets (exact, and reported by pids.events), the rlimit the one behind it"""
 HOST_MODE_MASK = 0o755
 """modes of what the workspace copy brings back to the host: no set-id bit, nothing group- or world-writable"""
 """an empty directory on the host; each sandbox mounts its own tmpfs over it, in its own mount namespace"""
@@ -225,7 +228,8 @@ class LocalSandbox:
         argv = [*ns.nsenter(), f"--setuid={self.uid}", f"--setgid={self.uid}", "--",
                 _tool("prlimit"), f"--cpu={limits.cpu_seconds}:{limits.cpu_seconds + 1}",
                 f"--as={limits.memory_bytes}",
-                f"--nproc={limits.processes}", f"--fsize={limits.file_size_bytes}", "--core=0", "--",
+                f"--nproc={limits.processes + (NPROC_MARGIN if self._cgroup else 0)}",
+                f"--fsize={limits.file_size_bytes}", "--core=0", "--",
                 _tool("bwrap"), "--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-ipc",
                 "--unshare-uts",
                 "--unshare-cgroup-try", "--hostname", "sandbox", "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID),
