@@ -150,6 +150,28 @@ def create(name: str, limits: Limits) -> Cgroup | None:
         return None
 
 
+def leftovers() -> dict[str, list[Path]]:
+    """name -> directories of every sandbox group in this process's hierarchies (a host process that died
+    leaves its sandbox's groups behind; the caller removes those nobody holds)."""
+    found: dict[str, list[Path]] = {}
+    for folder in _hierarchies().values():
+        try:
+            for entry in folder.iterdir():
+                if entry.name.startswith(PREFIX):
+                    found.setdefault(entry.name[len(PREFIX):], []).append(entry)
+        except OSError:
+            pass
+    return found
+
+
+def remove_empty(dirs: Iterable[Path]) -> None:
+    for folder in dirs:
+        try:
+            folder.rmdir()  # refused while a process is inside
+        except OSError:
+            pass
+
+
 def _set_v1(group: Cgroup, limits: Limits) -> None:
     memory = group.dirs["memory"]
     _write(memory / "memory.limit_in_bytes", str(limits.memory_bytes))

@@ -237,39 +237,35 @@ def copy_tree(source: int, target: int, uid: int, gid: int, *, mode_mask: int = 
     budget = budget or Budget()
     copied = Copied()
     src, dst = _Cursor(os.dup(source)), _Cursor(os.dup(target))
-    pending = [_prepare_level(src.fd, dst.fd, copied.problems)]
+    pending = [_Level(src.fd, dst.fd, fresh=False, problems=copied.problems)]
     try:
         while pending:
-            if not pending[-1]:
+            level = pending[-1]
+            if not level.names:
                 pending.pop()
                 _finish_dir(src.fd, dst.fd, uid, gid, mode_mask, copied.problems)
                 if pending:
                     src.up()
                     dst.up()
                 continue
-            name = pending[-1].pop()
-            try:
-                info = os.stat(name, dir_fd=src.fd, follow_symlinks=False)
-            except OSError as error:
-                copied.problems.note(f"stat {name}", error)
+            name, kind = level.names.pop()
+            if kind == "other":
                 continue
-            if not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode)):
-                continue
-            if stat.S_ISREG(info.st_mode) and unchanged and _is_unchanged(name, info, dst.fd, unchanged):
+            if kind == "file" and unchanged and not level.fresh and _is_unchanged(name, src.fd, dst.fd, unchanged):
                 continue
             if not budget.take_entry():
                 copied.problems.append(f"{name}: not copied, past the limit of {budget.entries} entries")
                 continue
             try:
-                if stat.S_ISDIR(info.st_mode):
-                    _make_dir(name, dst.fd)
+                if kind == "dir":
+                    made = _make_dir(name, dst.fd, level.fresh)
                     src.down(name)
                     dst.down(name)
-                    pending.append(_prepare_level(src.fd, dst.fd, copied.problems))
-                elif stat.S_ISLNK(info.st_mode):
-                    _copy_link(name, info, src.fd, dst.fd, uid, gid)
+                    pending.append(_Level(src.fd, dst.fd, fresh=made, problems=copied.problems))
+                elif kind == "link":
+                    _copy_link(name, src.fd, dst.fd, uid, gid, level.fresh)
                 else:
-                    _copy_file(name, info, src.fd, dst.fd, uid, gid, mode_mask, budget, copied)
+                    _copy_file(name, src.fd, dst.fd, uid, gid, mode_mask, budget, copied, level.fresh)
             except OSError as error:
                 copied.problems.note(f"copy {name}", error)
     except OSError as error:
@@ -280,14 +276,32 @@ def copy_tree(source: int, target: int, uid: int, gid: int, *, mode_mask: int = 
     return copied
 
 
-def _prepare_level(src: int, dst: int, problems: Problems) -> list[str]:
-    """The names to copy at this level; entries of dst that src lacks are removed first."""
-    names = sorted(os.listdir(src), reverse=True)
-    wanted = set(names)
-    for name in os.listdir(dst):
-        if name not in wanted:
-            _remove_entry(name, dst, problems)
-    return names
+class _Level:
+    """The entries of one source directory still to copy, and whether its copy was made empty just now."""
+
+    def __init__(self, src: int, dst: int, fresh: bool, problems: Problems):
+        self.fresh = fresh
+        self.names = sorted(((entry.name, _kind(entry)) for entry in _scan(src)), reverse=True)
+        if not fresh:  # entries of dst that src lacks go first
+            wanted = {name for name, _ in self.names}
+            for name in os.listdir(dst):
+                if name not in wanted:
+                    _remove_entry(name, dst, problems)
+
+
+def _scan(fd: int) -> list[os.DirEntry[str]]:
+    with os.scandir(fd) as listing:
+        return list(listing)
+
+
+def _kind(entry: os.DirEntry[str]) -> str:
+    if entry.is_symlink():
+        return "link"
+    if entry.is_dir(follow_symlinks=False):
+        return "dir"
+    if entry.is_file(follow_symlinks=False):
+        return "file"
+    return "other"
 
 
 def _remove_entry(name: str, parent: int, problems: Problems) -> None:
@@ -306,23 +320,28 @@ def _remove_entry(name: str, parent: int, problems: Problems) -> None:
     _try(problems, f"rmdir {name}", os.rmdir, name, dir_fd=parent)
 
 
-def _is_unchanged(name: str, info: os.stat_result, dst: int, unchanged: Unchanged) -> bool:
+def _is_unchanged(name: str, src: int, dst: int, unchanged: Unchanged) -> bool:
     try:
+        info = os.stat(name, dir_fd=src, follow_symlinks=False)
         there = os.stat(name, dir_fd=dst, follow_symlinks=False)
     except OSError:
         return False
-    return stat.S_ISREG(there.st_mode) and unchanged(info, there)
+    return stat.S_ISREG(info.st_mode) and stat.S_ISREG(there.st_mode) and unchanged(info, there)
 
 
-def _make_dir(name: str, dst: int) -> None:
-    try:
-        there = os.stat(name, dir_fd=dst, follow_symlinks=False)
-    except FileNotFoundError:
-        os.mkdir(name, 0o700, dir_fd=dst)
-        return
-    if not stat.S_ISDIR(there.st_mode):
-        os.unlink(name, dir_fd=dst)
-        os.mkdir(name, 0o700, dir_fd=dst)
+def _make_dir(name: str, dst: int, fresh: bool) -> bool:
+    """Directory `name` in dst; whether it was made (empty) here."""
+    if not fresh:
+        try:
+            there = os.stat(name, dir_fd=dst, follow_symlinks=False)
+        except FileNotFoundError:
+            pass
+        else:
+            if stat.S_ISDIR(there.st_mode):
+                return False
+            os.unlink(name, dir_fd=dst)
+    os.mkdir(name, 0o700, dir_fd=dst)
+    return True
 
 
 def _finish_dir(src: int, dst: int, uid: int, gid: int, mode_mask: int, problems: Problems) -> None:
@@ -346,48 +365,56 @@ def _replace(name: str, dst: int) -> None:
         problems = Problems()
         _remove_entry(name, dst, problems)
         if problems:
-            raise OSError(errno.ENOTEMPTY, problems[0])
+            raise OSError(errno.ENOTEMPTY, problems[0]) from None
 
 
-def _copy_link(name: str, info: os.stat_result, src: int, dst: int, uid: int, gid: int) -> None:
+def _copy_link(name: str, src: int, dst: int, uid: int, gid: int, fresh: bool) -> None:
+    info = os.stat(name, dir_fd=src, follow_symlinks=False)
     target = os.readlink(name, dir_fd=src)
-    _replace(name, dst)
+    if not fresh:
+        _replace(name, dst)
     os.symlink(target, name, dir_fd=dst)
     os.chown(name, uid, gid, dir_fd=dst, follow_symlinks=False)
     os.utime(name, ns=(info.st_atime_ns, info.st_mtime_ns), dir_fd=dst, follow_symlinks=False)
 
 
-def _copy_file(name: str, info: os.stat_result, src: int, dst: int, uid: int, gid: int, mode_mask: int,
-               budget: Budget, copied: Copied) -> None:
-    if budget.file_bytes is not None and info.st_size > budget.file_bytes:
-        copied.problems.append(f"{name}: not copied, {info.st_size} bytes is past the limit of {budget.file_bytes}")
-        return
+def _copy_file(name: str, src: int, dst: int, uid: int, gid: int, mode_mask: int, budget: Budget,
+               copied: Copied, fresh: bool) -> None:
     fd_in = os.open(name, FILE_FLAGS, dir_fd=src)
     try:
-        opened = os.fstat(fd_in)
-        if not stat.S_ISREG(opened.st_mode) or opened.st_ino != info.st_ino:
+        info = os.fstat(fd_in)
+        if not stat.S_ISREG(info.st_mode):
             raise OSError(errno.ESTALE, "replaced while being copied")
-        _replace(name, dst)
+        if budget.file_bytes is not None and info.st_size > budget.file_bytes:
+            copied.problems.append(f"{name}: not copied, {info.st_size} bytes is past the limit of {budget.file_bytes}")
+            return
+        if not fresh:
+            _replace(name, dst)
         fd_out = os.open(name, NEW_FILE_FLAGS, 0o600, dir_fd=dst)
         try:
             os.fchown(fd_out, uid, gid)
             try:
-                _copy_data(fd_in, fd_out, opened.st_size, budget)
+                _copy_data(fd_in, fd_out, info, budget)
             except OSError:
                 os.unlink(name, dir_fd=dst)  # no half file
                 raise
-            os.fchmod(fd_out, stat.S_IMODE(opened.st_mode) & mode_mask & 0o777)
-            os.utime(fd_out, ns=(opened.st_atime_ns, opened.st_mtime_ns))
+            os.fchmod(fd_out, stat.S_IMODE(info.st_mode) & mode_mask & 0o777)
+            os.utime(fd_out, ns=(info.st_atime_ns, info.st_mtime_ns))
             made = os.fstat(fd_out)
-            copied.files[made.st_ino] = (opened.st_ino, made.st_ctime_ns)
+            copied.files[made.st_ino] = (info.st_ino, made.st_ctime_ns)
         finally:
             os.close(fd_out)
     finally:
         os.close(fd_in)
 
 
-def _copy_data(fd_in: int, fd_out: int, size: int, budget: Budget) -> None:
-    """The data extents of fd_in into fd_out at the same offsets; holes stay holes."""
+def _copy_data(fd_in: int, fd_out: int, info: os.stat_result, budget: Budget) -> None:
+    """The data of fd_in into fd_out at the same offsets; the holes of a sparse file stay holes."""
+    size = info.st_size
+    if info.st_blocks * 512 >= size:  # not sparse: one stream
+        _take(budget, size)
+        _copy_range(fd_in, fd_out, 0, size)
+        return
     offset = 0
     while offset < size:
         try:
@@ -397,25 +424,25 @@ def _copy_data(fd_in: int, fd_out: int, size: int, budget: Budget) -> None:
                 break
             raise
         end = min(os.lseek(fd_in, start, os.SEEK_HOLE), size)
-        if budget.data_bytes is not None and budget.copied_bytes + (end - start) > budget.data_bytes:
-            raise OSError(errno.EFBIG, f"past the copy's limit of {budget.data_bytes} bytes")
+        _take(budget, end - start)
         _copy_range(fd_in, fd_out, start, end)
-        budget.copied_bytes += end - start
         offset = end
     os.ftruncate(fd_out, size)
 
 
+def _take(budget: Budget, count: int) -> None:
+    if budget.data_bytes is not None and budget.copied_bytes + count > budget.data_bytes:
+        raise OSError(errno.EFBIG, f"past the copy's limit of {budget.data_bytes} bytes")
+    budget.copied_bytes += count
+
+
 def _copy_range(fd_in: int, fd_out: int, start: int, end: int) -> None:
+    """Bytes start..end of fd_in to the same offsets of fd_out (sendfile: no copy through Python)."""
+    if start:
+        os.lseek(fd_out, start, os.SEEK_SET)
     position = start
     while position < end:
-        count = min(CHUNK, end - position)
-        try:
-            done = os.copy_file_range(fd_in, fd_out, count, position, position)
-        except OSError as error:
-            if error.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-                raise
-            data = os.pread(fd_in, count, position)
-            done = os.pwrite(fd_out, data, position) if data else 0
+        done = os.sendfile(fd_out, fd_in, position, min(1 << 30, end - position))
         if done == 0:  # the file shrank under us
             return
         position += done

@@ -151,6 +151,7 @@ class LocalSandbox:
         self.workspace = spec.workspace.resolve()
         try:
             self._owner = workspace_owner(self.workspace)
+            _remove_stale_cgroups()
             self._cgroup = cgroups.create(str(self.uid), spec.limits)
             self._disk = WorkspaceDisk.mount(self.workspace, self.uid, spec.limits.disk_bytes)
             if self._disk is None:
@@ -406,10 +407,34 @@ class UidLease:
             return cls(uid, fd)
         raise SandboxError(f"all {UID_SLOTS} sandbox uids are in use; close sandboxes that are done")
 
+    @classmethod
+    def hold_if_free(cls, uid: int) -> UidLease | None:
+        """The lease of `uid` if nobody holds it (to clean up after a sandbox whose process died)."""
+        try:
+            fd = os.open(STATE_DIR / "uids" / str(uid), os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        return cls(uid, fd)
+
     def release(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def _remove_stale_cgroups() -> None:
+    """Groups of sandboxes whose host process died: removed while holding their uid's lease, so that no
+    sandbox starting with that uid can lose its new group to this."""
+    for name, dirs in cgroups.leftovers().items():
+        lease = UidLease.hold_if_free(int(name)) if name.isdigit() else None
+        if lease is not None:
+            cgroups.remove_empty(dirs)
+            lease.release()
 
 
 def _proc_uids() -> Iterable[int]:

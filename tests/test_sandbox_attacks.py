@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import hostfs
+from sandbox import cgroups, hostfs
 from sandbox.contract import Limits, SandboxSpec
 from sandbox.local import STATE_DIR, LocalSandbox, processes_of
 from tests.conftest import wait_for
@@ -332,3 +332,4 @@ box.run("sleep 300")
         assert box.run("ls").output == "base.txt\n", "the next sandbox starts from the folder beneath"
     assert sorted(os.listdir(workspace)) == ["base.txt"]
     assert f" {workspace} " not in Path("/proc/self/mountinfo").read_text()
+    assert str(uid) not in cgroups.leftovers(), "the crashed sandbox's cgroup is removed by the next sandbox"
