@@ -104,10 +104,18 @@ def unmount(folder: Path) -> None:
     _check(_libc.umount2(os.fsencode(str(folder)), MNT_DETACH | UMOUNT_NOFOLLOW), f"umount {folder}")
 
 
-def stale_mount(folder: Path) -> bool:
-    """Unmount a loop disk a crashed sandbox left over `folder`; whether there was one."""
+def stale_mount(folder: Path, images: Path) -> bool:
+    """Unmount a disk a sandbox whose process died left over `folder` (a loop device whose image was
+    made under `images`; any other filesystem mounted there is the caller's and stays); whether there
+    was one."""
     here, above = os.stat(folder, follow_symlinks=False), os.stat(folder.parent)
     if here.st_dev == above.st_dev or os.major(here.st_dev) != LOOP_MAJOR:
+        return False
+    backing = Path(f"/sys/block/loop{os.minor(here.st_dev)}/loop/backing_file")
+    try:
+        if not backing.read_text().startswith(f"{images}/"):
+            return False
+    except OSError:
         return False
     unmount(folder)
     return True

@@ -55,6 +55,7 @@ INSIDE_UID = 1000
 """bytes of output kept per command: the first and last halves, with a marker between"""
 STATE_DIR = Path("/tmp/agentstream-sandbox")
 STAGE = STATE_DIR / "stage"
+"""an empty directory on the host; each sandbox mounts its own tmpfs over it, in its own mount namespace"""
 DISKS = STATE_DIR / "disks"
 """where a workspace disk's image is made (and unlinked at once: the loop device holds it)"""
 NPROC_MARGIN = 16
@@ -62,7 +63,6 @@ NPROC_MARGIN = 16
 bomb meets (exact, and reported by pids.events), the rlimit the one behind it"""
 HOST_MODE_MASK = 0o755
 """modes of what the workspace copy brings back to the host: no set-id bit, nothing group- or world-writable"""
-"""an empty directory on the host; each sandbox mounts its own tmpfs over it, in its own mount namespace"""
 DEFAULT_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "HOME": "/tmp",
@@ -150,6 +150,9 @@ class LocalSandbox:
         self.uid = self._lease.uid
         self.workspace = spec.workspace.resolve()
         try:
+            if disk.available() is None and disk.stale_mount(self.workspace, DISKS):
+                log.warning("sandbox: %s had the disk of a sandbox whose process died mounted over it (its changes "
+                            "are lost); unmounted", self.workspace)
             self._owner = workspace_owner(self.workspace)
             _remove_stale_cgroups()
             self._cgroup = cgroups.create(str(self.uid), spec.limits)
@@ -285,7 +288,9 @@ class LocalSandbox:
             if timed_out:
                 process.kill()
             exit_code = process.wait()
-            if self._cgroup is not None:  # nothing of the command outlives it, timed out or not
+            with self._lock:
+                alone = self._running == {process}
+            if self._cgroup is not None and alone:  # nothing of the command outlives it, timed out or not
                 self._cgroup.kill_all()
             if timed_out:  # bubblewrap is gone; its pid 1 dies of it a moment later (and is reaped by the host's)
                 await_no_processes(self.uid)
@@ -359,7 +364,10 @@ class LocalSandbox:
 
     def _end_namespaces(self, problems: list[str]) -> None:
         if self._ns is not None:
-            self._ns.close()
+            # the last reference to the disk's filesystem goes with the mount namespace: its unmount writes
+            # back what the agent left dirty (to an image already unlinked), which can take a second; the
+            # host's view is detached already and nothing of the sandbox runs, so it need not be waited for
+            threading.Thread(target=self._ns.close, name="sandbox-teardown").start()
 
     def _remove_cgroup(self, problems: list[str]) -> None:
         if self._cgroup is not None:
@@ -489,10 +497,6 @@ class WorkspaceDisk:
         if why is not None:
             _warn_once("disk", f"sandbox: {why}; workspaces are bound directly and Limits.disk_bytes is not enforced")
             return None
-        left = disk.stale_mount(workspace)
-        if left:
-            log.warning("sandbox: %s had a crashed sandbox's disk mounted over it (its changes are lost); unmounted",
-                        workspace)
         folder = hostfs.open_dir(workspace)
         try:
             device, device_fd = disk.make(DISKS / f"{uid}.img", size, uid)

@@ -333,3 +333,35 @@ box.run("sleep 300")
     assert sorted(os.listdir(workspace)) == ["base.txt"]
     assert f" {workspace} " not in Path("/proc/self/mountinfo").read_text()
     assert str(uid) not in cgroups.leftovers(), "the crashed sandbox's cgroup is removed by the next sandbox"
+
+
+def test_on_a_host_without_loop_devices_or_cgroups_a_deep_tree_still_closes(tmp_path: Path, host_files: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch):
+    """The fallback (the workspace bound directly, chowned to the uid and back) walks the agent's tree on
+    the host: as deep as the agent likes, with links to host files in it."""
+    from sandbox import disk
+
+    monkeypatch.setattr(disk, "available", lambda: "switched off for this test")
+    monkeypatch.setattr(cgroups, "create", lambda name, limits: None)
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    box = LocalSandbox(SandboxSpec(workspace, limits=SMALL))
+    try:
+        assert box._disk is None and box._cgroup is None
+        made = box.run(f"python3 -c \"\nimport os\nfor _ in range({DEEP}):\n    os.mkdir('d'); os.chdir('d')\n"
+                       f"    os.symlink({str(host_files)!r}, 's')\nprint('built')\"")
+        assert made.output == "built\n", made.output[-300:]
+    finally:
+        box.close()
+    try:
+        assert box.close_problems == [] and lease_is_free(box.uid)
+        owner = tmp_path.stat().st_uid
+        fd = hostfs.open_dir(workspace)
+        for _ in range(DEEP):
+            child = hostfs.open_dir("d", fd)
+            os.close(fd)
+            fd = child
+        assert os.stat("s", dir_fd=fd, follow_symlinks=False).st_uid == owner
+        os.close(fd)
+    finally:
+        assert hostfs.remove_tree(workspace) == []
