@@ -228,12 +228,12 @@ Unchanged = Callable[[os.stat_result, os.stat_result], bool]
 
 
 def copy_tree(source: int, target: int, uid: int, gid: int, *, mode_mask: int = 0o777,
-              budget: Budget | None = None, unchanged: Unchanged | None = None) -> Copied:
+              budget: Budget | None = None, unchanged: Unchanged | None = None, root_attributes: bool = True) -> Copied:
     """Make directory `target` a copy of directory `source` (both descriptors; they stay open): entries
     of target that source lacks are removed, directories, regular files (holes kept) and symlinks are
     copied, owned by uid:gid, with mode & `mode_mask` (set-id bits never survive) and the source's times.
     FIFOs, sockets and devices are left out. A regular file in target for which `unchanged(source,
-    target)` holds is kept as it is."""
+    target)` holds is kept as it is. Without `root_attributes`, target's own owner, mode and times stay."""
     budget = budget or Budget()
     copied = Copied()
     src, dst = _Cursor(os.dup(source)), _Cursor(os.dup(target))
@@ -243,7 +243,8 @@ def copy_tree(source: int, target: int, uid: int, gid: int, *, mode_mask: int = 
             level = pending[-1]
             if not level.names:
                 pending.pop()
-                _finish_dir(src.fd, dst.fd, uid, gid, mode_mask, copied.problems)
+                if pending or root_attributes:
+                    _finish_dir(src.fd, dst.fd, uid, gid, mode_mask, copied.problems)
                 if pending:
                     src.up()
                     dst.up()

@@ -528,8 +528,9 @@ class WorkspaceDisk:
                 space = os.fstatvfs(self.root_fd)
                 budget = hostfs.Budget(data_bytes=space.f_blocks * space.f_frsize, entries=space.f_files)
                 copied = hostfs.copy_tree(self.root_fd, self.folder_fd, uid, gid, mode_mask=HOST_MODE_MASK,
-                                          budget=budget, unchanged=self._unchanged)
+                                          budget=budget, unchanged=self._unchanged, root_attributes=False)
                 problems += [f"workspace: {problem}" for problem in copied.problems]
+                os.fchown(self.folder_fd, uid, gid)  # its mode stays the caller's
         finally:
             os.close(self.root_fd)
             try:

@@ -266,11 +266,12 @@ def test_the_workspace_round_trips(tmp_path: Path):
     (workspace / "run.sh").chmod(0o755)
     (workspace / "link").symlink_to("src/kept.py")
     kept_inode = (workspace / "src" / "kept.py").stat().st_ino
+    workspace.chmod(0o700)  # as mkdtemp makes it
     box = open_sandbox(workspace)
     try:
         script = ("echo new >> src/edited.py && rm gone.txt && mkdir -p a/b && echo x > a/b/new.txt && "
                   "touch -d 2001-01-01 a/b/new.txt && cp /bin/true setuid && chmod 4777 setuid && "
-                  "chmod 777 a && cat link")
+                  "chmod 777 a . && cat link")
         assert box.run(script).output == "kept\n"
         (workspace / "from-host.txt").write_text("live\n")  # the caller's writes are seen inside at once
         assert box.run("cat from-host.txt && cat src/kept.py").output == "live\nkept\n"
@@ -286,6 +287,7 @@ def test_the_workspace_round_trips(tmp_path: Path):
     assert (workspace / "a" / "b" / "new.txt").stat().st_mtime < 1e9
     assert stat.S_IMODE((workspace / "setuid").stat().st_mode) == 0o755, "no set-id bit, nothing world-writable"
     assert stat.S_IMODE((workspace / "a").stat().st_mode) == 0o755
+    assert stat.S_IMODE(workspace.stat().st_mode) == 0o700, "the caller's folder keeps its own mode"
     owner = tmp_path.stat().st_uid
     assert all(path.lstat().st_uid == owner for path in workspace.rglob("*"))
     assert_host_clean(box)
