@@ -367,3 +367,22 @@ def test_on_a_host_without_loop_devices_or_cgroups_a_deep_tree_still_closes(tmp_
         os.close(fd)
     finally:
         assert hostfs.remove_tree(workspace) == []
+
+
+def test_commands_run_at_once_do_not_end_each_other(tmp_path: Path):
+    """After a command, what is left in the cgroup is killed, but not while another command runs."""
+    import threading
+
+    box = open_sandbox(tmp_path / "workspace")
+    try:
+        results = {}
+        slow = threading.Thread(target=lambda: results.update(slow=box.run("sleep 1.5; echo slow")))
+        slow.start()
+        wait_for(lambda: processes_of(box.uid) >= 3, timeout=20, what="the slow command")
+        assert box.run("echo quick").output == "quick\n"
+        slow.join()
+        assert results["slow"].ok and results["slow"].output == "slow\n", results["slow"]
+        assert processes_of(box.uid) == 0
+    finally:
+        box.close()
+    assert_host_clean(box)
