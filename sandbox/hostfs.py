@@ -4,10 +4,11 @@ An agent controls every name, link and depth in its workspace, so a walk over it
   - never follows a symlink: directories are opened with O_NOFOLLOW|O_DIRECTORY relative to their
     parent's descriptor, files with O_NOFOLLOW|O_NONBLOCK (a FIFO does not block) and checked to be
     regular files by fstat before a byte is read;
-  - has no recursion and no path-length limit: one explicit stack of pending names per level, a single
-    open directory (`_Cursor`), climbing back through ".." whose identity (device, inode) is checked
-    against the directory it came from; so a tree 100,000 levels deep costs neither Python frames nor
-    descriptors, and a path never grows past one name;
+  - has no recursion and no path-length limit: one explicit stack of pending names per level, the
+    directories of the first `KEPT_LEVELS` levels held open and deeper ones reached again through ".."
+    whose identity (device, inode) is checked against the directory it came from (`_Cursor`); so a tree
+    100,000 levels deep costs neither Python frames nor more than 33 descriptors, and a path never grows
+    past one name;
   - keeps going past an entry it cannot handle, and returns what it could not do (`Problems`).
 """
 
