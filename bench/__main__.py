@@ -19,6 +19,7 @@ BENCHMARKS = {
     "controller_launch": "how fast the controller launches attempts",
     "trainer_throughput": "trainer samples per second, and the update's share of its time",
     "sandbox_overhead": "the local sandbox's start-up and per-command cost against a bare subprocess",
+    "sandbox_limits": "the local sandbox's cgroup and workspace disk: start-up, per-command and close cost against rlimits alone",
     "swe_grading": "seconds per grading in a fresh sandbox vs. the bare test run; coding tasks built per minute",
     "smollm2": "SmolLM2-135M trainer tokens/s (full, LoRA) vs a supervised step; its swap pause vs the tiny model's",
     "ranks": "the trainer's update on 1 vs 2 Ray ranks (FSDP2/gloo): samples/s, share in collectives, memory",

@@ -44,9 +44,10 @@ class Limits:
     cpu_seconds: int = 120
     """RLIMIT_CPU per command"""
     memory_bytes: int = 4 << 30
-    """RLIMIT_AS per process"""
+    """memory of the whole sandbox, page cache and /tmp included (local: its memory cgroup; Kubernetes: the
+    container's limit), and RLIMIT_AS per process"""
     processes: int = 256
-    """RLIMIT_NPROC (a fork bomb ends here)"""
+    """tasks of the whole sandbox (local: its pids cgroup, RLIMIT_NPROC behind it; a fork bomb ends here)"""
     file_size_bytes: int = 256 << 20
     """RLIMIT_FSIZE"""
     command_timeout_s: float = 120.0
@@ -56,9 +57,10 @@ class Limits:
     tmp_bytes: int = 1 << 30
     """size of the private /tmp (a tmpfs: it is memory)"""
     disk_bytes: int = 8 << 30
-    """size of the workspace (Kubernetes: its emptyDir's sizeLimit; the local backend has no quotas)"""
+    """size of the workspace, blocks and inodes (local: the ext4 disk it is copied onto; Kubernetes: its
+    emptyDir's sizeLimit)"""
     cpus: float = 1.0
-    """CPU cores (Kubernetes: the container's cpu limit; the local backend has no cgroups to enforce it)"""
+    """CPU cores (local: the cgroup's CFS quota; Kubernetes: the container's cpu limit)"""
 
     def budget(self, left_s: float, timeout_s: float | None) -> tuple[float, str]:
         """A command's wall clock and the limit that ends it: its own timeout (`timeout_s`, else
@@ -78,7 +80,7 @@ class CommandResult:
     duration_s: float
     limit: str | None = None
     """set when a limit ended the command: 'command_timeout', 'attempt_timeout', 'cpu', 'memory', 'processes',
-    'file_size'"""
+    'file_size', 'disk' (the workspace or /tmp is full: ENOSPC)"""
 
     @classmethod
     def not_run(cls, command: str, limits: Limits) -> CommandResult:

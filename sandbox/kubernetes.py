@@ -13,9 +13,9 @@ What the local backend does and what stands for it here:
 | a clean environment                  | env from SandboxSpec.env only (+ AGENTSTREAM_SANDBOX=pod); no    |
 |                                      | service account token, no                                         |
 |                                      | service links, nothing from Secrets                               |
-| RLIMIT_AS / CPU                      | memory and cpu limits (cgroups; requests = limits)                |
-| RLIMIT_NPROC                         | the kubelet's podPidsLimit (a node setting: no pod field exists)  |
-| RLIMIT_FSIZE (Limits.disk_bytes)     | ephemeral-storage limit, emptyDir sizeLimits (eviction)           |
+| memory and cpu cgroup, RLIMIT_AS/CPU | memory and cpu limits (cgroups; requests = limits)                |
+| pids cgroup, RLIMIT_NPROC            | the kubelet's podPidsLimit (a node setting: no pod field exists)  |
+| a workspace disk of Limits.disk_bytes| ephemeral-storage limit, emptyDir sizeLimits (eviction)           |
 | attempt wall clock                   | activeDeadlineSeconds                                             |
 | per-command wall clock               | the harness's, inside the pod                                     |
 | no network / only the gateway        | the NetworkPolicy below (needs a CNI that enforces policies)      |

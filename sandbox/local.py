@@ -1,25 +1,36 @@
 """The local sandbox: every command in its own bubblewrap, as an unprivileged uid of its own.
 
 One `LocalSandbox` per attempt (it must be created by root):
-  1. it leases a uid nobody else uses (UID_BASE + n, held by an flock) and chowns the workspace to
-     it: the kernel exempts root from RLIMIT_NPROC, so a fork bomb is only stopped as another uid,
-     and one uid per sandbox makes the process limit that sandbox's alone;
-  2. it makes its own mount and network namespaces once (`sandbox.namespaces`): the workspace and
-     the caller's binds are staged under a path that uid may traverse, and the network is a bare
-     loopback (plus the gateway relay in whole-harness mode, `sandbox.relay`);
-  3. each `run` starts, as root, `nsenter` (those namespaces, then the uid) → `prlimit` (the rlimits)
-     → `bwrap` (a new user, pid, ipc and uts namespace, all capabilities dropped, no further user
-     namespaces, a read-only system, the workspace the one writable tree, a private /tmp, an /etc of
-     a few harmless files, an empty environment plus `SandboxSpec.env`) → `bash -c COMMAND`;
-  4. the command's wall clock is enforced here: past it, bubblewrap is killed, its pid-1 dies with it
-     (--die-with-parent) and with that every process of the pid namespace;
-  5. `close` kills what still runs, drops the namespaces, gives the workspace back to its owner and
-     frees the uid.
+  1. it leases a uid nobody else uses (UID_BASE + n, held by an flock): the kernel exempts root from
+     RLIMIT_NPROC, so a fork bomb is only stopped as another uid, and one uid per sandbox makes the
+     process limit that sandbox's alone; and a cgroup of its own (`sandbox.cgroups`: memory with page
+     cache, pids, cpu quota, summed over all its processes);
+  2. it copies the workspace onto an ext4 disk of `Limits.disk_bytes` (`sandbox.disk`) mounted over the
+     workspace's folder for the sandbox's life (so the caller sees and writes it live, as before, and
+     every block the agent takes is the disk's);
+  3. it makes its own mount and network namespaces once (`sandbox.namespaces`): the workspace and the
+     caller's binds are staged under a path that uid may traverse, and the network is a bare loopback
+     (plus the gateway relay in whole-harness mode, `sandbox.relay`);
+  4. each `run` starts, as root, `sh` (joins the cgroup) → `nsenter` (those namespaces, then the uid) →
+     `prlimit` (the rlimits) → `bwrap` (a new user, pid, ipc and uts namespace, all capabilities dropped,
+     no further user namespaces, a read-only system, the workspace the one writable tree, a private
+     /tmp, an /etc of a few harmless files, an empty environment plus `SandboxSpec.env`) → `bash -c
+     COMMAND`;
+  5. the command's wall clock is enforced here: past it, bubblewrap is killed, its pid-1 dies with it
+     (--die-with-parent) and with that every process of the pid namespace; whatever is left in the
+     cgroup is killed before `run` returns;
+  6. `close` kills what still runs, copies the disk's tree back into the folder beneath it as its owner
+     (`sandbox.hostfs`: no link followed, no recursion, no more than the disk's blocks and inodes),
+     unmounts the disk (its loop device and image go with it), drops the namespaces, removes the cgroup
+     and frees the uid, whatever fails on the way.
+Where the host has no loop devices or cgroups, it says so once in the log and falls back: the
+workspace is bound directly (chowned to the uid and back), the rlimits alone bound the commands.
 """
 
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import random
 import shutil
@@ -31,9 +42,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
-from sandbox import namespaces, relay
+from sandbox import cgroups, disk, hostfs, namespaces, relay
 from sandbox.contract import WORKSPACE_MOUNT, CommandResult, Network, SandboxError, SandboxSpec
 from sandbox.output import collect, limit_of
+
+log = logging.getLogger(__name__)
 
 UID_BASE = 600_000
 UID_SLOTS = 4096
@@ -43,6 +56,13 @@ INSIDE_UID = 1000
 STATE_DIR = Path("/tmp/agentstream-sandbox")
 STAGE = STATE_DIR / "stage"
 """an empty directory on the host; each sandbox mounts its own tmpfs over it, in its own mount namespace"""
+DISKS = STATE_DIR / "disks"
+"""where a workspace disk's image is made (and unlinked at once: the loop device holds it)"""
+NPROC_MARGIN = 16
+"""RLIMIT_NPROC above Limits.processes where the pids cgroup enforces it: the cgroup is the line a fork
+bomb meets (exact, and reported by pids.events), the rlimit the one behind it"""
+HOST_MODE_MASK = 0o755
+"""modes of what the workspace copy brings back to the host: no set-id bit, nothing group- or world-writable"""
 DEFAULT_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "HOME": "/tmp",
@@ -120,14 +140,25 @@ class LocalSandbox:
         self._closed = False
         self._relay: relay.Relay | None = None
         self._ns: namespaces.Namespaces | None = None
+        self._cgroup: cgroups.Cgroup | None = None
+        self._disk: WorkspaceDisk | None = None
+        self.close_problems: list[str] = []
+        """what `close` could not do (also logged): entries of the workspace not copied back, …"""
         self.started = time.monotonic()
         self.deadline = self.started + spec.limits.attempt_timeout_s
         self._lease = UidLease.acquire()
         self.uid = self._lease.uid
         self.workspace = spec.workspace.resolve()
         try:
+            if disk.available() is None and disk.stale_mount(self.workspace, DISKS):
+                log.warning("sandbox: %s had the disk of a sandbox whose process died mounted over it (its changes "
+                            "are lost); unmounted", self.workspace)
             self._owner = workspace_owner(self.workspace)
-            chown_tree(self.workspace, self.uid, self.uid)
+            _remove_stale_cgroups()
+            self._cgroup = cgroups.create(str(self.uid), spec.limits)
+            self._disk = WorkspaceDisk.mount(self.workspace, self.uid, spec.limits.disk_bytes)
+            if self._disk is None:
+                _raise_on(hostfs.chown_tree(self.workspace, self.uid, self.uid), "could not hand the workspace over")
             etc = [(Path("/etc") / entry, f"etc/{entry}") for entry in ETC_SHARED]
             self._ns = namespaces.create(STAGE, self._staged(), etc, self._etc_files(), self._listen_port())
             if spec.network is Network.GATEWAY:
@@ -201,7 +232,8 @@ class LocalSandbox:
         argv = [*ns.nsenter(), f"--setuid={self.uid}", f"--setgid={self.uid}", "--",
                 _tool("prlimit"), f"--cpu={limits.cpu_seconds}:{limits.cpu_seconds + 1}",
                 f"--as={limits.memory_bytes}",
-                f"--nproc={limits.processes}", f"--fsize={limits.file_size_bytes}", "--core=0", "--",
+                f"--nproc={limits.processes + (NPROC_MARGIN if self._cgroup else 0)}",
+                f"--fsize={limits.file_size_bytes}", "--core=0", "--",
                 _tool("bwrap"), "--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-ipc",
                 "--unshare-uts",
                 "--unshare-cgroup-try", "--hostname", "sandbox", "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID),
@@ -238,8 +270,10 @@ class LocalSandbox:
         budget, timeout_limit = self.spec.limits.budget(left, timeout_s)
         inside_cwd = str(WORKSPACE_MOUNT / (cwd or ""))  # an absolute cwd replaces the workspace
         status_read, status_write = os.pipe()
-        argv = [*self._argv_head, "--chdir", inside_cwd, "--json-status-fd", str(status_write),
+        join = self._cgroup.join_argv() if self._cgroup else []
+        argv = [*join, *self._argv_head, "--chdir", inside_cwd, "--json-status-fd", str(status_write),
                 "--", "/bin/bash", "-c", REAPER, "sandbox", command]
+        oom_kills, fork_refusals = self._cgroup_counters()
         try:
             process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, env={}, pass_fds=(status_write,),
@@ -254,7 +288,11 @@ class LocalSandbox:
             if timed_out:
                 process.kill()
             exit_code = process.wait()
-            if timed_out:  # bubblewrap is gone; its pid 1 dies of it a moment later, and the tree with it
+            with self._lock:
+                alone = self._running == {process}
+            if self._cgroup is not None and alone:  # nothing of the command outlives it, timed out or not
+                self._cgroup.kill_all()
+            if timed_out:  # bubblewrap is gone; its pid 1 dies of it a moment later (and is reaped by the host's)
                 await_no_processes(self.uid)
         finally:
             with self._lock:
@@ -265,35 +303,75 @@ class LocalSandbox:
         text = output.text()
         if "child-pid" not in status and not timed_out:
             raise SandboxError(f"bubblewrap could not set up the sandbox (exit {exit_code}): {text.strip()[-2000:]}")
+        oom_killed, forks_refused = (now > then for now, then in zip(self._cgroup_counters(), (oom_kills, fork_refusals)))
         if timed_out:
-            limit = "processes" if at_process_limit else timeout_limit
+            limit = "processes" if at_process_limit or forks_refused else timeout_limit
             note = {"processes": f"it reached the limit of {self.spec.limits.processes} processes and ran out of time",
                     "command_timeout": f"it ran past {budget:g} s",
                     "attempt_timeout": "the attempt's time ran out"}[limit]
             return CommandResult(command, -signal.SIGKILL, f"{text}\n[sandbox: killed: {note}]", duration, limit)
-        return CommandResult(command, exit_code, text, duration, limit_of(exit_code, output.tail_text()))
+        if oom_killed:
+            return CommandResult(command, exit_code, f"{text}\n[sandbox: a process was killed: the sandbox's "
+                                 f"{self.spec.limits.memory_bytes} bytes of memory ran out]", duration, "memory")
+        reported = limit_of(exit_code, output.tail_text()) or ("processes" if forks_refused and exit_code else None)
+        return CommandResult(command, exit_code, text, duration, reported)
+
+    def _cgroup_counters(self) -> tuple[int, int]:
+        return (self._cgroup.oom_kills(), self._cgroup.fork_refusals()) if self._cgroup else (0, 0)
 
     # --- the end --------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Kill what runs, free the namespaces, give the workspace back to its owner, free the uid."""
+        """Kill what runs, give the workspace back to its owner, free the namespaces (and the disk), remove
+        the cgroup, free the uid. Each step runs whatever the ones before met; what could not be done is
+        logged and kept in `close_problems`."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+        problems: list[str] = []
+        for step in (self._end_processes, self._give_back_workspace, self._end_namespaces, self._remove_cgroup):
+            try:
+                step(problems)
+            except Exception as error:  # noqa: BLE001 -- the next steps and the lease's release must still run
+                problems.append(f"{step.__name__.strip('_')}: {error!r}")
+        self._lease.release()
+        self.close_problems = problems
+        if problems:
+            log.warning("sandbox %s (workspace %s) closed with problems:\n  %s", self.uid, self.workspace,
+                        "\n  ".join(problems))
+
+    def _end_processes(self, problems: list[str]) -> None:
+        with self._lock:
             running = list(self._running)
         for process in running:
             process.kill()
             process.wait()
+        if self._cgroup is not None and not self._cgroup.kill_all():
+            problems.append(f"processes of uid {self.uid} survived the kill")
         if running:
             await_no_processes(self.uid)
         if self._relay is not None:
             self._relay.close()
+
+    def _give_back_workspace(self, problems: list[str]) -> None:
+        if not hasattr(self, "_owner"):
+            return
+        if self._disk is not None:
+            problems += self._disk.unmount(*self._owner)
+        else:
+            problems += hostfs.chown_tree(self.workspace, *self._owner)
+
+    def _end_namespaces(self, problems: list[str]) -> None:
         if self._ns is not None:
-            self._ns.close()
-        if hasattr(self, "_owner"):
-            chown_tree(self.workspace, *self._owner)
-        self._lease.release()
+            # the last reference to the disk's filesystem goes with the mount namespace: its unmount writes
+            # back what the agent left dirty (to an image already unlinked), which can take a second; the
+            # host's view is detached already and nothing of the sandbox runs, so it need not be waited for
+            threading.Thread(target=self._ns.close, name="sandbox-teardown").start()
+
+    def _remove_cgroup(self, problems: list[str]) -> None:
+        if self._cgroup is not None:
+            problems += self._cgroup.remove()
 
     def __enter__(self) -> LocalSandbox:
         return self
@@ -337,10 +415,34 @@ class UidLease:
             return cls(uid, fd)
         raise SandboxError(f"all {UID_SLOTS} sandbox uids are in use; close sandboxes that are done")
 
+    @classmethod
+    def hold_if_free(cls, uid: int) -> UidLease | None:
+        """The lease of `uid` if nobody holds it (to clean up after a sandbox whose process died)."""
+        try:
+            fd = os.open(STATE_DIR / "uids" / str(uid), os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        return cls(uid, fd)
+
     def release(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def _remove_stale_cgroups() -> None:
+    """Groups of sandboxes whose host process died: removed while holding their uid's lease, so that no
+    sandbox starting with that uid can lose its new group to this."""
+    for name, dirs in cgroups.leftovers().items():
+        lease = UidLease.hold_if_free(int(name)) if name.isdigit() else None
+        if lease is not None:
+            cgroups.remove_empty(dirs)
+            lease.release()
 
 
 def _proc_uids() -> Iterable[int]:
@@ -375,12 +477,86 @@ def workspace_owner(workspace: Path) -> tuple[int, int]:
     return info.st_uid, info.st_gid
 
 
-def chown_tree(root: Path, uid: int, gid: int) -> None:
-    """chown `root` and everything under it, never following a symlink (the agent may plant them)."""
-    os.lchown(root, uid, gid)
-    for folder, dirs, files in os.walk(root, followlinks=False):
-        for name in (*dirs, *files):
-            os.lchown(os.path.join(folder, name), uid, gid)
+class WorkspaceDisk:
+    """The workspace's copy on its own disk, mounted over the workspace's folder on the host."""
+
+    def __init__(self, workspace: Path, folder_fd: int, root_fd: int, files: dict[int, tuple[int, int]]):
+        self.workspace = workspace
+        self.folder_fd = folder_fd
+        """the host folder beneath the mount (where the copy goes back)"""
+        self.root_fd = root_fd
+        """the disk's root"""
+        self.files = files
+        """disk inode -> (host inode, disk ctime) of each file copied in"""
+
+    @classmethod
+    def mount(cls, workspace: Path, uid: int, size: int) -> WorkspaceDisk | None:
+        """A fresh disk of `size` bytes over `workspace`, holding a copy of it owned by `uid`; None where
+        this host cannot make disks (logged once)."""
+        why = disk.available()
+        if why is not None:
+            _warn_once("disk", f"sandbox: {why}; workspaces are bound directly and Limits.disk_bytes is not enforced")
+            return None
+        folder = hostfs.open_dir(workspace)
+        try:
+            device, device_fd = disk.make(DISKS / f"{uid}.img", size, uid)
+            try:
+                disk.mount_over(device, workspace)
+            finally:
+                os.close(device_fd)  # the mount holds the device now; autoclear frees it after
+            root = hostfs.open_dir(workspace)
+        except BaseException:
+            os.close(folder)
+            raise
+        made = cls(workspace, folder, root, {})
+        copied = hostfs.copy_tree(folder, root, uid, uid)
+        made.files = copied.files
+        if copied.problems:
+            made.unmount(0, 0, copy_back=False)
+            _raise_on(copied.problems, f"could not copy the workspace onto its disk of {size} bytes "
+                                       "(if it is too small, raise Limits.disk_bytes)")
+        return made
+
+    def unmount(self, uid: int, gid: int, copy_back: bool = True) -> list[str]:
+        """Copy the disk's tree back into the folder as uid:gid, then unmount it; what could not be done.
+        What nobody touched inside (same inode and ctime as copied in: no write, chmod, rename or link
+        since) is not copied again. At most the disk's blocks and inodes are written: hard links and holes
+        cannot multiply them."""
+        problems: list[str] = []
+        try:
+            if copy_back:
+                space = os.fstatvfs(self.root_fd)
+                budget = hostfs.Budget(data_bytes=space.f_blocks * space.f_frsize, entries=space.f_files)
+                copied = hostfs.copy_tree(self.root_fd, self.folder_fd, uid, gid, mode_mask=HOST_MODE_MASK,
+                                          budget=budget, unchanged=self._unchanged, root_attributes=False)
+                problems += [f"workspace: {problem}" for problem in copied.problems]
+                os.fchown(self.folder_fd, uid, gid)  # its mode stays the caller's
+        finally:
+            os.close(self.root_fd)
+            try:
+                disk.unmount(self.workspace)
+            except OSError as error:
+                problems.append(f"unmount {self.workspace}: {error}")
+            os.close(self.folder_fd)
+        return problems
+
+    def _unchanged(self, inside: os.stat_result, host: os.stat_result) -> bool:
+        return (self.files.get(inside.st_ino) == (host.st_ino, inside.st_ctime_ns)
+                and (host.st_size, host.st_mtime_ns) == (inside.st_size, inside.st_mtime_ns))
+
+
+def _raise_on(problems: list[str], what: str) -> None:
+    if problems:
+        raise SandboxError(f"{what}: {'; '.join(problems[:5])}")
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        log.warning(message)
 
 
 # --- addresses ------------------------------------------------------------------------------

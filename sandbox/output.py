@@ -17,6 +17,7 @@ _FAILURE_MESSAGES = (
     ("memory", re.compile(r"MemoryError|Cannot allocate memory|std::bad_alloc|xmalloc: .*cannot allocate|"
                           r"out of memory")),
     ("file_size", re.compile(r"File too large")),
+    ("disk", re.compile(r"No space left on device|Disk quota exceeded")),
 )
 
 

@@ -1,0 +1,121 @@
+"""A workspace disk of `Limits.disk_bytes`: a sparse ext4 image on a loop device.
+
+RLIMIT_FSIZE bounds the size of a file, not the blocks it holds (`fallocate --keep-size`, many small
+files, inodes, directories), and the host's filesystem has no quota for one sandbox. An ext4 image of
+`disk_bytes` is a real bound on all of them: every block and inode the agent takes is the image's, and
+past it writes fail with ENOSPC. It is sparse, so the host pays only for what is written.
+
+Why not a tmpfs: its pages are memory (charged to the sandbox's memory cgroup), so the workspace and
+the processes' memory would share one budget, and a repository's worth of files would sit in RAM.
+
+The image is attached with LOOP_CONFIGURE and LO_FLAGS_AUTOCLEAR and unlinked at once: the loop device
+detaches itself when its filesystem is unmounted (the sandbox's mount namespace ends), and the image's
+blocks go back to the host with it, also when the host process dies.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import shutil
+import struct
+import subprocess
+import time
+from pathlib import Path
+
+from sandbox.contract import SandboxError
+from sandbox.namespaces import MS_NODEV, MS_NOSUID, _check, _libc, _mount
+
+LOOP_CTL_GET_FREE = 0x4C82
+LOOP_CONFIGURE = 0x4C0A
+LO_FLAGS_AUTOCLEAR = 4
+_LOOP_CONFIG = struct.Struct("=II QQQQQ IIII 64s64s32s QQ 64x")
+"""struct loop_config: fd, block_size, struct loop_info64 (device, inode, rdevice, offset, sizelimit,
+number, encrypt_type, encrypt_key_size, flags, file_name, crypt_name, encrypt_key, init[2]), reserved"""
+MKFS_OPTIONS = ("-q", "-F", "-O", "^has_journal,^resize_inode", "-E", "lazy_itable_init=1,nodiscard", "-m", "0")
+"""no journal (a scratch disk, gone after the attempt), no blocks reserved for root, and no zeroing of
+inode tables: the image stays sparse"""
+MOUNT_OPTIONS = "noinit_itable"
+LOOP_MAJOR = 7
+MNT_DETACH, UMOUNT_NOFOLLOW = 2, 8
+
+
+def available() -> str | None:
+    """Why this host cannot make workspace disks, or None if it can."""
+    if not Path("/dev/loop-control").exists():
+        return "no /dev/loop-control (the loop module is not loaded, or the container has no loop devices)"
+    if shutil.which("mkfs.ext4") is None:
+        return "mkfs.ext4 is not installed (`apt-get install -y e2fsprogs`)"
+    return None
+
+
+def make(image: Path, size: int, owner: int) -> tuple[str, int]:
+    """A new ext4 filesystem of `size` bytes, its root owned by `owner`, on a loop device that frees
+    itself on unmount: the device's path and an open descriptor of it, to close once it is mounted
+    (autoclear detaches a device nobody holds). The image file is already unlinked."""
+    image.parent.mkdir(parents=True, exist_ok=True)
+    image.unlink(missing_ok=True)
+    fd = os.open(image, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        made = subprocess.run(["mkfs.ext4", *MKFS_OPTIONS, "-E", f"root_owner={owner}:{owner}", str(image)],
+                              capture_output=True, text=True)
+        if made.returncode != 0:
+            raise SandboxError(f"mkfs.ext4 failed on a {size}-byte image: {made.stderr.strip()} "
+                               "(is Limits.disk_bytes at least 1 MiB?)")
+        return _attach(fd)
+    finally:
+        os.close(fd)
+        image.unlink(missing_ok=True)
+
+
+def _attach(backing: int) -> tuple[str, int]:
+    """Attach `backing` to a free loop device with autoclear: its path and an open descriptor."""
+    config = _LOOP_CONFIG.pack(backing, 0, 0, 0, 0, 0, 0, 0, 0, 0, LO_FLAGS_AUTOCLEAR, b"", b"", b"", 0, 0)
+    control = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        for _ in range(50):  # another process may take the free device between the two calls
+            number = fcntl.ioctl(control, LOOP_CTL_GET_FREE)
+            device = f"/dev/loop{number}"
+            if not os.path.exists(device):  # no udev in a container: make the node ourselves
+                os.mknod(device, 0o660 | 0o060000, os.makedev(7, number))
+            fd = os.open(device, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                fcntl.ioctl(fd, LOOP_CONFIGURE, config)
+                return device, fd
+            except OSError as error:
+                os.close(fd)
+                if error.errno != errno.EBUSY:
+                    raise
+            time.sleep(0.01)
+    finally:
+        os.close(control)
+    raise SandboxError("no free loop device after 50 tries; too many sandboxes at once?")
+
+
+def mount_over(device: str, folder: Path) -> None:
+    """Mount the disk over `folder` (nosuid, nodev: nothing on it runs with privileges or opens devices)."""
+    _mount(device, folder, "ext4", MS_NOSUID | MS_NODEV, MOUNT_OPTIONS)
+
+
+def unmount(folder: Path) -> None:
+    """Detach the disk mounted over `folder` (lazily: the sandbox's own namespace may still hold its copy)."""
+    _check(_libc.umount2(os.fsencode(str(folder)), MNT_DETACH | UMOUNT_NOFOLLOW), f"umount {folder}")
+
+
+def stale_mount(folder: Path, images: Path) -> bool:
+    """Unmount a disk a sandbox whose process died left over `folder` (a loop device whose image was
+    made under `images`; any other filesystem mounted there is the caller's and stays); whether there
+    was one."""
+    here, above = os.stat(folder, follow_symlinks=False), os.stat(folder.parent)
+    if here.st_dev == above.st_dev or os.major(here.st_dev) != LOOP_MAJOR:
+        return False
+    backing = Path(f"/sys/block/loop{os.minor(here.st_dev)}/loop/backing_file")
+    try:
+        if not backing.read_text().startswith(f"{images}/"):
+            return False
+    except OSError:
+        return False
+    unmount(folder)
+    return True
