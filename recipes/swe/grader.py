@@ -38,7 +38,6 @@ import json
 import logging
 import os
 import shlex
-import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ from typing import Any, Callable
 from recipes.swe import diffs, repos, testrun
 from recipes.swe.inside import scan
 from recipes.swe.instance import Instance
+from sandbox import hostfs
 from sandbox.contract import CommandResult, Limits, Network, Sandbox, SandboxSpec
 from schemas.errors import ServiceError
 
@@ -326,8 +326,8 @@ def _read_regular(path: Path) -> bytes:
 
 
 def _remove(scratch: Path) -> None:
-    """The scratch folder, emptied inside the sandboxes already (CLEANUP); what is left is small."""
-    try:
-        shutil.rmtree(scratch)
-    except Exception:  # a deep tree a limit kept CLEANUP from removing: logged, never the grading's outcome
-        log.exception("could not remove %s", scratch)
+    """The scratch folder, emptied inside the sandboxes already (CLEANUP); whatever a limit kept CLEANUP
+    from removing goes without following a link or recursing. What cannot go is logged, never the
+    grading's outcome."""
+    if problems := hostfs.remove_tree(scratch):
+        log.warning("could not remove all of %s: %s", scratch, "; ".join(problems[:5]))
