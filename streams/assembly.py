@@ -379,8 +379,11 @@ class Assembly:
         rollout_id = str(event.rollout_id)
         state = self.rollouts.get(rollout_id) or sessions.new_state(partition)
         attempts = state["attempts"]
-        if any(event.id in attempt["ids"] for attempt in attempts.values()):
+        holder = next((attempt for attempt in attempts.values() if event.id in attempt["ids"]), None)
+        if holder is not None:
             self.counts["duplicates"] += 1
+            if not holder.get("settled") or any(entry[0] == event.id for entry in sessions.pending(holder)):
+                self.events.setdefault(event.id, raw)  # (as in `add`: a worker that died between state and event)
             return None
         kind = type(event)
         if kind is RewardEvent and event.data.reward_fn:  # type: ignore[attr-defined]
