@@ -385,6 +385,11 @@ State = Annotated[Optional[Path], typer.Option(help="resume state file (default:
 Restart = Annotated[bool, typer.Option(help="ignore the resume state and start over (output files are overwritten)")]
 RewardFn = Annotated[Optional[str], typer.Option(
     help="rescore with this function (module:function) instead of each task's own; implies --from raw")]
+RewardPolicy = Annotated[Optional[str], typer.Option(
+    help="reward sessions' feedback with this policy (module:function, streams/policies.py) instead of the "
+         "worker's --reward-policy; implies --from raw")]
+SessionIdleS = Annotated[Optional[float], typer.Option(help="the streams worker's --session-idle-s")]
+FeedbackWindowS = Annotated[Optional[float], typer.Option(help="the streams worker's --feedback-window-s")]
 SettleS = Annotated[Optional[float], typer.Option(help="the streams worker's --settle-s [default: its default]")]
 GraceS = Annotated[Optional[float], typer.Option(help="the streams worker's --reward-grace-s")]
 IdleS = Annotated[Optional[float], typer.Option(help="the streams worker's --idle-timeout-s")]
@@ -411,6 +416,9 @@ class ReplayFlags:
     rollouts: Rollouts = None
     versions: Versions = None
     reward_fn: RewardFn = None
+    reward_policy: RewardPolicy = None
+    session_idle_s: SessionIdleS = None
+    feedback_window_s: FeedbackWindowS = None
     settle_s: SettleS = None
     reward_grace_s: GraceS = None
     idle_timeout_s: IdleS = None
@@ -456,14 +464,17 @@ def _replay(flags: ReplayFlags, source: str, sink: str, target: str):
 
     f = flags
     settings = _kafka_settings(f.prefix)
-    given = {"settle_s": f.settle_s, "reward_grace_s": f.reward_grace_s, "idle_timeout_s": f.idle_timeout_s}
+    given = {"settle_s": f.settle_s, "reward_grace_s": f.reward_grace_s, "idle_timeout_s": f.idle_timeout_s,
+             "reward_policy": f.reward_policy, "session_idle_s": f.session_idle_s,
+             "feedback_window_s": f.feedback_window_s}
     try:  # the worker's timing: these flags, else its environment (AGENTSTREAM_…), else its defaults
         worker = StreamsSettings(**{name: value for name, value in given.items() if value is not None})
         job = Job(source=source, sink=sink, target=target,
                   range=RangeSpec(f.since, f.until, f.from_offsets, f.to_offsets),
                   rollouts=parse_rollouts(f.rollouts) if f.rollouts else frozenset(),
                   versions=parse_versions(f.versions) if f.versions else frozenset(),
-                  rebuild=RebuildSpec(f.reward_fn, worker.timing, int(f.lookback_s * 1000), worker.source))
+                  rebuild=RebuildSpec(f.reward_fn, worker.timing, int(f.lookback_s * 1000), worker.source,
+                                      worker.reward_policy))
     except ValueError as exc:  # pydantic's ValidationError is one
         fail(str(exc))
     options = Options(f.state or default_state(settings, job), f.restart, f.checkpoint_s, f.batch_size,
@@ -507,7 +518,8 @@ def replay_rebuild(
     """Rebuild trajectories from the raw rollouts, calls and rewards into a new topic.
 
     With the live worker's settings the result equals the live trajectories (same ids, tokens, rewards);
-    with --reward-fn only the rewards change. Train on it: agentstream replay train --from TOPIC.
+    with --reward-fn (tasks) or --reward-policy (sessions' feedback) only the rewards change. Train on it:
+    agentstream replay train --from TOPIC.
     """
     _replay(flags, "raw", "topic", to_topic)
 
@@ -530,7 +542,7 @@ def replay_export(
     output_format = output_format or ("parquet" if output.suffix == ".parquet" else "chat")
     if output_format not in ("chat", "parquet", "events"):
         fail(f"unknown --format {output_format!r}: use chat, parquet or events")
-    _replay(flags, _raw_source(source, flags.reward_fn, "raw"), output_format, str(output))
+    _replay(flags, _raw_source(source, flags.reward_fn or flags.reward_policy, "raw"), output_format, str(output))
 
 
 @replay_command("read_from", "archive", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -560,10 +572,11 @@ def replay_train(
         fail(f"replay train sets {', '.join(taken)} itself: choose the trajectories with --from/--since/--rollouts/…, "
              "and the prefix with --prefix")
     f = flags
-    source = _raw_source(source, f.reward_fn, "trajectories")
+    source = _raw_source(source, f.reward_fn or f.reward_policy, "trajectories")
     if stage is None:
         selection = orjson.dumps([f.prefix, source, f.since, f.until, f.from_offsets, f.to_offsets, f.rollouts,
-                                  f.versions, f.reward_fn, f.settle_s, f.reward_grace_s, f.idle_timeout_s, f.lookback_s])
+                                  f.versions, f.reward_fn, f.settle_s, f.reward_grace_s, f.idle_timeout_s, f.lookback_s,
+                                  f.reward_policy, f.session_idle_s, f.feedback_window_s])
         stage = Path("runs") / "replay" / f"train-{hashlib.sha256(selection).hexdigest()[:10]}.jsonl"
     summary = _replay(flags, source, "events", str(stage))
     if not summary.written:

@@ -1,8 +1,9 @@
 """The gateway's HTTP surface: model calls (OpenAI chat completions, completions and Responses; Anthropic
-Messages, and its count_tokens), rewards, rollout ends, operations; one table of routes.
+Messages, and its count_tokens), rewards, rollout ends, sessions' ends and feedback, operations; one table
+of routes.
 
 Model calls are served at `/v1/...` (attributed by the rollout token, or by the
-`x-agentstream-rollout-id`/`-attempt-id` headers, else recorded as session traffic) and at the
+`x-agentstream-rollout-id`/`-attempt-id` headers, else session traffic: `gateway/sessions.py`) and at the
 rollout-scoped base URL `/rollouts/{rollout_id}/attempts/{attempt_id}/v1/...`. Every endpoint is a
 plain Starlette one reading the process's parts from `request.app.state.gateway`: the hot path needs
 no dependency injection (FastAPI's would add ~30 µs to a call of ~400 µs).
@@ -20,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from gateway import rollouts
+from gateway import rollouts, sessions
 from gateway.adapter import Adapter
 from gateway.adapters import ADAPTERS
 from gateway.errors import ErrorCode, GatewayError, error_body
@@ -104,6 +105,9 @@ routes: list[BaseRoute] = [
     Route("/rollouts/{rollout_id}/finish", rollouts.finish, methods=["POST"]),
     Route(ROLLOUT_SCOPE + "/finish", rollouts.finish, methods=["POST"]),
     Route(ROLLOUT_SCOPE + "/diff", rollouts.diff, methods=["POST"]),
+    Route("/sessions/{session_id}/end", sessions.end, methods=["POST"]),
+    Route("/sessions/{session_id}/feedback", sessions.feedback, methods=["POST"]),
+    Route("/sessions/{session_id}/calls/{call_id}/feedback", sessions.feedback, methods=["POST"]),
     Route("/healthz", healthz, methods=["GET"]),
     Route("/metrics", metrics, methods=["GET"]),
 ]

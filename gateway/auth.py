@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from schemas.keys import is_operator_key, presented_key
+from schemas.sessions import MAX_SESSION_ID, default_session_id, key_identity, session_rollout_id
 from schemas.tokens import InvalidToken, RolloutClaims, is_rollout_token, verify_rollout_token
 
-from gateway.errors import ErrorCode, Forbidden, Unauthorized
+from gateway.errors import BadRequest, ErrorCode, Forbidden, Unauthorized
 
 ROLLOUT_HEADER = "x-agentstream-rollout-id"
 ATTEMPT_HEADER = "x-agentstream-attempt-id"
@@ -32,11 +33,14 @@ def auth_headers(scope: MutableMapping[str, Any]) -> dict[str, str]:
 class Principal:
     kind: Literal["operator", "rollout", "anonymous"]
     claims: RolloutClaims | None = None
+    identity: str = "anonymous"
+    """who this is in events (feedback's sender, a key's default session): `key:<hash>` of an operator key"""
 
 
 @dataclass(frozen=True)
 class Attribution:
-    """Where a call or reward belongs: a rollout attempt, or a session of untracked traffic."""
+    """Where a call or reward belongs: a rollout attempt, or a session of production traffic (then
+    `rollout_id` is the session's, `schemas.sessions.session_rollout_id`, and `attempt_id` None)."""
 
     rollout_id: str | None = None
     attempt_id: str | None = None
@@ -46,6 +50,7 @@ class Attribution:
 class Authenticator:
     def __init__(self, keys: frozenset[str], token_secret: str, allow_anonymous: bool):
         self._keys = tuple(key.encode() for key in keys)
+        self._identities = {key: key_identity(key) for key in keys}
         self._secret = token_secret
         self._anonymous = allow_anonymous
 
@@ -69,7 +74,7 @@ class Authenticator:
             except InvalidToken as exc:
                 raise Unauthorized(f"invalid rollout token: {exc}") from None
         if is_operator_key(token, self._keys):
-            return Principal("operator")
+            return Principal("operator", identity=self._identities.get(token) or key_identity(token))
         if self._anonymous:
             return Principal("anonymous")
         raise Unauthorized("invalid API key: not a gateway key or a rollout token")
@@ -80,7 +85,10 @@ class Authenticator:
         """The attribution of a request that names `rollout_id`/`attempt_id` (URL or headers), if allowed."""
         claims = principal.claims
         if claims is None:
-            return Attribution(rollout_id, attempt_id, None if rollout_id else session_id)
+            if rollout_id is not None:
+                return Attribution(rollout_id, attempt_id)
+            session = session_of(session_id, principal)
+            return Attribution(session_rollout_id(session), None, session)
         if rollout_id is not None and rollout_id != claims.rollout_id:
             raise Forbidden(f"this token belongs to rollout {claims.rollout_id!r}, not {rollout_id!r}",
                             ErrorCode.WRONG_ROLLOUT)
@@ -88,3 +96,13 @@ class Authenticator:
             raise Forbidden(f"this token belongs to attempt {claims.attempt_id!r} of rollout "
                                f"{claims.rollout_id!r}, not attempt {attempt_id!r}", ErrorCode.WRONG_ATTEMPT)
         return Attribution(claims.rollout_id, claims.attempt_id)
+
+
+def session_of(session_id: str | None, principal: Principal) -> str:
+    """The session a request names (header or path), else its key's default one; 400 for one too long."""
+    if session_id is None or not session_id.strip():
+        return default_session_id(principal.identity)
+    if len(session_id) > MAX_SESSION_ID:
+        raise BadRequest(f"the session id is {len(session_id)} characters long: at most {MAX_SESSION_ID} "
+                         "(a UUID per conversation is enough)", ErrorCode.INVALID_SESSION)
+    return session_id

@@ -96,14 +96,14 @@ async def _published(gateway: Gateway, event: Event) -> Response:
     return json_response({"id": event.id, "rollout_id": event.rollout_id, "attempt_id": event.attempt_id})
 
 
-async def _limited_body(request: Request, limit: int) -> bytes:
+async def _limited_body(request: Request, limit: int, code: ErrorCode = ErrorCode.DIFF_TOO_LARGE) -> bytes:
     """The request body, or 413 once it passes `limit` bytes (without reading the rest)."""
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise TooLarge(f"the body is over {limit} bytes: leave generated and binary files out of the diff",
-                           ErrorCode.DIFF_TOO_LARGE)
+            hint = ": leave generated and binary files out of the diff" if code is ErrorCode.DIFF_TOO_LARGE else ""
+            raise TooLarge(f"the body is over {limit} bytes{hint}", code)
         chunks.append(chunk)
     return b"".join(chunks)
 

@@ -18,6 +18,7 @@ from schemas import collector
 from schemas.kafka import ensure_topics, partitions_of
 from schemas.topics import topic_specs
 from streams.app import changelog_specs, create_app
+from streams.rewards import RewardError, load
 from streams.settings import StreamsSettings
 
 USAGE = "usage: python -m streams worker [--help] [FLAGS]"
@@ -38,6 +39,11 @@ def main(argv: list[str] | None = None) -> int:
         for error in exc.errors(include_url=False):
             where = ".".join(str(part) for part in error["loc"])
             print(f"error: {where + ': ' if where else ''}{error['msg']}", file=sys.stderr)
+        return 2
+    try:
+        load(settings.reward_policy)  # a policy that cannot be loaded stops the worker now, not at a session's end
+    except RewardError as exc:
+        print(f"error: --reward-policy: {exc}", file=sys.stderr)
         return 2
     loop = uvloop.new_event_loop()  # a third less CPU per event than asyncio's loop
     asyncio.set_event_loop(loop)

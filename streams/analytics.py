@@ -18,7 +18,8 @@ BUCKET_BASE_MS = 0.5
 BUCKET_GROWTH = 1.25
 BUCKETS = 80
 """0.5 ms × 1.25^79 ≈ 20 minutes: anything slower lands in the last bucket"""
-COUNTS = ("calls", "errors", "tokens_in", "tokens_out", "trajectories", "rewarded", "reward_sum", "reward_missing")
+COUNTS = ("calls", "errors", "tokens_in", "tokens_out", "trajectories", "rewarded", "reward_sum", "reward_missing",
+          "sessions", "sessions_unrewarded")
 HISTOGRAMS = ("latency", "ttft")
 
 Aggregate = dict[str, float]
@@ -59,6 +60,9 @@ def add_trajectory(aggregate: Aggregate, trajectory: Trajectory) -> Aggregate:
         out["rewarded"] = out.get("rewarded", 0) + 1
         out["reward_sum"] = out.get("reward_sum", 0) + trajectory.reward
     out["reward_missing"] = out.get("reward_missing", 0) + trajectory.reward_missing
+    if trajectory.session_id is not None:  # production traffic: its conversations, and those nobody rated in time
+        out["sessions"] = out.get("sessions", 0) + 1
+        out["sessions_unrewarded"] = out.get("sessions_unrewarded", 0) + trajectory.reward_missing
     return out
 
 

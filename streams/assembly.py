@@ -34,11 +34,13 @@ from typing import Any
 
 from schemas.codec import decode, encode
 from schemas.events import (
-    TERMINAL_TYPES, CallEvent, Event, RewardEvent, RolloutHeartbeatEvent, RolloutQueuedEvent, TrajectoryEvent,
+    TERMINAL_TYPES, CallEvent, Event, FeedbackEvent, RewardEvent, RolloutHeartbeatEvent, RolloutQueuedEvent,
+    SessionEndedEvent, TrajectoryEvent,
 )
 from schemas.ids import derived_id
+from schemas.sessions import is_session_rollout
 
-from streams import rewards
+from streams import policies, rewards, sessions
 from streams.trajectory import STATUS_OF, Ending, build, with_reward
 
 NO_ATTEMPT = "-"
@@ -53,6 +55,12 @@ class Timing:
     reward_grace_ms: int = 30_000
     idle_timeout_ms: int = 600_000
     retention_ms: int = 6 * 3_600_000
+    session_idle_ms: int = 1_800_000
+    """a session's conversation ends this long after its last call, unless ended before"""
+    feedback_window_ms: int = 600_000
+    """how long an ended conversation waits for its first feedback before its trajectory goes without"""
+    session_retention_ms: int = 30 * 24 * 3_600_000
+    """how long a settled conversation is kept for feedback that comes later (and against repeats)"""
 
 
 @dataclass
@@ -86,6 +94,8 @@ class Settled:
 
 def finalize_at(attempt: dict[str, Any], timing: Timing) -> int:
     """When (UTC ms, event time) the attempt settles, from what is known of it so far."""
+    if "session" in attempt:
+        return sessions.settle_at(attempt, timing)
     end = attempt.get("end")
     if end is None:
         return attempt["last"] + timing.idle_timeout_ms
@@ -101,11 +111,13 @@ def finalize_at(attempt: dict[str, Any], timing: Timing) -> int:
 
 class Assembly:
     def __init__(self, rollouts: MutableMapping[str, dict], events: MutableMapping[str, bytes],
-                 timing: Timing = Timing(), source: str = "streams"):
+                 timing: Timing = Timing(), source: str = "streams", policy: str = policies.DEFAULT_POLICY):
         self.rollouts = rollouts
         self.events = events
         self.timing = timing
         self.source = source
+        self.policy = policy
+        """the reward policy (`module:function`) that turns sessions' feedback into rewards"""
         self.counts: Counter[str] = Counter()
         """events, duplicates, late, trajectories, rewards_computed, reward_failures (since start)"""
         self._due_at: dict[str, int] = {}
@@ -134,6 +146,8 @@ class Assembly:
     def add(self, event: Event, raw: bytes, partition: int) -> str | None:
         """Take one event; return why it is late (for the deadletter topic), or None."""
         rollout_id = event.rollout_id
+        if is_session_rollout(rollout_id):
+            return self._add_session(event, raw, partition)
         state = self.rollouts.get(rollout_id) or {"partition": partition, "latest": None, "attempts": {}}
         attempt_id = event.attempt_id or state["latest"] or NO_ATTEMPT
         attempt = state["attempts"].get(attempt_id)
@@ -187,13 +201,15 @@ class Assembly:
                 attempt["end"] = {"id": event.id, "type": event.type, "time": event.time}
 
     def _save(self, rollout_id: str, state: dict[str, Any]) -> None:
-        state["due"] = min(map(self._due, state["attempts"].values()))
+        state["due"] = min(map(self._due, state["attempts"].values()), default=sessions.FOREVER_MS)
         self.rollouts[rollout_id] = state  # written back whole: a Faust table records changes on assignment
         self._index(rollout_id, state)
 
     def _due(self, attempt: dict[str, Any]) -> int:
         settled = attempt.get("settled")
         if settled:
+            if "session" in attempt:
+                return sessions.settled_due(attempt, self.timing)
             return settled["time"] + self.timing.retention_ms
         decided = attempt.get("decided")
         return decided["at"] if decided else finalize_at(attempt, self.timing)
@@ -254,7 +270,12 @@ class Assembly:
             if self._due(attempt) > now_ms:
                 continue
             if attempt.get("settled"):
-                out.forgotten.append(attempt_id)
+                if "session" in attempt and sessions.pending(attempt):
+                    self._rescore(out, attempt_id, attempt, now_ms)
+                else:
+                    out.forgotten.append(attempt_id)
+            elif "session" in attempt:
+                self._settle_session(out, attempt_id, attempt, now_ms)
             else:
                 self._settle(out, attempt_id, attempt, now_ms)
         return out
@@ -286,12 +307,18 @@ class Assembly:
         for attempt_id, marker in settled.attempts.items():
             attempt = state["attempts"][attempt_id]
             attempt.pop("decided", None)
+            if "session" in attempt and "settled" not in attempt and marker["trajectory"] is not None:
+                self.counts["sessions_without_feedback"] += not marker["feedback"]  # counted, never guessed
             attempt["settled"] = marker
             attempt["ids"] += [reward.id for reward in settled.rewards if reward.attempt_id == attempt_id]
-            done += attempt["ids"]
+            if "session" in attempt:  # feedback timed after the settling waits, held, to be scored
+                waiting = {entry[0] for entry in sessions.pending(attempt)}
+                done += [event_id for event_id in attempt["ids"] if event_id not in waiting]
+            else:
+                done += attempt["ids"]
         for attempt_id in settled.forgotten:
             done += state["attempts"].pop(attempt_id)["ids"]  # a crash may have left some of their events
-        if state["attempts"]:
+        if state["attempts"] or "segments" in state:  # (a session keeps its numbering: segment ids stay unique)
             self._save(settled.rollout_id, state)
         else:
             del self.rollouts[settled.rollout_id]
@@ -300,6 +327,9 @@ class Assembly:
             self.events.pop(event_id, None)
             self._decoded.pop(event_id, None)
         self.counts["trajectories"] += len(settled.trajectories)
+        for trajectory in settled.trajectories:
+            self.counts["sessions"] += trajectory.data.session_id is not None
+        self.counts["late_feedback_rewards"] += sum(reward.data.trajectory_id is not None for reward in settled.rewards)
         self.counts["rewards_computed"] += len(settled.rewards)
         self.counts["reward_failures"] += len(settled.unscored)
         self.counts["late"] += len(settled.late)
@@ -341,6 +371,160 @@ class Assembly:
         out.trajectories.append(trajectory)
         out.attempts[attempt_id] = {"trajectory": trajectory.id, "time": at}
         out.decided[attempt_id] = {**decided, "ids": [event.id for event in events]}
+
+    # --- sessions (streams/sessions.py) ----------------------------------------------------------
+
+    def _add_session(self, event: Event, raw: bytes, partition: int) -> str | None:
+        """Take one event of a session: into the conversation (segment) it belongs to."""
+        rollout_id = str(event.rollout_id)
+        state = self.rollouts.get(rollout_id) or sessions.new_state(partition)
+        attempts = state["attempts"]
+        holder = next((attempt for attempt in attempts.values() if event.id in attempt["ids"]), None)
+        if holder is not None:
+            self.counts["duplicates"] += 1
+            if not holder.get("settled") or any(entry[0] == event.id for entry in sessions.pending(holder)):
+                self.events.setdefault(event.id, raw)  # (as in `add`: a worker that died between state and event)
+            return None
+        kind = type(event)
+        if kind is RewardEvent and event.data.reward_fn:  # type: ignore[attr-defined]
+            # the policy's own output, read back: made again from the feedback, never an input
+            read_back = attempts.get(event.attempt_id) or attempts.get(state["latest"])
+            if read_back is not None:
+                read_back["ids"].append(event.id)
+                self._save(rollout_id, state)
+            return None
+        session_id = self._session_id(event, state)
+        attempt_id = sessions.route(state, event, session_id, self.timing)
+        if attempt_id is None:  # an end that ends nothing: kept against repeats only
+            attempts[state["latest"]]["ids"].append(event.id)
+            self.counts["session_ends_ignored"] += 1
+            self._save(rollout_id, state)
+            return None
+        attempt = attempts[attempt_id]
+        if attempt.get("settled") and kind is not FeedbackEvent:
+            self.counts["late"] += 1
+            return (f"late: conversation {attempt_id} of session {session_id} was settled (trajectory "
+                    f"{attempt['settled']['trajectory']}) before this {event.type} event arrived")
+        attempt["ids"].append(event.id)
+        attempt["last"] = max(attempt["last"], event.time)
+        if kind is CallEvent:
+            attempt["calls"].append([event.id, event.time])
+            attempt["call_last"] = max(attempt["call_last"] or event.time, event.time)
+            sessions.joined(state, attempt, attempt["calls"][-1])
+        elif kind is FeedbackEvent or kind is RewardEvent:  # (a reward posted for the session: its first word too)
+            if kind is FeedbackEvent:
+                attempt["fb"].append([event.id, event.time, event.data.call_id])  # type: ignore[attr-defined]
+            if attempt["reward_at"] is None or event.time < attempt["reward_at"]:
+                attempt["reward_at"] = event.time
+        elif kind is SessionEndedEvent:
+            attempt["end"] = {"id": event.id, "type": event.type, "time": event.time}
+        self.counts["events"] += 1
+        self.events[event.id] = raw
+        if len(self._decoded) >= DECODED_MAX:
+            self._decoded.clear()
+        self._decoded[event.id] = event
+        if kind is SessionEndedEvent:
+            sessions.split_after_end(state, attempt, session_id, self.timing)
+        self._save(rollout_id, state)
+        return None
+
+    @staticmethod
+    def _session_id(event: Event, state: dict[str, Any]) -> str:
+        data = event.data
+        found = getattr(data, "session_id", None)
+        if found:
+            return str(found)
+        known = next(iter(state["attempts"].values()), None)
+        return str(known["session"]) if known else str(event.rollout_id)
+
+    def _settle_session(self, out: Settled, attempt_id: str, attempt: dict[str, Any], now_ms: int) -> None:
+        """Settle one conversation of a session into its trajectory, rewarded by the policy's reading of its
+        feedback so far; feedback timed after the settling stays, to be scored when due (`_rescore`)."""
+        rollout_id, session_id = out.rollout_id, attempt["session"]
+        decided = attempt.get("decided") or {"at": finalize_at(attempt, self.timing), "end": attempt["end"],
+                                             "ended_at": sessions.ended_at(attempt, self.timing),
+                                             "policy": self.policy, "ids": None}
+        at, chosen = decided["at"], None if decided["ids"] is None else set(decided["ids"])
+        if chosen is not None and not self._holds(chosen, at, now_ms):
+            return
+        waiting = {entry[0] for entry in attempt["fb"]}
+        events: list[Event] = []
+        for event_id in attempt["ids"]:
+            if event_id not in self.events:
+                continue
+            event = self._decoded.get(event_id) or decode(self.events[event_id])
+            if (event.time <= at) if chosen is None else event_id in chosen:
+                events.append(event)
+            elif event_id not in waiting:  # (feedback after the settling is scored later, not late)
+                out.late.append((self.events[event_id], f"late: its time is after conversation {attempt_id} of "
+                                                        f"session {session_id} settled (at {at})"))
+        feedback = sorted((e for e in events if type(e) is FeedbackEvent), key=lambda e: (e.time, e.id))
+        end = decided["end"]
+        reason = "ended by the client" if end else f"no call for {self.timing.session_idle_ms / 1000:g} s"
+        ending = Ending("finished", decided["ended_at"], reward_expected=True, reason=reason)
+        if not any(type(e) is CallEvent for e in events):
+            for event in feedback:  # nothing to reward: the session is unknown here
+                out.late.append((self.events[event.id], f"no calls of session {session_id} are known (never seen "
+                                 "here, or forgotten after --session-retention-s): its feedback rewards nothing"))
+            out.attempts[attempt_id] = {"trajectory": None, "time": at, "turns": [],
+                                        "feedback": [[e.id, e.time, self.events[e.id].decode()] for e in feedback]}
+            out.decided[attempt_id] = {**decided, "ids": [event.id for event in events]}
+            return
+        trajectory = build(rollout_id, attempt_id, events, ending, self.source, session_id=session_id)
+        turns = [turn.call_id for turn in trajectory.data.turns]
+        if feedback:
+            scored = self._policy_reward(out, decided["policy"], session_id, attempt_id, turns, feedback,
+                                         derived_id("reward", trajectory.id, decided["policy"], feedback[-1].id),
+                                         trajectory.time, None)
+            if scored is not None:
+                trajectory = with_reward(trajectory, events, scored, ending)
+        out.trajectories.append(trajectory)
+        out.attempts[attempt_id] = {"trajectory": trajectory.id, "time": at, "turns": turns,
+                                    "feedback": [[e.id, e.time, self.events[e.id].decode()] for e in feedback]}
+        out.decided[attempt_id] = {**decided, "ids": [event.id for event in events]}
+
+    def _rescore(self, out: Settled, attempt_id: str, attempt: dict[str, Any], now_ms: int) -> None:
+        """Feedback that came after a conversation's trajectory: the policy's reward over all its feedback so
+        far, as a `reward` event naming the trajectory."""
+        marker = attempt["settled"]
+        due = [entry for entry in sessions.pending(attempt) if entry[1] + self.timing.settle_ms <= now_ms]
+        fresh = [event for entry in due if (event := self.decoded(entry[0])) is not None]
+        if not fresh:
+            return
+        known = [decode(raw) for _, _, raw in marker["feedback"]]
+        feedback = sorted((e for e in [*known, *fresh] if type(e) is FeedbackEvent), key=lambda e: (e.time, e.id))
+        if marker["trajectory"] is None:
+            for event in fresh:
+                out.late.append((self.events[event.id], f"no calls of session {attempt['session']} are known (never "
+                                 "seen here, or forgotten after --session-retention-s): its feedback rewards nothing"))
+        elif feedback:
+            newest = max(fresh, key=lambda e: (e.time, e.id))
+            self._policy_reward(out, self.policy, attempt["session"], attempt_id, marker["turns"], feedback,
+                                derived_id("reward", marker["trajectory"], self.policy, newest.id), newest.time,
+                                marker["trajectory"])
+        out.attempts[attempt_id] = {**marker, "feedback": [*marker["feedback"], *(
+            [e.id, e.time, self.events[e.id].decode()] for e in fresh if e.id in self.events)]}
+
+    def _policy_reward(self, out: Settled, policy: str, session_id: str, attempt_id: str, turns: list[str],
+                       feedback: list[Event], reward_id: str, time: int,
+                       trajectory_id: str | None) -> RewardEvent | None:
+        """The policy's reward event over this feedback, added to `out` (None: it scored nothing, or failed:
+        then the feedback goes to the deadletter topic with why)."""
+        view = policies.SessionFeedback(session_id, out.rollout_id, attempt_id, turns, feedback)  # type: ignore[arg-type]
+        try:
+            reward = policies.score(policy, view)
+        except rewards.RewardError as exc:
+            out.unscored.append((self.events.get(feedback[-1].id) or encode(feedback[-1]),
+                                 f"no reward for conversation {attempt_id} of session {session_id}: {exc}"))
+            return None
+        if reward is None:
+            return None
+        if trajectory_id is not None:
+            reward = reward.model_copy(update={"trajectory_id": trajectory_id})
+        event = RewardEvent(id=reward_id, time=time, source=self.source, rollout_id=out.rollout_id,
+                            attempt_id=attempt_id, data=reward)
+        out.rewards.append(event)
+        return event
 
     def _holds(self, ids: set[str], at: int, now_ms: int) -> bool:
         """Whether every one of these events is in the state again; after the idle timeout, go on without."""

@@ -10,6 +10,7 @@ from pydantic_settings import NoDecode, SettingsConfigDict
 
 from schemas.kafka import KafkaSettings
 from streams.assembly import Timing
+from streams.policies import DEFAULT_POLICY
 
 
 class StreamsSettings(KafkaSettings):
@@ -26,6 +27,16 @@ class StreamsSettings(KafkaSettings):
                                   "is closed as abandoned")
     retention_s: float = Field(6 * 3600.0, gt=0, description="how long a settled attempt's event ids are kept, "
                                "to drop duplicates and deadletter late events")
+    session_idle_s: float = Field(1800.0, gt=0, description="a session's conversation (production traffic, "
+                                  "/v1 calls outside any rollout) ends this long after its last call, unless "
+                                  "ended before (POST /sessions/{id}/end)")
+    feedback_window_s: float = Field(600.0, ge=0, description="how long an ended conversation waits for its first "
+                                     "feedback before its trajectory is emitted without a reward (counted as "
+                                     "sessions_without_feedback); later feedback becomes reward events")
+    session_retention_s: float = Field(30 * 24 * 3600.0, gt=0, description="how long a settled conversation is "
+                                       "kept for feedback that comes later")
+    reward_policy: str = Field(DEFAULT_POLICY, description="module:function that turns a session's feedback into "
+                               "rewards (streams/policies.py)")
     tick_s: float = Field(0.1, gt=0, description="how often the worker looks for attempts due to settle, at "
                           "least (it also wakes when the next attempt is due)")
     batch_max: int = Field(2000, ge=1, description="source records whose changes are written together, at most")
@@ -65,4 +76,7 @@ class StreamsSettings(KafkaSettings):
     @property
     def timing(self) -> Timing:
         return Timing(settle_ms=int(self.settle_s * 1000), reward_grace_ms=int(self.reward_grace_s * 1000),
-                      idle_timeout_ms=int(self.idle_timeout_s * 1000), retention_ms=int(self.retention_s * 1000))
+                      idle_timeout_ms=int(self.idle_timeout_s * 1000), retention_ms=int(self.retention_s * 1000),
+                      session_idle_ms=int(self.session_idle_s * 1000),
+                      feedback_window_ms=int(self.feedback_window_s * 1000),
+                      session_retention_ms=int(self.session_retention_s * 1000))

@@ -90,9 +90,12 @@ class Ending:
     finished_at: int
     """UTC ms: the terminal event's time, or when an abandoned attempt was given up on"""
     reward_expected: bool = False
+    reason: str | None = None
+    """why it ended, where the assembler knows better than the events (a session's conversation)"""
 
 
-def build(rollout_id: str, attempt_id: str, events: Seq[Event], ending: Ending, source: str) -> TrajectoryEvent:
+def build(rollout_id: str, attempt_id: str, events: Seq[Event], ending: Ending, source: str,
+          session_id: str | None = None) -> TrajectoryEvent:
     """The trajectory of one attempt from its events, in whatever order they arrived.
 
     Events are taken once each, in the order of their time (then id): a worker reads the rollouts,
@@ -126,6 +129,7 @@ def build(rollout_id: str, attempt_id: str, events: Seq[Event], ending: Ending, 
         finished_at=ending.finished_at,
         **_rewarded(events, turns, ending),
         **(_task_fields(queued) if queued else {}),
+        **({"session_id": session_id} if session_id is not None else {}),
     )
     return _made(TrajectoryEvent, id=trajectory_id(rollout_id, attempt_id), time=ending.finished_at,
                                            source=source, rollout_id=rollout_id, attempt_id=attempt_id, data=data)
@@ -170,6 +174,8 @@ def _in_call_order(call: CallEvent) -> tuple[int, str]:
 def end_reason(events: Seq[Event], ending: Ending) -> str | None:
     """Why the attempt ended: a timeout, a failure's error (with the last line the agent wrote to stderr,
     where a crash's exception is), the outcome a coding agent reported with its diff, or abandonment."""
+    if ending.reason is not None:
+        return ending.reason
     for event in reversed(events):  # (by exact type, as in `build`)
         if type(event) is RolloutTimedOutEvent:
             return f"timed out after {event.data.timeout_s:g} s"
@@ -242,6 +248,7 @@ def merge(turns: list[Turn]) -> tuple[list[Sequence], int]:
             added = prompt
         completion, between = turn.completion_token_ids, len(added)
         current["token_ids"] += added
+        turn.completion_start = len(current["token_ids"])
         current["token_ids"] += completion
         current["mask"] += [0] * between
         current["mask"] += [1] * len(completion)

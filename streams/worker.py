@@ -86,7 +86,7 @@ class AssemblyWorker(faust.Service):
         self.events = Staged(self.table, "e:", bytes.decode, str.encode)
         self.positions = Staged(self.table, "p:")
         """'topic:partition' → the next offset of that source partition to handle"""
-        self.assembly = Assembly(self.rollouts, self.events, settings.timing, settings.source)
+        self.assembly = Assembly(self.rollouts, self.events, settings.timing, settings.source, settings.reward_policy)
         self.counts: Counter[str] = Counter()
         """what the worker itself dropped, deadlettered or read again (the assembly counts the rest)"""
         self.last_time: dict[TP, int] = {}

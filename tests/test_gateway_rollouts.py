@@ -12,6 +12,7 @@ import pytest
 
 from agentstream.stack.process import free_port
 from schemas import RewardEvent, RolloutFinishedEvent
+from schemas.sessions import session_rollout_id
 from schemas.tokens import mint_rollout_token
 from tests.gateway_support import OPERATOR_KEY, TOKEN_SECRET, gateway_settings, raw_records, read_events, running_gateway
 
@@ -60,17 +61,18 @@ async def test_concurrent_rollouts_each_call_lands_once_under_its_rollout(kafka,
         events = await read_events(kafka, kafka.topics.calls, count=28)
         assert len(events) == 28 and len({event.id for event in events}) == 28, "a call is missing or duplicated"
         per_attempt = Counter((event.rollout_id, event.attempt_id) for event in events)
-        assert per_attempt == Counter({(r, a): 3 for r, a, _ in agents} | {(None, None): 1})
+        session = session_rollout_id("s1")  # a session's calls are keyed by its rollout id, with no attempt
+        assert per_attempt == Counter({(r, a): 3 for r, a, _ in agents} | {(session, None): 1})
         for event in events:
-            if event.rollout_id:
+            if event.rollout_id != session:
                 content = event.data.request["messages"][0]["content"]
                 assert content.startswith(f"{event.rollout_id}/{event.attempt_id}/"), "a call landed under another rollout"
                 assert event.data.status == 200 and event.data.completion_token_ids
             else:
                 assert event.data.session_id == "s1"
-        assert sorted(e.data.streamed for e in events if e.rollout_id).count(True) == 9
+        assert sorted(e.data.streamed for e in events if e.rollout_id != session).count(True) == 9
         access = [record.fields for record in caplog.records if record.name == "gateway.calls"]
-        assert len(access) == 28 and {"r0", None} <= {entry["rollout_id"] for entry in access}
+        assert len(access) == 28 and {"r0", session} <= {entry["rollout_id"] for entry in access}
 
 
 async def test_reward_and_finish_become_events_of_the_tokens_attempt(gw_without_upstream, kafka):

@@ -69,6 +69,7 @@ from schemas.errors import AgentstreamError
 from schemas.kafka import KafkaSettings
 from schemas.scan import KAFKA, Origin
 from streams.assembly import Timing
+from streams.policies import DEFAULT_POLICY
 
 SET_COUNTS = ("open", "open_ended")
 """counts a rebuild sets at the range's close rather than adds to"""
@@ -100,6 +101,7 @@ class Part:
     closing_ms: int
     selection: Selection
     reward_fn: str | None
+    reward_policy: str
     with_calls: bool
     source: str
     batch_size: int
@@ -142,7 +144,8 @@ class ParallelRebuild:
 
     def __init__(self, settings: KafkaSettings, ranges: dict[str, dict[int, tuple[int, int]]],
                  position: dict[str, Any] | None, *, jobs: int, timing: Timing, closing_ms: int,
-                 selection: Selection, counts: Counter[str], reward_fn: str | None = None, with_calls: bool = False,
+                 selection: Selection, counts: Counter[str], reward_fn: str | None = None,
+                 reward_policy: str = DEFAULT_POLICY, with_calls: bool = False,
                  as_bytes: bool = True, source: str = "streams", batch_size: int = 5000, origin: Origin = KAFKA,
                  settled: Path, checkpoint_s: float = 5.0, output: TopicSink | None = None):
         self.counts = counts
@@ -153,7 +156,7 @@ class ParallelRebuild:
         """the topic the workers write to themselves (None: they send what they make here)"""
         share = output.share(len(groups)) if output is not None else None
         self.parts = [Part(group, settings, *_only(ranges, position, group), timing, closing_ms, selection, reward_fn,
-                           with_calls, source, batch_size, origin, checkpoint_s, as_bytes, settled, share)
+                           reward_policy, with_calls, source, batch_size, origin, checkpoint_s, as_bytes, settled, share)
                       for group in groups]
         if position:
             self.next = {t: int_keys(position["next"][t]) for t in RAW}
@@ -386,7 +389,7 @@ async def _fold(writer: Connection, part: Part) -> None:
     counts: Counter[str] = Counter()
     rebuild = Rebuild(part.settings, part.ranges, part.position, timing=part.timing, closing_ms=part.closing_ms,
                       selection=part.selection, counts=counts, settled=part.settled, reward_fn=part.reward_fn,
-                      with_calls=part.with_calls, source=part.source, batch_size=part.batch_size, origin=part.origin,
+                      reward_policy=part.reward_policy, with_calls=part.with_calls, source=part.source, batch_size=part.batch_size, origin=part.origin,
                       partitions=part.partitions)
     rebuild.explain_open = False
     sink = None

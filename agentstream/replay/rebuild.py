@@ -14,7 +14,9 @@ Partitions fold independently (the topics are co-partitioned by rollout id): `pa
 
 With a new reward function, every task names it instead of its own, and the rewards computed
 earlier (reward events with `reward_fn` set) are left out: only what agents posted is carried
-over, and the new function scores every finished attempt.
+over, and the new function scores every finished attempt. Sessions' rewards are always made again from
+their feedback, by `reward_policy` (the worker's `--reward-policy`, or another): the policy's earlier
+rewards in the log are its output, never input (`Assembly._add_session`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from schemas.codec import DecodeError, decode, encode
 from schemas.events import CallEvent, Event, RewardEvent, RolloutQueuedEvent, TrajectoryEvent
 from schemas.kafka import KafkaSettings
 from streams.assembly import Assembly, Settled, Timing, finalize_at
+from streams.policies import DEFAULT_POLICY
 
 RAW = ("rollouts", "calls", "rewards")
 """the sources, in the order that breaks ties between events of the same time"""
@@ -58,7 +61,8 @@ class Pending:
 class Rebuild:
     def __init__(self, settings: KafkaSettings, ranges: dict[str, dict[int, tuple[int, int]]],
                  position: dict[str, Any] | None, *, timing: Timing, closing_ms: int, selection: Selection,
-                 counts: Counter[str], settled: Path, reward_fn: str | None = None, with_calls: bool = False,
+                 counts: Counter[str], settled: Path, reward_fn: str | None = None,
+                 reward_policy: str = DEFAULT_POLICY, with_calls: bool = False,
                  source: str = "streams", batch_size: int = 5000, origin: Origin = KAFKA,
                  partitions: list[int] | None = None):
         """`settled`: the folder of the partitions' settled rollouts (settled.py), beside the resume state;
@@ -93,7 +97,7 @@ class Rebuild:
             for rollout_id, rollout in state["rollouts"].items():  # the open ones: sorted again at the next position
                 rollouts[rollout_id] = rollout
             events = {event_id: raw.encode() for event_id, raw in state["events"].items()}
-            self.assemblies[p] = Assembly(rollouts, events, timing, source)
+            self.assemblies[p] = Assembly(rollouts, events, timing, source, reward_policy)
         self.queues: dict[tuple[str, int], deque[Pending]] = {(t, p): deque() for t in RAW for p in self.partitions}
         self.remaining = sum(max(0, self.ends[t][p] - self.next[t][p]) for t in RAW for p in self.partitions)
         self.read = 0

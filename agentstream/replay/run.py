@@ -35,6 +35,7 @@ from schemas.ids import now_ms
 from schemas.kafka import KafkaSettings
 from streams import rewards
 from streams.assembly import Timing
+from streams.policies import DEFAULT_POLICY
 
 SINKS = ("topic", "events", "chat", "parquet")
 """topic: trajectory events to a new topic; events: the same, as JSONL (the trainer's offline file);
@@ -59,6 +60,8 @@ class RebuildSpec:
     timing: Timing = Timing()
     lookback_ms: int = 3_600_000
     source: str = "streams"
+    reward_policy: str = DEFAULT_POLICY
+    """the reward policy that turns sessions' feedback into rewards (a rebuild always applies it)"""
 
 
 @dataclass(frozen=True)
@@ -96,9 +99,9 @@ class Job:
         if self.raw and (self.range.from_offsets or self.range.to_offsets):
             raise ReplayError("offsets name positions in one topic, and a rebuild reads three (rollouts, calls, "
                               "rewards): bound it by time (--since/--until), or select --rollouts/--versions")
-        if self.rebuild.reward_fn:
+        for name in filter(None, (self.rebuild.reward_fn, self.raw and self.rebuild.reward_policy)):
             try:
-                rewards.load(self.rebuild.reward_fn)
+                rewards.load(str(name))
             except rewards.RewardError as exc:
                 raise ReplayError(str(exc)) from None
 
@@ -301,7 +304,7 @@ def _source(settings: KafkaSettings, job: Job, state: ReplayState, counts: Count
     if jobs < 0:
         raise ReplayError(f"--jobs {options.jobs}: give a number of processes (1 or more), or 0 for one per core")
     common = dict(timing=spec.timing, closing_ms=state.plan["closing_ms"], selection=_selection(job, state),
-                  counts=counts, reward_fn=spec.reward_fn, with_calls=job.sink in ("chat", "parquet"),
+                  counts=counts, reward_fn=spec.reward_fn, reward_policy=spec.reward_policy, with_calls=job.sink in ("chat", "parquet"),
                   source=spec.source, batch_size=options.batch_size, origin=options.origin,
                   settled=settled.folder(options.state))
     if jobs > 1 and len(state.ranges["rollouts"]) > 1:

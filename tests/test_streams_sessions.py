@@ -1,0 +1,199 @@
+"""Sessions in the fold: conversations split by ends and idleness, feedback turned into rewards by the
+policy (at settling, and later), per-call feedback on its turn, the same decisions in any read order."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence as Seq
+
+import pytest
+
+import schemas as s
+from schemas.codec import decode, encode
+from schemas.sessions import session_rollout_id
+from streams.assembly import Assembly, Settled, Timing
+
+TIMING = Timing(settle_ms=100, session_idle_ms=10_000, feedback_window_ms=5_000, session_retention_ms=100_000)
+
+
+class Session:
+    """The events a gateway writes for one session: its calls, end and feedback."""
+
+    def __init__(self, session_id: str, start: int = 1_700_000_000_000):
+        self.session_id = session_id
+        self.rollout_id = session_rollout_id(session_id)
+        self.start = start
+
+    def call(self, at: int, prompt: list[int], completion: list[int]) -> s.CallEvent:
+        time = self.start + at
+        return s.CallEvent(source="gateway", rollout_id=self.rollout_id, time=time, data=s.Call(
+            api="chat.completions", model="tiny", session_id=self.session_id, status=200, started_at=time - 5,
+            latency_ms=5.0, request={}, prompt_token_ids=prompt, completion_token_ids=completion,
+            logprobs=[-0.5] * len(completion), weight_version=0))
+
+    def end(self, at: int) -> s.SessionEndedEvent:
+        return s.SessionEndedEvent(source="gateway", rollout_id=self.rollout_id, time=self.start + at,
+                                   data=s.SessionEnded(session_id=self.session_id, sender="key:test"))
+
+    def feedback(self, at: int, call: s.CallEvent | None = None, **values) -> s.FeedbackEvent:
+        return s.FeedbackEvent(source="gateway", rollout_id=self.rollout_id, time=self.start + at, data=s.Feedback(
+            session_id=self.session_id, call_id=call.id if call else None, sender="key:test", **values))
+
+
+def fold(events: Seq[s.Event], now: int, policy: str = "streams.policies:latest",
+         assembly: Assembly | None = None) -> tuple[Assembly, Settled]:
+    """Add the events in this order, settling whatever is due before each one's time (as a watermark would)."""
+    assembly = assembly or Assembly({}, {}, TIMING, policy=policy)
+    out = Settled("all")
+    for event in [*events, None]:
+        at = now if event is None else event.time - 1
+        for rollout_id in assembly.due(at):
+            settled = assembly.settle(rollout_id, at)
+            assembly.record(settled)
+            out.extend(settled)
+        if event is not None:
+            assert assembly.add(event, encode(event), 0) is None
+    return assembly, out
+
+
+def conversation(session: Session) -> tuple[list[s.Event], dict[str, s.CallEvent]]:
+    """Two conversations: two merged turns ended by the client, with feedback about the second turn and about
+    the whole; then, after a call in flight at the end, one more turn that ends by idleness without feedback."""
+    first = session.call(1_000, [1, 2], [3])
+    second = session.call(2_000, [1, 2, 3, 4], [5, 6])
+    in_flight = session.call(3_550, [1, 2, 3, 4, 5, 6, 7], [8])
+    later = session.call(3_700, [9], [10, 11])
+    events = [first, second, session.feedback(3_000, second, thumbs="down"),
+              session.feedback(3_200, thumbs="up", user="u-1"), session.end(3_500), in_flight, later]
+    return events, {"first": first, "second": second, "in_flight": in_flight, "later": later}
+
+
+def test_a_session_splits_into_conversations_and_feedback_lands_on_its_turn():
+    session = Session("chat-1")
+    events, calls = conversation(session)
+    assembly, out = fold(events, session.start + 60_000)
+    ended, idle = out.trajectories
+    assert (ended.rollout_id, ended.attempt_id, idle.attempt_id) == (session.rollout_id, "segment-0", "segment-1")
+    assert ended.id == s.derived_id("trajectory", session.rollout_id, "segment-0")
+    assert ended.data.session_id == idle.data.session_id == "chat-1"
+    # the call in flight at the end (within --settle-s) joins the ended conversation; the one after opens the next
+    assert [turn.call_id for turn in ended.data.turns] == [calls["first"].id, calls["second"].id, calls["in_flight"].id]
+    assert [turn.call_id for turn in idle.data.turns] == [calls["later"].id]
+    assert ended.data.merged and ended.data.sequences[0].token_ids == [1, 2, 3, 4, 5, 6, 7, 8]
+    # per-turn: the thumbs down on the second call is that turn's reward; the thumbs up on the whole its outcome
+    assert [turn.reward for turn in ended.data.turns] == [None, 0.0, None]
+    assert ended.data.reward == 1.0 and not ended.data.reward_missing
+    (record,) = ended.data.rewards
+    assert record.reward_fn == "streams.policies:latest"
+    assert [turn.completion_start for turn in ended.data.turns] == [2, 4, 7]  # each turn's span in its sequence
+    assert ended.data.end_reason == "ended by the client" and idle.data.end_reason == "no call for 10 s"
+    assert ended.data.finished_at == session.start + 3_500
+    # nobody rated the second conversation within the window: emitted without a reward, counted, not guessed
+    assert idle.data.reward is None and idle.data.reward_missing
+    assert assembly.counts["sessions"] == 2 and assembly.counts["sessions_without_feedback"] == 1
+    assert [reward.attempt_id for reward in out.rewards] == ["segment-0"]
+
+
+def test_the_same_trajectories_and_rewards_whatever_order_the_topics_are_read_in():
+    """A worker reads calls, rollouts and rewards side by side: only each topic's own order is fixed. An end read
+    after calls that came later than it moves them to the next conversation."""
+    session = Session("chat-order")
+    events, _ = conversation(session)
+    late_feedback = session.feedback(40_000, score=0.25)
+    events.append(late_feedback)
+    expected = None
+    rng = random.Random(7)
+    for _ in range(30):
+        by_topic = {topic: [e for e in events if e.topic == topic] for topic in ("calls", "rollouts", "rewards")}
+        order: list[s.Event] = []
+        while any(by_topic.values()):
+            topic = rng.choice([t for t, queue in by_topic.items() if queue])
+            order.append(by_topic[topic].pop(0))
+        assembly = Assembly({}, {}, TIMING)
+        out = Settled("all")
+        for event in order:  # no settling until everything is read: a worker catching up
+            assert assembly.add(event, encode(event), 0) is None
+        for now in (session.start + 30_000, session.start + 60_000):
+            for rollout_id in assembly.due(now):
+                settled = assembly.settle(rollout_id, now)
+                assembly.record(settled)
+                out.extend(settled)
+        got = ([encode(t) for t in out.trajectories], [encode(r) for r in out.rewards])
+        expected = expected or got
+        assert got == expected, [e.type for e in order]
+    assert len(expected[0]) == 2
+
+
+def test_feedback_after_the_window_becomes_a_reward_event_naming_the_trajectory():
+    session = Session("chat-late")
+    call = session.call(1_000, [1], [2])
+    kept = Timing(**{**TIMING.__dict__, "session_retention_ms": 7 * 24 * 3_600_000})
+    assembly, out = fold([call, session.end(2_000)], session.start + 20_000, assembly=Assembly({}, {}, kept))
+    (trajectory,) = out.trajectories
+    assert trajectory.data.reward_missing and assembly.counts["sessions_without_feedback"] == 1
+    # days later: a thumbs up on the call, then a score for the whole (the latest of each counts)
+    day = 24 * 3_600_000
+    thumbs, score = session.feedback(day, call, thumbs="up"), session.feedback(day + 1_000, score=0.5)
+    _, later = fold([thumbs, score], session.start + day + 10_000, assembly=assembly)
+    assert later.trajectories == [] and later.late == []  # a trajectory once; its rewards when the feedback comes
+    first, second = later.rewards
+    assert first.data.trajectory_id == second.data.trajectory_id == trajectory.id
+    assert (first.rollout_id, first.attempt_id) == (trajectory.rollout_id, trajectory.attempt_id)
+    assert (first.data.value, [t.value for t in first.data.turns]) == (1.0, [1.0])  # only the call's: its mean
+    assert (second.data.value, [t.call_id for t in second.data.turns]) == (0.5, [call.id])
+    assert first.id != second.id and first.time == session.start + day
+    # repeated (a retried post with the same id, a worker reading again): nothing more
+    _, again = fold([score], session.start + day + 20_000, assembly=assembly)
+    assert again.rewards == [] and assembly.counts["duplicates"] == 1
+    # the reward events read back from the log are the policy's output, not new input
+    _, read_back = fold(later.rewards, session.start + day + 30_000, assembly=assembly)
+    assert read_back.rewards == [] and read_back.trajectories == []
+    assert assembly.counts["late_feedback_rewards"] == 2
+    # forgotten after --session-retention-s: feedback then rewards nothing, and says so
+    week = 8 * day
+    _, forgotten = fold([session.feedback(week, score=1.0)], session.start + week + 60_000, assembly=assembly)
+    assert forgotten.rewards == [] and "no calls of session chat-late are known" in forgotten.late[0][1]
+
+
+def test_another_policy_gives_the_same_sequences_with_new_rewards():
+    session = Session("chat-policy")
+    events, calls = conversation(session)
+    events[3] = session.feedback(3_200, thumbs="down")  # the whole first conversation: disliked
+    _, latest = fold(events, session.start + 60_000)
+    _, signed = fold(events, session.start + 60_000, policy="streams.policies:signed_thumbs")
+    for a, b in zip(latest.trajectories, signed.trajectories, strict=True):
+        assert a.id == b.id and a.data.sequences == b.data.sequences and a.data.turns[0] == b.data.turns[0]
+    assert latest.trajectories[0].data.reward == 0.0 and signed.trajectories[0].data.reward == -1.0
+    assert [t.reward for t in signed.trajectories[0].data.turns] == [None, -1.0, None]
+    assert signed.trajectories[0].data.rewards[0].reward_fn == "streams.policies:signed_thumbs"
+
+
+def test_feedback_for_an_unknown_session_is_set_aside_with_why():
+    session = Session("never-seen")
+    _, out = fold([session.feedback(1_000, score=1.0)], session.start + 60_000)
+    assert out.trajectories == [] and out.rewards == []
+    ((raw, reason),) = out.late
+    assert decode(raw).data.session_id == "never-seen" and "no calls of session never-seen are known" in reason
+
+
+def failing_policy(session):
+    raise KeyError("label")
+
+
+def test_a_failing_policy_sets_the_feedback_aside_and_the_trajectory_goes_without_a_reward():
+    session = Session("chat-fails")
+    events = [session.call(1_000, [1], [2]), session.feedback(1_500, label="good"), session.end(2_000)]
+    _, out = fold(events, session.start + 60_000, policy=f"{__name__}:failing_policy")
+    (trajectory,) = out.trajectories
+    assert trajectory.data.reward is None and out.rewards == []
+    ((raw, reason),) = out.unscored
+    assert decode(raw).type == "feedback" and "reward policy" in reason and "KeyError" in reason
+
+
+@pytest.mark.parametrize("body", [dict(label="resolved"), dict(score=0.7), dict(thumbs="up")])
+def test_the_default_policy_scores_scores_and_thumbs_and_leaves_labels_alone(body):
+    session = Session("chat-values")
+    events = [session.call(1_000, [1], [2]), session.feedback(1_500, **body), session.end(2_000)]
+    _, out = fold(events, session.start + 60_000)
+    (trajectory,) = out.trajectories
+    assert trajectory.data.reward == {"label": None, "score": 0.7, "thumbs": 1.0}[next(iter(body))]
