@@ -11,7 +11,10 @@ meet the field anyway, and it had better deadletter the event as "upgrade the co
 malformed one. A newer consumer reads every older version (a missing field takes its default).
 
 Versions: 1, the first; 2, `Call.retry_count` (the agent's SDK retried the request) and
-`Trajectory.superseded` (calls whose answer was lost and asked again).
+`Trajectory.superseded` (calls whose answer was lost and asked again); 3, sessions (production
+traffic, `schemas.sessions`): the `session.ended` and `feedback` events, `Trajectory.session_id`,
+`Turn.completion_start` (a turn's token span, for per-turn rewards) and `Reward.trajectory_id` (a reward
+computed after its trajectory was published).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.ids import new_id, now_ms
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 class Payload(BaseModel):
@@ -171,6 +174,52 @@ class RolloutDiffEvent(Event):
     data: RolloutDiff
 
 
+# --- sessions: production traffic (topics: rollouts, rewards; see schemas.sessions) ----------
+
+
+class SessionEnded(Payload):
+    """A client said its session is over (`POST /sessions/{id}/end`): the calls made so far are one
+    conversation. Its envelope's `rollout_id` is the session's (`schemas.sessions.session_rollout_id`)."""
+
+    session_id: str
+    sender: str = Field(description="who ended it: the gateway key's identity (`key:<hash>`) or `anonymous`")
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class SessionEndedEvent(Event):
+    topic: ClassVar[str] = "rollouts"
+    type: Literal["session.ended"] = "session.ended"
+    data: SessionEnded
+
+
+class Feedback(Payload):
+    """What someone said about a session, or about one call (turn) of it, at any time after it.
+
+    Raw input, never a reward by itself: the streams worker's reward policy (`--reward-policy`) turns a
+    session's feedback into `reward` events, so history can be rewarded again under another policy.
+    At least one of `score`, `label`, `thumbs` is set (the gateway checks it). Its envelope's
+    `rollout_id` is the session's; its `id` derives from (`session_id`, `client_id`) when the sender
+    gave an id, so sending the same feedback twice is one feedback (consumers drop repeats by id).
+    """
+
+    session_id: str
+    call_id: str | None = Field(None, description="the call (turn) it is about; None: the whole session")
+    score: float | None = Field(None, description="a number on the sender's scale")
+    label: str | None = Field(None, description="a word or a class, e.g. resolved, wrong_tool")
+    thumbs: Literal["up", "down"] | None = None
+    comment: str | None = None
+    sender: str = Field(description="who sent it: the gateway key's identity (`key:<hash>`) or `anonymous`")
+    user: str | None = Field(None, description="the end user the sender says it comes from")
+    client_id: str | None = Field(None, description="the sender's own id of this feedback (idempotency)")
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class FeedbackEvent(Event):
+    topic: ClassVar[str] = "rewards"
+    type: Literal["feedback"] = "feedback"
+    data: Feedback
+
+
 # --- model calls (topic: calls) --------------------------------------------------------------
 
 
@@ -195,7 +244,8 @@ class Call(Payload):
     upstream: str | None = Field(None, description="base URL of the server that answered")
     weight_version: int | None = Field(None, description="the weights that produced the completion")
     streamed: bool = False
-    session_id: str | None = Field(None, description="groups calls made outside any rollout")
+    session_id: str | None = Field(None, description="the session of a call made outside any rollout (its "
+                                   "`rollout_id` is then the session's, `schemas.sessions.session_rollout_id`)")
     request: dict[str, Any] = Field(description="the request as the agent sent it, secrets removed")
     response: dict[str, Any] | None = Field(None, description="the response as the agent got it; for streams, assembled")
     prompt_token_ids: list[int] | None = None
@@ -234,7 +284,10 @@ class Reward(Payload):
     value: float
     turns: list[TurnReward] = Field(default_factory=list)
     details: dict[str, Any] = Field(default_factory=dict)
-    reward_fn: str | None = Field(None, description="the function that computed it; None when the agent posted it")
+    reward_fn: str | None = Field(None, description="the function (or session reward policy) that computed it; "
+                                  "None when the agent posted it")
+    trajectory_id: str | None = Field(None, description="the trajectory it scores, when computed after that was "
+                                      "published (feedback later than the session's feedback window)")
 
 
 class RewardEvent(Event):
@@ -256,6 +309,8 @@ class Turn(Payload):
     finish_reason: str | None = None
     latency_ms: float | None = None
     reward: float | None = Field(None, description="per-turn reward, where one was given")
+    completion_start: int | None = Field(None, description="index in its sequence's `token_ids` of this turn's first "
+                                         "completion token: its span is [start, start + len(completion_token_ids))")
 
 
 class Sequence(Payload):
@@ -307,6 +362,8 @@ class Trajectory(Payload):
     finished_at: int
     duration_ms: int | None = None
     lineage: list[str] = Field(description="ids of the events this trajectory was built from")
+    session_id: str | None = Field(None, description="set for production traffic: the session (not a rollout) "
+                                   "these calls were made in; its rewards come from feedback, by the reward policy")
 
 
 class TrajectoryEvent(Event):
@@ -438,8 +495,10 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     RolloutFailedEvent,
     RolloutTimedOutEvent,
     RolloutDiffEvent,
+    SessionEndedEvent,
     CallEvent,
     RewardEvent,
+    FeedbackEvent,
     TrajectoryEvent,
     WeightsEvent,
     PoolUpdateEvent,

@@ -31,7 +31,12 @@ def sample_events() -> list[s.Event]:
         s.RolloutTimedOutEvent(**rollout, data=s.RolloutTimedOut(timeout_s=5, duration_ms=5000)),
         s.RolloutDiffEvent(source="gateway", rollout_id="r-1", attempt_id="a-1", data=s.RolloutDiff(
             instance_id="pkg__1", base_commit="abc", diff="--- a/x\n+++ b/x\n", size=18, outcome="submitted")),
+        s.SessionEndedEvent(source="gateway", rollout_id="session-1", data=s.SessionEnded(
+            session_id="chat-1", sender="key:0123456789abcdef")),
         s.CallEvent(**rollout, data=call),
+        s.FeedbackEvent(source="gateway", rollout_id="session-1", data=s.Feedback(
+            session_id="chat-1", call_id="c-1", thumbs="up", sender="key:0123456789abcdef", user="u-7",
+            client_id="fb-1")),
         s.RewardEvent(**rollout, data=s.Reward(value=1.0, turns=[s.TurnReward(turn=0, value=1.0)])),
         s.TrajectoryEvent(**rollout, data=s.Trajectory(
             status="finished", reward=1.0, turns=[turn], sequences=[sequence], merged=True,

@@ -77,7 +77,7 @@ def bad_or_doubtful() -> list[bytes | None]:
     repeated_key = orjson.dumps(variant("r-repeated-key", model="a")).replace(b'"model":"a"', b'"model":"a","model":"b"')
     surrogate = orjson.dumps(variant("r-surrogate", model="a")).replace(b'"model":"a"', b'"model":"\\ud800"')
     newer = base("r-newer")
-    newer["schema_version"] = 3
+    newer["schema_version"] = s.SCHEMA_VERSION + 1
     unversioned = base("r-unversioned")
     del unversioned["schema_version"]
     return [nan, inf, repeated_key, surrogate, orjson.dumps(newer), orjson.dumps(unversioned),
