@@ -169,7 +169,7 @@ class Batcher:
                and (flush or g.age(now) >= s.batch_timeout_s)]
         if len(complete) >= s.groups_per_batch:
             chosen = complete[: s.groups_per_batch]
-        elif due:
+        elif due or (flush and complete):  # (at the end of a source, complete groups need no company)
             chosen = (due + complete)[: s.groups_per_batch]
         else:
             return batch
