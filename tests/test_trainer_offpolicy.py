@@ -276,3 +276,41 @@ def test_per_turn_credit_is_off_by_default_and_checks_its_spans():
     event.data.turns[1].completion_start -= 2  # a span that is not where the sequence has the answer
     assert "turn 1" in malformed(event.data, turn_rewards=True)
     assert malformed(event.data) is None  # the outcome path never reads turn spans
+
+
+# --- one trainer, both sources (a real broker) -----------------------------------------------------
+
+
+async def test_one_trainer_mixes_rollouts_and_sessions_by_source_weight(kafka, tiny_model_dirs, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from tests.test_trainer_service import publish, read_all, trainer_settings
+    from trainer.service import Trainer
+
+    base = tiny_model_dirs[0]
+    rollouts = arithmetic_groups(base, groups=1, group_size=4, prefix="mixed")
+    sessions = arithmetic_sessions(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), 4, version=0)
+    misplaced = two_turns(9, turn_reward=1.0)
+    misplaced.data.group_id = misplaced.data.task_id = None
+    misplaced.data.session_id = "chat-misplaced"
+    misplaced.data.turns[1].completion_start -= 1
+    await publish(kafka, [*rollouts, *sessions, misplaced])
+
+    settings = trainer_settings(kafka, tmp_path / "weighted", base, offline_topic=kafka.topics.trajectories,
+                                source_weights={"session": 0.5}, rollout_is="token", turn_rewards=True, **EXACT)
+    [version] = await Trainer(settings).run()
+    metrics = version.data.metrics
+    assert sorted(version.data.lineage) == sorted(e.id for e in rollouts + sessions)
+    assert (metrics["samples_rollout"], metrics["samples_session"], metrics["malformed_dropped"]) == (4, 4, 1)
+    # version 0 sampled everything the trainer at version 0 trains on: weights of 1 (the same float32 model,
+    # one sequence at a time in the fixture vs batched here: float32 rounding only)
+    assert metrics["is_weight_mean"] == pytest.approx(1.0, abs=1e-4) and metrics["is_truncated_share"] == 0
+    assert metrics["is_ess"] == pytest.approx(1.0, abs=1e-6)
+    [letter] = [e for e in await read_all(kafka, kafka.topics.deadletter)]
+    assert "turn 1" in letter.data.reason
+
+    excluded = settings.model_copy(update={"checkpoint_dir": tmp_path / "rollouts-only",
+                                           "source_weights": {"session": 0.0}})
+    [version] = await Trainer(excluded).run()
+    assert sorted(version.data.lineage) == sorted(e.id for e in rollouts)
+    assert version.data.metrics["source_excluded_dropped"] == 4 and "samples_session" not in version.data.metrics
