@@ -215,6 +215,15 @@ def test_flush_trains_what_can_be_trained_and_drops_the_rest():
     assert len(batch.samples) == 3 and len(batch.dropped["incomplete"]) == 1 and not len(b)
 
 
+def test_flush_trains_complete_groups_fewer_than_a_batch():
+    """An offline source that ends with one complete group of the two a batch takes trains it (it waited forever)."""
+    b = batcher(groups_per_batch=2)
+    for i in range(4):
+        b.add(sample("only", i))
+    assert not b.take(now=0, version=0).samples
+    assert len(b.take(now=0, version=0, flush=True).samples) == 4 and not len(b)
+
+
 def test_staleness_is_judged_when_the_group_is_taken():
     b = batcher(max_staleness=2)
     for i in range(4):

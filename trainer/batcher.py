@@ -15,7 +15,12 @@ with a loss weight of `stale_decay ** (staleness - max_staleness)`. A group that
 `min_group_size` that way is dropped whole (`incomplete`): group-relative advantages need peers.
 
 A retried attempt (same group and sample index, higher attempt number) replaces the earlier one
-(`superseded`). Samples without a task group form a group of one.
+(`superseded`).
+
+Samples without a task group (sessions: one sample per prompt; rollouts launched without a task) need
+no peers: they fill ungrouped batches-in-waiting of `group_size` samples, in arrival order, which
+count as groups for the rules above except that any number of samples is enough (a group-free
+baseline gives their advantages, `grpo.compute_advantages`).
 """
 
 from __future__ import annotations
@@ -41,6 +46,15 @@ class Sample:
     weight: float = 1.0
     shaping: float = 0.0
     """added to the reward for training only (--reward-penalties): the log and eval keep the grader's"""
+    source: str = "rollout"
+    """where the trajectory came from (rollout or session), as `source_of` tells"""
+    source_weight: float = 1.0
+    """the loss weight of its source (--source-weights)"""
+
+    @property
+    def grouped(self) -> bool:
+        """whether it has peers to compare with (a task group)"""
+        return not self.group.startswith(ALONE)
 
     @property
     def reward(self) -> float:
@@ -48,8 +62,16 @@ class Sample:
         return self.trajectory.reward + self.shaping
 
 
+ALONE = "alone:"
+
+
 def group_of(event_id: str, trajectory: Trajectory) -> str:
-    return trajectory.group_id or (f"task:{trajectory.task_id}" if trajectory.task_id else f"alone:{event_id}")
+    return trajectory.group_id or (f"task:{trajectory.task_id}" if trajectory.task_id else f"{ALONE}{event_id}")
+
+
+def source_of(trajectory: Trajectory) -> str:
+    """session (production traffic: `session_id` set) or rollout (launched by the controller or an agent)"""
+    return "session" if trajectory.session_id is not None else "rollout"
 
 
 def staleness(trajectory: Trajectory, version: int, initial_version: int) -> int:
@@ -88,6 +110,8 @@ class Group:
     key: str
     since: float
     samples: list[Sample] = field(default_factory=list)
+    ungrouped: bool = False
+    """samples without a task group, gathered in arrival order"""
 
     def age(self, now: float) -> float:
         return now - self.since
@@ -97,12 +121,16 @@ class Batcher:
     def __init__(self, settings: TrainerSettings):
         self.settings = settings
         self.groups: dict[str, Group] = {}  # in order of first arrival
+        self._ungrouped = 0  # the number of the ungrouped group being filled
 
     def __len__(self) -> int:
         return sum(len(group.samples) for group in self.groups.values())
 
     def add(self, sample: Sample) -> Sample | None:
         """Buffer the sample; return the sample it supersedes (or itself, if a later attempt is already here)."""
+        if not sample.grouped:
+            self._gather(sample)
+            return None
         group = self.groups.setdefault(sample.group, Group(sample.group, sample.arrived))
         new = sample.trajectory
         for i, old in enumerate(group.samples):
@@ -114,19 +142,34 @@ class Batcher:
         group.samples.append(sample)
         return None
 
+    def _gather(self, sample: Sample) -> None:
+        key = f"ungrouped:{self._ungrouped}"
+        group = self.groups.get(key)
+        if group is not None and len(group.samples) >= self.settings.group_size:
+            self._ungrouped += 1
+            key = f"ungrouped:{self._ungrouped}"
+            group = None
+        if group is None:
+            group = self.groups[key] = Group(key, sample.arrived, ungrouped=True)
+        group.samples.append(sample)
+
+    def _least(self, group: Group) -> int:
+        """the fewest samples the group is trained with"""
+        return 1 if group.ungrouped else self.settings.min_group_size
+
     def take(self, now: float, version: int, flush: bool = False) -> Batch:
         """The next batch, possibly empty; `dropped` holds what expired or went stale meanwhile."""
         s = self.settings
         batch = Batch()
         for group in list(self.groups.values()):
-            if len(group.samples) < s.min_group_size and (flush or group.age(now) >= s.group_timeout_s):
+            if len(group.samples) < self._least(group) and (flush or group.age(now) >= s.group_timeout_s):
                 batch.drop("incomplete", self.groups.pop(group.key).samples)
         complete = [g for g in self.groups.values() if len(g.samples) >= s.group_size]
-        due = [g for g in self.groups.values() if s.min_group_size <= len(g.samples) < s.group_size
+        due = [g for g in self.groups.values() if self._least(g) <= len(g.samples) < s.group_size
                and (flush or g.age(now) >= s.batch_timeout_s)]
         if len(complete) >= s.groups_per_batch:
             chosen = complete[: s.groups_per_batch]
-        elif due:
+        elif due or (flush and complete):  # (at the end of a source, complete groups need no company)
             chosen = (due + complete)[: s.groups_per_batch]
         else:
             return batch
@@ -136,7 +179,7 @@ class Batcher:
             for sample in group.samples:
                 (fresh if weigh(sample, version, s) else stale).append(sample)
             batch.drop("stale", stale)
-            if len(fresh) < s.min_group_size:
+            if len(fresh) < self._least(group):
                 batch.drop("incomplete", fresh)
             else:
                 batch.samples += fresh

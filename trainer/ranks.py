@@ -486,7 +486,7 @@ class RankedPolicy:
     def update(self, samples: list[Sample], profile: bool = False) -> dict[str, float]:
         started = time.perf_counter()
         s = self.settings
-        batch = to_tensors(samples, s.max_seq_len)
+        batch = to_tensors(samples, s.max_seq_len, s.turn_rewards)
         advantages = compute_advantages(batch, s)
         shards = shard_batch(batch, advantages, len(self.ranks), s)
         crash, self.crash_next = self.crash_next, False

@@ -39,10 +39,10 @@ from schemas.events import Trajectory, TrajectoryEvent, Weights, WeightsEvent
 from schemas.ids import derived_id
 from schemas.kafka import Publisher, deadletter_event, ensure_topics, make_producer
 from schemas.scan import Bounds, resolve, scan
-from trainer.batcher import Batch, Batcher, Sample, group_of, weigh
+from trainer.batcher import Batch, Batcher, Sample, group_of, source_of, weigh
 from trainer.checkpoint import Checkpoint, CheckpointStore, TrainingState
 from trainer.errors import RanksFailed, TrainerError
-from trainer.grpo import Policy
+from trainer.grpo import Policy, misplaced_turn
 from trainer.ledger import Ledger
 from trainer.settings import TrainerSettings
 from trainer.sources import TrajectorySource, make_source
@@ -195,14 +195,19 @@ class Trainer:
         if self.ledger.is_duplicate(event.id):
             # settled without its id: the id stands for the first delivery, which may still be held
             return self._drop(record.partition, record.offset, None, "duplicate")
-        if problem := malformed(event.data):
+        if problem := malformed(event.data, self.settings.turn_rewards):
             await self._deadletter(record, problem)
             return self._drop(record.partition, record.offset, event.id, "malformed")
         if reason := self._unusable(event.data):
             return self._drop(record.partition, record.offset, event.id, reason)
+        source = source_of(event.data)
+        source_weight = self.settings.source_weights.get(source, 1.0)
+        if source_weight == 0:
+            return self._drop(record.partition, record.offset, event.id, "source_excluded")
         sample = Sample(event.id, record.partition, record.offset, event.data, group_of(event.id, event.data),
                         arrived=time.monotonic(),
-                        shaping=self.settings.reward_penalties.get(event.data.end_reason or "", 0.0))
+                        shaping=self.settings.reward_penalties.get(event.data.end_reason or "", 0.0),
+                        source=source, source_weight=source_weight)
         if not weigh(sample, self.version, self.settings):
             return self._drop(record.partition, record.offset, event.id, "stale")
         self.ledger.hold(record.partition, record.offset, event.id)
@@ -307,9 +312,11 @@ class Trainer:
     def _log_version(self, event: WeightsEvent, checkpoint_s: float) -> None:
         m = event.data.metrics
         log.info("version %d ← %d | %d samples, %d groups | reward %.3f | loss %.4f kl %.4f clipfrac %.3f "
-                 "| stale dropped %d | train %.2f s, checkpoint %.2f s",
+                 "| stale dropped %d | train %.2f s, checkpoint %.2f s%s",
                  event.data.version, event.data.base_version, m["samples"], m["groups"], m["reward_mean"],
-                 m["loss"], m["kl"], m["clipfrac"], m["stale_dropped"], m["train_s"], checkpoint_s)
+                 m["loss"], m["kl"], m["clipfrac"], m["stale_dropped"], m["train_s"], checkpoint_s,
+                 f" | IS weight mean {m['is_weight_mean']:.3f} max {m['is_weight_max']:.3g} truncated "
+                 f"{m['is_truncated_share']:.1%} ESS {m['is_ess']:.3f}" if "is_weight_mean" in m else "")
 
     def _log_waiting(self) -> None:
         now = time.monotonic()
@@ -329,8 +336,9 @@ def _event_id(raw: bytes) -> str | None:
         return None
 
 
-def malformed(trajectory: Trajectory) -> str | None:
-    """A trajectory that validates but cannot be trained on as it is (a bug upstream): deadletter it."""
+def malformed(trajectory: Trajectory, turn_rewards: bool = False) -> str | None:
+    """A trajectory that validates but cannot be trained on as it is (a bug upstream): deadletter it. With
+    per-turn credit, a rewarded turn must be where its sequence has it."""
     for i, seq in enumerate(trajectory.sequences):
         lengths = {len(seq.token_ids), len(seq.mask), len(seq.logprobs), len(seq.weight_versions)}
         if len(lengths) != 1:
@@ -342,4 +350,8 @@ def malformed(trajectory: Trajectory) -> str | None:
             return f"sequence {i}: logprobs must be finite"
     if trajectory.reward is not None and not math.isfinite(trajectory.reward):
         return f"reward must be finite, got {trajectory.reward}"
+    if turn_rewards and any(turn.reward is not None for turn in trajectory.turns):
+        if bad := [turn.reward for turn in trajectory.turns if turn.reward is not None and not math.isfinite(turn.reward)]:
+            return f"turn rewards must be finite, got {bad}"
+        return misplaced_turn(trajectory)
     return None

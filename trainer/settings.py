@@ -17,6 +17,9 @@ OUTCOME_ESTIMATORS = (
     "grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized", "opo",
     "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gpg",
 )
+# those whose baseline needs no group: REINFORCE++ whitens returns over the whole batch; the others
+# compare a sample with its group's peers and give a sample alone its raw reward.
+UNGROUPED_ESTIMATORS = ("reinforce_plus_plus",)
 
 
 class TrainerSettings(KafkaSettings):
@@ -76,6 +79,21 @@ class TrainerSettings(KafkaSettings):
     clip_ratio_high: float = Field(0.2, description="PPO clip: upper ratio bound 1 + this")
     clip_ratio_c: float = Field(3.0, gt=1, description="dual-clip PPO bound for negative advantages")
     entropy_coeff: float = Field(0.0, description="entropy bonus coefficient")
+    ungrouped_adv_estimator: str = Field(
+        "reinforce_plus_plus", description="verl advantage estimator of samples that have no group (sessions: one "
+        f"sample per prompt), over all of them in the batch: {', '.join(UNGROUPED_ESTIMATORS)}")
+    rollout_is: Literal["off", "token", "sequence"] = Field(
+        "off", description="off-policy correction (truncated importance sampling): the trainer's own logprobs "
+        "before the update become the old policy, and each token's loss is weighed by min(p_trainer / p_recorded, "
+        "--rollout-is-threshold), per token or per sequence (the product over its tokens); off: the recorded "
+        "logprobs are the old policy, no weights")
+    rollout_is_threshold: float = Field(2.0, gt=1, description="the cap C of the importance weights (TIS)")
+    turn_rewards: bool = Field(False, description="per-turn credit: a trajectory whose reward names turns trains "
+                               "each such turn's tokens with that turn's advantage, and its other turns not at all; "
+                               "off: the final reward's advantage on every generated token")
+    source_weights: dict[str, float] = Field(
+        default_factory=dict, description="loss weight per source of trajectories, as JSON, e.g. "
+        "'{\"rollout\": 1, \"session\": 0.5}'; a source not named weighs 1; 0 trains nothing of that source")
     reward_penalties: dict[str, float] = Field(
         default_factory=dict, description="reward shaping, for training only: added to the reward of a trajectory "
         "whose end_reason is the key, as JSON, e.g. '{\"context_overflow\": -1, \"step_limit\": -0.2}'; the log, "
@@ -144,6 +162,22 @@ class TrainerSettings(KafkaSettings):
                              f"choose one of {', '.join(OUTCOME_ESTIMATORS)}")
         return name
 
+    @field_validator("ungrouped_adv_estimator")
+    @classmethod
+    def _ungrouped_estimator(cls, name: str) -> str:
+        if name not in UNGROUPED_ESTIMATORS:
+            raise ValueError(f"advantage estimator {name!r} needs groups; for samples without a group choose one "
+                             f"of {', '.join(UNGROUPED_ESTIMATORS)}")
+        return name
+
+    @field_validator("source_weights")
+    @classmethod
+    def _source_weights(cls, weights: dict[str, float]) -> dict[str, float]:
+        bad = {source: value for source, value in weights.items() if not (math.isfinite(value) and value >= 0)}
+        if bad:
+            raise ValueError(f"source weights must be finite numbers ≥ 0, got {bad}")
+        return weights
+
     @field_validator("reward_penalties")
     @classmethod
     def _finite_penalties(cls, penalties: dict[str, float]) -> dict[str, float]:
@@ -158,6 +192,9 @@ class TrainerSettings(KafkaSettings):
             raise ValueError("give --offline-file or --offline-topic, not both")
         if self.min_group_size > self.group_size:
             raise ValueError(f"--min-group-size ({self.min_group_size}) exceeds --group-size ({self.group_size})")
+        if self.ranks > 1 and self.rollout_is != "off":
+            raise ValueError("--rollout-is needs the trainer's logprobs before the update, which sharded ranks do "
+                             "not compute yet: give --ranks 1 or --rollout-is off")
         if self.ranks > 1 and self.lora_rank:
             raise ValueError("--lora-rank trains in one process only: give --ranks 1 (LoRA on sharded ranks is "
                              "not built yet)")
