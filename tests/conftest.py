@@ -145,13 +145,13 @@ def unit_tier_starts_no_server(request, monkeypatch) -> None:
     if not request.node.get_closest_marker("unit"):
         return
 
-    def refuse(what: str, fixture: str):
+    def refuse(what: str, fixtures: str):
         def start(*args, **kwargs):
-            pytest.fail(f"a `unit` test started {what}: request the `{fixture}` fixture (tests/conftest.py) instead")
+            pytest.fail(f"a `unit` test started {what}: request the fixture {fixtures} (tests/conftest.py) instead")
         return start
 
-    monkeypatch.setattr(LocalKafka, "start", refuse("a Kafka broker", "kafka or own_broker"))
-    monkeypatch.setattr(LocalVLLM, "start", refuse("a vLLM server", "vllm_server"))
+    monkeypatch.setattr(LocalKafka, "start", refuse("a Kafka broker", "`kafka`, `kafka_bootstrap` or `own_broker`"))
+    monkeypatch.setattr(LocalVLLM, "start", refuse("a vLLM server", "`vllm_server` or `smollm2_server`"))
 
 
 class ServerStarts:
