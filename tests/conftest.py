@@ -13,14 +13,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
+import threading
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-
-import shutil
 
 import pytest
 
@@ -112,9 +112,9 @@ STARTS = {"tiny_model_dirs": "tiny_dirs", "vllm_server": "tiny", "smollm2_server
 """the fixtures `ServerStarts` prepares, and its step for each, in the order they run"""
 
 
-HEAVY_FIXTURES = {"kafka_bootstrap": "a Kafka broker", "own_broker": "a Kafka broker",
-                  "vllm_server": "a vLLM server", "smollm2_server": "a vLLM server", "chromium": "the browser"}
-"""what keeps a test out of the unit tier when it requests it, directly or through another fixture"""
+HEAVY_FIXTURES = frozenset({"kafka_bootstrap", "own_broker", "vllm_server", "smollm2_server", "chromium"})
+"""a broker, a vLLM server, the browser: what keeps a test out of the unit tier when it requests it, directly
+or through another fixture (`kafka` and `gw` request `kafka_bootstrap`)"""
 HEAVY_MARKERS = ("vllm", "slow", "upstream")
 
 
@@ -130,7 +130,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def is_unit(item: pytest.Item) -> bool:
-    return (not HEAVY_FIXTURES.keys() & set(_fixtures(item))
+    return (not HEAVY_FIXTURES & set(_fixtures(item))
             and not any(item.get_closest_marker(name) for name in HEAVY_MARKERS))
 
 
@@ -141,17 +141,22 @@ def _fixtures(item: pytest.Item) -> tuple[str, ...]:
 @pytest.fixture(autouse=True)
 def unit_tier_starts_no_server(request, monkeypatch) -> None:
     """A test of the unit tier fails where it starts a broker or a vLLM server in this process: it belongs
-    in the full tier, which it joins by requesting the fixture that gives it the server."""
+    in the full tier, which it joins by requesting the fixture that gives it the server. The session's
+    servers, which `ServerStarts` starts on its own thread while unit tests run, start as usual."""
     if not request.node.get_closest_marker("unit"):
         return
 
-    def refuse(what: str, fixtures: str):
-        def start(*args, **kwargs):
-            pytest.fail(f"a `unit` test started {what}: request the fixture {fixtures} (tests/conftest.py) instead")
-        return start
+    def refuse(server: type, what: str, fixtures: str):
+        start = server.start
 
-    monkeypatch.setattr(LocalKafka, "start", refuse("a Kafka broker", "`kafka`, `kafka_bootstrap` or `own_broker`"))
-    monkeypatch.setattr(LocalVLLM, "start", refuse("a vLLM server", "`vllm_server` or `smollm2_server`"))
+        def guarded(*args, **kwargs):
+            if threading.current_thread().name.startswith(ServerStarts.THREAD):
+                return start(*args, **kwargs)
+            pytest.fail(f"a `unit` test started {what}: request the fixture {fixtures} (tests/conftest.py) instead")
+        monkeypatch.setattr(server, "start", guarded)
+
+    refuse(LocalKafka, "a Kafka broker", "`kafka`, `kafka_bootstrap` or `own_broker`")
+    refuse(LocalVLLM, "a vLLM server", "`vllm_server` or `smollm2_server`")
 
 
 class ServerStarts:
@@ -159,9 +164,11 @@ class ServerStarts:
     another on a background thread. A fixture takes its server with `.result()`, which waits for it
     (or raises why it failed to start) as the fixture did when it started the server itself."""
 
+    THREAD = "vllm-start"
+
     def __init__(self, needed: set[str], root: Path):
         self.root = root
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-start")
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.THREAD)
         self.steps: dict[str, Future] = {}
         self.servers: list[LocalVLLM] = []
         for fixture, step in STARTS.items():
