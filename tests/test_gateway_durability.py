@@ -8,7 +8,6 @@ import time
 import openai
 import pytest
 
-from agentstream.stack.kafka import LocalKafka
 from agentstream.stack.process import free_port
 from schemas.kafka import KafkaSettings, ensure_topics
 from tests.conftest import wait_for_async
@@ -19,8 +18,8 @@ pytestmark = pytest.mark.vllm
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
-async def test_kafka_down_gives_503_and_calls_flow_again_when_it_returns(tmp_path, vllm_server):
-    broker = LocalKafka(tmp_path / "kafka")
+async def test_kafka_down_gives_503_and_calls_flow_again_when_it_returns(own_broker, vllm_server):
+    broker = own_broker
     kafka = KafkaSettings(bootstrap_servers=broker.start(port=free_port()).url, topic_prefix="durable.")
     try:
         assert (await ensure_topics(kafka)).ok

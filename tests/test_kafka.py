@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import schemas as s
-from agentstream.stack.kafka import LocalKafka
 from schemas.kafka import KafkaSettings, Publisher, ensure_topics, make_consumer, make_producer, partitions_of
 from schemas.topics import topic_specs
 
@@ -71,8 +70,8 @@ async def test_ensure_topics_is_idempotent_and_reports_mismatch(kafka):
     assert f"{kafka.topics.calls}: 4 partitions, expected 6" in wrong.mismatches
 
 
-async def test_broker_restart_keeps_every_record(tmp_path: Path):
-    broker = LocalKafka(tmp_path / "kafka", default_port=None)
+async def test_broker_restart_keeps_every_record(own_broker):
+    broker = own_broker
     state = broker.start()
     cmdline = Path(f"/proc/{state.pid}/cmdline").read_bytes().split(b"\0")
     assert b"kafka.Kafka" in cmdline and any(b"kafka_2.13" in part or b"jars/*" in part for part in cmdline)

@@ -5,14 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.trainer_fixtures import arithmetic_groups, chat_prompt, ids, trajectory
+from tests.trainer_fixtures import arithmetic_groups, chat_prompt, first_pass_drift, ids, samples_of, trajectory
 from trainer.batcher import Batcher, Sample, group_of, staleness
 from trainer.grpo import Policy, compute_advantages, micro_batches, to_tensors, token_logprobs
 from trainer.settings import TrainerSettings
 
-
-def samples_of(events) -> list[Sample]:
-    return [Sample(e.id, 0, i, e.data, group_of(e.id, e.data)) for i, e in enumerate(events)]
+LOSS_ATOL = 1e-6
+"""the loss of one batch summed in another order (micro-batches): float32 rounding of a sum of terms under 1 in
+size, near 0 (the advantages of a group add up to 0); a few 1e-8 seen"""
+AFTER_STEP_ATOL = 1e-4
+"""a sequence's logprob after one step of lr 1e-3 whose gradient was summed in another order: AdamW divides by
+the gradient's own scale, so an element whose gradient is near zero carries that rounding into its step (as
+tests/test_trainer_ranks.py's RANKS_ATOL); a few 1e-6 seen"""
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +42,8 @@ def one_step(model_dir, samples, **overrides) -> tuple[Policy, dict, torch.Tenso
 
 
 def test_grpo_step_raises_the_logprob_of_the_rewarded_completion(tiny_model_dirs, fixed_batch):
+    policy = Policy.load(tiny_model_dirs[0], TrainerSettings(group_size=8))
+    expected_kl, _ = first_pass_drift(policy, fixed_batch)
     _, metrics, before, after = one_step(tiny_model_dirs[0], fixed_batch)
     rewards = torch.tensor([s.trajectory.reward for s in fixed_batch])
     rise = after - before
@@ -50,8 +56,12 @@ def test_grpo_step_raises_the_logprob_of_the_rewarded_completion(tiny_model_dirs
     assert (rewards * after).sum() - (rewards * before).sum() > (1 - rewards).mul(after - before).sum()
     assert metrics["samples"] == 32 and metrics["groups"] == 4 and metrics["optimizer_steps"] == 1
     assert metrics["reward_mean"] == pytest.approx(0.5)
-    # on-policy logprobs: the first ratio is 1, nothing clipped
-    assert abs(metrics["kl"]) < 1e-4 and metrics["clipfrac"] == 0
+    # on-policy logprobs: the first ratio is 1 up to rounding, nothing clipped. The batch's logprobs were
+    # computed a row at a time in float32, the update's in the compute dtype (bfloat16 where the CPU has
+    # AVX512-BF16 or AMX) on the padded batch, so the kl is that dtype's rounding, which varies with the CPU's
+    # kernels (a few 1e-5 to a few 1e-4 with bfloat16): no fixed bound holds, the same pass gives it exactly.
+    # The tolerance covers verl's summation order only (a float32 mean of 72 values under 1e-2).
+    assert metrics["kl"] == pytest.approx(expected_kl, abs=1e-7) and metrics["clipfrac"] == 0
 
 
 def test_grpo_step_is_deterministic(tiny_model_dirs, fixed_batch):
@@ -93,8 +103,8 @@ def test_mini_and_micro_batches_add_up(tiny_model_dirs, fixed_batch):
     bfloat16 (--dtype auto on CPUs with AVX512-BF16) rounds each micro-batch's sums differently."""
     whole, m_whole, _, after_whole = one_step(tiny_model_dirs[0], fixed_batch, dtype="float32")
     accumulated, m_acc, _, after_acc = one_step(tiny_model_dirs[0], fixed_batch, micro_batch_size=5, dtype="float32")
-    assert m_acc["loss"] == pytest.approx(m_whole["loss"], abs=1e-6)
-    assert torch.allclose(after_whole, after_acc, atol=1e-4)
+    assert m_acc["loss"] == pytest.approx(m_whole["loss"], abs=LOSS_ATOL)
+    assert torch.allclose(after_whole, after_acc, atol=AFTER_STEP_ATOL)
     _, m_mini, _, _ = one_step(tiny_model_dirs[0], fixed_batch, mini_batch_size=16, epochs=2)
     assert m_mini["optimizer_steps"] == 4
 
@@ -109,8 +119,8 @@ def test_micro_batches_by_token_budget_add_up(tiny_model_dirs, fixed_batch):
     assert all(len(rows) * lengths[rows].max() <= 40 or len(rows) == 1 for rows in packed)
     _, m_whole, _, after_whole = one_step(tiny_model_dirs[0], fixed_batch, dtype="float32")  # (as above)
     _, m_packed, _, after_packed = one_step(tiny_model_dirs[0], fixed_batch, micro_batch_tokens=40, dtype="float32")
-    assert m_packed["loss"] == pytest.approx(m_whole["loss"], abs=1e-6)
-    assert torch.allclose(after_whole, after_packed, atol=1e-4)
+    assert m_packed["loss"] == pytest.approx(m_whole["loss"], abs=LOSS_ATOL)
+    assert torch.allclose(after_whole, after_packed, atol=AFTER_STEP_ATOL)
 
 
 def test_a_lora_step_trains_only_adapters_and_saves_them_merged(tiny_model_dirs, fixed_batch, tmp_path):

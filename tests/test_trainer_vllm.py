@@ -9,7 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tests.test_trainer_service import trainer_settings, write_jsonl
-from tests.trainer_fixtures import trajectory
+from tests.trainer_fixtures import first_pass_drift, samples_of, trajectory
+from trainer.grpo import Policy
 from trainer.service import Trainer
 
 pytestmark = pytest.mark.vllm
@@ -67,8 +68,13 @@ async def test_vllm_samples_train_and_the_checkpoint_serves(kafka, vllm_server, 
 
     settings = trainer_settings(kafka, tmp_path / "ckpt", vllm_server.model_dir, group_size=4, groups_per_batch=4,
                                 lr=2e-2, offline_file=write_jsonl(tmp_path / "t.jsonl", events))
+    _, drift = first_pass_drift(Policy.load(vllm_server.model_dir, settings), samples_of(events))
     (event,) = await Trainer(settings).run()
-    assert abs(event.data.metrics["kl"]) < 1e-3, "the first ratio new/old policy should be 1"
+    # the first ratio new/old policy is 1 up to rounding: vLLM's logprobs and the trainer's pass (bfloat16 on
+    # CPUs with AVX512-BF16 or AMX) differ by their dtypes' rounding, which varies with the CPU's kernels; the
+    # signed mean verl reports is at most the mean size of that difference, computed here by the same pass
+    # (10 % over it: the trainer may batch the rows in another order, which can round a row otherwise)
+    assert abs(event.data.metrics["kl"]) <= 1.1 * drift, "the first ratio new/old policy should be 1"
 
     # the server loads the checkpoint folder as it is and then serves the trained weights
     tokens = first.token_ids

@@ -20,6 +20,28 @@ def policy_logprobs(model, prompt: list[int], completion: list[int]) -> list[flo
     return logprobs[len(prompt) - 1:].tolist()
 
 
+def samples_of(events: list[s.TrajectoryEvent]):
+    """The trainer's samples of these trajectories, in their order."""
+    from trainer.batcher import Sample, group_of
+
+    return [Sample(e.id, 0, i, e.data, group_of(e.id, e.data)) for i, e in enumerate(events)]
+
+
+def first_pass_drift(policy, samples) -> tuple[float, float]:
+    """How far the batch's logprobs are from the policy's, as the update's first forward pass computes them
+    (same weights, mode, compute dtype and padded batch, so the same kernels on any machine): the mean over
+    generated tokens of (sampled - policy's), which is verl's kl of a one-micro-batch step, and of its size."""
+    from trainer.grpo import autocast, to_tensors, token_logprobs
+
+    batch = to_tensors(samples, policy.settings.max_seq_len)
+    policy.model.train()
+    with autocast(policy.settings):
+        logprobs, _ = token_logprobs(policy.model, batch.input_ids, batch.attention_mask, entropy_grad=False)
+    drift = (batch.old_logprobs - logprobs.detach()) * batch.loss_mask
+    tokens = batch.loss_mask.sum()
+    return float(drift.sum() / tokens), float(drift.abs().sum() / tokens)
+
+
 def arithmetic_groups(model_dir: Path, groups: int, group_size: int, version: int | None = None,
                       prefix: str = "g") -> list[s.TrajectoryEvent]:
     """Groups of 'a+b=' prompts where half the samples answer right (reward 1) and half wrong (0),
