@@ -169,3 +169,17 @@ async def test_codexs_recorded_request_is_answered_with_a_namespaced_call_stream
         assert len(call.logprobs) == len(call.completion_token_ids)
         assert bytes(call.completion_token_ids[:11]) == b"<tool_call>", "byte tokens: the model wrote the flat call"
     assert calls[call_id(streamed)].streamed
+
+
+def test_anthropic_server_tools_are_left_out_and_client_defined_ones_still_refused():
+    """Claude Code's WebSearch asks with Anthropic's server tool `web_search_20250305`, which only Anthropic runs."""
+    search = {"type": "web_search_20250305", "name": "web_search", "max_uses": 8}
+    bash = {"name": "Bash", "description": "Run a command.", "input_schema": {"type": "object"}}
+    base = {"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "news?"}]}
+    alone = MESSAGES.rewrite({**base, "tools": [search], "tool_choice": {"type": "auto"}}, training=True).body
+    assert "tools" not in alone and "tool_choice" not in alone
+    beside = MESSAGES.rewrite({**base, "tools": [search, bash], "tool_choice": {"type": "auto"}}, training=True).body
+    assert [tool["function"]["name"] for tool in beside["tools"]] == ["Bash"] and beside["tool_choice"] == "auto"
+    with pytest.raises(BadRequest) as refused:
+        MESSAGES.rewrite({**base, "tools": [{"type": "bash_20250124", "name": "bash"}]}, training=True)
+    assert "Anthropic-defined tools ('bash_20250124')" in refused.value.message

@@ -17,17 +17,15 @@
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gateway.fields import bad_request, list_of, object_of, text_of
+from gateway.translation import note_dropped
 
 if TYPE_CHECKING:  # the SDK's shapes, for the type checker only
     from openai.types.chat import ChatCompletionFunctionToolParam
     from openai.types.shared_params import FunctionDefinition
-
-log = logging.getLogger("gateway.responses")
 
 SEPARATOR = "__"
 """between a namespace and a tool's name in the flat name the model sees (as Claude Code's `mcp__server__tool`)"""
@@ -36,7 +34,6 @@ HOSTED = ("web_search", "file_search", "code_interpreter", "image_generation", "
 CUSTOM_INPUT: dict[str, object] = {
     "type": "object", "properties": {"input": {"type": "string", "description": "the tool's input"}},
     "required": ["input"]}
-_logged: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -71,7 +68,7 @@ def chat_tools(tools: Any) -> list[ChatCompletionFunctionToolParam]:
             entries = [(object_of(member, f"{where}.tools[{i}]"), f"{where}.tools[{i}]", group)
                        for i, member in enumerate(members)]
         elif is_hosted(kind):
-            _note_dropped(str(kind))
+            note_dropped(str(kind))
             continue
         else:
             entries = [(tool, where, None)]
@@ -114,13 +111,6 @@ def _custom_description(tool: dict[str, Any], where: str) -> str:
         description += (f"\n\nThe input follows this {form.get('syntax') or ''} grammar:\n"
                         f"{text_of(form['definition'], f'{where}.format.definition')}")
     return description
-
-
-def _note_dropped(kind: str) -> None:
-    if kind not in _logged:
-        _logged.add(kind)
-        log.info("a hosted Responses tool (%s) is left out of what the model sees: it runs on OpenAI's servers, "
-                 "which are not behind this gateway (logged once per kind)", kind)
 
 
 def tool_names(request: dict[str, Any]) -> dict[str, ToolName]:
