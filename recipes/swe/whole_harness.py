@@ -127,7 +127,7 @@ def run_harness(harness: Harness, settings: HarnessSettings, task: TaskInput, wo
     """The harness, to its end, in a whole-harness sandbox; (outcome, details, the sandbox)."""
     run = harness.run(harness.installed(), settings, task.problem_statement, extra)
     limits = Limits(command_timeout_s=settings.attempt_timeout_s, attempt_timeout_s=settings.attempt_timeout_s + 120,
-                    cpu_seconds=settings.attempt_timeout_s, memory_bytes=64 << 30)  # runtimes reserve address space
+                    cpu_seconds=settings.attempt_timeout_s)
     spec = SandboxSpec(workspace=workspace, limits=limits, network=Network.GATEWAY, binds=run.binds, env=run.env,
                        gateway_url=settings.base_url)
     box = LocalSandbox(spec)
