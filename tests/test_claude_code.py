@@ -5,8 +5,10 @@ It is pointed at an attempt's scoped URL with that attempt's rollout token (`ANT
 with tools, streamed, with its beta fields and mid-conversation system message, must get answers (not
 errors) from the tiny vLLM model, and each must be recorded as the attempt's call event with its token ids.
 Nothing leaves the machine: the variables below turn off its update checks, telemetry and error reports.
-To fit the tiny model's 2048 byte-tokens, the turn carries a short system prompt and one MCP tool with a
-short description (tests/claude_code_mcp.py) instead of the built-in tools (kilobytes each).
+The gateway fronts the harness server (the tiny model with a 32 K window): what the model writes varies with
+the weights and the tests before, and a third call of Claude Code's can outgrow the 2048 byte-tokens of the
+plain tiny server. The turn still carries a short system prompt and one MCP tool with a short description
+(tests/claude_code_mcp.py) instead of the built-in tools (kilobytes each), so it stays quick.
 Skipped when AGENTSTREAM_CLAUDE_CODE (the binary's path, printed by scripts/claude-code.sh) is not set: `make test`
 sets it.
 """
@@ -22,7 +24,7 @@ import pytest
 
 from schemas import CallEvent
 from schemas.tokens import mint_rollout_token
-from tests.gateway_support import TOKEN_SECRET, read_events
+from tests.gateway_support import TOKEN_SECRET, gateway_settings, read_events, running_gateway
 
 CLAUDE = os.environ.get("AGENTSTREAM_CLAUDE_CODE")
 ROLLOUT, ATTEMPT = "0190d0c0-0000-5000-8000-00000000c1a0", "0190d0c0-0000-7000-8000-00000000c1a0"
@@ -34,6 +36,12 @@ QUIET = {  # nothing but the model calls: no update check, telemetry, error repo
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not CLAUDE or not Path(CLAUDE).is_file(),
                                  reason="Claude Code is not installed: export AGENTSTREAM_CLAUDE_CODE=$(scripts/claude-code.sh), as `make test` does")]
+
+
+@pytest.fixture
+async def gw(kafka, harness_vllm):
+    async with running_gateway(gateway_settings(kafka, [f"tiny={harness_vllm.url}"])) as running:
+        yield running
 
 
 async def test_claude_code_turns_are_answered_and_recorded_with_their_tokens(gw, kafka, tmp_path: Path):

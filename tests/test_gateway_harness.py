@@ -273,15 +273,16 @@ async def test_errors_come_in_each_apis_own_shape_and_are_recorded(gw, kafka, vl
             {"role": "user", "content": [{"type": "document", "source": {}}]}]})
         malformed = await http.post("/v1/messages", content=b'{"model": "tiny", "messages": [')
         stateful = await http.post("/v1/responses", json={"model": "tiny", "input": "hi", "previous_response_id": "r"})
+        # (a hosted tool such as web_search is left out, not refused: tests/test_harness_requests.py)
         builtin = await http.post("/v1/responses", json={"model": "tiny", "input": "hi",
-                                                         "tools": [{"type": "web_search"}]})
+                                                         "tools": [{"type": "local_shell"}]})
     for response, words in ((no_max_tokens, "'max_tokens' is required"), (bad_block, "'document'"),
                             (malformed, "not valid JSON")):
         assert response.status_code == 400
         body = response.json()
         assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
         assert words in body["error"]["message"]
-    for response, words in ((stateful, "previous_response_id"), (builtin, "'web_search'")):
+    for response, words in ((stateful, "previous_response_id"), (builtin, "'local_shell'")):
         assert response.status_code == 400 and words in response.json()["error"]["message"]
     with pytest.raises(openai.BadRequestError):  # the OpenAI SDK raises its usual exception for them
         await gw.openai().responses.create(model="tiny", input="hi", previous_response_id="resp_1")

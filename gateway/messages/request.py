@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from gateway import fields
 from gateway.adapter import Body
 from gateway.fields import bad_request, list_of, object_of, text_of
+from gateway.translation import note_dropped
 
 if TYPE_CHECKING:  # the SDK's shapes, for the type checker only
     from openai.types.chat import ChatCompletionFunctionToolParam
@@ -30,6 +31,8 @@ _MESSAGES_FIELDS = frozenset({
     "inference_geo", "speed", "diagnostics", "user_profile_id", "workspace_id", "context_management", "mcp_servers",
 })
 
+_SERVER_TOOLS = ("web_search_", "web_fetch_", "code_execution_")
+"""type prefixes of Anthropic's server tools (`web_search_20250305`, …)"""
 # what of the chat request vLLM's /tokenize takes to render the same prompt
 _TOKENIZE_FIELDS = ("model", "messages", "tools", "add_generation_prompt", "continue_final_message", "chat_template",
                     "chat_template_kwargs")
@@ -69,8 +72,11 @@ def to_chat(body: Body) -> Body:
         if body.get(ours) is not None:
             chat[theirs] = body[ours]
     if body.get("tools"):
-        chat["tools"] = [_tool(tool, f"tools[{i}]") for i, tool in enumerate(list_of(body["tools"], "tools"))]
-    if body.get("tool_choice") is not None:
+        tools = [object_of(tool, f"tools[{i}]") for i, tool in enumerate(list_of(body["tools"], "tools"))]
+        kept = [(tool, f"tools[{i}]") for i, tool in enumerate(tools) if not _is_server_tool(tool)]
+        if kept:
+            chat["tools"] = [_tool(tool, where) for tool, where in kept]
+    if body.get("tool_choice") is not None and (body.get("tools") is None or "tools" in chat):
         _tool_choice(object_of(body["tool_choice"], "tool_choice"), chat)
     _thinking(body, chat)
     if body.get("stream") is True:
@@ -201,8 +207,17 @@ def _image_url(source: Any, where: str) -> str:
     raise bad_request(f"{where}.source: images are given as base64 or url sources, not {source.get('type')!r}")
 
 
-def _tool(tool: Any, where: str) -> ChatCompletionFunctionToolParam:
-    tool = object_of(tool, where)
+def _is_server_tool(tool: dict[str, Any]) -> bool:
+    """A tool Anthropic's servers run (web search, web fetch, code execution): no model behind this gateway
+    can use one, so it is left out of what the model sees (as hosted tools of the Responses API are)."""
+    kind = tool.get("type")
+    if isinstance(kind, str) and kind.startswith(_SERVER_TOOLS):
+        note_dropped(kind)
+        return True
+    return False
+
+
+def _tool(tool: dict[str, Any], where: str) -> ChatCompletionFunctionToolParam:
     if tool.get("type") not in (None, "custom"):
         raise bad_request(f"{where}: Anthropic-defined tools ({tool.get('type')!r}) are not supported by this "
                           "gateway; define the tool with a name and an input_schema")

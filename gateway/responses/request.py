@@ -2,25 +2,22 @@
 
 Input items become chat messages the way vLLM's Responses server builds them (instructions as a
 leading system message; a function call joins the assistant message before it; a function call
-output is a `tool` message). A custom (freeform) tool, such as Codex's `apply_patch`, is a function
-of one string, `input`, to the model (with the tool's grammar, if any, in its description).
-Built-in tools, `previous_response_id`, `conversation` and prompt templates need state or services
-the gateway does not have, and are a 400. Fields the Responses API does not define (vLLM's `seed`,
-`top_k`, `allowed_token_ids`...) pass through to the chat request.
+output is a `tool` message). Tools are translated by `gateway.responses.tools`: function and custom
+tools, namespaces flattened, hosted tools (web_search...) left out. `previous_response_id`,
+`conversation` and prompt templates need state the gateway does not have, and are a 400. Fields the
+Responses API does not define (vLLM's `seed`, `top_k`, `allowed_token_ids`...) pass through to the
+chat request.
 """
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gateway import fields
 from gateway.adapter import Body
 from gateway.fields import bad_request, list_of, object_of, text_of
-
-if TYPE_CHECKING:  # the SDK's shapes, for the type checker only
-    from openai.types.chat import ChatCompletionFunctionToolParam
-    from openai.types.shared_params import FunctionDefinition
+from gateway.responses.tools import chat_tools, flat_name
 
 LOGPROBS = "message.output_text.logprobs"
 # fields that need what a stateless proxy in front of vLLM cannot give
@@ -35,13 +32,9 @@ _RESPONSES_FIELDS = frozenset({
     "parallel_tool_calls", "text", "reasoning", "include", "top_logprobs", "user", "stream", "store", "metadata",
     "truncation", "service_tier", "stream_options", "max_tool_calls", "prompt_cache_key", "prompt_cache_retention",
     "prompt_cache_options", "safety_identifier", "background", "background_options", "context_management",
-    "access_programs", "moderation", "image", *_NEEDS_STATE,
+    "access_programs", "moderation", "image", "client_metadata", *_NEEDS_STATE,
 })
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text", "summary_text", "reasoning_text", "refusal"})
-# a custom (freeform) tool, such as Codex's apply_patch, is a function of one string to a chat model
-_CUSTOM_INPUT: dict[str, object] = {
-    "type": "object", "properties": {"input": {"type": "string", "description": "the tool's input"}},
-    "required": ["input"]}
 
 
 def check(body: Body) -> None:
@@ -77,9 +70,9 @@ def to_chat(body: Body) -> Body:
                          ("parallel_tool_calls", "parallel_tool_calls"), ("user", "user")):
         if body.get(ours) is not None:
             chat[theirs] = body[ours]
-    if body.get("tools"):
-        chat["tools"] = [_tool(tool, f"tools[{i}]") for i, tool in enumerate(list_of(body["tools"], "tools"))]
-    if body.get("tool_choice") is not None:
+    if body.get("tools") and (tools := chat_tools(body["tools"])):
+        chat["tools"] = tools
+    if body.get("tool_choice") is not None and "tools" in chat:  # (none left when all were hosted)
         chat["tool_choice"] = _tool_choice(body["tool_choice"])
     response_format = _response_format(body.get("text"))
     if response_format is not None:
@@ -136,8 +129,11 @@ def _add_call(messages: list[dict[str, Any]], last: dict[str, Any] | None, item:
     """A function or custom tool call: it belongs to the assistant turn before it, if there is one."""
     arguments = (text_of(item.get("arguments", ""), f"{where}.arguments") if item.get("type") == "function_call"
                  else json.dumps({"input": text_of(item.get("input"), f"{where}.input")}))
+    namespace = item.get("namespace")
+    name = flat_name(text_of(item.get("name"), f"{where}.name"),
+                     text_of(namespace, f"{where}.namespace") if namespace is not None else None)
     call = {"id": text_of(item.get("call_id"), f"{where}.call_id"), "type": "function",
-            "function": {"name": text_of(item.get("name"), f"{where}.name"), "arguments": arguments}}
+            "function": {"name": name, "arguments": arguments}}
     if last is not None:
         last.setdefault("tool_calls", []).append(call)
     else:
@@ -196,41 +192,14 @@ def _text(parts: Any, where: str) -> str:
     return "".join(_part(part, f"{where}[{i}]")["text"] for i, part in enumerate(list_of(parts, where)))
 
 
-def _tool(tool: Any, where: str) -> ChatCompletionFunctionToolParam:
-    tool = object_of(tool, where)
-    if tool.get("type") == "custom":
-        return {"type": "function", "function": {"name": text_of(tool.get("name"), f"{where}.name"),
-                                                 "description": _custom_description(tool, where),
-                                                 "parameters": _CUSTOM_INPUT}}
-    if tool.get("type") != "function":
-        raise bad_request(f"{where}: tools of type {tool.get('type')!r} are not supported by this gateway "
-                          "(function and custom tools are)")
-    function: FunctionDefinition = {"name": text_of(tool.get("name"), f"{where}.name")}
-    if tool.get("description") is not None:
-        function["description"] = text_of(tool["description"], f"{where}.description")
-    if tool.get("parameters") is not None:
-        function["parameters"] = object_of(tool["parameters"], f"{where}.parameters")
-    if tool.get("strict") is not None:
-        function["strict"] = tool["strict"]
-    return {"type": "function", "function": function}
-
-
-def _custom_description(tool: dict[str, Any], where: str) -> str:
-    """A custom tool's description, with the grammar its input follows, if it names one."""
-    description = tool.get("description") or ""
-    form = object_of(tool.get("format") or {}, f"{where}.format")
-    if form.get("type") == "grammar" and form.get("definition"):
-        description += (f"\n\nThe input follows this {form.get('syntax') or ''} grammar:\n"
-                        f"{text_of(form['definition'], f'{where}.format.definition')}")
-    return description
-
-
 def _tool_choice(choice: Any) -> Any:
     if choice in ("none", "auto", "required"):
         return choice
     if isinstance(choice, dict) and choice.get("type") in ("function", "custom") and isinstance(choice.get("name"),
                                                                                                   str):
-        return {"type": "function", "function": {"name": choice["name"]}}
+        namespace = choice.get("namespace")
+        return {"type": "function",
+                "function": {"name": flat_name(choice["name"], namespace if isinstance(namespace, str) else None)}}
     raise bad_request(f"tool_choice {choice!r} is not supported by this gateway: use 'none', 'auto', 'required' "
                       "or {'type': 'function' or 'custom', 'name': ...}")
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from gateway.adapter import Body
 from gateway.responses.request import LOGPROBS
+from gateway.responses.tools import ToolName, agent_tool, tool_names
 from gateway.translation import base_id, first_choice, logprob_entries, reasoning_of
 
 
@@ -22,26 +23,17 @@ def from_chat(chat: Body, request: Body) -> Body:
     if message.get("content") or not calls and not items:
         logprobs = output_logprobs(logprob_entries(choice)) if LOGPROBS in (request.get("include") or []) else []
         items.append(message_item(ids.message, message.get("content") or "", logprobs))
-    custom = custom_tools(request)
+    names = tool_names(request)
     for index, call in enumerate(calls):
         function = call.get("function") or {}
-        name, arguments = function.get("name") or "", function.get("arguments") or ""
+        tool, arguments = agent_tool(names, function.get("name") or ""), function.get("arguments") or ""
         call_id = call.get("id") or ids.call(index)
-        items.append(custom_call_item(ids.call(index), call_id, name, custom_input(arguments)) if name in custom
-                     else call_item(ids.call(index), call_id, name, arguments))
+        items.append(custom_call_item(ids.call(index), call_id, tool, custom_input(arguments)) if tool.custom
+                     else call_item(ids.call(index), call_id, tool, arguments))
     if choice.get("finish_reason") == "length":
         items[-1]["status"] = "incomplete"  # the item the limit cut short
     return response_object(request, chat.get("id"), chat.get("created"), chat.get("model"), items,
                            choice.get("finish_reason"), chat.get("usage"))
-
-
-def custom_tools(request: dict[str, Any]) -> frozenset[str]:
-    """The names of the request's custom tools: their calls are answered as custom tool calls."""
-    tools = request.get("tools")
-    if not isinstance(tools, list):
-        return frozenset()
-    return frozenset(tool["name"] for tool in tools
-                     if isinstance(tool, dict) and tool.get("type") == "custom" and isinstance(tool.get("name"), str))
 
 
 def custom_input(arguments: str) -> str:
@@ -87,15 +79,24 @@ def reasoning_item(item_id: str, text: str) -> dict[str, Any]:
     return {"id": item_id, "type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": text}]}
 
 
-def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str = "completed") -> dict[str, Any]:
-    return {"id": item_id, "type": "function_call", "call_id": call_id, "name": name, "arguments": arguments,
+def call_item(item_id: str, call_id: str, tool: ToolName, arguments: str, status: str = "completed") -> dict[str, Any]:
+    item = {"id": item_id, "type": "function_call", "call_id": call_id, "name": tool.name, "arguments": arguments,
             "status": status}
+    return _namespaced(item, tool)
 
 
-def custom_call_item(item_id: str, call_id: str, name: str, tool_input: str,
-                      status: str = "completed") -> dict[str, Any]:
-    return {"id": item_id, "type": "custom_tool_call", "call_id": call_id, "name": name, "input": tool_input,
+def custom_call_item(item_id: str, call_id: str, tool: ToolName, tool_input: str,
+                     status: str = "completed") -> dict[str, Any]:
+    item = {"id": item_id, "type": "custom_tool_call", "call_id": call_id, "name": tool.name, "input": tool_input,
             "status": status}
+    return _namespaced(item, tool)
+
+
+def _namespaced(item: dict[str, Any], tool: ToolName) -> dict[str, Any]:
+    """A call to a tool of a namespace names the namespace, as the Responses API's calls do."""
+    if tool.namespace is not None:
+        item["namespace"] = tool.namespace
+    return item
 
 
 def _usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:

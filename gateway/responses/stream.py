@@ -7,10 +7,11 @@ from typing import Any
 from gateway.adapter import Rewrite
 from gateway.errors import GatewayError
 from gateway.responses.response import (
-    Ids, call_item, custom_call_item, custom_input, custom_tools, message_item, output_logprobs,
-    reasoning_item, response_object, text_part,
+    Ids, call_item, custom_call_item, custom_input, message_item, output_logprobs, reasoning_item, response_object,
+    text_part,
 )
 from gateway.responses.request import LOGPROBS
+from gateway.responses.tools import agent_tool, tool_names
 from gateway.translation import TranslatedStream, base_id, logprob_entries, reasoning_of
 
 
@@ -30,7 +31,7 @@ class ResponsesStream(TranslatedStream):
         self.open: dict[str, Any] | None = None
         """the item being streamed"""
         self.call_items: dict[int, dict[str, Any]] = {}
-        self.custom = custom_tools(self.request)
+        self.names = tool_names(self.request)
         self.custom_arguments: dict[str, str] = {}
         """custom tool call item id → the function arguments so far (its input is known at their end)"""
         self.with_logprobs = LOGPROBS in (self.request.get("include") or [])
@@ -112,12 +113,12 @@ class ResponsesStream(TranslatedStream):
         function = call.get("function") or {}
         events: list[dict[str, Any]] = []
         if index not in self.call_items:
-            name, call_id = function.get("name") or "", call.get("id") or self.ids.call(index)
-            if name in self.custom:
-                item = custom_call_item(self.ids.call(index), call_id, name, "", status="in_progress")
+            tool, call_id = agent_tool(self.names, function.get("name") or ""), call.get("id") or self.ids.call(index)
+            if tool.custom:
+                item = custom_call_item(self.ids.call(index), call_id, tool, "", status="in_progress")
                 self.custom_arguments[item["id"]] = ""
             else:
-                item = call_item(self.ids.call(index), call_id, name, "", status="in_progress")
+                item = call_item(self.ids.call(index), call_id, tool, "", status="in_progress")
             self.call_items[index] = item
             events += self.open_item(item)
         item = self.call_items[index]

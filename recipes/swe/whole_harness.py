@@ -1,0 +1,172 @@
+"""Whole-harness mode: an unchanged CLI coding agent (Codex CLI, Claude Code) inside the sandbox on one task.
+
+`python -m recipes.swe.whole_harness codex|claude`, launched by the controller as any agent is (it reads
+AGENTSTREAM_TASK, OPENAI_BASE_URL, OPENAI_API_KEY, AGENTSTREAM_MODEL). Unlike `recipes.swe.harness`
+(mini-swe-agent outside, each command in a tools-only sandbox), the harness itself runs inside one
+sandbox (`Network.GATEWAY`) as one long command:
+
+1. the task's repository is checked out at its base commit into a fresh workspace (mounted at /workspace);
+2. the harness runs there, non-interactively, its own sandboxing and approvals off (ours wraps it):
+   `codex exec` speaks the Responses API, streamed, to the attempt's gateway URL; `claude -p` speaks
+   Anthropic Messages to the same attempt's URL. Its install (and Node.js, from /usr) is visible
+   read-only; HOME is the sandbox's private /tmp; its only network is the gateway (`sandbox.relay`); the
+   one credential inside is the attempt's rollout token;
+3. the workspace's diff against the base commit is taken inside the sandbox (`workspace.final_diff`) and
+   posted to the gateway's diff endpoint, as `recipes.swe.harness` does; the grader scores it.
+
+How the attempt ended is said as `outcome`: `completed` (the harness exited 0), `harness_error` (it exited
+non-zero: its output's tail is in the details), `sandbox_timeout` (the attempt's time in the sandbox was
+spent). Those exit 0: the attempt is data. A crash of this runner exits non-zero, and no diff is posted.
+
+Settings (environment): AGENTSTREAM_CODEX (the `codex` command: bin/codex.js of the pinned npm package,
+printed by scripts/codex.sh), AGENTSTREAM_CLAUDE_CODE (the `claude` binary, printed by scripts/claude-code.sh),
+AGENTSTREAM_WHOLE_ARGS (a JSON list of extra arguments for the harness: its own config, e.g. Codex's
+`-c`/`--disable` or Claude Code's `--tools`), AGENTSTREAM_SWE_ATTEMPT_TIMEOUT_S, AGENTSTREAM_SWE_REPOS,
+AGENTSTREAM_SWE_WORKSPACE.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import orjson
+
+from recipes.swe.harness import HarnessSettings, attempt_workspace, post_diff
+from recipes.swe.workspace import TaskInput, checkout, final_diff
+from sandbox.contract import WORKSPACE_MOUNT, Limits, Network, SandboxSpec
+from sandbox.local import LocalSandbox, inside_gateway_url
+
+log = logging.getLogger("recipes.swe.whole_harness")
+
+OUTPUT_TAIL = 4000
+"""characters of the harness's output kept in the diff event's details"""
+CODEX_HOME = "/tmp/.codex"
+"""Codex's state (sessions, logs) inside the sandbox: the private /tmp, gone with the command"""
+QUIET_CLAUDE = {  # nothing but the model calls: no update check, telemetry, error reports or other traffic
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_TELEMETRY": "1",
+    "DISABLE_ERROR_REPORTING": "1", "DISABLE_BUG_COMMAND": "1",
+}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One harness invocation inside the sandbox: its command line, environment and read-only binds."""
+
+    command: str
+    env: dict[str, str]
+    binds: list[tuple[Path, Path]]
+
+
+@dataclass(frozen=True)
+class Harness:
+    name: str
+    install_env: str
+    """the variable that names its installed command"""
+    run: Callable[[Path, HarnessSettings, str, list[str]], Run]
+    """(installed command, settings, problem statement, extra arguments) → the run"""
+
+    def installed(self) -> Path:
+        value = os.environ.get(self.install_env)
+        if not value or not Path(value).is_file():
+            script = "scripts/codex.sh" if self.name == "codex" else "scripts/claude-code.sh"
+            raise SystemExit(f"whole_harness: {self.install_env} must name the installed {self.name} command: "
+                             f"export {self.install_env}=$({script})")
+        return Path(value).resolve()
+
+
+def codex_run(command: Path, settings: HarnessSettings, prompt: str, extra: list[str]) -> Run:
+    """`codex exec`, its model provider the gateway (Responses API, streamed), the rollout token its key."""
+    package = package_root(command, "node_modules")
+    provider = (f'{{name="agentstream", base_url="{inside_gateway_url(settings.base_url)}", '
+                f'env_key="OPENAI_API_KEY", wire_api="responses"}}')
+    argv = ["node", str(command), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
+            "--ephemeral", "--color", "never", "-C", str(WORKSPACE_MOUNT), "-m", settings.model,
+            "-c", "model_provider=agentstream", "-c", f"model_providers.agentstream={provider}", *extra, "--", prompt]
+    env = {"OPENAI_API_KEY": settings.api_key, "CODEX_HOME": CODEX_HOME}
+    return Run(f"mkdir -p {CODEX_HOME} && exec {shlex.join(argv)} </dev/null", env, [(package, package)])
+
+
+def claude_run(command: Path, settings: HarnessSettings, prompt: str, extra: list[str]) -> Run:
+    """`claude -p`, its Messages endpoint the attempt's gateway URL, the rollout token its key."""
+    package = package_root(command, "node_modules")
+    attempt_url = inside_gateway_url(settings.base_url).rstrip("/").removesuffix("/v1")
+    argv = [str(command), "-p", "--output-format", "json", "--dangerously-skip-permissions", "--model",
+            settings.model, *extra, "--", prompt]
+    env = {**QUIET_CLAUDE, "ANTHROPIC_BASE_URL": attempt_url, "ANTHROPIC_API_KEY": settings.api_key,
+           "ANTHROPIC_MODEL": settings.model, "ANTHROPIC_SMALL_FAST_MODEL": settings.model,
+           "ANTHROPIC_DEFAULT_HAIKU_MODEL": settings.model}
+    return Run(f"exec {shlex.join(argv)} </dev/null", env, [(package, package)])
+
+
+HARNESSES = {harness.name: harness for harness in (
+    Harness("codex", "AGENTSTREAM_CODEX", codex_run),
+    Harness("claude", "AGENTSTREAM_CLAUDE_CODE", claude_run),
+)}
+
+
+def package_root(command: Path, marker: str) -> Path:
+    """The install folder that holds `command` (the prefix npm installed into: the folder above `marker`),
+    bound read-only at its own path so the command's own paths resolve inside."""
+    for parent in command.parents:
+        if parent.name == marker:
+            return parent.parent
+    return command.parent
+
+
+def run_harness(harness: Harness, settings: HarnessSettings, task: TaskInput, workspace: Path,
+                extra: list[str]) -> tuple[str, dict[str, object], LocalSandbox]:
+    """The harness, to its end, in a whole-harness sandbox; (outcome, details, the sandbox)."""
+    run = harness.run(harness.installed(), settings, task.problem_statement, extra)
+    limits = Limits(command_timeout_s=settings.attempt_timeout_s, attempt_timeout_s=settings.attempt_timeout_s + 120,
+                    cpu_seconds=settings.attempt_timeout_s)
+    spec = SandboxSpec(workspace=workspace, limits=limits, network=Network.GATEWAY, binds=run.binds, env=run.env,
+                       gateway_url=settings.base_url)
+    box = LocalSandbox(spec)
+    result = box.run(run.command)
+    details: dict[str, object] = {"harness": harness.name, "exit_code": result.exit_code,
+                                  "harness_s": round(result.duration_s, 3),
+                                  "output_tail": result.output[-OUTPUT_TAIL:]}
+    if result.limit:
+        details["limit"] = result.limit
+    outcome = ("sandbox_timeout" if result.limit in ("command_timeout", "attempt_timeout")
+               else "completed" if result.ok else "harness_error")
+    return outcome, details, box
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+    if len(sys.argv) != 2 or sys.argv[1] not in HARNESSES:
+        raise SystemExit(f"usage: python -m recipes.swe.whole_harness {{{','.join(HARNESSES)}}}")
+    harness = HARNESSES[sys.argv[1]]
+    settings = HarnessSettings.from_env()
+    extra = json.loads(os.environ.get("AGENTSTREAM_WHOLE_ARGS") or "[]")
+    task = TaskInput.model_validate(orjson.loads(Path(os.environ["AGENTSTREAM_TASK"]).read_bytes())).located()
+    workspace = attempt_workspace()
+    started = time.monotonic()
+    box = None
+    try:
+        baseline = checkout(task, workspace)
+        outcome, details, box = run_harness(harness, settings, task, workspace, extra)
+        diff, diff_details = final_diff(box, baseline)
+        details.update(diff_details, duration_s=round(time.monotonic() - started, 2))
+        log.info("%s ended: %s (exit %s); diff of %d characters", harness.name, outcome, details["exit_code"],
+                 len(diff))
+        post_diff(settings, task, diff, outcome, details)
+    finally:
+        if box is not None:
+            box.close()
+        shutil.rmtree(workspace, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
