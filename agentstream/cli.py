@@ -926,6 +926,8 @@ def tasks_swe_build(
     package: Annotated[str, typer.Option(help="the pinned package to inject bugs into")] = "toolz",
     workers: Annotated[int, typer.Option(help="candidates tested at once")] = 2,
     repos_dir: ReposDir = None,
+    split_by: Annotated[str, typer.Option(help="file: no file holds both a validation and a training bug; "
+                                               "function: no function does")] = "file",
 ) -> None:
     """Inject bugs into a pinned package and keep those its own tests catch (see recipes/swe/README.md)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -934,18 +936,51 @@ def tasks_swe_build(
 
     if package not in PINNED:
         fail(f"no pinned package {package!r}; choose from: {', '.join(PINNED)}")
+    if split_by not in ("file", "function"):
+        fail(f"--split-by takes file or function, not {split_by!r}")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("tried {task.fields[tried]}"),
                TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
         bar = progress.add_task("tasks", total=limit, tried=0)
         built = build(PINNED[package], limit=limit, seed=seed, repos_dir=repos_dir, workers=workers,
-                      progress=lambda kept, tried, total: progress.update(bar, completed=kept, tried=f"{tried}/{total}"))
+                      progress=lambda kept, tried, total: progress.update(bar, completed=kept, tried=f"{tried}/{total}"),
+                      split_by=split_by)  # type: ignore[arg-type]  (checked above)
     write(built.instances, out)
     validation = sum(i.split == "validation" for i in built.instances)
-    console.print(f"Wrote {len(built.instances)} tasks ({validation} validation) to {out} in {built.seconds:.0f} s; "
+    console.print(f"Wrote {len(built.instances)} tasks ({len(built.instances) - validation} train, {validation} validation, "
+                  f"no {split_by} holding both) to {out} in {built.seconds:.0f} s; "
                   f"tried {built.tried} candidates, rejected: {built.rejected or 'none'}")
     if len(built.instances) < limit:
         console.print(f"[yellow]only {len(built.instances)} of {limit}: the package ran out of candidates[/yellow]")
+
+
+@swe_app.command("split")
+def tasks_swe_split(
+    file: Annotated[Path, typer.Argument(help="a task file (SWE-bench JSONL)")],
+    out: Annotated[Path, typer.Option(help="where to write the re-split tasks")],
+    by: Annotated[str, typer.Option(help="file or function: the bug site no two splits may share")] = "file",
+    validation_share: Annotated[float, typer.Option(help="validation tasks at most (a share)")] = 0.25,
+    minimum: Annotated[float, typer.Option(help="validation tasks at least (a share)")] = 0.2,
+) -> None:
+    """Split a task file again by bug site (recipes/swe/split.py) and say how many tasks each split holds."""
+    from recipes.swe.build import write
+    from recipes.swe.instance import Instance
+    from recipes.swe.split import split_by_site
+
+    if by not in ("file", "function"):
+        fail(f"--by takes file or function, not {by!r}")
+    try:
+        instances = [Instance.model_validate_json(line) for line in file.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError) as exc:
+        fail(f"cannot read {file}: {exc} (check it with `agentstream tasks swe check`)")
+    result = split_by_site(instances, by, validation_share, minimum)  # type: ignore[arg-type]  (checked above)
+    for instance in instances:
+        instance.split = result.splits[instance.instance_id]
+    write(instances, out)
+    console.print(f"Wrote {out}: {result.summary()}, split by {by}")
+    if result.problem:
+        console.print(f"[yellow]{result.problem}[/yellow]")
+        raise typer.Exit(2)
 
 
 @swe_app.command("check")
@@ -963,8 +998,13 @@ def tasks_swe_check(
         fail(f"cannot read {file}: {exc}")
     except TaskFileError as exc:
         fail(str(exc))
+    from recipes.swe.split import leaks
+
     validation = sum(i.split == "validation" for i in instances)
     console.print(f"{file}: {len(instances)} tasks ({validation} validation), all usable")
+    if shared := leaks(instances):
+        console.print(f"[yellow]{len(shared)} file(s) hold both a validation and a training bug ({', '.join(sorted(shared)[:5])}"
+                      f"{', …' if len(shared) > 5 else ''}): split again with `agentstream tasks swe split`[/yellow]")
 
 
 def main() -> None:

@@ -136,20 +136,27 @@ def build_recipe_tasks(out: Path, train: int, validation: int, say=print) -> tup
     from agentstream.settings import agentstream_home
     from recipes.swe import build
     from recipes.swe.instance import Instance
+    from recipes.swe.split import split_by_site
     from recipes.swe.workspace import TaskInput, write_index
 
-    cache = agentstream_home() / "swe" / f"recipe-tasks-{train + validation}.jsonl"
+    cache = agentstream_home() / "swe" / f"recipe-tasks-{train + validation}-by-site.jsonl"
     if cache.exists():
         instances = [Instance.model_validate_json(line) for line in cache.read_text().splitlines() if line.strip()]
     else:
         say(f"building {train + validation} tasks (bugs injected into toolz, each checked by the real grader; once)")
-        built = build.build(limit=train + validation)
-        instances = built.instances
+        instances = build.build(limit=train + validation).instances
+        if split_by_site(instances, "file").problem:
+            # a handful of bugs may all sit in one file: then no file, but still no function, is shared
+            split = split_by_site(instances, "function")
+            say(f"the {len(instances)} tasks' bugs sit in one file: split by function instead ({split.summary()})")
+            for instance in instances:
+                instance.split = split.splits[instance.instance_id]
         build.write(instances, cache)
     chosen = ([i for i in instances if i.split == "train"][:train] +
               [i for i in instances if i.split == "validation"][:validation])
     if not any(i.split == "validation" for i in chosen) or not any(i.split == "train" for i in chosen):
-        raise StackError(f"the task set {cache} has no train or no validation task; remove it to build again")
+        raise StackError(f"the task set {cache} has no train or no validation task (its bugs all sit in one "
+                         "function); remove it and ask for more tasks")
     out.mkdir(parents=True, exist_ok=True)
     files = {}
     for split in ("train", "validation"):
