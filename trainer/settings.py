@@ -65,6 +65,11 @@ class TrainerSettings(KafkaSettings):
     max_seq_len: int = Field(2048, ge=2, description="sequences are cut to this many tokens")
 
     # --- the algorithm (verl core_algos) -----------------------------------------------------
+    loss: Literal["grpo", "sft"] = Field("grpo", description="grpo: the policy gradient below (trainer/grpo.py); "
+                                                             "sft: supervised learning on the trajectories whose "
+                                                             "reward reaches --sft-min-reward, the others skipped "
+                                                             "(rejection-sampling fine-tuning, trainer/sft.py)")
+    sft_min_reward: float = Field(1.0, description="with --loss sft: the reward a trajectory needs to be trained on")
     adv_estimator: str = Field("grpo", description=f"verl advantage estimator: {', '.join(OUTCOME_ESTIMATORS)}")
     norm_adv_by_std: bool = Field(True, description="GRPO: divide advantages by the group's std "
                                                     "(off: Dr. GRPO)")
@@ -158,6 +163,8 @@ class TrainerSettings(KafkaSettings):
             raise ValueError("give --offline-file or --offline-topic, not both")
         if self.min_group_size > self.group_size:
             raise ValueError(f"--min-group-size ({self.min_group_size}) exceeds --group-size ({self.group_size})")
+        if self.ranks > 1 and self.loss == "sft":
+            raise ValueError("--loss sft trains in one process only: give --ranks 1")
         if self.ranks > 1 and self.lora_rank:
             raise ValueError("--lora-rank trains in one process only: give --ranks 1 (LoRA on sharded ranks is "
                              "not built yet)")
