@@ -752,13 +752,19 @@ app.add_typer(recipe_app, name="recipe", rich_help_panel=LOOP)
 
 @recipe_app.command("swe")
 def recipe_swe(
-    model: Annotated[str, typer.Option(help="base model: smollm2 (real) or tiny (plumbing only)")] = "smollm2",
+    model: Annotated[str, typer.Option(help="base model: qwen-coder-0.5b, qwen-coder-1.5b, smollm2 (real, from PyPI) "
+                                            "or tiny (plumbing only)")] = "smollm2",
     train_tasks: Annotated[int, typer.Option(help="train tasks to build")] = 4,
     validation_tasks: Annotated[int, typer.Option(help="validation tasks to build")] = 2,
     tasks: Annotated[Optional[Path], typer.Option(help="train task file to use instead of building tasks")] = None,
     validation_tasks_file: Annotated[Optional[Path], typer.Option("--validation-tasks-file",
                                                                   help="validation task file (with --tasks)")] = None,
     instances: Annotated[Optional[Path], typer.Option(help="the instances with hidden tests the grader reads (with --tasks)")] = None,
+    probed: Annotated[Optional[Path], typer.Option(help="a task file from `agentstream tasks swe probe`: train on the "
+                                                        "tasks the starting model solved sometimes (plus "
+                                                        "--unsolved-share never-solved ones)")] = None,
+    unsolved_share: Annotated[float, typer.Option(help="with --probed: share of the train tasks that may be "
+                                                       "never-solved ones")] = 0.25,
     versions: Annotated[int, typer.Option(help="weight versions to train")] = 1,
     group_size: Annotated[int, typer.Option(help="attempts per train task and version (one GRPO group)")] = 2,
     groups_per_batch: Annotated[int, typer.Option(help="train tasks per version")] = 2,
@@ -777,7 +783,8 @@ def recipe_swe(
     from recipes.swe.recipe import RecipeConfig, run_recipe
 
     config = RecipeConfig(model=model, train_tasks=train_tasks, validation_tasks=validation_tasks, tasks=tasks,
-                          validation_tasks_file=validation_tasks_file, instances=instances, versions=versions,
+                          validation_tasks_file=validation_tasks_file, instances=instances, probed=probed,
+                          unsolved_share=unsolved_share, versions=versions,
                           group_size=group_size, groups_per_batch=groups_per_batch, eval_samples=eval_samples,
                           lr=lr, step_limit=step_limit, max_tokens=max_tokens, concurrency=concurrency,
                           attempt_timeout_s=attempt_timeout_s, keep_stack=keep_stack)
@@ -952,6 +959,39 @@ def tasks_swe_build(
                   f"tried {built.tried} candidates, rejected: {built.rejected or 'none'}")
     if len(built.instances) < limit:
         console.print(f"[yellow]only {len(built.instances)} of {limit}: the package ran out of candidates[/yellow]")
+
+
+@swe_app.command("probe")
+def tasks_swe_probe(
+    tasks: Annotated[Optional[Path], typer.Option(help="the SWE-bench task file to probe (e.g. from `tasks swe build`); "
+                                                       "default: build --train-tasks + --validation-tasks tasks")] = None,
+    out: Annotated[Path, typer.Option(help="the task file to write, each probed task with its `probe`")] = Path(
+        "tasks.probed.jsonl"),
+    model: Annotated[str, typer.Option(help="the starting model: qwen-coder-0.5b, qwen-coder-1.5b, smollm2 or tiny")]
+        = "qwen-coder-0.5b",
+    k: Annotated[int, typer.Option("-k", help="attempts per train task")] = 2,
+    train_tasks: Annotated[int, typer.Option(help="train tasks to build (without --tasks)")] = 4,
+    validation_tasks: Annotated[int, typer.Option(help="validation tasks to build (without --tasks)")] = 2,
+    step_limit: Annotated[int, typer.Option(help="mini-swe-agent's step limit (model calls per attempt)")] = 8,
+    max_tokens: Annotated[int, typer.Option(help="tokens per model answer")] = 512,
+    concurrency: Annotated[int, typer.Option(help="agents running at once")] = 2,
+    attempt_timeout_s: Annotated[float, typer.Option(help="seconds an attempt may run")] = 600.0,
+    run_dir: Annotated[Optional[Path], typer.Option(help="run folder (default: runs/probe-swe-TIME)")] = None,
+    keep_stack: Annotated[bool, typer.Option(help="leave Kafka and vLLM running afterwards")] = False,
+) -> None:
+    """Run the starting model k times on each train task (local stack, mini-swe-agent, grader: attempts in the
+    log like any rollout) and write the tasks with each one's probe pass rate, for `recipe swe --probed`."""
+    from recipes.swe.probe import ProbeConfig, run_probe
+
+    config = ProbeConfig(model=model, instances_file=tasks, probed_out=out, k=k, train_tasks=train_tasks,
+                         validation_tasks=validation_tasks, step_limit=step_limit, max_tokens=max_tokens,
+                         concurrency=concurrency, attempt_timeout_s=attempt_timeout_s, keep_stack=keep_stack)
+    if run_dir is not None:
+        config.out = run_dir
+    try:
+        run_probe(config, console)
+    except (StackError, RuntimeError, TimeoutError) as exc:
+        fail(str(exc))
 
 
 @swe_app.command("split")

@@ -2,7 +2,7 @@
 
 For each model asked for (one server at a time, each started and stopped here): the folder's build
 (timed; instant when cached), the server's start, then
-- prefill: one request of a ~2,000-token prompt with max_tokens 1 (its latency is the prefill);
+- prefill: one request of a ~2,000-token prompt (400 numbered words) with max_tokens 1 (its latency is the prefill);
 - decode: `streams` requests at once of 128 generated tokens each (ignore_eos), completion tokens
   over wall time, at 1 and at 4 streams.
 SmolLM2-135M is the baseline of the same run (`--baseline`), as figures of its own.
@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 
 DECODE_TOKENS = 128
-PROMPT_WORDS = 1500
+PROMPT_WORDS = 400
 
 
 def folder_of(name: str) -> tuple[Path, float]:
