@@ -770,6 +770,8 @@ def recipe_swe(
     groups_per_batch: Annotated[int, typer.Option(help="train tasks per version")] = 2,
     eval_samples: Annotated[int, typer.Option("--eval-samples", "-k", help="samples per validation task (pass@k)")] = 1,
     lr: Annotated[float, typer.Option(help="learning rate")] = 1e-5,
+    lora_rank: Annotated[int, typer.Option(help="train LoRA adapters of this rank; 0: every weight (qwen-coder-1.5b "
+                                                "needs LoRA to fit 24 GiB)")] = 0,
     step_limit: Annotated[int, typer.Option(help="mini-swe-agent's step limit (model calls per attempt)")] = 4,
     max_tokens: Annotated[int, typer.Option(help="tokens per model answer")] = 128,
     concurrency: Annotated[int, typer.Option(help="agents running at once (train and eval each)")] = 2,
@@ -786,7 +788,7 @@ def recipe_swe(
                           validation_tasks_file=validation_tasks_file, instances=instances, probed=probed,
                           unsolved_share=unsolved_share, versions=versions,
                           group_size=group_size, groups_per_batch=groups_per_batch, eval_samples=eval_samples,
-                          lr=lr, step_limit=step_limit, max_tokens=max_tokens, concurrency=concurrency,
+                          lr=lr, lora_rank=lora_rank, step_limit=step_limit, max_tokens=max_tokens, concurrency=concurrency,
                           attempt_timeout_s=attempt_timeout_s, keep_stack=keep_stack)
     if out is not None:
         config.out = out

@@ -30,6 +30,27 @@ def test_the_recipe_trains_on_mixed_results_and_a_share_of_never_solved():
         select_train(tasks, 1.0)
 
 
+def test_recipe_task_files_from_a_probed_set_hold_the_selection_and_the_validation_tasks(tmp_path):
+    import json
+
+    from agentstream.stack import StackError
+    from recipes.swe.recipe import probed_task_files
+
+    tasks = [task(1, solved=1, k=2), task(2, solved=0, k=2), task(3, solved=2, k=2), task(4, "validation")]
+    probed = tmp_path / "probed.jsonl"
+    probed.write_text("".join(t.model_dump_json() + "\n" for t in tasks))
+    train, validation, instances = probed_task_files(probed, tmp_path / "tasks", 4, 2, 0.5, say=lambda _: None)
+    assert [json.loads(line)["id"] for line in train.read_text().splitlines()] == ["t1", "t2"]
+    assert [json.loads(line)["id"] for line in validation.read_text().splitlines()] == ["t4"]
+    assert all("patch" not in json.loads(line)["input"] for line in train.read_text().splitlines())
+    assert len(instances.read_text().splitlines()) == 3
+
+    never = tmp_path / "never.jsonl"
+    never.write_text("".join(t.model_dump_json() + "\n" for t in [task(1, solved=0), task(4, "validation")]))
+    with pytest.raises(StackError, match="no train task to learn from"):
+        probed_task_files(never, tmp_path / "t2", 4, 2, 0.25, say=lambda _: None)
+
+
 @pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.timeout(1200)

@@ -54,6 +54,8 @@ class RecipeConfig(StackConfig):
     groups_per_batch: int = 2
     eval_samples: int = 1
     lr: float = 1e-5
+    lora_rank: int = 0
+    """train LoRA adapters of this rank (needed for qwen-coder-1.5b: its full fine-tuning does not fit 24 GiB)"""
     step_limit: int = 4
     max_tokens: int = 128
     attempt_timeout_s: float = 300.0
@@ -277,7 +279,7 @@ class Recipe(Demo):
                    "--checkpoint-dir", str(self.out / "checkpoints"), "--group-size", str(config.group_size),
                    "--groups-per-batch", str(config.groups_per_batch), "--min-group-size", "1",
                    "--lr", str(config.lr), "--max-staleness", "1", "--max-versions", str(config.versions),
-                   "--micro-batch-size", "1", "--keep-checkpoints", "2")
+                   "--micro-batch-size", "1", "--keep-checkpoints", "2", "--lora-rank", str(config.lora_rank))
         await self.await_http("gateway", f"{gateway_url}/healthz")
         self.start("eval", "agentstream.cli", "eval", "--prefix", kafka.topic_prefix, "--tasks", str(validation),
                    "--agent", HARNESS, "--follow", "--max-versions", str(config.versions + 1),
