@@ -159,3 +159,26 @@ def test_the_05b_folder_is_qwen2_and_its_server_answers_with_a_parsed_tool_call(
         assert call["name"] == "bash" and "ls" in json.loads(call["arguments"])["command"]
     finally:
         server.stop(grace=2)
+
+
+def test_a_folder_is_served_with_its_recorded_context_and_a_kv_cache_that_holds_it(tmp_path):
+    from agentstream.stack.vllm import DEFAULT_MAX_MODEL_LEN, kv_cache_gib, served_context
+
+    def folder(name: str, layers: int, hidden: int, heads: int, kv_heads: int, marker: dict | None) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        (path / "config.json").write_text(json.dumps({"num_hidden_layers": layers, "hidden_size": hidden,
+                                                      "num_attention_heads": heads, "num_key_value_heads": kv_heads}))
+        if marker is not None:
+            (path / MARKER).write_text(json.dumps(marker))
+        return path
+
+    small = folder("0.5b", 24, 896, 14, 2, {"max_model_len": 32768})
+    large = folder("1.5b", 28, 1536, 12, 2, {"max_model_len": 32768})
+    plain = folder("tiny", 2, 64, 4, 4, None)
+    assert served_context(small) == served_context(large) == 32768
+    assert served_context(plain) == DEFAULT_MAX_MODEL_LEN
+    # float32 K and V: 24 x 2 x 2 x 64 x 4 B = 24 KiB a token (0.75 GiB for 32k); 28 x 2 x 2 x 128 x 4 B = 56 KiB (1.75)
+    assert (kv_cache_gib(small, 32768), kv_cache_gib(large, 32768), kv_cache_gib(plain, 2048)) == (1, 2, 1)
+    (plain / MARKER).write_text("not json")
+    assert served_context(plain) == DEFAULT_MAX_MODEL_LEN
