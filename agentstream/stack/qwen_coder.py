@@ -122,11 +122,16 @@ def default_folder(spec: SplitGGUF, home: Path | None = None) -> Path:
     return (home or agentstream_home()) / "models" / spec.name
 
 
-def built(folder: Path, spec: SplitGGUF) -> bool:
+def _marker(folder: Path) -> dict:
     try:
         marker = json.loads((folder / MARKER).read_text())
     except (OSError, ValueError):
-        return False
+        return {}
+    return marker if isinstance(marker, dict) else {}
+
+
+def built(folder: Path, spec: SplitGGUF) -> bool:
+    marker = _marker(folder)
     return marker.get("recipe") == RECIPE and marker.get("sha256") == spec.sha256
 
 
@@ -136,8 +141,9 @@ def build_qwen_coder(spec: SplitGGUF, out: Path, home: Path | None = None, say: 
     out = out.resolve()
     if built(out, spec):
         return out
-    if out.exists() and any(out.iterdir()) and not (out / MARKER).exists():
-        raise StackError(f"{out} exists and is not a model folder built by agentstream: remove it or choose another")
+    if out.exists() and any(out.iterdir()) and _marker(out).get("model") != spec.title:
+        raise StackError(f"{out} exists and is not a {spec.title} folder built by agentstream: remove it or choose "
+                         "another")
     out.parent.mkdir(parents=True, exist_ok=True)
     with locked(out.with_name(f".{out.name}.lock")):
         if built(out, spec):  # another process built it meanwhile
