@@ -7,8 +7,10 @@ worker assembles trajectories → the trainer trains a version on the train spli
 in → `agentstream eval --follow` measures each version on the validation split. Every service is its
 own process, started as on a cluster (the demo's process helpers).
 
-On two CPU cores a 135 M model will rarely fix a bug: the numbers shown (train reward and validation
-pass rate per version) are what happened, not a curve to admire. The same run on GPUs is
+On two CPU cores a small model will rarely fix a bug (SmolLM2-135M never follows the harness's format;
+Qwen2.5-Coder-0.5B follows it, and fixed none of the probed tasks here): the numbers shown (train reward
+and validation pass rate per version) are what happened, not a curve to admire. `--probed` trains on
+the tasks a probe (`recipes.swe.probe`) found the model solving sometimes. The same run on GPUs is
 docs/recipes/swe.md.
 """
 
