@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # rustup's cargo (native/ is built by the install), on PATH even where only login shells have it
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: install system-deps test-tools demo typecheck test test-unit upstream bench clean-stack
+.PHONY: install system-deps test-tools demo typecheck test test-unit upstream heavy bench clean-stack
 
 install:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet "uv==0.13.9"
@@ -46,6 +46,10 @@ test-unit: test-tools install
 # checks that the upstream bugs we work around are still there (when one fails, drop the workaround)
 upstream: install
 	$(UV) run pytest -m upstream $(PYTEST_ARGS)
+
+# tests that build and serve the real coder models (downloads ~490 MB once; minutes each)
+heavy: install
+	$(UV) run pytest -m heavy $(PYTEST_ARGS)
 
 bench: install
 	$(UV) run python -m bench

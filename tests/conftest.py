@@ -116,7 +116,7 @@ STARTS = {"tiny_model_dirs": "tiny_dirs", "vllm_server": "tiny", "harness_vllm":
 HEAVY_FIXTURES = frozenset({"kafka_bootstrap", "own_broker", "vllm_server", "smollm2_server", "chromium"})
 """a broker, a vLLM server, the browser: what keeps a test out of the unit tier when it requests it, directly
 or through another fixture (`kafka` and `gw` request `kafka_bootstrap`)"""
-HEAVY_MARKERS = ("vllm", "slow", "upstream")
+HEAVY_MARKERS = ("vllm", "slow", "upstream", "heavy")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects: the marks are set when it reads them

@@ -45,6 +45,7 @@ from trainer.errors import RanksFailed, TrainerError
 from trainer.grpo import Policy, misplaced_turn
 from trainer.ledger import Ledger
 from trainer.settings import TrainerSettings
+from trainer.sft import SFTPolicy, eligible
 from trainer.sources import TrajectorySource, make_source
 
 log = logging.getLogger("trainer")
@@ -127,7 +128,8 @@ class Trainer:
             return RankedPolicy.load(folder, settings, optimizer_file)
         optimizer_state = torch.load(optimizer_file, weights_only=True, map_location=settings.device) \
             if optimizer_file else None
-        return Policy.load(folder, settings, optimizer_state)
+        algorithm = SFTPolicy if settings.loss == "sft" else Policy
+        return algorithm.load(folder, settings, optimizer_state)
 
     def _restart_policy(self) -> None:
         """Fresh ranks from the newest checkpoint (or the base model): the state before the failed step."""
@@ -208,6 +210,8 @@ class Trainer:
                         arrived=time.monotonic(),
                         shaping=self.settings.reward_penalties.get(event.data.end_reason or "", 0.0),
                         source=source, source_weight=source_weight)
+        if self.settings.loss == "sft" and not eligible(sample, self.settings.sft_min_reward):
+            return self._drop(record.partition, record.offset, event.id, "below_sft_threshold")
         if not weigh(sample, self.version, self.settings):
             return self._drop(record.partition, record.offset, event.id, "stale")
         self.ledger.hold(record.partition, record.offset, event.id)
@@ -314,7 +318,7 @@ class Trainer:
         log.info("version %d ← %d | %d samples, %d groups | reward %.3f | loss %.4f kl %.4f clipfrac %.3f "
                  "| stale dropped %d | train %.2f s, checkpoint %.2f s%s",
                  event.data.version, event.data.base_version, m["samples"], m["groups"], m["reward_mean"],
-                 m["loss"], m["kl"], m["clipfrac"], m["stale_dropped"], m["train_s"], checkpoint_s,
+                 m["loss"], m.get("kl", 0.0), m.get("clipfrac", 0.0), m["stale_dropped"], m["train_s"], checkpoint_s,
                  f" | IS weight mean {m['is_weight_mean']:.3f} max {m['is_weight_max']:.3g} truncated "
                  f"{m['is_truncated_share']:.1%} ESS {m['is_ess']:.3f}" if "is_weight_mean" in m else "")
 

@@ -68,6 +68,11 @@ class TrainerSettings(KafkaSettings):
     max_seq_len: int = Field(2048, ge=2, description="sequences are cut to this many tokens")
 
     # --- the algorithm (verl core_algos) -----------------------------------------------------
+    loss: Literal["grpo", "sft"] = Field("grpo", description="grpo: the policy gradient below (trainer/grpo.py); "
+                                                             "sft: supervised learning on the trajectories whose "
+                                                             "reward reaches --sft-min-reward, the others skipped "
+                                                             "(rejection-sampling fine-tuning, trainer/sft.py)")
+    sft_min_reward: float = Field(1.0, description="with --loss sft: the reward a trajectory needs to be trained on")
     adv_estimator: str = Field("grpo", description=f"verl advantage estimator: {', '.join(OUTCOME_ESTIMATORS)}")
     norm_adv_by_std: bool = Field(True, description="GRPO: divide advantages by the group's std "
                                                     "(off: Dr. GRPO)")
@@ -195,6 +200,8 @@ class TrainerSettings(KafkaSettings):
         if self.ranks > 1 and self.rollout_is != "off":
             raise ValueError("--rollout-is needs the trainer's logprobs before the update, which sharded ranks do "
                              "not compute yet: give --ranks 1 or --rollout-is off")
+        if self.ranks > 1 and self.loss == "sft":
+            raise ValueError("--loss sft trains in one process only: give --ranks 1")
         if self.ranks > 1 and self.lora_rank:
             raise ValueError("--lora-rank trains in one process only: give --ranks 1 (LoRA on sharded ranks is "
                              "not built yet)")

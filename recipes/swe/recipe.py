@@ -7,8 +7,10 @@ worker assembles trajectories → the trainer trains a version on the train spli
 in → `agentstream eval --follow` measures each version on the validation split. Every service is its
 own process, started as on a cluster (the demo's process helpers).
 
-On two CPU cores a 135 M model will rarely fix a bug: the numbers shown (train reward and validation
-pass rate per version) are what happened, not a curve to admire. The same run on GPUs is
+On two CPU cores a small model will rarely fix a bug (SmolLM2-135M never follows the harness's format;
+Qwen2.5-Coder-0.5B follows it, and fixed none of the probed tasks here): the numbers shown (train reward
+and validation pass rate per version) are what happened, not a curve to admire. `--probed` trains on
+the tasks a probe (`recipes.swe.probe`) found the model solving sometimes. The same run on GPUs is
 docs/recipes/swe.md.
 """
 
@@ -45,11 +47,17 @@ class RecipeConfig(StackConfig):
     validation_tasks_file: Path | None = None
     instances: Path | None = None
     """the SWE-bench instances (hidden tests) the grader reads, when tasks are given"""
+    probed: Path | None = None
+    """a probed SWE-bench task file (`agentstream tasks swe probe`): train on its tasks with mixed results"""
+    unsolved_share: float = 0.25
+    """with `probed`: the share of the train tasks that may be ones the starting model never solved"""
     versions: int = 1
     group_size: int = 2
     groups_per_batch: int = 2
     eval_samples: int = 1
     lr: float = 1e-5
+    lora_rank: int = 0
+    """train LoRA adapters of this rank (needed for qwen-coder-1.5b: its full fine-tuning does not fit 24 GiB)"""
     step_limit: int = 4
     max_tokens: int = 128
     attempt_timeout_s: float = 300.0
@@ -136,20 +144,35 @@ def build_recipe_tasks(out: Path, train: int, validation: int, say=print) -> tup
     from agentstream.settings import agentstream_home
     from recipes.swe import build
     from recipes.swe.instance import Instance
-    from recipes.swe.workspace import TaskInput, write_index
+    from recipes.swe.split import split_by_site
 
-    cache = agentstream_home() / "swe" / f"recipe-tasks-{train + validation}.jsonl"
+    cache = agentstream_home() / "swe" / f"recipe-tasks-{train + validation}-by-site.jsonl"
     if cache.exists():
         instances = [Instance.model_validate_json(line) for line in cache.read_text().splitlines() if line.strip()]
     else:
         say(f"building {train + validation} tasks (bugs injected into toolz, each checked by the real grader; once)")
-        built = build.build(limit=train + validation)
-        instances = built.instances
+        instances = build.build(limit=train + validation).instances
+        if split_by_site(instances, "file").problem:
+            # a handful of bugs may all sit in one file: then no file, but still no function, is shared
+            split = split_by_site(instances, "function")
+            say(f"the {len(instances)} tasks' bugs sit in one file: split by function instead ({split.summary()})")
+            for instance in instances:
+                instance.split = split.splits[instance.instance_id]
         build.write(instances, cache)
     chosen = ([i for i in instances if i.split == "train"][:train] +
               [i for i in instances if i.split == "validation"][:validation])
     if not any(i.split == "validation" for i in chosen) or not any(i.split == "train" for i in chosen):
-        raise StackError(f"the task set {cache} has no train or no validation task; remove it to build again")
+        raise StackError(f"the task set {cache} has no train or no validation task (its bugs all sit in one "
+                         "function); remove it and ask for more tasks")
+    return write_task_files(chosen, out)
+
+
+def write_task_files(chosen: list, out: Path) -> tuple[Path, Path, Path]:
+    """The controller's train and validation task files (input: only the instance id and the problem
+    statement), the grader's instances file and the harness's index, for the chosen instances."""
+    from recipes.swe import build
+    from recipes.swe.workspace import TaskInput, write_index
+
     out.mkdir(parents=True, exist_ok=True)
     files = {}
     for split in ("train", "validation"):
@@ -163,7 +186,33 @@ def build_recipe_tasks(out: Path, train: int, validation: int, say=print) -> tup
     return files["train"], files["validation"], instances_file
 
 
+def probed_task_files(probed: Path, out: Path, train: int, validation: int, unsolved_share: float,
+                      say=print) -> tuple[Path, Path, Path]:
+    """Task files from a probed task set (`agentstream tasks swe probe`): the train tasks the starting
+    model solved sometimes (GRPO's signal) plus a share of never-solved ones, and validation tasks."""
+    from recipes.swe.instance import Instance
+    from recipes.swe.probe import select_train
+
+    instances = [Instance.model_validate_json(line) for line in probed.read_text().splitlines() if line.strip()]
+    selected = select_train(instances, unsolved_share)
+    chosen = selected.tasks[:train] + [i for i in instances if i.split == "validation"][:validation]
+    say(f"probed tasks in {probed}: {selected.summary()}; training on {min(train, len(selected.tasks))}")
+    if not any(i.split == "train" for i in chosen) or not any(i.split == "validation" for i in chosen):
+        raise StackError(f"{probed} gives no train task to learn from or no validation task ({selected.summary()}): "
+                         "probe with a larger -k, raise --unsolved-share, or warm-start with `--loss sft`")
+    return write_task_files(chosen, out)
+
+
 # --- the run ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Agents:
+    """What a run's agents need: the gateway, its token secret, the harness's environment."""
+
+    gateway_url: str
+    token_secret: str
+    env: dict[str, str]
 
 
 class Recipe(Demo):
@@ -187,6 +236,9 @@ class Recipe(Demo):
     def task_files(self) -> tuple[Path, Path, Path]:
         """(train tasks, validation tasks, instances for the grader): given, or built."""
         config = self.config
+        if config.probed is not None:
+            return probed_task_files(config.probed, self.out / "tasks", config.train_tasks, config.validation_tasks,
+                                     config.unsolved_share, say=self.say)
         if config.tasks is not None:
             if config.validation_tasks_file is None or config.instances is None:
                 raise StackError("--tasks needs --validation-tasks and --instances (the grader's hidden tests) too")
@@ -202,27 +254,35 @@ class Recipe(Demo):
         index = instances.with_name("index.jsonl")
         return index if index.exists() else write_index(load(instances, default_repos_dir(), check_apply=False), index)
 
-    async def launch(self, kafka: KafkaSettings, model_dir: Path, vllm: ServerState) -> None:
-        config, (train, validation, instances) = self.config, self.tasks
-        common = common_flags(kafka)
+    def start_grading(self, kafka: KafkaSettings, vllm: ServerState, instances: Path) -> Agents:
+        """The gateway, a streams worker and the grader: what turns attempts into graded trajectories.
+        Returns where the agents find the gateway and the harness's environment."""
+        config, common = self.config, common_flags(kafka)
         gateway_url, secret = self.start_gateway(kafka, self.served, vllm)
         # a diff is graded after the attempt ends: the trajectory waits for that reward (a grading takes seconds)
         self.start("streams", "streams", "worker", *common, "--web-port", str(free_port()), "--settle-s", "0.5",
                    "--reward-grace-s", str(config.attempt_timeout_s), "--data-dir", str(self.out / "streams"))
         self.start("grader", "recipes.swe.grade", *common, "--tasks", str(instances))
-        self.start("trainer", "trainer", *common, "--model", self.served, "--base-model", str(model_dir),
-                   "--checkpoint-dir", str(self.out / "checkpoints"), "--group-size", str(config.group_size),
-                   "--groups-per-batch", str(config.groups_per_batch), "--min-group-size", "1",
-                   "--lr", str(config.lr), "--max-staleness", "1", "--max-versions", str(config.versions),
-                   "--micro-batch-size", "1", "--keep-checkpoints", "2")
-        await self.await_http("gateway", f"{gateway_url}/healthz")
         agent_env = {"AGENTSTREAM_SWE_STEP_LIMIT": str(config.step_limit),
                      "AGENTSTREAM_SWE_MAX_TOKENS": str(config.max_tokens),
                      "AGENTSTREAM_SWE_WORKSPACE": str(self.out / "workspaces"),
                      "AGENTSTREAM_SWE_ATTEMPT_TIMEOUT_S": str(int(config.attempt_timeout_s)),
                      "AGENTSTREAM_SWE_INDEX": str(self.index_file(instances))}
-        run = ["--gateway-url", gateway_url, f"--token-secret={secret}", "--model", self.served,
+        return Agents(gateway_url, secret, agent_env)
+
+    async def launch(self, kafka: KafkaSettings, model_dir: Path, vllm: ServerState) -> None:
+        config, (train, validation, instances) = self.config, self.tasks
+        common = common_flags(kafka)
+        agents = self.start_grading(kafka, vllm, instances)
+        gateway_url, agent_env = agents.gateway_url, agents.env
+        run = ["--gateway-url", gateway_url, f"--token-secret={agents.token_secret}", "--model", self.served,
                "--timeout-s", str(config.attempt_timeout_s), "--concurrency", str(config.concurrency)]
+        self.start("trainer", "trainer", *common, "--model", self.served, "--base-model", str(model_dir),
+                   "--checkpoint-dir", str(self.out / "checkpoints"), "--group-size", str(config.group_size),
+                   "--groups-per-batch", str(config.groups_per_batch), "--min-group-size", "1",
+                   "--lr", str(config.lr), "--max-staleness", "1", "--max-versions", str(config.versions),
+                   "--micro-batch-size", "1", "--keep-checkpoints", "2", "--lora-rank", str(config.lora_rank))
+        await self.await_http("gateway", f"{gateway_url}/healthz")
         self.start("eval", "agentstream.cli", "eval", "--prefix", kafka.topic_prefix, "--tasks", str(validation),
                    "--agent", HARNESS, "--follow", "--max-versions", str(config.versions + 1),
                    "--samples", str(config.eval_samples), "--out", str(self.out / "eval"), *run,
