@@ -66,14 +66,3 @@ async def decide(settings: KafkaSettings, model: str, action: Literal["promote",
     finally:
         await producer.stop()
     return event
-
-
-def describe(state: ReleaseState) -> dict[str, object]:
-    """One model's release, as `status` prints it (JSON)."""
-    current, measured = state.current, state.measured or state.current
-    return {"model": current.model, "phase": state.phase, "version": current.version,
-            "stable_version": current.stable_version, "share": current.share_bp / 10_000, "servers": current.servers,
-            "started_at": current.started_at, "decided_by": current.decided_by if not state.active else None,
-            "reason": (current if not state.active else measured).reason,
-            "p_value": (current if not state.active else measured).p_value,
-            "arms": [arm.model_dump() for arm in (current if not state.active else measured).arms]}

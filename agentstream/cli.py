@@ -264,13 +264,14 @@ def canary_status(model: ModelOption = None, prefix: Prefix = "") -> None:
     """Each model's release as the log says: running, promoted or rolled back, with the arms' numbers (JSON)."""
     import orjson
 
-    from agentstream.canary import describe, release_states
+    from agentstream.canary import release_states
+    from schemas.releases import summary
 
     states = asyncio.run(release_states(_kafka_settings(prefix)))
     chosen = [state for name, state in sorted(states.items()) if model is None or name == model]
     if model is not None and not chosen:
         fail(f"model {model!r} has no release in the log (known: {', '.join(sorted(states)) or 'none'})")
-    print(orjson.dumps([describe(state) for state in chosen], option=orjson.OPT_INDENT_2).decode())
+    print(orjson.dumps([summary(state) for state in chosen], option=orjson.OPT_INDENT_2).decode())
 
 
 def _decide(model: str | None, action: str, reason: str, prefix: str) -> None:

@@ -62,6 +62,8 @@ def fold(states: dict[str, ReleaseState], event: ReleaseEvent) -> ReleaseState |
     release = event.data
     state = states.get(release.model)
     if release.action == "canary":
+        if state is not None and _same_canary(state.current, release):
+            return None  # read again (the applier folds its own event before its replica's follower does)
         states[release.model] = state = ReleaseState(release)
         return state
     if state is None or not _same_canary(state.current, release):
@@ -78,6 +80,17 @@ def fold(states: dict[str, ReleaseState], event: ReleaseEvent) -> ReleaseState |
 
 def _same_canary(a: Release, b: Release) -> bool:
     return a.version == b.version and a.started_at == b.started_at
+
+
+def summary(state: ReleaseState) -> dict[str, object]:
+    """One model's release as the CLI and the dashboard show it: the decision's numbers, else the last measured."""
+    current = state.current
+    numbers = (state.measured or current) if state.active else current
+    return {"model": current.model, "phase": state.phase, "version": current.version,
+            "stable_version": current.stable_version, "share": current.share_bp / BUCKETS, "servers": current.servers,
+            "started_at": current.started_at, "decided_at": state.decided_at,
+            "decided_by": None if state.active else current.decided_by, "reason": numbers.reason,
+            "p_value": numbers.p_value, "numbers": numbers.numbers, "arms": [arm.model_dump() for arm in numbers.arms]}
 
 
 def stable_of(state: ReleaseState | None) -> tuple[int, str] | None:
