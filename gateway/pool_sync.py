@@ -52,6 +52,10 @@ from gateway.settings import GatewaySettings
 log = logging.getLogger("gateway.pool_sync")
 
 
+RELEASES_WAIT_S = 30.0
+"""how long a starting replica waits to read the `releases` topic before serving"""
+
+
 class UpdateFailed(ServiceError):
     pass
 
@@ -72,9 +76,18 @@ class PoolSync:
         """set once this replica follows the topics (it holds for every update published after)"""
 
     async def start(self) -> None:
+        """Follow (and apply); with canaries on, return once the release history is folded, so that the first
+        call of a session after a restart goes to its canary arm (bounded: without Kafka, start anyway)."""
         self._tasks.append(asyncio.create_task(self._run("follow", self._follow)))
         if self.settings.apply_updates:
             self._tasks.append(asyncio.create_task(self._run("apply", self._apply)))
+        if self.settings.canary_share == 0:
+            return
+        try:
+            await asyncio.wait_for(self._releases_known(), RELEASES_WAIT_S)
+        except TimeoutError:
+            log.warning("serving before the canary releases were read from the log: sessions may reach the "
+                        "other arm until they are", extra=fields(waited_s=RELEASES_WAIT_S))
 
     async def stop(self) -> None:
         for task in self._tasks:
