@@ -134,7 +134,7 @@ class Judge:
                     await consumer.seek_to_end(partition)
         else:
             await consumer.seek_to_end(*others)
-        log.info("following the log", extra={"running": len(running)})
+        log.info("following the log (%d canaries running)", len(running))
         last = 0.0
         while True:
             for records in (await consumer.getmany(timeout_ms=500)).values():
@@ -179,8 +179,7 @@ class Judge:
             verdict = decide(tally.stable, tally.canary, self.settings)
             await self.publish(tally, verdict)
             if verdict.action is not None:
-                log.info("canary decided", extra={"model": key[0], "version": key[1], "action": verdict.action,
-                                                  "reason": verdict.reason})
+                log.info("canary of %s version %d: %s (%s)", key[0], key[1], verdict.action, verdict.reason)
 
     async def publish(self, tally: Tally, verdict: Verdict) -> None:
         release = tally.release

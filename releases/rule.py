@@ -64,7 +64,7 @@ def one_sided_p(canary: list[float], stable: list[float]) -> tuple[float, float]
         return (math.copysign(math.inf, difference) if difference else 0.0), (0.0 if difference > 0 else
                                                                               1.0 if difference < 0 else 0.5)
     z = difference / error
-    return z, 1.0 - NormalDist().cdf(z)
+    return z, NormalDist().cdf(-z)  # P(Z >= z) without the cancellation of 1 - cdf(z) in the far tail
 
 
 def _variance(values: list[float]) -> float:
@@ -96,8 +96,9 @@ def decide(stable: Arm, canary: Arm, settings: ReleasesSettings) -> Verdict:
         numbers["z"] = z
     if p < settings.alpha:
         return Verdict("promote", f"mean reward higher (one-sided p={p:.4g} < {settings.alpha})", p, numbers)
-    if 1.0 - p < settings.alpha:
-        return Verdict("rollback", f"mean reward lower (one-sided p={1.0 - p:.4g} < {settings.alpha})", p, numbers)
+    worse = NormalDist().cdf(z) if math.isfinite(z) else float(z > 0)
+    if worse < settings.alpha:
+        return Verdict("rollback", f"mean reward lower (one-sided p={worse:.4g} < {settings.alpha})", p, numbers)
     if settings.max_sessions and n >= settings.max_sessions:
         return Verdict("rollback", f"not better after {n} sessions per arm (p={p:.4g})", p, numbers)
     return Verdict(None, f"no decision yet (p={p:.4g})", p, numbers)

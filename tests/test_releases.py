@@ -104,6 +104,8 @@ def arm(version: int, rewards: list[float], calls: int = 20, errors: int = 0, la
     (arm(1, [0.2] * 6), arm(2, [0.9] * 6, latency=200.0), "rollback", "p95 latency"),
     (arm(1, [0.2] * 6, calls=5), arm(2, [0.9] * 6, calls=5, latency=900.0), "promote", "higher"),  # guards wait
     (arm(1, [0.5] * 6), arm(2, [0.5] * 6), None, "p=0.5"),
+    (arm(1, [0.9] * 6), arm(2, [0.2] * 6), "rollback", "lower"),  # no spread: the means decide
+    (arm(1, [0.2] * 6), arm(2, [0.9] * 6), "promote", "higher"),
 ])
 def test_the_rule(stable, canary, action, reason):
     verdict = decide(stable, canary, SETTINGS)
