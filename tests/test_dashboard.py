@@ -301,7 +301,28 @@ async def test_the_canaries_page_shows_each_canary_live(kafka):
         await publish_all(kafka, [release("measure", started_at=1000, arms=arms, p_value=0.02, reason="no decision yet")])
         now = await shown(lambda r: r["p_value"] == 0.02)
         assert [arm["sessions"] for arm in now["arms"]] == [12, 11] and now["phase"] == "running"
-        await publish_all(kafka, [release("promote", started_at=1000, arms=arms, p_value=0.001, decided_by="rule",
-                                          reason="mean reward higher")])
+
+        # the page: the canary's card, then its decision as it comes (no reload)
+        from playwright.async_api import async_playwright, expect
+
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            page = await browser.new_page()
+            try:
+                await page.goto(url)
+                await page.fill("#key", KEY)
+                await page.click("#login button")
+                await page.click('nav a[data-nav="canaries"]')
+                card = page.locator('[data-canary="tiny"]')
+                await expect(card).to_contain_text("running")
+                canary = await card.locator('tr[data-arm="canary"] td').all_inner_texts()
+                assert canary[:3] == ["canary v2", "11", "0.700"], canary
+                await publish_all(kafka, [release("promote", started_at=1000, arms=arms, p_value=0.001,
+                                                  decided_by="rule", reason="mean reward higher")])
+                await expect(card).to_contain_text("promoted", timeout=20_000)
+                await expect(card).to_contain_text("decided by rule")
+                await expect(card.locator("[data-p]")).to_have_text("0.0010")
+            finally:
+                await browser.close()
         now = await shown(lambda r: r["phase"] == "promoted")
         assert (now["decided_by"], now["p_value"], now["reason"]) == ("rule", 0.001, "mean reward higher")
