@@ -12,9 +12,9 @@ from releases.judge import run
 from releases.settings import ReleasesSettings
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     try:
-        settings = CliApp.run(ReleasesSettings, cli_args=sys.argv[1:])
+        settings = CliApp.run(ReleasesSettings, cli_args=sys.argv[1:] if argv is None else argv)
     except ValidationError as exc:
         for error in exc.errors(include_url=False):
             print(f"error: --{'.'.join(str(part) for part in error['loc']).replace('_', '-')}: {error['msg']}",
