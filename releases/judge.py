@@ -39,8 +39,10 @@ class Tally:
     release: Release
     stable: Arm
     canary: Arm
-    segments: dict[tuple[str, str], tuple[str, int, float | None]] = field(default_factory=dict)
-    """(rollout id, attempt id) of a conversation -> (session id, version, reward)"""
+    segments: dict[tuple[str, str], tuple[str, int]] = field(default_factory=dict)
+    """(rollout id, attempt id) of a conversation -> (session id, version)"""
+    rewards: dict[tuple[str, int], dict[tuple[str, str], float]] = field(default_factory=dict)
+    """(session id, version) -> each of its conversations' reward"""
     changed: bool = True
 
     @classmethod
@@ -76,16 +78,17 @@ class Tally:
     def reward(self, event: RewardEvent) -> None:
         key = (event.rollout_id or "", event.attempt_id or "")
         if event.data.trajectory_id is not None and key in self.segments:
-            session, version, _ = self.segments[key]
+            session, version = self.segments[key]
             self._segment(key, session, version, event.data.value)
 
     def _segment(self, key: tuple[str, str], session: str, version: int, reward: float | None) -> None:
-        self.segments[key] = (session, version, reward)
+        self.segments[key] = (session, version)
         arm = self.arm(version)
-        assert arm is not None
-        rewards = [value for (s, v, value) in self.segments.values() if s == session and v == version and value is not None]
-        if rewards:
-            arm.rewards[session] = fmean(rewards)
+        if reward is None or arm is None:
+            return
+        rewards = self.rewards.setdefault((session, version), {})
+        rewards[key] = reward
+        arm.rewards[session] = fmean(rewards.values())
         self.changed = True
 
 

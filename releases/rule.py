@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from statistics import NormalDist, fmean, stdev
+from statistics import fmean, stdev
 from typing import Literal
 
 from schemas.events import ArmNumbers
@@ -64,7 +64,12 @@ def one_sided_p(canary: list[float], stable: list[float]) -> tuple[float, float]
         return (math.copysign(math.inf, difference) if difference else 0.0), (0.0 if difference > 0 else
                                                                               1.0 if difference < 0 else 0.5)
     z = difference / error
-    return z, NormalDist().cdf(-z)  # P(Z >= z) without the cancellation of 1 - cdf(z) in the far tail
+    return z, upper_tail(z)
+
+
+def upper_tail(z: float) -> float:
+    """P(Z >= z) for a standard normal Z, by erfc: exact far in the tail, where 1 - cdf(z) rounds to 0."""
+    return 0.5 * math.erfc(z / math.sqrt(2))
 
 
 def _variance(values: list[float]) -> float:
@@ -96,7 +101,7 @@ def decide(stable: Arm, canary: Arm, settings: ReleasesSettings) -> Verdict:
         numbers["z"] = z
     if p < settings.alpha:
         return Verdict("promote", f"mean reward higher (one-sided p={p:.4g} < {settings.alpha})", p, numbers)
-    worse = NormalDist().cdf(z) if math.isfinite(z) else float(z > 0)
+    worse = upper_tail(-z)
     if worse < settings.alpha:
         return Verdict("rollback", f"mean reward lower (one-sided p={worse:.4g} < {settings.alpha})", p, numbers)
     if settings.max_sessions and n >= settings.max_sessions:

@@ -118,3 +118,42 @@ def test_the_one_sided_test():
     assert z > 0 and 0 < p < 0.5
     assert one_sided_p([1.0, 1.0], [0.0, 0.0]) == (float("inf"), 0.0)
     assert one_sided_p([0.0, 0.0], [1.0, 1.0])[1] == 1.0
+    # far in the tail the p-value is small, not 0 (decision events print it)
+    assert 0 < one_sided_p([0.8, 0.9, 1.0] * 2, [0.2, 0.3, 0.4] * 2)[1] < 1e-20
+
+
+def test_the_tally_puts_sessions_on_the_version_that_served_them():
+    from releases.judge import Tally
+    from schemas.events import Call, CallEvent, Reward, RewardEvent, Trajectory, TrajectoryEvent, Turn
+
+    tally = Tally.of(release("canary", started_at=1000).data)
+
+    def conversation(session: str, attempt: str, versions: list[int], reward: float | None, at: int = 2000):
+        turns = [Turn(call_id=f"c{n}", sequence=0, prompt_token_ids=[1], completion_token_ids=[2], logprobs=[-0.1],
+                      weight_version=version) for n, version in enumerate(versions)]
+        tally.trajectory(TrajectoryEvent(source="streams", rollout_id=session_rollout_id(session), attempt_id=attempt,
+                                         data=Trajectory(status="finished", turns=turns, sequences=[], merged=True,
+                                                         started_at=at, finished_at=at, lineage=[], reward=reward,
+                                                         session_id=session, reward_missing=reward is None)))
+
+    def call(version: int, status: int = 200, latency: float = 50.0, at: int = 2000):
+        tally.call(CallEvent(source="gateway", data=Call(api="chat.completions", model="tiny", weight_version=version,
+                                                         request={}, status=status, started_at=at, latency_ms=latency)))
+
+    conversation("a", "segment-0", [2, 2], 1.0)
+    conversation("a", "segment-1", [2], 0.0)  # the session's reward: the mean of its conversations'
+    conversation("b", "segment-0", [1], None)  # no feedback yet ...
+    tally.reward(RewardEvent(source="streams", rollout_id=session_rollout_id("b"), attempt_id="segment-0",
+                             data=Reward(value=0.25, trajectory_id="t")))  # ... then it came
+    conversation("c", "segment-0", [1, 2], 1.0)  # two versions in one conversation: neither arm's
+    conversation("d", "segment-0", [1], 1.0, at=999)  # from before the canary
+    conversation("e", "segment-0", [7], 1.0)  # a version of neither arm
+    for version, status, latency in ((1, 200, 40.0), (2, 200, 60.0), (2, 503, 5.0), (2, 400, 1.0)):
+        call(version, status, latency)
+    call(2, at=999)
+
+    assert tally.canary.rewards == {"a": 0.5} and tally.stable.rewards == {"b": 0.25}
+    assert (tally.canary.calls, tally.canary.errors, tally.canary.latencies_ms) == (3, 1, [60.0])
+    assert (tally.stable.calls, tally.stable.errors) == (1, 0)
+    numbers = tally.canary.numbers()
+    assert (numbers.version, numbers.sessions, numbers.mean_reward, numbers.p95_latency_ms) == (2, 1, 0.5, 60.0)
