@@ -20,7 +20,8 @@ from schemas.errors import AgentstreamError
 console = Console()
 # the help's panels and commands, in the order a user meets them
 LOOP, LOG, STACK = "The loop: run agents, record, learn", "The log: replay and query", "The local stack"
-ORDER = ("demo", "recipe", "run", "eval", "gateway", "streams", "grade", "train", "sandbox", "tasks", "replay", "sql",
+ORDER = ("demo", "recipe", "run", "eval", "gateway", "streams", "grade", "train", "canary", "sandbox", "tasks", "replay",
+         "sql",
          "top", "dashboard", "archive", "kafka", "vllm", "model", "topics",
          "schemas")
 
@@ -279,6 +280,52 @@ def topics_ensure(
         console.print(f"[yellow]mismatch[/yellow] {problem}")
     if not report.ok:
         raise typer.Exit(2)
+
+
+# --- canaries ------------------------------------------------------------------------------
+
+canary_app = typer.Typer(help="Canary releases of new weights: status, and a human's promote or rollback.",
+                         no_args_is_help=True)
+app.add_typer(canary_app, name="canary", rich_help_panel=LOOP)
+ModelOption = Annotated[Optional[str], typer.Option("--model", help="the served model name")]
+Reason = Annotated[str, typer.Option(help="why (recorded in the event)")]
+
+
+@canary_app.command("status")
+def canary_status(model: ModelOption = None, prefix: Prefix = "") -> None:
+    """Each model's release as the log says: running, promoted or rolled back, with the arms' numbers (JSON)."""
+    import orjson
+
+    from agentstream.canary import release_states
+    from schemas.releases import summary
+
+    states = asyncio.run(release_states(_kafka_settings(prefix)))
+    chosen = [state for name, state in sorted(states.items()) if model is None or name == model]
+    if model is not None and not chosen:
+        fail(f"model {model!r} has no release in the log (known: {', '.join(sorted(states)) or 'none'})")
+    print(orjson.dumps([summary(state) for state in chosen], option=orjson.OPT_INDENT_2).decode())
+
+
+def _decide(model: str | None, action: str, reason: str, prefix: str) -> None:
+    from agentstream.canary import decide
+
+    if model is None:
+        fail("name the model: --model M")
+    event = asyncio.run(decide(_kafka_settings(prefix), model, action, reason))  # type: ignore[arg-type]
+    console.print(f"{action} of {model} version {event.data.version} recorded (event {event.id}); "
+                  "the gateway's pool sync applies it")
+
+
+@canary_app.command("promote")
+def canary_promote(model: ModelOption = None, reason: Reason = "", prefix: Prefix = "") -> None:
+    """Promote the running canary of a model to every session now."""
+    _decide(model, "promote", reason, prefix)
+
+
+@canary_app.command("rollback")
+def canary_rollback(model: ModelOption = None, reason: Reason = "", prefix: Prefix = "") -> None:
+    """Roll back the running canary of a model: its sessions return to the stable version."""
+    _decide(model, "rollback", reason, prefix)
 
 
 # --- queries -------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from fastapi.responses import FileResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
 from schemas.keys import is_operator_key, presented_key
+from schemas.releases import summary
 from schemas.scan import parse_time
 from dashboard import compare as compare_
 from dashboard import overview as overview_
@@ -152,6 +153,11 @@ def create_app(settings: DashboardSettings) -> FastAPI:
             "trained_by": [live.versions.get(v, {"version": v}) for v in live.trained_by.get(chosen.id, [])],
             "read": read,
         })
+
+    @api.get("/releases")
+    async def releases() -> Response:
+        """Each model's canary release, live: arms, sessions, mean reward, p-value, decision."""
+        return json_response({"releases": [summary(state) for _, state in sorted(live.releases.items())]})
 
     @api.get("/compare")
     async def get_compare(a: int, b: int, since: str | None = "1h", until: str | None = None,

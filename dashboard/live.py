@@ -18,12 +18,13 @@ from collections import deque
 from aiokafka import ConsumerRecord, TopicPartition
 
 from schemas.codec import DecodeError, decode
-from schemas.events import (CallEvent, PoolUpdateEvent, RewardEvent, TrajectoryEvent, WeightsEvent)
+from schemas.events import CallEvent, PoolUpdateEvent, ReleaseEvent, RewardEvent, TrajectoryEvent, WeightsEvent
 from schemas.kafka import KafkaSettings, make_consumer, partitions_of
+from schemas.releases import ReleaseState, fold
 from schemas.scan import Bounds, Record, resolve, scan
 
 log = logging.getLogger("dashboard.live")
-FOLLOWED = ("rollouts", "calls", "rewards", "trajectories", "weights", "pool")
+FOLLOWED = ("rollouts", "calls", "rewards", "trajectories", "weights", "pool", "releases")
 RATE_WINDOW_S = 10
 QUEUE = 1000
 
@@ -37,6 +38,8 @@ class Live:
         self.versions: dict[int, dict] = {}
         self.seconds: deque[tuple[int, dict[str, int]]] = deque(maxlen=RATE_WINDOW_S + 1)
         self.ready = asyncio.Event()
+        self.releases: dict[str, ReleaseState] = {}
+        """model -> its canary release, folded from the `releases` topic (history, then live)"""
         self.error: str | None = None
         self._task: asyncio.Task | None = None
 
@@ -93,12 +96,13 @@ class Live:
                 ends[topic] = {p: end for p, (_, end) in (await resolve(self.settings, topic)).items()}
         if not ends:
             raise LookupError(f"no topics under prefix {self.settings.topic_prefix!r}")
-        weights = self.settings.topics.name("weights")
-        if weights in ends:  # its history, by the one bounded reader
-            history = {p: (0, end) for p, end in ends[weights].items()}
-            async for records in scan(self.settings, weights, Bounds.exactly(history, history)):
-                for record in records:
-                    self._take("weights", record, history=True)
+        for base in ("weights", "releases"):  # their history (versions, canaries), by the one bounded reader
+            topic = self.settings.topics.name(base)
+            if topic in ends:
+                history = {p: (0, end) for p, end in ends[topic].items()}
+                async for records in scan(self.settings, topic, Bounds.exactly(history, history)):
+                    for record in records:
+                        self._take(base, record, history=True)
         consumer = make_consumer(self.settings, group_id=None, max_poll_records=5000)
         await consumer.start()
         try:
@@ -135,6 +139,8 @@ class Live:
                                         "time": event.time, "samples": len(w.lineage)}
             for trajectory_id in w.lineage:
                 self.trained_by.setdefault(trajectory_id, []).append(w.version)
+        if isinstance(event, ReleaseEvent):
+            fold(self.releases, event)
         if not history:
             self._publish(notice(event, record))
 
@@ -156,6 +162,9 @@ def notice(event, record: ConsumerRecord | Record) -> dict:
     elif isinstance(event, PoolUpdateEvent):
         p = event.data
         out.update(model=p.model, version=p.version, server=p.server, status=p.status, pause_ms=p.pause_ms)
+    elif isinstance(event, ReleaseEvent):
+        r = event.data
+        out.update(model=r.model, version=r.version, action=r.action, p_value=r.p_value, decided_by=r.decided_by)
     elif isinstance(event, CallEvent):  # not followed; kept for completeness of the shape
         out.update(model=event.data.model)
     return out

@@ -24,9 +24,12 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 from yarl import URL
 
+from schemas.releases import ReleaseState
+
 from gateway.errors import ErrorCode, NotFound, Unavailable
 from gateway.logs import fields
 from gateway.metrics import Metrics
+from gateway.releases import arm_first
 
 log = logging.getLogger("gateway.pool")
 
@@ -122,6 +125,8 @@ class Pool:
         self.hold_max_s = hold_max_s
         self.holds: dict[str, Hold] = {}
         self._in_flight: Counter[str] = Counter()
+        self.releases: dict[str, ReleaseState] = {}
+        """model -> its release (canary) state, as pool sync folds it from the `releases` topic"""
 
     # --- routing ----------------------------------------------------------------------------
 
@@ -132,12 +137,14 @@ class Pool:
         return [upstream for upstream in self.upstreams.values() if model in upstream.models]
 
     def candidates(self, model: str, sticky_key: str | None) -> list[Upstream]:
-        """The model's servers in the order to try them: healthy first; by rollout, else least busy."""
+        """The model's servers in the order to try them: healthy first; the session's canary arm first
+        (`gateway/releases.py`); by rollout, else least busy."""
         servers = self.servers(model)
         if sticky_key:
             servers.sort(key=lambda upstream: _score(sticky_key, upstream.url), reverse=True)
         else:
             servers.sort(key=lambda upstream: upstream.in_flight)
+        servers = arm_first(self.releases.get(model), sticky_key, servers)
         servers.sort(key=lambda upstream: not upstream.healthy)
         return servers
 

@@ -12,6 +12,13 @@ update_weight_version → resume, and publishes a `pool` event with the pause du
 pool events are acknowledged. A re-delivered event (the applier died mid-way) is harmless:
 a server whose /weight_info already shows the version is not paused again, and the pool event's
 id is derived from (model, version, server, status), so consumers drop the repeat.
+
+Canaries (`--canary-share` > 0): the applier answers a `weights` event with a `release` event
+(`canary`, topic `releases`) and loads the version on the canary's servers only; the decision
+service or a human publishes `promote` (the applier loads it on every server) or `rollback` (it
+loads the stable checkpoint on the canary's servers again). Every replica folds the `releases`
+topic from its beginning (`schemas.releases`), so each routes a session to the same arm
+(`gateway/releases.py`), before and after a restart.
 """
 
 from __future__ import annotations
@@ -29,9 +36,10 @@ from aiokafka.errors import KafkaError
 
 from schemas.errors import ServiceError
 from schemas.codec import DecodeError, decode
-from schemas.events import Event, PoolUpdate, PoolUpdateEvent, WeightsEvent
-from schemas.ids import derived_id
+from schemas.events import Event, PoolUpdate, PoolUpdateEvent, Release, ReleaseEvent, Weights, WeightsEvent
+from schemas.ids import derived_id, now_ms
 from schemas.kafka import deadletter_event, make_consumer, partitions_of
+from schemas.releases import BUCKETS, canary_servers, fold, stable_of
 from schemas.scan import resolve
 
 from gateway.errors import GatewayError
@@ -42,6 +50,10 @@ from gateway.recorder import Recorder
 from gateway.settings import GatewaySettings
 
 log = logging.getLogger("gateway.pool_sync")
+
+
+RELEASES_WAIT_S = 30.0
+"""how long a starting replica waits to read the `releases` topic before serving"""
 
 
 class UpdateFailed(ServiceError):
@@ -58,13 +70,24 @@ class PoolSync:
         self.http = http
         self._tasks: list[asyncio.Task[None]] = []
         self._positions: dict[TopicPartition, int] = {}
+        self._history: dict[TopicPartition, int] = {}
+        """where each partition ended when this replica started: records before are folded, never acted on"""
         self.following = asyncio.Event()
         """set once this replica follows the topics (it holds for every update published after)"""
 
     async def start(self) -> None:
+        """Follow (and apply); with canaries on, return once the release history is folded, so that the first
+        call of a session after a restart goes to its canary arm (bounded: without Kafka, start anyway)."""
         self._tasks.append(asyncio.create_task(self._run("follow", self._follow)))
         if self.settings.apply_updates:
             self._tasks.append(asyncio.create_task(self._run("apply", self._apply)))
+        if self.settings.canary_share == 0:
+            return
+        try:
+            await asyncio.wait_for(self._releases_known(), RELEASES_WAIT_S)
+        except TimeoutError:
+            log.warning("serving before the canary releases were read from the log: sessions may reach the "
+                        "other arm until they are", extra=fields(waited_s=RELEASES_WAIT_S))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -94,15 +117,19 @@ class PoolSync:
         await consumer.start()
         try:
             partitions = [*await partitions_of(self.settings, topics.weights),
-                          *await partitions_of(self.settings, topics.pool)]
+                          *await partitions_of(self.settings, topics.pool),
+                          *await partitions_of(self.settings, topics.releases)]
             if not partitions:
                 raise KafkaError(f"topics {topics.weights} and {topics.pool} do not exist yet")
             consumer.assign(partitions)
-            # from the end on the first start; after a lost connection, from where this replica was
+            # from the end on the first start (releases: from the beginning, the state of every canary);
+            # after a lost connection, from where this replica was
             fresh = [partition for partition in partitions if partition not in self._positions]
             for topic in {partition.topic for partition in fresh}:  # the log's end now, as the scans find it
                 for number, (_, end) in (await resolve(self.settings, topic)).items():
-                    self._positions.setdefault(TopicPartition(topic, number), end)
+                    where = TopicPartition(topic, number)
+                    self._history.setdefault(where, end)
+                    self._positions.setdefault(where, 0 if topic == topics.releases else end)
             for partition in partitions:
                 if partition in self._positions:
                     consumer.seek(partition, self._positions[partition])
@@ -122,20 +149,57 @@ class PoolSync:
             log.warning("skipping an undecodable record", extra=fields(topic=record.topic, offset=record.offset,
                                                                        problem=str(exc)))
             return
+        live = record.offset >= self._history.get(TopicPartition(record.topic, record.partition), 0)
         if isinstance(event, WeightsEvent):
             servers = [upstream.url for upstream in self.pool.servers(event.data.model)]
-            if servers:
+            if servers and not self.canaries(event.data.model):  # a canary holds when its release event comes
                 self.pool.hold(event.data.model, event.data.version, servers)
         elif isinstance(event, PoolUpdateEvent):
             update = event.data
+            self._rolled_back(update)
             self.pool.applied(update.model, update.version, update.server, ok=update.status == "ok")
+        elif isinstance(event, ReleaseEvent):
+            self.observe_release(event, live)
+
+    def observe_release(self, event: ReleaseEvent, live: bool = True) -> None:
+        """Fold a release event into the routing state; a live canary or promotion holds the model's new
+        requests until its servers serve the version (a rollback needs no hold: routing avoids the canary's
+        servers until they serve the stable version again)."""
+        state = fold(self.pool.releases, event)
+        if state is None or not live:
+            return
+        release = event.data
+        if release.action == "canary":
+            log.info("canary started", extra=fields(model=release.model, version=release.version,
+                                                   share_bp=release.share_bp, servers=release.servers))
+            self.pool.hold(release.model, release.version, release.servers)
+        elif release.action in ("promote", "rollback"):
+            log.info(f"canary {state.phase}", extra=fields(model=release.model, version=release.version,
+                                                          decided_by=release.decided_by, reason=release.reason))
+            if release.action == "promote":
+                self.pool.hold(release.model, release.version, [server.url for server in self.pool.servers(release.model)])
+
+    def _rolled_back(self, update: PoolUpdate) -> None:
+        """A canary server loaded the stable weights again: it serves that (lower) version now."""
+        state = self.pool.releases.get(update.model)
+        upstream = self.pool.upstreams.get(update.server)
+        if (state is not None and upstream is not None and update.status == "ok" and state.current.action == "rollback"
+                and update.version == state.current.stable_version and update.server in state.current.servers):
+            self.pool.set_version(upstream, update.version)
+
+    def canaries(self, model: str) -> bool:
+        """Whether a new version of `model` starts as a canary here (settings, and servers to split)."""
+        urls = [server.url for server in self.pool.servers(model)]
+        return self.settings.canary_share > 0 and bool(canary_servers(urls, self.settings.canary_servers))
 
     # --- one replica: apply ----------------------------------------------------------------
 
     async def _apply(self) -> None:
-        consumer = make_consumer(self.settings, self.settings.topics.weights, group_id=self.settings.pool_group)
+        topics = self.settings.topics
+        consumer = make_consumer(self.settings, topics.weights, topics.releases, group_id=self.settings.pool_group)
         await consumer.start()
         try:
+            await self._releases_known()
             while True:
                 batch = await consumer.getmany(timeout_ms=1000)
                 for partition, records in batch.items():
@@ -145,29 +209,129 @@ class PoolSync:
 
     async def _apply_batch(self, consumer: AIOKafkaConsumer, partition: TopicPartition,
                            records: list[ConsumerRecord]) -> None:
-        # only the newest version of each model matters: a backlog is one update, not many
-        newest: dict[str, WeightsEvent] = {}
-        for record in records:
-            try:
-                event = decode(record.value, expect=WeightsEvent)
-            except DecodeError as exc:
-                await self.recorder.publish(deadletter_event(record, str(exc), f"{self.settings.source}.pool-sync"))
-                continue
-            current = newest.get(event.data.model)
-            if current is None or event.data.version > current.data.version:
-                newest[event.data.model] = event
         try:
-            for event in newest.values():
-                await self.apply(event)
+            if partition.topic == self.settings.topics.releases:
+                await self._apply_releases(records)
+            else:
+                await self._apply_weights(records)
         except GatewayError:
             # Kafka did not take the pool events: nothing is committed, the restarted loop reads these again
             raise KafkaError("pool events were not acknowledged") from None
         await consumer.commit({partition: records[-1].offset + 1})
 
-    async def apply(self, event: WeightsEvent) -> list[PoolUpdate]:
-        """Apply one update to every server of its model; publish and return one `PoolUpdate` each."""
+    async def _releases_known(self) -> None:
+        """Wait until this replica folded the release history: a canary starts from the stable version it names."""
+        releases = self.settings.topics.releases
+        while not (self.following.is_set() and all(
+                self._positions.get(partition, 0) >= end for partition, end in self._history.items()
+                if partition.topic == releases)):
+            await asyncio.sleep(0.05)
+
+    async def _decoded(self, record: ConsumerRecord) -> Event | None:
+        try:
+            return decode(record.value)
+        except DecodeError as exc:
+            await self.recorder.publish(deadletter_event(record, str(exc), f"{self.settings.source}.pool-sync"))
+            return None
+
+    async def _apply_weights(self, records: list[ConsumerRecord]) -> None:
+        # only the newest version of each model matters: a backlog is one update, not many
+        newest: dict[str, WeightsEvent] = {}
+        for record in records:
+            event = await self._decoded(record)
+            if not isinstance(event, WeightsEvent):
+                continue
+            current = newest.get(event.data.model)
+            if current is None or event.data.version > current.data.version:
+                newest[event.data.model] = event
+        for event in newest.values():
+            if self.canaries(event.data.model):
+                await self.start_canary(event)
+            else:
+                await self.apply(event)
+
+    async def _apply_releases(self, records: list[ConsumerRecord]) -> None:
+        for record in records:
+            event = await self._decoded(record)
+            if not isinstance(event, ReleaseEvent) or event.data.action not in ("promote", "rollback"):
+                continue
+            self.observe_release(event, live=False)  # this replica's follower may not have seen it yet
+            state = self.pool.releases.get(event.data.model)
+            if state is None or state.current != event.data:
+                continue  # a decision about a canary that was replaced or decided before
+            if event.data.action == "promote":
+                await self.apply(_weights_of(event.data))
+            else:
+                await self.roll_back(event.data)
+
+    async def start_canary(self, event: WeightsEvent) -> None:
+        """Publish the canary's release event, then load its version on the canary's servers."""
         weights = event.data
         servers = self.pool.servers(weights.model)
+        chosen = canary_servers([server.url for server in servers], self.settings.canary_servers)
+        state = self.pool.releases.get(weights.model)
+        if state is not None and state.current.version == weights.version:  # delivered again after its start
+            if state.active:
+                await self.apply(event, [server for server in servers if server.url in state.current.servers])
+            elif state.current.action == "promote":
+                await self.apply(event)
+            return
+        stable = stable_of(state) or await self._base(weights.model, servers, chosen)
+        if stable is not None and weights.version <= stable[0]:
+            return  # older than what everyone is served: nothing to try
+        if stable is None:
+            log.warning("no stable checkpoint to roll a canary back to: the new version goes to every server; "
+                        "pass --base-weights MODEL=PATH (the folder the servers started with)",
+                        extra=fields(model=weights.model, version=weights.version))
+            await self.apply(event)
+            return
+        release = Release(model=weights.model, action="canary", version=weights.version, uri=weights.uri,
+                          stable_version=stable[0], stable_uri=stable[1],
+                          share_bp=round(self.settings.canary_share * BUCKETS), servers=chosen, started_at=now_ms(),
+                          decided_by=self.settings.replica_id, reason="a new version")
+        canary = ReleaseEvent(id=derived_id("release.canary", weights.model, str(weights.version)),
+                              source=self.settings.source, data=release)
+        await self.recorder.publish(canary)
+        self.observe_release(canary)
+        await self.apply(event, [server for server in servers if server.url in chosen])
+
+    async def _base(self, model: str, servers: list[Upstream], chosen: list[str]) -> tuple[int, str] | None:
+        """The stable version before any release: what the servers outside the canary serve, from the folder
+        they started with (--base-weights)."""
+        uri = self.settings.base_weight_uris.get(model)
+        versions = [await self._served_version(server) for server in servers if server.url not in chosen]
+        known = [version for version in versions if version is not None]
+        return (max(known), uri) if uri and known else None
+
+    async def roll_back(self, release: Release) -> list[PoolUpdate]:
+        """Load the stable checkpoint on the canary's servers again (their version goes down)."""
+        servers = [server for server in self.pool.servers(release.model) if server.url in release.servers]
+        versions = await asyncio.gather(*(self._served_version(server) for server in servers))
+        behind = [server for server, version in zip(servers, versions) if version != release.stable_version]
+        if behind and not await self.pool.drain(release.model, behind, self.settings.drain_timeout_s):
+            log.warning("requests still in flight after the drain timeout: pausing anyway (they resume after)",
+                        extra=fields(model=release.model, drain_timeout_s=self.settings.drain_timeout_s))
+        started = time.monotonic()
+        updates = await asyncio.gather(*(
+            self._update(server, release.model, release.stable_version, release.stable_uri, started,
+                         skip=server not in behind) for server in servers))
+        for server, update in zip(servers, updates):
+            await self._published(update, "rollback", str(release.version))
+            if update.status == "ok":
+                self.pool.set_version(server, update.version)
+        return updates
+
+    async def _published(self, update: PoolUpdate, *why: str) -> None:
+        await self.recorder.publish(PoolUpdateEvent(
+            id=derived_id("pool.update", update.model, str(update.version), update.server, update.status, *why),
+            source=self.settings.source, data=update))
+        self.metrics.pool_updates.labels(update.status).inc()
+
+    async def apply(self, event: WeightsEvent, servers: list[Upstream] | None = None) -> list[PoolUpdate]:
+        """Apply one update to `servers` (default: every server of its model); publish and return one
+        `PoolUpdate` each."""
+        weights = event.data
+        servers = self.pool.servers(weights.model) if servers is None else servers
         if not servers:
             return []
         hold = self.pool.hold(weights.model, weights.version, [server.url for server in servers])
@@ -183,11 +347,8 @@ class PoolSync:
         updates = await asyncio.gather(*(self._update(server, weights.model, weights.version, weights.uri, held_since,
                                                       skip=server not in behind) for server in servers))
         for server, update in zip(servers, updates):
-            await self.recorder.publish(PoolUpdateEvent(
-                id=derived_id("pool.update", update.model, str(update.version), update.server, update.status),
-                source=self.settings.source, data=update))
+            await self._published(update)
             self.pool.applied(update.model, update.version, server.url, ok=update.status == "ok")
-            self.metrics.pool_updates.labels(update.status).inc()
         return updates
 
     async def _served_version(self, server: Upstream) -> int | None:
@@ -254,3 +415,9 @@ class PoolSync:
             body = await response.read()
             answer: dict[str, Any] | None = orjson.loads(body) if body.strip().startswith(b"{") else None
             return answer
+
+
+def _weights_of(release: Release) -> WeightsEvent:
+    """The update a promotion applies: the canary's version on every server."""
+    return WeightsEvent(source="release", data=Weights(model=release.model, version=release.version, uri=release.uri,
+                                                       step=0))

@@ -61,6 +61,14 @@ class GatewaySettings(KafkaSettings):
     pool_sync: bool = Field(True, description="follow the weights topic: hold requests while the pool updates")
     apply_updates: bool = Field(
         True, description="take part in applying weight updates to the servers (one replica applies each)")
+    canary_share: float = Field(
+        0.0, ge=0.0, le=1.0, description="share of sessions (0 to 1) a new weight version serves first, as a canary "
+        "on --canary-servers of its model's servers, until the decision service (`python -m releases`) or a human "
+        "(`agentstream canary promote|rollback`) decides; 0: every new version goes to every server at once")
+    canary_servers: int = Field(1, ge=1, description="servers of a model that serve a canary (at least one stays stable)")
+    base_weights: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="'MODEL=PATH' of the checkpoint each model's servers started with: where a "
+        "rollback of the first canary reloads the stable weights from (later ones: the promoted version's)")
     replica_id: str = Field(
         default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}",
         description="this replica's name in pool events")
@@ -77,10 +85,14 @@ class GatewaySettings(KafkaSettings):
         "prefilled in chunks ('CPU Generator does not use offset'), taking every agent's calls with it; pass an "
         "empty list ('[]') for a pool that takes seeds (vLLM on GPUs)")
 
-    @field_validator("upstreams", "api_keys", "refused_fields", mode="before")
+    @field_validator("upstreams", "api_keys", "refused_fields", "base_weights", mode="before")
     @classmethod
     def _list_from_text(cls, value: object) -> object:
         return text_list(value)  # a JSON list, or `a=http://x,a=http://y`, which is easier to type
+
+    @property
+    def base_weight_uris(self) -> dict[str, str]:
+        return dict(entry.partition("=")[::2] for entry in self.base_weights)
 
     @property
     def keys(self) -> frozenset[str]:

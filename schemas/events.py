@@ -417,6 +417,56 @@ class PoolUpdateEvent(Event):
         return self.data.model.encode()
 
 
+# --- releases: canaries of new weights (topic: releases; see schemas.releases) -----------------
+
+
+class ArmNumbers(Payload):
+    """What one arm of a canary measured since the canary started."""
+
+    version: int
+    sessions: int = Field(0, description="sessions with a reward whose calls this version served")
+    mean_reward: float | None = None
+    reward_std: float | None = None
+    calls: int = 0
+    errors: int = Field(0, description="calls answered 5xx")
+    p95_latency_ms: float | None = None
+
+
+class Release(Payload):
+    """A step of a model's release: a canary starts, is measured, is promoted or rolled back.
+
+    `canary`: `version` (at `uri`) serves the sessions whose bucket (`schemas.releases.bucket`) is below
+    `share_bp` (basis points), on `servers`; the others stay on `stable_version`. `measure`: the
+    decision service's numbers so far (no change of routing). `promote`: every server loads `version`,
+    which becomes the stable one. `rollback`: the canary's servers load `stable_version` again.
+    """
+
+    model: str
+    action: Literal["canary", "measure", "promote", "rollback"]
+    version: int = Field(description="the canary's version")
+    uri: str = Field(description="checkpoint folder of `version`")
+    stable_version: int
+    stable_uri: str = Field(description="checkpoint folder of `stable_version` (where a rollback reloads from)")
+    share_bp: int = Field(ge=0, le=10_000, description="sessions on the canary, in basis points of 10,000")
+    servers: list[str] = Field(description="the servers that serve the canary")
+    started_at: int = Field(description="UTC ms the canary started (its `canary` event's time)")
+    decided_by: str = Field("", description="`rule` (the decision service), or who decided by CLI")
+    reason: str = ""
+    arms: list[ArmNumbers] = Field(default_factory=list, description="stable first, then canary")
+    p_value: float | None = Field(None, description="one-sided: the canary's mean reward is not above the stable's")
+    numbers: dict[str, float] = Field(default_factory=dict, description="the rule's settings and statistics")
+
+
+class ReleaseEvent(Event):
+    topic: ClassVar[str] = "releases"
+    type: Literal["release"] = "release"
+    data: Release
+
+    @property
+    def key(self) -> bytes:
+        return self.data.model.encode()
+
+
 # --- operations (topics: deadletter, metrics) ------------------------------------------------
 
 
@@ -502,6 +552,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     TrajectoryEvent,
     WeightsEvent,
     PoolUpdateEvent,
+    ReleaseEvent,
     DeadletterEvent,
     MetricsEvent,
     EvalEvent,

@@ -36,6 +36,7 @@ def topic_specs(partitions: int) -> list[TopicSpec]:
         *(TopicSpec(base, partitions) for base in ROLLOUT_SCOPED),
         TopicSpec("weights", 1, key="model"),
         TopicSpec("pool", 1, key="model"),
+        TopicSpec("releases", 1, key="model"),
         TopicSpec("deadletter", 1, retention_ms=30 * DAY_MS, key="original key"),
         TopicSpec("metrics", 1, retention_ms=7 * DAY_MS, key="window"),
     ]
@@ -73,6 +74,10 @@ class Topics:
     @property
     def pool(self) -> str:
         return self.name("pool")
+
+    @property
+    def releases(self) -> str:
+        return self.name("releases")
 
     @property
     def deadletter(self) -> str:

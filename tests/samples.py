@@ -45,6 +45,12 @@ def sample_events() -> list[s.Event]:
                                                         metrics={"loss": 0.1}, lineage=["tr-1"])),
         s.PoolUpdateEvent(source="gateway", data=s.PoolUpdate(model="tiny", version=4, server="http://x",
                                                               status="ok", pause_ms=150.0, applied_by="gw-1")),
+        s.ReleaseEvent(source="releases", data=s.Release(
+            model="tiny", action="promote", version=5, uri="/ckpt/v5", stable_version=4, stable_uri="/ckpt/v4",
+            share_bp=1000, servers=["http://y"], started_at=1, decided_by="rule", reason="mean reward higher",
+            arms=[s.ArmNumbers(version=4, sessions=30, mean_reward=0.4, reward_std=0.1, calls=90, p95_latency_ms=80.0),
+                  s.ArmNumbers(version=5, sessions=31, mean_reward=0.6, reward_std=0.1, calls=95, errors=1)],
+            p_value=0.001, numbers={"alpha": 0.05, "z": 3.1})),
         s.DeadletterEvent(source="streams", data=s.Deadletter(topic="calls", partition=0, offset=7, value="{",
                                                               reason="not JSON", consumer="streams")),
         s.MetricsEvent(source="streams", data=s.Metrics(window_s=10, window_start=0, values={"calls": 3.0})),

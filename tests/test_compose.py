@@ -33,6 +33,7 @@ SETTINGS = {
     "controller": "controller.settings:ControllerSettings",
     "trainer": "trainer.settings:TrainerSettings",
     "dashboard": "dashboard.settings:DashboardSettings",
+    "releases": "releases.settings:ReleasesSettings",
     "agentstream": "schemas.kafka:KafkaSettings",
 }
 

@@ -275,3 +275,57 @@ async def test_a_rollout_is_read_from_its_own_partition_only(kafka):
     for base in ("rollouts", "calls", "rewards"):
         expected = sorted(e.id for e in events if e.topic == base and e.rollout_id == wanted.rollout_id)
         assert sorted(e.id for e in around[base]) == expected and expected, base
+
+
+async def test_the_canaries_page_shows_each_canary_live(kafka):
+    from schemas.kafka import ensure_topics
+    from tests.test_releases import release
+
+    await ensure_topics(kafka)
+    await publish_all(kafka, [release("canary", started_at=1000)])  # history, before the dashboard starts
+    async with serve(kafka) as url, httpx.AsyncClient(base_url=url, timeout=30) as client:
+        assert (await client.get("/api/releases")).status_code == 401
+        key = {"Authorization": f"Bearer {KEY}"}
+
+        async def shown(condition) -> dict:
+            deadline = time.monotonic() + 20
+            while True:
+                releases = (await client.get("/api/releases", headers=key)).json()["releases"]
+                if releases and condition(releases[0]):
+                    assert len(releases) == 1
+                    return releases[0]
+                assert time.monotonic() < deadline, releases
+                await asyncio.sleep(0.1)
+
+        first = await shown(lambda r: True)
+        assert (first["model"], first["phase"], first["version"], first["share"]) == ("tiny", "running", 2, 0.25)
+        arms = [s.ArmNumbers(version=1, sessions=12, mean_reward=0.3, calls=30),
+                s.ArmNumbers(version=2, sessions=11, mean_reward=0.7, calls=28, errors=1)]
+        await publish_all(kafka, [release("measure", started_at=1000, arms=arms, p_value=0.02, reason="no decision yet")])
+        now = await shown(lambda r: r["p_value"] == 0.02)
+        assert [arm["sessions"] for arm in now["arms"]] == [12, 11] and now["phase"] == "running"
+
+        # the page: the canary's card, then its decision as it comes (no reload)
+        from playwright.async_api import async_playwright, expect
+
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            page = await browser.new_page()
+            try:
+                await page.goto(url)
+                await page.fill("#key", KEY)
+                await page.click("#login button")
+                await page.click('nav a[data-nav="canaries"]')
+                card = page.locator('[data-canary="tiny"]')
+                await expect(card).to_contain_text("running")
+                canary = await card.locator('tr[data-arm="canary"] td').all_inner_texts()
+                assert canary[:3] == ["canary v2", "11", "0.700"], canary
+                await publish_all(kafka, [release("promote", started_at=1000, arms=arms, p_value=0.001,
+                                                  decided_by="rule", reason="mean reward higher")])
+                await expect(card).to_contain_text("promoted", timeout=20_000)
+                await expect(card).to_contain_text("decided by rule")
+                await expect(card.locator("[data-p]")).to_have_text("0.0010")
+            finally:
+                await browser.close()
+        now = await shown(lambda r: r["phase"] == "promoted")
+        assert (now["decided_by"], now["p_value"], now["reason"]) == ("rule", 0.001, "mean reward higher")

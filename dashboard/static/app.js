@@ -1,4 +1,4 @@
-// The dashboard page: a hash router over four views (overview, rollouts, one rollout, compare), the
+// The dashboard page: a hash router over five views (overview, rollouts, one rollout, compare, canaries), the
 // JSON API with the operator key, and the live event stream read with fetch (EventSource cannot
 // send the key in a header).
 "use strict";
@@ -134,7 +134,7 @@ function onNotice(n) {
 // a new event makes the current numbers stale: read them again, at most every few seconds
 function scheduleRefresh() {
   const route = state.route?.name;
-  if (route !== "overview" && !(route === "rollouts" && !state.route.params.get("cursor"))) return;
+  if (route !== "overview" && route !== "canaries" && !(route === "rollouts" && !state.route.params.get("cursor"))) return;
   if (state.refreshTimer) return;
   // a view that took long to read is read again less often: at most a third of the time spent reading
   const every = Math.max(3000, 3 * (state.overview?.took_ms || 0));
@@ -149,6 +149,7 @@ function feedHtml() {
     if (e.type === "trajectory") what = `trajectory ${badge(e.status)} reward <b>${num(e.reward, 2)}</b> · v${e.weight_version ?? "–"} · ${int(e.generated)} tokens`;
     else if (e.type === "reward") what = `reward <b>${num(e.reward, 2)}</b> ${esc(e.reward_fn || "posted")}`;
     else if (e.type === "weights") what = `weights <b>v${e.version}</b> (${int(e.samples)} samples)`;
+    else if (e.type === "release") what = `canary ${esc(e.model)} <b>v${e.version}</b> ${badge(e.action)}${e.p_value !== null && e.p_value !== undefined ? ` p=${num(e.p_value, 4)}` : ""}`;
     else if (e.type === "pool.update") what = `swap to <b>v${e.version}</b> on ${esc(e.server)} ${badge(e.status)} paused ${ms(e.pause_ms)}`;
     const link = e.rollout_id ? ` <a href="${rolloutHref(e.rollout_id, e.topic_base === "trajectories" ? e : null)}" class="mono">${esc(short(e.rollout_id))}</a>` : "";
     const cls = e.fresh ? ' class="fresh"' : "";
@@ -180,7 +181,7 @@ async function render(opts = {}) {
   state.lastRefresh = Date.now();
   document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", a.dataset.nav === (route.name === "rollout" ? "rollouts" : route.name)));
   const seq = ++renderSeq;
-  const pages = { overview: renderOverview, rollouts: renderRollouts, rollout: renderRollout, compare: renderCompare };
+  const pages = { overview: renderOverview, rollouts: renderRollouts, rollout: renderRollout, compare: renderCompare, canaries: renderCanaries };
   const page = pages[route.name] || renderOverview;
   if (!opts.quiet) view.innerHTML = '<div class="muted">reading the log…</div>';
   try {
@@ -593,6 +594,24 @@ function bindCompare() {
     for (const [k, v] of new FormData(e.target).entries()) if (String(v) !== "") q.set(k, v);
     location.hash = `#/compare?${q}`;
   });
+}
+
+// --- canaries ----------------------------------------------------------------------------------
+
+async function renderCanaries() {
+  const { releases } = await api("/api/releases");
+  if (!releases.length) return '<h1>Canaries</h1><div class="empty">no canary in the log (the gateway starts one per new version when --canary-share is above 0)</div>';
+  const cards = releases.map((r) => {
+    const arms = r.arms.length ? r.arms : [{ version: r.stable_version }, { version: r.version }];
+    const rows = arms.map((a, i) => `<tr data-arm="${i ? "canary" : "stable"}"><td>${i ? "canary" : "stable"} <b>v${esc(a.version)}</b></td>
+      <td class="num">${int(a.sessions)}</td><td class="num">${num(a.mean_reward, 3)}</td><td class="num">${num(a.reward_std, 3)}</td>
+      <td class="num">${int(a.calls)}</td><td class="num">${a.calls ? pct(a.errors / a.calls) : "–"}</td><td class="num">${ms(a.p95_latency_ms)}</td></tr>`).join("");
+    return `<div class="card" data-canary="${esc(r.model)}"><h2>${esc(r.model)}: v${esc(r.stable_version)} → v${esc(r.version)} ${badge(r.phase)}</h2>
+      <p class="muted">${pct(r.share)} of sessions on ${esc(r.servers.join(", "))} since ${when(r.started_at)}${r.decided_by ? ` · decided by ${esc(r.decided_by)} at ${when(r.decided_at)}` : ""}</p>
+      <table><thead><tr><th>arm</th><th class="num">sessions</th><th class="num">mean reward</th><th class="num">std</th><th class="num">calls</th><th class="num">errors</th><th class="num">p95 latency</th></tr></thead><tbody>${rows}</tbody></table>
+      <p>one-sided p <b data-p>${num(r.p_value, 4)}</b> · ${esc(r.reason || "waiting for the decision service")}</p></div>`;
+  });
+  return `<h1>Canaries</h1>${cards.join("")}`;
 }
 
 // --- start -------------------------------------------------------------------------------------

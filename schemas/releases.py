@@ -1,0 +1,103 @@
+"""Canary releases: which sessions a canary serves, and a model's release state as the log says it.
+
+A session's bucket is `sha256(sticky key) mod 10,000`; the canary serves the sessions whose bucket is
+below its share (basis points). The sticky key is the one the pool routes by (a session's rollout id,
+`schemas.sessions.session_rollout_id`, or a rollout's), so a session's arm needs no state: every gateway
+replica computes the same, before and after a restart. The release state of each model is the fold of
+its `release` events (topic `releases`, one partition, keyed by model): every replica, the decision
+service, the CLI and the dashboard read the same events and agree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from schemas.events import Release, ReleaseEvent
+
+BUCKETS = 10_000
+
+
+def bucket(sticky_key: str) -> int:
+    """The session's bucket in [0, 10,000): the same on every replica and after restarts."""
+    return int.from_bytes(hashlib.sha256(sticky_key.encode()).digest()[:8], "big") % BUCKETS
+
+
+def in_canary(sticky_key: str | None, share_bp: int) -> bool:
+    """Whether the session keyed `sticky_key` is on the canary (a call without one stays on the stable version)."""
+    return sticky_key is not None and bucket(sticky_key) < share_bp
+
+
+def canary_servers(urls: Iterable[str], count: int) -> list[str]:
+    """The servers of a model that take a canary: the last `count` by URL, at least one server left stable."""
+    ordered = sorted(urls)
+    count = min(count, len(ordered) - 1)
+    return ordered[len(ordered) - count:] if count > 0 else []
+
+
+@dataclass
+class ReleaseState:
+    """A model's release as the log says: the last step that changed routing, and the last numbers."""
+
+    current: Release
+    measured: Release | None = None
+    decided_at: int | None = None
+
+    @property
+    def active(self) -> bool:
+        """A canary is running: sessions are split between two versions."""
+        return self.current.action == "canary"
+
+    @property
+    def phase(self) -> str:
+        return {"canary": "running", "promote": "promoted", "rollback": "rolled back"}[self.current.action]
+
+
+def fold(states: dict[str, ReleaseState], event: ReleaseEvent) -> ReleaseState | None:
+    """Apply one release event to the models' states; the state it changed (None for a stale event).
+
+    A measure or a decision applies to the canary it names (`version`, `started_at`): one about a canary
+    that was replaced or already decided changes nothing, so a late or repeated event is harmless."""
+    release = event.data
+    state = states.get(release.model)
+    if release.action == "canary":
+        if state is not None and _same_canary(state.current, release):
+            return None  # read again (the applier folds its own event before its replica's follower does)
+        states[release.model] = state = ReleaseState(release)
+        return state
+    if state is None or not _same_canary(state.current, release):
+        return None
+    if release.action == "measure":
+        if state.active:
+            state.measured = release
+        return state
+    if not state.active:
+        return None  # decided already: the first decision stands
+    state.current, state.decided_at = release, event.time
+    return state
+
+
+def _same_canary(a: Release, b: Release) -> bool:
+    return a.version == b.version and a.started_at == b.started_at
+
+
+def summary(state: ReleaseState) -> dict[str, object]:
+    """One model's release as the CLI and the dashboard show it: the decision's numbers, else the last measured."""
+    current = state.current
+    numbers = (state.measured or current) if state.active else current
+    return {"model": current.model, "phase": state.phase, "version": current.version,
+            "stable_version": current.stable_version, "share": current.share_bp / BUCKETS, "servers": current.servers,
+            "started_at": current.started_at, "decided_at": state.decided_at,
+            "decided_by": None if state.active else current.decided_by, "reason": numbers.reason,
+            "p_value": numbers.p_value, "numbers": numbers.numbers, "arms": [arm.model_dump() for arm in numbers.arms]}
+
+
+def stable_of(state: ReleaseState | None) -> tuple[int, str] | None:
+    """The version (and its checkpoint) that serves everyone outside a canary, per the log."""
+    if state is None:
+        return None
+    release = state.current
+    if release.action == "promote":
+        return release.version, release.uri
+    return release.stable_version, release.stable_uri
