@@ -14,6 +14,8 @@ Taken: a text change (UTF-8, no NUL) to an existing or new regular file (mode 10
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -150,3 +152,24 @@ def sift(changes: list[Change], hidden: frozenset[str] = frozenset(),
         else:
             taken.append(change.path)
     return taken, refused
+
+
+def touched(patch: str) -> set[str]:
+    """Every path a task's own patch (gold or test patch: trusted, never an agent's) writes, as
+    `git apply --numstat` reads it (a pure rename names its new path only). Nothing is applied."""
+    if not patch.strip():
+        return set()
+    done = subprocess.run(["git", "apply", "--numstat", "-z", "-"], input=patch.encode(), capture_output=True,
+                          env={"PATH": os.environ.get("PATH", ""), "GIT_CONFIG_NOSYSTEM": "1",
+                               "GIT_CONFIG_GLOBAL": "/dev/null", "LANG": "C"})
+    if done.returncode:
+        raise ValueError(f"not a patch git can read: {done.stderr.decode(errors='replace').strip()[:300]}")
+    paths: set[str] = set()
+    tokens = done.stdout.split(b"\0")
+    n = 0
+    while n < len(tokens) and tokens[n]:
+        path = tokens[n].split(b"\t", 2)[2]
+        named = [path] if path else tokens[n + 1:n + 3]  # a rename or copy: its old and new path follow
+        paths.update(p.decode("utf-8", errors="surrogateescape") for p in named)
+        n += 1 if path else 3
+    return paths
