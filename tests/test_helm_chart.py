@@ -177,6 +177,8 @@ def installed(rbac_cluster, helm, tmp_path_factory):
         applied = dynamic.server_side_apply(resource, body=obj, name=obj["metadata"]["name"], namespace=namespace,
                                            field_manager="helm")
         assert applied.metadata.name == obj["metadata"]["name"]
+    for namespace in (NAMESPACE, SANDBOX):  # the service-account controller does not run here
+        client.CoreV1Api(admin).create_namespaced_service_account(namespace, {"metadata": {"name": "default"}})
     return admin, objects
 
 
