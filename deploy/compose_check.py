@@ -87,10 +87,12 @@ class Stack:
         return result
 
     def running(self) -> list[str]:
-        """This project's containers, as the engine lists them (any state)."""
-        result = subprocess.run([engine(), "ps", "-a", "--filter", f"label=com.docker.compose.project={PROJECT}",
-                                 "--format", "{{.Names}}"], capture_output=True, text=True)
-        return result.stdout.split()
+        """This project's containers (any state) and networks, as the engine lists them."""
+        containers = subprocess.run([engine(), "ps", "-a", "--filter", f"label=com.docker.compose.project={PROJECT}",
+                                     "--format", "{{.Names}}"], capture_output=True, text=True).stdout.split()
+        networks = subprocess.run([engine(), "network", "ls", "--format", "{{.Name}}"],
+                                  capture_output=True, text=True).stdout.split()
+        return containers + [name for name in networks if name.startswith(f"{PROJECT}_")]
 
     def logs(self, service: str, lines: int = 40) -> str:
         result = self.compose("logs", "--tail", str(lines), service, check=False)
@@ -179,7 +181,11 @@ def check(stack: Stack, logs: Path) -> dict[str, float]:
     say(f"up: {PROJECT} with {' '.join(compose_command()[-1:])} (gateway 127.0.0.1:{stack.ports['gateway']}, "
         f"dashboard :{stack.ports['dashboard']}, Kafka :{stack.ports['kafka']})")
     up_at = time.monotonic()
-    stack.compose("up", "-d")
+    # podman 4.3 cannot start a container whose dependency has exited and has dependencies of its own
+    # (topics after kafka, vllm-cpu after tiny-model: "not found in input list"), and podman-compose
+    # skips health conditions before podman 4.6; so with podman every container starts at once and
+    # the restart policies carry each service until what it needs is up
+    stack.compose("up", "-d", *(["--no-deps"] if engine() == "podman" else []))
     times["up_command_s"] = time.monotonic() - up_at
     say(f"`up -d` returned after {times['up_command_s']:.1f}s; waiting for the gateway and a healthy vLLM server")
     wait_for("gateway healthy, vLLM-CPU serving", lambda: (gateway_health(stack) or {}).get("status") == "ok",
@@ -219,7 +225,7 @@ def dashboard_rollouts(stack: Stack) -> int | None:
 def main() -> int:
     stack = Stack({"gateway": free_port(), "dashboard": free_port(), "kafka": free_port()})
     if stack.running():
-        say(f"containers of an earlier check are left ({', '.join(stack.running())}): taking them down first")
+        say(f"an earlier check left {', '.join(stack.running())}: taking them down first")
         stack.compose("down", "-v", check=False)
     keep = os.environ.get("AGENTSTREAM_CHECK_KEEP") == "1"
     with tempfile.TemporaryDirectory(prefix="compose-check-") as logs:
@@ -230,9 +236,9 @@ def main() -> int:
                 down_at = time.monotonic()
                 stack.compose("down", "-v", "-t", "20", check=False)
                 left = stack.running()
-                say(f"down in {time.monotonic() - down_at:.1f}s; containers left: {left or 'none'}")
+                say(f"down in {time.monotonic() - down_at:.1f}s; containers or networks left: {left or 'none'}")
                 if left:
-                    raise SystemExit(f"`down` left containers behind: {left}")
+                    raise SystemExit(f"`down` left these behind: {left}")
     say(f"compose check passed in {time.monotonic() - STARTED:.1f}s: " + json.dumps({k: round(v, 1) for k, v in times.items()}))
     return 0
 

@@ -164,4 +164,4 @@ def test_the_stack_runs_and_trains():
     result = subprocess.run([sys.executable, str(ROOT / "deploy" / "compose_check.py")], capture_output=True,
                             text=True, timeout=50 * 60, cwd=ROOT, env=env)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    assert "compose check passed" in result.stdout and "containers left: none" in result.stdout
+    assert "compose check passed" in result.stdout and "networks left: none" in result.stdout
