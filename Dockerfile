@@ -28,10 +28,13 @@ FROM base AS build-services
 # which answers where rustup's servers may not; cargo fetches the crates from crates.io.
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates gcc libc6-dev rustc-web cargo-web \
     && rm -rf /var/lib/apt/lists/*
-COPY pyproject.toml uv.lock README.md ./
+# the lock and native/ only (not README.md, which the project's build reads later): an edit elsewhere
+# leaves this layer, the dependencies and the compiled extension, cached
+COPY pyproject.toml uv.lock ./
 COPY native/pyproject.toml native/Cargo.toml native/Cargo.lock native/agentstream_native.pyi ./native/
 COPY native/src ./native/src
 RUN --mount=type=cache,target=/root/.cache/uv --mount=type=cache,target=/root/.cargo/registry uv sync --frozen --no-dev --no-install-project --extra kubernetes
+COPY README.md ./
 COPY schemas ./schemas
 COPY gateway ./gateway
 COPY streams ./streams
@@ -86,6 +89,9 @@ CMD ["python", "-m", "recipes.swe.harness"]
 FROM base AS vllm-cpu
 COPY agentstream/stack/vllm-requirements.txt agentstream/stack/vllm-overrides.txt /tmp/vllm/
 RUN --mount=type=cache,target=/root/.cache/uv uv pip install --system -r /tmp/vllm/vllm-requirements.txt --override /tmp/vllm/vllm-overrides.txt
+# compose's named volumes start out as whichever image mounts them first has these folders: owned
+# by the services' user, so the trainer can write checkpoints wherever vLLM mounted the volume first
+RUN mkdir -p /models /checkpoints && chown 10001 /models /checkpoints
 ENV VLLM_SERVER_DEV_MODE=1 VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1
 ENTRYPOINT ["python", "-m", "vllm.entrypoints.openai.api_server"]
 
