@@ -127,6 +127,32 @@ def wait_for(what: str, condition: Callable[[], Any], deadline_s: float, stack: 
     raise SystemExit(f"timed out after {deadline_s:.0f}s waiting for: {what}\n{logs}")
 
 
+def start_in_order(stack: Stack) -> None:
+    """What compose.yaml's depends_on conditions say, done here for podman: podman 4.3 cannot start a
+    container whose exited dependency has dependencies of its own (topics after kafka, vllm-cpu after
+    tiny-model: "not found in input list"), and podman-compose skips health conditions before podman
+    4.6. So services start with --no-deps, each group once what it needs is there."""
+    stack.compose("up", "-d", "--no-deps", "kafka", "tiny-model")
+    wait_for("Kafka accepting clients", lambda: port_open(stack.ports["kafka"]), UP_DEADLINE_S, stack, ["kafka"])
+    stack.compose("up", "-d", "--no-deps", "topics")
+    wait_for("topics created", lambda: exited_ok(stack, "topics"), UP_DEADLINE_S, stack, ["kafka", "topics"])
+    wait_for("tiny model written", lambda: exited_ok(stack, "tiny-model"), UP_DEADLINE_S, stack, ["tiny-model"])
+    stack.compose("up", "-d", "--no-deps", "vllm-cpu", "gateway", "streams", "dashboard", "trainer")
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def exited_ok(stack: Stack, service: str) -> bool:
+    """The service's container ran to completion with exit 0 (a failure is left to its restart policy)."""
+    result = subprocess.run([engine(), "inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}",
+                             f"{PROJECT}_{service}_1"], capture_output=True, text=True)
+    return result.stdout.split() == ["exited", "0"]
+
+
 def gateway_health(stack: Stack) -> dict | None:
     status, body = get_json(f"http://127.0.0.1:{stack.ports['gateway']}/healthz")
     return body if status == 200 and body else None
@@ -181,15 +207,16 @@ def check(stack: Stack, logs: Path) -> dict[str, float]:
     say(f"up: {PROJECT} with {' '.join(compose_command()[-1:])} (gateway 127.0.0.1:{stack.ports['gateway']}, "
         f"dashboard :{stack.ports['dashboard']}, Kafka :{stack.ports['kafka']})")
     up_at = time.monotonic()
-    # podman 4.3 cannot start a container whose dependency has exited and has dependencies of its own
-    # (topics after kafka, vllm-cpu after tiny-model: "not found in input list"), and podman-compose
-    # skips health conditions before podman 4.6; so with podman every container starts at once and
-    # the restart policies carry each service until what it needs is up
-    stack.compose("up", "-d", *(["--no-deps"] if engine() == "podman" else []))
+    if engine() == "podman":
+        start_in_order(stack)
+    else:
+        stack.compose("up", "-d")
     times["up_command_s"] = time.monotonic() - up_at
-    say(f"`up -d` returned after {times['up_command_s']:.1f}s; waiting for the gateway and a healthy vLLM server")
+    say(f"services started after {times['up_command_s']:.1f}s; waiting for the gateway and a healthy vLLM server")
     wait_for("gateway healthy, vLLM-CPU serving", lambda: (gateway_health(stack) or {}).get("status") == "ok",
              UP_DEADLINE_S, stack, ["kafka", "topics", "vllm-cpu", "gateway"])
+    if engine() == "podman":
+        stack.compose("up", "-d", "--no-deps", "controller")
     times["up_to_gateway_s"] = time.monotonic() - up_at
 
     say("agents outside the containers start (the controller on this machine, through 127.0.0.1)")
