@@ -191,6 +191,7 @@ def outside_controller(stack: Stack, logs: Path) -> subprocess.Popen:
            "AGENTSTREAM_TASKS": str(ROOT / "examples" / "arithmetic_tasks.jsonl"),
            "AGENTSTREAM_AGENT": f"{sys.executable} {ROOT / 'examples' / 'single_turn.py'}",
            "AGENTSTREAM_MODEL": "tiny",
+           "AGENTSTREAM_PARTITIONS": stack.env["AGENTSTREAM_PARTITIONS"],
            "AGENTSTREAM_SAMPLES": "8",
            "AGENTSTREAM_EPOCHS": "20",
            "AGENTSTREAM_CONCURRENCY": "4",
@@ -224,7 +225,8 @@ def check(stack: Stack, logs: Path) -> dict[str, float]:
     try:
         trajectory = asyncio.run(first_trajectory(stack, TRAIN_DEADLINE_S))
         times["up_to_first_trajectory_s"] = time.monotonic() - up_at
-        say(f"first trajectory: task {trajectory['data'].get('task_id')}, reward {trajectory['data'].get('reward')}, "
+        say(f"first trajectory: task {trajectory['data'].get('task_id')}, {trajectory['data'].get('status')}, "
+            f"reward {trajectory['data'].get('reward')}, "
             f"{times['up_to_first_trajectory_s']:.1f}s after `up`")
         version = wait_for("a new weight version served by vLLM", lambda: served_version(stack),
                            TRAIN_DEADLINE_S, stack, ["trainer", "gateway", "streams", "vllm-cpu"])
