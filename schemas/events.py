@@ -447,7 +447,9 @@ class Release(Payload):
     uri: str = Field(description="checkpoint folder of `version`")
     stable_version: int
     stable_uri: str = Field(description="checkpoint folder of `stable_version` (where a rollback reloads from)")
-    share_bp: int = Field(ge=0, le=10_000, description="sessions on the canary, in basis points of 10,000")
+    # no ge/le here: events carry no constraint the scans' native decoder cannot check (schemas/shapes.py);
+    # the gateway's --canary-share is bounded where it is set
+    share_bp: int = Field(description="sessions on the canary, in basis points of 10,000 (0 to 10,000)")
     servers: list[str] = Field(description="the servers that serve the canary")
     started_at: int = Field(description="UTC ms the canary started (its `canary` event's time)")
     decided_by: str = Field("", description="`rule` (the decision service), or who decided by CLI")
