@@ -41,7 +41,7 @@ from schemas.ids import derived_id
 from schemas.sessions import is_session_rollout
 
 from streams import policies, rewards, sessions
-from streams.trajectory import STATUS_OF, Ending, build, with_reward
+from streams.trajectory import STATUS_OF, Ending, build, revised, with_reward
 
 NO_ATTEMPT = "-"
 """the attempt of events that name a rollout but no attempt, before any attempt is known"""
@@ -311,9 +311,10 @@ class Assembly:
                 self.counts["sessions_without_feedback"] += not marker["feedback"]  # counted, never guessed
             attempt["settled"] = marker
             attempt["ids"] += [reward.id for reward in settled.rewards if reward.attempt_id == attempt_id]
-            if "session" in attempt:  # feedback timed after the settling waits, held, to be scored
-                waiting = {entry[0] for entry in sessions.pending(attempt)}
-                done += [event_id for event_id in attempt["ids"] if event_id not in waiting]
+            if "session" in attempt:  # feedback timed after the settling waits, held, to be scored; what the
+                # trajectory was built from is held until the conversation is forgotten, for its revisions
+                held = {entry[0] for entry in sessions.pending(attempt)} | set(marker.get("built", {}).get("ids", ()))
+                done += [event_id for event_id in attempt["ids"] if event_id not in held]
             else:
                 done += attempt["ids"]
         for attempt_id in settled.forgotten:
@@ -328,7 +329,9 @@ class Assembly:
             self._decoded.pop(event_id, None)
         self.counts["trajectories"] += len(settled.trajectories)
         for trajectory in settled.trajectories:
-            self.counts["sessions"] += trajectory.data.session_id is not None
+            revision = trajectory.data.revision_of is not None
+            self.counts["sessions"] += trajectory.data.session_id is not None and not revision
+            self.counts["revisions"] += revision
         self.counts["late_feedback_rewards"] += sum(reward.data.trajectory_id is not None for reward in settled.rewards)
         self.counts["rewards_computed"] += len(settled.rewards)
         self.counts["reward_failures"] += len(settled.unscored)
@@ -479,7 +482,9 @@ class Assembly:
             if scored is not None:
                 trajectory = with_reward(trajectory, events, scored, ending)
         out.trajectories.append(trajectory)
-        out.attempts[attempt_id] = {"trajectory": trajectory.id, "time": at, "turns": turns,
+        # what it was built from stays held (`record`), for a revision when later feedback changes its reward
+        built = {"ids": [event.id for event in events], "ended_at": decided["ended_at"], "reason": reason}
+        out.attempts[attempt_id] = {"trajectory": trajectory.id, "time": at, "turns": turns, "built": built,
                                     "feedback": [[e.id, e.time, self.events[e.id].decode()] for e in feedback]}
         out.decided[attempt_id] = {**decided, "ids": [event.id for event in events]}
 
@@ -499,11 +504,26 @@ class Assembly:
                                  "seen here, or forgotten after --session-retention-s): its feedback rewards nothing"))
         elif feedback:
             newest = max(fresh, key=lambda e: (e.time, e.id))
-            self._policy_reward(out, self.policy, attempt["session"], attempt_id, marker["turns"], feedback,
-                                derived_id("reward", marker["trajectory"], self.policy, newest.id), newest.time,
-                                marker["trajectory"])
+            reward = self._policy_reward(out, self.policy, attempt["session"], attempt_id, marker["turns"], feedback,
+                                         derived_id("reward", marker["trajectory"], self.policy, newest.id),
+                                         newest.time, marker["trajectory"])
+            if reward is not None:
+                self._revise(out, attempt_id, attempt, reward)
         out.attempts[attempt_id] = {**marker, "feedback": [*marker["feedback"], *(
             [e.id, e.time, self.events[e.id].decode()] for e in fresh if e.id in self.events)]}
+
+    def _revise(self, out: Settled, attempt_id: str, attempt: dict[str, Any], reward: RewardEvent) -> None:
+        """The conversation's trajectory again, built from the same events, with the reward of its later feedback:
+        a revision (`revised`), so the trainer, which reads trajectories only, learns from that feedback too."""
+        marker = attempt["settled"]
+        built = marker.get("built")
+        events = [event for event_id in (built or {"ids": ()})["ids"] if (event := self.decoded(event_id)) is not None]
+        if built is None or len(events) != len(built["ids"]):
+            self.counts["revisions_unavailable"] += 1  # (settled by a worker that kept no events for revisions)
+            return
+        ending = Ending("finished", built["ended_at"], reward_expected=True, reason=built["reason"])
+        trajectory = build(out.rollout_id, attempt_id, events, ending, self.source, session_id=attempt["session"])
+        out.trajectories.append(revised(trajectory, events, reward, ending))
 
     def _policy_reward(self, out: Settled, policy: str, session_id: str, attempt_id: str, turns: list[str],
                        feedback: list[Event], reward_id: str, time: int,

@@ -12,6 +12,7 @@ import schemas as s
 from schemas.codec import decode, encode
 from schemas.sessions import session_rollout_id
 from streams.assembly import Assembly, Settled, Timing
+from streams.trajectory import revision_id
 
 TIMING = Timing(settle_ms=100, session_idle_ms=10_000, feedback_window_ms=5_000, session_retention_ms=100_000)
 
@@ -121,7 +122,7 @@ def test_the_same_trajectories_and_rewards_whatever_order_the_topics_are_read_in
         got = ([encode(t) for t in out.trajectories], [encode(r) for r in out.rewards])
         expected = expected or got
         assert got == expected, [e.type for e in order]
-    assert len(expected[0]) == 2
+    assert len(expected[0]) == 3  # two conversations, and the first one's revision with its late feedback
 
 
 def test_feedback_after_the_window_becomes_a_reward_event_naming_the_trajectory():
@@ -135,9 +136,22 @@ def test_feedback_after_the_window_becomes_a_reward_event_naming_the_trajectory(
     day = 24 * 3_600_000
     thumbs, score = session.feedback(day, call, thumbs="up"), session.feedback(day + 1_000, score=0.5)
     _, later = fold([thumbs, score], session.start + day + 10_000, assembly=assembly)
-    assert later.trajectories == [] and later.late == []  # a trajectory once; its rewards when the feedback comes
+    assert later.late == []
     first, second = later.rewards
     assert first.data.trajectory_id == second.data.trajectory_id == trajectory.id
+    # each reward comes with a revision of the trajectory: the same turns and sequences, that reward, a new id
+    # derived from the trajectory and the reward, so a repeat after a crash is the same event
+    revisions = later.trajectories
+    assert [r.id for r in revisions] == [revision_id(trajectory.id, first.id), revision_id(trajectory.id, second.id)]
+    for revision, reward in zip(revisions, (first, second)):
+        assert revision.data.revision_of == trajectory.id and revision.time == reward.time
+        assert (revision.rollout_id, revision.attempt_id) == (trajectory.rollout_id, trajectory.attempt_id)
+        assert revision.data.sequences == trajectory.data.sequences
+        assert [t.call_id for t in revision.data.turns] == [t.call_id for t in trajectory.data.turns]
+        assert revision.data.reward == reward.data.value and not revision.data.reward_missing
+        assert revision.data.rewards[-1].event_id == reward.id and revision.data.session_id == "chat-late"
+    assert [t.reward for t in revisions[1].data.turns] == [1.0]  # the thumbs up on the call, on its turn
+    assert assembly.counts["revisions"] == 2 and assembly.counts["sessions"] == 1
     assert (first.rollout_id, first.attempt_id) == (trajectory.rollout_id, trajectory.attempt_id)
     assert (first.data.value, [t.value for t in first.data.turns]) == (1.0, [1.0])  # only the call's: its mean
     assert (second.data.value, [t.call_id for t in second.data.turns]) == (0.5, [call.id])
@@ -149,10 +163,13 @@ def test_feedback_after_the_window_becomes_a_reward_event_naming_the_trajectory(
     _, read_back = fold(later.rewards, session.start + day + 30_000, assembly=assembly)
     assert read_back.rewards == [] and read_back.trajectories == []
     assert assembly.counts["late_feedback_rewards"] == 2
+    # what the revisions are built from is held until the conversation is forgotten, then let go
+    assert call.id in assembly.events
     # forgotten after --session-retention-s: feedback then rewards nothing, and says so
     week = 8 * day
     _, forgotten = fold([session.feedback(week, score=1.0)], session.start + week + 60_000, assembly=assembly)
     assert forgotten.rewards == [] and "no calls of session chat-late are known" in forgotten.late[0][1]
+    assert call.id not in assembly.events
 
 
 def test_another_policy_gives_the_same_sequences_with_new_rewards():
