@@ -214,3 +214,15 @@ def test_the_default_policy_scores_scores_and_thumbs_and_leaves_labels_alone(bod
     _, out = fold(events, session.start + 60_000)
     (trajectory,) = out.trajectories
     assert trajectory.data.reward == {"label": None, "score": 0.7, "thumbs": 1.0}[next(iter(body))]
+
+
+def test_a_call_recorded_without_logprobs_is_marked_on_its_turn():
+    session = Session("chat-nologprobs")
+    with_logprobs, without, short = (session.call(1_000, [1], [2]), session.call(2_000, [1, 2, 3], [4, 5]),
+                                     session.call(3_000, [1, 2, 3, 4, 5, 6], [7, 8]))
+    without.data.logprobs = None
+    short.data.logprobs = [-0.1]  # not one per completion token: as good as none
+    _, out = fold([with_logprobs, without, short, session.end(4_000)], session.start + 60_000)
+    (trajectory,) = out.trajectories
+    assert [turn.logprobs_missing for turn in trajectory.data.turns] == [False, True, True]
+    assert [turn.logprobs for turn in trajectory.data.turns] == [[-0.5], [0.0, 0.0], [0.0, 0.0]]
