@@ -329,9 +329,10 @@ class Assembly:
             self._decoded.pop(event_id, None)
         self.counts["trajectories"] += len(settled.trajectories)
         for trajectory in settled.trajectories:
-            revision = trajectory.data.revision_of is not None
-            self.counts["sessions"] += trajectory.data.session_id is not None and not revision
-            self.counts["revisions"] += revision
+            if trajectory.data.revision_of is not None:
+                self.counts["revisions"] += 1
+            else:
+                self.counts["sessions"] += trajectory.data.session_id is not None
         self.counts["late_feedback_rewards"] += sum(reward.data.trajectory_id is not None for reward in settled.rewards)
         self.counts["rewards_computed"] += len(settled.rewards)
         self.counts["reward_failures"] += len(settled.unscored)

@@ -132,7 +132,7 @@ def reward_of(events: list[s.Event], trajectory: s.TrajectoryEvent) -> float | N
     """The session's reward as a trainer sees it: the latest revision's (later feedback), else its own; every
     reward event naming the trajectory comes with a revision that has its value."""
     revisions = [e for e in events if e.type == "trajectory" and e.data.revision_of == trajectory.id]
-    latest = max(revisions.values(), key=lambda e: (e.time, e.id), default=None)
+    latest = max(revisions, key=lambda e: (e.time, e.id), default=None)
     return latest.data.reward if latest else trajectory.data.reward
 
 
