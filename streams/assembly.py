@@ -384,18 +384,21 @@ class Assembly:
         state = self.rollouts.get(rollout_id) or sessions.new_state(partition)
         attempts = state["attempts"]
         holder = next((attempt for attempt in attempts.values() if event.id in attempt["ids"]), None)
+        kind = type(event)
+        if kind is RewardEvent and event.data.reward_fn:  # type: ignore[attr-defined]
+            # the policy's own output, read back: made again from the feedback, never an input (read twice, as
+            # after a worker that published it again, it is a repeat to drop, not an event to keep)
+            read_back = attempts.get(event.attempt_id) or attempts.get(state["latest"])
+            if holder is not None:
+                self.counts["duplicates"] += 1
+            elif read_back is not None:
+                read_back["ids"].append(event.id)
+                self._save(rollout_id, state)
+            return None
         if holder is not None:
             self.counts["duplicates"] += 1
             if not holder.get("settled") or any(entry[0] == event.id for entry in sessions.pending(holder)):
                 self.events.setdefault(event.id, raw)  # (as in `add`: a worker that died between state and event)
-            return None
-        kind = type(event)
-        if kind is RewardEvent and event.data.reward_fn:  # type: ignore[attr-defined]
-            # the policy's own output, read back: made again from the feedback, never an input
-            read_back = attempts.get(event.attempt_id) or attempts.get(state["latest"])
-            if read_back is not None:
-                read_back["ids"].append(event.id)
-                self._save(rollout_id, state)
             return None
         session_id = self._session_id(event, state)
         attempt_id = sessions.route(state, event, session_id, self.timing)

@@ -226,3 +226,19 @@ def test_a_call_recorded_without_logprobs_is_marked_on_its_turn():
     (trajectory,) = out.trajectories
     assert [turn.logprobs_missing for turn in trajectory.data.turns] == [False, True, True]
     assert [turn.logprobs for turn in trajectory.data.turns] == [[-0.5], [0.0, 0.0], [0.0, 0.0]]
+
+
+def test_the_policys_rewards_read_back_twice_are_no_input_to_another_policy():
+    """A worker that died after publishing a conversation's reward publishes it again: a rebuild under another
+    policy reads both copies before it settles the conversation, and neither is an event of it."""
+    session = Session("chat-twice")
+    events = [session.call(1_000, [1], [2]), session.end(2_000), session.feedback(2_100, thumbs="down")]
+    _, live = fold(events, session.start + 60_000)
+    (reward,) = live.rewards
+    assert reward.data.value == 0.0
+    by_time = sorted([*events, reward, reward], key=lambda e: e.time)  # (its time is the end's: read before settling)
+    assembly, rebuilt = fold(by_time, session.start + 60_000, policy="streams.policies:signed_thumbs")
+    (trajectory,) = rebuilt.trajectories
+    assert trajectory.data.reward == -1.0 and reward.id not in trajectory.data.lineage
+    assert {r.reward_fn for r in trajectory.data.rewards} == {"streams.policies:signed_thumbs"}
+    assert assembly.counts["duplicates"] == 1
