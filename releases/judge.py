@@ -66,6 +66,8 @@ class Tally:
 
     def trajectory(self, event: TrajectoryEvent) -> None:
         trajectory = event.data
+        if trajectory.revision_of is not None:
+            return  # its reward is the `reward` event published with it (`reward`): read in one order, not two
         versions = {turn.weight_version for turn in trajectory.turns}
         if (trajectory.session_id is None or trajectory.model not in (None, self.release.model) or len(versions) != 1
                 or (trajectory.started_at or trajectory.finished_at) < self.release.started_at):

@@ -14,7 +14,8 @@ Versions: 1, the first; 2, `Call.retry_count` (the agent's SDK retried the reque
 `Trajectory.superseded` (calls whose answer was lost and asked again); 3, sessions (production
 traffic, `schemas.sessions`): the `session.ended` and `feedback` events, `Trajectory.session_id`,
 `Turn.completion_start` (a turn's token span, for per-turn rewards) and `Reward.trajectory_id` (a reward
-computed after its trajectory was published).
+computed after its trajectory was published); 4, `Trajectory.revision_of` (a session's trajectory published
+again with the reward of feedback that came after it) and `Turn.logprobs_missing` (its call recorded none).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.ids import new_id, now_ms
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 class Payload(BaseModel):
@@ -311,6 +312,8 @@ class Turn(Payload):
     reward: float | None = Field(None, description="per-turn reward, where one was given")
     completion_start: int | None = Field(None, description="index in its sequence's `token_ids` of this turn's first "
                                          "completion token: its span is [start, start + len(completion_token_ids))")
+    logprobs_missing: bool = Field(False, description="its call recorded no logprobs (or not one per completion "
+                                   "token): `logprobs` are 0.0 placeholders, not the sampling policy's")
 
 
 class Sequence(Payload):
@@ -364,6 +367,9 @@ class Trajectory(Payload):
     lineage: list[str] = Field(description="ids of the events this trajectory was built from")
     session_id: str | None = Field(None, description="set for production traffic: the session (not a rollout) "
                                    "these calls were made in; its rewards come from feedback, by the reward policy")
+    revision_of: str | None = Field(None, description="set on a revision: the id of the conversation's trajectory "
+                                    "published first, which this one replaces with the reward of later feedback "
+                                    "(the same turns and sequences)")
 
 
 class TrajectoryEvent(Event):

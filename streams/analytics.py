@@ -55,6 +55,9 @@ def add_call(aggregate: Aggregate, call: Call) -> Aggregate:
 
 def add_trajectory(aggregate: Aggregate, trajectory: Trajectory) -> Aggregate:
     out = dict(aggregate)
+    if trajectory.revision_of is not None:  # a conversation counted when first published, its reward since revised
+        out["revisions"] = out.get("revisions", 0) + 1
+        return out
     out["trajectories"] = out.get("trajectories", 0) + 1
     if trajectory.reward is not None:
         out["rewarded"] = out.get("rewarded", 0) + 1

@@ -41,7 +41,7 @@ from schemas.ids import derived_id
 from schemas.sessions import is_session_rollout
 
 from streams import policies, rewards, sessions
-from streams.trajectory import STATUS_OF, Ending, build, with_reward
+from streams.trajectory import STATUS_OF, Ending, build, revised, with_reward
 
 NO_ATTEMPT = "-"
 """the attempt of events that name a rollout but no attempt, before any attempt is known"""
@@ -311,9 +311,10 @@ class Assembly:
                 self.counts["sessions_without_feedback"] += not marker["feedback"]  # counted, never guessed
             attempt["settled"] = marker
             attempt["ids"] += [reward.id for reward in settled.rewards if reward.attempt_id == attempt_id]
-            if "session" in attempt:  # feedback timed after the settling waits, held, to be scored
-                waiting = {entry[0] for entry in sessions.pending(attempt)}
-                done += [event_id for event_id in attempt["ids"] if event_id not in waiting]
+            if "session" in attempt:  # feedback timed after the settling waits, held, to be scored; what the
+                # trajectory was built from is held until the conversation is forgotten, for its revisions
+                held = {entry[0] for entry in sessions.pending(attempt)} | set(marker.get("built", {}).get("ids", ()))
+                done += [event_id for event_id in attempt["ids"] if event_id not in held]
             else:
                 done += attempt["ids"]
         for attempt_id in settled.forgotten:
@@ -328,7 +329,10 @@ class Assembly:
             self._decoded.pop(event_id, None)
         self.counts["trajectories"] += len(settled.trajectories)
         for trajectory in settled.trajectories:
-            self.counts["sessions"] += trajectory.data.session_id is not None
+            if trajectory.data.revision_of is not None:
+                self.counts["revisions"] += 1
+            else:
+                self.counts["sessions"] += trajectory.data.session_id is not None
         self.counts["late_feedback_rewards"] += sum(reward.data.trajectory_id is not None for reward in settled.rewards)
         self.counts["rewards_computed"] += len(settled.rewards)
         self.counts["reward_failures"] += len(settled.unscored)
@@ -380,18 +384,21 @@ class Assembly:
         state = self.rollouts.get(rollout_id) or sessions.new_state(partition)
         attempts = state["attempts"]
         holder = next((attempt for attempt in attempts.values() if event.id in attempt["ids"]), None)
+        kind = type(event)
+        if kind is RewardEvent and event.data.reward_fn:  # type: ignore[attr-defined]
+            # the policy's own output, read back: made again from the feedback, never an input (read twice, as
+            # after a worker that published it again, it is a repeat to drop, not an event to keep)
+            read_back = attempts.get(event.attempt_id) or attempts.get(state["latest"])
+            if holder is not None:
+                self.counts["duplicates"] += 1
+            elif read_back is not None:
+                read_back["ids"].append(event.id)
+                self._save(rollout_id, state)
+            return None
         if holder is not None:
             self.counts["duplicates"] += 1
             if not holder.get("settled") or any(entry[0] == event.id for entry in sessions.pending(holder)):
                 self.events.setdefault(event.id, raw)  # (as in `add`: a worker that died between state and event)
-            return None
-        kind = type(event)
-        if kind is RewardEvent and event.data.reward_fn:  # type: ignore[attr-defined]
-            # the policy's own output, read back: made again from the feedback, never an input
-            read_back = attempts.get(event.attempt_id) or attempts.get(state["latest"])
-            if read_back is not None:
-                read_back["ids"].append(event.id)
-                self._save(rollout_id, state)
             return None
         session_id = self._session_id(event, state)
         attempt_id = sessions.route(state, event, session_id, self.timing)
@@ -479,7 +486,9 @@ class Assembly:
             if scored is not None:
                 trajectory = with_reward(trajectory, events, scored, ending)
         out.trajectories.append(trajectory)
-        out.attempts[attempt_id] = {"trajectory": trajectory.id, "time": at, "turns": turns,
+        # what it was built from stays held (`record`), for a revision when later feedback changes its reward
+        built = {"ids": [event.id for event in events], "ended_at": decided["ended_at"], "reason": reason}
+        out.attempts[attempt_id] = {"trajectory": trajectory.id, "time": at, "turns": turns, "built": built,
                                     "feedback": [[e.id, e.time, self.events[e.id].decode()] for e in feedback]}
         out.decided[attempt_id] = {**decided, "ids": [event.id for event in events]}
 
@@ -499,11 +508,26 @@ class Assembly:
                                  "seen here, or forgotten after --session-retention-s): its feedback rewards nothing"))
         elif feedback:
             newest = max(fresh, key=lambda e: (e.time, e.id))
-            self._policy_reward(out, self.policy, attempt["session"], attempt_id, marker["turns"], feedback,
-                                derived_id("reward", marker["trajectory"], self.policy, newest.id), newest.time,
-                                marker["trajectory"])
+            reward = self._policy_reward(out, self.policy, attempt["session"], attempt_id, marker["turns"], feedback,
+                                         derived_id("reward", marker["trajectory"], self.policy, newest.id),
+                                         newest.time, marker["trajectory"])
+            if reward is not None:
+                self._revise(out, attempt_id, attempt, reward)
         out.attempts[attempt_id] = {**marker, "feedback": [*marker["feedback"], *(
             [e.id, e.time, self.events[e.id].decode()] for e in fresh if e.id in self.events)]}
+
+    def _revise(self, out: Settled, attempt_id: str, attempt: dict[str, Any], reward: RewardEvent) -> None:
+        """The conversation's trajectory again, built from the same events, with the reward of its later feedback:
+        a revision (`revised`), so the trainer, which reads trajectories only, learns from that feedback too."""
+        marker = attempt["settled"]
+        built = marker.get("built")
+        events = [event for event_id in (built or {"ids": ()})["ids"] if (event := self.decoded(event_id)) is not None]
+        if built is None or len(events) != len(built["ids"]):
+            self.counts["revisions_unavailable"] += 1  # (settled by a worker that kept no events for revisions)
+            return
+        ending = Ending("finished", built["ended_at"], reward_expected=True, reason=built["reason"])
+        trajectory = build(out.rollout_id, attempt_id, events, ending, self.source, session_id=attempt["session"])
+        out.trajectories.append(revised(trajectory, events, reward, ending))
 
     def _policy_reward(self, out: Settled, policy: str, session_id: str, attempt_id: str, turns: list[str],
                        feedback: list[Event], reward_id: str, time: int,

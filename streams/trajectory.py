@@ -151,6 +151,22 @@ def with_reward(trajectory: TrajectoryEvent, events: Seq[Event], reward: RewardE
     return _made(TrajectoryEvent, **{**envelope, "data": _made(Trajectory, **fields)})
 
 
+def revision_id(trajectory_id: str, reward_id: str) -> str:
+    """A revision's id: the conversation's first trajectory and the reward that changed it."""
+    return derived_id("trajectory.revision", trajectory_id, reward_id)
+
+
+def revised(trajectory: TrajectoryEvent, events: Seq[Event], reward: RewardEvent, ending: Ending) -> TrajectoryEvent:
+    """The trajectory `build` made of `events`, published again with `reward` (feedback later than it): a new id
+    derived from both, the time of the reward, and `revision_of` naming the trajectory it replaces."""
+    rewarded = with_reward(trajectory, events, reward, ending)
+    fields = {name: value for name, value in rewarded.data.__dict__.items()
+              if name in rewarded.data.__pydantic_fields_set__}
+    envelope = {name: value for name, value in rewarded.__dict__.items() if name in rewarded.__pydantic_fields_set__}
+    return _made(TrajectoryEvent, **{**envelope, "id": revision_id(trajectory.id, reward.id), "time": reward.time,
+                                     "data": _made(Trajectory, **fields, revision_of=trajectory.id)})
+
+
 def _rewarded(events: list[Event], turns: list[Turn], ending: Ending) -> dict[str, Any]:
     """The trajectory's fields that reward events change: its rewards (final and per turn) and lineage,
     and its start (a reward may come first), from the events in time order."""
@@ -199,10 +215,13 @@ def _is_turn(call: Call) -> bool:
 
 def _turn(call_id: str, call: Call) -> Turn:
     ids = call.completion_token_ids or []
-    logprobs = call.logprobs if call.logprobs is not None and len(call.logprobs) == len(ids) else [0.0] * len(ids)
+    recorded = call.logprobs is not None and len(call.logprobs) == len(ids)
+    # placeholders where none were recorded, marked: read as logprobs they would say probability 1
+    missing = {} if recorded else {"logprobs_missing": True}
     return _made(Turn, call_id=call_id, sequence=0, prompt_token_ids=call.prompt_token_ids or [],
-                                completion_token_ids=ids, logprobs=logprobs, weight_version=call.weight_version,
-                                finish_reason=call.finish_reason, latency_ms=call.latency_ms)
+                                completion_token_ids=ids, logprobs=call.logprobs if recorded else [0.0] * len(ids),
+                                weight_version=call.weight_version, finish_reason=call.finish_reason,
+                                latency_ms=call.latency_ms, **missing)
 
 
 def superseded(turns: list[Turn], retry_counts: list[int]) -> set[int]:

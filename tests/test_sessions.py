@@ -20,6 +20,7 @@ import schemas as s
 from agentstream.stack.process import free_port
 from schemas.codec import encode
 from schemas.sessions import session_rollout_id
+from streams.trajectory import revision_id as derived_revision
 from tests.conftest import wait_for
 from tests.gateway_support import OPERATOR_KEY
 from tests.streams_support import REPO, StreamsWorker, TopicWatch
@@ -122,15 +123,24 @@ BAD_BODIES = [
 def trajectories_by_session(events: list[s.Event]) -> dict[str, list[s.TrajectoryEvent]]:
     found = defaultdict(list)
     for event in events:
-        if event.type == "trajectory" and event.data.session_id:
+        if event.type == "trajectory" and event.data.session_id and not event.data.revision_of:
             found[event.data.session_id].append(event)
     return found
 
 
 def reward_of(events: list[s.Event], trajectory: s.TrajectoryEvent) -> float | None:
-    """The session's reward as a trainer sees it: the latest reward event naming the trajectory, else its own."""
-    later = [e for e in events if e.type == "reward" and e.data.trajectory_id == trajectory.id]
-    return max(later, key=lambda e: (e.time, e.id)).data.value if later else trajectory.data.reward
+    """The session's reward as a trainer sees it: the latest revision's (later feedback), else its own; every
+    reward event naming the trajectory comes with a revision that has its value."""
+    revisions = [e for e in events if e.type == "trajectory" and e.data.revision_of == trajectory.id]
+    latest = max(revisions, key=lambda e: (e.time, e.id), default=None)
+    return latest.data.reward if latest else trajectory.data.reward
+
+
+def revised_with_each_late_reward(events: list[s.Event]) -> bool:
+    """Each reward event naming a trajectory (later feedback) came with that trajectory's revision."""
+    later = {derived_revision(e.data.trajectory_id, e.id) for e in events if e.type == "reward" and e.data.trajectory_id}
+    revised = {e.id for e in events if e.type == "trajectory" and e.data.revision_of}
+    return later == revised
 
 
 async def test_a_population_of_users_in_sessions_becomes_rewarded_trajectories_across_restarts(
@@ -182,7 +192,8 @@ async def test_a_population_of_users_in_sessions_becomes_rewarded_trajectories_a
             def done(events: list[s.Event]) -> bool:
                 found = trajectories_by_session(events)
                 return all(user.session_id in found for user in users) and all(
-                    reward_of(events, found[user.session_id][0]) is not None for user in users)
+                    reward_of(events, found[user.session_id][0]) is not None for user in users) and \
+                    revised_with_each_late_reward(events)
 
             events = await watch.until(done, timeout=90, what="every session's trajectory and reward")
             counts = worker.analytics()["assembly"]  # (since the restart: the idle one went unrated in its window)
@@ -204,6 +215,7 @@ async def test_a_population_of_users_in_sessions_becomes_rewarded_trajectories_a
             span = slice(turn.completion_start, turn.completion_start + len(turn.completion_token_ids))
             assert sequence.token_ids[span] == turn.completion_token_ids and set(sequence.mask[span]) == {1}
 
+    assert revised_with_each_late_reward(events)
     values = {user.session_id: reward_of(events, found[user.session_id][0]) for user in users}
     assert values == {"u-liked": 1.0, "u-disliked": 0.0, "u-rated-call": 1.0, "u-idle": 0.0, "u-rated-late": 0.5,
                       "u-after-restart": 0.25}
@@ -221,7 +233,8 @@ async def test_a_population_of_users_in_sessions_becomes_rewarded_trajectories_a
                        "--reward-grace-s", "2", *WORKER_ARGS, "--reward-policy", "streams.policies:signed_thumbs",
                        "--state", str(tmp_path / "state.json"))
     assert result.exit_code == 0, result.output
-    rebuilt = {e.data.session_id: e for _, e in await read_topic(kafka, "signed") if e.data.session_id}
+    rebuilt = {e.data.session_id: e for _, e in await read_topic(kafka, "signed")
+               if e.data.session_id and not e.data.revision_of}
     assert set(rebuilt) == set(found)
     for session_id, new in rebuilt.items():
         old = found[session_id][0]

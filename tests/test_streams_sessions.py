@@ -12,6 +12,7 @@ import schemas as s
 from schemas.codec import decode, encode
 from schemas.sessions import session_rollout_id
 from streams.assembly import Assembly, Settled, Timing
+from streams.trajectory import revision_id
 
 TIMING = Timing(settle_ms=100, session_idle_ms=10_000, feedback_window_ms=5_000, session_retention_ms=100_000)
 
@@ -121,7 +122,7 @@ def test_the_same_trajectories_and_rewards_whatever_order_the_topics_are_read_in
         got = ([encode(t) for t in out.trajectories], [encode(r) for r in out.rewards])
         expected = expected or got
         assert got == expected, [e.type for e in order]
-    assert len(expected[0]) == 2
+    assert len(expected[0]) == 3  # two conversations, and the first one's revision with its late feedback
 
 
 def test_feedback_after_the_window_becomes_a_reward_event_naming_the_trajectory():
@@ -135,9 +136,22 @@ def test_feedback_after_the_window_becomes_a_reward_event_naming_the_trajectory(
     day = 24 * 3_600_000
     thumbs, score = session.feedback(day, call, thumbs="up"), session.feedback(day + 1_000, score=0.5)
     _, later = fold([thumbs, score], session.start + day + 10_000, assembly=assembly)
-    assert later.trajectories == [] and later.late == []  # a trajectory once; its rewards when the feedback comes
+    assert later.late == []
     first, second = later.rewards
     assert first.data.trajectory_id == second.data.trajectory_id == trajectory.id
+    # each reward comes with a revision of the trajectory: the same turns and sequences, that reward, a new id
+    # derived from the trajectory and the reward, so a repeat after a crash is the same event
+    revisions = later.trajectories
+    assert [r.id for r in revisions] == [revision_id(trajectory.id, first.id), revision_id(trajectory.id, second.id)]
+    for revision, reward in zip(revisions, (first, second)):
+        assert revision.data.revision_of == trajectory.id and revision.time == reward.time
+        assert (revision.rollout_id, revision.attempt_id) == (trajectory.rollout_id, trajectory.attempt_id)
+        assert revision.data.sequences == trajectory.data.sequences
+        assert [t.call_id for t in revision.data.turns] == [t.call_id for t in trajectory.data.turns]
+        assert revision.data.reward == reward.data.value and not revision.data.reward_missing
+        assert revision.data.rewards[-1].event_id == reward.id and revision.data.session_id == "chat-late"
+    assert [t.reward for t in revisions[1].data.turns] == [1.0]  # the thumbs up on the call, on its turn
+    assert assembly.counts["revisions"] == 2 and assembly.counts["sessions"] == 1
     assert (first.rollout_id, first.attempt_id) == (trajectory.rollout_id, trajectory.attempt_id)
     assert (first.data.value, [t.value for t in first.data.turns]) == (1.0, [1.0])  # only the call's: its mean
     assert (second.data.value, [t.call_id for t in second.data.turns]) == (0.5, [call.id])
@@ -149,10 +163,13 @@ def test_feedback_after_the_window_becomes_a_reward_event_naming_the_trajectory(
     _, read_back = fold(later.rewards, session.start + day + 30_000, assembly=assembly)
     assert read_back.rewards == [] and read_back.trajectories == []
     assert assembly.counts["late_feedback_rewards"] == 2
+    # what the revisions are built from is held until the conversation is forgotten, then let go
+    assert call.id in assembly.events
     # forgotten after --session-retention-s: feedback then rewards nothing, and says so
     week = 8 * day
     _, forgotten = fold([session.feedback(week, score=1.0)], session.start + week + 60_000, assembly=assembly)
     assert forgotten.rewards == [] and "no calls of session chat-late are known" in forgotten.late[0][1]
+    assert call.id not in assembly.events
 
 
 def test_another_policy_gives_the_same_sequences_with_new_rewards():
@@ -197,3 +214,31 @@ def test_the_default_policy_scores_scores_and_thumbs_and_leaves_labels_alone(bod
     _, out = fold(events, session.start + 60_000)
     (trajectory,) = out.trajectories
     assert trajectory.data.reward == {"label": None, "score": 0.7, "thumbs": 1.0}[next(iter(body))]
+
+
+def test_a_call_recorded_without_logprobs_is_marked_on_its_turn():
+    session = Session("chat-nologprobs")
+    with_logprobs, without, short = (session.call(1_000, [1], [2]), session.call(2_000, [1, 2, 3], [4, 5]),
+                                     session.call(3_000, [1, 2, 3, 4, 5, 6], [7, 8]))
+    without.data.logprobs = None
+    short.data.logprobs = [-0.1]  # not one per completion token: as good as none
+    _, out = fold([with_logprobs, without, short, session.end(4_000)], session.start + 60_000)
+    (trajectory,) = out.trajectories
+    assert [turn.logprobs_missing for turn in trajectory.data.turns] == [False, True, True]
+    assert [turn.logprobs for turn in trajectory.data.turns] == [[-0.5], [0.0, 0.0], [0.0, 0.0]]
+
+
+def test_the_policys_rewards_read_back_twice_are_no_input_to_another_policy():
+    """A worker that died after publishing a conversation's reward publishes it again: a rebuild under another
+    policy reads both copies before it settles the conversation, and neither is an event of it."""
+    session = Session("chat-twice")
+    events = [session.call(1_000, [1], [2]), session.end(2_000), session.feedback(2_100, thumbs="down")]
+    _, live = fold(events, session.start + 60_000)
+    (reward,) = live.rewards
+    assert reward.data.value == 0.0
+    by_time = sorted([*events, reward, reward], key=lambda e: e.time)  # (its time is the end's: read before settling)
+    assembly, rebuilt = fold(by_time, session.start + 60_000, policy="streams.policies:signed_thumbs")
+    (trajectory,) = rebuilt.trajectories
+    assert trajectory.data.reward == -1.0 and reward.id not in trajectory.data.lineage
+    assert {r.reward_fn for r in trajectory.data.rewards} == {"streams.policies:signed_thumbs"}
+    assert assembly.counts["duplicates"] == 1

@@ -57,6 +57,12 @@ class Sample:
         return not self.group.startswith(ALONE)
 
     @property
+    def conversation(self) -> str:
+        """what it is one sample of: a session's conversation (its first trajectory's id, whichever revision
+        this is), else the trajectory itself"""
+        return self.trajectory.revision_of or self.id
+
+    @property
     def reward(self) -> float:
         """what the trainer learns from: the trajectory's reward, shaped"""
         return self.trajectory.reward + self.shaping
@@ -141,6 +147,15 @@ class Batcher:
                 return sample
         group.samples.append(sample)
         return None
+
+    def replace(self, old: Sample, new: Sample) -> None:
+        """Put `new` where `old` waits (a revision of the conversation: its reward changed before training)."""
+        for group in self.groups.values():
+            for i, sample in enumerate(group.samples):
+                if sample is old:
+                    group.samples[i] = new
+                    return
+        raise KeyError(f"sample {old.id} is not buffered")
 
     def _gather(self, sample: Sample) -> None:
         key = f"ungrouped:{self._ungrouped}"

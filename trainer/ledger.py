@@ -13,6 +13,11 @@ newest checkpoint, seeks each partition to its watermark, and skips the settled 
 no sample is trained twice, none is skipped, whether it died before or after the commit. The
 recent ids catch re-deliveries of a trajectory (the same id at another offset) within
 `dedupe_window` trajectories.
+
+A session's conversation may be published again, as a revision with the reward of later feedback
+(`Trajectory.revision_of`). One conversation is one sample: the ledger keeps the conversations
+recently trained on (within `dedupe_window` of them), so a revision of one already trained is
+dropped, and the checkpoint keeps them across restarts.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ class SourceState(BaseModel):
 class LedgerState(BaseModel):
     sources: dict[str, SourceState] = Field(default_factory=dict, description="by source name")
     recent_ids: list[str] = Field(default_factory=list, description="recently settled trajectory ids, oldest first")
+    trained_conversations: list[str] = Field(default_factory=list, description="sessions' conversations recently "
+                                             "trained on (the first trajectory id of each), oldest first")
 
 
 class Ledger:
@@ -44,6 +51,8 @@ class Ledger:
         self.held_ids: set[str] = set()
         self.window = window
         self.recent: OrderedDict[str, None] = OrderedDict.fromkeys(self.state.recent_ids[-window:] if window else [])
+        self.trained: OrderedDict[str, None] = OrderedDict.fromkeys(
+            self.state.trained_conversations[-window:] if window else [])
 
     def settled_before(self, partition: int, offset: int) -> bool:
         """True for a record a previous run (or this one) has already settled: skip it silently."""
@@ -70,6 +79,17 @@ class Ledger:
             while len(self.recent) > self.window:
                 self.recent.popitem(last=False)
 
+    def was_trained(self, conversation: str) -> bool:
+        return conversation in self.trained
+
+    def trained_on(self, conversation: str) -> None:
+        """A session's conversation was trained on: none of its revisions is, from now on."""
+        if self.window:
+            self.trained[conversation] = None
+            self.trained.move_to_end(conversation)
+            while len(self.trained) > self.window:
+                self.trained.popitem(last=False)
+
     def release(self, partitions: set[int]) -> None:
         """Let go of the held records of partitions this trainer lost: whoever reads the partition next
         (a new owner, or this trainer once it is assigned again) reads them again from the watermark."""
@@ -95,7 +115,8 @@ class Ledger:
         sources = dict(self.state.sources)
         sources[self.source] = SourceState(
             watermarks=marks, settled={p: sorted(o) for p, o in self.settled.items() if o})
-        self.state = LedgerState(sources=sources, recent_ids=list(self.recent))
+        self.state = LedgerState(sources=sources, recent_ids=list(self.recent),
+                                 trained_conversations=list(self.trained))
         return self.state
 
     def _see(self, partition: int, offset: int) -> None:

@@ -62,6 +62,8 @@ class Trainer:
         self.stopping = asyncio.Event()
         self.published: list[WeightsEvent] = []
         self.dropped: Counter[str] = Counter()  # since the last version, by reason
+        self.waiting: dict[str, Sample] = {}
+        """a session's conversation → its sample in the batcher (see `_revise_waiting`)"""
         self._last_waiting_log = 0.0
 
     def stop(self) -> None:
@@ -161,6 +163,7 @@ class Trainer:
 
     def _revoked(self, partitions: set[int]) -> None:
         forgotten = self.batcher.forget(partitions)
+        self._settled_samples([sample for sample in self.waiting.values() if sample.partition in partitions])
         self.ledger.release(partitions)
         log.info("partitions %s revoked: %d buffered samples left to their next reader", sorted(partitions), forgotten)
 
@@ -197,6 +200,9 @@ class Trainer:
         if self.ledger.is_duplicate(event.id):
             # settled without its id: the id stands for the first delivery, which may still be held
             return self._drop(record.partition, record.offset, None, "duplicate")
+        if event.data.revision_of is not None and self.ledger.was_trained(event.data.revision_of):
+            # one conversation, one sample: its later feedback does not count it twice
+            return self._drop(record.partition, record.offset, event.id, "conversation_trained")
         if problem := malformed(event.data, self.settings.turn_rewards):
             await self._deadletter(record, problem)
             return self._drop(record.partition, record.offset, event.id, "malformed")
@@ -215,8 +221,26 @@ class Trainer:
         if not weigh(sample, self.version, self.settings):
             return self._drop(record.partition, record.offset, event.id, "stale")
         self.ledger.hold(record.partition, record.offset, event.id)
+        if sample.source == "session" and self._revise_waiting(sample):
+            return
         if (superseded := self.batcher.add(sample)) is not None:
             self._drop(superseded.partition, superseded.offset, superseded.id, "superseded")
+
+    def _revise_waiting(self, sample: Sample) -> bool:
+        """A session's conversation waits in the batcher at most once: a revision of it (later feedback, a later
+        record of the same partition) takes the earlier one's place, which is settled as `revised`."""
+        earlier = self.waiting.get(sample.conversation)
+        self.waiting[sample.conversation] = sample
+        if earlier is None or self.ledger.held[earlier.partition].get(earlier.offset) != earlier.id:
+            return False
+        self.batcher.replace(earlier, sample)
+        self._drop(earlier.partition, earlier.offset, earlier.id, "revised")
+        return True
+
+    def _settled_samples(self, samples: list[Sample]) -> None:
+        for sample in samples:
+            if self.waiting.get(sample.conversation) is sample:
+                del self.waiting[sample.conversation]
 
     def _unusable(self, trajectory: Trajectory) -> str | None:
         if trajectory.split != "train":
@@ -225,6 +249,8 @@ class Trainer:
             return "other_model"
         if trajectory.reward is None:
             return "no_reward"
+        if self.settings.rollout_is != "off" and any(turn.logprobs_missing for turn in trajectory.turns):
+            return "logprobs_missing"  # (placeholders of 0.0 would weigh its tokens as if sampled with probability 1)
         if not any(any(seq.mask[1:self.settings.max_seq_len]) for seq in trajectory.sequences):
             return "no_tokens"  # (within --max-seq-len)
         return None
@@ -236,6 +262,7 @@ class Trainer:
 
     def _settle_dropped(self, batch: Batch) -> None:
         for reason, samples in batch.dropped.items():
+            self._settled_samples(samples)
             for sample in samples:
                 self._drop(sample.partition, sample.offset, sample.id, reason)
 
@@ -252,6 +279,9 @@ class Trainer:
         metrics = await self._train(batch)
         for sample in batch.samples:
             self.ledger.settle(sample.partition, sample.offset, sample.id)
+            if sample.source == "session":
+                self.ledger.trained_on(sample.conversation)
+        self._settled_samples(batch.samples)
         version, base = self.version + 1, self.version
         self.step += int(metrics["optimizer_steps"])
         metrics.update(self._accounting(batch.samples))

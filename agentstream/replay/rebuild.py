@@ -16,7 +16,8 @@ With a new reward function, every task names it instead of its own, and the rewa
 earlier (reward events with `reward_fn` set) are left out: only what agents posted is carried
 over, and the new function scores every finished attempt. Sessions' rewards are always made again from
 their feedback, by `reward_policy` (the worker's `--reward-policy`, or another): the policy's earlier
-rewards in the log are its output, never input (`Assembly._add_session`).
+rewards in the log are its output, never input (`Assembly._add_session`); feedback later than a conversation's
+window makes a revision of its trajectory (`Trajectory.revision_of`), written like any trajectory.
 """
 
 from __future__ import annotations
@@ -271,6 +272,8 @@ class Rebuild:
 
     def _account(self, settled: Settled) -> None:
         self.counts["trajectories"] += len(settled.trajectories)
+        if revisions := sum(t.data.revision_of is not None for t in settled.trajectories):  # (of the trajectories)
+            self.counts["revisions"] += revisions
         self.counts["rewards_computed"] += len(settled.rewards)
         self.counts["reward_failures"] += len(settled.unscored)
         self.counts["late"] += len(settled.late)
