@@ -793,7 +793,7 @@ def demo(
         "--production", help="learn from production traffic instead (tiny model, ~10 min): simulated users' "
         "sessions through /v1 and their late feedback, off-policy training, each version a canary that the "
         "decision service promotes or rolls back (docs/canary.md)")] = False,
-    sessions: Annotated[int, typer.Option(help="with --production: rated sessions per version")] = 32,
+    sessions: Annotated[int, typer.Option(help="with --production: rated sessions per version")] = 64,
 ) -> None:
     """The whole loop on this machine: an unmodified agent improves while it runs.
 

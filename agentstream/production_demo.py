@@ -43,11 +43,13 @@ DECISIONS = tuple(PAST)
 @dataclass
 class ProductionConfig(StackConfig):
     versions: int = 3
-    sessions_per_version: int = 32
+    sessions_per_version: int = 64
     """rated sessions one weight version trains on"""
     concurrency: int = 4
-    """users at once"""
-    lr: float = 5e-3
+    """users at once (at most)"""
+    rate: float = 1.5
+    """new users per second: slow enough that a canary is decided before the next version is trained"""
+    lr: float = 8e-3
     epochs: int = 2
     """passes over each batch of sessions"""
     max_tokens: int = 8
@@ -55,7 +57,7 @@ class ProductionConfig(StackConfig):
     """sessions a new version serves first"""
     min_sessions: int = 12
     """rated sessions each arm needs before the decision service tests"""
-    max_sessions: int = 30
+    max_sessions: int = 24
     """sessions per arm after which a canary that is not better is rolled back"""
     alpha: float = 0.05
     feedback_window_s: float = 8.0
@@ -143,6 +145,14 @@ class ProductionProgress(Progress):
                        "p95_latency_ms": arm.p95_latency_ms} for arm in release.arms])
             self.decisions.append(row.decision)
 
+    def undecided(self, version: int) -> str:
+        """A canary without a decision: running, or replaced by a newer version's canary before one came."""
+        if self.row(version).canary_at_s is None:
+            return ""
+        newer = [v for v, row in self.rows.items() if v > version and isinstance(row, ProductionRow)
+                 and row.canary_at_s is not None]
+        return f"replaced by v{min(newer)}'s canary" if newer else "running"
+
     def table(self) -> Table:
         table = Table(title="agentstream demo --production: the users' reward of the sessions each version served")
         for column in ("version", "sessions", "reward mean", "trained on", "swap pause", "published at", "canary"):
@@ -150,7 +160,7 @@ class ProductionProgress(Progress):
         for version in sorted(self.rows):
             row = self.rows[version]
             assert isinstance(row, ProductionRow)
-            canary = row.decision.text() if row.decision else ("running" if row.canary_at_s is not None else "")
+            canary = row.decision.text() if row.decision else self.undecided(version)
             table.add_row(
                 str(version), f"{len(row.rewards)}" + (f" ({row.late_rewards} late)" if row.late_rewards else ""),
                 f"{row.reward_mean:.3f}" if row.reward_mean is not None else "",
@@ -219,7 +229,8 @@ class ProductionDemo(Demo):
                    "--max-latency-ratio", "50", "--interval-s", "2")
         await self.await_http("gateway", f"{gateway_url}/healthz")
         self.start("users", "examples.production_users", "--tasks", str(QUESTIONS),
-                   "--concurrency", str(config.concurrency), "--max-tokens", str(config.max_tokens),
+                   "--concurrency", str(config.concurrency), "--rate", str(config.rate),
+                   "--max-tokens", str(config.max_tokens),
                    "--delay-s", "2", "--late-share", str(config.late_share),
                    "--late-delay-s", str(config.feedback_window_s + 6), "--seed", str(config.seed),
                    env={"OPENAI_BASE_URL": f"{gateway_url}/v1", "OPENAI_API_KEY": self.api_key,
@@ -292,7 +303,8 @@ def plot(progress: ProductionProgress, path: Path) -> None:
                          label="promoted" if promoted else "rolled back")
             if decision.p_value is not None:
                 axis.annotate(f"p={decision.p_value:.2g}", (decision.version, row.reward_mean),
-                              textcoords="offset points", xytext=(6, -14), fontsize=8)
+                              textcoords="offset points", xytext=(-14, 12), fontsize=8)
+        axis.set_xlim(min(versions) - 0.5, max(versions) + 0.5)
         handles, labels = axis.get_legend_handles_labels()
         unique = dict(zip(labels, handles))
         axis.legend(unique.values(), unique.keys())

@@ -11,7 +11,7 @@ demo's rollouts), sent as `score` with thumbs up at 0.5 or more. A model that do
 yet is rated low, so what it learns from the feedback is the users' preference. The feedback comes after
 the session ended: most of it within `--delay-s`, a `--late-share` of it after `--late-delay-s`.
 
-  python examples/production_users.py --tasks examples/arithmetic_tasks.jsonl --concurrency 4
+  python examples/production_users.py --tasks examples/arithmetic_tasks.jsonl --concurrency 4 --rate 1.5
 Each session is a JSON line on stdout; runs until `--sessions` were rated (0: until stopped).
 """
 
@@ -51,6 +51,7 @@ class Users:
                                       headers={"authorization": f"Bearer {os.environ['OPENAI_API_KEY']}"})
         self.prompts = prompts_of(args.tasks)
         self.rated = 0
+        self.next_arrival = 0.0
         self.feedback: set[asyncio.Task] = set()
 
     async def session(self, number: int) -> None:
@@ -84,10 +85,20 @@ class Users:
         print(json.dumps({"session": session_id, "answer": answer, "score": round(score, 3),
                           "delay_s": round(delay, 2), "late": late}), flush=True)
 
+    async def arrival(self) -> None:
+        """Wait for the next user's turn: arrivals at `--rate` per second on average (a Poisson stream), never
+        in a burst to catch up."""
+        if not self.args.rate:
+            return
+        now = asyncio.get_running_loop().time()
+        self.next_arrival = max(self.next_arrival, now) + self.random.expovariate(self.args.rate)
+        await asyncio.sleep(self.next_arrival - now)
+
     async def user(self, numbers) -> None:
         for number in numbers:
             if self.args.sessions and self.rated >= self.args.sessions:
                 return
+            await self.arrival()
             await self.session(number)
 
     async def run(self) -> None:
@@ -100,7 +111,8 @@ class Users:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", required=True, help="JSONL of tasks: their input prompts are the questions")
-    parser.add_argument("--concurrency", type=int, default=4, help="users at once")
+    parser.add_argument("--concurrency", type=int, default=4, help="users at once (at most)")
+    parser.add_argument("--rate", type=float, default=0.0, help="new users per second (0: as fast as answered)")
     parser.add_argument("--sessions", type=int, default=0, help="stop after this many rated sessions (0: never)")
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--preferred", default="0123456789", help="the characters users like answers written in")
