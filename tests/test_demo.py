@@ -1,4 +1,5 @@
-"""`agentstream demo`, short: every service as its own process, a few weight versions end to end."""
+"""`agentstream demo` and `agentstream demo --production`, short: every service as its own process, a few weight
+versions end to end."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from rich.console import Console
 
 from agentstream.demo import DemoConfig, reset_weights, run_demo
+from agentstream.production_demo import ProductionConfig, run_production_demo
 from agentstream.stack.vllm import LocalVLLM, running_servers
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(900)]
@@ -53,3 +55,37 @@ def agents_of(out: Path) -> list[str]:
         if f"AGENTSTREAM_TASK={out}/".encode() in environ:
             found.append(pid)
     return found
+
+
+def test_a_short_production_demo_learns_from_sessions_and_decides_its_canary(vllm_server, kafka_bootstrap, tmp_path,
+                                                                              monkeypatch):
+    """`agentstream demo --production`, short: users' rated sessions train a version, which goes out as a canary on
+    a second server and is promoted or rolled back by the decision service; the session's server is reset after."""
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)
+    name = next(n for n, state in running_servers().items() if state.url == vllm_server.url)
+    config = ProductionConfig(versions=1, sessions_per_version=16, min_sessions=6, max_sessions=12, late_share=0.3,
+                              out=tmp_path / "production", vllm_name=name, base_model=vllm_server.model_dir,
+                              keep_stack=True, timeout_s=600)
+    try:
+        result = run_production_demo(config, Console(width=160, record=True))
+    finally:
+        LocalVLLM(config.canary_vllm_name).stop(grace=2)
+        assert LocalVLLM(name).state() is not None, "the demo stopped a server it did not start"
+        assert reset_weights(vllm_server.url, vllm_server.model_dir)
+
+    assert json.loads((config.out / "summary.json").read_text()) == json.loads(json.dumps(result))
+    assert (config.out / "reward.png").stat().st_size > 0
+    versions = result["per_version"]
+    # the starting weights served rated sessions; version 1 trained on a full batch of them and swapped in
+    assert versions[0]["sessions"] >= 6 and versions[0]["reward_mean"] is not None
+    assert versions[1]["trained_on"] == 16 and versions[1]["pause_ms"] > 0
+    assert result["sessions_trained_on"] == 16
+    # its canary was decided by the rule, with both arms' numbers: stable v0 first, then the canary
+    [decision] = result["decisions"]
+    assert decision["version"] == 1 and decision["action"] in ("promote", "rollback")
+    assert decision["decided_by"] == "rule" and decision["p_value"] is not None
+    assert [arm["version"] for arm in decision["arms"]] == [0, 1]
+    assert all(arm["sessions"] >= 6 for arm in decision["arms"])
+    assert (result["promoted"] or result["rolled_back"]) == [1]
+    users = (config.out / "logs" / "users.log").read_text().splitlines()
+    assert any('"late": true' in line for line in users), "no user rated after the feedback window"
