@@ -277,7 +277,7 @@ async def test_a_rollout_is_read_from_its_own_partition_only(kafka):
         assert sorted(e.id for e in around[base]) == expected and expected, base
 
 
-async def test_the_canaries_page_shows_each_canary_live(kafka):
+async def test_the_canaries_page_shows_each_canary_live(kafka, chromium):
     from schemas.kafka import ensure_topics
     from tests.test_releases import release
 
@@ -309,7 +309,7 @@ async def test_the_canaries_page_shows_each_canary_live(kafka):
         from playwright.async_api import async_playwright, expect
 
         async with async_playwright() as pw:
-            browser = await pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            browser = await pw.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
             page = await browser.new_page()
             try:
                 await page.goto(url)
