@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import uvicorn
 from anthropic import AsyncAnthropic
 from openai import AsyncOpenAI
 
-from agentstream.stack.process import free_port
+from agentstream.stack.process import free_port, stop_pid
 from gateway.app import Gateway, create_app
 from gateway.settings import GatewaySettings
 from schemas import Event, decode
 from schemas.kafka import KafkaSettings, make_consumer, partitions_of
-from tests.conftest import wait_for_async
+from tests.conftest import wait_for, wait_for_async
 
 OPERATOR_KEY = "operator-key-for-tests"
 TOKEN_SECRET = "token-secret-for-tests"
@@ -164,3 +168,51 @@ class Forwarder:
                 self._writers.discard(sink)
 
         await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
+
+
+@dataclass
+class GatewayProcess:
+    """`python -m gateway` as a process of its own, so that a test can kill it and start it again: the
+    operator key, the test's topic prefix, `upstreams` ("name=url"), and `env` for any other setting."""
+
+    kafka: KafkaSettings
+    upstreams: list[str]
+    log: Path
+    env: dict[str, str] = field(default_factory=dict)
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> GatewayProcess:
+        env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": self.kafka.bootstrap_servers,
+               "AGENTSTREAM_API_KEYS": f'["{OPERATOR_KEY}"]', "AGENTSTREAM_TOPIC_PREFIX": self.kafka.topic_prefix,
+               "AGENTSTREAM_UPSTREAMS": ",".join(self.upstreams), **self.env}
+        with open(self.log, "ab") as out:
+            self.process = subprocess.Popen([sys.executable, "-m", "gateway", "--port", str(self.port)],
+                                            cwd=Path(__file__).parents[1], env=env, stdout=out, stderr=out)
+        wait_for(self._healthy, timeout=60, what="the gateway's /healthz")
+        return self
+
+    def _healthy(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise AssertionError(f"the gateway exited:\n{self.log.read_text()[-3000:]}")
+        try:
+            return httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait(30)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            stop_pid(self.process.pid, grace=30)
+
+    def http(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.url, headers={"authorization": f"Bearer {OPERATOR_KEY}"}, timeout=60)

@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import uuid
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,13 +19,13 @@ import pytest
 from openai import AsyncOpenAI
 
 import schemas as s
-from agentstream.stack.process import free_port, spawn, stop_pid, tail
+from agentstream.stack.process import spawn, stop_pid
 from agentstream.stack.vllm import LocalVLLM
 from schemas.events import Weights, WeightsEvent
 from schemas.releases import BUCKETS, canary_servers, in_canary
 from schemas.sessions import session_rollout_id
 from tests.conftest import wait_for
-from tests.gateway_support import OPERATOR_KEY
+from tests.gateway_support import OPERATOR_KEY, GatewayProcess
 from tests.streams_support import REPO, StreamsWorker, TopicWatch, publish
 
 pytestmark = pytest.mark.vllm
@@ -70,53 +69,6 @@ def load(url: str, path: Path, version: int) -> None:
 
 
 @dataclass
-class Gateway:
-    """`python -m gateway` as a process over both servers, with canaries on: it can be killed and started again."""
-
-    kafka: object
-    upstreams: list[str]
-    base: Path
-    log: Path
-    port: int = field(default_factory=free_port)
-    process: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> Gateway:
-        env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": self.kafka.bootstrap_servers,
-               "AGENTSTREAM_API_KEYS": f'["{OPERATOR_KEY}"]', "AGENTSTREAM_TOPIC_PREFIX": self.kafka.topic_prefix,
-               "AGENTSTREAM_UPSTREAMS": ",".join(f"tiny={url}" for url in self.upstreams),
-               "AGENTSTREAM_CANARY_SHARE": str(SHARE), "AGENTSTREAM_BASE_WEIGHTS": f"tiny={self.base}"}
-        with open(self.log, "ab") as out:
-            self.process = subprocess.Popen([sys.executable, "-m", "gateway", "--port", str(self.port)],
-                                            cwd=REPO, env=env, stdout=out, stderr=out)
-
-        def healthy() -> bool:
-            if self.process.poll() is not None:
-                raise AssertionError(f"the gateway exited:\n{self.log.read_text()[-3000:]}")
-            try:
-                return httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(healthy, timeout=60, what="the gateway's /healthz")
-        return self
-
-    def kill(self) -> None:
-        self.process.kill()
-        self.process.wait(30)
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            stop_pid(self.process.pid, grace=30)
-
-    def http(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.url, headers={"authorization": f"Bearer {OPERATOR_KEY}"}, timeout=60)
-
-
-@dataclass
 class Judge:
     """`python -m releases` as a process."""
 
@@ -145,7 +97,7 @@ class User:
     def on_canary(self) -> bool:
         return in_canary(session_rollout_id(self.session_id), round(SHARE * BUCKETS))
 
-    async def ask(self, gateway: Gateway) -> None:
+    async def ask(self, gateway: GatewayProcess) -> None:
         client = AsyncOpenAI(api_key=OPERATOR_KEY, base_url=f"{gateway.url}/v1", max_retries=0,
                              default_headers={SESSION: self.session_id})
         raw = await client.chat.completions.with_raw_response.create(
@@ -154,7 +106,7 @@ class User:
         assert raw.status_code == 200
         self.calls.append(raw.headers["x-agentstream-call-id"])
 
-    async def end_and_rate(self, gateway: Gateway, score: float) -> None:
+    async def end_and_rate(self, gateway: GatewayProcess, score: float) -> None:
         async with gateway.http() as http:
             for path, body in ((f"/sessions/{self.session_id}/end", {}),
                                (f"/sessions/{self.session_id}/feedback", {"score": score, "id": "rating"})):
@@ -188,7 +140,7 @@ def releases(watch: TopicWatch, action: str) -> list[s.ReleaseEvent]:
 
 @dataclass
 class Stack:
-    gateway: Gateway
+    gateway: GatewayProcess
     worker: StreamsWorker
     judge: Judge | None
     urls: list[str]
@@ -206,7 +158,9 @@ async def stack(kafka, vllm_server, second_server, tmp_path):
     stable = max(version_of(url) for url in urls) + 1
     for url in urls:
         load(url, vllm_server.model_dir, stable)
-    gateway = Gateway(kafka, urls, vllm_server.model_dir, tmp_path / "gateway.log").start()
+    gateway = GatewayProcess(kafka, [f"tiny={url}" for url in urls], tmp_path / "gateway.log",
+                             {"AGENTSTREAM_CANARY_SHARE": str(SHARE),
+                              "AGENTSTREAM_BASE_WEIGHTS": f"tiny={vllm_server.model_dir}"}).start()
     worker = StreamsWorker(kafka, tmp_path / "streams", tmp_path / "streams.log",
                            ("--session-idle-s", "30", "--feedback-window-s", "30")).start()
     judge = Judge(kafka, tmp_path / "releases.log").start()

@@ -5,25 +5,18 @@ rebuild under another reward policy gives the same sequences with new rewards, a
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import httpx
 import pytest
 from openai import AsyncOpenAI
 
 import schemas as s
-from agentstream.stack.process import free_port
 from schemas.codec import encode
 from schemas.sessions import session_rollout_id
 from streams.trajectory import revision_id as derived_revision
-from tests.conftest import wait_for
-from tests.gateway_support import OPERATOR_KEY
-from tests.streams_support import REPO, StreamsWorker, TopicWatch
+from tests.gateway_support import OPERATOR_KEY, GatewayProcess
+from tests.streams_support import StreamsWorker, TopicWatch
 from tests.test_replay import cli, read_topic
 
 pytestmark = pytest.mark.vllm
@@ -31,51 +24,6 @@ pytestmark = pytest.mark.vllm
 WORKER_ARGS = ("--session-idle-s", "3", "--feedback-window-s", "6")
 """(the tests' worker also has --settle-s 0.2)"""
 SESSION = "x-agentstream-session-id"
-
-
-@dataclass
-class GatewayProcess:
-    """`python -m gateway` as a process, so that it can be killed."""
-
-    kafka: s.Event
-    upstream: str
-    log: Path
-    port: int = field(default_factory=free_port)
-    process: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> GatewayProcess:
-        env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": self.kafka.bootstrap_servers,
-               "AGENTSTREAM_API_KEYS": f'["{OPERATOR_KEY}"]', "AGENTSTREAM_TOPIC_PREFIX": self.kafka.topic_prefix}
-        with open(self.log, "ab") as out:
-            self.process = subprocess.Popen([sys.executable, "-m", "gateway", "--port", str(self.port), "--upstreams",
-                                             f"tiny={self.upstream}"],
-                                            cwd=REPO, env=env, stdout=out, stderr=out)
-
-        def healthy() -> bool:
-            if self.process.poll() is not None:
-                raise AssertionError(f"the gateway exited:\n{self.log.read_text()[-3000:]}")
-            try:
-                return httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(healthy, timeout=60, what="the gateway's /healthz")
-        return self
-
-    def kill(self) -> None:
-        self.process.kill()
-        self.process.wait(30)
-
-    def client(self, session_id: str) -> AsyncOpenAI:
-        return AsyncOpenAI(api_key=OPERATOR_KEY, base_url=f"{self.url}/v1", max_retries=0,
-                           default_headers={SESSION: session_id})
-
-    def http(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.url, headers={"authorization": f"Bearer {OPERATOR_KEY}"}, timeout=30)
 
 
 @dataclass
@@ -88,7 +36,8 @@ class User:
     """the call ids of its turns (the gateway's x-agentstream-call-id)"""
 
     async def talk(self, gateway: GatewayProcess) -> None:
-        client = gateway.client(self.session_id)
+        client = AsyncOpenAI(api_key=OPERATOR_KEY, base_url=f"{gateway.url}/v1", max_retries=0,
+                             default_headers={SESSION: self.session_id})
         messages = [{"role": "user", "content": f"hello from {self.session_id}"}]
         for turn in range(self.turns):
             raw = await client.chat.completions.with_raw_response.create(
@@ -145,7 +94,7 @@ def revised_with_each_late_reward(events: list[s.Event]) -> bool:
 
 async def test_a_population_of_users_in_sessions_becomes_rewarded_trajectories_across_restarts(
         kafka, vllm_server, tmp_path, monkeypatch):
-    gateway = GatewayProcess(kafka, vllm_server.url, tmp_path / "gateway.log").start()
+    gateway = GatewayProcess(kafka, [f"tiny={vllm_server.url}"], tmp_path / "gateway.log").start()
     worker = StreamsWorker(kafka, tmp_path / "streams", tmp_path / "streams.log", WORKER_ARGS).start()
     liked, disliked, rated_call, idle, rated_late, after = (
         User("u-liked", 3), User("u-disliked", 2), User("u-rated-call", 3), User("u-idle", 2),
