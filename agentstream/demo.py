@@ -41,9 +41,9 @@ from agentstream.stack.process import ServerState, free_port, spawn, stop_pid, t
 from agentstream.stack.smollm2 import build_smollm2, default_folder
 from agentstream.stack.tiny_model import build_tiny_model
 from agentstream.stack.vllm import LocalVLLM
-from schemas.codec import DecodeError, decode
-from schemas.events import PoolUpdateEvent, TrajectoryEvent, WeightsEvent
-from schemas.kafka import KafkaSettings, ensure_topics, make_consumer
+from agentstream.schemas.codec import DecodeError, decode
+from agentstream.schemas.events import PoolUpdateEvent, TrajectoryEvent, WeightsEvent
+from agentstream.schemas.kafka import KafkaSettings, ensure_topics, make_consumer
 
 REPO = Path(__file__).resolve().parents[1]
 AGENT = REPO / "examples" / "single_turn.py"
@@ -276,7 +276,7 @@ class Demo:
         """The controller, told to stop its unfinished attempts at once when the run ends (SIGTERM): with
         its default shutdown grace (30 s) it could outlive `stop_all`'s STOP_GRACE_S, be killed, and leave
         its agents, each in a process group of its own, running with nobody to stop them."""
-        return self.start("controller", "controller", *args, "--shutdown-grace-s", "0", env=env)
+        return self.start("controller", "agentstream.controller", *args, "--shutdown-grace-s", "0", env=env)
 
     def check_alive(self) -> None:
         """Fail on a service that died; one that finished its work (exit 0: the trainer's last
@@ -332,7 +332,7 @@ class Demo:
         secret, port = secrets.token_urlsafe(24), free_port()
         self.api_key = secrets.token_urlsafe(24)
         upstreams = ",".join(f"{served}={server.url}" for server in servers)
-        self.start("gateway", "gateway", *common_flags(kafka), "--port", str(port), "--upstreams", upstreams,
+        self.start("gateway", "agentstream.gateway", *common_flags(kafka), "--port", str(port), "--upstreams", upstreams,
                    f"--token-secret={secret}", f"--api-keys={self.api_key}", *flags)
         return f"http://127.0.0.1:{port}", secret
 
@@ -340,9 +340,9 @@ class Demo:
         config, spec, model = self.config, self.config.spec, self.config.model
         common = common_flags(kafka)
         gateway_url, secret = self.start_gateway(kafka, model, vllm)
-        self.start("streams", "streams", "worker", *common, "--web-port", str(free_port()),
+        self.start("streams", "agentstream.streams", "worker", *common, "--web-port", str(free_port()),
                    "--settle-s", "0.3", "--data-dir", str(self.out / "streams"))
-        self.start("trainer", "trainer", *common, "--model", model, "--base-model", str(model_dir),
+        self.start("trainer", "agentstream.trainer", *common, "--model", model, "--base-model", str(model_dir),
                    "--checkpoint-dir", str(self.out / "checkpoints"), "--group-size", str(config.samples),
                    "--groups-per-batch", str(config.tasks), "--lr", str(config.lr or spec.lr),
                    "--max-staleness", str(config.max_staleness), "--max-versions", str(config.versions),

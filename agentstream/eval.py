@@ -28,12 +28,12 @@ from typing import Literal
 
 from aiokafka import TopicPartition
 
-from controller.tasks import load_tasks
-from schemas.codec import DecodeError, decode
-from schemas.events import (
+from agentstream.controller.tasks import load_tasks
+from agentstream.schemas.codec import DecodeError, decode
+from agentstream.schemas.events import (
     Eval, EvalEvent, Event, PoolUpdateEvent, RolloutQueuedEvent, TrajectoryEvent, WeightsEvent,
 )
-from schemas.kafka import KafkaSettings, Publisher, make_consumer, make_producer, partitions_of
+from agentstream.schemas.kafka import KafkaSettings, Publisher, make_consumer, make_producer, partitions_of
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -141,7 +141,7 @@ class Evaluator:
 
     def _run_controller(self, tasks: Path, run_id: str) -> int:
         config, kafka = self.config, self.kafka
-        args = [sys.executable, "-m", "controller", "--bootstrap-servers", kafka.bootstrap_servers,
+        args = [sys.executable, "-m", "agentstream.controller", "--bootstrap-servers", kafka.bootstrap_servers,
                 "--topic-prefix", kafka.topic_prefix, "--tasks", str(tasks), "--agent", config.agent,
                 "--validation-samples" if config.split == "validation" else "--samples", str(config.samples),
                 "--epochs", "1", "--run-id", run_id,
@@ -201,7 +201,7 @@ class Evaluator:
 
 def _of_run(event: RolloutQueuedEvent, run_id: str) -> bool:
     """Whether a queued rollout belongs to this run: the controller names its groups from the run id."""
-    from schemas.ids import derived_id
+    from agentstream.schemas.ids import derived_id
 
     queued = event.data
     return queued.group_id == derived_id(run_id, "group", queued.split, queued.task.id, str(queued.epoch))
@@ -217,7 +217,7 @@ async def _seek_to_time(consumer, partitions: list[TopicPartition], since_ms: in
 
 async def current_version(kafka: KafkaSettings, model: str) -> int:
     """The latest weight version published for `model` (0 when none yet)."""
-    from schemas.scan import scan
+    from agentstream.schemas.scan import scan
 
     latest = 0
     async for batch in scan(kafka, kafka.topics.weights):

@@ -6,7 +6,7 @@ sessions and rate the answers later, by a preference the starting model does not
 digits). The streams worker turns each session into a trajectory and its feedback into a reward
 (`--reward-policy`); the trainer learns from those sessions off-policy (`--rollout-is token`, REINFORCE++
 over ungrouped samples); every new version goes out as a canary on the second of two vLLM servers for a
-share of the sessions; the decision service (`python -m releases`) promotes it when its users rate it
+share of the sessions; the decision service (`python -m agentstream.releases`) promotes it when its users rate it
 better, or rolls it back. The report shows, per version, the users' reward of the sessions it served,
 what it was trained on, its swap pause and its canary's decision with its numbers, and plots them
 (`reward.png`, `summary.json` in runs/demo-production-*).
@@ -31,8 +31,8 @@ from agentstream.stack import StackError
 from agentstream.stack.process import ServerState, free_port
 from agentstream.stack.tiny_model import build_tiny_model
 from agentstream.stack.vllm import LocalVLLM
-from schemas.events import ReleaseEvent, RewardEvent, TrajectoryEvent
-from schemas.kafka import KafkaSettings
+from agentstream.schemas.events import ReleaseEvent, RewardEvent, TrajectoryEvent
+from agentstream.schemas.kafka import KafkaSettings
 
 USERS = REPO / "examples" / "production_users.py"
 QUESTIONS = REPO / "examples" / "arithmetic_tasks.jsonl"
@@ -212,17 +212,17 @@ class ProductionDemo(Demo):
             kafka, model, *self.servers,
             flags=("--canary-share", str(config.canary_share), "--canary-servers", "1",
                    "--base-weights", f"{model}={model_dir.resolve()}"))
-        self.start("streams", "streams", "worker", *common, "--web-port", str(free_port()), "--settle-s", "0.3",
+        self.start("streams", "agentstream.streams", "worker", *common, "--web-port", str(free_port()), "--settle-s", "0.3",
                    "--data-dir", str(self.out / "streams"), "--reward-policy", "streams.policies:latest",
                    "--feedback-window-s", str(config.feedback_window_s), "--session-idle-s", "120")
-        self.start("trainer", "trainer", *common, "--model", model, "--base-model", str(model_dir),
+        self.start("trainer", "agentstream.trainer", *common, "--model", model, "--base-model", str(model_dir),
                    "--checkpoint-dir", str(self.out / "checkpoints"), "--group-size", "8",
                    "--groups-per-batch", str(max(1, config.sessions_per_version // 8)),
                    "--ungrouped-adv-estimator", "reinforce_plus_plus", "--rollout-is", "token",
                    "--lr", str(config.lr), "--epochs", str(config.epochs),
                    "--max-staleness", str(config.versions), "--max-versions", str(config.versions),
                    "--seed", str(config.seed))
-        self.start("releases", "releases", *common, "--alpha", str(config.alpha),
+        self.start("releases", "agentstream.releases", *common, "--alpha", str(config.alpha),
                    "--min-sessions", str(config.min_sessions), "--max-sessions", str(config.max_sessions),
                    "--min-calls", str(config.min_sessions), "--max-error-rate-increase", "0.2",
                    # two CPU servers on one loaded machine: their latencies differ by the load, not the version

@@ -25,10 +25,10 @@ from agentstream_native import Decoder
 from pydantic import BaseModel
 
 from agentstream.repeats import drop_repeats
-from schemas.scan import KAFKA, Bounds, Fetch, Origin, Record, archive_table, plan_scan, scan_fetches
-from schemas import collector
-from schemas.events import EVENT_TYPES, Payload
-from schemas.kafka import KafkaSettings
+from agentstream.schemas.scan import KAFKA, Bounds, Fetch, Origin, Record, archive_table, plan_scan, scan_fetches
+from agentstream.schemas import collector
+from agentstream.schemas.events import EVENT_TYPES, Payload
+from agentstream.schemas.kafka import KafkaSettings
 
 ENVELOPE = ("id", "type", "schema_version", "time", "source", "rollout_id", "attempt_id")
 DECODING = 2

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-import schemas as s
+import agentstream.schemas as s
 
 # --- trainer: trajectories of the tiny model -------------------------------------------------
 

@@ -26,13 +26,13 @@ from rich.table import Table
 from rich.text import Text
 
 from agentstream.repeats import Repeats
-from schemas.scan import Bounds, Fetch, plan_scan, scan_fetches
-from schemas.codec import DecodeError, decode
-from schemas.errors import LogUnavailable
-from schemas.events import MetricsEvent, PoolUpdate, PoolUpdateEvent
-from schemas.kafka import KafkaSettings, make_consumer, partitions_of
-from schemas.shapes import shape
-from streams.analytics import merge, summary
+from agentstream.schemas.scan import Bounds, Fetch, plan_scan, scan_fetches
+from agentstream.schemas.codec import DecodeError, decode
+from agentstream.schemas.errors import LogUnavailable
+from agentstream.schemas.events import MetricsEvent, PoolUpdate, PoolUpdateEvent
+from agentstream.schemas.kafka import KafkaSettings, make_consumer, partitions_of
+from agentstream.schemas.shapes import shape
+from agentstream.streams.analytics import merge, summary
 
 WINDOWS_SHOWN = 10
 POOL_SHOWN = 8

@@ -37,12 +37,12 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import schemas as s
+import agentstream.schemas as s
 from agentstream.stack.kafka import JVM_OPTIONS, LocalKafka
 from bench.streams_assembly import (
     EVENTS_PER_ROLLOUT, ROOT, console, fresh_topics, history, measure_worker, warm_up,
 )
-from streams.settings import StreamsSettings
+from agentstream.streams.settings import StreamsSettings
 
 COUNTS_TOOL = Path(__file__).with_name("KafkaCounts.java")
 USER, SYSTEM, SWITCHES = -1, -2, -3

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from agentstream.stack.kafka import LocalKafka
 from agentstream.stack.process import free_port
-from controller.controller import Controller
-from controller.settings import ControllerSettings
+from agentstream.controller.controller import Controller
+from agentstream.controller.settings import ControllerSettings
 
 
 async def bare_spawns(count: int, concurrency: int, folder: Path) -> float:

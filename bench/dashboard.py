@@ -3,7 +3,7 @@
     uv run python -m bench.dashboard [--events 1000000]
 
 The log: rollouts of 4 turns each (queued, started, 4 calls, finished, a reward, a trajectory: nine
-events a rollout). The dashboard runs as its own process (`python -m dashboard`); headless chromium
+events a rollout). The dashboard runs as its own process (`python -m agentstream.dashboard`); headless chromium
 opens each view and the clock stops when its numbers (or rows, or tokens) are on the screen. The
 baselines, measured in the same run: the same SQL through `agentstream.query.run_sql` in this process
 (what `agentstream sql` does after it starts), and `agentstream sql` itself, a new process each time
@@ -30,12 +30,12 @@ from pathlib import Path
 import httpx
 
 from agentstream.query import NAMED_QUERIES, run_sql
-from schemas.scan import Bounds, parse_time
+from agentstream.schemas.scan import Bounds, parse_time
 from agentstream.stack.kafka import LocalKafka
 from agentstream.stack.process import free_port, spawn, stop_pid, tail
 from bench.load import publish_all
 from bench.report import Report
-from schemas.kafka import KafkaSettings, ensure_topics
+from agentstream.schemas.kafka import KafkaSettings, ensure_topics
 from agentstream.samples import rollout
 
 KEY = "bench-key"
@@ -138,7 +138,7 @@ async def main(count: int) -> None:
 
             port = free_port()
             log = Path(tmp) / "dashboard.log"
-            process = spawn([sys.executable, "-m", "dashboard", "--port", str(port)], log, env={
+            process = spawn([sys.executable, "-m", "agentstream.dashboard", "--port", str(port)], log, env={
                 **os.environ, "KAFKA_BOOTSTRAP_SERVERS": state.url, "AGENTSTREAM_TOPIC_PREFIX": PREFIX,
                 "AGENTSTREAM_API_KEYS": KEY})
             url = f"http://127.0.0.1:{port}"

@@ -25,7 +25,7 @@ import polars as pl
 from agentstream.query import ENVELOPE, _decoder, _reader_schema, decode, event_row, frame, table_fields
 from bench.query import call_values
 from bench.report import Report
-from schemas.scan import Record
+from agentstream.schemas.scan import Record
 
 
 def cpu_s(fn: Callable[[], object], repeats: int = 3) -> float:

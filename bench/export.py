@@ -29,14 +29,14 @@ from pathlib import Path
 import orjson
 import polars as pl
 
-import schemas as s
+import agentstream.schemas as s
 from agentstream.stack.kafka import LocalKafka
 from bench.replay import rollout_events
 from bench.report import Report
 from bench.streams_assembly import ROOT, checkout
-from schemas.kafka import KafkaSettings, ensure_topics
-from schemas.scan import scan
-from streams.assembly import Timing, assemble
+from agentstream.schemas.kafka import KafkaSettings, ensure_topics
+from agentstream.schemas.scan import scan
+from agentstream.streams.assembly import Timing, assemble
 
 SINKS = ("events", "chat", "parquet")
 PREFIX = "bench-export."
@@ -45,7 +45,7 @@ EXPORT = """
 import asyncio, json, resource, sys, time
 from pathlib import Path
 from agentstream.replay import Job, Options, replay
-from schemas.kafka import KafkaSettings
+from agentstream.schemas.kafka import KafkaSettings
 url, prefix, sink, out, state = sys.argv[1:6]
 settings = KafkaSettings(bootstrap_servers=url, topic_prefix=prefix, partitions=4)
 def cpu():
@@ -61,7 +61,7 @@ TOP = """
 import asyncio, io, json, resource, sys, time
 from rich.console import Console
 from agentstream.top import show_once
-from schemas.kafka import KafkaSettings
+from agentstream.schemas.kafka import KafkaSettings
 url, prefix, out = sys.argv[1:4]
 settings = KafkaSettings(bootstrap_servers=url, topic_prefix=prefix, partitions=4)
 def cpu():

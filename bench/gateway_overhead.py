@@ -1,7 +1,7 @@
 """Gateway overhead: latency it adds over calling the upstream directly, and calls per second.
 
 Starts a Kafka broker (or uses KAFKA_BOOTSTRAP_SERVERS), two fake upstreams
-(`bench.fake_upstream`) and two gateways (`python -m gateway`, training mode): one with
+(`bench.fake_upstream`) and two gateways (`python -m agentstream.gateway`, training mode): one with
 durable publishing (`ack`, the default) and one with `async`. At each concurrency level the same
 client calls the upstream directly and through each gateway, in alternating rounds in the same
 run, and reports p50/p99 and the difference. Then the most calls per second each sustains, and
@@ -43,7 +43,7 @@ from rich.table import Table
 
 from agentstream.stack.kafka import LocalKafka
 from agentstream.stack.process import free_port, stop_pid
-from schemas.kafka import KafkaSettings, ensure_topics, make_consumer, partitions_of
+from agentstream.schemas.kafka import KafkaSettings, ensure_topics, make_consumer, partitions_of
 
 console = Console()
 ROOT = Path(__file__).parent.parent
@@ -172,7 +172,7 @@ async def run(args: argparse.Namespace) -> dict:
                 assert (await ensure_topics(kafka)).ok
                 port = free_port()
                 log = work / f"gateway-{mode}.log"
-                procs.append(spawn(["-m", "gateway", "--port", str(port), "--upstreams",
+                procs.append(spawn(["-m", "agentstream.gateway", "--port", str(port), "--upstreams",
                                     f"tiny={upstream},paced={paced_upstream}", "--durability", mode.split("-")[0],
                                     "--no-create-topics", "--log-level", "warning"], log,
                                    env={"KAFKA_BOOTSTRAP_SERVERS": bootstrap, "AGENTSTREAM_API_KEYS": f'["{KEY}"]',

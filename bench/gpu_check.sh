@@ -51,7 +51,7 @@ open(f"{work}/trajectories.jsonl", "wb").write(b"\n".join(lines) + b"\n")
 PY
 
 echo "4/5 training 2 versions on the GPU"
-uv run python -m trainer --offline-file "$WORK/trajectories.jsonl" --model smollm2 --base-model "$WORK/smollm2" \
+uv run python -m agentstream.trainer --offline-file "$WORK/trajectories.jsonl" --model smollm2 --base-model "$WORK/smollm2" \
   --checkpoint-dir "$WORK/ckpt" --device cuda --dtype auto --group-size 8 --groups-per-batch 2 --lr 2e-5 \
   --micro-batch-tokens 4096 --max-staleness 100 --bootstrap-servers "${KAFKA_BOOTSTRAP_SERVERS:-127.0.0.1:9092}" \
   >"$WORK/trainer.log" 2>&1 || fail "trainer (see $WORK/trainer.log; it needs a Kafka broker for its weights events: \

@@ -41,8 +41,8 @@ from pathlib import Path
 import orjson
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, Message, Producer, TopicPartition
 
-import schemas as s
-from schemas.kafka import KafkaSettings
+import agentstream.schemas as s
+from agentstream.schemas.kafka import KafkaSettings
 
 TEMPLATES = 32
 """distinct rollouts built once; live rollouts cycle through them"""

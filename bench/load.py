@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
-from schemas.events import Event
-from schemas.kafka import KafkaSettings, Publisher, make_producer
+from agentstream.schemas.events import Event
+from agentstream.schemas.kafka import KafkaSettings, Publisher, make_producer
 
 
 async def publish_all(settings: KafkaSettings, events: Iterable[Event], window: int = 5000) -> int:

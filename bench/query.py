@@ -25,13 +25,13 @@ import numpy as np
 import orjson
 import polars as pl
 
-import schemas as s
+import agentstream.schemas as s
 from agentstream.archive import Archiver
 from agentstream.query import NAMED_QUERIES, columns_in, decode, event_row, frame, load_table, run_sql
-from schemas.scan import KAFKA, Manifest, Origin, resolve, scan
+from agentstream.schemas.scan import KAFKA, Manifest, Origin, resolve, scan
 from agentstream.stack.kafka import LocalKafka
 from bench.report import Report
-from schemas.kafka import KafkaSettings, ensure_topics, make_consumer, partitions_of
+from agentstream.schemas.kafka import KafkaSettings, ensure_topics, make_consumer, partitions_of
 
 
 def call_event(i: int, rng: random.Random) -> s.CallEvent:

@@ -27,7 +27,7 @@ from bench.report import Report
 
 def batch(model_dir: Path, groups: int, group_size: int, completion: int):
     from bench.trainer_throughput import make_events
-    from trainer.batcher import Sample, group_of
+    from agentstream.trainer.batcher import Sample, group_of
 
     events = make_events(groups, group_size, completion, seed=0, prefix="g")
     return [Sample(e.id, 0, i, e.data, group_of(e.id, e.data)) for i, e in enumerate(events)]
@@ -39,8 +39,8 @@ def one_process(model_dir: str, args: dict) -> dict:
 
     import torch
 
-    from trainer.grpo import Policy
-    from trainer.settings import TrainerSettings
+    from agentstream.trainer.grpo import Policy
+    from agentstream.trainer.settings import TrainerSettings
 
     samples = batch(Path(model_dir), args["groups"], args["group_size"], args["completion"])
     settings = TrainerSettings(group_size=args["group_size"], lr=1e-3, dtype="float32", torch_threads=1)
@@ -57,8 +57,8 @@ def one_process(model_dir: str, args: dict) -> dict:
 
 
 def ranked(model_dir: Path, ranks: int, address: str, args: dict) -> dict:
-    from trainer.ranks import RankedPolicy
-    from trainer.settings import TrainerSettings
+    from agentstream.trainer.ranks import RankedPolicy
+    from agentstream.trainer.settings import TrainerSettings
 
     samples = batch(model_dir, args["groups"], args["group_size"], args["completion"])
     settings = TrainerSettings(group_size=args["group_size"], lr=1e-3, dtype="float32", torch_threads=1,
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     from transformers.utils import logging as hf_logging
 
     from agentstream.stack.tiny_model import build_tiny_model
-    from trainer.ranks import LocalRay, join_with_token
+    from agentstream.trainer.ranks import LocalRay, join_with_token
 
     hf_logging.set_verbosity_error()
     report = Report("ranks")

@@ -28,11 +28,11 @@ from rich.console import Console
 from agentstream.demo import common_flags
 from agentstream.stack.process import free_port
 from bench.report import Report
-from recipes.swe.recipe import HARNESS, Recipe, RecipeConfig, build_recipe_tasks
-from schemas.codec import DecodeError, decode
-from schemas.events import CallEvent, RewardEvent, RolloutDiffEvent, TrajectoryEvent, WeightsEvent
-from schemas.kafka import KafkaSettings
-from schemas.scan import scan
+from agentstream.recipes.swe.recipe import HARNESS, Recipe, RecipeConfig, build_recipe_tasks
+from agentstream.schemas.codec import DecodeError, decode
+from agentstream.schemas.events import CallEvent, RewardEvent, RolloutDiffEvent, TrajectoryEvent, WeightsEvent
+from agentstream.schemas.kafka import KafkaSettings
+from agentstream.schemas.scan import scan
 
 SCRIPT = ["ls", "grep -rn 'def ' --include=*.py . | head -20", "git status --short",
           "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"]
@@ -126,7 +126,7 @@ class Bench(Recipe):
 
 
 def _run_of(event) -> str:
-    from schemas.ids import derived_id
+    from agentstream.schemas.ids import derived_id
 
     queued = event.data
     for run_id in ("bench-recipe", "bench-scripted"):

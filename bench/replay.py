@@ -47,16 +47,16 @@ import tempfile
 import time
 from pathlib import Path
 
-import schemas as s
+import agentstream.schemas as s
 from agentstream.replay import Job, Options, RebuildSpec, replay
 from agentstream.archive import Archiver
-from schemas.scan import KAFKA, Origin, scan
+from agentstream.schemas.scan import KAFKA, Origin, scan
 from agentstream.stack.kafka import LocalKafka
 from bench.report import Report
 from bench.streams_assembly import ROOT, checkout
-from schemas.ids import new_id
-from schemas.kafka import KafkaSettings, ensure_topics
-from streams.assembly import Timing
+from agentstream.schemas.ids import new_id
+from agentstream.schemas.kafka import KafkaSettings, ensure_topics
+from agentstream.streams.assembly import Timing
 
 RAW = ("rollouts", "calls", "rewards")
 
@@ -159,8 +159,8 @@ REBUILD = """
 import asyncio, json, resource, sys, time
 from pathlib import Path
 from agentstream.replay import Job, Options, RebuildSpec, replay
-from schemas.kafka import KafkaSettings
-from streams.assembly import Timing
+from agentstream.schemas.kafka import KafkaSettings
+from agentstream.streams.assembly import Timing
 url, prefix, topic, state = sys.argv[1:5]
 settings = KafkaSettings(bootstrap_servers=url, topic_prefix=prefix, partitions=4)
 job = Job("raw", "topic", topic, rebuild=RebuildSpec(timing=Timing(settle_ms=1000, reward_grace_ms=30_000)))
@@ -190,9 +190,9 @@ def rebuild_process(tree: Path, settings: KafkaSettings, topic: str, state: Path
 
 FOLD = """
 import json, pickle, sys, time
-from schemas import collector
-from schemas.codec import decode, encode
-from streams.assembly import Assembly, Timing
+from agentstream.schemas import collector
+from agentstream.schemas.codec import decode, encode
+from agentstream.streams.assembly import Assembly, Timing
 raws = pickle.load(open(sys.argv[1], "rb"))
 timing = Timing(settle_ms=1000, reward_grace_ms=30_000)
 def fold():

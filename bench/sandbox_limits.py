@@ -28,9 +28,9 @@ from pathlib import Path
 
 from bench.report import Report
 from bench.sandbox_overhead import fill
-from sandbox import cgroups, disk
-from sandbox.contract import Limits, SandboxSpec
-from sandbox.local import LocalSandbox
+from agentstream.sandbox import cgroups, disk
+from agentstream.sandbox.contract import Limits, SandboxSpec
+from agentstream.sandbox.local import LocalSandbox
 
 LIMITS = Limits(attempt_timeout_s=3600)
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from agentstream.stack.process import free_port
 from bench.report import Report
-from sandbox.contract import Limits, Network, SandboxSpec
-from sandbox.local import LocalSandbox
+from agentstream.sandbox.contract import Limits, Network, SandboxSpec
+from agentstream.sandbox.local import LocalSandbox
 
 CLIENT = """
 import sys, time, urllib.request

@@ -42,9 +42,9 @@ def trainer_figures(mode: str, repeats: int) -> dict:
     from agentstream.stack.smollm2 import build_smollm2
     from bench.trainer_throughput import timed
     from agentstream.samples import trajectory
-    from trainer.batcher import Sample, group_of
-    from trainer.grpo import Policy, autocast, micro_batches, to_tensors
-    from trainer.settings import TrainerSettings
+    from agentstream.trainer.batcher import Sample, group_of
+    from agentstream.trainer.grpo import Policy, autocast, micro_batches, to_tensors
+    from agentstream.trainer.settings import TrainerSettings
 
     hf_logging.set_verbosity_error()
     folder = build_smollm2(agentstream_home() / "models" / "smollm2")

@@ -2,7 +2,7 @@
 event to its trajectory (p50, p99).
 
 Against a real broker (a throwaway local one, or KAFKA_BOOTSTRAP_SERVERS) and a real
-`python -m streams worker` process, on a fresh topic prefix, in one run:
+`python -m agentstream.streams worker` process, on a fresh topic prefix, in one run:
 
 1. Throughput. N rollouts (queued, two calls with prompts of a few hundred tokens, reward,
    finished; event times an hour ago, as when a worker catches up after a restart) are published
@@ -55,18 +55,18 @@ import httpx
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-import schemas as s
+import agentstream.schemas as s
 from agentstream.stack.kafka import LocalKafka
 from agentstream.stack.process import free_port, spawn, stop_pid, tail
 from bench.report import Report
 import orjson
 
-from schemas.codec import decode, encode
-from schemas.kafka import KafkaSettings, ensure_topics, make_consumer, make_producer, partitions_of
-from schemas.topics import TopicSpec, topic_specs
-from streams.assembly import Assembly, Timing
-from streams.settings import StreamsSettings
-from streams.worker import ASSEMBLED
+from agentstream.schemas.codec import decode, encode
+from agentstream.schemas.kafka import KafkaSettings, ensure_topics, make_consumer, make_producer, partitions_of
+from agentstream.schemas.topics import TopicSpec, topic_specs
+from agentstream.streams.assembly import Assembly, Timing
+from agentstream.streams.settings import StreamsSettings
+from agentstream.streams.worker import ASSEMBLED
 
 console = Console()
 ROOT = Path(__file__).parent.parent
@@ -250,7 +250,7 @@ def fold(raws: list[bytes], timing: Timing, decoded: list[s.Event] | None = None
 # --- the worker -----------------------------------------------------------------------------------
 
 class Worker:
-    """`python -m streams worker` as a process of its own."""
+    """`python -m agentstream.streams worker` as a process of its own."""
 
     def __init__(self, kafka: KafkaSettings, workdir: Path, settle_s: float, tick_s: float, root: Path = ROOT,
                  timeline: Path | None = None):
@@ -259,7 +259,7 @@ class Worker:
         self.port = free_port()
         self.root = root
         self.log = workdir / f"worker-{kafka.topic_prefix.rstrip('.')}.log"
-        self.cmd = [sys.executable, "-m", "streams", "worker", "--bootstrap-servers", kafka.bootstrap_servers,
+        self.cmd = [sys.executable, "-m", "agentstream.streams", "worker", "--bootstrap-servers", kafka.bootstrap_servers,
                     "--topic-prefix", kafka.topic_prefix, "--web-port", str(self.port),
                     "--data-dir", str(workdir / f"streams-{kafka.topic_prefix.rstrip('.')}"), "--settle-s", str(settle_s), "--tick-s", str(tick_s),
                     "--log-level", "warning"]

@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 
 from bench.report import Report
-from recipes.swe import repos, testrun
-from recipes.swe.build import TOOLZ, build, fetch_sdist
-from recipes.swe.grader import Grader
-from recipes.swe.instance import Instance
+from agentstream.recipes.swe import repos, testrun
+from agentstream.recipes.swe.build import TOOLZ, build, fetch_sdist
+from agentstream.recipes.swe.grader import Grader
+from agentstream.recipes.swe.instance import Instance
 
 
 def bare_run(instance: Instance, repos_dir: Path, env: Path, ids: list[str] | None) -> float:

@@ -19,9 +19,9 @@ import torch
 
 from agentstream.stack.tiny_model import build_tiny_model
 from agentstream.samples import IM_END, chat_prompt, trajectory
-from trainer.batcher import Sample, group_of
-from trainer.grpo import Policy
-from trainer.settings import TrainerSettings
+from agentstream.trainer.batcher import Sample, group_of
+from agentstream.trainer.grpo import Policy
+from agentstream.trainer.settings import TrainerSettings
 
 GROUPS, GROUP_SIZE, MAX_TOKENS = 4, 8, 8
 PAD = 256

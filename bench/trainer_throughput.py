@@ -27,11 +27,11 @@ import torch
 from agentstream.stack.kafka import LocalKafka
 from agentstream.stack.process import free_port
 from agentstream.stack.tiny_model import build_tiny_model
-from schemas.kafka import KafkaSettings, Publisher, ensure_topics, make_producer
+from agentstream.schemas.kafka import KafkaSettings, Publisher, ensure_topics, make_producer
 from agentstream.samples import IM_END, chat_prompt, trajectory
-from trainer.batcher import Sample, group_of
-from trainer.grpo import Policy, to_tensors
-from trainer.settings import TrainerSettings
+from agentstream.trainer.batcher import Sample, group_of
+from agentstream.trainer.grpo import Policy, to_tensors
+from agentstream.trainer.settings import TrainerSettings
 
 SHAPES = [  # (groups, group size, completion tokens)
     (4, 8, 16),
@@ -75,7 +75,7 @@ def timed(steps: dict, repeats: int) -> dict[str, float]:
 
 async def service_rate(bootstrap: str, model_dir: Path, shape, versions: int, workdir: Path) -> tuple[float, float]:
     """Samples per second of the running trainer, and the share of its time spent in `Policy.update`."""
-    from trainer.service import Trainer
+    from agentstream.trainer.service import Trainer
 
     groups, group_size, completion = shape
     kafka = KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=f"bench{groups}x{group_size}x{completion}.")

@@ -1,4 +1,4 @@
-"""`python -m controller --tasks FILE --agent CMD …` (also `agentstream run …`)."""
+"""`python -m agentstream.controller --tasks FILE --agent CMD …` (also `agentstream run …`)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from pydantic_settings import CliApp
 from rich.console import Console
 from rich.logging import RichHandler
 
-from schemas.errors import AgentstreamError
+from agentstream.schemas.errors import AgentstreamError
 
-from controller.controller import Controller
-from controller.progress import live_progress
-from controller.settings import ControllerSettings
-from controller.tasks import TaskFileError
+from agentstream.controller.controller import Controller
+from agentstream.controller.progress import live_progress
+from agentstream.controller.settings import ControllerSettings
+from agentstream.controller.tasks import TaskFileError
 
 
 async def run(settings: ControllerSettings, console: Console) -> int:

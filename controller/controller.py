@@ -27,21 +27,21 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from schemas.errors import LogUnavailable, ServiceError
-from schemas.events import (
+from agentstream.schemas.errors import LogUnavailable, ServiceError
+from agentstream.schemas.events import (
     Event, RolloutFailed, RolloutFailedEvent, RolloutFinished, RolloutFinishedEvent, RolloutHeartbeat,
     RolloutHeartbeatEvent, RolloutQueued, RolloutQueuedEvent, RolloutStarted, RolloutStartedEvent, RolloutTimedOut,
     RolloutTimedOutEvent,
 )
-from schemas.ids import new_id
-from schemas.kafka import Publisher, ensure_topics, make_producer
+from agentstream.schemas.ids import new_id
+from agentstream.schemas.kafka import Publisher, ensure_topics, make_producer
 
-from controller.attempt import Attempt, Exit, Gateway, LaunchError, Launcher, Running, tail_text
-from controller.history import INTERRUPTED, RunHistory
-from controller.log import TopicReader
-from controller.pacing import Pacer, WeightsFollower
-from controller.settings import ControllerSettings
-from controller.tasks import PlannedRollout, derive_run_id, load_task_set, plan_rollouts
+from agentstream.controller.attempt import Attempt, Exit, Gateway, LaunchError, Launcher, Running, tail_text
+from agentstream.controller.history import INTERRUPTED, RunHistory
+from agentstream.controller.log import TopicReader
+from agentstream.controller.pacing import Pacer, WeightsFollower
+from agentstream.controller.settings import ControllerSettings
+from agentstream.controller.tasks import PlannedRollout, derive_run_id, load_task_set, plan_rollouts
 
 log = logging.getLogger(__name__)
 SOURCE = "controller"
@@ -79,10 +79,10 @@ class Summary:
 
 def make_launcher(settings: ControllerSettings, run_id: str) -> Launcher:
     if settings.backend == "kubernetes":
-        from controller.kubernetes import KubernetesLauncher
+        from agentstream.controller.kubernetes import KubernetesLauncher
 
         return KubernetesLauncher.from_settings(settings, run_id)
-    from controller.local import LocalLauncher
+    from agentstream.controller.local import LocalLauncher
 
     return LocalLauncher(settings.agent, settings.timeout_s, settings.kill_grace_s, settings.tail_chars)
 

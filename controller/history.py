@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from schemas.events import (
+from agentstream.schemas.events import (
     TERMINAL_TYPES, Event, RolloutFailedEvent, RolloutQueuedEvent, RolloutStartedEvent,
 )
 

@@ -43,13 +43,13 @@ import yaml
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
-from sandbox.contract import Limits, Network
-from sandbox.kubernetes import GatewayPeer, PodSandbox, job_template, network_policy
-from sandbox.local import is_ip
-from schemas.ids import derived_id
+from agentstream.sandbox.contract import Limits, Network
+from agentstream.sandbox.kubernetes import GatewayPeer, PodSandbox, job_template, network_policy
+from agentstream.sandbox.local import is_ip
+from agentstream.schemas.ids import derived_id
 
-from controller.attempt import Attempt, Exit, Gateway, LaunchError, agent_env
-from controller.history import AttemptRecord
+from agentstream.controller.attempt import Attempt, Exit, Gateway, LaunchError, agent_env
+from agentstream.controller.history import AttemptRecord
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from typing import Literal
 import orjson
 import psutil
 
-from controller.attempt import Attempt, Exit, Gateway, LaunchError, agent_env, tail_text
-from controller.history import AttemptRecord
+from agentstream.controller.attempt import Attempt, Exit, Gateway, LaunchError, agent_env, tail_text
+from agentstream.controller.history import AttemptRecord
 
 
 @dataclass

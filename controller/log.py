@@ -13,11 +13,11 @@ from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from schemas.codec import DecodeError, decode
-from schemas.events import Event
-from schemas.ids import derived_id
-from schemas.kafka import KafkaSettings, Publisher, deadletter_event, make_consumer
-from schemas.scan import Bounds, Record, resolve, scan
+from agentstream.schemas.codec import DecodeError, decode
+from agentstream.schemas.events import Event
+from agentstream.schemas.ids import derived_id
+from agentstream.schemas.kafka import KafkaSettings, Publisher, deadletter_event, make_consumer
+from agentstream.schemas.scan import Bounds, Record, resolve, scan
 
 log = logging.getLogger(__name__)
 

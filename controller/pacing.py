@@ -21,9 +21,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from schemas.events import Event, WeightsEvent
+from agentstream.schemas.events import Event, WeightsEvent
 
-from controller.log import TopicReader
+from agentstream.controller.log import TopicReader
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from controller.controller import Controller
+from agentstream.controller.controller import Controller
 
 
 def status_line(controller: Controller) -> str:

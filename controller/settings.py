@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from schemas.kafka import KafkaSettings
+from agentstream.schemas.kafka import KafkaSettings
 
 
 class ControllerSettings(KafkaSettings):

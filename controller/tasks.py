@@ -25,9 +25,9 @@ import orjson
 import polars as pl
 from pydantic import ValidationError
 
-from schemas.errors import ConfigurationError
-from schemas.events import Task
-from schemas.ids import derived_id
+from agentstream.schemas.errors import ConfigurationError
+from agentstream.schemas.events import Task
+from agentstream.schemas.ids import derived_id
 
 Split = Literal["train", "validation"]
 SPLITS: tuple[Split, ...] = ("train", "validation")

@@ -1,4 +1,4 @@
-"""`python -m dashboard` (`agentstream dashboard`): serve the web dashboard over the log."""
+"""`python -m agentstream.dashboard` (`agentstream dashboard`): serve the web dashboard over the log."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import sys
 import uvicorn
 from pydantic_settings import CliApp
 
-from dashboard.app import create_app
-from dashboard.settings import DashboardSettings
+from agentstream.dashboard.app import create_app
+from agentstream.dashboard.settings import DashboardSettings
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,15 +19,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
-from schemas.keys import is_operator_key, presented_key
-from schemas.releases import summary
-from schemas.scan import parse_time
-from dashboard import compare as compare_
-from dashboard import overview as overview_
-from dashboard import rollouts as rollouts_
-from dashboard.live import Live
-from dashboard.settings import DashboardSettings
-from gateway.errors import GatewayError as APIError
+from agentstream.schemas.keys import is_operator_key, presented_key
+from agentstream.schemas.releases import summary
+from agentstream.schemas.scan import parse_time
+from agentstream.dashboard import compare as compare_
+from agentstream.dashboard import overview as overview_
+from agentstream.dashboard import rollouts as rollouts_
+from agentstream.dashboard.live import Live
+from agentstream.dashboard.settings import DashboardSettings
+from agentstream.gateway.errors import GatewayError as APIError
 
 STATIC = Path(__file__).parent / "static"
 

@@ -17,11 +17,11 @@ from collections import deque
 
 from aiokafka import ConsumerRecord, TopicPartition
 
-from schemas.codec import DecodeError, decode
-from schemas.events import CallEvent, PoolUpdateEvent, ReleaseEvent, RewardEvent, TrajectoryEvent, WeightsEvent
-from schemas.kafka import KafkaSettings, make_consumer, partitions_of
-from schemas.releases import ReleaseState, fold
-from schemas.scan import Bounds, Record, resolve, scan
+from agentstream.schemas.codec import DecodeError, decode
+from agentstream.schemas.events import CallEvent, PoolUpdateEvent, ReleaseEvent, RewardEvent, TrajectoryEvent, WeightsEvent
+from agentstream.schemas.kafka import KafkaSettings, make_consumer, partitions_of
+from agentstream.schemas.releases import ReleaseState, fold
+from agentstream.schemas.scan import Bounds, Record, resolve, scan
 
 log = logging.getLogger("dashboard.live")
 FOLLOWED = ("rollouts", "calls", "rewards", "trajectories", "weights", "pool", "releases")

@@ -16,9 +16,9 @@ from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from agentstream.query import NAMED_QUERIES
-from dashboard.sql import load_tables, run_on
-from schemas.kafka import KafkaSettings
-from schemas.scan import Bounds, resolve
+from agentstream.dashboard.sql import load_tables, run_on
+from agentstream.schemas.kafka import KafkaSettings
+from agentstream.schemas.scan import Bounds, resolve
 
 PASSED = "CASE WHEN reward IS NULL THEN NULL WHEN reward >= 1 THEN 1.0 ELSE 0.0 END"
 

@@ -1,16 +1,16 @@
-"""The dashboard's settings: environment (AGENTSTREAM_*), or the same names as `python -m dashboard` flags."""
+"""The dashboard's settings: environment (AGENTSTREAM_*), or the same names as `python -m agentstream.dashboard` flags."""
 
 from __future__ import annotations
 
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from schemas.kafka import KafkaSettings
-from schemas.keys import OperatorKeys, secret_values, text_list
+from agentstream.schemas.kafka import KafkaSettings
+from agentstream.schemas.keys import OperatorKeys, secret_values, text_list
 
 
 class DashboardSettings(KafkaSettings):
-    model_config = SettingsConfigDict(cli_prog_name="python -m dashboard")
+    model_config = SettingsConfigDict(cli_prog_name="python -m agentstream.dashboard")
 
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8090, description="port to listen on")

@@ -166,9 +166,9 @@ def served_version(stack: Stack) -> int | None:
 
 async def first_trajectory(stack: Stack, deadline_s: float) -> dict:
     """The first trajectory event in the log, read through Kafka's published port."""
-    from schemas.codec import decode
-    from schemas.kafka import KafkaSettings, make_consumer
-    from schemas.topics import Topics
+    from agentstream.schemas.codec import decode
+    from agentstream.schemas.kafka import KafkaSettings, make_consumer
+    from agentstream.schemas.topics import Topics
 
     settings = KafkaSettings(bootstrap_servers=f"127.0.0.1:{stack.ports['kafka']}")
     consumer = make_consumer(settings, Topics().trajectories, group_id=None)
@@ -198,7 +198,7 @@ def outside_controller(stack: Stack, logs: Path) -> subprocess.Popen:
            "AGENTSTREAM_RUN_ID": f"outside-{int(time.time())}",
            "AGENTSTREAM_PROGRESS": "false",
            "AGENTSTREAM_LOGS_DIR": str(logs)}
-    return subprocess.Popen([sys.executable, "-m", "controller"], cwd=ROOT, env=env,
+    return subprocess.Popen([sys.executable, "-m", "agentstream.controller"], cwd=ROOT, env=env,
                             stdout=open(logs / "controller.log", "w"), stderr=subprocess.STDOUT,
                             start_new_session=True)
 

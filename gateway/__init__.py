@@ -1,6 +1,6 @@
 """The agentstream gateway: an OpenAI-compatible proxy that records every model call to Kafka."""
 
-from gateway.app import create_app
-from gateway.settings import GatewaySettings
+from agentstream.gateway.app import create_app
+from agentstream.gateway.settings import GatewaySettings
 
 __all__ = ["create_app", "GatewaySettings"]

@@ -1,4 +1,4 @@
-"""`python -m gateway [FLAGS]`: serve the gateway until SIGTERM (in-flight calls finish first)."""
+"""`python -m agentstream.gateway [FLAGS]`: serve the gateway until SIGTERM (in-flight calls finish first)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from types import FrameType
 import uvicorn
 from pydantic_settings import CliApp
 
-from gateway import logs
-from gateway.app import create_app, settings_problem
-from gateway.settings import GatewaySettings
+from agentstream.gateway import logs
+from agentstream.gateway.app import create_app, settings_problem
+from agentstream.gateway.settings import GatewaySettings
 
 
 def main(argv: list[str] | None = None) -> None:

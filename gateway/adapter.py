@@ -22,10 +22,10 @@ from typing import Any, ClassVar, Literal
 import orjson
 from starlette.responses import Response
 
-from schemas.events import ChoiceTokens, Usage
+from agentstream.schemas.events import ChoiceTokens, Usage
 
-from gateway import sse
-from gateway.errors import ErrorCode, GatewayError, UpstreamFailed, error_body
+from agentstream.gateway import sse
+from agentstream.gateway.errors import ErrorCode, GatewayError, UpstreamFailed, error_body
 
 Body = dict[str, Any]
 """a JSON object as it came over the wire (checked field by field where it is read)"""

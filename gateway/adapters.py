@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from gateway.adapter import Adapter
-from gateway.chat import ChatCompletions
-from gateway.completions import Completions
-from gateway.messages import Messages
-from gateway.responses import Responses
+from agentstream.gateway.adapter import Adapter
+from agentstream.gateway.chat import ChatCompletions
+from agentstream.gateway.completions import Completions
+from agentstream.gateway.messages import Messages
+from agentstream.gateway.responses import Responses
 
 ADAPTERS: dict[str, Adapter] = {
     adapter.api: adapter for adapter in (ChatCompletions(), Completions(), Responses(), Messages())

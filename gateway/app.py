@@ -21,14 +21,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from gateway import rollouts, sessions
-from gateway.adapter import Adapter
-from gateway.adapters import ADAPTERS
-from gateway.errors import ErrorCode, GatewayError, error_body
-from gateway.messages import Messages
-from gateway.rollouts import MAX_DIFF_BODY_BYTES, MAX_DIFF_BYTES, json_response
-from gateway.service import Gateway, settings_problem
-from gateway.settings import GatewaySettings
+from agentstream.gateway import rollouts, sessions
+from agentstream.gateway.adapter import Adapter
+from agentstream.gateway.adapters import ADAPTERS
+from agentstream.gateway.errors import ErrorCode, GatewayError, error_body
+from agentstream.gateway.messages import Messages
+from agentstream.gateway.rollouts import MAX_DIFF_BODY_BYTES, MAX_DIFF_BYTES, json_response
+from agentstream.gateway.service import Gateway, settings_problem
+from agentstream.gateway.settings import GatewaySettings
 
 __all__ = ["Gateway", "MAX_DIFF_BODY_BYTES", "MAX_DIFF_BYTES", "create_app", "routes", "settings_problem"]
 

@@ -8,12 +8,12 @@ from typing import Any
 
 from starlette.datastructures import Headers
 
-from schemas.events import Call, CallEvent
-from schemas.ids import new_id, now_ms
+from agentstream.schemas.events import Call, CallEvent
+from agentstream.schemas.ids import new_id, now_ms
 
-from gateway.adapter import Adapter, Body, Tokens
-from gateway.auth import Attribution
-from gateway.pool import Upstream
+from agentstream.gateway.adapter import Adapter, Body, Tokens
+from agentstream.gateway.auth import Attribution
+from agentstream.gateway.pool import Upstream
 
 RETRY_HEADERS = ("x-stainless-retry-count", "x-retry-count")
 """where SDKs say which retry a request is (OpenAI's and Anthropic's SDKs: the first; some others: the second)"""

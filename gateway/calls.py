@@ -17,17 +17,17 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.adapter import Adapter, Body, Rewrite
-from gateway.auth import Attribution
-from gateway.call import CallRecord, retry_count_of
-from gateway.errors import BadRequest, ErrorCode, GatewayError, UpstreamFailed
-from gateway.fields import model_of
-from gateway.logs import fields
-from gateway.messages import Messages
-from gateway.metrics import Metrics
-from gateway.pool import Lease, Pool, Upstream, no_server
-from gateway.recorder import Recorder
-from gateway.relay import TRANSPORT, ClosingStream, Relay, body_of, describe, error_message, json_of, unusable
+from agentstream.gateway.adapter import Adapter, Body, Rewrite
+from agentstream.gateway.auth import Attribution
+from agentstream.gateway.call import CallRecord, retry_count_of
+from agentstream.gateway.errors import BadRequest, ErrorCode, GatewayError, UpstreamFailed
+from agentstream.gateway.fields import model_of
+from agentstream.gateway.logs import fields
+from agentstream.gateway.messages import Messages
+from agentstream.gateway.metrics import Metrics
+from agentstream.gateway.pool import Lease, Pool, Upstream, no_server
+from agentstream.gateway.recorder import Recorder
+from agentstream.gateway.relay import TRANSPORT, ClosingStream, Relay, body_of, describe, error_message, json_of, unusable
 
 log = logging.getLogger("gateway.calls")
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway import fields
-from gateway.adapter import Adapter, Body, Capture, Rewrite, StreamAssembler, Tokens, blank, tokens_of
-from gateway.chat.request import check_sampling, rewrite_openai
-from gateway.fields import bad_request
+from agentstream.gateway import fields
+from agentstream.gateway.adapter import Adapter, Body, Capture, Rewrite, StreamAssembler, Tokens, blank, tokens_of
+from agentstream.gateway.chat.request import check_sampling, rewrite_openai
+from agentstream.gateway.fields import bad_request
 
 
 def check(body: Body) -> None:

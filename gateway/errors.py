@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
-from schemas.errors import AgentstreamError
+from agentstream.schemas.errors import AgentstreamError
 
 
 class ErrorCode(StrEnum):

@@ -12,7 +12,7 @@ import math
 from collections.abc import Collection
 from typing import Any
 
-from gateway.errors import BadRequest, ErrorCode
+from agentstream.gateway.errors import BadRequest, ErrorCode
 
 Body = dict[str, Any]
 

@@ -24,12 +24,12 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 from yarl import URL
 
-from schemas.releases import ReleaseState
+from agentstream.schemas.releases import ReleaseState
 
-from gateway.errors import ErrorCode, NotFound, Unavailable
-from gateway.logs import fields
-from gateway.metrics import Metrics
-from gateway.releases import arm_first
+from agentstream.gateway.errors import ErrorCode, NotFound, Unavailable
+from agentstream.gateway.logs import fields
+from agentstream.gateway.metrics import Metrics
+from agentstream.gateway.releases import arm_first
 
 log = logging.getLogger("gateway.pool")
 

@@ -24,12 +24,12 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from schemas.events import Event
-from schemas.kafka import KafkaSettings, Publisher, make_producer
+from agentstream.schemas.events import Event
+from agentstream.schemas.kafka import KafkaSettings, Publisher, make_producer
 
-from gateway.errors import ErrorCode, GatewayError, Unavailable
-from gateway.logs import fields
-from gateway.metrics import Metrics
+from agentstream.gateway.errors import ErrorCode, GatewayError, Unavailable
+from agentstream.gateway.logs import fields
+from agentstream.gateway.metrics import Metrics
 
 log = logging.getLogger("gateway.recorder")
 

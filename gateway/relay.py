@@ -11,11 +11,11 @@ import orjson
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from gateway import sse
-from gateway.adapter import StreamAssembler
-from gateway.call import CallRecord
-from gateway.errors import ErrorCode, GatewayError, UpstreamFailed
-from gateway.pool import Lease
+from agentstream.gateway import sse
+from agentstream.gateway.adapter import StreamAssembler
+from agentstream.gateway.call import CallRecord
+from agentstream.gateway.errors import ErrorCode, GatewayError, UpstreamFailed
+from agentstream.gateway.pool import Lease
 
 TRANSPORT = (aiohttp.ClientError, TimeoutError)
 """what fails under a request once the upstream has it"""

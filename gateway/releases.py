@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Protocol, TypeVar
 
-from schemas.releases import ReleaseState, in_canary
+from agentstream.schemas.releases import ReleaseState, in_canary
 
 
 class Server(Protocol):

@@ -9,12 +9,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from schemas.events import (Event, Reward, RewardEvent, RolloutDiff, RolloutDiffEvent, RolloutFinished,
+from agentstream.schemas.events import (Event, Reward, RewardEvent, RolloutDiff, RolloutDiffEvent, RolloutFinished,
                             RolloutFinishedEvent, TurnReward)
 
-from gateway.auth import auth_headers
-from gateway.errors import BadRequest, ErrorCode, TooLarge
-from gateway.service import Gateway
+from agentstream.gateway.auth import auth_headers
+from agentstream.gateway.errors import BadRequest, ErrorCode, TooLarge
+from agentstream.gateway.service import Gateway
 
 M = TypeVar("M", bound=BaseModel)
 

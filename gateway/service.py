@@ -10,17 +10,17 @@ import logging
 import aiohttp
 from starlette.requests import Request
 
-from schemas.kafka import ensure_topics
+from agentstream.schemas.kafka import ensure_topics
 
-from gateway.auth import (ATTEMPT_HEADER, ROLLOUT_HEADER, SESSION_HEADER, Attribution, Authenticator, Principal,
+from agentstream.gateway.auth import (ATTEMPT_HEADER, ROLLOUT_HEADER, SESSION_HEADER, Attribution, Authenticator, Principal,
                           auth_headers)
-from gateway.calls import CallOptions, Calls
-from gateway.logs import fields
-from gateway.metrics import Metrics
-from gateway.pool import Pool, parse_upstreams
-from gateway.pool_sync import PoolSync
-from gateway.recorder import Recorder
-from gateway.settings import GatewaySettings
+from agentstream.gateway.calls import CallOptions, Calls
+from agentstream.gateway.logs import fields
+from agentstream.gateway.metrics import Metrics
+from agentstream.gateway.pool import Pool, parse_upstreams
+from agentstream.gateway.pool_sync import PoolSync
+from agentstream.gateway.recorder import Recorder
+from agentstream.gateway.settings import GatewaySettings
 
 log = logging.getLogger("gateway")
 

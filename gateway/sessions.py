@@ -20,14 +20,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.requests import Request
 from starlette.responses import Response
 
-from schemas.events import Event, Feedback, FeedbackEvent, SessionEnded, SessionEndedEvent
-from schemas.ids import new_id
-from schemas.sessions import feedback_id
+from agentstream.schemas.events import Event, Feedback, FeedbackEvent, SessionEnded, SessionEndedEvent
+from agentstream.schemas.ids import new_id
+from agentstream.schemas.sessions import feedback_id
 
-from gateway.auth import Principal, auth_headers, session_of
-from gateway.errors import BadRequest, ErrorCode, Forbidden
-from gateway.rollouts import _body, _limited_body, json_response
-from gateway.service import Gateway
+from agentstream.gateway.auth import Principal, auth_headers, session_of
+from agentstream.gateway.errors import BadRequest, ErrorCode, Forbidden
+from agentstream.gateway.rollouts import _body, _limited_body, json_response
+from agentstream.gateway.service import Gateway
 
 MAX_BODY_BYTES = 64 * 1024
 """a feedback or end body larger than this is refused (413) unread"""

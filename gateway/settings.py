@@ -1,4 +1,4 @@
-"""The gateway's settings: environment (AGENTSTREAM_*), or the same names as `python -m gateway` flags."""
+"""The gateway's settings: environment (AGENTSTREAM_*), or the same names as `python -m agentstream.gateway` flags."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
-from schemas.kafka import KafkaSettings
-from schemas.keys import OperatorKeys, secret_values, text_list
+from agentstream.schemas.kafka import KafkaSettings
+from agentstream.schemas.keys import OperatorKeys, secret_values, text_list
 
 
 class GatewaySettings(KafkaSettings):
-    model_config = SettingsConfigDict(cli_prog_name="python -m gateway")
+    model_config = SettingsConfigDict(cli_prog_name="python -m agentstream.gateway")
 
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8080, description="port to listen on")
@@ -63,7 +63,7 @@ class GatewaySettings(KafkaSettings):
         True, description="take part in applying weight updates to the servers (one replica applies each)")
     canary_share: float = Field(
         0.0, ge=0.0, le=1.0, description="share of sessions (0 to 1) a new weight version serves first, as a canary "
-        "on --canary-servers of its model's servers, until the decision service (`python -m releases`) or a human "
+        "on --canary-servers of its model's servers, until the decision service (`python -m agentstream.releases`) or a human "
         "(`agentstream canary promote|rollback`) decides; 0: every new version goes to every server at once")
     canary_servers: int = Field(1, ge=1, description="servers of a model that serve a canary (at least one stays stable)")
     base_weights: Annotated[list[str], NoDecode] = Field(

@@ -13,9 +13,9 @@ from abc import abstractmethod
 from dataclasses import replace
 from typing import Any
 
-from gateway import sse
-from gateway.adapter import Adapter, Body, Rewrite, Tokens
-from gateway.chat import ChatAssembler, ChatCompletions
+from agentstream.gateway import sse
+from agentstream.gateway.adapter import Adapter, Body, Rewrite, Tokens
+from agentstream.gateway.chat import ChatAssembler, ChatCompletions
 
 CHAT = ChatCompletions()
 log = logging.getLogger("gateway.translation")

@@ -1,4 +1,4 @@
-"""`python -m releases [FLAGS]`: decide canaries until SIGTERM (one process per topic prefix is enough;
+"""`python -m agentstream.releases [FLAGS]`: decide canaries until SIGTERM (one process per topic prefix is enough;
 a second one decides the same, and the first decision of a canary stands)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import sys
 from pydantic import ValidationError
 from pydantic_settings import CliApp
 
-from releases.judge import run
-from releases.settings import ReleasesSettings
+from agentstream.releases.judge import run
+from agentstream.releases.settings import ReleasesSettings
 
 
 def main(argv: list[str] | None = None) -> int:

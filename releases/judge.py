@@ -19,15 +19,15 @@ from statistics import fmean
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
-from schemas.codec import DecodeError, decode
-from schemas.events import CallEvent, Event, Release, ReleaseEvent, RewardEvent, TrajectoryEvent
-from schemas.ids import derived_id
-from schemas.kafka import Publisher, make_consumer, make_producer, partitions_of
-from schemas.releases import ReleaseState, fold
-from schemas.scan import resolve
+from agentstream.schemas.codec import DecodeError, decode
+from agentstream.schemas.events import CallEvent, Event, Release, ReleaseEvent, RewardEvent, TrajectoryEvent
+from agentstream.schemas.ids import derived_id
+from agentstream.schemas.kafka import Publisher, make_consumer, make_producer, partitions_of
+from agentstream.schemas.releases import ReleaseState, fold
+from agentstream.schemas.scan import resolve
 
-from releases.rule import Arm, Verdict, decide
-from releases.settings import ReleasesSettings
+from agentstream.releases.rule import Arm, Verdict, decide
+from agentstream.releases.settings import ReleasesSettings
 
 log = logging.getLogger("releases")
 

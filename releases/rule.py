@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from statistics import fmean, stdev
 from typing import Literal
 
-from schemas.events import ArmNumbers
+from agentstream.schemas.events import ArmNumbers
 
-from releases.settings import ReleasesSettings
+from agentstream.releases.settings import ReleasesSettings
 
 
 @dataclass

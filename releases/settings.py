@@ -1,17 +1,17 @@
-"""The decision service's settings: environment (AGENTSTREAM_*), or the same names as `python -m releases` flags."""
+"""The decision service's settings: environment (AGENTSTREAM_*), or the same names as `python -m agentstream.releases` flags."""
 
 from __future__ import annotations
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from schemas.kafka import KafkaSettings
+from agentstream.schemas.kafka import KafkaSettings
 
 
 class ReleasesSettings(KafkaSettings):
     """Decide each canary: promote it to every session, or roll it back (`releases/rule.py`)."""
 
-    model_config = SettingsConfigDict(cli_prog_name="python -m releases")
+    model_config = SettingsConfigDict(cli_prog_name="python -m agentstream.releases")
 
     alpha: float = Field(0.05, gt=0, lt=1, description="level of the one-sided test: the canary is promoted when "
                          "the chance of its lead in mean reward under no real difference is below it")

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandbox.contract import Limits
+from agentstream.sandbox.contract import Limits
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from schemas.errors import ServiceError
+from agentstream.schemas.errors import ServiceError
 
 WORKSPACE_MOUNT = Path("/workspace")
 """where the workspace appears inside every sandbox"""

@@ -24,8 +24,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from sandbox.contract import SandboxError
-from sandbox.namespaces import MS_NODEV, MS_NOSUID, _check, _libc, _mount
+from agentstream.sandbox.contract import SandboxError
+from agentstream.sandbox.namespaces import MS_NODEV, MS_NOSUID, _check, _libc, _mount
 
 LOOP_CTL_GET_FREE = 0x4C82
 LOOP_CONFIGURE = 0x4C0A

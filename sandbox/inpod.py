@@ -42,9 +42,9 @@ import threading
 import time
 from pathlib import Path
 
-from sandbox.contract import IN_POD_ENV, WORKSPACE_MOUNT, CommandResult, SandboxError, SandboxSpec
-from sandbox.local import DEFAULT_ENV
-from sandbox.output import collect, kill_group, limit_of
+from agentstream.sandbox.contract import IN_POD_ENV, WORKSPACE_MOUNT, CommandResult, SandboxError, SandboxSpec
+from agentstream.sandbox.local import DEFAULT_ENV
+from agentstream.sandbox.output import collect, kill_group, limit_of
 
 
 PR_GET_DUMPABLE, PR_SET_DUMPABLE = 3, 4  # <linux/prctl.h>

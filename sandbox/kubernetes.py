@@ -44,7 +44,7 @@ from typing import Any
 
 import yaml
 
-from sandbox.contract import IN_POD_ENV, WORKSPACE_MOUNT, Limits, Network, SandboxError
+from agentstream.sandbox.contract import IN_POD_ENV, WORKSPACE_MOUNT, Limits, Network, SandboxError
 
 NETWORK_LABEL = "agentstream.io/sandbox-network"
 """on every sandbox pod: 'none' or 'gateway'; the NetworkPolicies select on it"""

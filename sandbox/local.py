@@ -42,9 +42,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
-from sandbox import cgroups, disk, hostfs, namespaces, relay
-from sandbox.contract import WORKSPACE_MOUNT, CommandResult, Network, SandboxError, SandboxSpec
-from sandbox.output import collect, limit_of
+from agentstream.sandbox import cgroups, disk, hostfs, namespaces, relay
+from agentstream.sandbox.contract import WORKSPACE_MOUNT, CommandResult, Network, SandboxError, SandboxSpec
+from agentstream.sandbox.output import collect, limit_of
 
 log = logging.getLogger(__name__)
 

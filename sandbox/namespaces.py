@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandbox.contract import SandboxError
+from agentstream.sandbox.contract import SandboxError
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWNET = 0x40000000

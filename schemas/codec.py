@@ -14,9 +14,9 @@ import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 # re-exported: consumers catch them where they decode
-from schemas.errors import DecodeError as DecodeError
-from schemas.errors import UnsupportedSchemaVersion as UnsupportedSchemaVersion
-from schemas.events import EVENT_TYPES, SCHEMA_VERSION, AnyEvent, Event, TrajectoryEvent
+from agentstream.schemas.errors import DecodeError as DecodeError
+from agentstream.schemas.errors import UnsupportedSchemaVersion as UnsupportedSchemaVersion
+from agentstream.schemas.events import EVENT_TYPES, SCHEMA_VERSION, AnyEvent, Event, TrajectoryEvent
 
 E = TypeVar("E", bound=Event)
 

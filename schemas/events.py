@@ -24,7 +24,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.ids import new_id, now_ms
+from agentstream.schemas.ids import new_id, now_ms
 
 SCHEMA_VERSION = 4
 

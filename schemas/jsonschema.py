@@ -6,7 +6,7 @@ import json
 from typing import Any
 from pathlib import Path
 
-from schemas.events import EVENT_TYPES, SCHEMA_VERSION
+from agentstream.schemas.events import EVENT_TYPES, SCHEMA_VERSION
 
 
 def event_schemas() -> dict[str, dict[str, Any]]:

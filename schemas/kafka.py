@@ -18,9 +18,9 @@ from aiokafka.structs import RecordMetadata
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from schemas.codec import encode
-from schemas.events import Deadletter, DeadletterEvent, Event
-from schemas.topics import TopicSpec, Topics, topic_specs
+from agentstream.schemas.codec import encode
+from agentstream.schemas.events import Deadletter, DeadletterEvent, Event
+from agentstream.schemas.topics import TopicSpec, Topics, topic_specs
 
 
 class KafkaSettings(BaseSettings):

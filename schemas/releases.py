@@ -14,7 +14,7 @@ import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from schemas.events import Release, ReleaseEvent
+from agentstream.schemas.events import Release, ReleaseEvent
 
 BUCKETS = 10_000
 

@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar
 
 import orjson
 
-from schemas.durable import write_atomically
-from schemas.errors import ConfigurationError, LogUnavailable
-from schemas.kafka import KafkaSettings
+from agentstream.schemas.durable import write_atomically
+from agentstream.schemas.errors import ConfigurationError, LogUnavailable
+from agentstream.schemas.kafka import KafkaSettings
 
 if TYPE_CHECKING:  # for the annotations; polars is imported where used, so importing this module stays light
     import polars as pl

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 
-from schemas.ids import derived_id
+from agentstream.schemas.ids import derived_id
 
 SESSION_PREFIX = "session-"
 """rollout ids of sessions start with it (controllers' rollout ids are UUIDs or task-derived names)"""

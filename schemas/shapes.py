@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from agentstream_native import Shape
 from pydantic import BaseModel
 
-from schemas.events import SCHEMA_VERSION, Event
+from agentstream.schemas.events import SCHEMA_VERSION, Event
 
 if TYPE_CHECKING:
     from agentstream_native import Form

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from schemas.errors import DecodeError
+from agentstream.schemas.errors import DecodeError
 
 PREFIX = "ast1"
 

@@ -1,4 +1,4 @@
-"""`python -m streams worker [FLAGS]` (also `agentstream streams`): run a streams worker until SIGTERM.
+"""`python -m agentstream.streams worker [FLAGS]` (also `agentstream streams`): run a streams worker until SIGTERM.
 
 Workers of one app id split the partitions between them: start another to scale out (up to the
 partition count), stop one and the others take its partitions and state over.
@@ -14,21 +14,21 @@ import uvloop
 from pydantic import ValidationError
 from pydantic_settings import CliApp
 
-from schemas import collector
-from schemas.kafka import ensure_topics, partitions_of
-from schemas.topics import topic_specs
-from streams.app import changelog_specs, create_app
-from streams.rewards import RewardError, load
-from streams.settings import StreamsSettings
+from agentstream.schemas import collector
+from agentstream.schemas.kafka import ensure_topics, partitions_of
+from agentstream.schemas.topics import topic_specs
+from agentstream.streams.app import changelog_specs, create_app
+from agentstream.streams.rewards import RewardError, load
+from agentstream.streams.settings import StreamsSettings
 
-USAGE = "usage: python -m streams worker [--help] [FLAGS]"
+USAGE = "usage: python -m agentstream.streams worker [--help] [FLAGS]"
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] in ("-h", "--help"):
         print(f"{USAGE}\n\nRun a streams worker: trajectory assembly and windowed analytics. "
-              "`python -m streams worker --help` lists the flags.")
+              "`python -m agentstream.streams worker --help` lists the flags.")
         return 0 if args else 2
     if args[0] != "worker":
         print(f"error: unknown command {args[0]!r}\n{USAGE}", file=sys.stderr)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
-from schemas.events import Call, Trajectory
+from agentstream.schemas.events import Call, Trajectory
 
 BUCKET_BASE_MS = 0.5
 BUCKET_GROWTH = 1.25

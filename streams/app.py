@@ -20,14 +20,14 @@ import faust
 from faust.sensors import Monitor
 from faust.web import Request, Response, View
 
-from schemas.codec import encode
-from schemas.events import Event, Metrics, MetricsEvent
-from schemas.topics import FOREVER, TopicSpec
+from agentstream.schemas.codec import encode
+from agentstream.schemas.events import Event, Metrics, MetricsEvent
+from agentstream.schemas.topics import FOREVER, TopicSpec
 
-from streams.settings import StreamsSettings
-from streams.transport import Transport
-from streams.windows import Windows, parse
-from streams.worker import ASSEMBLED, AssemblyWorker
+from agentstream.streams.settings import StreamsSettings
+from agentstream.streams.transport import Transport
+from agentstream.streams.windows import Windows, parse
+from agentstream.streams.worker import ASSEMBLED, AssemblyWorker
 
 RAW = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
 

@@ -32,16 +32,16 @@ from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.codec import decode, encode
-from schemas.events import (
+from agentstream.schemas.codec import decode, encode
+from agentstream.schemas.events import (
     TERMINAL_TYPES, CallEvent, Event, FeedbackEvent, RewardEvent, RolloutHeartbeatEvent, RolloutQueuedEvent,
     SessionEndedEvent, TrajectoryEvent,
 )
-from schemas.ids import derived_id
-from schemas.sessions import is_session_rollout
+from agentstream.schemas.ids import derived_id
+from agentstream.schemas.sessions import is_session_rollout
 
-from streams import policies, rewards, sessions
-from streams.trajectory import STATUS_OF, Ending, build, revised, with_reward
+from agentstream.streams import policies, rewards, sessions
+from agentstream.streams.trajectory import STATUS_OF, Ending, build, revised, with_reward
 
 NO_ATTEMPT = "-"
 """the attempt of events that name a rollout but no attempt, before any attempt is known"""

@@ -20,9 +20,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from schemas.events import Feedback, FeedbackEvent, Reward, TurnReward
+from agentstream.schemas.events import Feedback, FeedbackEvent, Reward, TurnReward
 
-from streams.rewards import RewardError, load
+from agentstream.streams.rewards import RewardError, load
 
 DEFAULT_POLICY = "streams.policies:latest"
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, Callable
 
-from schemas.errors import ConfigurationError
-from schemas.events import Call, Event, Reward, RolloutDiff, RolloutDiffEvent, Task, Trajectory
+from agentstream.schemas.errors import ConfigurationError
+from agentstream.schemas.events import Call, Event, Reward, RolloutDiff, RolloutDiffEvent, Task, Trajectory
 
 
 @dataclass(frozen=True)
@@ -66,13 +66,24 @@ def load(name: str) -> RewardFn:
     if not module_name or not function_name:
         raise RewardError(f"reward function {name!r}: write it as module:function (e.g. streams.rewards:exact_match)")
     try:
-        module = importlib.import_module(module_name)
+        module = importlib.import_module(_installed_name(module_name))
     except ImportError as exc:
         raise RewardError(f"reward function {name!r}: cannot import {module_name!r} ({exc})") from None
     function = getattr(module, function_name, None)
     if not callable(function):
         raise RewardError(f"reward function {name!r}: {module_name} has no function {function_name!r}")
     return function
+
+
+# The built-in functions' names as events and tasks carry them: they predate the one `agentstream` package
+# and stay valid (a name is part of a reward's id, so it cannot change).
+_BUILTIN_PACKAGES = frozenset({"streams", "recipes"})
+
+
+def _installed_name(module_name: str) -> str:
+    """`streams.rewards` is `agentstream.streams.rewards`; any other module is imported as named."""
+    top = module_name.partition(".")[0]
+    return f"agentstream.{module_name}" if top in _BUILTIN_PACKAGES else module_name
 
 
 def score(name: str, sample: Sample) -> Reward:

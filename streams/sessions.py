@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from schemas.events import CallEvent, Event, FeedbackEvent, SessionEndedEvent
-from schemas.sessions import segment_attempt_id
+from agentstream.schemas.events import CallEvent, Event, FeedbackEvent, SessionEndedEvent
+from agentstream.schemas.sessions import segment_attempt_id
 
 FOREVER_MS = 1 << 62
 """the due time of a session whose segments were all forgotten: kept for its numbering, never due"""

@@ -1,4 +1,4 @@
-"""The streams worker's settings: environment (`AGENTSTREAM_…`) and flags of `python -m streams worker`."""
+"""The streams worker's settings: environment (`AGENTSTREAM_…`) and flags of `python -m agentstream.streams worker`."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ from typing import Annotated
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
-from schemas.kafka import KafkaSettings
-from streams.assembly import Timing
-from streams.policies import DEFAULT_POLICY
+from agentstream.schemas.kafka import KafkaSettings
+from agentstream.streams.assembly import Timing
+from agentstream.streams.policies import DEFAULT_POLICY
 
 
 class StreamsSettings(KafkaSettings):
     """Assemble trajectories from rollouts, calls and rewards; serve and publish windowed analytics."""
 
-    model_config = SettingsConfigDict(cli_prog_name="python -m streams worker")
+    model_config = SettingsConfigDict(cli_prog_name="python -m agentstream.streams worker")
 
     # --- assembly ----------------------------------------------------------------------------------
     settle_s: float = Field(1.0, ge=0, description="after an attempt ends (or its reward arrives), how long "

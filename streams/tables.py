@@ -19,7 +19,7 @@ from typing import Any
 import faust
 import orjson
 
-from streams.transport import Producer
+from agentstream.streams.transport import Producer
 
 DROPPED = object()
 """a staged deletion"""

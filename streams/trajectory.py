@@ -31,11 +31,11 @@ from typing import Any, Callable, TypeVar
 
 from pydantic import BaseModel
 
-from schemas.events import (
+from agentstream.schemas.events import (
     Call, CallEvent, Event, RewardEvent, RewardRecord, RolloutDiffEvent, RolloutFailedEvent, RolloutQueued,
     RolloutQueuedEvent, RolloutTimedOutEvent, Sequence, Trajectory, TrajectoryEvent, Turn,
 )
-from schemas.ids import derived_id
+from agentstream.schemas.ids import derived_id
 
 M = TypeVar("M", bound=BaseModel)
 _set = object.__setattr__

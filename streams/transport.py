@@ -43,7 +43,7 @@ from faust.types.transports import ConsumerCallback, ConsumerT
 from faust.transport.drivers import aiokafka as driver
 from mode.services import WaitResults
 
-from streams.timeline import TIMELINE
+from agentstream.streams.timeline import TIMELINE
 
 _FLOW_WAIT = asyncio.Event.wait.__code__
 """the code of `suspend_flow.wait()`, the second coroutine of the fetcher's call"""

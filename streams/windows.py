@@ -14,9 +14,9 @@ from collections import defaultdict
 
 import faust
 
-from schemas.events import Call, Trajectory
-from streams import analytics
-from streams.tables import StateTable
+from agentstream.schemas.events import Call, Trajectory
+from agentstream.streams import analytics
+from agentstream.streams.tables import StateTable
 
 UNACKNOWLEDGED_MAX = 2000
 """window writes on their way to the broker before the worker waits for them"""

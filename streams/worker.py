@@ -37,18 +37,18 @@ from aiokafka.errors import KafkaError
 from faust.exceptions import ProducerSendError
 from faust.types import TP, Message
 
-from schemas.collector import Survivors
-from schemas.codec import DecodeError, decode
-from schemas.events import CallEvent, Deadletter, DeadletterEvent, Event
-from schemas.ids import derived_id, now_ms
-from schemas.kafka import deadletter_event
+from agentstream.schemas.collector import Survivors
+from agentstream.schemas.codec import DecodeError, decode
+from agentstream.schemas.events import CallEvent, Deadletter, DeadletterEvent, Event
+from agentstream.schemas.ids import derived_id, now_ms
+from agentstream.schemas.kafka import deadletter_event
 
-from streams.assembly import Assembly, Settled
-from streams.settings import StreamsSettings
-from streams.tables import Staged, StateTable
-from streams.timeline import TIMELINE
-from streams.transport import Inbox
-from streams.windows import Windows
+from agentstream.streams.assembly import Assembly, Settled
+from agentstream.streams.settings import StreamsSettings
+from agentstream.streams.tables import Staged, StateTable
+from agentstream.streams.timeline import TIMELINE
+from agentstream.streams.transport import Inbox
+from agentstream.streams.windows import Windows
 
 log = logging.getLogger("streams")
 ASSEMBLED = ("rollouts", "calls", "rewards")

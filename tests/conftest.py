@@ -26,7 +26,7 @@ import pytest
 
 from agentstream.stack.kafka import LocalKafka
 from agentstream.stack.vllm import LocalVLLM
-from schemas.kafka import KafkaSettings, ensure_topics
+from agentstream.schemas.kafka import KafkaSettings, ensure_topics
 
 TESTS = Path(__file__).parent
 log = logging.getLogger("tests.servers")

@@ -7,9 +7,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-import schemas as s
-from controller.settings import ControllerSettings
-from schemas.kafka import KafkaSettings, make_consumer, partitions_of
+import agentstream.schemas as s
+from agentstream.controller.settings import ControllerSettings
+from agentstream.schemas.kafka import KafkaSettings, make_consumer, partitions_of
 
 AGENTS = Path(__file__).parent / "controller_agents.py"
 SECRET = "test-secret"

@@ -4,7 +4,7 @@ trajectories (with token sequences), the weights that trained on them and the po
 
 from __future__ import annotations
 
-import schemas as s
+import agentstream.schemas as s
 from agentstream.samples import TASKS, UPSTREAMS, VERSIONS, prompt, rollout  # noqa: F401 (the tests' names)
 
 

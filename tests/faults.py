@@ -37,7 +37,7 @@ class Countdown:
 
 
 def trainer_after_checkpoint(countdown: Countdown) -> None:
-    from trainer.checkpoint import CheckpointStore
+    from agentstream.trainer.checkpoint import CheckpointStore
 
     write = CheckpointStore.write
 
@@ -51,8 +51,8 @@ def trainer_after_checkpoint(countdown: Countdown) -> None:
 
 
 def trainer_after_publish(countdown: Countdown) -> None:
-    from schemas.events import WeightsEvent
-    from schemas.kafka import Publisher
+    from agentstream.schemas.events import WeightsEvent
+    from agentstream.schemas.kafka import Publisher
 
     publish = Publisher.publish
 
@@ -106,7 +106,7 @@ def replay_after_state(countdown: Countdown) -> None:
 
 
 def archive_after_files(countdown: Countdown) -> None:
-    from schemas.scan import Manifest
+    from agentstream.schemas.scan import Manifest
 
     save = Manifest.save
 

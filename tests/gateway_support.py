@@ -17,10 +17,10 @@ from anthropic import AsyncAnthropic
 from openai import AsyncOpenAI
 
 from agentstream.stack.process import free_port, stop_pid
-from gateway.app import Gateway, create_app
-from gateway.settings import GatewaySettings
-from schemas import Event, decode
-from schemas.kafka import KafkaSettings, make_consumer, partitions_of
+from agentstream.gateway.app import Gateway, create_app
+from agentstream.gateway.settings import GatewaySettings
+from agentstream.schemas import Event, decode
+from agentstream.schemas.kafka import KafkaSettings, make_consumer, partitions_of
 from tests.conftest import wait_for, wait_for_async
 
 OPERATOR_KEY = "operator-key-for-tests"
@@ -172,7 +172,7 @@ class Forwarder:
 
 @dataclass
 class GatewayProcess:
-    """`python -m gateway` as a process of its own, so that a test can kill it and start it again: the
+    """`python -m agentstream.gateway` as a process of its own, so that a test can kill it and start it again: the
     operator key, the test's topic prefix, `upstreams` ("name=url"), and `env` for any other setting."""
 
     kafka: KafkaSettings
@@ -191,7 +191,7 @@ class GatewayProcess:
                "AGENTSTREAM_API_KEYS": f'["{OPERATOR_KEY}"]', "AGENTSTREAM_TOPIC_PREFIX": self.kafka.topic_prefix,
                "AGENTSTREAM_UPSTREAMS": ",".join(self.upstreams), **self.env}
         with open(self.log, "ab") as out:
-            self.process = subprocess.Popen([sys.executable, "-m", "gateway", "--port", str(self.port)],
+            self.process = subprocess.Popen([sys.executable, "-m", "agentstream.gateway", "--port", str(self.port)],
                                             cwd=Path(__file__).parents[1], env=env, stdout=out, stderr=out)
         wait_for(self._healthy, timeout=60, what="the gateway's /healthz")
         return self

@@ -126,7 +126,7 @@ def restricted_namespace(kube_cluster):  # noqa: F811
 
     from kubernetes import client
 
-    from controller.kubernetes import api_client
+    from agentstream.controller.kubernetes import api_client
 
     api = api_client(kube_cluster.kubeconfig, None)
     core = client.CoreV1Api(api)

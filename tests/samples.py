@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import schemas as s
+import agentstream.schemas as s
 
 
 def sample_events() -> list[s.Event]:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import httpx
 
-import schemas as s
+import agentstream.schemas as s
 from agentstream.stack.process import free_port, spawn, stop_pid, tail
-from schemas.kafka import KafkaSettings, Publisher, make_producer
+from agentstream.schemas.kafka import KafkaSettings, Publisher, make_producer
 from tests.conftest import wait_for
 
 REPO = Path(__file__).parent.parent
@@ -99,7 +99,7 @@ async def publish(kafka: KafkaSettings, events: list[s.Event], raw: list[tuple[s
 
 @dataclass
 class StreamsWorker:
-    """`python -m streams worker` as a real process."""
+    """`python -m agentstream.streams worker` as a real process."""
 
     kafka: KafkaSettings
     data_dir: Path
@@ -109,7 +109,7 @@ class StreamsWorker:
     process: subprocess.Popen | None = None
 
     def start(self) -> StreamsWorker:
-        cmd = [sys.executable, "-m", "streams", "worker", "--bootstrap-servers", self.kafka.bootstrap_servers,
+        cmd = [sys.executable, "-m", "agentstream.streams", "worker", "--bootstrap-servers", self.kafka.bootstrap_servers,
                "--topic-prefix", self.kafka.topic_prefix, "--web-port", str(self.port),
                "--data-dir", str(self.data_dir), "--settle-s", "0.2", "--reward-grace-s", "2", *self.args]
         self.process = spawn(cmd, self.log, cwd=REPO)
@@ -150,7 +150,7 @@ class TopicWatch:
         self.consumer = None
 
     async def __aenter__(self) -> TopicWatch:
-        from schemas.kafka import make_consumer, partitions_of
+        from agentstream.schemas.kafka import make_consumer, partitions_of
 
         self.consumer = make_consumer(self.kafka, group_id=None)
         await self.consumer.start()

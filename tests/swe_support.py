@@ -12,8 +12,8 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
-from recipes.swe.build import Built, build
-from recipes.swe.instance import Instance
+from agentstream.recipes.swe.build import Built, build
+from agentstream.recipes.swe.instance import Instance
 
 LIMIT = 2
 

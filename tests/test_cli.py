@@ -3,7 +3,7 @@ import json
 from typer.testing import CliRunner
 
 from agentstream.cli import app
-from schemas import EVENT_TYPES
+from agentstream.schemas import EVENT_TYPES
 
 runner = CliRunner()
 

@@ -29,13 +29,13 @@ CONSTRAINTS = Path(__file__).parent / "data" / "compose-build-constraints.txt"
 PROFILES = ([], ["cpu"], ["gpu"], ["cpu", "run"])
 OFFICIAL_IMAGES = ("apache/kafka:", "vllm/vllm-openai:")
 SETTINGS = {
-    "gateway": "gateway.settings:GatewaySettings",
-    "streams": "streams.settings:StreamsSettings",
-    "controller": "controller.settings:ControllerSettings",
-    "trainer": "trainer.settings:TrainerSettings",
-    "dashboard": "dashboard.settings:DashboardSettings",
-    "releases": "releases.settings:ReleasesSettings",
-    "agentstream": "schemas.kafka:KafkaSettings",
+    "agentstream.gateway": "agentstream.gateway.settings:GatewaySettings",
+    "agentstream.streams": "agentstream.streams.settings:StreamsSettings",
+    "agentstream.controller": "agentstream.controller.settings:ControllerSettings",
+    "agentstream.trainer": "agentstream.trainer.settings:TrainerSettings",
+    "agentstream.dashboard": "agentstream.dashboard.settings:DashboardSettings",
+    "agentstream.releases": "agentstream.releases.settings:ReleasesSettings",
+    "agentstream": "agentstream.schemas.kafka:KafkaSettings",
 }
 
 

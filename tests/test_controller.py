@@ -7,11 +7,11 @@ import asyncio
 import json
 from pathlib import Path
 
-import schemas as s
+import agentstream.schemas as s
 from agentstream.stack.process import pid_alive
-from controller.controller import Controller
-from schemas.kafka import Publisher, make_producer
-from schemas.tokens import verify_rollout_token
+from agentstream.controller.controller import Controller
+from agentstream.schemas.kafka import Publisher, make_producer
+from agentstream.schemas.tokens import verify_rollout_token
 from tests.conftest import wait_for, wait_for_async
 from tests.controller_helpers import (
     GATEWAY, SECRET, attempts_of, controller_settings, read_rollouts, runs_log, types, write_tasks,
@@ -142,9 +142,9 @@ async def test_pacing_holds_launches_until_the_trainer_publishes_a_new_version(k
 
 async def test_a_local_agent_gets_none_of_the_operators_secrets(tmp_path: Path, monkeypatch):
     """The controller's environment is the agent's, except the secrets an agent could act as the operator with."""
-    from controller.attempt import Attempt, Gateway
-    from controller.local import LocalLauncher
-    from controller.tasks import PlannedRollout
+    from agentstream.controller.attempt import Attempt, Gateway
+    from agentstream.controller.local import LocalLauncher
+    from agentstream.controller.tasks import PlannedRollout
 
     monkeypatch.setenv("AGENTSTREAM_TOKEN_SECRET", "the-signing-secret")
     monkeypatch.setenv("AGENTSTREAM_API_KEYS", "operator-key-1")

@@ -1,4 +1,4 @@
-"""`agentstream run` and `python -m controller`: flags, errors, the live progress display."""
+"""`agentstream run` and `python -m agentstream.controller`: flags, errors, the live progress display."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from controller.controller import Controller
-from controller.progress import live_progress
+from agentstream.controller.controller import Controller
+from agentstream.controller.progress import live_progress
 from tests.controller_helpers import SECRET, agent_command, controller_settings, read_rollouts, write_tasks
 
 
@@ -22,7 +22,7 @@ def agentstream(*args: str, env: dict | None = None) -> subprocess.CompletedProc
 
 def test_run_help_lists_the_flags():
     for result in (agentstream("run", "--help"),
-                   subprocess.run([sys.executable, "-m", "controller", "--help"], capture_output=True, text=True)):
+                   subprocess.run([sys.executable, "-m", "agentstream.controller", "--help"], capture_output=True, text=True)):
         assert result.returncode == 0, result.stderr
         for flag in ("--tasks", "--agent", "--samples", "--concurrency", "--backend", "--max-staleness",
                      "--k8s-job-template", "--run-id"):

@@ -76,7 +76,7 @@ def test_the_calculator_tool_does_arithmetic_and_nothing_else():
 
 
 def test_the_example_task_files_load():
-    from controller.tasks import load_tasks
+    from agentstream.controller.tasks import load_tasks
 
     calculator = load_tasks(EXAMPLES / "calculator_tasks.jsonl")
     assert all(calculate(t.task.input["expression"]) for t in calculator)

@@ -24,17 +24,17 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-import schemas as s
-from controller.attempt import Attempt, Gateway, LaunchError
-from controller.controller import Controller
-from controller.history import AttemptRecord
-from controller.kubernetes import (
+import agentstream.schemas as s
+from agentstream.controller.attempt import Attempt, Gateway, LaunchError
+from agentstream.controller.controller import Controller
+from agentstream.controller.history import AttemptRecord
+from agentstream.controller.kubernetes import (
     ATTEMPT_LABEL, RUN_LABEL, TASK_ANNOTATION, KubernetesLauncher, RateLimit, api_client, default_job, job_name,
     load_template, merge, render_job,
 )
-from controller.tasks import PlannedRollout
-from sandbox.kubernetes import NETWORK_LABEL
-from schemas.tokens import is_rollout_token
+from agentstream.controller.tasks import PlannedRollout
+from agentstream.sandbox.kubernetes import NETWORK_LABEL
+from agentstream.schemas.tokens import is_rollout_token
 from tests.controller_helpers import SECRET, attempts_of, controller_settings, read_rollouts, types, write_tasks
 from tests.kube_cluster import ClusterSim, kube_cluster, write_kubeconfig  # noqa: F401 (fixture)
 from tests.kube_recorded import Recorder, Replayer

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from agentstream.stack.process import free_port, pid_alive
-from controller.history import INTERRUPTED
-from schemas.kafka import KafkaSettings
+from agentstream.controller.history import INTERRUPTED
+from agentstream.schemas.kafka import KafkaSettings
 from tests.conftest import wait_for, wait_for_async
 from tests.controller_helpers import SECRET, agent_command, attempts_of, read_rollouts, runs_log, types, write_tasks
 
@@ -40,7 +40,7 @@ def no_leftovers(tmp_path: Path):
 
 
 def start_controller(kafka, tasks: Path, state: Path, *flags: str) -> subprocess.Popen:
-    args = [sys.executable, "-m", "controller", "--tasks", str(tasks), "--agent", agent_command(state),
+    args = [sys.executable, "-m", "agentstream.controller", "--tasks", str(tasks), "--agent", agent_command(state),
             "--concurrency", "3", "--no-shuffle", "--no-progress", "--logs-dir", str(state / "logs"),
             "--topic-prefix", kafka.topic_prefix, "--heartbeat-s", "0.5", "--kill-grace-s", "1", *flags]
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers, "AGENTSTREAM_TOKEN_SECRET": SECRET}

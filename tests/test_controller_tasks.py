@@ -8,7 +8,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from controller.tasks import TaskFileError, derive_run_id, load_task_set, load_tasks, plan_rollouts
+from agentstream.controller.tasks import TaskFileError, derive_run_id, load_task_set, load_tasks, plan_rollouts
 from tests.controller_helpers import write_tasks
 
 ROWS = [

@@ -17,14 +17,14 @@ import pytest
 import uvicorn
 from typer.testing import CliRunner
 
-import schemas as s
+import agentstream.schemas as s
 from agentstream.cli import app as cli
 from agentstream.query import NAMED_QUERIES
 from agentstream.stack.process import free_port
 from bench.load import publish_all
-from dashboard.app import create_app
-from dashboard.settings import DashboardSettings
-from schemas.tokens import mint_rollout_token
+from agentstream.dashboard.app import create_app
+from agentstream.dashboard.settings import DashboardSettings
+from agentstream.schemas.tokens import mint_rollout_token
 from tests.conftest import wait_for_async
 from tests.dashboard_events import generated_tokens, known_events, rollout
 
@@ -218,7 +218,7 @@ def test_it_refuses_to_start_without_a_key():
 
 
 async def test_the_list_pages_newest_first_reading_only_what_a_page_needs(kafka):
-    from dashboard.rollouts import Filters, Cursor, search
+    from agentstream.dashboard.rollouts import Filters, Cursor, search
 
     base = int(time.time() * 1000)
     published = [e for i in range(120) for e in rollout(i, i // 40, f"t{i % 3}", "train", (i % 5) / 4, turns=1,
@@ -250,9 +250,9 @@ async def test_the_list_pages_newest_first_reading_only_what_a_page_needs(kafka)
 
 async def test_a_rollout_is_read_from_its_own_partition_only(kafka):
     """The rollout view reads one partition through Bounds that end every other one before it starts."""
-    from schemas.scan import resolve, scan
-    from dashboard.rollouts import find_trajectories, only, partition_of, related
-    from schemas.kafka import partitions_of
+    from agentstream.schemas.scan import resolve, scan
+    from agentstream.dashboard.rollouts import find_trajectories, only, partition_of, related
+    from agentstream.schemas.kafka import partitions_of
 
     events = known_events(int(time.time() * 1000))
     await publish_all(kafka, events)
@@ -278,7 +278,7 @@ async def test_a_rollout_is_read_from_its_own_partition_only(kafka):
 
 
 async def test_the_canaries_page_shows_each_canary_live(kafka, chromium):
-    from schemas.kafka import ensure_topics
+    from agentstream.schemas.kafka import ensure_topics
     from tests.test_releases import release
 
     await ensure_topics(kafka)

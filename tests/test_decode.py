@@ -16,12 +16,12 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-import schemas as s
+import agentstream.schemas as s
 from agentstream.query import (TABLES, _columns, _decode_rows, _fields, _sub_records, decode_aligned, table_fields,
                                table_schema)
 from agentstream_native import take
-from schemas.codec import encode
-from schemas.scan import Record
+from agentstream.schemas.codec import encode
+from agentstream.schemas.scan import Record
 
 
 def records(values: list[bytes | None]) -> list[Record]:
@@ -287,7 +287,7 @@ def test_take_keeps_the_messages_of_the_range_and_sets_errors_apart():
     from confluent_kafka import KafkaError, Message
 
     from agentstream.query import decode
-    from schemas.scan import Fetch
+    from agentstream.schemas.scan import Fetch
 
     values = [encode(e) for e in CALLS]
 

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from schemas import CallEvent
+from agentstream.schemas import CallEvent
 from agentstream.stack.process import free_port
 from tests.conftest import wait_for_async
 from tests.gateway_support import Forwarder, gateway_settings, read_events, running_gateway

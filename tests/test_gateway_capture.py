@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import copy
 
-from gateway import sse
-from gateway.chat import ChatCompletions
-from gateway.completions import Completions
+from agentstream.gateway import sse
+from agentstream.gateway.chat import ChatCompletions
+from agentstream.gateway.completions import Completions
 
 CHAT = ChatCompletions()
 COMPLETIONS = Completions()

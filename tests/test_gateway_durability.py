@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from agentstream.stack.process import free_port
-from schemas.kafka import KafkaSettings, ensure_topics
+from agentstream.schemas.kafka import KafkaSettings, ensure_topics
 from tests.conftest import wait_for_async
 from tests.gateway_support import gateway_settings, read_events, running_gateway
 

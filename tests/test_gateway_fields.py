@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 
 from agentstream.stack.process import free_port
-from schemas.events import CallEvent
+from agentstream.schemas.events import CallEvent
 from tests.gateway_support import gateway_settings, read_events, running_gateway
 
 CHAT = ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
@@ -119,7 +119,7 @@ async def test_a_refused_field_names_itself_and_why_and_the_setting_lets_it_thro
 def test_the_refused_fields_default_to_seed_and_parse_from_the_environment(monkeypatch):
     from pydantic_settings import CliApp
 
-    from gateway.settings import GatewaySettings
+    from agentstream.gateway.settings import GatewaySettings
 
     assert GatewaySettings().refused_fields == ["seed"]
     monkeypatch.setenv("AGENTSTREAM_REFUSED_FIELDS", "[]")

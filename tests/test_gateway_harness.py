@@ -17,9 +17,9 @@ from anthropic.types import Message, RawMessageStreamEvent
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from gateway.adapters import ADAPTERS
-from gateway.errors import GatewayError
-from streams.assembly import assemble
+from agentstream.gateway.adapters import ADAPTERS
+from agentstream.gateway.errors import GatewayError
+from agentstream.streams.assembly import assemble
 from tests.gateway_support import read_events
 
 RESPONSES = ADAPTERS["responses"]

@@ -1,4 +1,4 @@
-"""Operating the gateway: `python -m gateway` and `agentstream gateway`, settings from flags and the
+"""Operating the gateway: `python -m agentstream.gateway` and `agentstream gateway`, settings from flags and the
 environment, /healthz, /metrics, structured logs, and SIGTERM letting a call in flight finish."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from agentstream.cli import app
 from agentstream.stack.process import free_port
-from gateway.settings import GatewaySettings
+from agentstream.gateway.settings import GatewaySettings
 from tests.conftest import wait_for
 from tests.gateway_support import read_events
 
@@ -43,7 +43,7 @@ def test_settings_come_from_the_environment_and_flags_win(monkeypatch):
 
 def test_a_gateway_that_cannot_authenticate_refuses_to_start():
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTSTREAM_")}
-    result = subprocess.run([sys.executable, "-m", "gateway", "--upstreams", "tiny=http://127.0.0.1:1"],
+    result = subprocess.run([sys.executable, "-m", "agentstream.gateway", "--upstreams", "tiny=http://127.0.0.1:1"],
                             capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
     assert result.returncode == 2
     assert "AGENTSTREAM_TOKEN_SECRET" in result.stderr and "--allow-anonymous" in result.stderr
@@ -56,7 +56,7 @@ async def test_python_m_gateway_serves_and_finishes_a_stream_on_sigterm(kafka, v
            "AGENTSTREAM_TOPIC_PREFIX": kafka.topic_prefix}
     log = tmp_path / "gateway.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "gateway", "--port", str(port), "--upstreams",
+        proc = subprocess.Popen([sys.executable, "-m", "agentstream.gateway", "--port", str(port), "--upstreams",
                                  f"tiny={vllm_server.url}", "--access-log"], cwd=ROOT, env=env, stderr=out)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -10,9 +10,9 @@ import httpx
 import pytest
 
 from agentstream.repeats import Repeats
-from schemas import PoolUpdateEvent, WeightsEvent
-from schemas.events import PoolUpdate, Weights
-from schemas.kafka import Publisher, make_producer
+from agentstream.schemas import PoolUpdateEvent, WeightsEvent
+from agentstream.schemas.events import PoolUpdate, Weights
+from agentstream.schemas.kafka import Publisher, make_producer
 from tests.conftest import wait_for_async
 from tests.gateway_support import gateway_settings, read_events, running_gateway
 

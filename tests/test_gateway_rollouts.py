@@ -11,9 +11,9 @@ import openai
 import pytest
 
 from agentstream.stack.process import free_port
-from schemas import RewardEvent, RolloutFinishedEvent
-from schemas.sessions import session_rollout_id
-from schemas.tokens import mint_rollout_token
+from agentstream.schemas import RewardEvent, RolloutFinishedEvent
+from agentstream.schemas.sessions import session_rollout_id
+from agentstream.schemas.tokens import mint_rollout_token
 from tests.gateway_support import OPERATOR_KEY, TOKEN_SECRET, gateway_settings, raw_records, read_events, running_gateway
 
 MESSAGES = [{"role": "user", "content": "hi"}]

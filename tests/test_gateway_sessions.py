@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from agentstream.stack.process import free_port
-from schemas import FeedbackEvent, SessionEndedEvent
-from schemas.sessions import default_session_id, feedback_id, key_identity, session_rollout_id
+from agentstream.schemas import FeedbackEvent, SessionEndedEvent
+from agentstream.schemas.sessions import default_session_id, feedback_id, key_identity, session_rollout_id
 from tests.gateway_support import OPERATOR_KEY, gateway_settings, read_events, running_gateway
 from tests.test_gateway_rollouts import token
 

@@ -22,7 +22,7 @@ from transformers import AutoTokenizer
 
 from agentstream.stack.chat_template import TOOL_CALL_PARSER, install_chat_template, tool_chat_template
 from agentstream.stack.vllm import vllm_python
-from schemas import CallEvent
+from agentstream.schemas import CallEvent
 from tests.gateway_support import read_events
 from tests.test_gateway_harness import STREAM_EVENTS, call_id
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from openai.types.responses import Response
 
-from gateway.adapters import ADAPTERS
-from gateway.errors import BadRequest
-from schemas import CallEvent
+from agentstream.gateway.adapters import ADAPTERS
+from agentstream.gateway.errors import BadRequest
+from agentstream.schemas import CallEvent
 from tests.gateway_support import gateway_settings, read_events, running_gateway
 from tests.test_gateway_harness import STREAM_EVENTS, call_id, chat_completion, chunk, run_stream
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controller.kubernetes import api_client, default_job, sandbox_of
-from controller.settings import ControllerSettings
-from sandbox.contract import Network
-from sandbox.kubernetes import network_policy
+from agentstream.controller.kubernetes import api_client, default_job, sandbox_of
+from agentstream.controller.settings import ControllerSettings
+from agentstream.sandbox.contract import Network
+from agentstream.sandbox.kubernetes import network_policy
 from tests.kube_cluster import missing_binaries, start_cluster, write_kubeconfig
 
 ROOT = Path(__file__).parents[1]
@@ -112,10 +112,10 @@ def test_the_services_get_their_settings(helm, tmp_path):
     assert container_env(trainer)["AGENTSTREAM_BASE_MODEL"] == "/checkpoints/tiny"
     assert find(objects, "Service", f"{RELEASE}-gateway")["spec"]["clusterIP"] == GATEWAY_IP
     # every setting named is one the service has (a typo would be ignored by pydantic-settings otherwise)
-    from dashboard.settings import DashboardSettings
-    from gateway.settings import GatewaySettings
-    from streams.settings import StreamsSettings
-    from trainer.settings import TrainerSettings
+    from agentstream.dashboard.settings import DashboardSettings
+    from agentstream.gateway.settings import GatewaySettings
+    from agentstream.streams.settings import StreamsSettings
+    from agentstream.trainer.settings import TrainerSettings
     classes = {"gateway": GatewaySettings, "streams": StreamsSettings, "trainer": TrainerSettings,
                "dashboard": DashboardSettings, "controller": ControllerSettings}
     for component, cls in classes.items():

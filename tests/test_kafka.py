@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import schemas as s
-from schemas.kafka import KafkaSettings, Publisher, ensure_topics, make_consumer, make_producer, partitions_of
-from schemas.topics import topic_specs
+import agentstream.schemas as s
+from agentstream.schemas.kafka import KafkaSettings, Publisher, ensure_topics, make_consumer, make_producer, partitions_of
+from agentstream.schemas.topics import topic_specs
 
 
 def reward(rollout: str, value: float) -> s.RewardEvent:

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import schemas as s
-from schemas.sessions import session_rollout_id
+import agentstream.schemas as s
+from agentstream.schemas.sessions import session_rollout_id
 from tests.streams_support import StreamsWorker, TopicWatch, publish
 from tests.test_replay import cli, read_topic
-from streams.trajectory import revision_id
+from agentstream.streams.trajectory import revision_id
 from tests.trainer_fixtures import IM_END, chat_prompt, ids, trajectory
-from trainer.service import Trainer
-from trainer.settings import TrainerSettings
+from agentstream.trainer.service import Trainer
+from agentstream.trainer.settings import TrainerSettings
 
 WORKER_ARGS = ("--session-idle-s", "30", "--feedback-window-s", "2")
 """(the tests' worker also has --settle-s 0.2)"""

@@ -8,7 +8,7 @@ import json
 import pytest
 from rich.console import Console
 
-import schemas as s
+import agentstream.schemas as s
 from agentstream.production_demo import ProductionConfig, ProductionProgress, production_summary
 
 

@@ -6,13 +6,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from gateway.releases import arm_first
-from releases.rule import Arm, decide, one_sided_p
-from releases.settings import ReleasesSettings
-from schemas.codec import decode, encode
-from schemas.events import Release, ReleaseEvent
-from schemas.releases import BUCKETS, bucket, canary_servers, fold, in_canary, stable_of
-from schemas.sessions import session_rollout_id
+from agentstream.gateway.releases import arm_first
+from agentstream.releases.rule import Arm, decide, one_sided_p
+from agentstream.releases.settings import ReleasesSettings
+from agentstream.schemas.codec import decode, encode
+from agentstream.schemas.events import Release, ReleaseEvent
+from agentstream.schemas.releases import BUCKETS, bucket, canary_servers, fold, in_canary, stable_of
+from agentstream.schemas.sessions import session_rollout_id
 
 
 def release(action: str, version: int = 2, started_at: int = 1000, **changes) -> ReleaseEvent:
@@ -123,8 +123,8 @@ def test_the_one_sided_test():
 
 
 def test_the_tally_puts_sessions_on_the_version_that_served_them():
-    from releases.judge import Tally
-    from schemas.events import Call, CallEvent, Reward, RewardEvent, Trajectory, TrajectoryEvent, Turn
+    from agentstream.releases.judge import Tally
+    from agentstream.schemas.events import Call, CallEvent, Reward, RewardEvent, Trajectory, TrajectoryEvent, Turn
 
     tally = Tally.of(release("canary", started_at=1000).data)
 

@@ -18,16 +18,16 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-import schemas as s
+import agentstream.schemas as s
 from agentstream.archive import Archiver
 from agentstream.cli import app
 from agentstream.replay import Job, Options, Progress, RebuildSpec, ReplayError, parse_versions, replay
-from schemas.scan import scan
+from agentstream.schemas.scan import scan
 from agentstream.top import TopView
-from schemas.codec import encode
-from schemas.kafka import KafkaSettings, ensure_topics, make_producer
-from streams.assembly import Timing, assemble
-from streams.rewards import Sample
+from agentstream.schemas.codec import encode
+from agentstream.schemas.kafka import KafkaSettings, ensure_topics, make_producer
+from agentstream.streams.assembly import Timing, assemble
+from agentstream.streams.rewards import Sample
 from tests import faults
 from tests.streams_support import REPO, Rollout, StreamsWorker, TopicWatch, live, publish
 

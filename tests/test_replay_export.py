@@ -18,13 +18,13 @@ import orjson
 import polars as pl
 import pytest
 
-import schemas as s
+import agentstream.schemas as s
 from agentstream.replay import Job, Options, Selection, parse_versions, replay
 from agentstream.replay import columnar, dataset
-from schemas.codec import DecodeError, decode, encode
-from schemas.kafka import KafkaSettings, ensure_topics
-from schemas.scan import Record
-from streams.assembly import Timing, assemble
+from agentstream.schemas.codec import DecodeError, decode, encode
+from agentstream.schemas.kafka import KafkaSettings, ensure_topics
+from agentstream.schemas.scan import Record
+from agentstream.streams.assembly import Timing, assemble
 from tests.streams_support import Rollout
 
 pytestmark = pytest.mark.timeout(120)
@@ -281,7 +281,7 @@ async def test_export_from_the_archive_and_its_tail_equals_the_row_by_row_export
     it from Kafka: the same output and counts."""
     from agentstream.archive import Archiver
     from confluent_kafka import Producer
-    from schemas.scan import Origin
+    from agentstream.schemas.scan import Origin
 
     good, bad = odd_but_valid(), bad_or_doubtful()
     first, later = [*good[:6], bad[2], good[0]], [*good[6:], bad[6], good[1]]
@@ -305,7 +305,7 @@ def test_every_event_type_has_a_shape_and_a_fitting_record_is_one_pydantic_takes
     same id and rollout id the check takes."""
     import random
 
-    from schemas.shapes import shape
+    from agentstream.schemas.shapes import shape
 
     for cls in s.EVENT_TYPES:
         shape(cls)
@@ -343,7 +343,7 @@ def test_a_model_with_a_constraint_or_a_validator_has_no_shape():
     """A shape checks types only: a model that pydantic checks further cannot have one (it would be looser)."""
     from pydantic import BaseModel, Field, field_validator
 
-    from schemas.shapes import shape
+    from agentstream.schemas.shapes import shape
 
     class Bounded(s.RolloutStartedEvent):
         retries: int = Field(0, ge=0)

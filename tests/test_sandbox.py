@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from agentstream.stack.process import free_port
-from sandbox.contract import WORKSPACE_MOUNT, Limits, Network, SandboxError, SandboxSpec
-from sandbox.local import (
+from agentstream.sandbox.contract import WORKSPACE_MOUNT, Limits, Network, SandboxError, SandboxSpec
+from agentstream.sandbox.local import (
     NPROC_MARGIN,
     UID_BASE,
     UID_SLOTS,
@@ -30,7 +30,7 @@ from sandbox.local import (
     processes_of,
     python_binds,
 )
-from sandbox.output import OUTPUT_LIMIT
+from agentstream.sandbox.output import OUTPUT_LIMIT
 from tests.conftest import wait_for
 
 AGENTS = Path(__file__).parent / "sandbox_agents"
@@ -273,8 +273,8 @@ def test_the_sandbox_dies_with_its_parent(tmp_path: Path):
     parent = subprocess.Popen([sys.executable, "-c", f"""
 import sys
 from pathlib import Path
-from sandbox.contract import SandboxSpec
-from sandbox.local import LocalSandbox
+from agentstream.sandbox.contract import SandboxSpec
+from agentstream.sandbox.local import LocalSandbox
 box = LocalSandbox(SandboxSpec(Path({str(workspace)!r})))
 print(box.uid, flush=True)
 box.run("sleep 300")

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import cgroups, hostfs
-from sandbox.contract import Limits, SandboxSpec
-from sandbox.local import STATE_DIR, LocalSandbox, processes_of
+from agentstream.sandbox import cgroups, hostfs
+from agentstream.sandbox.contract import Limits, SandboxSpec
+from agentstream.sandbox.local import STATE_DIR, LocalSandbox, processes_of
 from tests.conftest import wait_for
 
 SMALL = Limits(command_timeout_s=60, attempt_timeout_s=300, processes=64, memory_bytes=1 << 30,
@@ -317,8 +317,8 @@ def test_a_crashed_sandboxs_disk_is_taken_off_by_the_next(tmp_path: Path):
     (workspace / "base.txt").write_text("base\n")
     parent = subprocess.Popen([sys.executable, "-c", f"""
 from pathlib import Path
-from sandbox.contract import SandboxSpec, Limits
-from sandbox.local import LocalSandbox
+from agentstream.sandbox.contract import SandboxSpec, Limits
+from agentstream.sandbox.local import LocalSandbox
 box = LocalSandbox(SandboxSpec(Path({str(workspace)!r}), Limits(disk_bytes=64 << 20)))
 box.run("echo lost > lost.txt")
 print(box.uid, flush=True)
@@ -341,7 +341,7 @@ def test_on_a_host_without_loop_devices_or_cgroups_a_deep_tree_still_closes(tmp_
                                                                              monkeypatch: pytest.MonkeyPatch):
     """The fallback (the workspace bound directly, chowned to the uid and back) walks the agent's tree on
     the host: as deep as the agent likes, with links to host files in it."""
-    from sandbox import disk
+    from agentstream.sandbox import disk
 
     monkeypatch.setattr(disk, "available", lambda: "switched off for this test")
     monkeypatch.setattr(cgroups, "create", lambda name, limits: None)

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.contract import Limits, SandboxSpec
-from sandbox.inpod import InPodSandbox
-from sandbox.kubernetes import agent_command
+from agentstream.sandbox.contract import Limits, SandboxSpec
+from agentstream.sandbox.inpod import InPodSandbox
+from agentstream.sandbox.kubernetes import agent_command
 
 REPO = Path(__file__).resolve().parents[1]
 AGENTS = REPO / "tests" / "sandbox_agents"

@@ -15,12 +15,12 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-import schemas as s
-from controller.attempt import Attempt
-from controller.kubernetes import default_job, merge, render_job
-from controller.tasks import PlannedRollout
-from sandbox.contract import Limits, Network, SandboxError
-from sandbox.kubernetes import (
+import agentstream.schemas as s
+from agentstream.controller.attempt import Attempt
+from agentstream.controller.kubernetes import default_job, merge, render_job
+from agentstream.controller.tasks import PlannedRollout
+from agentstream.sandbox.contract import Limits, Network, SandboxError
+from agentstream.sandbox.kubernetes import (
     CONTAINER,
     NETWORK_LABEL,
     GatewayPeer,
@@ -176,7 +176,7 @@ def test_the_cli_writes_manifests_the_controller_loads(tmp_path: Path):
     from typer.testing import CliRunner
 
     from agentstream.cli import app
-    from controller.kubernetes import load_template
+    from agentstream.controller.kubernetes import load_template
 
     result = CliRunner().invoke(app, ["sandbox", "k8s-manifests", str(tmp_path), "--gateway-label", "app=gw",
                                       "--gateway-port", "8080", "--gateway-service-ip", "10.0.0.9",

@@ -3,8 +3,8 @@ import json
 import orjson
 import pytest
 
-import schemas as s
-from schemas.jsonschema import event_schemas
+import agentstream.schemas as s
+from agentstream.schemas.jsonschema import event_schemas
 from tests.samples import sample_events
 
 
@@ -25,7 +25,7 @@ def test_encoding_is_the_bytes_orjson_wrote():
     """Repeats are compared as bytes, and logs hold events encoded before: pydantic's serializer
     must write what `orjson.dumps(model_dump())` did, floats, unicode and free-form JSON included."""
     from bench.streams_assembly import history
-    from streams.assembly import Timing, assemble
+    from agentstream.streams.assembly import Timing, assemble
 
     events = [*sample_events(), *history(20, "r")]
     events += assemble(events[-100:], Timing())
@@ -57,7 +57,7 @@ def test_derived_ids_are_uuid5_of_the_parts(parts):
     """They are in the log (trajectory and reward ids): computed faster, they must stay these strings."""
     import uuid
 
-    from schemas.ids import _NAMESPACE
+    from agentstream.schemas.ids import _NAMESPACE
 
     assert s.derived_id(*parts) == str(uuid.uuid5(_NAMESPACE, "\x1f".join(parts)))
 
@@ -119,7 +119,7 @@ def test_json_schemas_validate_the_samples_shape():
 
 
 def test_rollout_tokens_bind_rollout_and_attempt():
-    from schemas.tokens import InvalidToken, mint_rollout_token, verify_rollout_token
+    from agentstream.schemas.tokens import InvalidToken, mint_rollout_token, verify_rollout_token
 
     token = mint_rollout_token("secret", "r-1", "a-1")
     claims = verify_rollout_token("secret", token)
@@ -147,7 +147,7 @@ def test_the_relaxed_collector_is_undone_after_a_job_and_leaves_a_frozen_process
 
     check = """
 import gc
-from schemas import collector
+from agentstream.schemas import collector
 before = gc.get_threshold()
 assert gc.get_freeze_count() == 0
 with collector.relaxed():

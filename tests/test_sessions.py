@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 import pytest
 from openai import AsyncOpenAI
 
-import schemas as s
-from schemas.codec import encode
-from schemas.sessions import session_rollout_id
-from streams.trajectory import revision_id as derived_revision
+import agentstream.schemas as s
+from agentstream.schemas.codec import encode
+from agentstream.schemas.sessions import session_rollout_id
+from agentstream.streams.trajectory import revision_id as derived_revision
 from tests.gateway_support import OPERATOR_KEY, GatewayProcess
 from tests.streams_support import StreamsWorker, TopicWatch
 from tests.test_replay import cli, read_topic

@@ -14,8 +14,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tests.test_trainer_grpo import samples_of, sequence_logprobs
 from tests.test_trainer_vllm import served_logprobs, swap
 from tests.trainer_fixtures import policy_logprobs, trajectory
-from trainer.grpo import Policy
-from trainer.settings import TrainerSettings
+from agentstream.trainer.grpo import Policy
+from agentstream.trainer.settings import TrainerSettings
 
 pytestmark = pytest.mark.vllm
 
@@ -135,9 +135,9 @@ async def test_a_short_real_model_run_swaps_two_versions_in(smollm2_server, kafk
 
     from agentstream.demo import DemoConfig, reset_weights, run_demo
     from agentstream.stack.vllm import LocalVLLM, running_servers
-    from schemas.codec import decode
-    from schemas.events import CallEvent
-    from schemas.kafka import KafkaSettings, make_consumer
+    from agentstream.schemas.codec import decode
+    from agentstream.schemas.events import CallEvent
+    from agentstream.schemas.kafka import KafkaSettings, make_consumer
 
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)
     name = next(n for n, state in running_servers().items() if state.url == smollm2_server.url)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-import schemas as s
-from schemas.codec import encode
-from streams.assembly import Assembly, Timing, assemble, finalize_at
+import agentstream.schemas as s
+from agentstream.schemas.codec import encode
+from agentstream.streams.assembly import Assembly, Timing, assemble, finalize_at
 from tests.streams_support import Rollout
 
 TIMING = Timing(settle_ms=100, reward_grace_ms=5_000, idle_timeout_ms=60_000, retention_ms=600_000)
@@ -17,7 +17,7 @@ def feed(assembly: Assembly, events: list[s.Event]) -> list[str | None]:
 
 
 def settle_all(assembly: Assembly, now_ms: int):
-    from streams.assembly import Settled
+    from agentstream.streams.assembly import Settled
 
     out = Settled("all")
     for rollout_id in assembly.due(now_ms):
@@ -140,7 +140,7 @@ def test_a_managed_attempt_ends_with_the_controller_an_unmanaged_one_with_the_ag
 
 def test_a_rollout_with_no_queued_event_and_no_attempt_ids_still_assembles():
     """Traffic of a harness that names only its rollout (a header), then posts a reward and a finish."""
-    from streams.assembly import NO_ATTEMPT
+    from agentstream.streams.assembly import NO_ATTEMPT
 
     rollout = Rollout("r-bare", managed=False)
     events = [rollout.call([1, 2], [3]), rollout.reward(1.0), rollout.finished(by="agent")]
@@ -268,7 +268,7 @@ def test_an_attempt_decided_before_a_crash_waits_for_its_events_to_be_read_again
     ("", "character_share", {"characters": "0123456789"}, 0.0),
 ])
 def test_the_shipped_reward_functions(answer, function, metadata, expected):
-    from streams import rewards
+    from agentstream.streams import rewards
 
     rollout = Rollout("r", metadata=metadata)
     call = rollout.call([1], [2], answer)
@@ -284,7 +284,7 @@ def test_the_shipped_reward_functions(answer, function, metadata, expected):
     ("streams.rewards:nope", "has no function 'nope'"),
 ])
 def test_bad_reward_function_names_say_what_is_wrong(name, message):
-    from streams import rewards
+    from agentstream.streams import rewards
 
     with pytest.raises(rewards.RewardError, match=message):
         rewards.load(name)
@@ -364,7 +364,7 @@ def test_the_next_due_time_is_the_next_attempts_not_one_already_settled():
 def test_a_computed_reward_added_to_a_built_trajectory_is_what_building_with_it_makes():
     """`with_reward` (a scored attempt's trajectory, its turns not made again) must be `build` with the reward
     event, byte for byte: per-turn rewards overridden in time order, the lineage, the start."""
-    from streams.trajectory import Ending, build, with_reward
+    from agentstream.streams.trajectory import Ending, build, with_reward
 
     rollout = Rollout("r-with-reward", reward_fn="streams.rewards:exact_match", metadata={"answer": "b"})
     first, second = rollout.call([1], [2], "a"), rollout.call([1, 2, 7], [5], "b")

@@ -8,11 +8,11 @@ from collections.abc import Sequence as Seq
 
 import pytest
 
-import schemas as s
-from schemas.codec import decode, encode
-from schemas.sessions import session_rollout_id
-from streams.assembly import Assembly, Settled, Timing
-from streams.trajectory import revision_id
+import agentstream.schemas as s
+from agentstream.schemas.codec import decode, encode
+from agentstream.schemas.sessions import session_rollout_id
+from agentstream.streams.assembly import Assembly, Settled, Timing
+from agentstream.streams.trajectory import revision_id
 
 TIMING = Timing(settle_ms=100, session_idle_ms=10_000, feedback_window_ms=5_000, session_retention_ms=100_000)
 

@@ -1,4 +1,4 @@
-"""`python -m streams worker` as a real process against the real broker."""
+"""`python -m agentstream.streams worker` as a real process against the real broker."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from collections import Counter
 
 import pytest
 
-import schemas as s
-from schemas.codec import encode
+import agentstream.schemas as s
+from agentstream.schemas.codec import encode
 from aiokafka.admin import AIOKafkaAdminClient
 
-from schemas.kafka import Publisher, make_consumer, make_producer, partitions_of
+from agentstream.schemas.kafka import Publisher, make_consumer, make_producer, partitions_of
 from tests.conftest import wait_for, wait_for_async
 from tests.streams_support import Rollout, StreamsWorker, TopicWatch, live, publish
 

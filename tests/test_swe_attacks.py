@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from recipes.swe.build import write
-from recipes.swe.grade import GradeService, GradeSettings
-from recipes.swe.grader import Grader
-from recipes.swe.instance import Instance
-from sandbox.local import STATE_DIR
-from schemas.codec import decode
-from schemas.events import DeadletterEvent, RewardEvent, RolloutDiff, RolloutDiffEvent
-from schemas.kafka import Publisher, make_consumer, make_producer
+from agentstream.recipes.swe.build import write
+from agentstream.recipes.swe.grade import GradeService, GradeSettings
+from agentstream.recipes.swe.grader import Grader
+from agentstream.recipes.swe.instance import Instance
+from agentstream.sandbox.local import STATE_DIR
+from agentstream.schemas.codec import decode
+from agentstream.schemas.events import DeadletterEvent, RewardEvent, RolloutDiff, RolloutDiffEvent
+from agentstream.schemas.kafka import Publisher, make_consumer, make_producer
 from tests.conftest import wait_for_async
 from tests.swe_support import HONEST, make_repo
 

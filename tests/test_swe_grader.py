@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from recipes.swe import workspace as ws
-from recipes.swe.grade import GradeService, GradeSettings, reward_event
-from recipes.swe.grader import REWARD_FN, Grader
-from recipes.swe.instance import Instance
-from sandbox.contract import SandboxSpec
-from sandbox.local import LocalSandbox
-from schemas.codec import decode
-from schemas.events import DeadletterEvent, RewardEvent, RolloutDiff, RolloutDiffEvent
-from schemas.ids import derived_id
-from schemas.kafka import Publisher, make_consumer, make_producer
+from agentstream.recipes.swe import workspace as ws
+from agentstream.recipes.swe.grade import GradeService, GradeSettings, reward_event
+from agentstream.recipes.swe.grader import REWARD_FN, Grader
+from agentstream.recipes.swe.instance import Instance
+from agentstream.sandbox.contract import SandboxSpec
+from agentstream.sandbox.local import LocalSandbox
+from agentstream.schemas.codec import decode
+from agentstream.schemas.events import DeadletterEvent, RewardEvent, RolloutDiff, RolloutDiffEvent
+from agentstream.schemas.ids import derived_id
+from agentstream.schemas.kafka import Publisher, make_consumer, make_producer
 from tests.conftest import wait_for_async
 from tests.swe_support import built
 
@@ -32,7 +32,7 @@ def task():
 
 def agent_diff(instance: Instance, repos_dir: Path, tmp_path: Path, script: str) -> str:
     """Run the agent's commands in a real sandbox on the base commit; return the diff the harness sends."""
-    from recipes.swe.repos import repo_path
+    from agentstream.recipes.swe.repos import repo_path
 
     workspace, git_dir = tmp_path / "workspace", tmp_path / "agent.git"
     ws.prepare(repo_path(repos_dir, instance.repo), instance.base_commit, workspace, git_dir)
@@ -125,7 +125,7 @@ def test_a_diff_that_does_not_apply_or_was_truncated_scores_0(task):
 
 async def test_a_diff_event_in_gives_a_reward_event_out(task, kafka, tmp_path):
     instance, repos_dir = task
-    from recipes.swe.build import write
+    from agentstream.recipes.swe.build import write
 
     tasks_file = tmp_path / "tasks.jsonl"
     write([instance], tasks_file)
@@ -188,8 +188,8 @@ async def test_a_diff_event_in_gives_a_reward_event_out(task, kafka, tmp_path):
 
 
 def test_the_streams_fold_keeps_a_diff_event_and_waits_for_the_graders_reward(task):
-    from schemas.events import Reward, RolloutFinished, RolloutFinishedEvent, RolloutQueued, RolloutQueuedEvent
-    from streams.assembly import Timing, assemble
+    from agentstream.schemas.events import Reward, RolloutFinished, RolloutFinishedEvent, RolloutQueued, RolloutQueuedEvent
+    from agentstream.streams.assembly import Timing, assemble
 
     instance, _ = task
     attempt = dict(source="test", rollout_id="r-1", attempt_id="a-1")
@@ -210,7 +210,7 @@ def test_the_streams_fold_keeps_a_diff_event_and_waits_for_the_graders_reward(ta
 
 
 def test_the_policy_takes_source_changes_and_refuses_each_rule_by_name():
-    from recipes.swe.diffs import Change, sift
+    from agentstream.recipes.swe.diffs import Change, sift
 
     def added(path: str, mode: str = "100644", **kw) -> Change:
         return Change(path=path, status="A", old_mode="000000", new_mode=mode, **kw)

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from agentstream.stack.process import spawn, stop_pid, tail
-from recipes.swe.workspace import TaskInput
-from schemas.events import CallEvent, RolloutDiffEvent, RolloutFailedEvent, TrajectoryEvent
+from agentstream.recipes.swe.workspace import TaskInput
+from agentstream.schemas.events import CallEvent, RolloutDiffEvent, RolloutFailedEvent, TrajectoryEvent
 from tests.conftest import wait_for_async
 from tests.gateway_support import TOKEN_SECRET, gateway_settings, running_gateway
 from tests.streams_support import REPO, StreamsWorker, TopicWatch
@@ -40,8 +40,8 @@ def forced(command: str) -> str:
 
 
 def run_controller(kafka, gateway_url: str, tasks: Path, logs: Path, env: dict[str, str],
-                   *extra: str, agent: str = f"{sys.executable} -m recipes.swe.harness") -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "controller", "--bootstrap-servers", kafka.bootstrap_servers,
+                   *extra: str, agent: str = f"{sys.executable} -m agentstream.recipes.swe.harness") -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "agentstream.controller", "--bootstrap-servers", kafka.bootstrap_servers,
            "--topic-prefix", kafka.topic_prefix, "--tasks", str(tasks),
            "--agent", agent, "--gateway-url", gateway_url,
            "--token-secret", TOKEN_SECRET, "--model", "tiny", "--no-progress", "--max-attempts", "1",
@@ -146,7 +146,7 @@ async def test_an_attempt_whose_harness_crashes_is_a_failed_attempt_with_the_rea
 
 
 def grader_process(kafka, instances: Path, repos: Path, envs: Path, log: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "recipes.swe.grade", "--bootstrap-servers", kafka.bootstrap_servers,
+    cmd = [sys.executable, "-m", "agentstream.recipes.swe.grade", "--bootstrap-servers", kafka.bootstrap_servers,
            "--topic-prefix", kafka.topic_prefix, "--tasks", str(instances), "--repos-dir", str(repos),
            "--envs-dir", str(envs)]
     return spawn(cmd, log, cwd=REPO)
@@ -154,7 +154,7 @@ def grader_process(kafka, instances: Path, repos: Path, envs: Path, log: Path) -
 
 async def test_a_scripted_agents_diff_is_graded_by_the_grader_service_into_its_trajectory(kafka, tmp_path):
     """No model: mini-swe-agent's deterministic model runs a script (the gold fix, or nothing)."""
-    from recipes.swe.workspace import write_index
+    from agentstream.recipes.swe.workspace import write_index
 
     repos = tmp_path / "repos"
     commit = make_repo(repos)
@@ -174,7 +174,7 @@ async def test_a_scripted_agents_diff_is_graded_by_the_grader_service_into_its_t
                 env = {"AGENTSTREAM_SWE_REPOS": str(repos), "AGENTSTREAM_SWE_INDEX": str(index),
                        "AGENTSTREAM_SWE_SCRIPT": json.dumps(script), "AGENTSTREAM_SWE_WORKSPACE": str(tmp_path / "ws")}
                 agent = pod_stand_in(tmp_path / "pod-workspace") if run == "pod" else \
-                    f"{sys.executable} -m recipes.swe.harness"
+                    f"{sys.executable} -m agentstream.recipes.swe.harness"
                 controller = run_controller(kafka, gw.url, tasks, tmp_path / run, env, "--run-id", f"scripted-{run}",
                                             agent=agent)
                 assert await await_exit(controller) == 0, tail(tmp_path / run / "controller.log")
@@ -215,7 +215,7 @@ def pod_stand_in(workspace: Path) -> str:
         elif entry.is_dir() and entry.name not in ("workspace", "proc"):
             argv += ["--dev-bind", str(entry), str(entry)]
     argv += ["--proc", "/proc", "--bind", str(workspace), "/workspace", "--die-with-parent",
-             "--setenv", "AGENTSTREAM_SANDBOX", "pod", sys.executable, "-m", "recipes.swe.harness"]
+             "--setenv", "AGENTSTREAM_SANDBOX", "pod", sys.executable, "-m", "agentstream.recipes.swe.harness"]
     return shlex.join(argv)
 
 

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from controller.attempt import Attempt, Gateway
-from controller.kubernetes import TASK_ANNOTATION, KubernetesLauncher
-from controller.settings import ControllerSettings
-from controller.tasks import PlannedRollout
-from recipes.swe.instance import Instance
-from sandbox.kubernetes import NETWORK_LABEL
-from schemas.tokens import verify_rollout_token
+from agentstream.controller.attempt import Attempt, Gateway
+from agentstream.controller.kubernetes import TASK_ANNOTATION, KubernetesLauncher
+from agentstream.controller.settings import ControllerSettings
+from agentstream.controller.tasks import PlannedRollout
+from agentstream.recipes.swe.instance import Instance
+from agentstream.sandbox.kubernetes import NETWORK_LABEL
+from agentstream.schemas.tokens import verify_rollout_token
 from tests.kube_cluster import kube_cluster, restricted_namespace  # noqa: F401 (fixtures)
 
 SECRET = "operator-token-secret-" + "x" * 16
@@ -61,7 +61,7 @@ async def test_the_harness_attempt_is_a_sandboxed_job(kube_cluster, restricted_n
     template = tmp_path / "harness-job.yaml"
     template.write_text(HARNESS_TEMPLATE)
     settings = ControllerSettings(
-        tasks=tmp_path / "tasks.jsonl", agent="python -m recipes.swe.harness", token_secret=SECRET,
+        tasks=tmp_path / "tasks.jsonl", agent="python -m agentstream.recipes.swe.harness", token_secret=SECRET,
         gateway_url="http://gateway.agentstream.svc:8000", model="qwen-9b", backend="kubernetes",
         k8s_kubeconfig=kube_cluster.kubeconfig, k8s_namespace=namespace, k8s_image="registry.test/swe-{repo_slug}:1",
         k8s_job_template=template, k8s_gateway_namespace="agentstream", k8s_gateway_service_ip="10.0.0.42",
@@ -91,7 +91,7 @@ async def test_the_harness_attempt_is_a_sandboxed_job(kube_cluster, restricted_n
         {"ip": "10.0.0.42", "hostnames": ["gateway.agentstream.svc"]}]
     (agent,) = spec["containers"]
     assert agent["image"] == "registry.test/swe-pytoolz__toolz:1", "the task's repository picks the image"
-    assert agent["command"] == ["/bin/sh", "-c", "exec python -m recipes.swe.harness"], "exec: no shell holds the token"
+    assert agent["command"] == ["/bin/sh", "-c", "exec python -m agentstream.recipes.swe.harness"], "exec: no shell holds the token"
     security = agent["securityContext"]
     assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
     assert security["capabilities"] == {"drop": ["ALL"]} and security["privileged"] is False
@@ -143,8 +143,8 @@ async def test_the_harness_attempt_is_a_sandboxed_job(kube_cluster, restricted_n
 
 
 def test_settings_that_would_leave_the_pod_without_its_gateway_are_refused(tmp_path: Path):
-    from controller.kubernetes import image_of, sandbox_of
-    from controller.attempt import LaunchError
+    from agentstream.controller.kubernetes import image_of, sandbox_of
+    from agentstream.controller.attempt import LaunchError
 
     base = dict(tasks=tmp_path / "t.jsonl", agent="a", token_secret="s", backend="kubernetes")
     with pytest.raises(ValueError, match="--k8s-gateway-service-ip"):

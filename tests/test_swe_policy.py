@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from recipes.swe import diffs, repos, testrun
-from recipes.swe.grader import ALL_FLAGS, DEFAULT_PENALTIES, penalties_from
-from recipes.swe.inside.scan import FLAGS, changed_lines, scan
+from agentstream.recipes.swe import diffs, repos, testrun
+from agentstream.recipes.swe.grader import ALL_FLAGS, DEFAULT_PENALTIES, penalties_from
+from agentstream.recipes.swe.inside.scan import FLAGS, changed_lines, scan
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +145,7 @@ def _phases(nodeid: str, setup="passed", call="passed", teardown="passed", xfail
     ([], "NOT RUN"),
 ])
 def test_only_a_clean_pass_is_a_pass(phases, expected):
-    from recipes.swe.inside.launch import verdict
+    from agentstream.recipes.swe.inside.launch import verdict
 
     result = verdict(_records({"collected": ["t"]}, *phases, {"exitstatus": 0 if expected == "PASSED" else 1}),
                      ["t"], 0 if expected == "PASSED" else 1)
@@ -153,7 +153,7 @@ def test_only_a_clean_pass_is_a_pass(phases, expected):
 
 
 def test_a_pass_that_does_not_add_up_is_inconsistent():
-    from recipes.swe.inside.launch import verdict
+    from agentstream.recipes.swe.inside.launch import verdict
 
     clean = [{"collected": ["t"]}, *_phases("t"), {"exitstatus": 0}]
     assert verdict(_records(*clean), ["t"], 0)["consistent"]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from recipes.swe.instance import Instance
-from recipes.swe.probe import select_train
+from agentstream.recipes.swe.instance import Instance
+from agentstream.recipes.swe.probe import select_train
 
 
 def task(n: int, split: str = "train", solved: int | None = None, k: int = 4) -> Instance:
@@ -34,7 +34,7 @@ def test_recipe_task_files_from_a_probed_set_hold_the_selection_and_the_validati
     import json
 
     from agentstream.stack import StackError
-    from recipes.swe.recipe import probed_task_files
+    from agentstream.recipes.swe.recipe import probed_task_files
 
     tasks = [task(1, solved=1, k=2), task(2, solved=0, k=2), task(3, solved=2, k=2), task(4, "validation")]
     probed = tmp_path / "probed.jsonl"
@@ -59,11 +59,11 @@ async def test_a_probe_of_the_tiny_model_writes_each_train_tasks_pass_rate_and_l
     import asyncio
 
     from agentstream.stack.vllm import running_servers
-    from recipes.swe.probe import ProbeConfig, run_probe
-    from schemas.codec import decode
-    from schemas.events import EvalEvent, TrajectoryEvent
-    from schemas.kafka import KafkaSettings
-    from schemas.scan import scan
+    from agentstream.recipes.swe.probe import ProbeConfig, run_probe
+    from agentstream.schemas.codec import decode
+    from agentstream.schemas.events import EvalEvent, TrajectoryEvent
+    from agentstream.schemas.kafka import KafkaSettings
+    from agentstream.schemas.scan import scan
 
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)
     name = next(n for n, state in running_servers().items() if state.url == vllm_server.url)

@@ -16,11 +16,11 @@ from rich.console import Console
 from agentstream.demo import reset_weights
 from agentstream.stack.vllm import running_servers
 
-from schemas.scan import scan
-from recipes.swe.recipe import RecipeConfig, run_recipe
-from schemas.codec import decode
-from schemas.events import EvalEvent, RewardEvent, RolloutDiffEvent, TrajectoryEvent, WeightsEvent
-from schemas.kafka import KafkaSettings
+from agentstream.schemas.scan import scan
+from agentstream.recipes.swe.recipe import RecipeConfig, run_recipe
+from agentstream.schemas.codec import decode
+from agentstream.schemas.events import EvalEvent, RewardEvent, RolloutDiffEvent, TrajectoryEvent, WeightsEvent
+from agentstream.schemas.kafka import KafkaSettings
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(900)]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import schemas as s
+import agentstream.schemas as s
 from agentstream.cli import app
 from tests.streams_support import Rollout, publish
 from tests.swe_support import HONEST, calc_instance, make_repo

@@ -9,8 +9,8 @@ import json
 from typer.testing import CliRunner
 
 from agentstream.cli import app
-from recipes.swe.instance import Instance, assign_splits
-from recipes.swe.split import bug_sites, leaks, split_by_site
+from agentstream.recipes.swe.instance import Instance, assign_splits
+from agentstream.recipes.swe.split import bug_sites, leaks, split_by_site
 
 # files with functions, and how many bugs each function holds: lopsided, as in a real package
 LAYOUT = {"toolz/itertoolz.py": {"groupby": 4, "take": 3, "nth": 2, "unique": 2, "pluck": 1, "join": 3},

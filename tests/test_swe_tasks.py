@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from recipes.swe import repos
-from recipes.swe.build import build, hide_tests, write
-from recipes.swe.grader import Grader
-from recipes.swe.instance import Instance, assign_splits, split_of
-from recipes.swe.mutate import mutations
-from recipes.swe.tasks import TaskFileError, load
+from agentstream.recipes.swe import repos
+from agentstream.recipes.swe.build import build, hide_tests, write
+from agentstream.recipes.swe.grader import Grader
+from agentstream.recipes.swe.instance import Instance, assign_splits, split_of
+from agentstream.recipes.swe.mutate import mutations
+from agentstream.recipes.swe.tasks import TaskFileError, load
 from tests.swe_support import LIMIT, built
 
 

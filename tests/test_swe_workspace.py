@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from recipes.swe.environment import SandboxEnvironment
-from recipes.swe.workspace import TaskInput, WorkspaceError, checkout, final_diff, write_index
-from recipes.swe.instance import Instance
+from agentstream.recipes.swe.environment import SandboxEnvironment
+from agentstream.recipes.swe.workspace import TaskInput, WorkspaceError, checkout, final_diff, write_index
+from agentstream.recipes.swe.instance import Instance
 
 pytestmark = pytest.mark.timeout(120)
 

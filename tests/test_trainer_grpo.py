@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from tests.trainer_fixtures import arithmetic_groups, chat_prompt, first_pass_drift, ids, samples_of, trajectory
-from trainer.batcher import Batcher, Sample, group_of, staleness
-from trainer.grpo import Policy, compute_advantages, micro_batches, to_tensors, token_logprobs
-from trainer.settings import TrainerSettings
+from agentstream.trainer.batcher import Batcher, Sample, group_of, staleness
+from agentstream.trainer.grpo import Policy, compute_advantages, micro_batches, to_tensors, token_logprobs
+from agentstream.trainer.settings import TrainerSettings
 
 LOSS_ATOL = 1e-6
 """the loss of one batch summed in another order (micro-batches): float32 rounding of a sum of terms under 1 in
@@ -146,7 +146,7 @@ def test_a_tied_head_is_written_out_and_served_untied(tmp_path):
 
     from agentstream.stack.process import StackError
     from agentstream.stack.vllm import serving_overrides, tensor_names
-    from trainer.checkpoint import save_model
+    from agentstream.trainer.checkpoint import save_model
 
     config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)

@@ -6,11 +6,11 @@ import multiprocessing
 
 import pytest
 
-import schemas as s
-from trainer.checkpoint import CheckpointLocked, CheckpointStore, TrainingState
-from trainer.errors import TrainerError
-from trainer.ledger import Ledger, LedgerState
-from trainer.sources import parse_offsets
+import agentstream.schemas as s
+from agentstream.trainer.checkpoint import CheckpointLocked, CheckpointStore, TrainingState
+from agentstream.trainer.errors import TrainerError
+from agentstream.trainer.ledger import Ledger, LedgerState
+from agentstream.trainer.sources import parse_offsets
 
 
 def test_the_watermark_waits_for_the_oldest_held_record():

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-import schemas as s
+import agentstream.schemas as s
 from tests.trainer_fixtures import IM_END, IM_START, arithmetic_groups, chat_prompt, ids, policy_logprobs, trajectory
-from trainer.batcher import Batcher, Sample, group_of, source_of
-from trainer.grpo import Policy, compute_advantages, to_tensors, token_logprobs
-from trainer.service import malformed
-from trainer.settings import TrainerSettings
+from agentstream.trainer.batcher import Batcher, Sample, group_of, source_of
+from agentstream.trainer.grpo import Policy, compute_advantages, to_tensors, token_logprobs
+from agentstream.trainer.service import malformed
+from agentstream.trainer.settings import TrainerSettings
 
 # float32 everywhere: --dtype auto computes in bfloat16 on CPUs that have it, which would make the
 # logprobs (and so the importance weights) differ between machines by bfloat16's rounding.
@@ -285,7 +285,7 @@ async def test_one_trainer_mixes_rollouts_and_sessions_by_source_weight(kafka, t
     from transformers import AutoModelForCausalLM
 
     from tests.test_trainer_service import publish, read_all, trainer_settings
-    from trainer.service import Trainer
+    from agentstream.trainer.service import Trainer
 
     base = tiny_model_dirs[0]
     rollouts = arithmetic_groups(base, groups=1, group_size=4, prefix="mixed")

@@ -15,12 +15,12 @@ from safetensors.torch import load_file
 from tests.test_trainer_grpo import samples_of
 from tests.test_trainer_service import committed_and_end, publish, read_all, trainer_settings
 from tests.trainer_fixtures import arithmetic_groups
-from trainer.checkpoint import CheckpointStore
-from trainer.errors import TrainerError
-from trainer.grpo import Policy
-from trainer.ranks import LocalRay, RankedPolicy, balance, even_out, join_with_token
-from trainer.service import Trainer
-from trainer.settings import TrainerSettings
+from agentstream.trainer.checkpoint import CheckpointStore
+from agentstream.trainer.errors import TrainerError
+from agentstream.trainer.grpo import Policy
+from agentstream.trainer.ranks import LocalRay, RankedPolicy, balance, even_out, join_with_token
+from agentstream.trainer.service import Trainer
+from agentstream.trainer.settings import TrainerSettings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -149,7 +149,7 @@ async def test_the_service_with_two_ranks_publishes_versions_vllm_serves(kafka, 
     await publish(kafka, events)
     settings = trainer_settings(kafka, tmp_path / "ckpt", base)
     log = tmp_path / "trainer.log"
-    command = [sys.executable, "-m", "trainer", "--bootstrap-servers", settings.bootstrap_servers,
+    command = [sys.executable, "-m", "agentstream.trainer", "--bootstrap-servers", settings.bootstrap_servers,
                "--topic-prefix", settings.topic_prefix, "--base-model", str(base),
                "--checkpoint-dir", str(settings.checkpoint_dir), "--consumer-group", settings.consumer_group,
                "--group-size", "4", "--groups-per-batch", "2", "--lr", "1e-2", "--max-versions", "2",

@@ -13,14 +13,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import schemas as s
-from schemas.kafka import KafkaSettings, Publisher, make_consumer, make_producer, partitions_of
+import agentstream.schemas as s
+from agentstream.schemas.kafka import KafkaSettings, Publisher, make_consumer, make_producer, partitions_of
 from tests import faults
 from tests.conftest import wait_for_async
 from tests.trainer_fixtures import arithmetic_groups
-from trainer.checkpoint import CheckpointStore
-from trainer.service import Trainer
-from trainer.settings import TrainerSettings
+from agentstream.trainer.checkpoint import CheckpointStore
+from agentstream.trainer.service import Trainer
+from agentstream.trainer.settings import TrainerSettings
 
 REPO = Path(__file__).parent.parent
 
@@ -120,7 +120,7 @@ async def test_a_version_is_a_checkpoint_and_a_weights_event(kafka, tiny_model_d
 
 
 def trainer_command(settings: TrainerSettings, *flags: str) -> list[str]:
-    return [sys.executable, "-m", "trainer",
+    return [sys.executable, "-m", "agentstream.trainer",
             "--bootstrap-servers", settings.bootstrap_servers, "--topic-prefix", settings.topic_prefix,
             "--base-model", str(settings.base_model), "--checkpoint-dir", str(settings.checkpoint_dir),
             "--consumer-group", settings.consumer_group, "--group-size", "4", "--groups-per-batch", "2",
@@ -131,7 +131,7 @@ def run_trainer_process(settings: TrainerSettings, log: Path, *flags: str, fault
     """The trainer as a real process, SIGKILLed at `fault` if given (tests/faults.py)."""
     command = trainer_command(settings, *flags)
     if fault:
-        command = faults.command(fault, "trainer", *command[3:])
+        command = faults.command(fault, "agentstream.trainer", *command[3:])
     with log.open("ab") as out:
         return subprocess.run(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
                               timeout=180, env={**os.environ, "PYTHONUNBUFFERED": "1"}).returncode

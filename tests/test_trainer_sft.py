@@ -8,9 +8,9 @@ import torch
 from tests.test_trainer_grpo import samples_of, sequence_logprobs
 from tests.test_trainer_service import trainer_settings, write_jsonl
 from tests.trainer_fixtures import arithmetic_groups
-from trainer.service import Trainer
-from trainer.settings import TrainerSettings
-from trainer.sft import SFTPolicy
+from agentstream.trainer.service import Trainer
+from agentstream.trainer.settings import TrainerSettings
+from agentstream.trainer.sft import SFTPolicy
 
 
 def sft_policy(model_dir, **overrides) -> SFTPolicy:

@@ -10,8 +10,8 @@ from transformers import AutoModelForCausalLM
 
 from tests.test_trainer_service import trainer_settings, write_jsonl
 from tests.trainer_fixtures import first_pass_drift, samples_of, trajectory
-from trainer.grpo import Policy
-from trainer.service import Trainer
+from agentstream.trainer.grpo import Policy
+from agentstream.trainer.service import Trainer
 
 pytestmark = pytest.mark.vllm
 

@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 
 from agentstream.stack.process import stop_pid, tail
-from recipes.swe.workspace import TaskInput
-from schemas.events import CallEvent, RolloutDiffEvent, TrajectoryEvent
-from schemas.tokens import is_rollout_token
+from agentstream.recipes.swe.workspace import TaskInput
+from agentstream.schemas.events import CallEvent, RolloutDiffEvent, TrajectoryEvent
+from agentstream.schemas.tokens import is_rollout_token
 from tests.gateway_support import gateway_settings, read_events, running_gateway
 from tests.streams_support import StreamsWorker, TopicWatch
 from tests.swe_support import calc_instance, make_repo
@@ -98,7 +98,7 @@ async def test_an_unchanged_harness_in_the_sandbox_edits_the_task_is_graded_and_
                                           json.dumps(spec["call"]).replace('"{command}"', json.dumps(command)))
             grader = grader_process(kafka, instances, repos, tmp_path / "envs", tmp_path / "grader.log")
             controller = run_controller(kafka, gw.url, tasks, tmp_path / "runs", env,
-                                        agent=f"{sys.executable} -m recipes.swe.whole_harness {name}")
+                                        agent=f"{sys.executable} -m agentstream.recipes.swe.whole_harness {name}")
             assert await await_exit(controller) == 0, tail(tmp_path / "runs" / "controller.log", 60)
             async with TopicWatch(kafka, "rollouts", "trajectories") as watch:
                 events = await watch.until(lambda es: any(isinstance(e, TrajectoryEvent) for e in es),

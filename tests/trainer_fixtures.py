@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-import schemas as s
+import agentstream.schemas as s
 from agentstream.samples import IM_END, IM_START, chat_prompt, ids, trajectory  # noqa: F401 (the tests' names)
 
 
@@ -22,7 +22,7 @@ def policy_logprobs(model, prompt: list[int], completion: list[int]) -> list[flo
 
 def samples_of(events: list[s.TrajectoryEvent]):
     """The trainer's samples of these trajectories, in their order."""
-    from trainer.batcher import Sample, group_of
+    from agentstream.trainer.batcher import Sample, group_of
 
     return [Sample(e.id, 0, i, e.data, group_of(e.id, e.data)) for i, e in enumerate(events)]
 
@@ -31,7 +31,7 @@ def first_pass_drift(policy, samples) -> tuple[float, float]:
     """How far the batch's logprobs are from the policy's, as the update's first forward pass computes them
     (same weights, mode, compute dtype and padded batch, so the same kernels on any machine): the mean over
     generated tokens of (sampled - policy's), which is verl's kl of a one-micro-batch step, and of its size."""
-    from trainer.grpo import autocast, to_tensors, token_logprobs
+    from agentstream.trainer.grpo import autocast, to_tensors, token_logprobs
 
     batch = to_tensors(samples, policy.settings.max_seq_len)
     policy.model.train()

@@ -1,4 +1,4 @@
-"""`python -m trainer [FLAGS]`: the trainer process (every setting is a flag; see --help)."""
+"""`python -m agentstream.trainer [FLAGS]`: the trainer process (every setting is a flag; see --help)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import signal
 from pydantic import ValidationError
 from pydantic_settings import CliApp
 
-from trainer.settings import TrainerSettings
+from agentstream.trainer.settings import TrainerSettings
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -26,8 +26,8 @@ def main(argv: list[str] | None = None) -> None:
 async def serve(settings: TrainerSettings) -> None:
     from transformers.utils import logging as hf_logging
 
-    from schemas.errors import AgentstreamError
-    from trainer.service import Trainer  # imports torch and verl: after --help has had its chance
+    from agentstream.schemas.errors import AgentstreamError
+    from agentstream.trainer.service import Trainer  # imports torch and verl: after --help has had its chance
 
     hf_logging.disable_progress_bar()
     trainer = Trainer(settings)

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from schemas.events import Trajectory
-from trainer.settings import TrainerSettings
+from agentstream.schemas.events import Trajectory
+from agentstream.trainer.settings import TrainerSettings
 
 
 @dataclass(eq=False)

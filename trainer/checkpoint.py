@@ -29,11 +29,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from schemas.codec import decode, encode
-from schemas.durable import fsync
-from schemas.events import WeightsEvent
-from trainer.errors import TrainerError
-from trainer.ledger import LedgerState
+from agentstream.schemas.codec import decode, encode
+from agentstream.schemas.durable import fsync
+from agentstream.schemas.events import WeightsEvent
+from agentstream.trainer.errors import TrainerError
+from agentstream.trainer.ledger import LedgerState
 
 STATE_DIR = "training_state"
 # files of a model folder that the trainer writes itself; everything else (tokenizer, chat template)

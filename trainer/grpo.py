@@ -63,10 +63,10 @@ from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.rollout_corr_helper import SAFETY_BOUND, compute_rollout_correction_weights
 from verl.workers.config import ActorConfig
 
-from schemas.events import Trajectory
-from trainer.batcher import Sample
-from trainer.checkpoint import save_model
-from trainer.settings import TrainerSettings
+from agentstream.schemas.events import Trajectory
+from agentstream.trainer.batcher import Sample
+from agentstream.trainer.checkpoint import save_model
+from agentstream.trainer.settings import TrainerSettings
 
 
 @dataclass(frozen=True)

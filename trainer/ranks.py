@@ -50,11 +50,11 @@ from pathlib import Path
 
 import torch
 
-from trainer.batcher import Sample
-from trainer.errors import RanksFailed, TrainerError
-from trainer.grpo import (Policy, Tensors, chunks, compute_advantages, compute_dtype, micro_batches,
+from agentstream.trainer.batcher import Sample
+from agentstream.trainer.errors import RanksFailed, TrainerError
+from agentstream.trainer.grpo import (Policy, Tensors, chunks, compute_advantages, compute_dtype, micro_batches,
                           optimizer_step, to_tensors)
-from trainer.settings import TrainerSettings
+from agentstream.trainer.settings import TrainerSettings
 
 log = logging.getLogger("trainer.ranks")
 
@@ -215,7 +215,7 @@ class Rank:
         """Gather the full state dict (every rank takes part); rank 0 writes it into `folder`."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        from trainer.checkpoint import save_model
+        from agentstream.trainer.checkpoint import save_model
 
         state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.rank == 0:

@@ -34,19 +34,19 @@ import orjson
 import torch
 from aiokafka.errors import CommitFailedError
 
-from schemas.codec import DecodeError, decode
-from schemas.events import Trajectory, TrajectoryEvent, Weights, WeightsEvent
-from schemas.ids import derived_id
-from schemas.kafka import Publisher, deadletter_event, ensure_topics, make_producer
-from schemas.scan import Bounds, resolve, scan
-from trainer.batcher import Batch, Batcher, Sample, group_of, source_of, weigh
-from trainer.checkpoint import Checkpoint, CheckpointStore, TrainingState
-from trainer.errors import RanksFailed, TrainerError
-from trainer.grpo import Policy, misplaced_turn
-from trainer.ledger import Ledger
-from trainer.settings import TrainerSettings
-from trainer.sft import SFTPolicy, eligible
-from trainer.sources import TrajectorySource, make_source
+from agentstream.schemas.codec import DecodeError, decode
+from agentstream.schemas.events import Trajectory, TrajectoryEvent, Weights, WeightsEvent
+from agentstream.schemas.ids import derived_id
+from agentstream.schemas.kafka import Publisher, deadletter_event, ensure_topics, make_producer
+from agentstream.schemas.scan import Bounds, resolve, scan
+from agentstream.trainer.batcher import Batch, Batcher, Sample, group_of, source_of, weigh
+from agentstream.trainer.checkpoint import Checkpoint, CheckpointStore, TrainingState
+from agentstream.trainer.errors import RanksFailed, TrainerError
+from agentstream.trainer.grpo import Policy, misplaced_turn
+from agentstream.trainer.ledger import Ledger
+from agentstream.trainer.settings import TrainerSettings
+from agentstream.trainer.sft import SFTPolicy, eligible
+from agentstream.trainer.sources import TrajectorySource, make_source
 
 log = logging.getLogger("trainer")
 SOURCE = "trainer"
@@ -125,7 +125,7 @@ class Trainer:
     def _make_policy(folder: Path, optimizer_file: Path | None, settings: TrainerSettings):
         """The model being trained: in this process, or sharded over `--ranks` Ray actors."""
         if settings.ranks > 1:
-            from trainer.ranks import RankedPolicy  # imports Ray: only when asked for
+            from agentstream.trainer.ranks import RankedPolicy  # imports Ray: only when asked for
 
             return RankedPolicy.load(folder, settings, optimizer_file)
         optimizer_state = torch.load(optimizer_file, weights_only=True, map_location=settings.device) \

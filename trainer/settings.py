@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from schemas.kafka import KafkaSettings
+from agentstream.schemas.kafka import KafkaSettings
 
 # verl's advantage estimators that need nothing but outcome rewards and group indices; the others
 # need a critic (gae), reward baselines (remax), per-token policy statistics (optimal_token_baseline)
@@ -23,7 +23,7 @@ UNGROUPED_ESTIMATORS = ("reinforce_plus_plus",)
 
 
 class TrainerSettings(KafkaSettings):
-    """`python -m trainer`: learn from the `trajectories` topic and publish each new weight version."""
+    """`python -m agentstream.trainer`: learn from the `trajectories` topic and publish each new weight version."""
 
     # --- model and checkpoints ---------------------------------------------------------------
     model: str = Field("tiny", description="served model name: the key of the weights events, and the only "

@@ -17,8 +17,8 @@ import time
 
 import torch
 
-from trainer.batcher import Sample
-from trainer.grpo import Policy, Tensors, autocast, chunks, micro_batches, to_tensors, token_logprobs
+from agentstream.trainer.batcher import Sample
+from agentstream.trainer.grpo import Policy, Tensors, autocast, chunks, micro_batches, to_tensors, token_logprobs
 
 
 def eligible(sample: Sample, min_reward: float) -> bool:

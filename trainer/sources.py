@@ -15,9 +15,9 @@ from typing import Protocol
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
 
-from schemas.kafka import KafkaSettings, make_consumer
-from schemas.scan import Bounds, Record, resolve, scan
-from trainer.errors import TrainerError
+from agentstream.schemas.kafka import KafkaSettings, make_consumer
+from agentstream.schemas.scan import Bounds, Record, resolve, scan
+from agentstream.trainer.errors import TrainerError
 
 Offsets = dict[int, int]
 

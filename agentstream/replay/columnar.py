@@ -17,9 +17,9 @@ from agentstream_native import Decoder
 from pydantic_core import PydanticUndefined
 
 from agentstream.replay import dataset
-from schemas.events import Trajectory, TrajectoryEvent
-from schemas.scan import Fetch, Record
-from schemas.shapes import shape
+from agentstream.schemas.events import Trajectory, TrajectoryEvent
+from agentstream.schemas.scan import Fetch, Record
+from agentstream.schemas.shapes import shape
 
 ROW_FIELDS = {"task_id": "str", "group_id": "str", "split": "str", "epoch": "int", "sample_index": "int",
               "model": "str", "status": "str", "reward": "float", "reward_missing": "bool"}

@@ -18,8 +18,8 @@ from typing import Any
 import orjson
 import polars as pl
 
-from schemas.events import Call, TrajectoryEvent
-from streams.rewards import answer_text
+from agentstream.schemas.events import Call, TrajectoryEvent
+from agentstream.streams.rewards import answer_text
 
 SCHEMA = pl.Schema({
     "trajectory_id": pl.String, "rollout_id": pl.String, "attempt_id": pl.String,

@@ -63,13 +63,13 @@ from agentstream.replay.selection import Selection
 from agentstream.replay.sinks import TopicShare, TopicSink
 from agentstream.replay.sources import Item
 from agentstream.replay.state import ReplayError, int_keys
-from schemas import collector
-from schemas.codec import encode
-from schemas.errors import AgentstreamError
-from schemas.kafka import KafkaSettings
-from schemas.scan import KAFKA, Origin
-from streams.assembly import Timing
-from streams.policies import DEFAULT_POLICY
+from agentstream.schemas import collector
+from agentstream.schemas.codec import encode
+from agentstream.schemas.errors import AgentstreamError
+from agentstream.schemas.kafka import KafkaSettings
+from agentstream.schemas.scan import KAFKA, Origin
+from agentstream.streams.assembly import Timing
+from agentstream.streams.policies import DEFAULT_POLICY
 
 SET_COUNTS = ("open", "open_ended")
 """counts a rebuild sets at the range's close rather than adds to"""

@@ -34,13 +34,13 @@ from agentstream.replay.selection import Selection
 from agentstream.replay.settled import SettledLog, Tracked
 from agentstream.replay.sources import Item
 from agentstream.replay.state import int_keys
-from schemas import collector
-from schemas.scan import KAFKA, Bounds, Origin, Record, ScanProgress, scan
-from schemas.codec import DecodeError, decode, encode
-from schemas.events import CallEvent, Event, RewardEvent, RolloutQueuedEvent, TrajectoryEvent
-from schemas.kafka import KafkaSettings
-from streams.assembly import Assembly, Settled, Timing, finalize_at
-from streams.policies import DEFAULT_POLICY
+from agentstream.schemas import collector
+from agentstream.schemas.scan import KAFKA, Bounds, Origin, Record, ScanProgress, scan
+from agentstream.schemas.codec import DecodeError, decode, encode
+from agentstream.schemas.events import CallEvent, Event, RewardEvent, RolloutQueuedEvent, TrajectoryEvent
+from agentstream.schemas.kafka import KafkaSettings
+from agentstream.streams.assembly import Assembly, Settled, Timing, finalize_at
+from agentstream.streams.policies import DEFAULT_POLICY
 
 RAW = ("rollouts", "calls", "rewards")
 """the sources, in the order that breaks ties between events of the same time"""

@@ -29,13 +29,13 @@ from agentstream.replay.selection import Selection
 from agentstream.replay.sinks import JsonlSink, ParquetSink, Sink, TopicSink
 from agentstream.replay.sources import Source, StoredTrajectories
 from agentstream.replay.state import ReplayError, ReplayState, int_keys
-from schemas import collector
-from schemas.scan import KAFKA, Bounds, Origin, parse_offsets, parse_time, resolve
-from schemas.ids import now_ms
-from schemas.kafka import KafkaSettings
-from streams import rewards
-from streams.assembly import Timing
-from streams.policies import DEFAULT_POLICY
+from agentstream.schemas import collector
+from agentstream.schemas.scan import KAFKA, Bounds, Origin, parse_offsets, parse_time, resolve
+from agentstream.schemas.ids import now_ms
+from agentstream.schemas.kafka import KafkaSettings
+from agentstream.streams import rewards
+from agentstream.streams.assembly import Timing
+from agentstream.streams.policies import DEFAULT_POLICY
 
 SINKS = ("topic", "events", "chat", "parquet")
 """topic: trajectory events to a new topic; events: the same, as JSONL (the trainer's offline file);

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from schemas.events import Trajectory, TrajectoryEvent
+from agentstream.schemas.events import Trajectory, TrajectoryEvent
 
 
 @dataclass(frozen=True)

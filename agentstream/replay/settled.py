@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from agentstream.replay.state import ReplayError
-from schemas.durable import fsync
+from agentstream.schemas.durable import fsync
 
 
 class Tracked(dict[str, dict[str, Any]]):

@@ -27,11 +27,11 @@ import polars as pl
 from agentstream.replay import dataset
 from agentstream.replay.sources import Chunk, Item
 from agentstream.replay.state import ReplayError, int_keys
-from schemas.durable import write_atomically
-from schemas.scan import Bounds, _quiet, resolve, scan
-from schemas.codec import encode
-from schemas.kafka import KafkaSettings, ensure_topics
-from schemas.topics import TopicSpec, topic_specs
+from agentstream.schemas.durable import write_atomically
+from agentstream.schemas.scan import Bounds, _quiet, resolve, scan
+from agentstream.schemas.codec import encode
+from agentstream.schemas.kafka import KafkaSettings, ensure_topics
+from agentstream.schemas.topics import TopicSpec, topic_specs
 
 if TYPE_CHECKING:
     from confluent_kafka import KafkaError, Message, Producer

@@ -20,10 +20,10 @@ from agentstream.replay import columnar
 from agentstream.replay.columnar import Misfit
 from agentstream.replay.selection import Selection, made_by
 from agentstream.replay.state import int_keys
-from schemas.scan import KAFKA, Bounds, Fetch, Origin, Record, ScanProgress, archive_records, plan_scan, scan_fetches
-from schemas.codec import DecodeError, decode
-from schemas.events import Call, TrajectoryEvent
-from schemas.kafka import KafkaSettings
+from agentstream.schemas.scan import KAFKA, Bounds, Fetch, Origin, Record, ScanProgress, archive_records, plan_scan, scan_fetches
+from agentstream.schemas.codec import DecodeError, decode
+from agentstream.schemas.events import Call, TrajectoryEvent
+from agentstream.schemas.kafka import KafkaSettings
 
 
 @dataclass

@@ -21,7 +21,7 @@ def import_model(source: Path, out: Path, say=print) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from trainer.checkpoint import save_model
+    from agentstream.trainer.checkpoint import save_model
 
     source, out = source.resolve(), out.resolve()
     if not (source / "config.json").is_file():

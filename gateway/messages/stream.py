@@ -5,10 +5,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from gateway.adapter import Rewrite
-from gateway.errors import GatewayError
-from gateway.messages.response import error_body, stop_of, tool_input, usage_of
-from gateway.translation import TranslatedStream, base_id, first_choice, reasoning_of
+from agentstream.gateway.adapter import Rewrite
+from agentstream.gateway.errors import GatewayError
+from agentstream.gateway.messages.response import error_body, stop_of, tool_input, usage_of
+from agentstream.gateway.translation import TranslatedStream, base_id, first_choice, reasoning_of
 
 
 class MessagesStream(TranslatedStream):

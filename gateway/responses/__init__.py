@@ -13,11 +13,11 @@ translated messages: the exact prompt the model saw, as for a chat call.
 
 from __future__ import annotations
 
-from gateway.adapter import Body, Rewrite, StreamAssembler
-from gateway.responses.request import check, to_chat
-from gateway.responses.response import from_chat
-from gateway.responses.stream import ResponsesStream
-from gateway.translation import ChatTranslation
+from agentstream.gateway.adapter import Body, Rewrite, StreamAssembler
+from agentstream.gateway.responses.request import check, to_chat
+from agentstream.gateway.responses.response import from_chat
+from agentstream.gateway.responses.stream import ResponsesStream
+from agentstream.gateway.translation import ChatTranslation
 
 
 class Responses(ChatTranslation):

@@ -14,10 +14,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gateway import fields
-from gateway.adapter import Body
-from gateway.fields import bad_request, list_of, object_of, text_of
-from gateway.responses.tools import chat_tools, flat_name
+from agentstream.gateway import fields
+from agentstream.gateway.adapter import Body
+from agentstream.gateway.fields import bad_request, list_of, object_of, text_of
+from agentstream.gateway.responses.tools import chat_tools, flat_name
 
 LOGPROBS = "message.output_text.logprobs"
 # fields that need what a stateless proxy in front of vLLM cannot give

@@ -6,10 +6,10 @@ import json
 import time
 from typing import Any
 
-from gateway.adapter import Body
-from gateway.responses.request import LOGPROBS
-from gateway.responses.tools import ToolName, agent_tool, tool_names
-from gateway.translation import base_id, first_choice, logprob_entries, reasoning_of
+from agentstream.gateway.adapter import Body
+from agentstream.gateway.responses.request import LOGPROBS
+from agentstream.gateway.responses.tools import ToolName, agent_tool, tool_names
+from agentstream.gateway.translation import base_id, first_choice, logprob_entries, reasoning_of
 
 
 def from_chat(chat: Body, request: Body) -> Body:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.adapter import Rewrite
-from gateway.errors import GatewayError
-from gateway.responses.response import (
+from agentstream.gateway.adapter import Rewrite
+from agentstream.gateway.errors import GatewayError
+from agentstream.gateway.responses.response import (
     Ids, call_item, custom_call_item, custom_input, message_item, output_logprobs, reasoning_item, response_object,
     text_part,
 )
-from gateway.responses.request import LOGPROBS
-from gateway.responses.tools import agent_tool, tool_names
-from gateway.translation import TranslatedStream, base_id, logprob_entries, reasoning_of
+from agentstream.gateway.responses.request import LOGPROBS
+from agentstream.gateway.responses.tools import agent_tool, tool_names
+from agentstream.gateway.translation import TranslatedStream, base_id, logprob_entries, reasoning_of
 
 
 class ResponsesStream(TranslatedStream):

@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gateway.fields import bad_request, list_of, object_of, text_of
-from gateway.translation import note_dropped
+from agentstream.gateway.fields import bad_request, list_of, object_of, text_of
+from agentstream.gateway.translation import note_dropped
 
 if TYPE_CHECKING:  # the SDK's shapes, for the type checker only
     from openai.types.chat import ChatCompletionFunctionToolParam

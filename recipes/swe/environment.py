@@ -21,8 +21,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from schemas.errors import ServiceError
-from sandbox.contract import WORKSPACE_MOUNT, CommandResult, Limits, Network, Sandbox, SandboxSpec
+from agentstream.schemas.errors import ServiceError
+from agentstream.sandbox.contract import WORKSPACE_MOUNT, CommandResult, Limits, Network, Sandbox, SandboxSpec
 
 SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 GIT_IDENTITY = {"GIT_AUTHOR_NAME": "agent", "GIT_AUTHOR_EMAIL": "agent@sandbox.invalid",
@@ -52,11 +52,11 @@ class SandboxEnvironmentConfig(BaseModel):
 def open_sandbox(spec: SandboxSpec) -> Sandbox:
     """bubblewrap on a host; in a sandbox pod (the controller's Kubernetes Job), the pod itself
     (`sandbox.inpod`). Imported here so the environment depends on the contract only."""
-    from sandbox.inpod import InPodSandbox, in_sandbox_pod
+    from agentstream.sandbox.inpod import InPodSandbox, in_sandbox_pod
 
     if in_sandbox_pod():
         return InPodSandbox(spec)
-    from sandbox.local import LocalSandbox
+    from agentstream.sandbox.local import LocalSandbox
 
     return LocalSandbox(spec)
 

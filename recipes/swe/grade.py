@@ -1,4 +1,4 @@
-"""`python -m recipes.swe.grade --tasks FILE` (also `agentstream grade`): the grader as a service.
+"""`python -m agentstream.recipes.swe.grade --tasks FILE` (also `agentstream grade`): the grader as a service.
 
 It reads `rollout.diff` events from the rollouts topic, grades each diff against its instance (from
 the service's own task file, by instance_id: the agent never held the patches or the hidden tests)
@@ -27,13 +27,13 @@ from aiokafka import ConsumerRecord, TopicPartition
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import CliApp, SettingsConfigDict
 
-from recipes.swe import repos, tasks
-from recipes.swe.grader import REWARD_FN, GradeError, Grader, penalties_from
-from recipes.swe.instance import Instance
-from schemas.codec import DecodeError, decode
-from schemas.events import Reward, RewardEvent, RolloutDiffEvent
-from schemas.ids import derived_id
-from schemas.kafka import KafkaSettings, Publisher, ensure_topics, make_consumer, make_producer
+from agentstream.recipes.swe import repos, tasks
+from agentstream.recipes.swe.grader import REWARD_FN, GradeError, Grader, penalties_from
+from agentstream.recipes.swe.instance import Instance
+from agentstream.schemas.codec import DecodeError, decode
+from agentstream.schemas.events import Reward, RewardEvent, RolloutDiffEvent
+from agentstream.schemas.ids import derived_id
+from agentstream.schemas.kafka import KafkaSettings, Publisher, ensure_topics, make_consumer, make_producer
 
 log = logging.getLogger("recipes.swe.grade")
 SOURCE = "grader"
@@ -42,7 +42,7 @@ SOURCE = "grader"
 class GradeSettings(KafkaSettings):
     """Grade coding agents' diffs from the rollouts topic; publish rewards."""
 
-    model_config = SettingsConfigDict(cli_prog_name="python -m recipes.swe.grade")
+    model_config = SettingsConfigDict(cli_prog_name="python -m agentstream.recipes.swe.grade")
 
     tasks: Path = Field(description="the task file (SWE-bench JSONL) the diffs answer")
     repos_dir: Path = Field(default_factory=repos.default_repos_dir, description="where the task repositories are")

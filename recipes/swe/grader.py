@@ -44,12 +44,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from recipes.swe import diffs, repos, testrun
-from recipes.swe.inside import scan
-from recipes.swe.instance import Instance
-from sandbox import hostfs
-from sandbox.contract import CommandResult, Limits, Network, Sandbox, SandboxSpec
-from schemas.errors import ServiceError
+from agentstream.recipes.swe import diffs, repos, testrun
+from agentstream.recipes.swe.inside import scan
+from agentstream.recipes.swe.instance import Instance
+from agentstream.sandbox import hostfs
+from agentstream.sandbox.contract import CommandResult, Limits, Network, Sandbox, SandboxSpec
+from agentstream.schemas.errors import ServiceError
 
 log = logging.getLogger("recipes.swe.grader")
 REWARD_FN = "recipes.swe.grader"

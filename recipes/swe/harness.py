@@ -1,4 +1,4 @@
-"""The coding agent the controller launches: mini-swe-agent, unchanged, on one task (`python -m recipes.swe.harness`).
+"""The coding agent the controller launches: mini-swe-agent, unchanged, on one task (`python -m agentstream.recipes.swe.harness`).
 
 What it is given (by the controller, as any agent is): the task file (`AGENTSTREAM_TASK`: instance id,
 repository, base commit, problem statement; never the patch or the hidden tests), the rollout-scoped
@@ -49,9 +49,9 @@ os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("MSWEA_COST_TRACKING", "ignore_errors")
 
-from recipes.swe.workspace import TaskInput, checkout, final_diff, test_env_binds  # noqa: E402
-from sandbox.contract import WORKSPACE_MOUNT  # noqa: E402
-from sandbox.inpod import in_sandbox_pod  # noqa: E402
+from agentstream.recipes.swe.workspace import TaskInput, checkout, final_diff, test_env_binds  # noqa: E402
+from agentstream.sandbox.contract import WORKSPACE_MOUNT  # noqa: E402
+from agentstream.sandbox.inpod import in_sandbox_pod  # noqa: E402
 
 HERE = Path(__file__).parent
 DEFAULT_CONFIG = HERE / "mini.yaml"
@@ -84,7 +84,7 @@ class HarnessSettings:
         missing = [name for name in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "AGENTSTREAM_TASK") if not env.get(name)]
         if missing:
             raise SystemExit(f"harness: {', '.join(missing)} not set; the controller sets them (run it as an agent "
-                             "of `python -m controller --agent 'python -m recipes.swe.harness'`)")
+                             "of `python -m agentstream.controller --agent 'python -m agentstream.recipes.swe.harness'`)")
         return cls(base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"],
                    model=env.get("AGENTSTREAM_MODEL", "default"), rollout_id=env.get("AGENTSTREAM_ROLLOUT_ID"),
                    attempt_id=env.get("AGENTSTREAM_ATTEMPT_ID"),
@@ -130,7 +130,7 @@ def run_agent(settings: HarnessSettings, task: TaskInput, workspace: Path) -> tu
     from minisweagent.environments import get_environment
     from minisweagent.models import get_model
 
-    from recipes.swe.environment import SandboxExhausted
+    from agentstream.recipes.swe.environment import SandboxExhausted
 
     config = mini_config(settings, task, workspace)
     if script := os.environ.get("AGENTSTREAM_SWE_SCRIPT"):

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from schemas.events import Task
+from agentstream.schemas.events import Task
 
 VALIDATION_SHARE = 0.25
 """the share of generated tasks whose instance id hashes into the validation split"""

@@ -26,9 +26,9 @@ from rich.console import Console
 from agentstream.demo import run_folder, run_to_summary
 from agentstream.stack import StackError
 from agentstream.stack.process import ServerState
-from recipes.swe.instance import Instance
-from recipes.swe.recipe import HARNESS, Recipe, RecipeConfig, write_task_files
-from schemas.kafka import KafkaSettings
+from agentstream.recipes.swe.instance import Instance
+from agentstream.recipes.swe.recipe import HARNESS, Recipe, RecipeConfig, write_task_files
+from agentstream.schemas.kafka import KafkaSettings
 
 
 @dataclass
@@ -96,7 +96,7 @@ class Probe(Recipe):
             self.instances = [Instance.model_validate_json(line) for line in config.instances_file.read_text().splitlines()
                               if line.strip()]
         else:
-            from recipes.swe.recipe import build_recipe_tasks
+            from agentstream.recipes.swe.recipe import build_recipe_tasks
 
             build_recipe_tasks(self.out / "built", config.train_tasks, config.validation_tasks, say=self.say)
             self.instances = [Instance.model_validate_json(line) for line in
@@ -136,7 +136,7 @@ class Probe(Recipe):
                 solved = sum(1 for r in rewards if r is not None and r >= data.threshold)
                 instance.__pydantic_extra__["probe"] = {"k": len(rewards), "solved": solved, "model": config.model,
                                                         "version": data.weight_version, "run_id": data.run_id}
-        from recipes.swe.build import write
+        from agentstream.recipes.swe.build import write
 
         write(self.instances, config.probed_out)
         attempts = data.samples

@@ -29,10 +29,10 @@ from agentstream.demo import Demo, Service, StackConfig, common_flags, plot_by_v
 from agentstream.demo import Progress as DemoProgress
 from agentstream.stack import StackError
 from agentstream.stack.process import ServerState, free_port
-from schemas.events import EvalEvent, PoolUpdateEvent, RewardEvent, TrajectoryEvent, WeightsEvent
-from schemas.kafka import KafkaSettings
+from agentstream.schemas.events import EvalEvent, PoolUpdateEvent, RewardEvent, TrajectoryEvent, WeightsEvent
+from agentstream.schemas.kafka import KafkaSettings
 
-HARNESS = f"{sys.executable} -m recipes.swe.harness"
+HARNESS = f"{sys.executable} -m agentstream.recipes.swe.harness"
 QUIET_S = 20.0
 
 
@@ -142,9 +142,9 @@ def build_recipe_tasks(out: Path, train: int, validation: int, say=print) -> tup
     """Build (once per AGENTSTREAM_HOME) bugs in the pinned package; write the controller's task files,
     whose input is only the instance id and the problem statement, and the grader's instances file."""
     from agentstream.settings import agentstream_home
-    from recipes.swe import build
-    from recipes.swe.instance import Instance
-    from recipes.swe.split import split_by_site
+    from agentstream.recipes.swe import build
+    from agentstream.recipes.swe.instance import Instance
+    from agentstream.recipes.swe.split import split_by_site
 
     cache = agentstream_home() / "swe" / f"recipe-tasks-{train + validation}-by-site.jsonl"
     if cache.exists():
@@ -170,8 +170,8 @@ def build_recipe_tasks(out: Path, train: int, validation: int, say=print) -> tup
 def write_task_files(chosen: list, out: Path) -> tuple[Path, Path, Path]:
     """The controller's train and validation task files (input: only the instance id and the problem
     statement), the grader's instances file and the harness's index, for the chosen instances."""
-    from recipes.swe import build
-    from recipes.swe.workspace import TaskInput, write_index
+    from agentstream.recipes.swe import build
+    from agentstream.recipes.swe.workspace import TaskInput, write_index
 
     out.mkdir(parents=True, exist_ok=True)
     files = {}
@@ -190,8 +190,8 @@ def probed_task_files(probed: Path, out: Path, train: int, validation: int, unso
                       say=print) -> tuple[Path, Path, Path]:
     """Task files from a probed task set (`agentstream tasks swe probe`): the train tasks the starting
     model solved sometimes (GRPO's signal) plus a share of never-solved ones, and validation tasks."""
-    from recipes.swe.instance import Instance
-    from recipes.swe.probe import select_train
+    from agentstream.recipes.swe.instance import Instance
+    from agentstream.recipes.swe.probe import select_train
 
     instances = [Instance.model_validate_json(line) for line in probed.read_text().splitlines() if line.strip()]
     selected = select_train(instances, unsolved_share)
@@ -224,7 +224,7 @@ class Recipe(Demo):
         self.served = config.model
 
     def base_model(self) -> Path:
-        from recipes.swe.models import build_base_model
+        from agentstream.recipes.swe.models import build_base_model
 
         return build_base_model(self.config.model, self.out / "base-model", say=self.say)
 
@@ -247,9 +247,9 @@ class Recipe(Demo):
 
     def index_file(self, instances: Path) -> Path:
         """The public index (instance id → repository, base commit) the harness locates tasks with."""
-        from recipes.swe.tasks import load
-        from recipes.swe.repos import default_repos_dir
-        from recipes.swe.workspace import write_index
+        from agentstream.recipes.swe.tasks import load
+        from agentstream.recipes.swe.repos import default_repos_dir
+        from agentstream.recipes.swe.workspace import write_index
 
         index = instances.with_name("index.jsonl")
         return index if index.exists() else write_index(load(instances, default_repos_dir(), check_apply=False), index)
@@ -260,9 +260,9 @@ class Recipe(Demo):
         config, common = self.config, common_flags(kafka)
         gateway_url, secret = self.start_gateway(kafka, self.served, vllm)
         # a diff is graded after the attempt ends: the trajectory waits for that reward (a grading takes seconds)
-        self.start("streams", "streams", "worker", *common, "--web-port", str(free_port()), "--settle-s", "0.5",
+        self.start("streams", "agentstream.streams", "worker", *common, "--web-port", str(free_port()), "--settle-s", "0.5",
                    "--reward-grace-s", str(config.attempt_timeout_s), "--data-dir", str(self.out / "streams"))
-        self.start("grader", "recipes.swe.grade", *common, "--tasks", str(instances))
+        self.start("grader", "agentstream.recipes.swe.grade", *common, "--tasks", str(instances))
         agent_env = {"AGENTSTREAM_SWE_STEP_LIMIT": str(config.step_limit),
                      "AGENTSTREAM_SWE_MAX_TOKENS": str(config.max_tokens),
                      "AGENTSTREAM_SWE_WORKSPACE": str(self.out / "workspaces"),
@@ -277,7 +277,7 @@ class Recipe(Demo):
         gateway_url, agent_env = agents.gateway_url, agents.env
         run = ["--gateway-url", gateway_url, f"--token-secret={agents.token_secret}", "--model", self.served,
                "--timeout-s", str(config.attempt_timeout_s), "--concurrency", str(config.concurrency)]
-        self.start("trainer", "trainer", *common, "--model", self.served, "--base-model", str(model_dir),
+        self.start("trainer", "agentstream.trainer", *common, "--model", self.served, "--base-model", str(model_dir),
                    "--checkpoint-dir", str(self.out / "checkpoints"), "--group-size", str(config.group_size),
                    "--groups-per-batch", str(config.groups_per_batch), "--min-group-size", "1",
                    "--lr", str(config.lr), "--max-staleness", "1", "--max-versions", str(config.versions),

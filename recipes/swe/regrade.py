@@ -18,15 +18,15 @@ import os
 from functools import cache
 from pathlib import Path
 
-from schemas.events import Reward
-from streams.rewards import RewardError, Sample
+from agentstream.schemas.events import Reward
+from agentstream.streams.rewards import RewardError, Sample
 
 REWARD_FN = "recipes.swe.regrade:grade_diff"
 
 
 def _folders() -> tuple[Path, Path]:
     """The repositories and test environments, as the environment names them now."""
-    from recipes.swe.repos import default_envs_dir, default_repos_dir
+    from agentstream.recipes.swe.repos import default_envs_dir, default_repos_dir
 
     return (Path(os.environ.get("AGENTSTREAM_SWE_REPOS") or default_repos_dir()),
             Path(os.environ.get("AGENTSTREAM_SWE_ENVS") or default_envs_dir()))
@@ -36,14 +36,14 @@ def _folders() -> tuple[Path, Path]:
 # against the ones of an earlier re-grade
 @cache
 def _instances(path: str, repos: Path) -> dict:
-    from recipes.swe.tasks import by_id, load
+    from agentstream.recipes.swe.tasks import by_id, load
 
     return by_id(load(Path(path), repos, check_apply=False))
 
 
 @cache
 def _grader(repos: Path, envs: Path):
-    from recipes.swe.grader import Grader
+    from agentstream.recipes.swe.grader import Grader
 
     return Grader(repos_dir=repos, envs_dir=envs)
 

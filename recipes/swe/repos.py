@@ -14,7 +14,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from schemas.errors import ServiceError
+from agentstream.schemas.errors import ServiceError
 from agentstream.settings import agentstream_home
 
 FIXED = {"GIT_AUTHOR_NAME": "agentstream", "GIT_AUTHOR_EMAIL": "tasks@agentstream.invalid",

@@ -25,8 +25,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from recipes.swe.diffs import touched
-from recipes.swe.instance import VALIDATION_SHARE, Instance
+from agentstream.recipes.swe.diffs import touched
+from agentstream.recipes.swe.instance import VALIDATION_SHARE, Instance
 
 Level = Literal["file", "function"]
 LEVELS: tuple[Level, ...] = ("file", "function")

@@ -20,8 +20,8 @@ import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from schemas.errors import ServiceError
-from sandbox.contract import WORKSPACE_MOUNT, Limits, Network, Sandbox, SandboxSpec
+from agentstream.schemas.errors import ServiceError
+from agentstream.sandbox.contract import WORKSPACE_MOUNT, Limits, Network, Sandbox, SandboxSpec
 
 PYTEST_VERSION = "9.2.0"
 STATUSES = ("PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL", "XPASS")
@@ -73,14 +73,14 @@ def sandbox_spec(workspace: Path, env: Path, timeout_s: float) -> SandboxSpec:
 
 def _binds(env: Path) -> list[tuple[Path, Path]]:
     try:
-        from sandbox.local import python_binds
+        from agentstream.sandbox.local import python_binds
     except ImportError:  # a backend without the helper: the venv at its own path (its interpreter is under /usr)
         return [(env.resolve(), env.resolve())]
     return list(python_binds(env))
 
 
 def make_sandbox(spec: SandboxSpec) -> Sandbox:
-    from sandbox.local import LocalSandbox
+    from agentstream.sandbox.local import LocalSandbox
 
     return LocalSandbox(spec)
 

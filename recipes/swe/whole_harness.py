@@ -1,6 +1,6 @@
 """Whole-harness mode: an unchanged CLI coding agent (Codex CLI, Claude Code) inside the sandbox on one task.
 
-`python -m recipes.swe.whole_harness codex|claude`, launched by the controller as any agent is (it reads
+`python -m agentstream.recipes.swe.whole_harness codex|claude`, launched by the controller as any agent is (it reads
 AGENTSTREAM_TASK, OPENAI_BASE_URL, OPENAI_API_KEY, AGENTSTREAM_MODEL). Unlike `recipes.swe.harness`
 (mini-swe-agent outside, each command in a tools-only sandbox), the harness itself runs inside one
 sandbox (`Network.GATEWAY`) as one long command:
@@ -40,10 +40,10 @@ from typing import Callable
 
 import orjson
 
-from recipes.swe.harness import HarnessSettings, attempt_workspace, post_diff
-from recipes.swe.workspace import TaskInput, checkout, final_diff
-from sandbox.contract import WORKSPACE_MOUNT, Limits, Network, SandboxSpec
-from sandbox.local import LocalSandbox, inside_gateway_url
+from agentstream.recipes.swe.harness import HarnessSettings, attempt_workspace, post_diff
+from agentstream.recipes.swe.workspace import TaskInput, checkout, final_diff
+from agentstream.sandbox.contract import WORKSPACE_MOUNT, Limits, Network, SandboxSpec
+from agentstream.sandbox.local import LocalSandbox, inside_gateway_url
 
 log = logging.getLogger("recipes.swe.whole_harness")
 
@@ -145,7 +145,7 @@ def run_harness(harness: Harness, settings: HarnessSettings, task: TaskInput, wo
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     if len(sys.argv) != 2 or sys.argv[1] not in HARNESSES:
-        raise SystemExit(f"usage: python -m recipes.swe.whole_harness {{{','.join(HARNESSES)}}}")
+        raise SystemExit(f"usage: python -m agentstream.recipes.swe.whole_harness {{{','.join(HARNESSES)}}}")
     harness = HARNESSES[sys.argv[1]]
     settings = HarnessSettings.from_env()
     extra = json.loads(os.environ.get("AGENTSTREAM_WHOLE_ARGS") or "[]")

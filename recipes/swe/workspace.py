@@ -34,10 +34,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from schemas.errors import ServiceError
+from agentstream.schemas.errors import ServiceError
 from agentstream.settings import agentstream_home
-from recipes.swe.instance import Instance
-from sandbox.contract import Sandbox
+from agentstream.recipes.swe.instance import Instance
+from agentstream.sandbox.contract import Sandbox
 
 GIT = "git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.quotepath=off"
 
@@ -132,7 +132,7 @@ def test_env_binds(task: TaskInput) -> tuple[list[tuple[str, str]], str | None]:
     if not (env / ".agentstream-ready").exists():
         return [], None
     try:
-        from sandbox.local import python_binds
+        from agentstream.sandbox.local import python_binds
 
         binds = list(python_binds(env))
     except ImportError:
@@ -202,7 +202,7 @@ _SAFE = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "
 
 def prepare(repo: Path, commit: str, workspace: Path, git_dir: Path) -> None:
     """Check `commit` out into `workspace` and record it in `git_dir` (outside the workspace)."""
-    from recipes.swe import repos
+    from agentstream.recipes.swe import repos
 
     repos.checkout(repo, commit, workspace)
     _outside_git(workspace, git_dir, "init", "-q")
@@ -218,7 +218,7 @@ def diff(workspace: Path, git_dir: Path) -> str:
 
 
 def _outside_git(workspace: Path, git_dir: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
-    from recipes.swe import repos
+    from agentstream.recipes.swe import repos
 
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(git_dir), "GIT_CONFIG_NOSYSTEM": "1",
            "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_DIR": str(git_dir), "GIT_WORK_TREE": str(workspace), **repos.FIXED}

@@ -11,14 +11,14 @@ import os
 import sys
 from pathlib import Path
 
-import sandbox.inpod
-from sandbox.contract import Limits, SandboxError, SandboxSpec
+from agentstream.sandbox import inpod
+from agentstream.sandbox.contract import Limits, SandboxError, SandboxSpec
 
 workspace, command, *flags = sys.argv[1:]
 if "--unhardened" in flags:
-    sandbox.inpod.harden = lambda: None
+    inpod.harden = lambda: None
 try:
-    with sandbox.inpod.InPodSandbox(SandboxSpec(Path(workspace), limits=Limits(command_timeout_s=30))) as box:
+    with inpod.InPodSandbox(SandboxSpec(Path(workspace), limits=Limits(command_timeout_s=30))) as box:
         result = box.run(command)
 except SandboxError as exc:
     print(json.dumps({"refused": str(exc)}))
