@@ -24,7 +24,7 @@ from pathlib import Path
 
 import polars as pl
 
-from agentstream.query import TABLES, decode_aligned
+from agentstream.logs.query import TABLES, decode_aligned
 from agentstream.schemas.durable import write_atomically
 from agentstream.schemas.scan import MANIFEST, Bounds, Manifest, resolve, scan
 from agentstream.schemas.kafka import KafkaSettings

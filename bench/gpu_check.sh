@@ -35,7 +35,7 @@ curl -sf "localhost:$PORT/health" >/dev/null || fail "vLLM did not come up in 4 
 echo "3/5 sampling 32 answers"
 uv run python - "$PORT" "$WORK" <<'PY' || fail "sampling"
 import sys, httpx, schemas as s
-from tests.trainer_fixtures import trajectory
+from tests.support.trainer import trajectory
 port, work = sys.argv[1], sys.argv[2]
 lines = []
 for g, question in enumerate(["Name a fruit.", "Name a color.", "Name an animal.", "Name a country."]):

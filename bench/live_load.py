@@ -43,6 +43,7 @@ from confluent_kafka import OFFSET_END, Consumer, KafkaError, Message, Producer,
 
 import agentstream.schemas as s
 from agentstream.schemas.kafka import KafkaSettings
+from samples.rollouts import rollout_events
 
 TEMPLATES = 32
 """distinct rollouts built once; live rollouts cycle through them"""
@@ -83,8 +84,7 @@ class Template:
 
 
 def templates(written: Callable[[s.Event], bytes], count: int = TEMPLATES) -> list[Template]:
-    """`count` rollouts of `bench.streams_assembly.rollout_events`, encoded by `written`."""
-    from bench.streams_assembly import rollout_events  # the bench's events; it does not import this module
+    """`count` rollouts of `samples.rollouts.rollout_events`, encoded by `written`."""
 
     rng = random.Random(2)
     out = []

@@ -27,7 +27,7 @@ import polars as pl
 
 import agentstream.schemas as s
 from agentstream.archive import Archiver
-from agentstream.query import NAMED_QUERIES, columns_in, decode, event_row, frame, load_table, run_sql
+from agentstream.logs.query import NAMED_QUERIES, columns_in, decode, event_row, frame, load_table, run_sql
 from agentstream.schemas.scan import KAFKA, Manifest, Origin, resolve, scan
 from agentstream.stack.kafka import LocalKafka
 from bench.report import Report

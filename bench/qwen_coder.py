@@ -27,11 +27,11 @@ PROMPT_WORDS = 400
 def folder_of(name: str) -> tuple[Path, float]:
     started = time.perf_counter()
     if name == "smollm2":
-        from agentstream.stack.smollm2 import build_smollm2, default_folder
+        from agentstream.models.smollm2 import build_smollm2, default_folder
 
         folder = build_smollm2(default_folder())
     else:
-        from agentstream.stack.qwen_coder import MODELS, build_qwen_coder, default_folder as qwen_folder
+        from agentstream.models.qwen_coder import MODELS, build_qwen_coder, default_folder as qwen_folder
 
         folder = build_qwen_coder(MODELS[name], qwen_folder(MODELS[name]))
     return folder, time.perf_counter() - started

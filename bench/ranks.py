@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     import ray
     from transformers.utils import logging as hf_logging
 
-    from agentstream.stack.tiny_model import build_tiny_model
+    from agentstream.models.tiny_model import build_tiny_model
     from agentstream.trainer.ranks import LocalRay, join_with_token
 
     hf_logging.set_verbosity_error()

@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 
 import agentstream.schemas as s
-from agentstream.replay import Job, Options, RebuildSpec, replay
+from agentstream.logs.replay import Job, Options, RebuildSpec, replay
 from agentstream.archive import Archiver
 from agentstream.schemas.scan import KAFKA, Origin, scan
 from agentstream.stack.kafka import LocalKafka
@@ -158,7 +158,7 @@ async def timed(coroutine) -> tuple[object, float]:
 REBUILD = """
 import asyncio, json, resource, sys, time
 from pathlib import Path
-from agentstream.replay import Job, Options, RebuildSpec, replay
+from agentstream.logs.replay import Job, Options, RebuildSpec, replay
 from agentstream.schemas.kafka import KafkaSettings
 from agentstream.streams.assembly import Timing
 url, prefix, topic, state = sys.argv[1:5]

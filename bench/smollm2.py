@@ -39,9 +39,9 @@ def trainer_figures(mode: str, repeats: int) -> dict:
     from transformers.utils import logging as hf_logging
 
     from agentstream.settings import agentstream_home
-    from agentstream.stack.smollm2 import build_smollm2
+    from agentstream.models.smollm2 import build_smollm2
     from bench.trainer_throughput import timed
-    from agentstream.samples import trajectory
+    from samples.events import trajectory
     from agentstream.trainer.batcher import Sample, group_of
     from agentstream.trainer.grpo import Policy, autocast, micro_batches, to_tensors
     from agentstream.trainer.settings import TrainerSettings
@@ -154,8 +154,8 @@ def main(argv: list[str] | None = None) -> None:
     report.details["trainer"] = figures
     if not args.skip_swap:
         from agentstream.settings import agentstream_home
-        from agentstream.stack.smollm2 import build_smollm2
-        from agentstream.stack.tiny_model import build_tiny_model
+        from agentstream.models.smollm2 import build_smollm2
+        from agentstream.models.tiny_model import build_tiny_model
 
         with tempfile.TemporaryDirectory() as tmp:
             tiny = build_tiny_model(Path(tmp) / "tiny")

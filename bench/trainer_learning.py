@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from agentstream.stack.tiny_model import build_tiny_model
-from agentstream.samples import IM_END, chat_prompt, trajectory
+from agentstream.models.tiny_model import build_tiny_model
+from samples.events import IM_END, chat_prompt, trajectory
 from agentstream.trainer.batcher import Sample, group_of
 from agentstream.trainer.grpo import Policy
 from agentstream.trainer.settings import TrainerSettings

@@ -26,9 +26,9 @@ import torch
 
 from agentstream.stack.kafka import LocalKafka
 from agentstream.stack.process import free_port
-from agentstream.stack.tiny_model import build_tiny_model
+from agentstream.models.tiny_model import build_tiny_model
 from agentstream.schemas.kafka import KafkaSettings, Publisher, ensure_topics, make_producer
-from agentstream.samples import IM_END, chat_prompt, trajectory
+from samples.events import IM_END, chat_prompt, trajectory
 from agentstream.trainer.batcher import Sample, group_of
 from agentstream.trainer.grpo import Policy, to_tensors
 from agentstream.trainer.settings import TrainerSettings

@@ -20,7 +20,7 @@ from typing import Literal
 import polars as pl
 from aiokafka.partitioner import murmur2
 
-from agentstream.query import load_table
+from agentstream.logs.query import load_table
 from agentstream.schemas.errors import ConfigurationError
 from agentstream.schemas.scan import Bounds, resolve, scan
 from agentstream.schemas.codec import DecodeError, decode

@@ -1,4 +1,4 @@
-"""Several SQL queries over one read of the topics they name, through `agentstream.query`.
+"""Several SQL queries over one read of the topics they name, through `agentstream.logs.query`.
 
 Each table is read once (its columns: the union of what the queries use), then every query runs on
 the same frames. A table the log has no rows of gives its queries an empty answer, not an error.
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from agentstream.query import columns_in, load_table, tables_in
+from agentstream.logs.query import columns_in, load_table, tables_in
 from agentstream.schemas.scan import Bounds
 from agentstream.schemas.kafka import KafkaSettings
 

@@ -23,10 +23,10 @@ attempt's gateway token, in its environment and memory) from them, without privi
   - the harness writes the token to no file (mini-swe-agent saves no trajectory, `output_path: None`;
     its config folder stays empty), and the commands inherit no descriptor of it.
 This holds against a command running as a non-root uid, as the pod's are (runAsNonRoot, uid 1000, no
-capabilities: tests/test_sandbox_inpod.py attacks it). A root command could read anything, so as root
+capabilities: tests/sandbox/test_inpod.py attacks it). A root command could read anything, so as root
 no protection is claimed. What a command can still reach: the gateway, through the NetworkPolicy, but
 without the token; the token itself is scoped to this one attempt and expires with it. No operator
-credential is in the pod to find (the controller's Job carries none: tests/test_swe_kubernetes.py). A
+credential is in the pod to find (the controller's Job carries none: tests/recipes/test_swe_kubernetes.py). A
 process that leaves the command's process group (`setsid`) outlives the command; the pod's deadline
 ends it. Binds are the image's own paths (a per-repo image holds the task's Python): nothing is mounted.
 """

@@ -32,7 +32,7 @@ def encode(event: Event) -> bytes:
     orjson from the models' fields as they are (40 % less time than pydantic's serializer): its
     models hold only typed fields, no free-form JSON, and the values in them are what validation
     made (a float field holds a float: pydantic would write an int there as `1.0`, orjson as `1`),
-    so the bytes are the same (`tests/test_schemas.py` compares them).
+    so the bytes are the same (`tests/schemas/test_schemas.py` compares them).
     """
     if type(event) is TrajectoryEvent:
         return orjson.dumps(event, default=_fields)

@@ -7,7 +7,7 @@ instead of a traceback. Each kind also derives from the builtin exception it use
 * AgentstreamError
   * ConfigurationError (ValueError) - a setting, flag, argument or file that cannot work as given
     * controller.tasks.TaskFileError, recipes.swe.tasks.TaskFileError, dashboard.rollouts.FilterError,
-      streams.rewards.RewardError, agentstream.replay.ReplayError
+      streams.rewards.RewardError, agentstream.logs.replay.ReplayError
   * LogUnavailable (LookupError) - Kafka or the archive cannot serve what was asked: unreachable,
     no such topic, an unreadable archive manifest
     * controller.controller.KafkaUnavailable

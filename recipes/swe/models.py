@@ -20,15 +20,15 @@ MODELS = ("qwen-coder-0.5b", "qwen-coder-1.5b", "smollm2", "tiny")
 def build_base_model(kind: str, out: Path, say: Callable[[str], None] = print) -> Path:
     """The model folder vLLM serves and the trainer starts from (the PyPI models are built once per AGENTSTREAM_HOME)."""
     if kind == "tiny":
-        from agentstream.stack.tiny_model import build_tiny_model
+        from agentstream.models.tiny_model import build_tiny_model
 
         return out if (out / "config.json").exists() else build_tiny_model(out)
     if kind == "smollm2":
-        from agentstream.stack.smollm2 import build_smollm2, default_folder
+        from agentstream.models.smollm2 import build_smollm2, default_folder
 
         return build_smollm2(default_folder(), say=say)
     if kind.startswith("qwen-coder-"):
-        from agentstream.stack import qwen_coder
+        from agentstream.models import qwen_coder
 
         if kind in qwen_coder.MODELS:
             spec = qwen_coder.MODELS[kind]

@@ -1,0 +1,13 @@
+"""Replay: a range of the log into the trainer, into a rebuilt trajectories topic, or into a dataset.
+
+`run.replay` drives it; `rebuild` remakes trajectories from the raw topics with the streams
+worker's own fold (`parallel`: in several processes, by partition); `sinks` write and resume the
+output; `state` is the resume file.
+"""
+
+from agentstream.logs.replay.run import Job, Options, Progress, RangeSpec, RebuildSpec, Summary, default_state, replay
+from agentstream.logs.replay.selection import Selection, parse_rollouts, parse_versions
+from agentstream.logs.replay.state import ReplayError
+
+__all__ = ["Job", "Options", "Progress", "RangeSpec", "RebuildSpec", "ReplayError", "Selection", "Summary",
+           "default_state", "parse_rollouts", "parse_versions", "replay"]

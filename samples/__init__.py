@@ -1,0 +1,1 @@
+"""Synthetic events for the tests and the benchmarks (not part of the installed package)."""

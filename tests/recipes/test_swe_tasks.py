@@ -1,0 +1,139 @@
+"""Task files are checked whole (line and reason for each bad line); the builder on the pinned toolz."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from agentstream.recipes.swe import repos
+from agentstream.recipes.swe.build import build, hide_tests, write
+from agentstream.recipes.swe.grader import Grader
+from agentstream.recipes.swe.instance import Instance, assign_splits, split_of
+from agentstream.recipes.swe.mutate import mutations
+from agentstream.recipes.swe.tasks import TaskFileError, load
+from tests.support.swe import LIMIT, built
+
+
+@pytest.fixture(scope="module")
+def task_set():
+    return built()
+
+
+def _write_lines(path: Path, rows: list) -> Path:
+    path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
+    return path
+
+
+def _corrupt(patch: str) -> str:
+    """The patch with the first line it expects to find (context or removed) changed: it no longer applies."""
+    lines = patch.splitlines(keepends=True)
+    hunk = next(i for i, line in enumerate(lines) if line.startswith("@@"))
+    at = next(i for i in range(hunk + 1, len(lines)) if lines[i].startswith((" ", "-")) and lines[i].strip(" -\n"))
+    lines[at] = lines[at].rstrip("\n") + "  # not in the file\n"
+    return "".join(lines)
+
+
+def test_a_bad_file_is_refused_whole_with_each_line_and_reason(task_set, tmp_path):
+    result, repos_dir = task_set
+    good = result.instances[0].model_dump(mode="json")
+    missing = {k: v for k, v in good.items() if k != "test_patch"}
+    unknown = {**good, "instance_id": "x-2", "repo": "nobody/nothing"}
+    no_commit = {**good, "instance_id": "x-3", "base_commit": "0" * 40}
+    bad_patch = {**good, "instance_id": "x-4", "patch": _corrupt(good["patch"])}
+    bad_tests = {**good, "instance_id": "x-5", "test_patch": _corrupt(good["test_patch"])}
+    rows = [good, missing, "{not json", unknown, no_commit, bad_patch, bad_tests, [1, 2], good]
+    path = _write_lines(tmp_path / "tasks.jsonl", rows)
+    with pytest.raises(TaskFileError) as caught:
+        load(path, repos_dir)
+    reasons = {p.line: p.reason for p in caught.value.problems}
+    assert set(reasons) == {2, 3, 4, 5, 6, 7, 8, 9}, reasons
+    assert reasons[2] == "test_patch: missing"
+    assert reasons[3].startswith("not JSON")
+    assert "unknown repo 'nobody/nothing'" in reasons[4] and "nobody__nothing" in reasons[4]
+    assert "base_commit 0000" in reasons[5]
+    assert reasons[6].startswith("patch: does not apply")
+    assert reasons[7].startswith("test_patch: does not apply")
+    assert "JSON object" in reasons[8]
+    assert "repeats line 1" in reasons[9]
+    assert "line 4: unknown repo" in str(caught.value)
+
+
+def test_a_swe_bench_row_loads_unchanged(task_set, tmp_path):
+    result, repos_dir = task_set
+    row = result.instances[0].model_dump(mode="json")
+    # SWE-bench publishes the test lists as JSON text and carries fields of its own; no split
+    row.update(FAIL_TO_PASS=json.dumps(row["FAIL_TO_PASS"]), PASS_TO_PASS=json.dumps(row["PASS_TO_PASS"]),
+               version="1.2", created_at="2024-01-01T00:00:00Z", hints_text="")
+    row.pop("split")
+    (instance,) = load(_write_lines(tmp_path / "swebench.jsonl", [row]), repos_dir)
+    assert instance.FAIL_TO_PASS == result.instances[0].FAIL_TO_PASS
+    assert instance.split == "train" and instance.model_extra["version"] == "1.2"
+    assert set(instance.agent_task()) == {"instance_id", "problem_statement"}
+
+
+def test_the_builder_makes_tasks_whose_gold_passes_and_whose_bug_fails(task_set):
+    result, repos_dir = task_set
+    assert len(result.instances) == LIMIT
+    grader = Grader(repos_dir=repos_dir)
+    for instance in result.instances:
+        repo = repos.repo_path(repos_dir, instance.repo)
+        # the agent's workspace (the base commit) does not hold the hidden tests
+        for test in instance.FAIL_TO_PASS:
+            path, name = test.split("::")[0], test.split("::")[-1].split("[")[0]
+            assert f"def {name}(" not in repos.read(repo, instance.base_commit, path)
+            assert f"def {name}(" in instance.test_patch
+        assert not any(line.startswith(("+def test", "-def test")) for line in instance.patch.splitlines())
+        # the problem statement is the tests' output, never a line of their code
+        test_code = {line[1:].strip() for line in instance.test_patch.splitlines()
+                     if line.startswith("+") and len(line.strip()) > 8}
+        assert not any(line.strip() in test_code for line in instance.problem_statement.splitlines())
+        gold = grader.grade(instance, instance.patch)
+        assert gold.reward == 1.0, gold.details
+        broken = grader.grade(instance, "")
+        assert broken.reward == 0.0
+        assert broken.details["fail_to_pass"]["passed"] == 0, broken.details
+        assert broken.details["pass_to_pass"]["passed"] == broken.details["pass_to_pass"]["total"]
+
+
+def test_a_second_build_gives_the_same_tasks_ids_commits_and_split(task_set, tmp_path):
+    result, _ = task_set
+    again = build(limit=LIMIT, seed=0, repos_dir=tmp_path / "repos", workers=1)
+    first = [(i.instance_id, i.base_commit, i.split, i.patch, i.FAIL_TO_PASS) for i in result.instances]
+    second = [(i.instance_id, i.base_commit, i.split, i.patch, i.FAIL_TO_PASS) for i in again.instances]
+    assert first == second
+    out = tmp_path / "tasks.jsonl"
+    write(again.instances, out)
+    assert [i.instance_id for i in load(out, tmp_path / "repos")] == [i.instance_id for i in again.instances]
+
+
+def test_the_split_is_a_stable_hash_with_at_least_a_fifth_for_validation():
+    ids = [f"pypi__toolz-1.2.0.off_by_one__{n:08x}" for n in range(200)]
+    splits = assign_splits(ids)
+    assert splits == assign_splits(list(reversed(ids)))
+    assert sum(s == "validation" for s in splits.values()) >= 40
+    assert all(splits[i] == "validation" for i in ids if split_of(i) == "validation")
+    few = assign_splits(ids[:5])
+    assert sum(s == "validation" for s in few.values()) >= 1
+
+
+def test_mutations_are_single_edits_that_compile():
+    source = "def f(a, b):\n    if a < b and b:\n        return a - b\n    return a + 1\n"
+    found = mutations("m.py", source)
+    kinds = {m.kind for m in found}
+    assert {"flip_operator", "off_by_one", "change_operator", "drop_branch", "swap_operands"} <= kinds
+    edited = {m.apply(source) for m in found}
+    assert "def f(a, b):\n    if a >= b and b:\n        return a - b\n    return a + 1\n" in edited
+    assert "def f(a, b):\n    if a < b and b:\n        return b - a\n    return a + 1\n" in edited
+    assert all(m.apply(source).count("\n") <= source.count("\n") for m in found)
+
+
+def test_hiding_tests_removes_functions_with_their_decorators():
+    source = ("import pytest\n\n@pytest.mark.parametrize('x', [1])\ndef test_a(x):\n    assert x\n\n"
+              "def test_b():\n    pass\n\nclass TestC:\n    def test_c(self):\n        assert 1\n")
+    hidden = hide_tests(source, {"test_a", "TestC::test_c"})
+    assert "test_a" not in hidden and "parametrize" not in hidden and "def test_b" in hidden
+    assert "class TestC:\n    pass\n" in hidden
+    compile(hidden, "x", "exec")

@@ -1,0 +1,138 @@
+"""Whole-harness mode: Codex CLI and Claude Code, the pinned npm packages unchanged, run by the controller inside
+the bubblewrap sandbox on a coding task (`recipes.swe.whole_harness`), their only network the gateway.
+
+Each harness makes its calls (Codex: Responses, streamed; Claude Code: Messages, streamed) to the attempt's
+gateway URL with the attempt's token; the tiny model's answer to the first is a tool call that fixes the bug
+(scripted by `<script>` in the task's text, tests/support/scripted_turns.py: the tiny model cannot choose one),
+the harness runs it in the workspace, sends the result back, and ends on the model's next answer. Then
+the diff is taken inside the sandbox, posted through the gateway, graded by the grader service, and the
+trajectory, with every call's token ids, is in the log.
+
+The harnesses run with their own configuration trimmed to fit the tiny model's 32 K byte-tokens: Codex
+without its multi-agent and goal tools (its base instructions and the hosted web_search kept: the
+gateway leaves web_search out), Claude Code with only its Bash tool (its default system prompt kept).
+Skipped when the binary is not installed: export AGENTSTREAM_CODEX=$(scripts/codex.sh) and
+AGENTSTREAM_CLAUDE_CODE=$(scripts/claude-code.sh).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentstream.stack.process import stop_pid, tail
+from agentstream.recipes.swe.workspace import TaskInput
+from agentstream.schemas.events import CallEvent, RolloutDiffEvent, TrajectoryEvent
+from agentstream.schemas.tokens import is_rollout_token
+from tests.support.gateway import gateway_settings, read_events, running_gateway
+from tests.support.streams import StreamsWorker, TopicWatch
+from tests.support.swe import calc_instance, make_repo
+from tests.recipes.test_swe_harness import await_exit, grader_process, run_controller
+
+FIX = "sed -i 's/a - b/a + b/' calc.py"
+# and what a harness could try beyond its task: its environment, the Kafka broker behind the gateway
+# (and the gateway, which it must reach: so the probe itself is seen to work)
+PROBE = ("env | sort > env.txt; for port in {ports}; do (echo > /dev/tcp/127.0.0.1/$port) 2>/dev/null "
+         "&& echo $port REACHED || echo $port REFUSED; done > ports.txt")
+HARNESSES = {
+    "codex": {
+        "install": "AGENTSTREAM_CODEX", "script": "scripts/codex.sh", "api": "responses", "key": "OPENAI_API_KEY",
+        "call": {"name": "exec_command", "arguments": {"cmd": "{command}"}},
+        "args": ["--disable", "multi_agent", "--disable", "goals"],
+    },
+    "claude": {
+        "install": "AGENTSTREAM_CLAUDE_CODE", "script": "scripts/claude-code.sh", "api": "messages",
+        "key": "ANTHROPIC_API_KEY",
+        "call": {"name": "Bash", "arguments": {"command": "{command}", "description": "Fix add"}},
+        "args": ["--tools", "Bash"],
+    },
+}
+
+
+def text(token_ids: list[int]) -> bytes:
+    """The tiny model's tokens are bytes (its few special tokens above 255 left out)."""
+    return bytes(token for token in token_ids if token < 256)
+
+
+def installed(name: str) -> pytest.MarkDecorator:
+    spec = HARNESSES[name]
+    path = os.environ.get(spec["install"])
+    return pytest.mark.skipif(not path or not Path(path).is_file(),
+                              reason=f"{name} is not installed: export {spec['install']}=$({spec['script']})")
+
+
+def write_task(tmp_path: Path, commit: str, call: str) -> tuple[Path, Path]:
+    """The calc task whose statement scripts the tool call; (instances file, tasks file)."""
+    statement = f"add() subtracts; make it add. <script>{call}</script>"
+    instance = calc_instance(commit, "add(1, 2) == 3").model_copy(update={"problem_statement": statement})
+    (instances := tmp_path / "instances.jsonl").write_text(instance.model_dump_json() + "\n")
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "calc-1", "input": TaskInput.of(instance).model_dump(exclude_none=True)
+                                 | {"repo": instance.repo, "base_commit": commit}}) + "\n")
+    return instances, tasks
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("name", [pytest.param(name, marks=installed(name)) for name in HARNESSES])
+async def test_an_unchanged_harness_in_the_sandbox_edits_the_task_is_graded_and_its_calls_recorded(
+        name, kafka, harness_vllm, tmp_path):
+    spec = HARNESSES[name]
+    repos = tmp_path / "repos"
+    commit = make_repo(repos)
+    env = {"AGENTSTREAM_SWE_REPOS": str(repos), "AGENTSTREAM_SWE_WORKSPACE": str(tmp_path / "ws"),
+           "AGENTSTREAM_SWE_ATTEMPT_TIMEOUT_S": "240", "AGENTSTREAM_WHOLE_ARGS": json.dumps(spec["args"])}
+    kafka_port = kafka.bootstrap_servers.rsplit(":", 1)[1]
+    worker = StreamsWorker(kafka, tmp_path / "streams", tmp_path / "streams.log",
+                           args=("--reward-grace-s", "120")).start()
+    grader = None
+    try:
+        async with running_gateway(gateway_settings(kafka, [f"tiny={harness_vllm.url}"])) as gw:
+            gateway_port = gw.url.rsplit(":", 1)[1].strip("/")
+            command = f"{FIX}; {PROBE.format(ports=f'{kafka_port} {gateway_port}')}"
+            instances, tasks = write_task(tmp_path, commit,
+                                          json.dumps(spec["call"]).replace('"{command}"', json.dumps(command)))
+            grader = grader_process(kafka, instances, repos, tmp_path / "envs", tmp_path / "grader.log")
+            controller = run_controller(kafka, gw.url, tasks, tmp_path / "runs", env,
+                                        agent=f"{sys.executable} -m agentstream.recipes.swe.whole_harness {name}")
+            assert await await_exit(controller) == 0, tail(tmp_path / "runs" / "controller.log", 60)
+            async with TopicWatch(kafka, "rollouts", "trajectories") as watch:
+                events = await watch.until(lambda es: any(isinstance(e, TrajectoryEvent) for e in es),
+                                           timeout=180, what="the graded trajectory")
+    finally:
+        worker.stop()
+        if grader is not None:
+            stop_pid(grader.pid, grace=10)
+
+    [diff] = [e for e in events if isinstance(e, RolloutDiffEvent)]
+    [trajectory] = [e for e in events if isinstance(e, TrajectoryEvent)]
+    details = diff.data.details
+    assert diff.data.outcome == "completed", details.get("output_tail")
+    assert details["harness"] == name and details["exit_code"] == 0
+    assert "-    return a - b\n+    return a + b" in diff.data.diff, (diff.data.diff, details.get("output_tail"))
+    assert trajectory.data.reward == 1.0 and trajectory.data.rewards[-1].reward_fn == "recipes.swe.grader"
+    assert f"+{kafka_port} REFUSED\n+{gateway_port} REACHED" in diff.data.diff, \
+        "the gateway is the one address the harness reaches: the broker behind it is out of reach"
+    seen = {line[1:].split("=", 1)[0]: line[1:].split("=", 1)[1] for line in diff.data.diff.splitlines()
+            if line.startswith("+") and "=" in line and not line.startswith("+++")}
+    assert is_rollout_token(seen[spec["key"]]), "the attempt's token is its key"
+    assert not [key for key in seen if key.startswith(("AGENTSTREAM_", "KAFKA"))], "nothing of the controller's"
+    assert [key for key, value in seen.items() if is_rollout_token(value)] == [spec["key"]], "the one credential"
+
+    calls = [e for e in await read_events(kafka, kafka.topics.calls, count=2) if isinstance(e, CallEvent)]
+    calls = [call for call in calls if call.attempt_id == diff.attempt_id]
+    assert len(calls) >= 2, "the call that asked for the command, and the one after its result"
+    for call in calls:
+        data = call.data
+        assert (data.api, data.status, data.error, data.streamed) == (spec["api"], 200, None, True)
+        assert data.prompt_token_ids and data.completion_token_ids and len(data.logprobs) == len(
+            data.completion_token_ids)
+    asked = [call for call in calls if text(call.data.completion_token_ids).startswith(b"<tool_call>")]
+    answered = [call for call in calls if b"<tool_response>" in text(call.data.prompt_token_ids)]
+    assert asked and answered, "a call made the tool call, a later one carried its result back to the model"
+    assert {turn.call_id for turn in trajectory.data.turns} <= {call.id for call in calls}
+    assert trajectory.data.turns and all(turn.completion_token_ids for turn in trajectory.data.turns)

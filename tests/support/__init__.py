@@ -1,0 +1,1 @@
+"""What several tests share, a module per concern (a service as a process, faults, clusters, events)."""

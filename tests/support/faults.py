@@ -1,0 +1,148 @@
+"""Crash tests' faults, injected from outside the product: run a module as `python -m` would, after
+patching one of its functions to SIGKILL the process at a chosen point.
+
+    python tests/support/faults.py FAULT MODULE ARGS…      e.g.  python tests/support/faults.py replay.after_output:3 agentstream replay …
+
+FAULT is `part.point` or `part.point:N` (the Nth time the point is reached):
+- trainer.after_checkpoint   a version's checkpoint is written, its weights event not yet published
+- trainer.after_publish      a weights event is acknowledged, the offsets not yet committed
+- replay.after_output:N      the Nth checkpoint that wrote output made it durable, its state not yet saved
+- replay.after_state:N       the state of the Nth checkpoint that wrote output is saved
+- archive.after_files:N      the files of the Nth commit are written, its manifest not yet
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import runpy
+import signal
+import sys
+
+
+def kill() -> None:
+    logging.shutdown()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Countdown:
+    def __init__(self, times: int):
+        self.left = times
+
+    def tick(self) -> None:
+        self.left -= 1
+        if self.left == 0:
+            kill()
+
+
+def trainer_after_checkpoint(countdown: Countdown) -> None:
+    from agentstream.trainer.checkpoint import CheckpointStore
+
+    write = CheckpointStore.write
+
+    @functools.wraps(write)
+    def killing(self, *args, **kwargs):
+        written = write(self, *args, **kwargs)
+        countdown.tick()
+        return written
+
+    CheckpointStore.write = killing
+
+
+def trainer_after_publish(countdown: Countdown) -> None:
+    from agentstream.schemas.events import WeightsEvent
+    from agentstream.schemas.kafka import Publisher
+
+    publish = Publisher.publish
+
+    @functools.wraps(publish)
+    async def killing(self, event):
+        acked = await publish(self, event)
+        if isinstance(event, WeightsEvent):
+            countdown.tick()
+        return acked
+
+    Publisher.publish = killing
+
+
+def replay_after_output(countdown: Countdown) -> None:
+    from agentstream.logs.replay import sinks
+
+    for sink in (sinks.TopicSink, sinks.JsonlSink, sinks.ParquetSink):
+        _after_commit(sink, countdown)
+
+
+def _after_commit(sink: type, countdown: Countdown) -> None:
+    commit = sink.commit
+
+    @functools.wraps(commit)
+    async def killing(self):
+        before = getattr(self, "_fault_committed", 0)
+        position = await commit(self)
+        self._fault_committed = position["written"]
+        if position["written"] > before:
+            countdown.tick()
+        return position
+
+    sink.commit = killing
+
+
+def replay_after_state(countdown: Countdown) -> None:
+    from agentstream.logs.replay.state import ReplayState
+
+    save = ReplayState.save
+    saved = {"written": 0}
+
+    @functools.wraps(save)
+    def killing(self, path):
+        save(self, path)
+        written = (self.sink or {}).get("written", 0)
+        if written > saved["written"]:
+            saved["written"] = written
+            countdown.tick()
+
+    ReplayState.save = killing
+
+
+def archive_after_files(countdown: Countdown) -> None:
+    from agentstream.schemas.scan import Manifest
+
+    save = Manifest.save
+
+    @functools.wraps(save)
+    def killing(self):
+        if self.commits >= countdown.left:  # the commit's files are written; the manifest naming them is next
+            kill()
+        save(self)
+
+    Manifest.save = killing
+
+
+FAULTS = {
+    "trainer.after_checkpoint": trainer_after_checkpoint,
+    "trainer.after_publish": trainer_after_publish,
+    "replay.after_output": replay_after_output,
+    "replay.after_state": replay_after_state,
+    "archive.after_files": archive_after_files,
+}
+
+
+def main() -> None:
+    fault, module, *args = sys.argv[1:]
+    name, _, times = fault.partition(":")
+    if name not in FAULTS:
+        raise SystemExit(f"unknown fault {name!r}: use one of {', '.join(FAULTS)}")
+    sys.path[0] = os.getcwd()  # as `python -m` has it, not this file's folder
+    FAULTS[name](Countdown(int(times or 1)))
+    sys.argv = [module, *args]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def command(fault: str, module: str, *args: str) -> list[str]:
+    """The command line running `python -m module args` with `fault` injected."""
+    return [sys.executable, __file__, fault, module, *args]
+
+
+if __name__ == "__main__":
+    main()

