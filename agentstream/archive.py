@@ -26,9 +26,8 @@ import polars as pl
 
 from agentstream.logs.query import TABLES, decode_aligned
 from agentstream.schemas.durable import write_atomically
-from agentstream.schemas.scan import MANIFEST, Bounds, Manifest, resolve, scan
 from agentstream.schemas.kafka import KafkaSettings
-
+from agentstream.schemas.scan import MANIFEST, Bounds, Manifest, resolve, scan
 
 
 @dataclass

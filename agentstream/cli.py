@@ -8,14 +8,14 @@ import inspect
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Annotated, Optional, get_type_hints
+from typing import Annotated, get_type_hints
 
 import typer
-from typer.core import TyperGroup
 from rich.console import Console
+from typer.core import TyperGroup
 
-from agentstream.stack import StackError, bootstrap_servers, default_kafka_dir
 from agentstream.schemas.errors import AgentstreamError
+from agentstream.stack import StackError, bootstrap_servers, default_kafka_dir
 
 console = Console()
 # the help's panels and commands, in the order a user meets them
@@ -88,7 +88,7 @@ DataDir = Annotated[Path, typer.Option(help="broker data directory (kept across 
 
 @kafka_app.command("start")
 def kafka_start(
-    port: Annotated[Optional[int], typer.Option(help="listener port; default: the previous one, else 9092 if free, else a free one")] = None,
+    port: Annotated[int | None, typer.Option(help="listener port; default: the previous one, else 9092 if free, else a free one")] = None,
     data_dir: DataDir = default_kafka_dir(),
 ) -> None:
     """Start the broker (fetching its jars on first use) and wait until it serves."""
@@ -137,12 +137,12 @@ ServerName = Annotated[str, typer.Option(help="server name, to run several side 
 def vllm_start(
     model: Annotated[Path, typer.Option(help="model folder (e.g. from `agentstream model tiny DIR`)")],
     served_name: Annotated[str, typer.Option(help="model name clients ask for")] = "tiny",
-    port: Annotated[Optional[int], typer.Option(help="port; default: a free one")] = None,
+    port: Annotated[int | None, typer.Option(help="port; default: a free one")] = None,
     name: ServerName = "default",
     timeout: Annotated[float, typer.Option(help="seconds to wait for /health")] = 300.0,
     tool_parser: Annotated[str, typer.Option(help="vLLM tool-call parser for requests with tools; "
                                                   "'none' to serve without tool calling")] = "hermes",
-    max_model_len: Annotated[Optional[int], typer.Option(
+    max_model_len: Annotated[int | None, typer.Option(
         help="context served (prompt + answer tokens); default: the folder's (32768 for the Qwen2.5-Coder "
              "folders, else 2048); the KV cache (VLLM_CPU_KVCACHE_SPACE, GiB) is sized to hold one such sequence "
              "unless set")] = None,
@@ -259,10 +259,10 @@ def schemas_export(directory: Annotated[Path, typer.Argument(help="folder to wri
 
 @topics_app.command("ensure")
 def topics_ensure(
-    prefix: Annotated[Optional[str], typer.Option(help="topic name prefix [env AGENTSTREAM_TOPIC_PREFIX]")] = None,
-    partitions: Annotated[Optional[int], typer.Option(
+    prefix: Annotated[str | None, typer.Option(help="topic name prefix [env AGENTSTREAM_TOPIC_PREFIX]")] = None,
+    partitions: Annotated[int | None, typer.Option(
         help="partitions of rollout-scoped topics [env AGENTSTREAM_PARTITIONS; default 4]")] = None,
-    replication_factor: Annotated[Optional[int], typer.Option(
+    replication_factor: Annotated[int | None, typer.Option(
         help="replicas of each topic [env AGENTSTREAM_REPLICATION_FACTOR; default 1]")] = None,
 ) -> None:
     """Create the topics that are missing and report those that differ from their spec."""
@@ -287,7 +287,7 @@ def topics_ensure(
 canary_app = typer.Typer(help="Canary releases of new weights: status, and a human's promote or rollback.",
                          no_args_is_help=True)
 app.add_typer(canary_app, name="canary", rich_help_panel=LOOP)
-ModelOption = Annotated[Optional[str], typer.Option("--model", help="the served model name")]
+ModelOption = Annotated[str | None, typer.Option("--model", help="the served model name")]
 Reason = Annotated[str, typer.Option(help="why (recorded in the event)")]
 
 
@@ -350,10 +350,10 @@ def _bounds(since: str | None, until: str | None, start: str | None, end: str | 
 
 
 Prefix = Annotated[str, typer.Option("--prefix", envvar="AGENTSTREAM_TOPIC_PREFIX", help="topic name prefix")]
-Since = Annotated[Optional[str], typer.Option(help="from this time: epoch ms, ISO-8601, or an age (10m, 2h)")]
-Until = Annotated[Optional[str], typer.Option(help="up to this time (same forms as --since)")]
-StartOffsets = Annotated[Optional[str], typer.Option("--from-offsets", help="first offsets, PARTITION:OFFSET,…")]
-EndOffsets = Annotated[Optional[str], typer.Option("--to-offsets", help="stop before these offsets, PARTITION:OFFSET,…")]
+Since = Annotated[str | None, typer.Option(help="from this time: epoch ms, ISO-8601, or an age (10m, 2h)")]
+Until = Annotated[str | None, typer.Option(help="up to this time (same forms as --since)")]
+StartOffsets = Annotated[str | None, typer.Option("--from-offsets", help="first offsets, PARTITION:OFFSET,…")]
+EndOffsets = Annotated[str | None, typer.Option("--to-offsets", help="stop before these offsets, PARTITION:OFFSET,…")]
 ReadFrom = Annotated[str, typer.Option(
     "--source", help="where records come from: kafka, archive (only what `agentstream archive` holds), or auto "
                      "(the archive for what it holds, Kafka for the rest)")]
@@ -372,12 +372,12 @@ def _origin(source: str, archive: Path):
 
 @app.command("sql", rich_help_panel=LOG)
 def sql(
-    query: Annotated[Optional[str], typer.Argument(help="polars SQL; tables: rollouts, calls, rewards, "
+    query: Annotated[str | None, typer.Argument(help="polars SQL; tables: rollouts, calls, rewards, "
                                                    "trajectories, weights, pool, deadletter, metrics")] = None,
-    named: Annotated[Optional[str], typer.Option("--query", "-q", help="a ready-made query (see --list)")] = None,
+    named: Annotated[str | None, typer.Option("--query", "-q", help="a ready-made query (see --list)")] = None,
     list_queries: Annotated[bool, typer.Option("--list", help="list the ready-made queries")] = False,
     output_format: Annotated[str, typer.Option("--format", help="table, csv, json or parquet")] = "table",
-    output: Annotated[Optional[Path], typer.Option(help="write to this file instead of the terminal")] = None,
+    output: Annotated[Path | None, typer.Option(help="write to this file instead of the terminal")] = None,
     prefix: Prefix = "",
     since: Since = None,
     until: Until = None,
@@ -457,21 +457,21 @@ replay_app = typer.Typer(
     no_args_is_help=True)
 app.add_typer(replay_app, name="replay", rich_help_panel=LOG)
 
-Rollouts = Annotated[Optional[str], typer.Option(help="only these rollout ids: ID,ID,… or @FILE (one per line)")]
-Versions = Annotated[Optional[str], typer.Option(
+Rollouts = Annotated[str | None, typer.Option(help="only these rollout ids: ID,ID,… or @FILE (one per line)")]
+Versions = Annotated[str | None, typer.Option(
     help="only trajectories whose tokens these weight versions generated: 3 or 3,5-7")]
-State = Annotated[Optional[Path], typer.Option(help="resume state file (default: next to the output)")]
+State = Annotated[Path | None, typer.Option(help="resume state file (default: next to the output)")]
 Restart = Annotated[bool, typer.Option(help="ignore the resume state and start over (output files are overwritten)")]
-RewardFn = Annotated[Optional[str], typer.Option(
+RewardFn = Annotated[str | None, typer.Option(
     help="rescore with this function (module:function) instead of each task's own; implies --from raw")]
-RewardPolicy = Annotated[Optional[str], typer.Option(
+RewardPolicy = Annotated[str | None, typer.Option(
     help="reward sessions' feedback with this policy (module:function, streams/policies.py) instead of the "
          "worker's --reward-policy; implies --from raw")]
-SessionIdleS = Annotated[Optional[float], typer.Option(help="the streams worker's --session-idle-s")]
-FeedbackWindowS = Annotated[Optional[float], typer.Option(help="the streams worker's --feedback-window-s")]
-SettleS = Annotated[Optional[float], typer.Option(help="the streams worker's --settle-s [default: its default]")]
-GraceS = Annotated[Optional[float], typer.Option(help="the streams worker's --reward-grace-s")]
-IdleS = Annotated[Optional[float], typer.Option(help="the streams worker's --idle-timeout-s")]
+SessionIdleS = Annotated[float | None, typer.Option(help="the streams worker's --session-idle-s")]
+FeedbackWindowS = Annotated[float | None, typer.Option(help="the streams worker's --feedback-window-s")]
+SettleS = Annotated[float | None, typer.Option(help="the streams worker's --settle-s [default: its default]")]
+GraceS = Annotated[float | None, typer.Option(help="the streams worker's --reward-grace-s")]
+IdleS = Annotated[float | None, typer.Option(help="the streams worker's --idle-timeout-s")]
 LookbackS = Annotated[float, typer.Option(
     help="with --since, a rebuild also reads this many seconds before it, so attempts running across the start are "
          "recognised and left out rather than rebuilt from half their events")]
@@ -537,7 +537,14 @@ def _replay(flags: ReplayFlags, source: str, sink: str, target: str):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from agentstream.logs.replay import (
-        Job, Options, RangeSpec, RebuildSpec, default_state, parse_rollouts, parse_versions, replay,
+        Job,
+        Options,
+        RangeSpec,
+        RebuildSpec,
+        default_state,
+        parse_rollouts,
+        parse_versions,
+        replay,
     )
     from agentstream.streams.settings import StreamsSettings
 
@@ -583,7 +590,7 @@ def _replay(flags: ReplayFlags, source: str, sink: str, target: str):
     return summary
 
 
-def _raw_source(source: Optional[str], reward_fn: Optional[str], default: str) -> str:
+def _raw_source(source: str | None, reward_fn: str | None, default: str) -> str:
     if source is None:
         return "raw" if reward_fn else default
     return source
@@ -603,7 +610,7 @@ def replay_rebuild(
     _replay(flags, "raw", "topic", to_topic)
 
 
-ExportFrom = Annotated[Optional[str], typer.Option(
+ExportFrom = Annotated[str | None, typer.Option(
     "--from", help="raw: rebuild from the raw events (chat messages included) [default]; or a trajectories topic "
                    "(e.g. trajectories), as stored (token ids only, no messages)")]
 
@@ -611,7 +618,7 @@ ExportFrom = Annotated[Optional[str], typer.Option(
 @replay_command()
 def replay_export(
     output: Annotated[Path, typer.Argument(help="file to write: .parquet, or JSONL")],
-    output_format: Annotated[Optional[str], typer.Option(
+    output_format: Annotated[str | None, typer.Option(
         "--format", help="chat (JSONL rows), parquet (the same rows), or events (JSONL trajectory events, the "
                          "trainer's --offline-file) [default: by the file's suffix, else chat]")] = None,
     source: ExportFrom = None,
@@ -627,10 +634,10 @@ def replay_export(
 @replay_command("read_from", "archive", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def replay_train(
     ctx: typer.Context,
-    source: Annotated[Optional[str], typer.Option(
+    source: Annotated[str | None, typer.Option(
         "--from", help="trajectories topic to train on [default: trajectories], or raw to rebuild them first "
                        "(with --reward-fn: train on new rewards)")] = None,
-    stage: Annotated[Optional[Path], typer.Option(
+    stage: Annotated[Path | None, typer.Option(
         help="the selected trajectories, staged as the trainer's offline file [default: runs/replay/train-ID.jsonl, "
              "one per selection]")] = None,
     *, flags: ReplayFlags,
@@ -698,14 +705,14 @@ def archive_command(
 @app.command("top", rich_help_panel=LOG)
 def top(
     prefix: Prefix = "",
-    window: Annotated[Optional[int], typer.Option(help="window size in seconds [default: the smallest published]")] = None,
+    window: Annotated[int | None, typer.Option(help="window size in seconds [default: the smallest published]")] = None,
     history: Annotated[str, typer.Option(help="how far back to start: an age (15m, 2h) or a time")] = "15m",
     refresh: Annotated[float, typer.Option(help="seconds between screen updates")] = 2.0,
     once: Annotated[bool, typer.Option(help="print the view once and exit")] = False,
 ) -> None:
     """Live view of the streams' windowed analytics: throughput, latency, reward by version, pool pauses."""
-    from agentstream.schemas.scan import parse_time
     from agentstream.logs.top import show_live, show_once
+    from agentstream.schemas.scan import parse_time
 
     settings = _kafka_settings(prefix)
     try:
@@ -779,15 +786,15 @@ def gateway(ctx: typer.Context) -> None:
 def demo(
     model: Annotated[str, typer.Option(help="tiny (the toy model, ~12 min) or smollm2 (SmolLM2-135M-Instruct "
                                             "from PyPI, ~30 min)")] = "tiny",
-    versions: Annotated[Optional[int], typer.Option(help="weight versions to train (default 12; 3 with "
+    versions: Annotated[int | None, typer.Option(help="weight versions to train (default 12; 3 with "
                                                          "--production)")] = None,
     samples: Annotated[int, typer.Option(help="answers per prompt and version (one GRPO group)")] = 8,
     tasks: Annotated[int, typer.Option(help="prompts (groups) per version")] = 4,
-    lr: Annotated[Optional[float], typer.Option(help="learning rate (default: the model's)")] = None,
+    lr: Annotated[float | None, typer.Option(help="learning rate (default: the model's)")] = None,
     lora_rank: Annotated[int, typer.Option(help="train LoRA adapters of this rank; 0: every weight")] = 0,
     seed: Annotated[int, typer.Option(help="seed of the trainer (the agents' sampling is not seeded)")] = 0,
     concurrency: Annotated[int, typer.Option(help="agents running at once")] = 4,
-    out: Annotated[Optional[Path], typer.Option(help="output folder (default: runs/demo-TIME)")] = None,
+    out: Annotated[Path | None, typer.Option(help="output folder (default: runs/demo-TIME)")] = None,
     keep_stack: Annotated[bool, typer.Option(help="leave Kafka and vLLM running afterwards")] = False,
     production: Annotated[bool, typer.Option(
         "--production", help="learn from production traffic instead (tiny model, ~10 min): simulated users' "
@@ -840,11 +847,11 @@ def recipe_swe(
                                             "or tiny (plumbing only)")] = "smollm2",
     train_tasks: Annotated[int, typer.Option(help="train tasks to build")] = 4,
     validation_tasks: Annotated[int, typer.Option(help="validation tasks to build")] = 2,
-    tasks: Annotated[Optional[Path], typer.Option(help="train task file to use instead of building tasks")] = None,
-    validation_tasks_file: Annotated[Optional[Path], typer.Option("--validation-tasks-file",
+    tasks: Annotated[Path | None, typer.Option(help="train task file to use instead of building tasks")] = None,
+    validation_tasks_file: Annotated[Path | None, typer.Option("--validation-tasks-file",
                                                                   help="validation task file (with --tasks)")] = None,
-    instances: Annotated[Optional[Path], typer.Option(help="the instances with hidden tests the grader reads (with --tasks)")] = None,
-    probed: Annotated[Optional[Path], typer.Option(help="a task file from `agentstream tasks swe probe`: train on the "
+    instances: Annotated[Path | None, typer.Option(help="the instances with hidden tests the grader reads (with --tasks)")] = None,
+    probed: Annotated[Path | None, typer.Option(help="a task file from `agentstream tasks swe probe`: train on the "
                                                         "tasks the starting model solved sometimes (plus "
                                                         "--unsolved-share never-solved ones)")] = None,
     unsolved_share: Annotated[float, typer.Option(help="with --probed: share of the train tasks that may be "
@@ -860,7 +867,7 @@ def recipe_swe(
     max_tokens: Annotated[int, typer.Option(help="tokens per model answer")] = 128,
     concurrency: Annotated[int, typer.Option(help="agents running at once (train and eval each)")] = 2,
     attempt_timeout_s: Annotated[float, typer.Option(help="seconds an attempt may run")] = 300.0,
-    out: Annotated[Optional[Path], typer.Option(help="output folder (default: runs/recipe-swe-TIME)")] = None,
+    out: Annotated[Path | None, typer.Option(help="output folder (default: runs/recipe-swe-TIME)")] = None,
     keep_stack: Annotated[bool, typer.Option(help="leave Kafka and vLLM running afterwards")] = False,
 ) -> None:
     """The coding-agent loop here: tasks → mini-swe-agent in sandboxes through the gateway → grading →
@@ -888,9 +895,9 @@ def eval_command(
     model: Annotated[str, typer.Option(help="the served model name")],
     gateway_url: Annotated[str, typer.Option(help="the gateway, as agents reach it")] = "http://127.0.0.1:8000",
     token_secret: Annotated[str, typer.Option(envvar="AGENTSTREAM_TOKEN_SECRET", help="the gateway's token secret")] = "",
-    version: Annotated[Optional[int], typer.Option(help="the version being measured (default: the latest published)")] = None,
+    version: Annotated[int | None, typer.Option(help="the version being measured (default: the latest published)")] = None,
     follow: Annotated[bool, typer.Option(help="evaluate the version serving now, then each new one as the pool loads it")] = False,
-    max_versions: Annotated[Optional[int], typer.Option(help="with --follow: stop after this many versions")] = None,
+    max_versions: Annotated[int | None, typer.Option(help="with --follow: stop after this many versions")] = None,
     samples: Annotated[int, typer.Option("--samples", "-k", help="samples per task (pass@k)")] = 1,
     concurrency: Annotated[int, typer.Option(help="agents running at once")] = 2,
     timeout_s: Annotated[float, typer.Option(help="seconds an attempt may run")] = 600.0,
@@ -903,8 +910,8 @@ def eval_command(
     Runs the tasks through the controller like any run (k samples each, all validation split, never
     trained on); see them with `agentstream sql -q pass-rate-by-version`.
     """
-    from agentstream.eval import EvalConfig, run_eval
     from agentstream.controller.tasks import TaskFileError
+    from agentstream.eval import EvalConfig, run_eval
 
     if not token_secret:
         fail("no token secret: pass --token-secret or set AGENTSTREAM_TOKEN_SECRET to the gateway's")
@@ -946,9 +953,9 @@ def sandbox_run(
     workspace: Annotated[Path, typer.Argument(help="host folder mounted read-write at /workspace")],
     command: Annotated[str, typer.Argument(help="a shell command, run with bash -c inside")],
     timeout: Annotated[float, typer.Option(help="wall clock for the command, seconds")] = 120.0,
-    bind: Annotated[Optional[list[str]], typer.Option(help="HOST:INSIDE, mounted read-only (repeatable)")] = None,
-    env: Annotated[Optional[list[str]], typer.Option(help="KEY=VALUE for the command (repeatable)")] = None,
-    gateway_url: Annotated[Optional[str], typer.Option(help="whole-harness mode: the only address reachable")] = None,
+    bind: Annotated[list[str] | None, typer.Option(help="HOST:INSIDE, mounted read-only (repeatable)")] = None,
+    env: Annotated[list[str] | None, typer.Option(help="KEY=VALUE for the command (repeatable)")] = None,
+    gateway_url: Annotated[str | None, typer.Option(help="whole-harness mode: the only address reachable")] = None,
 ) -> None:
     """Run one command in the local sandbox (as root: it needs bubblewrap) and exit with its code."""
     from agentstream.sandbox.contract import Limits, Network, SandboxSpec
@@ -968,13 +975,13 @@ def sandbox_run(
 @sandbox_app.command("k8s-manifests")
 def sandbox_k8s_manifests(
     out: Annotated[Path, typer.Argument(help="folder for job-template.yaml and networkpolicy.yaml")],
-    gateway_label: Annotated[Optional[list[str]], typer.Option(
+    gateway_label: Annotated[list[str] | None, typer.Option(
         help="KEY=VALUE of the gateway's pods (repeatable); without it: no network at all")] = None,
     gateway_port: Annotated[int, typer.Option(help="the port the gateway's pods listen on")] = 8000,
-    gateway_namespace_label: Annotated[Optional[list[str]], typer.Option(
+    gateway_namespace_label: Annotated[list[str] | None, typer.Option(
         help="KEY=VALUE of the gateway's namespace, if not the sandboxes' own (repeatable)")] = None,
-    gateway_service_ip: Annotated[Optional[str], typer.Option(help="the gateway Service's ClusterIP")] = None,
-    gateway_host: Annotated[Optional[str], typer.Option(help="the gateway's host name in OPENAI_BASE_URL")] = None,
+    gateway_service_ip: Annotated[str | None, typer.Option(help="the gateway Service's ClusterIP")] = None,
+    gateway_host: Annotated[str | None, typer.Option(help="the gateway's host name in OPENAI_BASE_URL")] = None,
     cpus: Annotated[float, typer.Option(help="CPU cores per sandbox")] = 1.0,
     memory_gib: Annotated[float, typer.Option(help="memory per sandbox, GiB")] = 4.0,
     attempt_timeout: Annotated[float, typer.Option(help="seconds an attempt may run")] = 1800.0,
@@ -1009,7 +1016,7 @@ def grade(ctx: typer.Context) -> None:
 
 # --- tasks ---------------------------------------------------------------------------------
 
-ReposDir = Annotated[Optional[Path], typer.Option(help="task repositories (default: AGENTSTREAM_HOME/swe/repos)")]
+ReposDir = Annotated[Path | None, typer.Option(help="task repositories (default: AGENTSTREAM_HOME/swe/repos)")]
 
 
 @swe_app.command("build")
@@ -1050,7 +1057,7 @@ def tasks_swe_build(
 
 @swe_app.command("probe")
 def tasks_swe_probe(
-    tasks: Annotated[Optional[Path], typer.Option(help="the SWE-bench task file to probe (e.g. from `tasks swe build`); "
+    tasks: Annotated[Path | None, typer.Option(help="the SWE-bench task file to probe (e.g. from `tasks swe build`); "
                                                        "default: build --train-tasks + --validation-tasks tasks")] = None,
     out: Annotated[Path, typer.Option(help="the task file to write, each probed task with its `probe`")] = Path(
         "tasks.probed.jsonl"),
@@ -1063,7 +1070,7 @@ def tasks_swe_probe(
     max_tokens: Annotated[int, typer.Option(help="tokens per model answer")] = 512,
     concurrency: Annotated[int, typer.Option(help="agents running at once")] = 2,
     attempt_timeout_s: Annotated[float, typer.Option(help="seconds an attempt may run")] = 600.0,
-    run_dir: Annotated[Optional[Path], typer.Option(help="run folder (default: runs/probe-swe-TIME)")] = None,
+    run_dir: Annotated[Path | None, typer.Option(help="run folder (default: runs/probe-swe-TIME)")] = None,
     keep_stack: Annotated[bool, typer.Option(help="leave Kafka and vLLM running afterwards")] = False,
 ) -> None:
     """Run the starting model k times on each train task (local stack, mini-swe-agent, grader: attempts in the

@@ -26,24 +26,24 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from agentstream.stack import StackError, default_kafka_dir
-from agentstream.stack.kafka import LocalKafka
-from agentstream.stack.process import ServerState, free_port, spawn, stop_pid, tail
 from agentstream.models.smollm2 import build_smollm2, default_folder
 from agentstream.models.tiny_model import build_tiny_model
-from agentstream.stack.vllm import LocalVLLM
 from agentstream.schemas.codec import DecodeError, decode
 from agentstream.schemas.events import PoolUpdateEvent, TrajectoryEvent, WeightsEvent
 from agentstream.schemas.kafka import KafkaSettings, ensure_topics, make_consumer
+from agentstream.stack import StackError, default_kafka_dir
+from agentstream.stack.kafka import LocalKafka
+from agentstream.stack.process import ServerState, free_port, spawn, stop_pid, tail
+from agentstream.stack.vllm import LocalVLLM
 
 REPO = Path(__file__).resolve().parents[1]
 AGENT = REPO / "examples" / "single_turn.py"

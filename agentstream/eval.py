@@ -31,7 +31,13 @@ from aiokafka import TopicPartition
 from agentstream.controller.tasks import load_tasks
 from agentstream.schemas.codec import DecodeError, decode
 from agentstream.schemas.events import (
-    Eval, EvalEvent, Event, PoolUpdateEvent, RolloutQueuedEvent, TrajectoryEvent, WeightsEvent,
+    Eval,
+    EvalEvent,
+    Event,
+    PoolUpdateEvent,
+    RolloutQueuedEvent,
+    TrajectoryEvent,
+    WeightsEvent,
 )
 from agentstream.schemas.kafka import KafkaSettings, Publisher, make_consumer, make_producer, partitions_of
 

@@ -25,14 +25,22 @@ from rich.console import Console
 from rich.table import Table
 
 from agentstream.demo import (
-    REPO, Demo, Progress, StackConfig, VersionRow, common_flags, plot_by_version, run_folder, run_to_summary,
+    REPO,
+    Demo,
+    Progress,
+    StackConfig,
+    VersionRow,
+    common_flags,
+    plot_by_version,
+    run_folder,
+    run_to_summary,
 )
-from agentstream.stack import StackError
-from agentstream.stack.process import ServerState, free_port
 from agentstream.models.tiny_model import build_tiny_model
-from agentstream.stack.vllm import LocalVLLM
 from agentstream.schemas.events import ReleaseEvent, RewardEvent, TrajectoryEvent
 from agentstream.schemas.kafka import KafkaSettings
+from agentstream.stack import StackError
+from agentstream.stack.process import ServerState, free_port
+from agentstream.stack.vllm import LocalVLLM
 
 USERS = REPO / "examples" / "production_users.py"
 QUESTIONS = REPO / "examples" / "arithmetic_tasks.jsonl"

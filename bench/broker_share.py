@@ -39,11 +39,15 @@ from pathlib import Path
 
 import agentstream.schemas as s
 from agentstream.stack.kafka import JVM_OPTIONS, LocalKafka
-from samples.rollouts import EVENTS_PER_ROLLOUT, history
-from bench.streams_assembly import (
-    ROOT, console, fresh_topics, measure_worker, warm_up,
-)
 from agentstream.streams.settings import StreamsSettings
+from bench.streams_assembly import (
+    ROOT,
+    console,
+    fresh_topics,
+    measure_worker,
+    warm_up,
+)
+from samples.rollouts import EVENTS_PER_ROLLOUT, history
 
 COUNTS_TOOL = Path(__file__).with_name("KafkaCounts.java")
 USER, SYSTEM, SWITCHES = -1, -2, -3

@@ -19,10 +19,10 @@ import time
 import uuid
 from pathlib import Path
 
-from agentstream.stack.kafka import LocalKafka
-from agentstream.stack.process import free_port
 from agentstream.controller.controller import Controller
 from agentstream.controller.settings import ControllerSettings
+from agentstream.stack.kafka import LocalKafka
+from agentstream.stack.process import free_port
 
 
 async def bare_spawns(count: int, concurrency: int, folder: Path) -> float:

@@ -30,13 +30,13 @@ from pathlib import Path
 import httpx
 
 from agentstream.logs.query import NAMED_QUERIES, run_sql
+from agentstream.schemas.kafka import KafkaSettings, ensure_topics
 from agentstream.schemas.scan import Bounds, parse_time
 from agentstream.stack.kafka import LocalKafka
 from agentstream.stack.process import free_port, spawn, stop_pid, tail
-from samples.publish import publish_all
 from bench.report import Report
-from agentstream.schemas.kafka import KafkaSettings, ensure_topics
 from samples.events import rollout
+from samples.publish import publish_all
 
 KEY = "bench-key"
 PREFIX = "bench."

@@ -23,9 +23,9 @@ from collections.abc import Callable
 import polars as pl
 
 from agentstream.logs.query import ENVELOPE, _decoder, _reader_schema, decode, event_row, frame, table_fields
+from agentstream.schemas.scan import Record
 from bench.query import call_values
 from bench.report import Report
-from agentstream.schemas.scan import Record
 
 
 def cpu_s(fn: Callable[[], object], repeats: int = 3) -> float:

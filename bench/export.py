@@ -30,13 +30,13 @@ import orjson
 import polars as pl
 
 import agentstream.schemas as s
+from agentstream.schemas.kafka import KafkaSettings, ensure_topics
+from agentstream.schemas.scan import scan
 from agentstream.stack.kafka import LocalKafka
+from agentstream.streams.assembly import Timing, assemble
 from bench.replay import rollout_events
 from bench.report import Report
 from bench.streams_assembly import ROOT, checkout
-from agentstream.schemas.kafka import KafkaSettings, ensure_topics
-from agentstream.schemas.scan import scan
-from agentstream.streams.assembly import Timing, assemble
 
 SINKS = ("events", "chat", "parquet")
 PREFIX = "bench-export."

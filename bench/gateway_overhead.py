@@ -41,9 +41,9 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
+from agentstream.schemas.kafka import KafkaSettings, ensure_topics, make_consumer, partitions_of
 from agentstream.stack.kafka import LocalKafka
 from agentstream.stack.process import free_port, stop_pid
-from agentstream.schemas.kafka import KafkaSettings, ensure_topics, make_consumer, partitions_of
 
 console = Console()
 ROOT = Path(__file__).parent.parent

@@ -28,10 +28,10 @@ import polars as pl
 import agentstream.schemas as s
 from agentstream.archive import Archiver
 from agentstream.logs.query import NAMED_QUERIES, columns_in, decode, event_row, frame, load_table, run_sql
+from agentstream.schemas.kafka import KafkaSettings, ensure_topics, make_consumer, partitions_of
 from agentstream.schemas.scan import KAFKA, Manifest, Origin, resolve, scan
 from agentstream.stack.kafka import LocalKafka
 from bench.report import Report
-from agentstream.schemas.kafka import KafkaSettings, ensure_topics, make_consumer, partitions_of
 
 
 def call_event(i: int, rng: random.Random) -> s.CallEvent:

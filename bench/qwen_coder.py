@@ -31,7 +31,8 @@ def folder_of(name: str) -> tuple[Path, float]:
 
         folder = build_smollm2(default_folder())
     else:
-        from agentstream.models.qwen_coder import MODELS, build_qwen_coder, default_folder as qwen_folder
+        from agentstream.models.qwen_coder import MODELS, build_qwen_coder
+        from agentstream.models.qwen_coder import default_folder as qwen_folder
 
         folder = build_qwen_coder(MODELS[name], qwen_folder(MODELS[name]))
     return folder, time.perf_counter() - started

@@ -26,8 +26,8 @@ from bench.report import Report
 
 
 def batch(model_dir: Path, groups: int, group_size: int, completion: int):
-    from bench.trainer_throughput import make_events
     from agentstream.trainer.batcher import Sample, group_of
+    from bench.trainer_throughput import make_events
 
     events = make_events(groups, group_size, completion, seed=0, prefix="g")
     return [Sample(e.id, 0, i, e.data, group_of(e.id, e.data)) for i, e in enumerate(events)]

@@ -26,13 +26,13 @@ from pathlib import Path
 from rich.console import Console
 
 from agentstream.demo import common_flags
-from agentstream.stack.process import free_port
-from bench.report import Report
 from agentstream.recipes.swe.recipe import HARNESS, Recipe, RecipeConfig, build_recipe_tasks
 from agentstream.schemas.codec import DecodeError, decode
 from agentstream.schemas.events import CallEvent, RewardEvent, RolloutDiffEvent, TrajectoryEvent, WeightsEvent
 from agentstream.schemas.kafka import KafkaSettings
 from agentstream.schemas.scan import scan
+from agentstream.stack.process import free_port
+from bench.report import Report
 
 SCRIPT = ["ls", "grep -rn 'def ' --include=*.py . | head -20", "git status --short",
           "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"]

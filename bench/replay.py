@@ -48,15 +48,15 @@ import time
 from pathlib import Path
 
 import agentstream.schemas as s
-from agentstream.logs.replay import Job, Options, RebuildSpec, replay
 from agentstream.archive import Archiver
-from agentstream.schemas.scan import KAFKA, Origin, scan
-from agentstream.stack.kafka import LocalKafka
-from bench.report import Report
-from bench.streams_assembly import ROOT, checkout
+from agentstream.logs.replay import Job, Options, RebuildSpec, replay
 from agentstream.schemas.ids import new_id
 from agentstream.schemas.kafka import KafkaSettings, ensure_topics
+from agentstream.schemas.scan import KAFKA, Origin, scan
+from agentstream.stack.kafka import LocalKafka
 from agentstream.streams.assembly import Timing
+from bench.report import Report
+from bench.streams_assembly import ROOT, checkout
 
 RAW = ("rollouts", "calls", "rewards")
 
@@ -113,7 +113,7 @@ def produce_rollouts(settings: KafkaSettings, rollouts: int, start: int) -> int:
     """N rollouts 50 ms apart from `start`, each a template's events with its own rollout id, event ids and
     times put in (building and encoding each event with pydantic alone runs at ~30,000 events/s of CPU; this
     publishes ~110,000 events/s, Kafka included)."""
-    from bench.live_load import producer, produce
+    from bench.live_load import produce, producer
 
     shapes, names = templates(), {t: settings.topics.name(t) for t in RAW}
     writer, failures, count = producer(settings.bootstrap_servers), [], 0

@@ -26,11 +26,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from bench.report import Report
-from bench.sandbox_overhead import fill
 from agentstream.sandbox import cgroups, disk
 from agentstream.sandbox.contract import Limits, SandboxSpec
 from agentstream.sandbox.local import LocalSandbox
+from bench.report import Report
+from bench.sandbox_overhead import fill
 
 LIMITS = Limits(attempt_timeout_s=3600)
 

@@ -26,10 +26,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from agentstream.stack.process import free_port
-from bench.report import Report
 from agentstream.sandbox.contract import Limits, Network, SandboxSpec
 from agentstream.sandbox.local import LocalSandbox
+from agentstream.stack.process import free_port
+from bench.report import Report
 
 CLIENT = """
 import sys, time, urllib.request

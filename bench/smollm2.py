@@ -38,13 +38,13 @@ def trainer_figures(mode: str, repeats: int) -> dict:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from agentstream.settings import agentstream_home
     from agentstream.models.smollm2 import build_smollm2
-    from bench.trainer_throughput import timed
-    from samples.events import trajectory
+    from agentstream.settings import agentstream_home
     from agentstream.trainer.batcher import Sample, group_of
     from agentstream.trainer.grpo import Policy, autocast, micro_batches, to_tensors
     from agentstream.trainer.settings import TrainerSettings
+    from bench.trainer_throughput import timed
+    from samples.events import trajectory
 
     hf_logging.set_verbosity_error()
     folder = build_smollm2(agentstream_home() / "models" / "smollm2")
@@ -153,9 +153,9 @@ def main(argv: list[str] | None = None) -> None:
                figures["lora"]["grpo_tokens_s"] / figures["full"]["grpo_tokens_s"])
     report.details["trainer"] = figures
     if not args.skip_swap:
-        from agentstream.settings import agentstream_home
         from agentstream.models.smollm2 import build_smollm2
         from agentstream.models.tiny_model import build_tiny_model
+        from agentstream.settings import agentstream_home
 
         with tempfile.TemporaryDirectory() as tmp:
             tiny = build_tiny_model(Path(tmp) / "tiny")

@@ -39,7 +39,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import random
 import re
 import shutil
 import statistics
@@ -52,22 +51,21 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
+import orjson
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import agentstream.schemas as s
-from samples.rollouts import COMPLETION, EVENTS_PER_ROLLOUT, FOLLOW_UP, PROMPT, history
-from agentstream.stack.kafka import LocalKafka
-from agentstream.stack.process import free_port, spawn, stop_pid, tail
-from bench.report import Report
-import orjson
-
 from agentstream.schemas.codec import decode, encode
 from agentstream.schemas.kafka import KafkaSettings, ensure_topics, make_consumer, make_producer, partitions_of
 from agentstream.schemas.topics import TopicSpec, topic_specs
+from agentstream.stack.kafka import LocalKafka
+from agentstream.stack.process import free_port, spawn, stop_pid, tail
 from agentstream.streams.assembly import Assembly, Timing
 from agentstream.streams.settings import StreamsSettings
 from agentstream.streams.worker import ASSEMBLED
+from bench.report import Report
+from samples.rollouts import COMPLETION, EVENTS_PER_ROLLOUT, FOLLOW_UP, PROMPT, history
 
 console = Console()
 ROOT = Path(__file__).parent.parent

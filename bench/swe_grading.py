@@ -24,11 +24,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.report import Report
 from agentstream.recipes.swe import repos, testrun
 from agentstream.recipes.swe.build import TOOLZ, build, fetch_sdist
 from agentstream.recipes.swe.grader import Grader
 from agentstream.recipes.swe.instance import Instance
+from bench.report import Report
 
 
 def bare_run(instance: Instance, repos_dir: Path, env: Path, ids: list[str] | None) -> float:

@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 
 from agentstream.models.tiny_model import build_tiny_model
-from samples.events import IM_END, chat_prompt, trajectory
 from agentstream.trainer.batcher import Sample, group_of
 from agentstream.trainer.grpo import Policy
 from agentstream.trainer.settings import TrainerSettings
+from samples.events import IM_END, chat_prompt, trajectory
 
 GROUPS, GROUP_SIZE, MAX_TOKENS = 4, 8, 8
 PAD = 256

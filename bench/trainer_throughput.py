@@ -24,14 +24,14 @@ from pathlib import Path
 
 import torch
 
-from agentstream.stack.kafka import LocalKafka
-from agentstream.stack.process import free_port
 from agentstream.models.tiny_model import build_tiny_model
 from agentstream.schemas.kafka import KafkaSettings, Publisher, ensure_topics, make_producer
-from samples.events import IM_END, chat_prompt, trajectory
+from agentstream.stack.kafka import LocalKafka
+from agentstream.stack.process import free_port
 from agentstream.trainer.batcher import Sample, group_of
 from agentstream.trainer.grpo import Policy, to_tensors
 from agentstream.trainer.settings import TrainerSettings
+from samples.events import IM_END, chat_prompt, trajectory
 
 SHAPES = [  # (groups, group size, completion tokens)
     (4, 8, 16),

@@ -13,12 +13,11 @@ from pydantic_settings import CliApp
 from rich.console import Console
 from rich.logging import RichHandler
 
-from agentstream.schemas.errors import AgentstreamError
-
 from agentstream.controller.controller import Controller
 from agentstream.controller.progress import live_progress
 from agentstream.controller.settings import ControllerSettings
 from agentstream.controller.tasks import TaskFileError
+from agentstream.schemas.errors import AgentstreamError
 
 
 async def run(settings: ControllerSettings, console: Console) -> int:

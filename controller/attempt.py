@@ -10,11 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
-from agentstream.schemas.errors import ServiceError
-from agentstream.schemas.tokens import mint_rollout_token
-
 from agentstream.controller.history import AttemptRecord
 from agentstream.controller.tasks import PlannedRollout
+from agentstream.schemas.errors import ServiceError
+from agentstream.schemas.tokens import mint_rollout_token
 
 TOKEN_MARGIN_S = 3600.0
 """how long a rollout token outlives the attempt's timeout (rewards may be posted late)"""

@@ -22,26 +22,35 @@ import fcntl
 import logging
 import os
 import time
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentstream.schemas.errors import LogUnavailable, ServiceError
-from agentstream.schemas.events import (
-    Event, RolloutFailed, RolloutFailedEvent, RolloutFinished, RolloutFinishedEvent, RolloutHeartbeat,
-    RolloutHeartbeatEvent, RolloutQueued, RolloutQueuedEvent, RolloutStarted, RolloutStartedEvent, RolloutTimedOut,
-    RolloutTimedOutEvent,
-)
-from agentstream.schemas.ids import new_id
-from agentstream.schemas.kafka import Publisher, ensure_topics, make_producer
-
-from agentstream.controller.attempt import Attempt, Exit, Gateway, LaunchError, Launcher, Running, tail_text
+from agentstream.controller.attempt import Attempt, Exit, Gateway, Launcher, LaunchError, Running, tail_text
 from agentstream.controller.history import INTERRUPTED, RunHistory
 from agentstream.controller.log import TopicReader
 from agentstream.controller.pacing import Pacer, WeightsFollower
 from agentstream.controller.settings import ControllerSettings
 from agentstream.controller.tasks import PlannedRollout, derive_run_id, load_task_set, plan_rollouts
+from agentstream.schemas.errors import LogUnavailable, ServiceError
+from agentstream.schemas.events import (
+    Event,
+    RolloutFailed,
+    RolloutFailedEvent,
+    RolloutFinished,
+    RolloutFinishedEvent,
+    RolloutHeartbeat,
+    RolloutHeartbeatEvent,
+    RolloutQueued,
+    RolloutQueuedEvent,
+    RolloutStarted,
+    RolloutStartedEvent,
+    RolloutTimedOut,
+    RolloutTimedOutEvent,
+)
+from agentstream.schemas.ids import new_id
+from agentstream.schemas.kafka import Publisher, ensure_topics, make_producer
 
 log = logging.getLogger(__name__)
 SOURCE = "controller"

@@ -13,7 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from agentstream.schemas.events import (
-    TERMINAL_TYPES, Event, RolloutFailedEvent, RolloutQueuedEvent, RolloutStartedEvent,
+    TERMINAL_TYPES,
+    Event,
+    RolloutFailedEvent,
+    RolloutQueuedEvent,
+    RolloutStartedEvent,
 )
 
 INTERRUPTED = "interrupted"

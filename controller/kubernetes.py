@@ -43,13 +43,12 @@ import yaml
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
+from agentstream.controller.attempt import Attempt, Exit, Gateway, LaunchError, agent_env
+from agentstream.controller.history import AttemptRecord
 from agentstream.sandbox.contract import Limits, Network
 from agentstream.sandbox.kubernetes import GatewayPeer, PodSandbox, job_template, network_policy
 from agentstream.sandbox.local import is_ip
 from agentstream.schemas.ids import derived_id
-
-from agentstream.controller.attempt import Attempt, Exit, Gateway, LaunchError, agent_env
-from agentstream.controller.history import AttemptRecord
 
 log = logging.getLogger(__name__)
 

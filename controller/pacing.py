@@ -21,9 +21,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from agentstream.schemas.events import Event, WeightsEvent
-
 from agentstream.controller.log import TopicReader
+from agentstream.schemas.events import Event, WeightsEvent
 
 log = logging.getLogger(__name__)
 

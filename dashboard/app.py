@@ -19,15 +19,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
-from agentstream.schemas.keys import is_operator_key, presented_key
-from agentstream.schemas.releases import summary
-from agentstream.schemas.scan import parse_time
 from agentstream.dashboard import compare as compare_
 from agentstream.dashboard import overview as overview_
 from agentstream.dashboard import rollouts as rollouts_
 from agentstream.dashboard.live import Live
 from agentstream.dashboard.settings import DashboardSettings
 from agentstream.gateway.errors import GatewayError as APIError
+from agentstream.schemas.keys import is_operator_key, presented_key
+from agentstream.schemas.releases import summary
+from agentstream.schemas.scan import parse_time
 
 STATIC = Path(__file__).parent / "static"
 
@@ -175,7 +175,7 @@ def create_app(settings: DashboardSettings) -> FastAPI:
                 while not await request.is_disconnected():
                     try:
                         notice = await asyncio.wait_for(queue.get(), timeout=1.0)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         notice = {"kind": "rates", "rates": live.rates(), "error": live.error}
                     yield b"data: " + orjson.dumps(notice) + b"\n\n"
             finally:

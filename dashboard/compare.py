@@ -5,10 +5,10 @@ Length is the tokens the model generated in an attempt, summed from its calls' u
 
 from __future__ import annotations
 
-from agentstream.schemas.scan import Bounds
 from agentstream.dashboard.overview import PASSED
 from agentstream.dashboard.sql import run_many
 from agentstream.schemas.kafka import KafkaSettings
+from agentstream.schemas.scan import Bounds
 
 SQL = """
     SELECT t.task_id AS task_id, t.weight_version_launch AS version, COUNT(*) AS attempts,

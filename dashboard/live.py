@@ -18,7 +18,14 @@ from collections import deque
 from aiokafka import ConsumerRecord, TopicPartition
 
 from agentstream.schemas.codec import DecodeError, decode
-from agentstream.schemas.events import CallEvent, PoolUpdateEvent, ReleaseEvent, RewardEvent, TrajectoryEvent, WeightsEvent
+from agentstream.schemas.events import (
+    CallEvent,
+    PoolUpdateEvent,
+    ReleaseEvent,
+    RewardEvent,
+    TrajectoryEvent,
+    WeightsEvent,
+)
 from agentstream.schemas.kafka import KafkaSettings, make_consumer, partitions_of
 from agentstream.schemas.releases import ReleaseState, fold
 from agentstream.schemas.scan import Bounds, Record, resolve, scan

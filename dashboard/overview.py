@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from agentstream.logs.query import NAMED_QUERIES
 from agentstream.dashboard.sql import load_tables, run_on
+from agentstream.logs.query import NAMED_QUERIES
 from agentstream.schemas.kafka import KafkaSettings
 from agentstream.schemas.scan import Bounds, resolve
 

@@ -21,11 +21,11 @@ import polars as pl
 from aiokafka.partitioner import murmur2
 
 from agentstream.logs.query import load_table
-from agentstream.schemas.errors import ConfigurationError
-from agentstream.schemas.scan import Bounds, resolve, scan
 from agentstream.schemas.codec import DecodeError, decode
+from agentstream.schemas.errors import ConfigurationError
 from agentstream.schemas.events import Event, TrajectoryEvent
 from agentstream.schemas.kafka import KafkaSettings, partitions_of
+from agentstream.schemas.scan import Bounds, resolve, scan
 
 LIST_COLUMNS = frozenset({
     "id", "rollout_id", "attempt_id", "time", "kafka_partition", "kafka_offset", "kafka_timestamp", "task_id",

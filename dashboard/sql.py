@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from agentstream.logs.query import columns_in, load_table, tables_in
-from agentstream.schemas.scan import Bounds
 from agentstream.schemas.kafka import KafkaSettings
+from agentstream.schemas.scan import Bounds
 
 WHOLE = frozenset({"pool", "weights"})
 """small topics (an event per swap or version) read whole, whatever the range: the current version

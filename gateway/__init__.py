@@ -3,4 +3,4 @@
 from agentstream.gateway.app import create_app
 from agentstream.gateway.settings import GatewaySettings
 
-__all__ = ["create_app", "GatewaySettings"]
+__all__ = ["GatewaySettings", "create_app"]

@@ -22,10 +22,9 @@ from typing import Any, ClassVar, Literal
 import orjson
 from starlette.responses import Response
 
-from agentstream.schemas.events import ChoiceTokens, Usage
-
 from agentstream.gateway import sse
 from agentstream.gateway.errors import ErrorCode, GatewayError, UpstreamFailed, error_body
+from agentstream.schemas.events import ChoiceTokens, Usage
 
 Body = dict[str, Any]
 """a JSON object as it came over the wire (checked field by field where it is read)"""

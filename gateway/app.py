@@ -30,7 +30,7 @@ from agentstream.gateway.rollouts import MAX_DIFF_BODY_BYTES, MAX_DIFF_BYTES, js
 from agentstream.gateway.service import Gateway, settings_problem
 from agentstream.gateway.settings import GatewaySettings
 
-__all__ = ["Gateway", "MAX_DIFF_BODY_BYTES", "MAX_DIFF_BYTES", "create_app", "routes", "settings_problem"]
+__all__ = ["MAX_DIFF_BODY_BYTES", "MAX_DIFF_BYTES", "Gateway", "create_app", "routes", "settings_problem"]
 
 Endpoint = Callable[[Request], Coroutine[Any, Any, Response]]
 ROLLOUT_SCOPE = "/rollouts/{rollout_id}/attempts/{attempt_id}"

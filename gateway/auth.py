@@ -11,11 +11,10 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from agentstream.gateway.errors import BadRequest, ErrorCode, Forbidden, Unauthorized
 from agentstream.schemas.keys import is_operator_key, presented_key
 from agentstream.schemas.sessions import MAX_SESSION_ID, default_session_id, key_identity, session_rollout_id
 from agentstream.schemas.tokens import InvalidToken, RolloutClaims, is_rollout_token, verify_rollout_token
-
-from agentstream.gateway.errors import BadRequest, ErrorCode, Forbidden, Unauthorized
 
 ROLLOUT_HEADER = "x-agentstream-rollout-id"
 ATTEMPT_HEADER = "x-agentstream-attempt-id"

@@ -8,12 +8,11 @@ from typing import Any
 
 from starlette.datastructures import Headers
 
-from agentstream.schemas.events import Call, CallEvent
-from agentstream.schemas.ids import new_id, now_ms
-
 from agentstream.gateway.adapter import Adapter, Body, Tokens
 from agentstream.gateway.auth import Attribution
 from agentstream.gateway.pool import Upstream
+from agentstream.schemas.events import Call, CallEvent
+from agentstream.schemas.ids import new_id, now_ms
 
 RETRY_HEADERS = ("x-stainless-retry-count", "x-retry-count")
 """where SDKs say which retry a request is (OpenAI's and Anthropic's SDKs: the first; some others: the second)"""

@@ -27,7 +27,16 @@ from agentstream.gateway.messages import Messages
 from agentstream.gateway.metrics import Metrics
 from agentstream.gateway.pool import Lease, Pool, Upstream, no_server
 from agentstream.gateway.recorder import Recorder
-from agentstream.gateway.relay import TRANSPORT, ClosingStream, Relay, body_of, describe, error_message, json_of, unusable
+from agentstream.gateway.relay import (
+    TRANSPORT,
+    ClosingStream,
+    Relay,
+    body_of,
+    describe,
+    error_message,
+    json_of,
+    unusable,
+)
 
 log = logging.getLogger("gateway.calls")
 

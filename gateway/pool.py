@@ -17,19 +17,18 @@ import hashlib
 import logging
 import time
 from collections import Counter
-from typing import Any
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 from yarl import URL
 
-from agentstream.schemas.releases import ReleaseState
-
 from agentstream.gateway.errors import ErrorCode, NotFound, Unavailable
 from agentstream.gateway.logs import fields
 from agentstream.gateway.metrics import Metrics
 from agentstream.gateway.releases import arm_first
+from agentstream.schemas.releases import ReleaseState
 
 log = logging.getLogger("gateway.pool")
 
@@ -98,7 +97,7 @@ class Hold:
 class Lease:
     """One request's use of a server: counted while it runs, so updates can drain."""
 
-    __slots__ = ("pool", "model", "upstream", "_open")
+    __slots__ = ("_open", "model", "pool", "upstream")
 
     def __init__(self, pool: Pool, model: str, upstream: Upstream):
         self.pool, self.model, self.upstream, self._open = pool, model, upstream, True

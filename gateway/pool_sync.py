@@ -34,20 +34,19 @@ import orjson
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 
-from agentstream.schemas.errors import ServiceError
-from agentstream.schemas.codec import DecodeError, decode
-from agentstream.schemas.events import Event, PoolUpdate, PoolUpdateEvent, Release, ReleaseEvent, Weights, WeightsEvent
-from agentstream.schemas.ids import derived_id, now_ms
-from agentstream.schemas.kafka import deadletter_event, make_consumer, partitions_of
-from agentstream.schemas.releases import BUCKETS, canary_servers, fold, stable_of
-from agentstream.schemas.scan import resolve
-
 from agentstream.gateway.errors import GatewayError
 from agentstream.gateway.logs import fields
 from agentstream.gateway.metrics import Metrics
 from agentstream.gateway.pool import Pool, Upstream
 from agentstream.gateway.recorder import Recorder
 from agentstream.gateway.settings import GatewaySettings
+from agentstream.schemas.codec import DecodeError, decode
+from agentstream.schemas.errors import ServiceError
+from agentstream.schemas.events import Event, PoolUpdate, PoolUpdateEvent, Release, ReleaseEvent, Weights, WeightsEvent
+from agentstream.schemas.ids import derived_id, now_ms
+from agentstream.schemas.kafka import deadletter_event, make_consumer, partitions_of
+from agentstream.schemas.releases import BUCKETS, canary_servers, fold, stable_of
+from agentstream.schemas.scan import resolve
 
 log = logging.getLogger("gateway.pool_sync")
 

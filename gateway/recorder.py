@@ -24,12 +24,11 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from agentstream.schemas.events import Event
-from agentstream.schemas.kafka import KafkaSettings, Publisher, make_producer
-
 from agentstream.gateway.errors import ErrorCode, GatewayError, Unavailable
 from agentstream.gateway.logs import fields
 from agentstream.gateway.metrics import Metrics
+from agentstream.schemas.events import Event
+from agentstream.schemas.kafka import KafkaSettings, Publisher, make_producer
 
 log = logging.getLogger("gateway.recorder")
 

@@ -9,12 +9,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from agentstream.schemas.events import (Event, Reward, RewardEvent, RolloutDiff, RolloutDiffEvent, RolloutFinished,
-                            RolloutFinishedEvent, TurnReward)
-
 from agentstream.gateway.auth import auth_headers
 from agentstream.gateway.errors import BadRequest, ErrorCode, TooLarge
 from agentstream.gateway.service import Gateway
+from agentstream.schemas.events import (
+    Event,
+    Reward,
+    RewardEvent,
+    RolloutDiff,
+    RolloutDiffEvent,
+    RolloutFinished,
+    RolloutFinishedEvent,
+    TurnReward,
+)
 
 M = TypeVar("M", bound=BaseModel)
 

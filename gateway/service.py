@@ -10,10 +10,15 @@ import logging
 import aiohttp
 from starlette.requests import Request
 
-from agentstream.schemas.kafka import ensure_topics
-
-from agentstream.gateway.auth import (ATTEMPT_HEADER, ROLLOUT_HEADER, SESSION_HEADER, Attribution, Authenticator, Principal,
-                          auth_headers)
+from agentstream.gateway.auth import (
+    ATTEMPT_HEADER,
+    ROLLOUT_HEADER,
+    SESSION_HEADER,
+    Attribution,
+    Authenticator,
+    Principal,
+    auth_headers,
+)
 from agentstream.gateway.calls import CallOptions, Calls
 from agentstream.gateway.logs import fields
 from agentstream.gateway.metrics import Metrics
@@ -21,6 +26,7 @@ from agentstream.gateway.pool import Pool, parse_upstreams
 from agentstream.gateway.pool_sync import PoolSync
 from agentstream.gateway.recorder import Recorder
 from agentstream.gateway.settings import GatewaySettings
+from agentstream.schemas.kafka import ensure_topics
 
 log = logging.getLogger("gateway")
 

@@ -20,14 +20,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.requests import Request
 from starlette.responses import Response
 
-from agentstream.schemas.events import Event, Feedback, FeedbackEvent, SessionEnded, SessionEndedEvent
-from agentstream.schemas.ids import new_id
-from agentstream.schemas.sessions import feedback_id
-
 from agentstream.gateway.auth import Principal, auth_headers, session_of
 from agentstream.gateway.errors import BadRequest, ErrorCode, Forbidden
 from agentstream.gateway.rollouts import _body, _limited_body, json_response
 from agentstream.gateway.service import Gateway
+from agentstream.schemas.events import Event, Feedback, FeedbackEvent, SessionEnded, SessionEndedEvent
+from agentstream.schemas.ids import new_id
+from agentstream.schemas.sessions import feedback_id
 
 MAX_BODY_BYTES = 64 * 1024
 """a feedback or end body larger than this is refused (413) unread"""
@@ -100,6 +99,6 @@ def _rollout_of(gateway: Gateway, principal: Principal, session_id: str) -> str:
 
 async def _published(gateway: Gateway, event: Event) -> Response:
     await gateway.recorder.publish(event)  # acknowledged by Kafka before the answer, whatever --durability says
-    session_id = getattr(event.data, "session_id")
+    session_id = getattr(event.data, "session_id")  # noqa: B009 (Feedback and SessionEnded both have it; Payload does not)
     return json_response({"id": event.id, "session_id": session_id, "rollout_id": event.rollout_id,
                           "call_id": getattr(event.data, "call_id", None)})

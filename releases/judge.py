@@ -19,15 +19,14 @@ from statistics import fmean
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
+from agentstream.releases.rule import Arm, Verdict, decide
+from agentstream.releases.settings import ReleasesSettings
 from agentstream.schemas.codec import DecodeError, decode
 from agentstream.schemas.events import CallEvent, Event, Release, ReleaseEvent, RewardEvent, TrajectoryEvent
 from agentstream.schemas.ids import derived_id
 from agentstream.schemas.kafka import Publisher, make_consumer, make_producer, partitions_of
 from agentstream.schemas.releases import ReleaseState, fold
 from agentstream.schemas.scan import resolve
-
-from agentstream.releases.rule import Arm, Verdict, decide
-from agentstream.releases.settings import ReleasesSettings
 
 log = logging.getLogger("releases")
 

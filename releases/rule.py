@@ -13,9 +13,8 @@ from dataclasses import dataclass, field
 from statistics import fmean, stdev
 from typing import Literal
 
-from agentstream.schemas.events import ArmNumbers
-
 from agentstream.releases.settings import ReleasesSettings
+from agentstream.schemas.events import ArmNumbers
 
 
 @dataclass

@@ -46,7 +46,6 @@ from agentstream.sandbox.contract import IN_POD_ENV, WORKSPACE_MOUNT, CommandRes
 from agentstream.sandbox.local import DEFAULT_ENV
 from agentstream.sandbox.output import collect, kill_group, limit_of
 
-
 PR_GET_DUMPABLE, PR_SET_DUMPABLE = 3, 4  # <linux/prctl.h>
 
 

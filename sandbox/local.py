@@ -333,7 +333,7 @@ class LocalSandbox:
         for step in (self._end_processes, self._give_back_workspace, self._end_namespaces, self._remove_cgroup):
             try:
                 step(problems)
-            except Exception as error:  # noqa: BLE001 -- the next steps and the lease's release must still run
+            except Exception as error:
                 problems.append(f"{step.__name__.strip('_')}: {error!r}")
         self._lease.release()
         self.close_problems = problems

@@ -83,7 +83,7 @@ def collect(process: subprocess.Popen[bytes], deadline: float, *, until_eof: boo
                 data = stream.read(64 << 10)
                 if data:
                     output.add(data)
-                elif data is not None or exited and not selector.select(0.2):
+                elif data is not None or (exited and not selector.select(0.2)):
                     return output, False
 
 

@@ -5,5 +5,15 @@ from agentstream.schemas.events import *  # noqa: F403
 from agentstream.schemas.events import EVENT_TYPES, SCHEMA_VERSION, Event
 from agentstream.schemas.ids import derived_id, new_id, now_ms
 
-__all__ = ["DecodeError", "UnsupportedSchemaVersion", "decode", "encode", "EVENT_TYPES", "SCHEMA_VERSION",
-           "Event", "derived_id", "new_id", "now_ms"]
+__all__ = [
+           "EVENT_TYPES",
+           "SCHEMA_VERSION",
+           "DecodeError",
+           "Event",
+           "UnsupportedSchemaVersion",
+           "decode",
+           "derived_id",
+           "encode",
+           "new_id",
+           "now_ms",
+]

@@ -566,6 +566,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     EvalEvent,
 )
 
-AnyEvent = Annotated[Union[EVENT_TYPES], Field(discriminator="type")]  # type: ignore[valid-type]
+# Union[] of a tuple unpacks it; `|` cannot be applied to a tuple of types
+AnyEvent = Annotated[Union[EVENT_TYPES], Field(discriminator="type")]  # type: ignore[valid-type]  # noqa: UP007
 
 TERMINAL_TYPES = frozenset({"rollout.finished", "rollout.failed", "rollout.timed_out"})

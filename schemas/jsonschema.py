@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from agentstream.schemas.events import EVENT_TYPES, SCHEMA_VERSION
 

@@ -20,7 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agentstream.schemas.codec import encode
 from agentstream.schemas.events import Deadletter, DeadletterEvent, Event
-from agentstream.schemas.topics import TopicSpec, Topics, topic_specs
+from agentstream.schemas.topics import Topics, TopicSpec, topic_specs
 
 
 class KafkaSettings(BaseSettings):

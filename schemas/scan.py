@@ -28,7 +28,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar
@@ -559,7 +559,7 @@ def parse_time(text: str, now_ms: int | None = None) -> int:
         raise ConfigurationError(f"cannot read time {text!r}: give epoch ms, ISO-8601 (2026-12-02T10:00), "
                          "or an age such as 10m, 2h, 3d") from None
     if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
+        parsed = parsed.replace(tzinfo=UTC)
     return int(parsed.timestamp() * 1000)
 
 

@@ -23,7 +23,6 @@ from faust.web import Request, Response, View
 from agentstream.schemas.codec import encode
 from agentstream.schemas.events import Event, Metrics, MetricsEvent
 from agentstream.schemas.topics import FOREVER, TopicSpec
-
 from agentstream.streams.settings import StreamsSettings
 from agentstream.streams.transport import Transport
 from agentstream.streams.windows import Windows, parse

@@ -34,12 +34,18 @@ from typing import Any
 
 from agentstream.schemas.codec import decode, encode
 from agentstream.schemas.events import (
-    TERMINAL_TYPES, CallEvent, Event, FeedbackEvent, RewardEvent, RolloutHeartbeatEvent, RolloutQueuedEvent,
-    SessionEndedEvent, TrajectoryEvent,
+    TERMINAL_TYPES,
+    CallEvent,
+    Event,
+    FeedbackEvent,
+    RewardEvent,
+    RolloutHeartbeatEvent,
+    RolloutQueuedEvent,
+    SessionEndedEvent,
+    TrajectoryEvent,
 )
 from agentstream.schemas.ids import derived_id
 from agentstream.schemas.sessions import is_session_rollout
-
 from agentstream.streams import policies, rewards, sessions
 from agentstream.streams.trajectory import STATUS_OF, Ending, build, revised, with_reward
 

@@ -21,7 +21,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agentstream.schemas.events import Feedback, FeedbackEvent, Reward, TurnReward
-
 from agentstream.streams.rewards import RewardError, load
 
 DEFAULT_POLICY = "streams.policies:latest"

@@ -16,10 +16,10 @@ from __future__ import annotations
 import importlib
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Any, Callable
+from typing import Any
 
 from agentstream.schemas.errors import ConfigurationError
 from agentstream.schemas.events import Call, Event, Reward, RolloutDiff, RolloutDiffEvent, Task, Trajectory

@@ -24,16 +24,29 @@ checks that validating a built trajectory gives it back unchanged, byte for byte
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
 from agentstream.schemas.events import (
-    Call, CallEvent, Event, RewardEvent, RewardRecord, RolloutDiffEvent, RolloutFailedEvent, RolloutQueued,
-    RolloutQueuedEvent, RolloutTimedOutEvent, Sequence, Trajectory, TrajectoryEvent, Turn,
+    Call,
+    CallEvent,
+    Event,
+    RewardEvent,
+    RewardRecord,
+    RolloutDiffEvent,
+    RolloutFailedEvent,
+    RolloutQueued,
+    RolloutQueuedEvent,
+    RolloutTimedOutEvent,
+    Sequence,
+    Trajectory,
+    TrajectoryEvent,
+    Turn,
 )
 from agentstream.schemas.ids import derived_id
 

@@ -38,9 +38,9 @@ from typing import Any
 
 import faust
 from aiokafka.producer.message_accumulator import BatchBuilder
+from faust.transport.drivers import aiokafka as driver
 from faust.types import TP, Message
 from faust.types.transports import ConsumerCallback, ConsumerT
-from faust.transport.drivers import aiokafka as driver
 from mode.services import WaitResults
 
 from agentstream.streams.timeline import TIMELINE

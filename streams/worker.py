@@ -37,12 +37,11 @@ from aiokafka.errors import KafkaError
 from faust.exceptions import ProducerSendError
 from faust.types import TP, Message
 
-from agentstream.schemas.collector import Survivors
 from agentstream.schemas.codec import DecodeError, decode
+from agentstream.schemas.collector import Survivors
 from agentstream.schemas.events import CallEvent, Deadletter, DeadletterEvent, Event
 from agentstream.schemas.ids import derived_id, now_ms
 from agentstream.schemas.kafka import deadletter_event
-
 from agentstream.streams.assembly import Assembly, Settled
 from agentstream.streams.settings import StreamsSettings
 from agentstream.streams.tables import Staged, StateTable

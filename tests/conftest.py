@@ -10,23 +10,20 @@ the fixture to request.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import shutil
 import threading
-import time
 import uuid
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from agentstream.schemas.kafka import KafkaSettings, ensure_topics
 from agentstream.stack.kafka import LocalKafka
 from agentstream.stack.vllm import LocalVLLM
-from agentstream.schemas.kafka import KafkaSettings, ensure_topics
 
 TESTS = Path(__file__).parent
 log = logging.getLogger("tests.servers")

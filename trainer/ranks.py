@@ -52,8 +52,16 @@ import torch
 
 from agentstream.trainer.batcher import Sample
 from agentstream.trainer.errors import RanksFailed, TrainerError
-from agentstream.trainer.grpo import (Policy, Tensors, chunks, compute_advantages, compute_dtype, micro_batches,
-                          optimizer_step, to_tensors)
+from agentstream.trainer.grpo import (
+    Policy,
+    Tensors,
+    chunks,
+    compute_advantages,
+    compute_dtype,
+    micro_batches,
+    optimizer_step,
+    to_tensors,
+)
 from agentstream.trainer.settings import TrainerSettings
 
 log = logging.getLogger("trainer.ranks")

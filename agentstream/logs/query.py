@@ -25,10 +25,10 @@ from agentstream_native import Decoder
 from pydantic import BaseModel
 
 from agentstream.logs.repeats import drop_repeats
-from agentstream.schemas.scan import KAFKA, Bounds, Fetch, Origin, Record, archive_table, plan_scan, scan_fetches
 from agentstream.schemas import collector
 from agentstream.schemas.events import EVENT_TYPES, Payload
 from agentstream.schemas.kafka import KafkaSettings
+from agentstream.schemas.scan import KAFKA, Bounds, Fetch, Origin, Record, archive_table, plan_scan, scan_fetches
 
 ENVELOPE = ("id", "type", "schema_version", "time", "source", "rollout_id", "attempt_id")
 DECODING = 2
@@ -288,7 +288,7 @@ def _decode_rows(records: list[Record], schema: pl.Schema, wanted: list[str]) ->
         return pl.DataFrame(schema=chosen)
     try:
         return pl.from_dicts(rows, schema=chosen, strict=False)
-    except Exception:  # noqa: BLE001 - a value polars cannot fit in its column even leniently (a list of lists
+    except Exception:
         # for token ids): that record is unreadable, its neighbours are not
         return pl.concat([_one_row(row, chosen) for row in rows])
 
@@ -296,7 +296,7 @@ def _decode_rows(records: list[Record], schema: pl.Schema, wanted: list[str]) ->
 def _one_row(row: dict, schema: pl.Schema) -> pl.DataFrame:
     try:
         return pl.from_dicts([row], schema=schema, strict=False)
-    except Exception:  # noqa: BLE001
+    except Exception:
         position = {n: row[n] for n in KAFKA_COLUMNS if n in row}
         return pl.from_dicts([{**position, "readable": False}], schema=schema)
 

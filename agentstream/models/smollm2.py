@@ -20,8 +20,8 @@ import shutil
 import zipfile
 from pathlib import Path
 
-from agentstream.settings import agentstream_home
 from agentstream.models import wheels
+from agentstream.settings import agentstream_home
 from agentstream.stack.chat_template import tool_chat_template
 from agentstream.stack.process import StackError, locked
 

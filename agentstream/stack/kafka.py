@@ -20,7 +20,14 @@ from pathlib import Path
 
 from agentstream.settings import agentstream_home
 from agentstream.stack.process import (
-    ServerState, StackError, await_ready, free_port, locked, port_free, spawn, stop_pid,
+    ServerState,
+    StackError,
+    await_ready,
+    free_port,
+    locked,
+    port_free,
+    spawn,
+    stop_pid,
 )
 
 STACK_FILES = resources.files("agentstream.stack")

@@ -24,7 +24,14 @@ import httpx
 from agentstream.settings import agentstream_home
 from agentstream.stack.chat_template import TOOL_CALL_PARSER, renders_tools
 from agentstream.stack.process import (
-    ServerState, StackError, await_ready, free_port, locked, port_free, spawn, stop_pid,
+    ServerState,
+    StackError,
+    await_ready,
+    free_port,
+    locked,
+    port_free,
+    spawn,
+    stop_pid,
 )
 
 STACK_FILES = resources.files("agentstream.stack")

@@ -20,7 +20,7 @@ def from_chat(chat: Body, request: Body) -> Body:
     if reasoning := reasoning_of(message):
         items.append(reasoning_item(ids.reasoning, reasoning))
     calls = message.get("tool_calls") or []
-    if message.get("content") or not calls and not items:
+    if message.get("content") or (not calls and not items):
         logprobs = output_logprobs(logprob_entries(choice)) if LOGPROBS in (request.get("include") or []) else []
         items.append(message_item(ids.message, message.get("content") or "", logprobs))
     names = tool_names(request)

@@ -6,11 +6,18 @@ from typing import Any
 
 from agentstream.gateway.adapter import Rewrite
 from agentstream.gateway.errors import GatewayError
+from agentstream.gateway.responses.request import LOGPROBS
 from agentstream.gateway.responses.response import (
-    Ids, call_item, custom_call_item, custom_input, message_item, output_logprobs, reasoning_item, response_object,
+    Ids,
+    call_item,
+    custom_call_item,
+    custom_input,
+    message_item,
+    output_logprobs,
+    reasoning_item,
+    response_object,
     text_part,
 )
-from agentstream.gateway.responses.request import LOGPROBS
 from agentstream.gateway.responses.tools import agent_tool, tool_names
 from agentstream.gateway.translation import TranslatedStream, base_id, logprob_entries, reasoning_of
 

@@ -34,13 +34,13 @@ from pathlib import Path
 
 import orjson
 
-from agentstream.schemas.errors import ServiceError
-from agentstream.settings import agentstream_home
 from agentstream.recipes.swe import repos, testrun
 from agentstream.recipes.swe.grader import Grader
 from agentstream.recipes.swe.instance import Instance
-from agentstream.recipes.swe.split import Level, split_by_site
 from agentstream.recipes.swe.mutate import Mutation, mutations
+from agentstream.recipes.swe.split import Level, split_by_site
+from agentstream.schemas.errors import ServiceError
+from agentstream.settings import agentstream_home
 
 MAX_F2P = 12
 """a bug that fails more tests breaks the package wholesale (an import error): not a task"""

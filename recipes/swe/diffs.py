@@ -120,7 +120,7 @@ def refusal(change: Change, hidden: frozenset[str] = frozenset(), modules: froze
         return "shadows-module"
     if change.status not in ("A", "M", "D"):
         return "mode"
-    if change.status == "A" and change.new_mode != REGULAR or change.status == "M" and change.old_mode != change.new_mode:
+    if (change.status == "A" and change.new_mode != REGULAR) or (change.status == "M" and change.old_mode != change.new_mode):
         return "mode"
     if change.binary:
         return "binary-patch"

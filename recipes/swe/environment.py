@@ -21,8 +21,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from agentstream.schemas.errors import ServiceError
 from agentstream.sandbox.contract import WORKSPACE_MOUNT, CommandResult, Limits, Network, Sandbox, SandboxSpec
+from agentstream.schemas.errors import ServiceError
 
 SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 GIT_IDENTITY = {"GIT_AUTHOR_NAME": "agent", "GIT_AUTHOR_EMAIL": "agent@sandbox.invalid",

@@ -40,9 +40,10 @@ import os
 import shlex
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from agentstream.recipes.swe import diffs, repos, testrun
 from agentstream.recipes.swe.inside import scan

@@ -49,9 +49,9 @@ os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("MSWEA_COST_TRACKING", "ignore_errors")
 
-from agentstream.recipes.swe.workspace import TaskInput, checkout, final_diff, test_env_binds  # noqa: E402
-from agentstream.sandbox.contract import WORKSPACE_MOUNT  # noqa: E402
-from agentstream.sandbox.inpod import in_sandbox_pod  # noqa: E402
+from agentstream.recipes.swe.workspace import TaskInput, checkout, final_diff, test_env_binds
+from agentstream.sandbox.contract import WORKSPACE_MOUNT
+from agentstream.sandbox.inpod import in_sandbox_pod
 
 HERE = Path(__file__).parent
 DEFAULT_CONFIG = HERE / "mini.yaml"

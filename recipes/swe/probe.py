@@ -24,11 +24,11 @@ from pathlib import Path
 from rich.console import Console
 
 from agentstream.demo import run_folder, run_to_summary
-from agentstream.stack import StackError
-from agentstream.stack.process import ServerState
 from agentstream.recipes.swe.instance import Instance
 from agentstream.recipes.swe.recipe import HARNESS, Recipe, RecipeConfig, write_task_files
 from agentstream.schemas.kafka import KafkaSettings
+from agentstream.stack import StackError
+from agentstream.stack.process import ServerState
 
 
 @dataclass

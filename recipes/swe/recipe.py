@@ -27,10 +27,10 @@ from rich.table import Table
 
 from agentstream.demo import Demo, Service, StackConfig, common_flags, plot_by_version, run_folder, run_to_summary
 from agentstream.demo import Progress as DemoProgress
-from agentstream.stack import StackError
-from agentstream.stack.process import ServerState, free_port
 from agentstream.schemas.events import EvalEvent, PoolUpdateEvent, RewardEvent, TrajectoryEvent, WeightsEvent
 from agentstream.schemas.kafka import KafkaSettings
+from agentstream.stack import StackError
+from agentstream.stack.process import ServerState, free_port
 
 HARNESS = f"{sys.executable} -m agentstream.recipes.swe.harness"
 QUIET_S = 20.0
@@ -141,10 +141,10 @@ class Progress(DemoProgress):
 def build_recipe_tasks(out: Path, train: int, validation: int, say=print) -> tuple[Path, Path, Path]:
     """Build (once per AGENTSTREAM_HOME) bugs in the pinned package; write the controller's task files,
     whose input is only the instance id and the problem statement, and the grader's instances file."""
-    from agentstream.settings import agentstream_home
     from agentstream.recipes.swe import build
     from agentstream.recipes.swe.instance import Instance
     from agentstream.recipes.swe.split import split_by_site
+    from agentstream.settings import agentstream_home
 
     cache = agentstream_home() / "swe" / f"recipe-tasks-{train + validation}-by-site.jsonl"
     if cache.exists():
@@ -247,8 +247,8 @@ class Recipe(Demo):
 
     def index_file(self, instances: Path) -> Path:
         """The public index (instance id → repository, base commit) the harness locates tasks with."""
-        from agentstream.recipes.swe.tasks import load
         from agentstream.recipes.swe.repos import default_repos_dir
+        from agentstream.recipes.swe.tasks import load
         from agentstream.recipes.swe.workspace import write_index
 
         index = instances.with_name("index.jsonl")

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from agentstream.schemas.errors import ConfigurationError
 from agentstream.recipes.swe.instance import Instance
 from agentstream.recipes.swe.repos import check_patches, has_commit, repo_path, slug
+from agentstream.schemas.errors import ConfigurationError
 
 
 @dataclass(frozen=True)

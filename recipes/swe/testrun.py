@@ -20,8 +20,8 @@ import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from agentstream.schemas.errors import ServiceError
 from agentstream.sandbox.contract import WORKSPACE_MOUNT, Limits, Network, Sandbox, SandboxSpec
+from agentstream.schemas.errors import ServiceError
 
 PYTEST_VERSION = "9.2.0"
 STATUSES = ("PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL", "XPASS")

@@ -34,10 +34,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from agentstream.schemas.errors import ServiceError
-from agentstream.settings import agentstream_home
 from agentstream.recipes.swe.instance import Instance
 from agentstream.sandbox.contract import Sandbox
+from agentstream.schemas.errors import ServiceError
+from agentstream.settings import agentstream_home
 
 GIT = "git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.quotepath=off"
 

@@ -8,14 +8,21 @@ import json
 from pathlib import Path
 
 import agentstream.schemas as s
-from agentstream.stack.process import pid_alive
 from agentstream.controller.controller import Controller
 from agentstream.schemas.kafka import Publisher, make_producer
 from agentstream.schemas.tokens import verify_rollout_token
-from tests.support.wait import wait_for, wait_for_async
+from agentstream.stack.process import pid_alive
 from tests.support.controller import (
-    GATEWAY, SECRET, attempts_of, controller_settings, read_rollouts, runs_log, types, write_tasks,
+    GATEWAY,
+    SECRET,
+    attempts_of,
+    controller_settings,
+    read_rollouts,
+    runs_log,
+    types,
+    write_tasks,
 )
+from tests.support.wait import wait_for, wait_for_async
 
 
 async def test_task_file_runs_to_completion_with_every_event_in_order_once(kafka, tmp_path: Path):

@@ -29,8 +29,17 @@ from agentstream.controller.attempt import Attempt, Gateway, LaunchError
 from agentstream.controller.controller import Controller
 from agentstream.controller.history import AttemptRecord
 from agentstream.controller.kubernetes import (
-    ATTEMPT_LABEL, RUN_LABEL, TASK_ANNOTATION, KubernetesLauncher, RateLimit, api_client, default_job, job_name,
-    load_template, merge, render_job,
+    ATTEMPT_LABEL,
+    RUN_LABEL,
+    TASK_ANNOTATION,
+    KubernetesLauncher,
+    RateLimit,
+    api_client,
+    default_job,
+    job_name,
+    load_template,
+    merge,
+    render_job,
 )
 from agentstream.controller.tasks import PlannedRollout
 from agentstream.sandbox.kubernetes import NETWORK_LABEL

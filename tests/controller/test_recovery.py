@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from agentstream.stack.process import free_port, pid_alive
 from agentstream.controller.history import INTERRUPTED
 from agentstream.schemas.kafka import KafkaSettings
-from tests.support.wait import wait_for, wait_for_async
+from agentstream.stack.process import free_port, pid_alive
 from tests.support.controller import SECRET, agent_command, attempts_of, read_rollouts, runs_log, types, write_tasks
-
+from tests.support.wait import wait_for, wait_for_async
 
 _started: list[subprocess.Popen] = []
 

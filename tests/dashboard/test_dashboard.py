@@ -19,14 +19,14 @@ from typer.testing import CliRunner
 
 import agentstream.schemas as s
 from agentstream.cli import app as cli
-from agentstream.logs.query import NAMED_QUERIES
-from agentstream.stack.process import free_port
-from samples.publish import publish_all
 from agentstream.dashboard.app import create_app
 from agentstream.dashboard.settings import DashboardSettings
+from agentstream.logs.query import NAMED_QUERIES
 from agentstream.schemas.tokens import mint_rollout_token
-from tests.support.wait import wait_for_async
+from agentstream.stack.process import free_port
+from samples.publish import publish_all
 from tests.support.dashboard import generated_tokens, known_events, rollout
+from tests.support.wait import wait_for_async
 
 KEY = "op-key-dashboard"
 ARTIFACTS = Path(__file__).parents[2] / "runs" / "test-artifacts" / "dashboard"
@@ -218,7 +218,7 @@ def test_it_refuses_to_start_without_a_key():
 
 
 async def test_the_list_pages_newest_first_reading_only_what_a_page_needs(kafka):
-    from agentstream.dashboard.rollouts import Filters, Cursor, search
+    from agentstream.dashboard.rollouts import Cursor, Filters, search
 
     base = int(time.time() * 1000)
     published = [e for i in range(120) for e in rollout(i, i // 40, f"t{i % 3}", "train", (i % 5) / 4, turns=1,
@@ -250,9 +250,9 @@ async def test_the_list_pages_newest_first_reading_only_what_a_page_needs(kafka)
 
 async def test_a_rollout_is_read_from_its_own_partition_only(kafka):
     """The rollout view reads one partition through Bounds that end every other one before it starts."""
-    from agentstream.schemas.scan import resolve, scan
     from agentstream.dashboard.rollouts import find_trajectories, only, partition_of, related
     from agentstream.schemas.kafka import partitions_of
+    from agentstream.schemas.scan import resolve, scan
 
     events = known_events(int(time.time() * 1000))
     await publish_all(kafka, events)

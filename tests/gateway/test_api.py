@@ -12,8 +12,8 @@ import pytest
 
 from agentstream.schemas import CallEvent
 from agentstream.stack.process import free_port
-from tests.support.wait import wait_for_async
 from tests.support.gateway import Forwarder, gateway_settings, read_events, running_gateway
+from tests.support.wait import wait_for_async
 
 pytestmark = pytest.mark.vllm
 

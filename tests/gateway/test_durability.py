@@ -8,10 +8,10 @@ import time
 import openai
 import pytest
 
-from agentstream.stack.process import free_port
 from agentstream.schemas.kafka import KafkaSettings, ensure_topics
-from tests.support.wait import wait_for_async
+from agentstream.stack.process import free_port
 from tests.support.gateway import gateway_settings, read_events, running_gateway
+from tests.support.wait import wait_for_async
 
 pytestmark = pytest.mark.vllm
 

@@ -15,8 +15,8 @@ import orjson
 import pytest
 from aiohttp import web
 
-from agentstream.stack.process import free_port
 from agentstream.schemas.events import CallEvent
+from agentstream.stack.process import free_port
 from tests.support.gateway import gateway_settings, read_events, running_gateway
 
 CHAT = ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})

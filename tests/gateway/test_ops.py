@@ -15,10 +15,10 @@ import pytest
 from typer.testing import CliRunner
 
 from agentstream.cli import app
-from agentstream.stack.process import free_port
 from agentstream.gateway.settings import GatewaySettings
-from tests.support.wait import wait_for
+from agentstream.stack.process import free_port
 from tests.support.gateway import read_events
+from tests.support.wait import wait_for
 
 ROOT = Path(__file__).parents[2]
 

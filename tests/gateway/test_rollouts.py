@@ -10,11 +10,18 @@ from collections import Counter
 import openai
 import pytest
 
-from agentstream.stack.process import free_port
 from agentstream.schemas import RewardEvent, RolloutFinishedEvent
 from agentstream.schemas.sessions import session_rollout_id
 from agentstream.schemas.tokens import mint_rollout_token
-from tests.support.gateway import OPERATOR_KEY, TOKEN_SECRET, gateway_settings, raw_records, read_events, running_gateway
+from agentstream.stack.process import free_port
+from tests.support.gateway import (
+    OPERATOR_KEY,
+    TOKEN_SECRET,
+    gateway_settings,
+    raw_records,
+    read_events,
+    running_gateway,
+)
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

@@ -20,11 +20,11 @@ from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 from transformers import AutoTokenizer
 
+from agentstream.schemas import CallEvent
 from agentstream.stack.chat_template import TOOL_CALL_PARSER, install_chat_template, tool_chat_template
 from agentstream.stack.vllm import vllm_python
-from agentstream.schemas import CallEvent
-from tests.support.gateway import read_events
 from tests.gateway.test_harness import STREAM_EVENTS, call_id
+from tests.support.gateway import read_events
 
 CITY = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]}},
         "required": ["city"], "additionalProperties": False}

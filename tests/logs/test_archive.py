@@ -18,9 +18,9 @@ from agentstream.archive import Archiver
 from agentstream.cli import app
 from agentstream.logs.query import NAMED_QUERIES, run_sql
 from agentstream.schemas.scan import Manifest, Origin, scan
+from tests.logs.test_query import KNOWN, call, publish, trajectory
 from tests.support import faults
 from tests.support.wait import wait_for
-from tests.logs.test_query import KNOWN, call, publish, trajectory
 
 
 def archived_ids(root: Path, topic: str) -> list[str]:

@@ -14,12 +14,20 @@ import random as _random
 import orjson
 import polars as pl
 import pytest
+from agentstream_native import take
 from polars.testing import assert_frame_equal
 
 import agentstream.schemas as s
-from agentstream.logs.query import (TABLES, _columns, _decode_rows, _fields, _sub_records, decode_aligned, table_fields,
-                               table_schema)
-from agentstream_native import take
+from agentstream.logs.query import (
+    TABLES,
+    _columns,
+    _decode_rows,
+    _fields,
+    _sub_records,
+    decode_aligned,
+    table_fields,
+    table_schema,
+)
 from agentstream.schemas.codec import encode
 from agentstream.schemas.scan import Record
 

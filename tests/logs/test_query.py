@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 import agentstream.schemas as s
 from agentstream.cli import app
 from agentstream.logs.query import NAMED_QUERIES, decode, load_table, run_sql
-from agentstream.schemas.scan import Bounds, parse_offsets, parse_time, resolve, scan
 from agentstream.schemas.kafka import Publisher, make_producer
+from agentstream.schemas.scan import Bounds, parse_offsets, parse_time, resolve, scan
 
 
 def call(rollout: str, upstream: str, latency: float, status: int = 200, completion: int = 2) -> s.CallEvent:

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import orjson
@@ -22,10 +22,10 @@ import agentstream.schemas as s
 from agentstream.archive import Archiver
 from agentstream.cli import app
 from agentstream.logs.replay import Job, Options, Progress, RebuildSpec, ReplayError, parse_versions, replay
-from agentstream.schemas.scan import scan
 from agentstream.logs.top import TopView
 from agentstream.schemas.codec import encode
 from agentstream.schemas.kafka import KafkaSettings, ensure_topics, make_producer
+from agentstream.schemas.scan import scan
 from agentstream.streams.assembly import Timing, assemble
 from agentstream.streams.rewards import Sample
 from tests.support import faults
@@ -251,7 +251,7 @@ async def test_an_attempt_ended_too_recently_is_left_open_and_the_summary_says_u
     assert result.exit_code == 0, result.output
     assert [s.decode(line).rollout_id for line in out.read_bytes().splitlines()] == ["r-done"]
     assert "open: 1, open ended: 1" in result.output
-    due = datetime.fromtimestamp((waiting.time + 30_000) / 1000, timezone.utc).isoformat(timespec="milliseconds")
+    due = datetime.fromtimestamp((waiting.time + 30_000) / 1000, UTC).isoformat(timespec="milliseconds")
     assert f"reward grace runs until {due}" in result.output
     assert "no ending" not in result.output, "it has ended: widening --until is not the fix"
 

@@ -19,8 +19,7 @@ import polars as pl
 import pytest
 
 import agentstream.schemas as s
-from agentstream.logs.replay import Job, Options, Selection, parse_versions, replay
-from agentstream.logs.replay import columnar, dataset
+from agentstream.logs.replay import Job, Options, Selection, columnar, dataset, parse_versions, replay
 from agentstream.schemas.codec import DecodeError, decode, encode
 from agentstream.schemas.kafka import KafkaSettings, ensure_topics
 from agentstream.schemas.scan import Record
@@ -279,8 +278,9 @@ def test_polars_writes_json_lines_as_orjson_does():
 async def test_export_from_the_archive_and_its_tail_equals_the_row_by_row_export(kafka_bootstrap, tmp_path, sink):
     """Stored trajectories read back from the Parquet archive (records, not fetches), then the tail after
     it from Kafka: the same output and counts."""
-    from agentstream.archive import Archiver
     from confluent_kafka import Producer
+
+    from agentstream.archive import Archiver
     from agentstream.schemas.scan import Origin
 
     good, bad = odd_but_valid(), bad_or_doubtful()

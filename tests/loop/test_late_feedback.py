@@ -10,12 +10,12 @@ from pathlib import Path
 
 import agentstream.schemas as s
 from agentstream.schemas.sessions import session_rollout_id
-from tests.support.streams import StreamsWorker, TopicWatch, publish
-from tests.logs.test_replay import cli, read_topic
 from agentstream.streams.trajectory import revision_id
-from tests.support.trainer import IM_END, chat_prompt, ids, trajectory
 from agentstream.trainer.service import Trainer
 from agentstream.trainer.settings import TrainerSettings
+from tests.logs.test_replay import cli, read_topic
+from tests.support.streams import StreamsWorker, TopicWatch, publish
+from tests.support.trainer import IM_END, chat_prompt, ids, trajectory
 
 WORKER_ARGS = ("--session-idle-s", "30", "--feedback-window-s", "2")
 """(the tests' worker also has --settle-s 0.2)"""

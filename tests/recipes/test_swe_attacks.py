@@ -24,8 +24,8 @@ from agentstream.sandbox.local import STATE_DIR
 from agentstream.schemas.codec import decode
 from agentstream.schemas.events import DeadletterEvent, RewardEvent, RolloutDiff, RolloutDiffEvent
 from agentstream.schemas.kafka import Publisher, make_consumer, make_producer
-from tests.support.wait import wait_for_async
 from tests.support.swe import HONEST, make_repo
+from tests.support.wait import wait_for_async
 
 F2P = "tests/test_calc.py::test_add"
 P2P = "tests/test_calc.py::test_add_zero"

@@ -3,10 +3,10 @@ event of that attempt, for its rollout token only; bad or oversized bodies are r
 
 from __future__ import annotations
 
-from agentstream.stack.process import free_port
 from agentstream.gateway.app import MAX_DIFF_BODY_BYTES, MAX_DIFF_BYTES
 from agentstream.schemas.events import RolloutDiffEvent
 from agentstream.schemas.tokens import mint_rollout_token
+from agentstream.stack.process import free_port
 from tests.support.gateway import TOKEN_SECRET, gateway_settings, read_events, running_gateway
 
 DIFF = "diff --git a/m.py b/m.py\n--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n"

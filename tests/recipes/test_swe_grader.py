@@ -20,8 +20,8 @@ from agentstream.schemas.codec import decode
 from agentstream.schemas.events import DeadletterEvent, RewardEvent, RolloutDiff, RolloutDiffEvent
 from agentstream.schemas.ids import derived_id
 from agentstream.schemas.kafka import Publisher, make_consumer, make_producer
-from tests.support.wait import wait_for_async
 from tests.support.swe import built
+from tests.support.wait import wait_for_async
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +134,7 @@ async def test_a_diff_event_in_gives_a_reward_event_out(task, kafka, tmp_path):
     diffs = {
         "r-gold": instance.patch,
         "r-none": "",
-        "r-cheat": f"diff --git a/conftest.py b/conftest.py\nnew file mode 100644\n--- /dev/null\n+++ b/conftest.py\n@@ -0,0 +1 @@\n+x = 1\n",
+        "r-cheat": "diff --git a/conftest.py b/conftest.py\nnew file mode 100644\n--- /dev/null\n+++ b/conftest.py\n@@ -0,0 +1 @@\n+x = 1\n",
     }
     events = [RolloutDiffEvent(source="harness", rollout_id=rollout, attempt_id=f"{rollout}-a1",
                                data=RolloutDiff(instance_id=instance.instance_id, base_commit=instance.base_commit,
@@ -188,7 +188,12 @@ async def test_a_diff_event_in_gives_a_reward_event_out(task, kafka, tmp_path):
 
 
 def test_the_streams_fold_keeps_a_diff_event_and_waits_for_the_graders_reward(task):
-    from agentstream.schemas.events import Reward, RolloutFinished, RolloutFinishedEvent, RolloutQueued, RolloutQueuedEvent
+    from agentstream.schemas.events import (
+        RolloutFinished,
+        RolloutFinishedEvent,
+        RolloutQueued,
+        RolloutQueuedEvent,
+    )
     from agentstream.streams.assembly import Timing, assemble
 
     instance, _ = task

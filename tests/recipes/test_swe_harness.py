@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from agentstream.stack.process import spawn, stop_pid, tail
 from agentstream.recipes.swe.workspace import TaskInput
 from agentstream.schemas.events import CallEvent, RolloutDiffEvent, RolloutFailedEvent, TrajectoryEvent
-from tests.support.wait import wait_for_async
+from agentstream.stack.process import spawn, stop_pid, tail
 from tests.support.gateway import TOKEN_SECRET, gateway_settings, running_gateway
 from tests.support.streams import REPO, StreamsWorker, TopicWatch
 from tests.support.swe import HONEST, calc_instance, make_repo
+from tests.support.wait import wait_for_async
 
 pytestmark = [pytest.mark.timeout(600)]
 

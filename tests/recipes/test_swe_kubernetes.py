@@ -143,8 +143,8 @@ async def test_the_harness_attempt_is_a_sandboxed_job(kube_cluster, restricted_n
 
 
 def test_settings_that_would_leave_the_pod_without_its_gateway_are_refused(tmp_path: Path):
-    from agentstream.controller.kubernetes import image_of, sandbox_of
     from agentstream.controller.attempt import LaunchError
+    from agentstream.controller.kubernetes import image_of, sandbox_of
 
     base = dict(tasks=tmp_path / "t.jsonl", agent="a", token_secret="s", backend="kubernetes")
     with pytest.raises(ValueError, match="--k8s-gateway-service-ip"):

@@ -33,8 +33,8 @@ def test_the_recipe_trains_on_mixed_results_and_a_share_of_never_solved():
 def test_recipe_task_files_from_a_probed_set_hold_the_selection_and_the_validation_tasks(tmp_path):
     import json
 
-    from agentstream.stack import StackError
     from agentstream.recipes.swe.recipe import probed_task_files
+    from agentstream.stack import StackError
 
     tasks = [task(1, solved=1, k=2), task(2, solved=0, k=2), task(3, solved=2, k=2), task(4, "validation")]
     probed = tmp_path / "probed.jsonl"
@@ -58,12 +58,12 @@ async def test_a_probe_of_the_tiny_model_writes_each_train_tasks_pass_rate_and_l
         vllm_server, kafka_bootstrap, tmp_path, monkeypatch):
     import asyncio
 
-    from agentstream.stack.vllm import running_servers
     from agentstream.recipes.swe.probe import ProbeConfig, run_probe
     from agentstream.schemas.codec import decode
     from agentstream.schemas.events import EvalEvent, TrajectoryEvent
     from agentstream.schemas.kafka import KafkaSettings
     from agentstream.schemas.scan import scan
+    from agentstream.stack.vllm import running_servers
 
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)
     name = next(n for n, state in running_servers().items() if state.url == vllm_server.url)

@@ -14,13 +14,12 @@ import pytest
 from rich.console import Console
 
 from agentstream.demo import reset_weights
-from agentstream.stack.vllm import running_servers
-
-from agentstream.schemas.scan import scan
 from agentstream.recipes.swe.recipe import RecipeConfig, run_recipe
 from agentstream.schemas.codec import decode
 from agentstream.schemas.events import EvalEvent, RewardEvent, RolloutDiffEvent, TrajectoryEvent, WeightsEvent
 from agentstream.schemas.kafka import KafkaSettings
+from agentstream.schemas.scan import scan
+from agentstream.stack.vllm import running_servers
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(900)]
 

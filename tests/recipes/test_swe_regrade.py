@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 
 import agentstream.schemas as s
 from agentstream.cli import app
+from tests.logs.test_replay import read_topic, without_rewards
 from tests.support.streams import Rollout, publish
 from tests.support.swe import HONEST, calc_instance, make_repo
-from tests.logs.test_replay import read_topic, without_rewards
 
 pytestmark = pytest.mark.timeout(400)
 TIMING = ["--settle-s", "0.2", "--reward-grace-s", "2"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,7 @@ import pytest
 from agentstream.recipes.swe import repos
 from agentstream.recipes.swe.build import build, hide_tests, write
 from agentstream.recipes.swe.grader import Grader
-from agentstream.recipes.swe.instance import Instance, assign_splits, split_of
+from agentstream.recipes.swe.instance import assign_splits, split_of
 from agentstream.recipes.swe.mutate import mutations
 from agentstream.recipes.swe.tasks import TaskFileError, load
 from tests.support.swe import LIMIT, built

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from agentstream.recipes.swe.environment import SandboxEnvironment
-from agentstream.recipes.swe.workspace import TaskInput, WorkspaceError, checkout, final_diff, write_index
 from agentstream.recipes.swe.instance import Instance
+from agentstream.recipes.swe.workspace import TaskInput, WorkspaceError, checkout, final_diff, write_index
 
 pytestmark = pytest.mark.timeout(120)
 

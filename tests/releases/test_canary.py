@@ -19,14 +19,14 @@ import pytest
 from openai import AsyncOpenAI
 
 import agentstream.schemas as s
-from agentstream.stack.process import spawn, stop_pid
-from agentstream.stack.vllm import LocalVLLM
 from agentstream.schemas.events import Weights, WeightsEvent
 from agentstream.schemas.releases import BUCKETS, canary_servers, in_canary
 from agentstream.schemas.sessions import session_rollout_id
-from tests.support.wait import wait_for
+from agentstream.stack.process import spawn, stop_pid
+from agentstream.stack.vllm import LocalVLLM
 from tests.support.gateway import OPERATOR_KEY, GatewayProcess
 from tests.support.streams import REPO, StreamsWorker, TopicWatch, publish
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.vllm
 

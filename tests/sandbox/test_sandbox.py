@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from agentstream.stack.process import free_port
 from agentstream.sandbox.contract import WORKSPACE_MOUNT, Limits, Network, SandboxError, SandboxSpec
 from agentstream.sandbox.local import (
     NPROC_MARGIN,
@@ -31,6 +30,7 @@ from agentstream.sandbox.local import (
     python_binds,
 )
 from agentstream.sandbox.output import OUTPUT_LIMIT
+from agentstream.stack.process import free_port
 from tests.support.wait import wait_for
 
 AGENTS = Path(__file__).parent / "agents"

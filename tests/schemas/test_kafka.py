@@ -5,7 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import agentstream.schemas as s
-from agentstream.schemas.kafka import KafkaSettings, Publisher, ensure_topics, make_consumer, make_producer, partitions_of
+from agentstream.schemas.kafka import (
+    KafkaSettings,
+    Publisher,
+    ensure_topics,
+    make_consumer,
+    make_producer,
+    partitions_of,
+)
 from agentstream.schemas.topics import topic_specs
 
 

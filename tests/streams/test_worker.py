@@ -6,14 +6,13 @@ import asyncio
 from collections import Counter
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
 
 import agentstream.schemas as s
 from agentstream.schemas.codec import encode
-from aiokafka.admin import AIOKafkaAdminClient
-
 from agentstream.schemas.kafka import Publisher, make_consumer, make_producer, partitions_of
-from tests.support.wait import wait_for, wait_for_async
 from tests.support.streams import Rollout, StreamsWorker, TopicWatch, live, publish
+from tests.support.wait import wait_for, wait_for_async
 
 pytestmark = pytest.mark.timeout(300)
 

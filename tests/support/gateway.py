@@ -16,11 +16,11 @@ import uvicorn
 from anthropic import AsyncAnthropic
 from openai import AsyncOpenAI
 
-from agentstream.stack.process import free_port, stop_pid
 from agentstream.gateway.app import Gateway, create_app
 from agentstream.gateway.settings import GatewaySettings
 from agentstream.schemas import Event, decode
 from agentstream.schemas.kafka import KafkaSettings, make_consumer, partitions_of
+from agentstream.stack.process import free_port, stop_pid
 from tests.support.wait import wait_for, wait_for_async
 
 OPERATOR_KEY = "operator-key-for-tests"

@@ -120,7 +120,7 @@ def kube_cluster(tmp_path_factory):
 
 
 @pytest.fixture
-def restricted_namespace(kube_cluster):  # noqa: F811
+def restricted_namespace(kube_cluster):
     """A fresh namespace enforcing the `restricted` Pod Security Standard: (api client, its name)."""
     import uuid
 

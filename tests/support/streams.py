@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 
 import agentstream.schemas as s
-from agentstream.stack.process import free_port, spawn, stop_pid, tail
 from agentstream.schemas.kafka import KafkaSettings, Publisher, make_producer
+from agentstream.stack.process import free_port, spawn, stop_pid, tail
 from tests.support.wait import wait_for
 
 REPO = Path(__file__).parents[2]

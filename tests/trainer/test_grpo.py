@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.support.trainer import arithmetic_groups, chat_prompt, first_pass_drift, ids, samples_of, trajectory
 from agentstream.trainer.batcher import Batcher, Sample, group_of, staleness
 from agentstream.trainer.grpo import Policy, compute_advantages, micro_batches, to_tensors, token_logprobs
 from agentstream.trainer.settings import TrainerSettings
+from tests.support.trainer import arithmetic_groups, chat_prompt, first_pass_drift, ids, samples_of, trajectory
 
 LOSS_ATOL = 1e-6
 """the loss of one batch summed in another order (micro-batches): float32 rounding of a sum of terms under 1 in

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 import agentstream.schemas as s
-from tests.support.trainer import IM_END, IM_START, arithmetic_groups, chat_prompt, ids, policy_logprobs, trajectory
 from agentstream.trainer.batcher import Batcher, Sample, group_of, source_of
 from agentstream.trainer.grpo import Policy, compute_advantages, to_tensors, token_logprobs
 from agentstream.trainer.service import malformed
 from agentstream.trainer.settings import TrainerSettings
+from tests.support.trainer import IM_END, IM_START, arithmetic_groups, chat_prompt, ids, policy_logprobs, trajectory
 
 # float32 everywhere: --dtype auto computes in bfloat16 on CPUs that have it, which would make the
 # logprobs (and so the importance weights) differ between machines by bfloat16's rounding.
@@ -284,8 +284,8 @@ def test_per_turn_credit_is_off_by_default_and_checks_its_spans():
 async def test_one_trainer_mixes_rollouts_and_sessions_by_source_weight(kafka, tiny_model_dirs, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from tests.trainer.test_service import publish, read_all, trainer_settings
     from agentstream.trainer.service import Trainer
+    from tests.trainer.test_service import publish, read_all, trainer_settings
 
     base = tiny_model_dirs[0]
     rollouts = arithmetic_groups(base, groups=1, group_size=4, prefix="mixed")

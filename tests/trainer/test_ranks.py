@@ -12,15 +12,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.trainer.test_grpo import samples_of
-from tests.trainer.test_service import committed_and_end, publish, read_all, trainer_settings
-from tests.support.trainer import arithmetic_groups
 from agentstream.trainer.checkpoint import CheckpointStore
 from agentstream.trainer.errors import TrainerError
 from agentstream.trainer.grpo import Policy
 from agentstream.trainer.ranks import LocalRay, RankedPolicy, balance, even_out, join_with_token
 from agentstream.trainer.service import Trainer
 from agentstream.trainer.settings import TrainerSettings
+from tests.support.trainer import arithmetic_groups
+from tests.trainer.test_grpo import samples_of
+from tests.trainer.test_service import committed_and_end, publish, read_all, trainer_settings
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -15,12 +15,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import agentstream.schemas as s
 from agentstream.schemas.kafka import KafkaSettings, Publisher, make_consumer, make_producer, partitions_of
-from tests.support import faults
-from tests.support.wait import wait_for_async
-from tests.support.trainer import arithmetic_groups
 from agentstream.trainer.checkpoint import CheckpointStore
 from agentstream.trainer.service import Trainer
 from agentstream.trainer.settings import TrainerSettings
+from tests.support import faults
+from tests.support.trainer import arithmetic_groups
+from tests.support.wait import wait_for_async
 
 REPO = Path(__file__).parents[2]
 

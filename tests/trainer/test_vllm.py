@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tests.trainer.test_service import trainer_settings, write_jsonl
-from tests.support.trainer import first_pass_drift, samples_of, trajectory
 from agentstream.trainer.grpo import Policy
 from agentstream.trainer.service import Trainer
+from tests.support.trainer import first_pass_drift, samples_of, trajectory
+from tests.trainer.test_service import trainer_settings, write_jsonl
 
 pytestmark = pytest.mark.vllm
 

@@ -342,7 +342,7 @@ def _receive(reader: Connection) -> tuple[str, Any] | None:
         return None
     try:
         return pickle.loads(body)
-    except Exception as exc:  # noqa: BLE001 - an error whose class does not unpickle
+    except Exception as exc:
         return "error", RuntimeError(f"a rebuild worker sent what cannot be read back ({exc})")
 
 
@@ -360,12 +360,12 @@ def _work(writer: Connection, part: Part, parent: int | None, environ: dict[str,
     collector.relax()
     try:
         asyncio.run(_fold(writer, part))
-    except BaseException as exc:  # noqa: BLE001 - whatever it is, the parent says it
+    except BaseException as exc:
         error = exc if isinstance(exc, AgentstreamError) else RuntimeError(  # (those say the fix themselves)
             f"the rebuild worker of partitions {part.partitions} failed:\n{traceback.format_exc()}")
         try:
             writer.send_bytes(pickle.dumps(("error", error)))
-        except Exception:  # noqa: BLE001 - not picklable, or the parent is gone
+        except Exception:
             writer.send_bytes(pickle.dumps(("error", RuntimeError(str(error)))))
         os._exit(1)
     writer.close()

@@ -26,7 +26,7 @@ import asyncio
 from collections import Counter, deque
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +35,10 @@ from agentstream.logs.replay.settled import SettledLog, Tracked
 from agentstream.logs.replay.sources import Item
 from agentstream.logs.replay.state import int_keys
 from agentstream.schemas import collector
-from agentstream.schemas.scan import KAFKA, Bounds, Origin, Record, ScanProgress, scan
 from agentstream.schemas.codec import DecodeError, decode, encode
 from agentstream.schemas.events import CallEvent, Event, RewardEvent, RolloutQueuedEvent, TrajectoryEvent
 from agentstream.schemas.kafka import KafkaSettings
+from agentstream.schemas.scan import KAFKA, Bounds, Origin, Record, ScanProgress, scan
 from agentstream.streams.assembly import Assembly, Settled, Timing, finalize_at
 from agentstream.streams.policies import DEFAULT_POLICY
 
@@ -180,7 +180,7 @@ class Rebuild:
     @staticmethod
     def add_open_reason(reasons: list[str], ended: int, due: int, closing_ms: int) -> None:
         # the live worker would not have settled them yet either: a reward may still come
-        at = datetime.fromtimestamp(due / 1000, timezone.utc).isoformat(timespec="milliseconds")
+        at = datetime.fromtimestamp(due / 1000, UTC).isoformat(timespec="milliseconds")
         reason = (f"{ended} attempt(s) had ended but were not due by the range's close "
                   f"({closing_ms}): their settle time or reward grace runs until {at}; "
                   "rebuild after that (to a new topic) to include them")

@@ -22,17 +22,17 @@ from typing import Any
 
 import orjson
 
+from agentstream.logs.replay import settled
 from agentstream.logs.replay.parallel import ParallelRebuild, default_jobs, reads_archive, start_fork_server
 from agentstream.logs.replay.rebuild import RAW, Rebuild
-from agentstream.logs.replay import settled
 from agentstream.logs.replay.selection import Selection
 from agentstream.logs.replay.sinks import JsonlSink, ParquetSink, Sink, TopicSink
 from agentstream.logs.replay.sources import Source, StoredTrajectories
 from agentstream.logs.replay.state import ReplayError, ReplayState, int_keys
 from agentstream.schemas import collector
-from agentstream.schemas.scan import KAFKA, Bounds, Origin, parse_offsets, parse_time, resolve
 from agentstream.schemas.ids import now_ms
 from agentstream.schemas.kafka import KafkaSettings
+from agentstream.schemas.scan import KAFKA, Bounds, Origin, parse_offsets, parse_time, resolve
 from agentstream.streams import rewards
 from agentstream.streams.assembly import Timing
 from agentstream.streams.policies import DEFAULT_POLICY

@@ -27,10 +27,10 @@ import polars as pl
 from agentstream.logs.replay import dataset
 from agentstream.logs.replay.sources import Chunk, Item
 from agentstream.logs.replay.state import ReplayError, int_keys
-from agentstream.schemas.durable import write_atomically
-from agentstream.schemas.scan import Bounds, _quiet, resolve, scan
 from agentstream.schemas.codec import encode
+from agentstream.schemas.durable import write_atomically
 from agentstream.schemas.kafka import KafkaSettings, ensure_topics
+from agentstream.schemas.scan import Bounds, _quiet, resolve, scan
 from agentstream.schemas.topics import TopicSpec, topic_specs
 
 if TYPE_CHECKING:

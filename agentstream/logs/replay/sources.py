@@ -20,10 +20,20 @@ from agentstream.logs.replay import columnar
 from agentstream.logs.replay.columnar import Misfit
 from agentstream.logs.replay.selection import Selection, made_by
 from agentstream.logs.replay.state import int_keys
-from agentstream.schemas.scan import KAFKA, Bounds, Fetch, Origin, Record, ScanProgress, archive_records, plan_scan, scan_fetches
 from agentstream.schemas.codec import DecodeError, decode
 from agentstream.schemas.events import Call, TrajectoryEvent
 from agentstream.schemas.kafka import KafkaSettings
+from agentstream.schemas.scan import (
+    KAFKA,
+    Bounds,
+    Fetch,
+    Origin,
+    Record,
+    ScanProgress,
+    archive_records,
+    plan_scan,
+    scan_fetches,
+)
 
 
 @dataclass

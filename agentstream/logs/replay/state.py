@@ -14,8 +14,8 @@ from typing import Any
 
 import orjson
 
-from agentstream.schemas.errors import ConfigurationError
 from agentstream.schemas.durable import write_atomically
+from agentstream.schemas.errors import ConfigurationError
 
 FORMAT = 1
 

@@ -116,9 +116,9 @@ def status(phases: dict[str, tuple[str, bool]]) -> str:
     setup, call, teardown = (phases.get(when) for when in ("setup", "call", "teardown"))
     if any(p and p[1] for p in (setup, call)):
         return "XPASS" if call and call[0] == "passed" else "XFAIL"
-    if setup and setup[0] == "failed" or teardown and teardown[0] == "failed":
+    if (setup and setup[0] == "failed") or (teardown and teardown[0] == "failed"):
         return "ERROR"
-    if setup and setup[0] == "skipped" or call and call[0] == "skipped":
+    if (setup and setup[0] == "skipped") or (call and call[0] == "skipped"):
         return "SKIPPED"
     if call is None or teardown is None or setup is None:
         return "INCOMPLETE"

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import scan  # noqa: E402  (this folder, bound read-only; never the tree under test)
+import scan
 
 FRAME = "@@agentstream-grade@@ "
 REPO = "/grader/repo"

@@ -21,6 +21,6 @@ for target in sys.argv[1:]:
             host, port = target.rsplit(":", 1)
             socket.create_connection((host, int(port)), timeout=3).close()
             reached.append([target, ""])
-    except Exception as exc:  # noqa: BLE001 (any failure is the point)
+    except Exception as exc:
         failed[target] = f"{type(exc).__name__}: {exc}"
 print(json.dumps({"reached": reached, "failed": failed}))
