@@ -20,6 +20,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import polars as pl
@@ -104,7 +105,7 @@ class Archiver:
             relative = Path(hour) / f"part-{manifest.commits:08d}.parquet"
             path = manifest.folder / relative
             path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomically(path, lambda tmp: part.write_parquet(tmp, compression="zstd", statistics=True))
+            write_atomically(path, partial(part.write_parquet, compression="zstd", statistics=True))
             offsets = part.group_by("kafka_partition").agg(pl.col("kafka_offset").min().alias("first"),
                                                             pl.col("kafka_offset").max().alias("last"))
             written.append({

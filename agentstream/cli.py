@@ -924,7 +924,7 @@ def eval_command(
     except (TaskFileError, RuntimeError, TimeoutError) as exc:
         fail(str(exc))
     except KeyboardInterrupt:
-        raise typer.Exit(130)
+        raise typer.Exit(130) from None
 
 
 @app.command("streams", rich_help_panel=LOOP, **FORWARD)

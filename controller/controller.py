@@ -223,9 +223,9 @@ class Controller:
 
     async def _drive(self, rollout: PlannedRollout) -> None:
         """Attempt a rollout until it finishes, is given up, or the controller stops."""
-        if rollout.split == "train" and not self.history.record(rollout.rollout_id).attempts:
-            if not await self._until_stopping(self.pacer.admit()):
-                return
+        if (rollout.split == "train" and not self.history.record(rollout.rollout_id).attempts
+                and not await self._until_stopping(self.pacer.admit())):
+            return
         while not self.stopping.is_set():
             record = self.history.record(rollout.rollout_id)
             await self._attempt(rollout, record.last_attempt_number + 1, record.failures)

@@ -108,7 +108,7 @@ def create_app(settings: DashboardSettings) -> FastAPI:
     async def list_rollouts(
         q: Annotated[str | None, Query(description="text in the rollout, attempt, task or group id")] = None,
         task: str | None = None,
-        status: Annotated[list[rollouts_.Status], Query()] = [],
+        status: Annotated[list[rollouts_.Status], Query()] = [],  # noqa: B006 (FastAPI copies it per request)
         split: Literal["train", "validation"] | None = None,
         reward_min: float | None = None,
         reward_max: float | None = None,

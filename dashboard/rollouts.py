@@ -83,7 +83,7 @@ class Filters:
                     f"SELECT * FROM trajectories WHERE {self.where}")
             except Exception as exc:  # polars reports SQL errors with types of its own
                 raise FilterError(f"cannot apply where={self.where!r}: {_first_line(exc)}. Columns: "
-                                  f"{', '.join(sorted(LIST_COLUMNS))}; e.g. where=reward > 0.5 AND status = 'finished'")
+                                  f"{', '.join(sorted(LIST_COLUMNS))}; e.g. where=reward > 0.5 AND status = 'finished'") from exc
         return df
 
 

@@ -47,6 +47,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
@@ -369,10 +370,10 @@ class LocalRay:
             os.setpriority(os.PRIO_PGRP, self.process.pid, 0)
         return self.address
 
-    AGENT_PORT_FILES = {"dashboard_agent_listen_port": "dashboard-agent-listen-port",
-                        "metrics_agent_port": "dashboard-agent-grpc-port",
-                        "metrics_export_port": "metrics-export-port",
-                        "runtime_env_agent_port": "runtime-env-agent-port"}
+    AGENT_PORT_FILES: ClassVar[dict[str, str]] = {"dashboard_agent_listen_port": "dashboard-agent-listen-port",
+                                                  "metrics_agent_port": "dashboard-agent-grpc-port",
+                                                  "metrics_export_port": "metrics-export-port",
+                                                  "runtime_env_agent_port": "runtime-env-agent-port"}
 
     def _report_agent_ports(self, ports: dict[str, int]) -> None:
         """Write the port files the raylet waits for (at most 15 s, fixed) on the agents' behalf: the

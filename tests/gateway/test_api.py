@@ -172,7 +172,7 @@ async def test_rollouts_stick_to_a_server_and_fail_over_when_it_goes_down(kafka,
 
             async def round_of(count: int) -> dict[str, set[str]]:
                 """Each rollout makes `count` calls; the upstreams that served each rollout."""
-                ids = sum(await asyncio.gather(*(calls(rollout, count) for rollout in rollouts)), [])
+                ids = [i for batch in await asyncio.gather(*(calls(rollout, count) for rollout in rollouts)) for i in batch]
                 events = by_id(await read_events(kafka, kafka.topics.calls))
                 served: dict[str, set[str]] = {}
                 for call_id in ids:

@@ -108,7 +108,7 @@ def test_a_cheating_agent_scores_0_and_is_flagged(task, tmp_path, name):
 
 def test_a_fix_beside_a_test_edit_still_counts_the_fix(task, tmp_path):
     instance, repos_dir = task
-    test_file, test_name = _f2p(instance)
+    test_file, _ = _f2p(instance)
     diff = instance.patch + agent_diff(instance, repos_dir, tmp_path, f"echo '# mine' >> {shlex.quote(test_file)}")
     result = Grader(repos_dir=repos_dir).grade(instance, diff)
     assert result.reward == 1.0 and result.details["flagged"], result.details

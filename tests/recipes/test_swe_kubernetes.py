@@ -51,7 +51,7 @@ spec:
 
 
 
-async def test_the_harness_attempt_is_a_sandboxed_job(kube_cluster, restricted_namespace, tmp_path: Path,  # noqa: F811
+async def test_the_harness_attempt_is_a_sandboxed_job(kube_cluster, restricted_namespace, tmp_path: Path,
                                                      monkeypatch):
     api, namespace = restricted_namespace
     for name, value in OPERATOR_ENV.items():  # the controller's own environment: none of it may reach a pod

@@ -124,7 +124,7 @@ def test_host_tree_operations_are_deep_and_follow_no_link(tmp_path: Path, host_f
     root = tmp_path / "tree"
     root.mkdir()
     fd = hostfs.open_dir(root)
-    for depth in range(DEEP * 2):
+    for _ in range(DEEP * 2):
         os.mkdir("d", dir_fd=fd)
         os.symlink(str(host_files), "secret-link", dir_fd=fd)
         os.symlink(str(host_files.parent), "dir-link", dir_fd=fd)

@@ -342,7 +342,7 @@ def test_callers_errors_name_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyP
     with pytest.raises(SandboxError, match="is not a directory"):
         LocalSandbox(SandboxSpec(tmp_path / "missing"))
     (tmp_path / "ws").mkdir()
-    with pytest.raises(SandboxError, match="needs SandboxSpec.gateway_url"):
+    with pytest.raises(SandboxError, match=r"needs SandboxSpec\.gateway_url"):
         LocalSandbox(SandboxSpec(tmp_path / "ws", network=Network.GATEWAY))
     with pytest.raises(SandboxError, match="bind source"):
         LocalSandbox(SandboxSpec(tmp_path / "ws", binds=[(tmp_path / "nope", Path("/x"))]))

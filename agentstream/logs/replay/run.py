@@ -57,7 +57,7 @@ class RebuildSpec:
     """How trajectories are rebuilt from the raw topics: as the live worker's settings say."""
 
     reward_fn: str | None = None
-    timing: Timing = Timing()
+    timing: Timing = field(default_factory=Timing)
     lookback_ms: int = 3_600_000
     source: str = "streams"
     reward_policy: str = DEFAULT_POLICY

@@ -176,7 +176,7 @@ class StoredTrajectories:
             if not self.repeats.first(event_id):
                 self.counts["repeats"] += 1
             elif not self.selection.wants_fields(rollout_id, started[i] if started else None,
-                                                 lambda: made_by(versions[i], launches[i])):
+                                                 lambda i=i: made_by(versions[i], launches[i])):
                 self.counts["not_selected"] += 1
             else:
                 chunk.append(Item(None, raw=values[i], id=event_id, key=rollout_id.encode() if rollout_id else None))
