@@ -90,14 +90,21 @@ def port_free(port: int) -> bool:
         return True
 
 
+# The handles of the servers spawned here, for the life of this process: a server runs on after its starter
+# drops the handle (it is stopped and reaped by its pid), which Python would otherwise report as a leak.
+_SPAWNED: list[subprocess.Popen] = []
+
+
 def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.Popen:
     """Start `cmd` in its own session (it outlives this process), output appended to `log`."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
         )
+    _SPAWNED.append(proc)
+    return proc
 
 
 def tail(path: Path, lines: int = 30) -> str:

@@ -328,6 +328,7 @@ box.run("sleep 300")
     wait_for(lambda: processes_of(uid) >= 3, timeout=20, what="the sandboxed sleep")
     parent.kill()
     parent.wait()
+    parent.stdout.close()
     wait_for(lambda: processes_of(uid) == 0, timeout=10, what="the sandbox to die with its parent")
     assert (workspace / "lost.txt").exists(), "the crashed sandbox's disk is still mounted over the workspace"
     with open_sandbox(workspace) as box:

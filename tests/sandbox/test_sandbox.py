@@ -283,6 +283,7 @@ box.run("sleep 300")
     wait_for(lambda: processes_of(uid) >= 3, timeout=20, what="the sandboxed sleep")
     parent.kill()
     parent.wait()
+    parent.stdout.close()
     wait_for(lambda: processes_of(uid) == 0, timeout=10, what="the sandbox to die with its parent")
     LocalSandbox(SandboxSpec(workspace)).close()  # takes off the disk the crash left over the workspace
 
