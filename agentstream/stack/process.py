@@ -6,6 +6,7 @@ A server's state (pid, address) lives in a small JSON file next to its data, so 
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import json
 import os
@@ -93,6 +94,13 @@ def port_free(port: int) -> bool:
 # The handles of the servers spawned here, for the life of this process: a server runs on after its starter
 # drops the handle (it is stopped and reaped by its pid), which Python would otherwise report as a leak.
 _SPAWNED: list[subprocess.Popen] = []
+
+
+@atexit.register
+def _note_reaped() -> None:
+    """A handle whose server was stopped and reaped by its pid (`pid_alive`) learns so before it goes."""
+    for proc in _SPAWNED:
+        proc.poll()
 
 
 def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.Popen:

@@ -163,11 +163,12 @@ async def test_rollouts_stick_to_a_server_and_fail_over_when_it_goes_down(kafka,
             rollouts = [f"r{i}" for i in range(8)]
 
             async def calls(rollout: str, count: int) -> list[str]:
-                client = gw.openai(base_url=gw.rollout_url(rollout, "a1"))
                 ids = []
-                for _ in range(count):
-                    raw = await client.completions.with_raw_response.create(model="tiny", prompt=rollout, max_tokens=2)
-                    ids.append(raw.headers["x-agentstream-call-id"])
+                async with gw.openai(base_url=gw.rollout_url(rollout, "a1")) as client:
+                    for _ in range(count):
+                        raw = await client.completions.with_raw_response.create(model="tiny", prompt=rollout,
+                                                                                max_tokens=2)
+                        ids.append(raw.headers["x-agentstream-call-id"])
                 return ids
 
             async def round_of(count: int) -> dict[str, set[str]]:
