@@ -221,6 +221,7 @@ class GatewayProcess:
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
             stop_pid(self.process.pid, grace=30)
+            self.process.wait()  # stop_pid reaped it: the handle learns so (else it would warn of a leak)
 
     def http(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(base_url=self.url, headers={"authorization": f"Bearer {OPERATOR_KEY}"}, timeout=60)
