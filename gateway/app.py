@@ -26,11 +26,9 @@ from agentstream.gateway.adapter import Adapter
 from agentstream.gateway.adapters import ADAPTERS
 from agentstream.gateway.errors import ErrorCode, GatewayError, error_body
 from agentstream.gateway.messages import Messages
-from agentstream.gateway.rollouts import MAX_DIFF_BODY_BYTES, MAX_DIFF_BYTES, json_response
-from agentstream.gateway.service import Gateway, settings_problem
+from agentstream.gateway.rollouts import json_response
+from agentstream.gateway.service import Gateway
 from agentstream.gateway.settings import GatewaySettings
-
-__all__ = ["MAX_DIFF_BODY_BYTES", "MAX_DIFF_BYTES", "Gateway", "create_app", "routes", "settings_problem"]
 
 Endpoint = Callable[[Request], Coroutine[Any, Any, Response]]
 ROLLOUT_SCOPE = "/rollouts/{rollout_id}/attempts/{attempt_id}"

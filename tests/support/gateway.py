@@ -16,7 +16,8 @@ import uvicorn
 from anthropic import AsyncAnthropic
 from openai import AsyncOpenAI
 
-from agentstream.gateway.app import Gateway, create_app
+from agentstream.gateway.app import create_app
+from agentstream.gateway.service import Gateway
 from agentstream.gateway.settings import GatewaySettings
 from agentstream.schemas import Event, decode
 from agentstream.schemas.kafka import KafkaSettings, make_consumer, partitions_of
