@@ -24,11 +24,12 @@ from starlette.routing import BaseRoute, Route
 from agentstream.gateway import rollouts, sessions
 from agentstream.gateway.adapter import Adapter
 from agentstream.gateway.adapters import ADAPTERS
-from agentstream.gateway.errors import ErrorCode, GatewayError, error_body
+from agentstream.gateway.errors import ErrorCode, GatewayError
 from agentstream.gateway.messages import Messages
 from agentstream.gateway.rollouts import json_response
 from agentstream.gateway.service import Gateway
 from agentstream.gateway.settings import GatewaySettings
+from agentstream.schemas.api_errors import error_body
 
 Endpoint = Callable[[Request], Coroutine[Any, Any, Response]]
 ROLLOUT_SCOPE = "/rollouts/{rollout_id}/attempts/{attempt_id}"
