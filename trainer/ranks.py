@@ -196,14 +196,12 @@ class Rank:
             self._load_optimizer(optimizer_file)
         return os.getpid()
 
-    def train(self, shard: Shard, crash: bool = False, profile: bool = False) -> list[dict[str, float]]:
-        """Every optimizer step of the update on this rank's rows; `crash` SIGKILLs this process after
-        its first forward (fault injection); `profile` adds the step's time in collectives."""
+    def train(self, shard: Shard, profile: bool = False) -> list[dict[str, float]]:
+        """Every optimizer step of the update on this rank's rows; `profile` adds the step's time in
+        collectives."""
         s = self.settings
         shard = dataclasses.replace(shard, batch=shard.batch.to(self.device), advantages=shard.advantages.to(self.device))
         self.model.train()
-        if crash:
-            self._crash_after_first_forward()
         history = []
         with Collectives(profile) as collectives:
             started = time.perf_counter()
@@ -255,11 +253,6 @@ class Rank:
 
     def _trainable_names(self) -> list[str]:
         return [name for name, p in self.model.named_parameters() if p.requires_grad]
-
-    def _crash_after_first_forward(self) -> None:
-        def die(*_):  # the other ranks are then waiting for this one in the backward's reduce-scatter
-            os.kill(os.getpid(), signal.SIGKILL)
-        self.model.register_forward_hook(die)
 
 
 class Collectives:
@@ -465,8 +458,6 @@ class RankedPolicy:
 
     def __init__(self, settings: TrainerSettings, ranks: list, pids: list[int], local: LocalRay | None):
         self.settings, self.ranks, self.pids, self.local = settings, ranks, pids, local
-        self.crash_next = False
-        """a fault tests arm from outside: the last rank SIGKILLs itself after the next step's first forward"""
         self.profile: list[dict[str, float]] | None = None
         """with update(profile=True): per rank, the first step's time, time in collectives, peak memory"""
 
@@ -497,9 +488,8 @@ class RankedPolicy:
         batch = to_tensors(samples, s.max_seq_len, s.turn_rewards)
         advantages = compute_advantages(batch, s)
         shards = shard_batch(batch, advantages, len(self.ranks), s)
-        crash, self.crash_next = self.crash_next, False
-        per_rank = self._all([rank.train.remote(shard, crash=crash and r == len(self.ranks) - 1, profile=profile)
-                              for r, (rank, shard) in enumerate(zip(self.ranks, shards))], "train")
+        per_rank = self._all([rank.train.remote(shard, profile=profile) for rank, shard in zip(self.ranks, shards)],
+                             "train")
         history = [merge(steps, len(self.ranks)) for steps in zip(*per_rank)]
         metrics = {name: sum(step[name] for step in history) / len(history) for name in history[0]}
         metrics["nonfinite_grad_steps"] = sum(step["nonfinite_grad_steps"] for step in history)
