@@ -222,7 +222,7 @@ def decode_aligned(records: list[Record] | Fetch, table: str, columns: frozenset
 # takes the columns without a copy (the Arrow C data interface). It lets go of the GIL, so a batch
 # decodes on one core while the next is fetched on the other. Free-form JSON comes as its text, which
 # is what `orjson.dumps(value)` wrote unless the text has spaces, floats, other escapes or a repeated
-# key: those values (the decoder names them) orjson encodes again, as before. Anything that does not fit the models (a
+# key: those values (the decoder names them) orjson encodes again. Anything that does not fit the models (a
 # wrong type, a record that is not JSON) raises ValueError, and its batch is decoded row by row instead.
 
 

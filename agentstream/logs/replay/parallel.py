@@ -4,7 +4,7 @@ The raw topics are co-partitioned by rollout id, so each partition folds on its 
 keeps an `Assembly` per partition already). The partitions are dealt out to N processes; each
 scans and folds its own with a `Rebuild` of them and sends what it makes through a pipe; this
 process writes it to the sink. Within a partition the order is the one-process order, and the
-output topic is keyed by rollout id as before, so every output partition gets the same records in
+output topic is keyed by rollout id as the one process keys it, so every output partition gets the same records in
 the same order; only how partitions interleave differs, as between two runs of the live worker.
 
 Resuming: a worker sends its `Rebuild.position()` (read positions and its partitions' open
@@ -17,13 +17,13 @@ matches what was handed to the sink, and it is the one-process position (a state
 Workers reading Kafka alone fork from a fork server (multiprocessing's "forkserver"): a fresh
 interpreter, started as the replay begins (`start_fork_server`), that imports this module and nothing
 else runs in.
-Forking this process instead copied its libraries' threads' locks as they were: a worker forked
-while the sink's librdkafka producer (or, in a test, another client) was running hung for good in
-its own consumer's `close()` (seen in CI). Starting each worker afresh would import pydantic, the
-event models and librdkafka again (~0.5–1.5 s of CPU each); the fork server imports them once,
-while this process plans the range. The workers make their own Kafka consumers and event loop.
+Forking this process instead would copy its libraries' threads' locks as they are: a worker forked
+while the sink's librdkafka producer (or another client) runs can hang for good in its own
+consumer's `close()`. Starting each worker afresh would import pydantic, the event models and
+librdkafka again in every worker; the fork server imports them once, while this process plans the
+range. The workers make their own Kafka consumers and event loop.
 Workers that may read the Parquet archive start afresh: polars' thread pool does not survive a
-fork (a forked worker hung in its first read once this process had used polars), so a rebuild
+fork (a forked worker can hang in its first read once this process has used polars), so a rebuild
 that reads the archive runs in one process unless `--jobs` asks for more.
 Into a topic, each worker writes its trajectories itself, with a librdkafka producer of its own
 (`TopicShare`), keyed by rollout id as the one process writes them: nothing of them goes through
@@ -316,7 +316,7 @@ def _start(parts: list[Part], fork: bool) -> tuple[list[_Process], list[Connecti
 
 def start_fork_server() -> None:
     """Have the fork server start importing now, if it is not running: a rebuild calls this as it begins, so
-    that the server's imports (~0.45 s of CPU: the models, confluent_kafka, this package) overlap the plan
+    that the server's imports (the models, confluent_kafka, this package) overlap the plan
     and the output's setup; the workers cannot fork before they are done."""
     _fork_server()
     multiprocessing.forkserver.ensure_running()
@@ -356,7 +356,7 @@ def _work(writer: Connection, part: Part, parent: int | None, environ: dict[str,
         os.environ.clear()  # carries the working directory and sys.path over, not this): a reward function reads it
         os.environ.update(environ)
     # a worker is a process of its own, forked from a fresh interpreter with the default thresholds (a young
-    # collection every 700 allocations: 1.4× the CPU of a rebuild, measured when the command's process had them)
+    # collection every 700 allocations), which would scan the fold's many short-lived objects over and over
     collector.relax()
     try:
         asyncio.run(_fold(writer, part))

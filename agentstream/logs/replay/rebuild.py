@@ -128,8 +128,8 @@ class Rebuild:
                          self.batch_size, on_progress=progressed(t), origin=self.origin) for t in RAW}
         fetching: dict[str, asyncio.Future[list[Record] | None]] = {}
         survivors = collector.Survivors()
-        # no automatic collections while folding (8 % of a worker's CPU in a 490,000-event rebuild, though
-        # what the batches leave alive is frozen): nothing the fold makes holds a cycle, and what else does
+        # no automatic collections while folding (they would scan every batch's allocations, though what
+        # the batches leave alive is frozen): nothing the fold makes holds a cycle, and what else does
         # is frozen at the next batch end and collected by the survivors' full pass
         with collector.paused():
             try:
