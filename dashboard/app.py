@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
@@ -60,9 +61,9 @@ class OverviewCache:
 
     def __init__(self, settings: DashboardSettings):
         self.settings = settings
-        self.entries: dict[tuple, tuple[float, asyncio.Task]] = {}
+        self.entries: dict[tuple[str | None, str | None], tuple[float, asyncio.Task[dict[str, Any]]]] = {}
 
-    async def get(self, since: str | None, until: str | None) -> dict:
+    async def get(self, since: str | None, until: str | None) -> dict[str, Any]:
         key = (since, until)
         now = time.monotonic()
         entry = self.entries.get(key)
@@ -74,7 +75,7 @@ class OverviewCache:
             entry = self.entries[key]
         return await asyncio.shield(entry[1])
 
-    async def _read(self, span: overview_.Range) -> dict:
+    async def _read(self, span: overview_.Range) -> dict[str, Any]:
         return await overview_.overview(self.settings, span, self.settings.streams_group)
 
 
@@ -87,7 +88,7 @@ def create_app(settings: DashboardSettings) -> FastAPI:
     cache = OverviewCache(settings)
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await live.start()
         yield
         await live.stop()
@@ -113,7 +114,7 @@ def create_app(settings: DashboardSettings) -> FastAPI:
     async def list_rollouts(
         q: Annotated[str | None, Query(description="text in the rollout, attempt, task or group id")] = None,
         task: str | None = None,
-        status: Annotated[list[rollouts_.Status], Query()] = [],
+        status: Annotated[list[rollouts_.Status], Query()] = [],  # noqa: B006 (FastAPI copies it per request)
         split: Literal["train", "validation"] | None = None,
         reward_min: float | None = None,
         reward_max: float | None = None,
@@ -174,7 +175,7 @@ def create_app(settings: DashboardSettings) -> FastAPI:
     async def events(request: Request) -> StreamingResponse:
         queue = live.subscribe()
 
-        async def stream():
+        async def stream() -> AsyncIterator[bytes]:
             try:
                 yield b"retry: 2000\n\n"
                 while not await request.is_disconnected():

@@ -53,6 +53,7 @@ from collections import Counter
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -267,7 +268,7 @@ class ParallelRebuild:
 class _Process:
     """A worker, forked by the fork server (multiprocessing) or started afresh (subprocess): ended the same way."""
 
-    def __init__(self, handle: multiprocessing.Process | subprocess.Popen):
+    def __init__(self, handle: BaseProcess | subprocess.Popen[bytes]):
         self.handle = handle
 
     def end(self, wait_s: float) -> int | None:
@@ -291,7 +292,8 @@ def _start(parts: list[Part], fork: bool) -> tuple[list[_Process], list[Connecti
 
     A fresh one is a new interpreter running this module (not multiprocessing's spawn, which would
     run the caller's main module again in it), told its part through its stdin."""
-    processes, readers = [], []
+    processes: list[_Process] = []
+    readers: list[Connection] = []
     if fork:
         context = _fork_server()
         for part in parts:
@@ -304,13 +306,14 @@ def _start(parts: list[Part], fork: bool) -> tuple[list[_Process], list[Connecti
             readers.append(reader)
         return processes, readers
     for part in parts:
-        process = subprocess.Popen([sys.executable, "-c", f"from {__name__} import serve; serve()"],
-                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        process.stdin.write(pickle.dumps((part, os.getpid())))
-        process.stdin.close()
-        readers.append(Connection(os.dup(process.stdout.fileno()), writable=False))
-        process.stdout.close()
-        processes.append(_Process(process))
+        fresh = subprocess.Popen([sys.executable, "-c", f"from {__name__} import serve; serve()"],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert fresh.stdin is not None and fresh.stdout is not None  # (both PIPE)
+        fresh.stdin.write(pickle.dumps((part, os.getpid())))
+        fresh.stdin.close()
+        readers.append(Connection(os.dup(fresh.stdout.fileno()), writable=False))
+        fresh.stdout.close()
+        processes.append(_Process(fresh))
     return processes, readers
 
 
@@ -341,9 +344,10 @@ def _receive(reader: Connection) -> tuple[str, Any] | None:
     except (EOFError, OSError):
         return None
     try:
-        return pickle.loads(body)
+        message: tuple[str, Any] = pickle.loads(body)
     except Exception as exc:
         return "error", RuntimeError(f"a rebuild worker sent what cannot be read back ({exc})")
+    return message
 
 
 # --- in the worker process -------------------------------------------------------------------
@@ -399,7 +403,7 @@ async def _fold(writer: Connection, part: Part) -> None:
     interval, last = part.interval_s, time.monotonic()
     try:
         async for chunk in rebuild.chunks():
-            chosen: list[Any] = [item for item in chunk if part.selection.wants(item.trajectory)]
+            chosen: list[Any] = [item for item in chunk if part.selection.wants(item.event)]
             counts["not_selected"] += len(chunk) - len(chosen)
             if sink is not None:
                 await sink.write(chosen)

@@ -57,7 +57,7 @@ class RebuildSpec:
     """How trajectories are rebuilt from the raw topics: as the live worker's settings say."""
 
     reward_fn: str | None = None
-    timing: Timing = Timing()
+    timing: Timing = field(default_factory=Timing)
     lookback_ms: int = 3_600_000
     source: str = "streams"
     reward_policy: str = DEFAULT_POLICY
@@ -86,7 +86,8 @@ class Job:
         body["rollouts"], body["versions"] = sorted(self.rollouts), sorted(self.versions)
         if not self.raw:
             del body["rebuild"]
-        return orjson.loads(orjson.dumps(body))
+        signature: dict[str, Any] = orjson.loads(orjson.dumps(body))
+        return signature
 
     def check(self) -> None:
         if self.sink not in SINKS:
@@ -200,7 +201,7 @@ async def replay(settings: KafkaSettings, job: Job, options: Options,
                     if getattr(source, "selects", False):  # (its workers did, and counted what they left out)
                         chosen = items
                     else:
-                        chosen = [item for item in items if selection.wants(item.trajectory)]
+                        chosen = [item for item in items if selection.wants(item.event)]
                         counts["not_selected"] += len(items) - len(chosen)
                     await sink.write(chosen)
                     progress.read, progress.written = source.read, sink.written
@@ -289,7 +290,7 @@ def _left(state: ReplayState) -> int:
     """The raw records a rebuild has left to read."""
     position = {t: int_keys(state.source["next"][t]) for t in RAW} if state.source else None
     return sum(end - (position[t].get(p, start) if position else start)
-               for t in RAW for p, (start, end) in int_keys(state.ranges[t]).items())
+               for t in RAW for p, (start, end) in state.ranges[t].items())
 
 
 def _source(settings: KafkaSettings, job: Job, state: ReplayState, counts: Counter[str], options: Options,
