@@ -6,9 +6,17 @@ import pytest
 import torch
 
 from agentstream.trainer.batcher import Batcher, Sample, group_of, staleness
-from agentstream.trainer.grpo import Policy, compute_advantages, micro_batches, to_tensors, token_logprobs
+from agentstream.trainer.grpo import Policy, compute_advantages, micro_batches, to_tensors
 from agentstream.trainer.settings import TrainerSettings
-from tests.support.trainer import arithmetic_groups, chat_prompt, first_pass_drift, ids, samples_of, trajectory
+from tests.support.trainer import (
+    arithmetic_groups,
+    chat_prompt,
+    first_pass_drift,
+    ids,
+    samples_of,
+    sequence_logprobs,
+    trajectory,
+)
 
 LOSS_ATOL = 1e-6
 """the loss of one batch summed in another order (micro-batches): float32 rounding of a sum of terms under 1 in
@@ -23,13 +31,6 @@ tests/trainer/test_ranks.py's RANKS_ATOL); a few 1e-6 seen"""
 def fixed_batch(tiny_model_dirs) -> list[Sample]:
     """4 groups of 8: half the samples answer 'a+b=' right (reward 1), half wrong (0), on-policy logprobs."""
     return samples_of(arithmetic_groups(tiny_model_dirs[0], groups=4, group_size=8))
-
-
-def sequence_logprobs(policy: Policy, samples: list[Sample]) -> torch.Tensor:
-    batch = to_tensors(samples, 2048)
-    with torch.no_grad():
-        logprobs, _ = token_logprobs(policy.model, batch.input_ids, batch.attention_mask, entropy_grad=False)
-    return (logprobs * batch.loss_mask).sum(-1)
 
 
 def one_step(model_dir, samples, **overrides) -> tuple[Policy, dict, torch.Tensor, torch.Tensor]:

@@ -285,7 +285,7 @@ async def test_one_trainer_mixes_rollouts_and_sessions_by_source_weight(kafka, t
     from transformers import AutoModelForCausalLM
 
     from agentstream.trainer.service import Trainer
-    from tests.trainer.test_service import publish, read_all, trainer_settings
+    from tests.support.trainer import publish, read_all, trainer_settings
 
     base = tiny_model_dirs[0]
     rollouts = arithmetic_groups(base, groups=1, group_size=4, prefix="mixed")

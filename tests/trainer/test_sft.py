@@ -8,9 +8,7 @@ import torch
 from agentstream.trainer.service import Trainer
 from agentstream.trainer.settings import TrainerSettings
 from agentstream.trainer.sft import SFTPolicy
-from tests.support.trainer import arithmetic_groups
-from tests.trainer.test_grpo import samples_of, sequence_logprobs
-from tests.trainer.test_service import trainer_settings, write_jsonl
+from tests.support.trainer import arithmetic_groups, samples_of, sequence_logprobs, trainer_settings, write_jsonl
 
 
 def sft_policy(model_dir, **overrides) -> SFTPolicy:
