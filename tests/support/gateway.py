@@ -229,14 +229,16 @@ def token(rollout: str, attempt: str) -> str:
     return mint_rollout_token(TOKEN_SECRET, rollout, attempt)
 
 
-# --- the API adapters on their own: what an upstream answers, written by hand ---------------------
-
-
 STREAM_EVENTS = {"responses": TypeAdapter(ResponseStreamEvent), "messages": TypeAdapter(RawMessageStreamEvent)}
+"""each API's streamed event types, as its SDK declares them: what the gateway streams must validate"""
 
 
 def call_id(raw) -> str:
+    """The id the gateway recorded the call under (a response header)."""
     return raw.headers["x-agentstream-call-id"]
+
+
+# --- the API adapters on their own: what an upstream answers, written by hand ---------------------
 
 
 def chat_completion(**message) -> dict:
