@@ -91,7 +91,8 @@ def test_the_cli_splits_a_task_file_and_counts_each_split(tmp_path):
     source, out = tmp_path / "tasks.jsonl", tmp_path / "split.jsonl"
     instances = task_set()
     source.write_text("".join(i.model_dump_json() + "\n" for i in instances))
-    result = CliRunner().invoke(app, ["tasks", "swe", "split", str(source), "--out", str(out)])
+    # wide, so rich never wraps a line the test compares (its default is 80 columns, and the path is in it)
+    result = CliRunner().invoke(app, ["tasks", "swe", "split", str(source), "--out", str(out)], env={"COLUMNS": "400"})
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     validation = sum(r["split"] == "validation" for r in rows)
