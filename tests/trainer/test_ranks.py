@@ -56,6 +56,7 @@ def test_balance_splits_by_tokens_and_evens_out_micro_batches():
     assert [m.tolist() for m in even_out([torch.tensor([4])], 2, padding=9)] == [[4], [9]]
 
 
+@pytest.mark.slow  # a local Ray and two ranks' optimizer steps
 def test_two_ranks_give_the_update_of_one_process(tiny_model_dirs, ray_address, tmp_path):
     base = tiny_model_dirs[0]
     samples = samples_of(arithmetic_groups(base, groups=4, group_size=8))
