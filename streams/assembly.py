@@ -576,25 +576,3 @@ class Assembly:
                            time=trajectory.time, source=self.source, rollout_id=rollout_id, attempt_id=attempt_id,
                            data=reward)
 
-
-def assemble(events: Iterable[Event], timing: Timing = Timing(), now_ms: int | None = None,
-             source: str = "streams") -> list[TrajectoryEvent]:
-    """The trajectories of every attempt in `events` (in log order) that is due by `now_ms`.
-
-    Without `now_ms`, every attempt with an ending settles as if its grace periods had passed; those
-    with none stay open. For tests, and for tools that hold a whole history in memory.
-    """
-    assembly = Assembly({}, {}, timing, source)
-    latest = 0
-    for event in events:
-        if event.rollout_id and event.type != "trajectory":
-            assembly.add(event, encode(event), 0)
-            latest = max(latest, event.time)
-    if now_ms is None:
-        now_ms = latest + max(timing.settle_ms, timing.reward_grace_ms)
-    trajectories = []
-    for rollout_id in assembly.due(now_ms):
-        settled = assembly.settle(rollout_id, now_ms)
-        assembly.record(settled)
-        trajectories += settled.trajectories
-    return trajectories
