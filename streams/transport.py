@@ -32,18 +32,15 @@ faust-streaming changes (the call shape is matched by the flow event's `wait` co
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Coroutine, Generator, Iterable
 from typing import Any
 
 import faust
 from aiokafka.producer.message_accumulator import BatchBuilder
 from faust.transport.drivers import aiokafka as driver
-from faust.types import TP, Message
+from faust.types import TP, AppT, Message
 from faust.types.transports import ConsumerCallback, ConsumerT
 from mode.services import WaitResults
-
-from agentstream.streams.timeline import TIMELINE
 
 _FLOW_WAIT = asyncio.Event.wait.__code__
 """the code of `suspend_flow.wait()`, the second coroutine of the fetcher's call"""
@@ -77,13 +74,6 @@ class Rest:
 
 
 class Consumer(driver.Consumer):
-    async def commit(self, *args: Any, **kwargs: Any) -> bool:
-        began = time.perf_counter()
-        try:
-            return await super().commit(*args, **kwargs)
-        finally:
-            TIMELINE.mark("commit", ms=(time.perf_counter() - began) * 1000)
-
     async def wait_first(self, *coros: Any, timeout: Any = None) -> WaitResults:
         if (timeout is None and len(coros) == 2 and asyncio.iscoroutine(coros[0])
                 and getattr(coros[1], "cr_code", None) is _FLOW_WAIT and not self.suspend_flow.is_set()
@@ -108,7 +98,7 @@ class Inbox:
     buffer fills (`on_buffer_full`), and resumed when the worker takes them (`on_buffer_drop`).
     """
 
-    def __init__(self, app: faust.App, high: int):
+    def __init__(self, app: AppT, high: int):
         self.app = app
         self.high = high
         self.records: list[Message] = []
@@ -179,8 +169,8 @@ class Transport(driver.Transport):
         async def on_message(message: Message) -> None:
             inbox = inboxes.get(message.topic)
             if inbox is None:
-                return await callback(message)
-            inbox.put(message)
-            return None
+                await callback(message)
+            else:
+                inbox.put(message)
 
         return super().create_consumer(on_message, **kwargs)

@@ -45,7 +45,6 @@ from agentstream.schemas.kafka import deadletter_event
 from agentstream.streams.assembly import Assembly, Settled
 from agentstream.streams.settings import StreamsSettings
 from agentstream.streams.tables import Staged, StateTable
-from agentstream.streams.timeline import TIMELINE
 from agentstream.streams.transport import Inbox
 from agentstream.streams.windows import Windows
 
@@ -140,7 +139,6 @@ class AssemblyWorker(faust.Service):
             await self.inbox.wait()
             await self.app.flow_control.acquire()
             records = self.inbox.take()
-            TIMELINE.mark("take", n=len(records))
             if records:
                 await self.handle(records)
 
@@ -205,14 +203,10 @@ class AssemblyWorker(faust.Service):
     async def _end_batch(self, partitions: Iterable[int] = ()) -> None:
         """Settle what the batch made due (and the attempts due in `partitions`), then write the changes held
         in the changelog partitions due a write (`_flush`)."""
-        began, records = time.perf_counter(), self.batched
         touched, self.touched, self.batched = self.touched, set(), 0
         await self._settle(touched | set(partitions))
-        settled = time.perf_counter()
         await self._flush()
         self.survivors.batch_ended()
-        TIMELINE.mark("batch", n=records, timer=bool(partitions), settle_ms=(settled - began) * 1000,
-                      flush_ms=(time.perf_counter() - settled) * 1000)
 
     async def _take(self, message) -> bool:
         """Add one record to the state; whether it was the next of its partition."""
@@ -304,30 +298,40 @@ class AssemblyWorker(faust.Service):
         What each trajectory is built from is in the changelog before it is published: settled again
         after a crash, an attempt yields the same bytes, not a trajectory with events that came since.
         """
+        await self._decide(settled)
+        await asyncio.gather(*await self._publish_settled(settled))
+        self._record(settled)
+
+    async def _decide(self, settled: list[Settled]) -> None:
+        """Stage each attempt's decision and await the broker's acknowledgement of them."""
         for one in settled:
             self._point_at(self.rollouts_partition(one.rollout_id))
             self.assembly.decide(one)
         # what the trajectories are built from: their attempts' decisions, acknowledged; not every change
         # still on its way (the events and positions of batches before, in the other partitions too), but
         # none of those refused: a worker whose changelog has a hole publishes nothing more
-        began = time.perf_counter()
         await asyncio.gather(*await self.rollouts.flush(one.rollout_id for one in settled))
-        decided = time.perf_counter()
         self.table.check()
+
+    async def _publish_settled(self, settled: list[Settled]) -> list[Awaitable[object]]:
+        """Send the rewards, trajectories and deadletters of the settled attempts; their acknowledgements."""
         sent = []
         for one in settled:
             sent += [await self.publish("rewards", reward) for reward in one.rewards]
             sent += [await self.publish("trajectories", trajectory) for trajectory in one.trajectories]
             for raw_event, reason in one.late + one.unscored:
-                event = decode(raw_event)
-                sent.append(await self.publish("deadletter", DeadletterEvent(
-                    id=derived_id("streams.deadletter", event.id), source=self.settings.source,
-                    data=Deadletter(topic=self.settings.topics.name(event.topic), key=event.rollout_id,
-                                    value=raw_event.decode(), reason=reason, consumer=self.settings.source))))
-        published = time.perf_counter()
-        await asyncio.gather(*sent)
-        TIMELINE.mark("emit", settled=len(settled), decided_ms=(decided - began) * 1000,
-                      build_ms=(published - decided) * 1000, acked_ms=(time.perf_counter() - published) * 1000)
+                sent.append(await self.publish("deadletter", self._late_deadletter(raw_event, reason)))
+        return sent
+
+    def _late_deadletter(self, raw_event: bytes, reason: str) -> DeadletterEvent:
+        event = decode(raw_event)
+        return DeadletterEvent(
+            id=derived_id("streams.deadletter", event.id), source=self.settings.source,
+            data=Deadletter(topic=self.settings.topics.name(event.topic), key=event.rollout_id,
+                            value=raw_event.decode(), reason=reason, consumer=self.settings.source))
+
+    def _record(self, settled: list[Settled]) -> None:
+        """The published attempts into the analytics windows and the state (settled)."""
         emitted_at = time.time()
         for one in settled:
             partition = self.rollouts_partition(one.rollout_id)
@@ -433,10 +437,6 @@ class AssemblyWorker(faust.Service):
             # else a batch settles it once its partition's records in flight are handled (`_held_back`)
         self.overdue = overdue
         return max(0.001, wait)
-
-    @faust.Service.task
-    async def _timeline(self) -> None:
-        await TIMELINE.watch_loop()  # the bench's probe; returns at once unless it is on
 
     @faust.Service.timer(STALL_S / 2)
     async def _watchdog(self) -> None:
