@@ -69,7 +69,7 @@ def load(name: str) -> RewardFn:
         module = importlib.import_module(_installed_name(module_name))
     except ImportError as exc:
         raise RewardError(f"reward function {name!r}: cannot import {module_name!r} ({exc})") from None
-    function = getattr(module, function_name, None)
+    function: RewardFn | None = getattr(module, function_name, None)  # (its signature is the module's word)
     if not callable(function):
         raise RewardError(f"reward function {name!r}: {module_name} has no function {function_name!r}")
     return function
