@@ -19,6 +19,7 @@ from typing import Any
 import faust
 import orjson
 from aiokafka.producer.message_accumulator import BatchBuilder
+from faust.types import AppT
 
 from agentstream.streams.transport import Producer
 
@@ -118,6 +119,12 @@ class StateTable(faust.Table[str, Any]):
         self._records_unacknowledged = 0
         if pending:
             await asyncio.gather(*pending)
+
+
+def registered(app: AppT, table: StateTable) -> StateTable:
+    """`table`, added to the app's tables (whose `add` returns it typed as any collection)."""
+    app.tables.add(table)
+    return table
 
 
 class Staged(MutableMapping[str, Any]):

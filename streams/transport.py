@@ -35,7 +35,6 @@ import asyncio
 from collections.abc import Coroutine, Generator, Iterable
 from typing import Any
 
-import faust
 from aiokafka.producer.message_accumulator import BatchBuilder
 from faust.transport.drivers import aiokafka as driver
 from faust.types import TP, AppT, Message

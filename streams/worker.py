@@ -31,6 +31,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 import faust
 from aiokafka.errors import KafkaError
@@ -44,7 +45,7 @@ from agentstream.schemas.ids import derived_id, now_ms
 from agentstream.schemas.kafka import deadletter_event
 from agentstream.streams.assembly import Assembly, Settled
 from agentstream.streams.settings import StreamsSettings
-from agentstream.streams.tables import Staged, StateTable
+from agentstream.streams.tables import Staged, StateTable, registered
 from agentstream.streams.transport import Inbox
 from agentstream.streams.windows import Windows
 
@@ -57,7 +58,7 @@ RESEEK_S = 5.0
 UNACKNOWLEDGED_MAX = 2000
 """table changes on their way to the broker before the worker waits for them"""
 
-Publish = Callable[[str, Event], Awaitable[Awaitable]]
+Publish = Callable[[str, Event], Awaitable[Awaitable[object]]]
 """(topic base name, event) → the broker's acknowledgement, to await"""
 
 
@@ -65,7 +66,7 @@ class AssemblyWorker(faust.Service):
     """Trajectory assembly over this worker's partitions of the rollout-scoped topics."""
 
     def __init__(self, app: faust.App, settings: StreamsSettings, partitions: int, publish: Publish,
-                 windows: Windows, inbox: Inbox, **kwargs):
+                 windows: Windows, inbox: Inbox, **kwargs: Any):
         super().__init__(**kwargs)
         self.app = app
         self.inbox = inbox
@@ -78,8 +79,8 @@ class AssemblyWorker(faust.Service):
         self.topic_of = {settings.topics.name(base): base for base in ASSEMBLED}
         """source topic → the base name of the events it holds"""
         # one table, so that a partition's state, its events and its positions share one ordered changelog
-        self.table = app.tables.add(StateTable(app, name="assembly", partitions=partitions,
-                                               on_recover=self.recovered))
+        self.table = registered(app, StateTable(app, name="assembly", partitions=partitions,
+                                                on_recover=self.recovered))
         self.rollouts = Staged(self.table, "r:")
         self.events = Staged(self.table, "e:", bytes.decode, str.encode)
         self.positions = Staged(self.table, "p:")
@@ -91,7 +92,7 @@ class AssemblyWorker(faust.Service):
         """source partition → the latest event time handled (since it was assigned)"""
         self.gaps: dict[TP, float] = {}
         """source partition → when it was last sought back to a gap (monotonic)"""
-        self.deadletters: list[Awaitable] = []
+        self.deadletters: list[Awaitable[object]] = []
         """acknowledgements to await before the positions pass their records"""
         self.handled_at = time.monotonic()
         self.touched: set[int] = set()
@@ -208,7 +209,7 @@ class AssemblyWorker(faust.Service):
         await self._flush()
         self.survivors.batch_ended()
 
-    async def _take(self, message) -> bool:
+    async def _take(self, message: Message) -> bool:
         """Add one record to the state; whether it was the next of its partition."""
         if not await self._in_order(message):
             return False
@@ -224,7 +225,7 @@ class AssemblyWorker(faust.Service):
         self.positions[f"{message.topic}:{message.partition}"] = message.offset + 1
         return True
 
-    async def _in_order(self, message) -> bool:
+    async def _in_order(self, message: Message) -> bool:
         """Whether this record is the next of its partition; after a gap, read it again from there."""
         key = f"{message.topic}:{message.partition}"
         expected = self.positions.get(key)
@@ -246,9 +247,12 @@ class AssemblyWorker(faust.Service):
             await self.app.consumer.seek(message.tp, expected)
         return False
 
-    async def _add(self, message) -> None:
+    async def _add(self, message: Message) -> None:
+        raw = message.value
+        if raw is None:
+            return await self._deadletter(message, "undecodable", "undecodable: a record without a value (a tombstone)")
         try:
-            event = decode(message.value)
+            event: Event = decode(raw)
         except DecodeError as exc:
             return await self._deadletter(message, "undecodable", f"undecodable: {exc}")
         self.last_time[message.tp] = max(self.last_time.get(message.tp, 0), event.time)
@@ -261,11 +265,11 @@ class AssemblyWorker(faust.Service):
                 self.counts["session_calls"] += 1  # traffic outside any rollout: analytics count it
                 return
             return await self._deadletter(message, "unattributed", f"a {event.type} event needs a rollout_id")
-        late = self.assembly.add(event, message.value, message.partition)
+        late = self.assembly.add(event, raw, message.partition)
         if late:
             await self._deadletter(message, None, late)  # the assembly counted it
 
-    async def _deadletter(self, message, kind: str | None, reason: str) -> None:
+    async def _deadletter(self, message: Message, kind: str | None, reason: str) -> None:
         if kind:
             self.counts[kind] += 1
         event = deadletter_event(message, reason, self.settings.source)
@@ -324,7 +328,7 @@ class AssemblyWorker(faust.Service):
         return sent
 
     def _late_deadletter(self, raw_event: bytes, reason: str) -> DeadletterEvent:
-        event = decode(raw_event)
+        event: Event = decode(raw_event)
         return DeadletterEvent(
             id=derived_id("streams.deadletter", event.id), source=self.settings.source,
             data=Deadletter(topic=self.settings.topics.name(event.topic), key=event.rollout_id,
@@ -457,7 +461,7 @@ class AssemblyWorker(faust.Service):
 
     # --- the view --------------------------------------------------------------------------------------
 
-    def describe(self, open_attempts: bool = False) -> dict:
+    def describe(self, open_attempts: bool = False) -> dict[str, Any]:
         """Counters, partitions and source positions; with `open_attempts`, also how many attempts are
         not settled yet (a scan of the state)."""
         actives = sorted(self.active_partitions())
