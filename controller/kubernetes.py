@@ -18,7 +18,7 @@ the run's Jobs (list, then watch from that resourceVersion; relist on 410 Gone) 
 change to the event loop. (The client's own `kubernetes.informer.SharedInformer` runs the same
 loop, but without a server-side timeout its `stop()` joins a thread blocked on a quiet watch, it
 gives no "listed" signal to wait on before the first launch, and it hands typed objects where
-this module reads the Jobs' JSON: the twenty lines here stay.) Retries are the controller's (backoffLimit 0); the controller deletes
+this module reads the Jobs' JSON.) Retries are the controller's (backoffLimit 0); the controller deletes
 a Job at its timeout and once it is recorded (unless asked to keep it). activeDeadlineSeconds and
 ttlSecondsAfterFinished are backstops for Jobs a dead controller leaves behind.
 """

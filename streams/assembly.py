@@ -113,7 +113,7 @@ def finalize_at(attempt: dict[str, Any], timing: Timing) -> int:
     if reward_at is not None and reward_at <= ended + timing.reward_grace_ms:
         return max(ended, reward_at) + timing.settle_ms
     # never before --settle-s: a grace shorter than it would settle the attempt while its calls may
-    # still be on their way (the burst test's 2 s grace under a 5 s settle lost calls when loaded)
+    # still be on their way (a loaded gateway's calls reach the log after the finish)
     return ended + max(timing.reward_grace_ms, timing.settle_ms)
 
 
@@ -232,7 +232,7 @@ class Assembly:
         Stale entries at the heads are dropped first: `due` leaves the rollouts it found in the heap,
         and settling them re-indexes them, so a stale head in the past would read as "something is
         due now, held back" and the worker's timer would wait a whole tick instead of until the
-        next attempt is due (finish → trajectory p50 was settle + ~45 ms at 100 events/s).
+        next attempt is due, adding that wait to every trajectory's delay.
         """
         heads = []
         for partition in partitions:

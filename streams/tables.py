@@ -5,8 +5,8 @@ assignment. The assembly handles events in batches and writes to the partition i
 changed in a batch is written once, at the end of it, and a key created and dropped within the
 batch (the events of an attempt settled in the batch that brought them) is not written at all.
 
-Records stay in Faust's table format (JSON keys and values), so a table written by the earlier
-worker, one record per event, is restored as it was.
+Records stay in Faust's table format (JSON keys and values), so Faust restores the table as its own,
+whether it was written a batch at a time or one record per event.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class StateTable(faust.Table[str, Any]):
     async def write_all(self, changes: Iterable[tuple[int, str, Any]]) -> list[asyncio.Future[Any]]:
         """Write (partition, key, value or `DROPPED`) changes, in order within each partition, one record
         batch per partition: the producer's per-record step (a future, the accumulator's lookup and
-        append: ~10 % of a live worker's samples) is left out. The batches' acknowledgements, to await.
+        append, paid for every change) is left out. The batches' acknowledgements, to await.
 
         A partition's batch waits for the one before it to go out (aiokafka's `add_batch`), so a
         batch end's changes of a partition go in one batch, not one per kind of key.

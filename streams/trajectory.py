@@ -19,7 +19,8 @@ The trajectory is put together as `model_construct` would, not validated again: 
 from events that were validated when decoded, or is computed here from them (lists of their ints
 and floats, counts), so validation would only copy the token lists. `tests/streams/test_assembly.py`
 checks that validating a built trajectory gives it back unchanged, byte for byte. (`_made` does what
-`model_construct` does for these models, a third of its time: a rebuild makes ~7 models per trajectory.)
+`model_construct` does for these models, without its general checks: a rebuild makes several models per
+trajectory.)
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ when nothing waits.
 
 **Batches.** Faust hands every fetched record to its streams one at a time: the conductor's callback
 (a lock, flow control, the producer buffer's check, an event built, a queue put with pressure
-callbacks), then the stream's iterator and its acknowledgement, then the agent's step: about a
-quarter of a catching-up worker's samples. The records of topics claimed with `Transport.claim`
+callbacks), then the stream's iterator and its acknowledgement, then the agent's step: a large share
+of what a catching-up worker spends per record. The records of topics claimed with `Transport.claim`
 skip all of that: the consumer's callback (`Transport.create_consumer`, the public place to give a
 consumer its callback) appends them to an `Inbox`, and the worker takes what is there in one go.
 What stays Faust's: fetching, offsets read, flow control (the fetcher hands on nothing while a
@@ -17,7 +17,7 @@ faust-streaming 0.15.3's fetcher (`Consumer._drain_messages`) hands every record
 `Service.wait_first(callback(message), self.suspend_flow.wait())`, so that a callback blocked on a
 full stream buffer gives way when a rebalance suspends the flow. `wait_first` makes four tasks (the
 callback, the flow's event, the service's stopped and crashed events), an `asyncio.wait` and three
-cancellations per record: about 8 % of a catching-up worker's samples. Almost always the callback
+cancellations per record, each a cost a worker catching up pays per record. Almost always the callback
 does not block (the stream's buffer has room, the flow and the producer's buffer let it through).
 
 `Consumer.wait_first` is the narrowest hook: a method of the consumer (mode's `Service`), not a copy

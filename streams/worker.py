@@ -353,9 +353,9 @@ class AssemblyWorker(faust.Service):
         deadletters acknowledged, then per partition the state, then the positions.
 
         One partition a turn, in turn, whatever the pauses between batch ends: partitions written when due
-        by each one's own clock fell into step after a pause (a worker's start, a revocation), and then every
-        partition's changes went in one write, awaited under the lock (~90 ms every 2 s at 5,000 events/s:
-        the tail of the finish → trajectory delay)."""
+        by each one's own clock would fall into step after a pause (a worker's start, a revocation), and then
+        every partition's changes would go in one write, awaited under the lock: a stall that becomes the
+        tail of the finish → trajectory delay."""
         clock = time.monotonic()
         if now or not self.settings.write_every_s:  # (0: every partition's at every batch end)
             due = list(range(self.partitions))
@@ -433,7 +433,7 @@ class AssemblyWorker(faust.Service):
                 wait = min(wait, (upcoming - now) / 1000)
             elif not self._behind(partition):
                 # it came due while the last settling ran, and no record in flight holds it back: settle it now,
-                # not a tick later (at 2,000 events/s once the load stopped, ~100 ms over the settle time); the same
+                # not a tick later (once the load stops, no record's batch end would settle it sooner); the same
                 # one still due at the next look did not settle (a failed settling): it waits a tick
                 overdue[partition] = upcoming
                 if self.overdue.get(partition) != upcoming:
