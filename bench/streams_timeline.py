@@ -142,12 +142,10 @@ def probe(timeline: Timeline) -> None:
         await on_started(self)
         self.add_future(timeline.watch_loop())
 
-    Inbox.take = taking  # type: ignore[method-assign]
-    Consumer.commit = committing  # type: ignore[method-assign]
-    AssemblyWorker.on_started = started  # type: ignore[method-assign]
-    AssemblyWorker._end_batch = ending_batch  # type: ignore[method-assign]
-    AssemblyWorker._emit = emitting  # type: ignore[method-assign]
-    AssemblyWorker._record = recording  # type: ignore[method-assign]
+    for cls, name, wrapper in ((Inbox, "take", taking), (Consumer, "commit", committing),
+                               (AssemblyWorker, "on_started", started), (AssemblyWorker, "_end_batch", ending_batch),
+                               (AssemblyWorker, "_emit", emitting), (AssemblyWorker, "_record", recording)):
+        setattr(cls, name, wrapper)
 
 
 def command(path: str, *args: str) -> list[str]:
