@@ -395,7 +395,7 @@ class Assembly:
         attempts = state["attempts"]
         holder = next((attempt for attempt in attempts.values() if event.id in attempt["ids"]), None)
         kind = type(event)
-        if kind is RewardEvent and event.data.reward_fn:  # type: ignore[attr-defined]
+        if type(event) is RewardEvent and event.data.reward_fn:
             # the policy's own output, read back: made again from the feedback, never an input (read twice, as
             # after a worker that published it again, it is a repeat to drop, not an event to keep)
             read_back = attempts.get(event.attempt_id) or attempts.get(state["latest"])
@@ -429,8 +429,8 @@ class Assembly:
             attempt["call_last"] = max(attempt["call_last"] or event.time, event.time)
             sessions.joined(state, attempt, attempt["calls"][-1])
         elif kind is FeedbackEvent or kind is RewardEvent:  # (a reward posted for the session: its first word too)
-            if kind is FeedbackEvent:
-                attempt["fb"].append([event.id, event.time, event.data.call_id])  # type: ignore[attr-defined]
+            if type(event) is FeedbackEvent:
+                attempt["fb"].append([event.id, event.time, event.data.call_id])
             if attempt["reward_at"] is None or event.time < attempt["reward_at"]:
                 attempt["reward_at"] = event.time
         elif kind is SessionEndedEvent:
