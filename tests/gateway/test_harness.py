@@ -19,7 +19,7 @@ from pydantic import TypeAdapter
 
 from agentstream.gateway.adapters import ADAPTERS
 from agentstream.gateway.errors import GatewayError
-from agentstream.streams.assembly import assemble
+from samples.assembly import assemble
 from tests.support.gateway import read_events
 
 RESPONSES = ADAPTERS["responses"]

@@ -194,7 +194,8 @@ def test_the_streams_fold_keeps_a_diff_event_and_waits_for_the_graders_reward(ta
         RolloutQueued,
         RolloutQueuedEvent,
     )
-    from agentstream.streams.assembly import Timing, assemble
+    from agentstream.streams.assembly import Timing
+    from samples.assembly import assemble
 
     instance, _ = task
     attempt = dict(source="test", rollout_id="r-1", attempt_id="a-1")
