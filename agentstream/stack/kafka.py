@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 import shutil
 import socket
 import subprocess
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from agentstream.settings import agentstream_home
+from agentstream.settings import StackSettings, agentstream_home
 from agentstream.stack.process import (
     ServerState,
     StackError,
@@ -194,7 +193,8 @@ class LocalKafka:
             raise StackError(f"formatting Kafka storage in {self.data_dir} failed:\n{result.stdout}{result.stderr}")
 
     def _java(self, libs: Path, main: str, *args: str) -> list[str]:
-        java = Path(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else shutil.which("java")
+        java_home = StackSettings().java_home
+        java = java_home / "bin" / "java" if java_home else shutil.which("java")
         if not java:
             raise StackError("Java 17+ is needed for the local Kafka broker: install it (apt install openjdk-17-jre), "
                              "or set KAFKA_BOOTSTRAP_SERVERS to use an existing cluster")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from agentstream.settings import agentstream_home
+from agentstream.settings import StackSettings, agentstream_home
 from agentstream.stack.chat_template import TOOL_CALL_PARSER, renders_tools
 from agentstream.stack.process import (
     ServerState,
@@ -153,7 +152,7 @@ class LocalVLLM:
         ]
         env = {
             "VLLM_SERVER_DEV_MODE": "1",  # /pause, /resume, /collective_rpc, /update_weight_version, /weight_info
-            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE") or str(kv_cache_gib(model, max_model_len)),
+            "VLLM_CPU_KVCACHE_SPACE": str(StackSettings().vllm_cpu_kvcache_space or kv_cache_gib(model, max_model_len)),
             "HF_HUB_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
