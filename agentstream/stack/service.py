@@ -36,8 +36,8 @@ class Service:
 
 
 def cli_args(settings: BaseModel) -> list[str]:
-    """The flags that give a pydantic-settings CLI (kebab-case names, implicit `--x`/`--no-x` booleans) the
-    fields `settings` was given, in declaration order."""
+    """The flags that give a pydantic-settings CLI (kebab-case names, implicit `--x`/`--no-x` booleans; argparse
+    reads the same) the fields `settings` was given, in declaration order, each `--name=value`."""
     args: list[str] = []
     for name in type(settings).model_fields:
         if name in settings.model_fields_set:
@@ -48,7 +48,7 @@ def cli_args(settings: BaseModel) -> list[str]:
 def _flag(flag: str, value: object) -> list[str]:
     if isinstance(value, bool):
         return [f"--{flag}" if value else f"--no-{flag}"]
-    return [f"--{flag}", _text(value)]
+    return [f"--{flag}={_text(value)}"]  # one argument: a value may start with "-" (a token secret can)
 
 
 def _text(value: object) -> str:
