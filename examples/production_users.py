@@ -24,6 +24,7 @@ import os
 import random
 import sys
 import uuid
+from collections.abc import Iterator
 
 import httpx
 from openai import AsyncOpenAI, OpenAIError
@@ -52,7 +53,7 @@ class Users:
         self.prompts = prompts_of(args.tasks)
         self.rated = 0
         self.next_arrival = 0.0
-        self.feedback: set[asyncio.Task] = set()
+        self.feedback: set[asyncio.Task[None]] = set()
 
     async def session(self, number: int) -> None:
         """One user: a question in a session of its own, the end of the session, the rating later."""
@@ -94,7 +95,7 @@ class Users:
         self.next_arrival = max(self.next_arrival, now) + self.random.expovariate(self.args.rate)
         await asyncio.sleep(self.next_arrival - now)
 
-    async def user(self, numbers) -> None:
+    async def user(self, numbers: Iterator[int]) -> None:
         for number in numbers:
             if self.args.sessions and self.rated >= self.args.sessions:
                 return

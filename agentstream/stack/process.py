@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -32,7 +33,7 @@ class ServerState:
     pid: int
     url: str
     log: str
-    details: dict
+    details: dict[str, Any]
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -69,7 +70,7 @@ def pid_alive(pid: int) -> bool:
 
 def _not_zombie(pid: int) -> bool:
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return False
 
@@ -77,7 +78,8 @@ def _not_zombie(pid: int) -> bool:
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def port_free(port: int) -> bool:
@@ -90,7 +92,8 @@ def port_free(port: int) -> bool:
         return True
 
 
-def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.Popen:
+def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+          ) -> subprocess.Popen[bytes]:
     """Start `cmd` in its own session (it outlives this process), output appended to `log`."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
@@ -108,7 +111,7 @@ def tail(path: Path, lines: int = 30) -> str:
 
 
 def await_ready(
-    name: str, proc: subprocess.Popen, ready: Callable[[], bool], log: Path, timeout: float,
+    name: str, proc: subprocess.Popen[bytes], ready: Callable[[], bool], log: Path, timeout: float,
     on_wait: Callable[[float], None] | None = None,
 ) -> None:
     """Poll `ready()` until it holds; fail with the log's tail if the process dies or time runs out."""
