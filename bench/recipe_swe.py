@@ -27,7 +27,8 @@ from pathlib import Path
 from rich.console import Console
 
 from agentstream.demo.loop import Stack
-from agentstream.recipes.swe.recipe import HARNESS, Recipe, RecipeConfig, build_recipe_tasks
+from agentstream.recipes.swe.recipe import HARNESS, Recipe, RecipeConfig
+from agentstream.recipes.swe.task_files import build_recipe_tasks
 from agentstream.schemas.codec import DecodeError, decode
 from agentstream.schemas.events import CallEvent, RewardEvent, RolloutDiffEvent, TrajectoryEvent, WeightsEvent
 from agentstream.schemas.kafka import KafkaSettings

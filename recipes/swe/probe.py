@@ -28,16 +28,8 @@ from agentstream.demo.progress import Progress
 from agentstream.demo.run import run_folder, run_to_summary
 from agentstream.eval import EvalSettings, Evaluator
 from agentstream.recipes.swe.build import write
-from agentstream.recipes.swe.recipe import (
-    HARNESS,
-    Recipe,
-    RecipeConfig,
-    RecipeLoop,
-    build_recipe_tasks,
-    read_instances,
-    select_train,
-    write_task_files,
-)
+from agentstream.recipes.swe.recipe import HARNESS, Recipe, RecipeConfig, RecipeLoop
+from agentstream.recipes.swe.task_files import build_recipe_tasks, read_instances, select_train, write_task_files
 from agentstream.schemas.kafka import KafkaSettings
 from agentstream.stack import StackError
 
