@@ -164,7 +164,8 @@ class Evaluator:
                  f"over {data.tasks} tasks ({data.samples} samples; unscored {data.unscored or 'none'})")
         return event
 
-    def _run_controller(self, tasks: Path, run_id: str) -> int:
+    def controller(self, tasks: Path, run_id: str) -> Service:
+        """The controller process that runs one evaluation: k samples of each task, as a run of its own."""
         config, validation = self.config, self.config.split == "validation"
         settings = ControllerSettings(
             bootstrap_servers=self.kafka.bootstrap_servers, topic_prefix=self.kafka.topic_prefix, tasks=tasks,
@@ -176,7 +177,10 @@ class Evaluator:
             # stopped only when the eval is abandoned (its run is then discarded): its agents go at once,
             # not after a grace that could outlast whoever stops the eval and leave them running
             shutdown_grace_s=0)
-        controller = Service("controller", "agentstream.controller", settings, env=config.agent_env)
+        return Service("controller", "agentstream.controller", settings, env=config.agent_env)
+
+    def _run_controller(self, tasks: Path, run_id: str) -> int:
+        controller = self.controller(tasks, run_id)
         log = self.out / f"{run_id}.log"
         log.unlink(missing_ok=True)
         self.process = spawn(controller.argv(), log, env=controller.env)
@@ -317,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = CliApp.run(EvalSettings, cli_args=sys.argv[1:] if argv is None else argv)
     except ValidationError as exc:
         for error in exc.errors(include_url=False):
-            print(f"error: --{'.'.join(str(part) for part in error['loc']).replace('_', '-')}: {error['msg']}",
+            flag = "--" + "-".join(str(part) for part in error["loc"]).replace("_", "-")
+            print(f"error: {flag + ': ' if error['loc'] else ''}{error['msg'].removeprefix('Value error, ')}",
                   file=sys.stderr)
         return 2
     if not settings.token_secret:
