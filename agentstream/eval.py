@@ -183,7 +183,8 @@ class Evaluator:
         controller = self.controller(tasks, run_id)
         log = self.out / f"{run_id}.log"
         log.unlink(missing_ok=True)
-        self.process = spawn(controller.argv(), log, env=controller.env)
+        # in the eval's process group: whoever stops the eval's group (SIGTERM) stops its controller too
+        self.process = spawn(controller.argv(), log, env=controller.env, own_session=False)
         try:
             return self.process.wait()
         finally:

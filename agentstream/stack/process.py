@@ -92,14 +92,16 @@ def port_free(port: int) -> bool:
         return True
 
 
-def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None
-          ) -> subprocess.Popen[bytes]:
-    """Start `cmd` in its own session (it outlives this process), output appended to `log`."""
+def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None,
+          own_session: bool = True) -> subprocess.Popen[bytes]:
+    """Start `cmd` with `env` added to this process's environment, output appended to `log`; in its own session
+    (it outlives this process), or with `own_session=False` in this process's group (a signal to the group
+    reaches it too)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         return subprocess.Popen(
             cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
+            env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=own_session,
         )
 
 
