@@ -55,6 +55,7 @@ from agentstream.recipes.swe.settings import AgentEnvironment, SweSettings, from
 from agentstream.recipes.swe.workspace import TaskInput, checkout, final_diff, test_env_binds
 from agentstream.sandbox.contract import WORKSPACE_MOUNT
 from agentstream.sandbox.inpod import in_sandbox_pod
+from agentstream.schemas.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from agentstream.recipes.swe.environment import SandboxEnvironment
@@ -79,14 +80,17 @@ class HarnessSettings:
 
     @classmethod
     def from_env(cls) -> HarnessSettings:
-        agent = from_environment(AgentEnvironment)
+        try:
+            agent, swe = from_environment(AgentEnvironment), from_environment(SweSettings)
+        except ConfigurationError as exc:
+            raise SystemExit(f"harness: {exc}") from exc
         named = {"OPENAI_BASE_URL": agent.openai_base_url, "OPENAI_API_KEY": agent.openai_api_key,
                  "AGENTSTREAM_TASK": agent.agentstream_task}
         if missing := [name for name, value in named.items() if not value]:
             raise SystemExit(f"harness: {', '.join(missing)} not set; the controller sets them (run it as an agent of "
                              "`python -m agentstream.controller --agent 'python -m agentstream.recipes.swe.harness'`)")
         return cls(base_url=agent.openai_base_url, api_key=agent.openai_api_key, model=agent.agentstream_model,
-                   task=Path(agent.agentstream_task or ""), swe=from_environment(SweSettings))
+                   task=Path(agent.agentstream_task or ""), swe=swe)
 
     def task_input(self) -> TaskInput:
         """The task's input, with its repository and base commit (from the public index if it lacks them)."""

@@ -61,8 +61,6 @@ class AgentEnvironment(BaseSettings):
     openai_api_key: str = Field("", description="the rollout token, the agent's one credential")
     agentstream_task: Path | None = Field(None, description="the JSON file of the task's input")
     agentstream_model: str = Field("default", description="the model name to ask the gateway for")
-    agentstream_rollout_id: str | None = None
-    agentstream_attempt_id: str | None = None
 
 
 class WholeHarnessSettings(BaseSettings):

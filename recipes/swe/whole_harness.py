@@ -41,6 +41,7 @@ from agentstream.recipes.swe.settings import WholeHarnessSettings, from_environm
 from agentstream.recipes.swe.workspace import TaskInput, checkout, final_diff
 from agentstream.sandbox.contract import WORKSPACE_MOUNT, Limits, Network, SandboxSpec
 from agentstream.sandbox.local import LocalSandbox, inside_gateway_url
+from agentstream.schemas.errors import ConfigurationError
 
 log = logging.getLogger("recipes.swe.whole_harness")
 
@@ -147,7 +148,10 @@ def main() -> int:
         raise SystemExit(f"usage: python -m agentstream.recipes.swe.whole_harness {{{','.join(HARNESSES)}}}")
     harness = HARNESSES[sys.argv[1]]
     settings = HarnessSettings.from_env()
-    whole = from_environment(WholeHarnessSettings)
+    try:
+        whole = from_environment(WholeHarnessSettings)
+    except ConfigurationError as exc:
+        raise SystemExit(f"whole_harness: {exc}") from exc
     task = settings.task_input()
     workspace = attempt_workspace(settings.swe.workspace)
     started = time.monotonic()

@@ -15,10 +15,6 @@ The diff is taken inside the sandbox, not by the host's git: the agent owns `.gi
 attributes with filters) and a host git reading it would run what the agent planted. It is written
 to a file of a random name the agent cannot know in advance and read with O_NOFOLLOW, so a planted
 symlink cannot make the harness read a host file.
-
-For harnesses that need no git inside the sandbox, `prepare` and `diff` keep the git directory *outside*
-the workspace instead, so nothing the agent writes (hooks, `core.fsmonitor`, a `.git` of its own) runs
-when the host takes the diff; every git config but the repository's own is ignored.
 """
 
 from __future__ import annotations
@@ -187,36 +183,3 @@ def _read_own_file(workspace: Path, name: str) -> str:
     with os.fdopen(fd, "rb") as diff:
         return diff.read().decode("utf-8", "replace")
 
-
-# --- the git directory outside the workspace (the host takes the diff) ------------------------
-
-_SAFE = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "safe.directory=*",
-         "-c", "core.autocrlf=false", "-c", "diff.external=", "-c", "core.attributesFile=/dev/null")
-
-
-def prepare(repo: Path, commit: str, workspace: Path, git_dir: Path) -> None:
-    """Check `commit` out into `workspace` and record it in `git_dir` (outside the workspace)."""
-    from agentstream.recipes.swe import repos
-
-    repos.checkout(repo, commit, workspace)
-    _outside_git(workspace, git_dir, "init", "-q")
-    _outside_git(workspace, git_dir, "add", "-A")
-    _outside_git(workspace, git_dir, "commit", "-q", "--no-verify", "-m", f"base {commit}")
-
-
-def diff(workspace: Path, git_dir: Path) -> str:
-    """Everything the agent changed, added or removed in `workspace`, as one git diff."""
-    _outside_git(workspace, git_dir, "add", "-A")
-    return _outside_git(workspace, git_dir, "diff", "--cached", "--no-color", "--no-ext-diff", "--binary",
-                        "HEAD").stdout.decode()
-
-
-def _outside_git(workspace: Path, git_dir: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
-    from agentstream.recipes.swe import repos
-
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(git_dir), "GIT_CONFIG_NOSYSTEM": "1",
-           "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_DIR": str(git_dir), "GIT_WORK_TREE": str(workspace), **repos.FIXED}
-    done = subprocess.run(["git", *_SAFE, *args], cwd=git_dir.parent, capture_output=True, env=env)
-    if done.returncode:
-        raise repos.RepoError(f"git {args[0]}: {done.stderr.decode(errors='replace').strip()}")
-    return done
