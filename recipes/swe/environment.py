@@ -1,7 +1,7 @@
 """mini-swe-agent's Environment, backed by our sandbox: every command the agent issues runs there.
 
 mini-swe-agent takes an environment class by import path (`environment.environment_class:
-recipes.swe.environment.SandboxEnvironment`), so the harness itself is unchanged. Each command is
+agentstream.recipes.swe.environment.SandboxEnvironment`), so the harness itself is unchanged. Each command is
 one `Sandbox.run` in tools-only mode: the workspace is the only writable tree, there is no network
 and no variable of the harness (its rollout token above all) leaks in. The result is what
 mini-swe-agent's own environments return (`output`, `returncode`, `exception_info`), including its

@@ -35,7 +35,6 @@ TOKEN = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", a
          ast.Sub: "-", ast.Mult: r"\*", ast.FloorDiv: "//", ast.Div: "/", ast.Mod: "%", ast.BitAnd: "&",
          ast.BitOr: r"\|", ast.And: "and", ast.Or: "or"}
 NON_COMMUTATIVE = (ast.Sub, ast.Div, ast.FloorDiv, ast.Mod)
-KINDS = ("flip_operator", "change_operator", "off_by_one", "invert_condition", "drop_branch", "swap_operands")
 
 
 @dataclass(frozen=True)
