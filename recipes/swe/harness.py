@@ -51,7 +51,7 @@ import yaml
 os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from agentstream.recipes.swe.settings import AgentEnvironment, SweSettings, from_environment
+from agentstream.recipes.swe.settings import AgentEnvironment, AttemptSettings, SweSettings, from_environment
 from agentstream.recipes.swe.workspace import TaskInput, checkout, final_diff, test_env_binds
 from agentstream.sandbox.contract import WORKSPACE_MOUNT
 from agentstream.sandbox.inpod import in_sandbox_pod
@@ -77,11 +77,13 @@ class HarnessSettings:
     model: str
     task: Path
     swe: SweSettings
+    attempt: AttemptSettings
 
     @classmethod
     def from_env(cls) -> HarnessSettings:
         try:
             agent, swe = from_environment(AgentEnvironment), from_environment(SweSettings)
+            attempt = from_environment(AttemptSettings)
         except ConfigurationError as exc:
             raise SystemExit(f"harness: {exc}") from exc
         named = {"OPENAI_BASE_URL": agent.openai_base_url, "OPENAI_API_KEY": agent.openai_api_key,
@@ -90,7 +92,7 @@ class HarnessSettings:
             raise SystemExit(f"harness: {', '.join(missing)} not set; the controller sets them (run it as an agent of "
                              "`python -m agentstream.controller --agent 'python -m agentstream.recipes.swe.harness'`)")
         return cls(base_url=agent.openai_base_url, api_key=agent.openai_api_key, model=agent.agentstream_model,
-                   task=Path(agent.agentstream_task or ""), swe=swe)
+                   task=Path(agent.agentstream_task or ""), swe=swe, attempt=attempt)
 
     def task_input(self) -> TaskInput:
         """The task's input, with its repository and base commit (from the public index if it lacks them)."""
@@ -101,25 +103,25 @@ def mini_config(settings: HarnessSettings, task: TaskInput, workspace: Path) -> 
     """mini-swe-agent's config: the file's, with the gateway as the model's endpoint and our sandbox."""
     from minisweagent.utils.serialize import recursive_merge
 
-    base = yaml.safe_load(settings.swe.config.read_text()) or {}
+    base = yaml.safe_load(settings.attempt.config.read_text()) or {}
     binds, bin_dir = test_env_binds(task, settings.swe.envs)
     command_env = dict(base.get("environment", {}).get("env") or {})
     if bin_dir:  # the task's Python, with pytest, first on PATH: what the grader runs the tests with
         command_env["PATH"] = f"{bin_dir}:/usr/local/bin:/usr/bin:/bin"
     return recursive_merge(base, {
-        "agent": {"agent_class": "default", "step_limit": settings.swe.step_limit, "cost_limit": 0,
+        "agent": {"agent_class": "default", "step_limit": settings.attempt.step_limit, "cost_limit": 0,
                   "output_path": None},
         "model": {
             # litellm's OpenAI-compatible provider, at the rollout's own base URL with its rollout token
             "model_name": f"openai/{settings.model}",
             "cost_tracking": "ignore_errors",
             "model_kwargs": {"api_base": settings.base_url, "api_key": settings.api_key,
-                             "max_tokens": settings.swe.max_tokens, "temperature": settings.swe.temperature,
-                             "num_retries": 0, **settings.swe.model_kwargs},
+                             "max_tokens": settings.attempt.max_tokens, "temperature": settings.attempt.temperature,
+                             "num_retries": 0, **settings.attempt.model_kwargs},
         },
         "environment": {"environment_class": ENVIRONMENT_CLASS, "workspace": str(workspace), "binds": binds,
                         "env": command_env,
-                        "timeout": settings.swe.command_timeout_s, "attempt_timeout": settings.swe.attempt_timeout_s},
+                        "timeout": settings.attempt.command_timeout_s, "attempt_timeout": settings.attempt.attempt_timeout_s},
     })
 
 
@@ -135,8 +137,8 @@ def run_agent(settings: HarnessSettings, task: TaskInput,
     from agentstream.recipes.swe.environment import SandboxEnvironment, SandboxExhausted
 
     config = mini_config(settings, task, workspace)
-    if settings.swe.script is not None:
-        config["model"] = scripted_model(settings.swe.script)
+    if settings.attempt.script is not None:
+        config["model"] = scripted_model(settings.attempt.script)
     model = get_model(config=config["model"])
     env = get_environment(config["environment"])
     agent = get_agent(model, env, config["agent"])

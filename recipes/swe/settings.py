@@ -6,8 +6,10 @@ the environment is how settings reach them. A model is read when it is used
 (`from_environment(SweSettings)`), not at import, so a process sees the environment it runs with; an
 empty variable counts as unset.
 
-    SweSettings           AGENTSTREAM_SWE_*: where the repositories, test environments, workspaces,
-                          public index and re-grade instances are; how the harness runs an attempt
+    SweSettings           AGENTSTREAM_SWE_* folders: where the repositories, test environments,
+                          workspaces, public index and re-grade instances are
+    AttemptSettings       AGENTSTREAM_SWE_* of the harness: how it runs an attempt (its own model, so a
+                          bad value there never stops the grader or the builder)
     AgentEnvironment      what the controller gives every agent (controller/README.md)
     WholeHarnessSettings  the installed CLI agents (AGENTSTREAM_CODEX, AGENTSTREAM_CLAUDE_CODE) and
                           their own extra arguments (AGENTSTREAM_WHOLE_ARGS)
@@ -40,6 +42,11 @@ class SweSettings(BaseSettings):
                                                      "grades with")
     workspace: Path | None = Field(None, description="parent folder of the attempts' workspaces (default: a temp "
                                                      "folder)")
+
+
+class AttemptSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="AGENTSTREAM_SWE_", env_ignore_empty=True, extra="ignore")
+
     config: Path = Field(DEFAULT_CONFIG, description="the mini-swe-agent YAML the harness starts from")
     step_limit: int = Field(20, description="model calls of one attempt")
     max_tokens: int = Field(512, description="tokens of one model answer")

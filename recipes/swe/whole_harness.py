@@ -126,7 +126,7 @@ def run_harness(harness: Harness, settings: HarnessSettings, task: TaskInput, wo
                 whole: WholeHarnessSettings) -> tuple[str, dict[str, object], LocalSandbox]:
     """The harness, to its end, in a whole-harness sandbox; (outcome, details, the sandbox)."""
     run = harness.run(harness.installed(whole), settings, task.problem_statement, whole.whole_args)
-    timeout_s = settings.swe.attempt_timeout_s
+    timeout_s = settings.attempt.attempt_timeout_s
     limits = Limits(command_timeout_s=timeout_s, attempt_timeout_s=timeout_s + 120, cpu_seconds=timeout_s)
     spec = SandboxSpec(workspace=workspace, limits=limits, network=Network.GATEWAY, binds=run.binds, env=run.env,
                        gateway_url=settings.base_url)

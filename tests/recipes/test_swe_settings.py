@@ -13,7 +13,13 @@ from agentstream.recipes.swe import repos
 from agentstream.recipes.swe.grade import GradeSettings
 from agentstream.recipes.swe.harness import HarnessSettings
 from agentstream.recipes.swe.regrade import grade_diff
-from agentstream.recipes.swe.settings import DEFAULT_CONFIG, SweSettings, WholeHarnessSettings, from_environment
+from agentstream.recipes.swe.settings import (
+    DEFAULT_CONFIG,
+    AttemptSettings,
+    SweSettings,
+    WholeHarnessSettings,
+    from_environment,
+)
 from agentstream.schemas.errors import ConfigurationError
 from agentstream.streams.rewards import RewardError
 
@@ -25,10 +31,10 @@ def test_the_environment_reaches_the_settings_typed_and_empty_means_unset(monkey
     monkeypatch.setenv("AGENTSTREAM_SWE_MODEL_KWARGS", '{"stop": ["</cmd>"]}')
     monkeypatch.setenv("AGENTSTREAM_SWE_REPOS", "")
     monkeypatch.setenv("AGENTSTREAM_SWE_CONFIG", "")
-    settings = from_environment(SweSettings)
-    assert settings.step_limit == 7 and settings.script == ["ls", "cat calc.py"]
-    assert settings.model_kwargs == {"stop": ["</cmd>"]}
-    assert settings.repos == tmp_path / "home" / "swe" / "repos" and settings.config == DEFAULT_CONFIG
+    attempt = from_environment(AttemptSettings)
+    assert attempt.step_limit == 7 and attempt.script == ["ls", "cat calc.py"]
+    assert attempt.model_kwargs == {"stop": ["</cmd>"]} and attempt.config == DEFAULT_CONFIG
+    assert from_environment(SweSettings).repos == tmp_path / "home" / "swe" / "repos"
     monkeypatch.setenv("AGENTSTREAM_WHOLE_ARGS", '["--tools", "Bash"]')
     monkeypatch.setenv("AGENTSTREAM_CODEX", "/opt/codex/bin/codex.js")
     whole = from_environment(WholeHarnessSettings)
@@ -37,6 +43,7 @@ def test_the_environment_reaches_the_settings_typed_and_empty_means_unset(monkey
 
 def test_one_repositories_folder_for_the_harness_the_grader_and_the_regrade(monkeypatch, tmp_path):
     monkeypatch.setenv("AGENTSTREAM_SWE_REPOS", str(tmp_path / "repos"))
+    monkeypatch.setenv("AGENTSTREAM_SWE_MAX_TOKENS", "many")  # the harness's to refuse, not the grader's
     monkeypatch.setenv("AGENTSTREAM_SWE_ENVS", str(tmp_path / "envs"))
     grade = GradeSettings(tasks=tmp_path / "tasks.jsonl")
     assert (grade.repos_dir, grade.envs_dir) == (tmp_path / "repos", tmp_path / "envs")
@@ -49,16 +56,14 @@ def test_one_repositories_folder_for_the_harness_the_grader_and_the_regrade(monk
 def test_a_bad_value_is_refused_naming_its_variable(monkeypatch, variable, value):
     monkeypatch.setenv(variable, value)
     with pytest.raises(ConfigurationError, match=variable):
-        from_environment(SweSettings)
+        from_environment(AttemptSettings)
 
 
 def test_the_regrade_says_what_to_set_rather_than_grading_with_nothing(monkeypatch):
     monkeypatch.delenv("AGENTSTREAM_SWE_INSTANCES", raising=False)
-    with pytest.raises(RewardError, match="AGENTSTREAM_SWE_INSTANCES"):
+    monkeypatch.setenv("AGENTSTREAM_SWE_STEP_LIMIT", "x")  # the harness's setting: not the re-grade's concern
+    with pytest.raises(RewardError, match="set AGENTSTREAM_SWE_INSTANCES"):
         grade_diff(None)  # type: ignore[arg-type]  # refused before the sample is looked at
-    monkeypatch.setenv("AGENTSTREAM_SWE_STEP_LIMIT", "x")
-    with pytest.raises(RewardError, match="AGENTSTREAM_SWE_STEP_LIMIT"):
-        grade_diff(None)  # type: ignore[arg-type]
 
 
 def test_the_harness_without_the_controllers_variables_says_who_sets_them(monkeypatch):
