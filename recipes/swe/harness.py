@@ -40,7 +40,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 import orjson
@@ -51,14 +51,12 @@ import yaml
 os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+from agentstream.recipes.swe.environment import SandboxEnvironment, SandboxExhausted
 from agentstream.recipes.swe.settings import AgentEnvironment, AttemptSettings, SweSettings, from_environment
 from agentstream.recipes.swe.workspace import TaskInput, checkout, final_diff, test_env_binds
 from agentstream.sandbox.contract import WORKSPACE_MOUNT
 from agentstream.sandbox.inpod import in_sandbox_pod
 from agentstream.schemas.errors import ConfigurationError
-
-if TYPE_CHECKING:
-    from agentstream.recipes.swe.environment import SandboxEnvironment
 
 ENVIRONMENT_CLASS = "agentstream.recipes.swe.environment.SandboxEnvironment"
 
@@ -120,8 +118,8 @@ def mini_config(settings: HarnessSettings, task: TaskInput, workspace: Path) -> 
                              "num_retries": 0, **settings.attempt.model_kwargs},
         },
         "environment": {"environment_class": ENVIRONMENT_CLASS, "workspace": str(workspace), "binds": binds,
-                        "env": command_env,
-                        "timeout": settings.attempt.command_timeout_s, "attempt_timeout": settings.attempt.attempt_timeout_s},
+                        "env": command_env, "timeout": settings.attempt.command_timeout_s,
+                        "attempt_timeout": settings.attempt.attempt_timeout_s},
     })
 
 
@@ -133,8 +131,6 @@ def run_agent(settings: HarnessSettings, task: TaskInput,
     from minisweagent.agents.default import DefaultAgent
     from minisweagent.environments import get_environment
     from minisweagent.models import get_model
-
-    from agentstream.recipes.swe.environment import SandboxEnvironment, SandboxExhausted
 
     config = mini_config(settings, task, workspace)
     if settings.attempt.script is not None:
