@@ -19,6 +19,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+# numpy is imported here, on the main thread, before `server_starts` imports torch in a thread of its own:
+# two threads importing numpy at once leave one of them a partially initialized module (`pytest.approx`
+# checks for numpy)
+import numpy  # noqa: F401
 import pytest
 
 from agentstream.schemas.kafka import KafkaSettings, ensure_topics

@@ -17,7 +17,7 @@ from openai.types.responses import Response
 
 from agentstream.gateway.adapters import ADAPTERS
 from agentstream.gateway.errors import GatewayError
-from agentstream.streams.assembly import assemble
+from samples.assembly import assemble
 from tests.support.gateway import STREAM_EVENTS, call_id, chat_completion, chunk, read_events, run_stream
 
 RESPONSES = ADAPTERS["responses"]

@@ -24,8 +24,9 @@ from agentstream.logs.top import TopView
 from agentstream.schemas.codec import encode
 from agentstream.schemas.kafka import KafkaSettings, ensure_topics, make_producer
 from agentstream.schemas.scan import scan
-from agentstream.streams.assembly import Timing, assemble
+from agentstream.streams.assembly import Timing
 from agentstream.streams.rewards import Sample
+from samples.assembly import assemble
 from tests.support import faults
 from tests.support.logs import cli, read_topic, without_rewards
 from tests.support.streams import REPO, Rollout, StreamsWorker, TopicWatch, live, publish

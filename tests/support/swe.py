@@ -14,6 +14,7 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
+from agentstream.recipes.swe import repos
 from agentstream.recipes.swe.build import Built, build
 from agentstream.recipes.swe.instance import Instance
 from agentstream.stack.process import spawn
@@ -88,3 +89,36 @@ async def await_exit(process: subprocess.Popen, timeout: float = 240) -> int:
     """Without blocking the loop: the gateway serving the harness runs in it."""
     await wait_for_async(lambda: process.poll() is not None, timeout=timeout, what="the controller to finish its run")
     return process.returncode
+
+
+# --- an agent's diff taken by the host, its git directory outside the workspace -------------------
+# (the harnesses take theirs inside the sandbox, workspace.final_diff; the grader's tests need a diff
+# of what a command did without a harness; nothing the command writes, hooks, `core.fsmonitor`, a
+# `.git` of its own, runs when the host takes it, and every git config but the repository's is ignored)
+
+_SAFE = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "safe.directory=*",
+         "-c", "core.autocrlf=false", "-c", "diff.external=", "-c", "core.attributesFile=/dev/null")
+
+
+def prepare_workspace(repo: Path, commit: str, workspace: Path, git_dir: Path) -> None:
+    """Check `commit` out into `workspace` and record it in `git_dir` (outside the workspace)."""
+    repos.checkout(repo, commit, workspace)
+    _outside_git(workspace, git_dir, "init", "-q")
+    _outside_git(workspace, git_dir, "add", "-A")
+    _outside_git(workspace, git_dir, "commit", "-q", "--no-verify", "-m", f"base {commit}")
+
+
+def workspace_diff(workspace: Path, git_dir: Path) -> str:
+    """Everything changed, added or removed in `workspace`, as one git diff."""
+    _outside_git(workspace, git_dir, "add", "-A")
+    return _outside_git(workspace, git_dir, "diff", "--cached", "--no-color", "--no-ext-diff", "--binary",
+                        "HEAD").stdout.decode()
+
+
+def _outside_git(workspace: Path, git_dir: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(git_dir), "GIT_CONFIG_NOSYSTEM": "1",
+           "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_DIR": str(git_dir), "GIT_WORK_TREE": str(workspace), **repos.FIXED}
+    done = subprocess.run(["git", *_SAFE, *args], cwd=git_dir.parent, capture_output=True, env=env)
+    if done.returncode:
+        raise repos.RepoError(f"git {args[0]}: {done.stderr.decode(errors='replace').strip()}")
+    return done
