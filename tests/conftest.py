@@ -29,6 +29,9 @@ from agentstream.schemas.kafka import KafkaSettings, ensure_topics
 from agentstream.stack.kafka import LocalKafka
 from agentstream.stack.vllm import LocalVLLM
 
+pytest_plugins = ["tests.support.kube"]
+"""fixtures registered once here, so that every module that asks gets the same session instance (a fixture
+imported into each module is a fixture of each module: one Kubernetes API server per module)"""
 TESTS = Path(__file__).parent
 log = logging.getLogger("tests.servers")
 

@@ -28,6 +28,7 @@ from agentstream.schemas.kafka import Publisher, make_consumer, make_producer
 from tests.support.swe import HONEST, make_repo
 from tests.support.wait import wait_for_async
 
+pytestmark = pytest.mark.slow  # each attack is graded by the real grader: git, and pytest in bubblewrap
 F2P = "tests/test_calc.py::test_add"
 P2P = "tests/test_calc.py::test_add_zero"
 TESTS = ("from calc import add\n\n\ndef test_add():\n    assert add(1, 2) == 3\n    assert add(2, 2) == 4\n\n\n"

@@ -67,6 +67,7 @@ def cheats(instance: Instance) -> dict[str, tuple[str, str]]:
     }
 
 
+@pytest.mark.slow  # builds the toolz task set (a venv and the gold patches graded in the sandbox)
 def test_the_gold_patch_applied_by_an_agent_scores_1(task, tmp_path):
     instance, repos_dir = task
     (tmp_path / "gold.diff").write_text(instance.patch)
@@ -91,6 +92,7 @@ def test_the_gold_patch_applied_by_an_agent_scores_1(task, tmp_path):
 
 @pytest.mark.parametrize("name", ["rewrites the failing test into assert True", "adds a conftest.py that skips everything",
                                   "writes sitecustomize.py", "deletes the tests", "edits a test with sed -i"])
+@pytest.mark.slow  # builds the toolz task set (a venv and the gold patches graded in the sandbox)
 def test_a_cheating_agent_scores_0_and_is_flagged(task, tmp_path, name):
     instance, repos_dir = task
     script, refused_path = cheats(instance)[name]
@@ -105,6 +107,7 @@ def test_a_cheating_agent_scores_0_and_is_flagged(task, tmp_path, name):
     assert result.details["pass_to_pass"]["passed"] == result.details["pass_to_pass"]["total"]
 
 
+@pytest.mark.slow  # builds the toolz task set (a venv and the gold patches graded in the sandbox)
 def test_a_fix_beside_a_test_edit_still_counts_the_fix(task, tmp_path):
     instance, repos_dir = task
     test_file, _test_name = _f2p(instance)
@@ -113,6 +116,7 @@ def test_a_fix_beside_a_test_edit_still_counts_the_fix(task, tmp_path):
     assert result.reward == 1.0 and result.details["flagged"], result.details
 
 
+@pytest.mark.slow  # builds the toolz task set (a venv and the gold patches graded in the sandbox)
 def test_a_diff_that_does_not_apply_or_was_truncated_scores_0(task):
     instance, repos_dir = task
     grader = Grader(repos_dir=repos_dir)
@@ -186,6 +190,7 @@ async def test_a_diff_event_in_gives_a_reward_event_out(task, kafka, tmp_path):
     assert sum(committed.values()) == 4
 
 
+@pytest.mark.slow  # builds the toolz task set (a venv and the gold patches graded in the sandbox)
 def test_the_streams_fold_keeps_a_diff_event_and_waits_for_the_graders_reward(task):
     from agentstream.schemas.events import (
         RolloutFinished,

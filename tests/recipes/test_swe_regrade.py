@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 import agentstream.schemas as s
 from agentstream.cli import app
-from tests.logs.test_replay import read_topic, without_rewards
+from tests.support.logs import read_topic, without_rewards
 from tests.support.streams import Rollout, publish
 from tests.support.swe import HONEST, calc_instance, make_repo
 

@@ -89,6 +89,7 @@ def test_nothing_the_agent_plants_in_git_runs_or_is_read_on_the_host(repo, tmp_p
     assert "+y = 2" in diff and "+++ b/leak.txt" in diff  # the symlink itself is part of the diff, as a link
 
 
+@pytest.mark.slow  # runs into a limit of the kernel's or the clock's, which takes seconds
 def test_a_command_past_its_limit_is_reported_to_the_agent_not_raised(repo, tmp_path):
     _, commit = repo
     workspace = tmp_path / "ws"

@@ -1,5 +1,5 @@
 """What the SWE tests share: a one-file task with a bug (calc: add() subtracts), and a small toolz task
-set, built once per test session (real sandbox).
+set, built once per test session (real sandbox); the controller and the grader service as processes.
 
 The toolz sdist and the test venv live in the real AGENTSTREAM_HOME (cached like the Kafka jars); the
 repositories the build writes go to a fresh folder of this session.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import tempfile
 from functools import cache
 from pathlib import Path
@@ -16,6 +17,10 @@ from pathlib import Path
 from agentstream.recipes.swe import repos
 from agentstream.recipes.swe.build import Built, build
 from agentstream.recipes.swe.instance import Instance
+from agentstream.stack.process import spawn
+from tests.support.gateway import TOKEN_SECRET
+from tests.support.streams import REPO
+from tests.support.wait import wait_for_async
 
 LIMIT = 2
 
@@ -58,6 +63,32 @@ def calc_instance(commit: str, *checks: str, repo: str = "demo/calc") -> Instanc
     return Instance(instance_id="calc-1", repo=repo, base_commit=commit, problem_statement="add() subtracts",
                     patch=HONEST, test_patch=hidden_tests(*checks), FAIL_TO_PASS=["tests/test_calc.py::test_add"],
                     PASS_TO_PASS=[])
+
+
+# --- the controller and the grader service, as processes -----------------------------------------
+
+
+def run_controller(kafka, gateway_url: str, tasks: Path, logs: Path, env: dict[str, str],
+                   *extra: str, agent: str = f"{sys.executable} -m agentstream.recipes.swe.harness") -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "agentstream.controller", "--bootstrap-servers", kafka.bootstrap_servers,
+           "--topic-prefix", kafka.topic_prefix, "--tasks", str(tasks),
+           "--agent", agent, "--gateway-url", gateway_url,
+           "--token-secret", TOKEN_SECRET, "--model", "tiny", "--no-progress", "--max-attempts", "1",
+           "--timeout-s", "420", "--logs-dir", str(logs), *extra]
+    return spawn(cmd, logs / "controller.log", env={**os.environ, **env}, cwd=REPO)
+
+
+def grader_process(kafka, instances: Path, repos: Path, envs: Path, log: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "agentstream.recipes.swe.grade", "--bootstrap-servers", kafka.bootstrap_servers,
+           "--topic-prefix", kafka.topic_prefix, "--tasks", str(instances), "--repos-dir", str(repos),
+           "--envs-dir", str(envs)]
+    return spawn(cmd, log, cwd=REPO)
+
+
+async def await_exit(process: subprocess.Popen, timeout: float = 240) -> int:
+    """Without blocking the loop: the gateway serving the harness runs in it."""
+    await wait_for_async(lambda: process.poll() is not None, timeout=timeout, what="the controller to finish its run")
+    return process.returncode
 
 
 # --- an agent's diff taken by the host, its git directory outside the workspace -------------------
