@@ -244,7 +244,7 @@ def _partitions(consumer: Consumer, settings: KafkaSettings, topic: str) -> list
     found = metadata.topics.get(topic)
     if found is None or found.error is not None or not found.partitions:
         raise LogUnavailable(f"topic {topic!r} does not exist on {settings.bootstrap_servers}; "
-                          "check the topic prefix (--prefix / AGENTSTREAM_TOPIC_PREFIX)")
+                          "check the topic prefix (--topic-prefix / AGENTSTREAM_TOPIC_PREFIX)")
     return sorted(found.partitions)
 
 

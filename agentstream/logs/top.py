@@ -246,7 +246,7 @@ async def show_live(settings: KafkaSettings, since_ms: int, size: int | None, re
     partitions = [tp for topic in _topics(settings) for tp in await partitions_of(settings, topic)]
     if not partitions:
         raise LogUnavailable(f"no metrics or pool topic under prefix {settings.topic_prefix!r} on "
-                          f"{settings.bootstrap_servers}; check --prefix")
+                          f"{settings.bootstrap_servers}; check --topic-prefix")
     view = TopView()
     title = f"agentstream top · {settings.topic_prefix or '(no prefix)'} · Ctrl-C to quit"
     consumer = make_consumer(settings, group_id=None)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -32,7 +33,7 @@ class ServerState:
     pid: int
     url: str
     log: str
-    details: dict
+    details: dict[str, Any]
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -69,7 +70,7 @@ def pid_alive(pid: int) -> bool:
 
 def _not_zombie(pid: int) -> bool:
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return False
 
@@ -77,7 +78,8 @@ def _not_zombie(pid: int) -> bool:
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def port_free(port: int) -> bool:
@@ -90,13 +92,16 @@ def port_free(port: int) -> bool:
         return True
 
 
-def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.Popen:
-    """Start `cmd` in its own session (it outlives this process), output appended to `log`."""
+def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None,
+          own_session: bool = True) -> subprocess.Popen[bytes]:
+    """Start `cmd` with `env` added to this process's environment, output appended to `log`; in its own session
+    (it outlives this process), or with `own_session=False` in this process's group (a signal to the group
+    reaches it too)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         return subprocess.Popen(
             cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
+            env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=own_session,
         )
 
 
@@ -108,7 +113,7 @@ def tail(path: Path, lines: int = 30) -> str:
 
 
 def await_ready(
-    name: str, proc: subprocess.Popen, ready: Callable[[], bool], log: Path, timeout: float,
+    name: str, proc: subprocess.Popen[bytes], ready: Callable[[], bool], log: Path, timeout: float,
     on_wait: Callable[[float], None] | None = None,
 ) -> None:
     """Poll `ready()` until it holds; fail with the log's tail if the process dies or time runs out."""

@@ -281,7 +281,7 @@ async def test_a_rollout_is_read_from_its_own_partition_only(kafka):
 
 async def test_the_canaries_page_shows_each_canary_live(kafka, chromium):
     from agentstream.schemas.kafka import ensure_topics
-    from tests.releases.test_releases import release
+    from tests.support.releases import release
 
     await ensure_topics(kafka)
     await publish_all(kafka, [release("canary", started_at=1000)])  # history, before the dashboard starts

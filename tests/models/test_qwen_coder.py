@@ -64,7 +64,7 @@ def test_parts_join_only_into_the_pinned_file(parts, tmp_path):
                    say=lambda _: None)
     # a wheel without the pinned member
     missing = dataclasses.replace(spec, parts=(spec.parts[0], dataclasses.replace(spec.parts[1], member="x.bin")))
-    with pytest.raises(StackError, match="holds no readable x.bin"):
+    with pytest.raises(StackError, match=r"holds no readable x\.bin"):
         join_parts(missing, wheels, tmp_path / "y.gguf", say=lambda _: None)
 
 

@@ -7,6 +7,7 @@ graded after them still scores 1."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import py_compile
 import subprocess
@@ -27,6 +28,7 @@ from agentstream.schemas.kafka import Publisher, make_consumer, make_producer
 from tests.support.swe import HONEST, make_repo
 from tests.support.wait import wait_for_async
 
+pytestmark = pytest.mark.slow  # each attack is graded by the real grader: git, and pytest in bubblewrap
 F2P = "tests/test_calc.py::test_add"
 P2P = "tests/test_calc.py::test_add_zero"
 TESTS = ("from calc import add\n\n\ndef test_add():\n    assert add(1, 2) == 3\n    assert add(2, 2) == 4\n\n\n"
@@ -46,7 +48,7 @@ def replace_calc(text: str) -> str:
     """A diff that makes calc.py `text` (it was the buggy two-line add)."""
     lines = text.splitlines(keepends=True)
     return ("diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n"
-            f"@@ -1,2 +1,{len(lines)} @@\n-def add(a, b):\n-    return a - b\n" + "".join("+" + l for l in lines))
+            f"@@ -1,2 +1,{len(lines)} @@\n-def add(a, b):\n-    return a - b\n" + "".join("+" + line for line in lines))
 
 
 class Task:
@@ -97,7 +99,10 @@ def scratch_here(tmp_path, monkeypatch):
     folder.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(folder))
     yield
-    assert list(folder.iterdir()) == [], "a grading left its scratch folder behind"
+    # tempfile.tempdir is process-wide: the session's tiny-model build (a background thread, tests/conftest.py)
+    # can put torch's inductor cache here while a grading runs; that one is not the grading's
+    left = [p for p in folder.iterdir() if not p.name.startswith("torchinductor_")]
+    assert left == [], "a grading left its scratch folder behind"
 
 
 def refused(result) -> dict[str, str]:
@@ -245,8 +250,7 @@ def test_passed_lines_forged_inside_a_repr_with_a_control_character_are_not_read
 
 
 def test_output_written_to_the_saved_stdout_before_os_exit_is_not_a_verdict(task):
-    verdict = ('{"statuses": {"%s": "PASSED", "%s": "PASSED"}, "consistent": true, "problems": [], "exit_code": 0}'
-               % (F2P, P2P))
+    verdict = json.dumps({"statuses": {F2P: "PASSED", P2P: "PASSED"}, "consistent": True, "problems": [], "exit_code": 0})
     code = ("import os, sys\n\ndef add(a, b):\n"
             f"    os.write(sys.__stdout__.fileno(), b'\\n{FORGED}\\n\\n@@agentstream-verdict@@ ' + {verdict!r}.encode() + b'\\n')\n"
             "    os._exit(0)\n")
@@ -256,7 +260,7 @@ def test_output_written_to_the_saved_stdout_before_os_exit_is_not_a_verdict(task
 
 
 def test_a_daemon_that_writes_a_verdict_after_the_tests_is_killed_first(task):
-    verdict = '{"statuses": {"%s": "PASSED", "%s": "PASSED"}, "consistent": true, "problems": []}' % (F2P, P2P)
+    verdict = json.dumps({"statuses": {F2P: "PASSED", P2P: "PASSED"}, "consistent": True, "problems": []})
     code = ("import os, sys, time\n\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(3)\n"
             f"    os.write(1, b'\\n@@agentstream-verdict@@ ' + {verdict!r}.encode() + b'\\n')\n    os._exit(0)\n\n"
             "def add(a, b):\n    return a - b\n")

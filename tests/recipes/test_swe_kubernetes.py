@@ -24,7 +24,6 @@ from agentstream.controller.tasks import PlannedRollout
 from agentstream.recipes.swe.instance import Instance
 from agentstream.sandbox.kubernetes import NETWORK_LABEL
 from agentstream.schemas.tokens import verify_rollout_token
-from tests.support.kube import kube_cluster, restricted_namespace  # noqa: F401 (fixtures)
 
 SECRET = "operator-token-secret-" + "x" * 16
 OPERATOR_ENV = {"AGENTSTREAM_TOKEN_SECRET": SECRET, "AWS_SECRET_ACCESS_KEY": "aws-secret-of-the-operator",
@@ -51,7 +50,7 @@ spec:
 
 
 
-async def test_the_harness_attempt_is_a_sandboxed_job(kube_cluster, restricted_namespace, tmp_path: Path,  # noqa: F811
+async def test_the_harness_attempt_is_a_sandboxed_job(kube_cluster, restricted_namespace, tmp_path: Path,
                                                      monkeypatch):
     api, namespace = restricted_namespace
     for name, value in OPERATOR_ENV.items():  # the controller's own environment: none of it may reach a pod

@@ -19,9 +19,7 @@ from agentstream.trainer.grpo import Policy
 from agentstream.trainer.ranks import LocalRay, RankedPolicy, balance, even_out, join_with_token
 from agentstream.trainer.service import Trainer
 from agentstream.trainer.settings import TrainerSettings
-from tests.support.trainer import arithmetic_groups
-from tests.trainer.test_grpo import samples_of
-from tests.trainer.test_service import committed_and_end, publish, read_all, trainer_settings
+from tests.support.trainer import arithmetic_groups, committed_and_end, publish, read_all, samples_of, trainer_settings
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -59,6 +57,7 @@ def test_balance_splits_by_tokens_and_evens_out_micro_batches():
     assert [m.tolist() for m in even_out([torch.tensor([4])], 2, padding=9)] == [[4], [9]]
 
 
+@pytest.mark.slow  # a local Ray and two ranks' optimizer steps
 def test_two_ranks_give_the_update_of_one_process(tiny_model_dirs, ray_address, tmp_path):
     base = tiny_model_dirs[0]
     samples = samples_of(arithmetic_groups(base, groups=4, group_size=8))
@@ -144,7 +143,7 @@ async def test_a_rank_killed_in_a_step_voids_the_step_and_the_batch_is_trained_o
 
 @pytest.mark.vllm
 async def test_the_service_with_two_ranks_publishes_versions_vllm_serves(kafka, vllm_server, ray_address, tmp_path):
-    from tests.trainer.test_vllm import hf_logprobs, served_logprobs, swap
+    from tests.support.vllm import hf_logprobs, served_logprobs, swap
 
     base = vllm_server.model_dir
     events = arithmetic_groups(base, groups=4, group_size=4)  # 2 versions
