@@ -21,7 +21,8 @@ from openai import AsyncOpenAI
 from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from agentstream.gateway.app import Gateway, create_app
+from agentstream.gateway.app import create_app
+from agentstream.gateway.service import Gateway
 from agentstream.gateway.settings import GatewaySettings
 from agentstream.schemas import Event, decode
 from agentstream.schemas.kafka import KafkaSettings, make_consumer, partitions_of
