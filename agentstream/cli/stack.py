@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from agentstream.cli.output import console, say
-from agentstream.stack import bootstrap_servers, default_kafka_dir
+from agentstream.stack import bootstrap_servers, configured_kafka, default_kafka_dir
 
 DataDir = Annotated[Path, typer.Option(help="broker data directory (kept across stop/start)")]
 ServerName = Annotated[str, typer.Option(help="server name, to run several side by side")]
@@ -18,9 +17,8 @@ ModelDir = Annotated[Path, typer.Argument(help="folder to write the model into")
 
 
 def _external_kafka() -> bool:
-    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
-        console.print(f"KAFKA_BOOTSTRAP_SERVERS is set ({os.environ['KAFKA_BOOTSTRAP_SERVERS']}): "
-                      "using that cluster, the local broker is not touched.")
+    if configured := configured_kafka():
+        console.print(f"KAFKA_BOOTSTRAP_SERVERS is set ({configured}): using that cluster, the local broker is not touched.")
         return True
     return False
 
