@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any, cast
 
 import polars as pl
 
@@ -96,7 +97,7 @@ class Archiver:
         self.archived[topic] = self.archived.get(topic, 0) + count
         return max(count, 1)  # offsets moved on (a range of transaction markers only counts as progress)
 
-    def _write(self, manifest: Manifest, frame: pl.DataFrame) -> list[dict]:
+    def _write(self, manifest: Manifest, frame: pl.DataFrame) -> list[dict[str, Any]]:
         hours = frame.with_columns(
             pl.from_epoch("kafka_timestamp", time_unit="ms").dt.strftime("hour=%Y-%m-%dT%H").alias("_hour"))
         written = []
@@ -105,14 +106,14 @@ class Archiver:
             relative = Path(hour) / f"part-{manifest.commits:08d}.parquet"
             path = manifest.folder / relative
             path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomically(path, partial(part.write_parquet, compression="zstd", statistics=True))
+            write_atomically(path, partial(_write_parquet, part))
             offsets = part.group_by("kafka_partition").agg(pl.col("kafka_offset").min().alias("first"),
                                                             pl.col("kafka_offset").max().alias("last"))
             written.append({
                 "path": str(relative), "rows": part.height, "bytes": path.stat().st_size,
                 "value_bytes": int(part["value"].bin.size().sum()),
                 "offsets": {str(p): [first, last] for p, first, last in offsets.iter_rows()},
-                "times": [int(part["kafka_timestamp"].min()), int(part["kafka_timestamp"].max())],
+                "times": [cast(int, part["kafka_timestamp"].min()), cast(int, part["kafka_timestamp"].max())],
             })
         return written
 
@@ -141,3 +142,7 @@ async def run(archiver: Archiver, interval_s: float = 10.0, once: bool = False) 
             return
         except TimeoutError:
             pass
+
+
+def _write_parquet(part: pl.DataFrame, path: Path) -> None:
+    part.write_parquet(path, compression="zstd", statistics=True)

@@ -16,19 +16,20 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from pydantic import Field, ValidationError, model_validator
+from pydantic_settings import CliApp, SettingsConfigDict
 
-from agentstream.controller.tasks import load_tasks
+from agentstream.controller.settings import ControllerSettings
+from agentstream.controller.tasks import TaskFileError, load_tasks
 from agentstream.schemas.codec import DecodeError, decode
 from agentstream.schemas.events import (
     Eval,
@@ -39,32 +40,50 @@ from agentstream.schemas.events import (
     TrajectoryEvent,
     WeightsEvent,
 )
+from agentstream.schemas.ids import derived_id
 from agentstream.schemas.kafka import KafkaSettings, Publisher, make_consumer, make_producer, partitions_of
+from agentstream.schemas.scan import scan
+from agentstream.stack.process import spawn
+from agentstream.stack.service import Service
 
-REPO = Path(__file__).resolve().parents[1]
+
+class EvalSettings(KafkaSettings):
+    """`python -m agentstream.eval` (also `agentstream eval`): measure weight versions on validation tasks."""
+
+    model_config = SettingsConfigDict(cli_prog_name="python -m agentstream.eval")
+
+    tasks: Path = Field(description="validation tasks (every row is treated as validation)")
+    agent: str = Field(description="the agent command, as for the controller")
+    model: str = Field(description="the served model name")
+    gateway_url: str = Field("http://127.0.0.1:8000", description="the gateway, as agents reach it")
+    token_secret: str = Field("", description="the gateway's token secret (env AGENTSTREAM_TOKEN_SECRET)")
+    samples: int = Field(1, ge=1, description="k: samples per task (pass@k)")
+    concurrency: int = Field(2, ge=1, description="agents running at once")
+    timeout_s: float = Field(600.0, gt=0, description="seconds an attempt may run")
+    max_attempts: int = Field(1, ge=1, description="attempts per rollout")
+    threshold: float = Field(1.0, description="a sample passes when its reward reaches this")
+    out: Path = Field(Path("runs/eval"), description="folder for the eval runs' task files and agent logs")
+    settle_timeout_s: float = Field(600.0, gt=0, description="how long to wait for the last trajectories after "
+                                    "the controller ends")
+    agent_env: dict[str, str] = Field(default_factory=dict, description="environment each agent gets besides "
+                                      "the controller's own (a harness's settings)")
+    split: Literal["validation", "train"] = Field(
+        "validation", description="the rollouts' split: validation (never trained on); train for a probe of train "
+        "tasks (`agentstream tasks swe probe`), whose successful attempts an offline trainer may learn from")
+    version: int | None = Field(None, description="the version being measured (default: the latest published)")
+    follow: bool = Field(False, description="evaluate the version serving now, then each new one as the pool "
+                         "loads it")
+    max_versions: int | None = Field(None, ge=1, description="with --follow: stop after this many versions")
+
+    @model_validator(mode="after")
+    def _one_version_or_follow(self) -> EvalSettings:
+        if self.follow and self.version is not None:
+            raise ValueError("--version measures one version; --follow measures each as it appears: give one of them")
+        return self
 
 
-@dataclass
-class EvalConfig:
-    tasks: Path
-    """validation tasks (every row is treated as validation)"""
-    agent: str
-    gateway_url: str
-    token_secret: str
-    model: str
-    samples: int = 1
-    """k: samples per task"""
-    concurrency: int = 2
-    timeout_s: float = 600.0
-    max_attempts: int = 1
-    threshold: float = 1.0
-    out: Path = Path("runs/eval")
-    settle_timeout_s: float = 600.0
-    """how long to wait for the last trajectories after the controller ends"""
-    agent_env: dict[str, str] = field(default_factory=dict)
-    split: Literal["validation", "train"] = "validation"
-    """the rollouts' split: validation (never trained on); train for a probe of train tasks
-    (`agentstream tasks swe probe`), whose successful attempts an offline trainer may learn from"""
+EvalConfig = EvalSettings
+"""the name `agentstream eval` builds it by"""
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -75,7 +94,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def score(trajectories: dict[str, TrajectoryEvent], task_of: dict[str, str], k: int, threshold: float
-          ) -> dict:
+          ) -> dict[str, Any]:
     """Eval fields from each rollout's final trajectory (rollout id → trajectory)."""
     per_task: dict[str, list[float | None]] = defaultdict(list)
     unscored: Counter[str] = Counter()
@@ -101,12 +120,12 @@ def score(trajectories: dict[str, TrajectoryEvent], task_of: dict[str, str], k: 
 
 
 class Evaluator:
-    def __init__(self, kafka: KafkaSettings, config: EvalConfig, say: Callable[[str], None] = print):
+    def __init__(self, kafka: KafkaSettings, config: EvalSettings, say: Callable[[str], None] = print):
         self.kafka = kafka
         self.config = config
         self.say = say
         self.out = config.out.resolve()
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen[bytes] | None = None
         self.last_trajectories: dict[str, TrajectoryEvent] = {}
         """the final trajectory of each rollout of the last evaluation (rollout id → it)"""
 
@@ -145,26 +164,31 @@ class Evaluator:
                  f"over {data.tasks} tasks ({data.samples} samples; unscored {data.unscored or 'none'})")
         return event
 
+    def controller(self, tasks: Path, run_id: str) -> Service:
+        """The controller process that runs one evaluation: k samples of each task, as a run of its own."""
+        config, validation = self.config, self.config.split == "validation"
+        settings = ControllerSettings(
+            bootstrap_servers=self.kafka.bootstrap_servers, topic_prefix=self.kafka.topic_prefix, tasks=tasks,
+            agent=config.agent, samples=1 if validation else config.samples,
+            validation_samples=config.samples if validation else 1, epochs=1, run_id=run_id,
+            concurrency=config.concurrency, timeout_s=config.timeout_s, max_attempts=config.max_attempts,
+            gateway_url=config.gateway_url, token_secret=config.token_secret, model=config.model, progress=False,
+            logs_dir=self.out / "attempts",
+            # stopped only when the eval is abandoned (its run is then discarded): its agents go at once,
+            # not after a grace that could outlast whoever stops the eval and leave them running
+            shutdown_grace_s=0)
+        return Service("controller", "agentstream.controller", settings, env=config.agent_env)
+
     def _run_controller(self, tasks: Path, run_id: str) -> int:
-        config, kafka = self.config, self.kafka
-        args = [sys.executable, "-m", "agentstream.controller", "--bootstrap-servers", kafka.bootstrap_servers,
-                "--topic-prefix", kafka.topic_prefix, "--tasks", str(tasks), "--agent", config.agent,
-                "--validation-samples" if config.split == "validation" else "--samples", str(config.samples),
-                "--epochs", "1", "--run-id", run_id,
-                "--concurrency", str(config.concurrency), "--timeout-s", str(config.timeout_s),
-                "--max-attempts", str(config.max_attempts), "--gateway-url", config.gateway_url,
-                f"--token-secret={config.token_secret}", "--model", config.model, "--no-progress",
-                "--logs-dir", str(self.out / "attempts"),
-                # stopped only when the eval is abandoned (its run is then discarded): its agents go at once,
-                # not after a grace that could outlast whoever stops the eval and leave them running
-                "--shutdown-grace-s", "0"]
-        with open(self.out / f"{run_id}.log", "wb") as log:
-            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-                                            env={**os.environ, **config.agent_env})
-            try:
-                return self.process.wait()
-            finally:
-                self.process = None
+        controller = self.controller(tasks, run_id)
+        log = self.out / f"{run_id}.log"
+        log.unlink(missing_ok=True)
+        # in the eval's process group: whoever stops the eval's group (SIGTERM) stops its controller too
+        self.process = spawn(controller.argv(), log, env=controller.env, own_session=False)
+        try:
+            return self.process.wait()
+        finally:
+            self.process = None
 
     async def _collect(self, run_id: str, since_ms: int) -> tuple[dict[str, TrajectoryEvent], dict[str, str]]:
         """Each rollout's last attempt as a trajectory (rollout id → it), and each rollout's task."""
@@ -176,8 +200,8 @@ class Evaluator:
                           *await partitions_of(self.kafka, topics.trajectories)]
             await _seek_to_time(consumer, partitions, since_ms)
             task_of: dict[str, str] = {}
-            last_attempt: dict[str, tuple[int, str]] = {}
-            trajectories: dict[tuple[str, str], TrajectoryEvent] = {}
+            last_attempt: dict[str, tuple[int, str | None]] = {}
+            trajectories: dict[tuple[str | None, str | None], TrajectoryEvent] = {}
             deadline = time.monotonic() + self.config.settle_timeout_s
             async for events in _followed(consumer):
                 for event in events:
@@ -190,8 +214,9 @@ class Evaluator:
                     elif isinstance(event, TrajectoryEvent):
                         trajectories[event.rollout_id, event.attempt_id] = event
                 final = {rollout: trajectories.get((rollout, attempt)) for rollout, (_, attempt) in last_attempt.items()}
-                if final and all(final.values()):
-                    return final, task_of  # type: ignore[return-value]
+                found = {rollout: event for rollout, event in final.items() if event is not None}
+                if final and len(found) == len(final):
+                    return found, task_of
                 if time.monotonic() > deadline:
                     missing = sorted(rollout for rollout, found in final.items() if found is None)
                     raise TimeoutError(f"eval {run_id}: no trajectory for {len(missing)} rollout(s) after "
@@ -199,6 +224,7 @@ class Evaluator:
                                        "running on this topic prefix, and the grader?")
         finally:
             await consumer.stop()
+        raise AssertionError("the followed topics never end")
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -207,13 +233,11 @@ class Evaluator:
 
 def _of_run(event: RolloutQueuedEvent, run_id: str) -> bool:
     """Whether a queued rollout belongs to this run: the controller names its groups from the run id."""
-    from agentstream.schemas.ids import derived_id
-
     queued = event.data
     return queued.group_id == derived_id(run_id, "group", queued.split, queued.task.id, str(queued.epoch))
 
 
-async def _seek_to_time(consumer, partitions: list[TopicPartition], since_ms: int) -> None:
+async def _seek_to_time(consumer: AIOKafkaConsumer, partitions: list[TopicPartition], since_ms: int) -> None:
     consumer.assign(partitions)
     found = await consumer.offsets_for_times({tp: since_ms for tp in partitions})
     ends = await consumer.end_offsets(partitions)
@@ -223,8 +247,6 @@ async def _seek_to_time(consumer, partitions: list[TopicPartition], since_ms: in
 
 async def current_version(kafka: KafkaSettings, model: str) -> int:
     """The latest weight version published for `model` (0 when none yet)."""
-    from agentstream.schemas.scan import scan
-
     latest = 0
     async for batch in scan(kafka, kafka.topics.weights):
         for event in _events(batch):
@@ -233,7 +255,7 @@ async def current_version(kafka: KafkaSettings, model: str) -> int:
     return latest
 
 
-def _events(records) -> Iterator[Event]:
+def _events(records: Iterable[Any]) -> Iterator[Event]:
     """The records' events; one that does not decode is not the eval's to judge (the streams deadletter it)."""
     for record in records:
         try:
@@ -242,14 +264,14 @@ def _events(records) -> Iterator[Event]:
             continue
 
 
-async def _followed(consumer) -> AsyncIterator[list[Event]]:
+async def _followed(consumer: AIOKafkaConsumer) -> AsyncIterator[list[Event]]:
     """The events of each fetch of a started consumer: a list (maybe empty) at least every half second."""
     while True:
         batches = await consumer.getmany(timeout_ms=500)
         yield [event for records in batches.values() for event in _events(records)]
 
 
-async def follow_versions(kafka: KafkaSettings, model: str, wait_for_pool: bool = True):
+async def follow_versions(kafka: KafkaSettings, model: str, wait_for_pool: bool = True) -> AsyncIterator[int]:
     """Each weight version of `model` once the pool serves it: the current one first, then each new one."""
     topics = kafka.topics
     consumer = make_consumer(kafka, topics.weights, topics.pool, group_id=None)
@@ -277,7 +299,7 @@ async def follow_versions(kafka: KafkaSettings, model: str, wait_for_pool: bool 
         await consumer.stop()
 
 
-async def run_eval(kafka: KafkaSettings, config: EvalConfig, version: int | None, follow: bool,
+async def run_eval(kafka: KafkaSettings, config: EvalSettings, version: int | None, follow: bool,
                    max_versions: int | None = None, say: Callable[[str], None] = print) -> list[EvalEvent]:
     evaluator = Evaluator(kafka, config, say)
     results: list[EvalEvent] = []
@@ -293,3 +315,30 @@ async def run_eval(kafka: KafkaSettings, config: EvalConfig, version: int | None
         return results
     finally:
         evaluator.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        settings = CliApp.run(EvalSettings, cli_args=sys.argv[1:] if argv is None else argv)
+    except ValidationError as exc:
+        for error in exc.errors(include_url=False):
+            flag = "--" + "-".join(str(part) for part in error["loc"]).replace("_", "-")
+            print(f"error: {flag + ': ' if error['loc'] else ''}{error['msg'].removeprefix('Value error, ')}",
+                  file=sys.stderr)
+        return 2
+    if not settings.token_secret:
+        print("error: no token secret: pass --token-secret or set AGENTSTREAM_TOKEN_SECRET to the gateway's",
+              file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(run_eval(settings, settings, settings.version, settings.follow, settings.max_versions))
+    except (TaskFileError, RuntimeError, TimeoutError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,7 +1,7 @@
 """`agentstream demo --production`: learning from production traffic, with canary releases, on one machine.
 
 No controller and no tasks with graders: simulated users (`examples/production_users.py`, an ordinary
-OpenAI-SDK program) open sessions through the gateway's plain `/v1`, ask arithmetic questions, end their
+OpenAI-SDK program, shipped as `agentstream.examples`) open sessions through the gateway's plain `/v1`, ask arithmetic questions, end their
 sessions and rate the answers later, by a preference the starting model does not have (answers in
 digits). The streams worker turns each session into a trajectory and its feedback into a reward
 (`--reward-policy`); the trainer learns from those sessions off-policy (`--rollout-is token`, REINFORCE++
@@ -17,38 +17,61 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.table import Table
 
-from agentstream.demo import (
-    REPO,
-    Demo,
-    Progress,
-    StackConfig,
-    VersionRow,
-    common_flags,
-    plot_by_version,
-    run_folder,
-    run_to_summary,
-)
+from agentstream.demo.loop import Loop, Stack
+from agentstream.demo.preset import example_file
+from agentstream.demo.progress import Progress, VersionRow, plot_by_version
+from agentstream.demo.run import Demo, StackConfig, run_folder, run_to_summary
 from agentstream.models.tiny_model import build_tiny_model
-from agentstream.schemas.events import ReleaseEvent, RewardEvent, TrajectoryEvent
+from agentstream.releases.settings import ReleasesSettings
+from agentstream.schemas.events import Event, ReleaseEvent, RewardEvent, TrajectoryEvent
 from agentstream.schemas.kafka import KafkaSettings
 from agentstream.stack import StackError
 from agentstream.stack.process import ServerState, free_port
+from agentstream.stack.service import Service
 from agentstream.stack.vllm import LocalVLLM
+from agentstream.streams.settings import StreamsSettings
+from agentstream.trainer.settings import TrainerSettings
 
-USERS = REPO / "examples" / "production_users.py"
-QUESTIONS = REPO / "examples" / "arithmetic_tasks.jsonl"
+QUESTIONS = "questions.jsonl"
+"""the users' questions (`examples/arithmetic_tasks.jsonl`), copied into the run's folder"""
 PAST = {"promote": "promoted", "rollback": "rolled back"}
 DECISIONS = tuple(PAST)
 
 
-@dataclass
+class Users(BaseModel):
+    """The flags of the simulated users (`examples/production_users.py`, an argparse program), typed."""
+
+    tasks: Path
+    concurrency: int
+    rate: float
+    max_tokens: int
+    delay_s: float
+    late_share: float
+    late_delay_s: float
+    seed: int
+
+
+class ProductionLoop(Loop):
+    """The loop without a controller: users send the traffic, straight to the gateway's `/v1`."""
+
+    users: Users
+    users_env: dict[str, str]
+    """the OpenAI SDK's address and key, the model to ask"""
+
+    def traffic(self) -> list[Service]:
+        return [Service("users", "agentstream.examples.production_users", self.users, env=self.users_env)]
+
+
 class ProductionConfig(StackConfig):
     versions: int = 3
     sessions_per_version: int = 64
@@ -75,7 +98,7 @@ class ProductionConfig(StackConfig):
     seed: int = 0
     timeout_s: float = 1200.0
     """the run ends, decided or not, after this long with the services up"""
-    out: Path = field(default_factory=lambda: run_folder("demo-production"))
+    out: Path = Field(default_factory=lambda: run_folder("demo-production"))
 
     @property
     def batch(self) -> int:
@@ -84,6 +107,37 @@ class ProductionConfig(StackConfig):
     @property
     def canary_vllm_name(self) -> str:
         return f"{self.vllm_name}-canary"
+
+    def build_model(self, out: Path, say: Callable[[str], None]) -> Path:
+        if self.model != "tiny":
+            raise StackError(f"the production demo runs the tiny model, not {self.model!r}")
+        return build_tiny_model(out / "base-model")
+
+    def prepare(self, out: Path) -> None:
+        (out / QUESTIONS).write_text(example_file("arithmetic_tasks.jsonl"))
+
+    def loop(self, stack: Stack) -> ProductionLoop:
+        model, out = self.model, stack.out
+        return ProductionLoop(
+            gateway=stack.gateway(model, canary_share=self.canary_share, canary_servers=1,
+                                  base_weights=[f"{model}={stack.model_dir.resolve()}"]),
+            streams=stack.settings(StreamsSettings, settle_s=0.3, data_dir=out / "streams", web_port=free_port(),
+                                   reward_policy="streams.policies:latest", feedback_window_s=self.feedback_window_s,
+                                   session_idle_s=120),
+            trainer=stack.settings(
+                TrainerSettings, model=model, base_model=stack.model_dir, checkpoint_dir=out / "checkpoints",
+                group_size=8, groups_per_batch=max(1, self.sessions_per_version // 8),
+                ungrouped_adv_estimator="reinforce_plus_plus", rollout_is="token", lr=self.lr, epochs=self.epochs,
+                max_staleness=self.versions, max_versions=self.versions, seed=self.seed),
+            releases=stack.settings(
+                ReleasesSettings, alpha=self.alpha, min_sessions=self.min_sessions, max_sessions=self.max_sessions,
+                min_calls=self.min_sessions, max_error_rate_increase=0.2, interval_s=2,
+                # two CPU servers on one loaded machine: their latencies differ by the load, not the version
+                max_latency_ratio=50),
+            users=Users(tasks=out / QUESTIONS, concurrency=self.concurrency, rate=self.rate, max_tokens=self.max_tokens,
+                        delay_s=2, late_share=self.late_share, late_delay_s=self.feedback_window_s + 6, seed=self.seed),
+            users_env={"OPENAI_BASE_URL": f"{stack.gateway_url}/v1", "OPENAI_API_KEY": stack.api_key,
+                       "AGENTSTREAM_MODEL": model})
 
 
 # --- what the run shows: the demo's fold, plus late rewards and the canary decisions ---------
@@ -97,7 +151,7 @@ class Decision:
     at_s: float
     stable_version: int
     p_value: float | None
-    arms: list[dict]
+    arms: list[dict[str, Any]]
     reason: str
 
     def text(self) -> str:
@@ -126,7 +180,12 @@ class ProductionProgress(Progress):
         """trajectory id → the version that served it, for sessions whose rating came after the window"""
         self.decisions: list[Decision] = []
 
-    def take(self, event) -> None:
+    def row(self, version: int) -> ProductionRow:
+        row = super().row(version)
+        assert isinstance(row, ProductionRow)  # row_type
+        return row
+
+    def take(self, event: Event) -> None:
         if isinstance(event, TrajectoryEvent) and event.data.reward is None and event.data.session_id:
             versions = [turn.weight_version for turn in event.data.turns if turn.weight_version is not None]
             self.unrewarded[event.id] = min(versions) if versions else 0
@@ -188,62 +247,22 @@ class ProductionDemo(Demo):
     def __init__(self, config: ProductionConfig, console: Console):
         super().__init__(config, console)
         self.canary_vllm = LocalVLLM(config.canary_vllm_name)
-        self.progress = ProductionProgress()
-        self.servers: list[ServerState] = []
+        self.progress: ProductionProgress = ProductionProgress()
         self.deadline = float("inf")
 
-    def prepare(self) -> None:
-        for path in (USERS, QUESTIONS):
-            if not path.exists():
-                raise StackError(f"{path} is missing: run the demo from an agentstream checkout")
-
-    def base_model(self) -> Path:
-        if self.config.model != "tiny":
-            raise StackError(f"the production demo runs the tiny model, not {self.config.model!r}")
-        return build_tiny_model(self.out / "base-model")
-
-    def inference(self, model_dir: Path, server: LocalVLLM | None = None) -> ServerState:
-        """Both servers at once (a canary needs a server of its own): the first is the one the run returns."""
+    def inference(self, model_dir: Path) -> list[ServerState]:
+        """Both servers at once (a canary needs a server of its own)."""
         with ThreadPoolExecutor(2) as pool:
-            self.servers = list(pool.map(lambda one: super(ProductionDemo, self).inference(model_dir, one),
-                                         (self.vllm, self.canary_vllm)))
-        return self.servers[0]
+            return list(pool.map(lambda server: self.serve(model_dir, server), (self.vllm, self.canary_vllm)))
 
     def stop_all(self) -> None:
         super().stop_all()
         if not self.config.keep_stack:
             self.canary_vllm.stop()
 
-    async def launch(self, kafka: KafkaSettings, model_dir: Path, vllm: ServerState) -> None:
-        config, model, common = self.config, self.config.model, common_flags(kafka)
-        gateway_url, _ = self.start_gateway(
-            kafka, model, *self.servers,
-            flags=("--canary-share", str(config.canary_share), "--canary-servers", "1",
-                   "--base-weights", f"{model}={model_dir.resolve()}"))
-        self.start("streams", "agentstream.streams", "worker", *common, "--web-port", str(free_port()), "--settle-s", "0.3",
-                   "--data-dir", str(self.out / "streams"), "--reward-policy", "streams.policies:latest",
-                   "--feedback-window-s", str(config.feedback_window_s), "--session-idle-s", "120")
-        self.start("trainer", "agentstream.trainer", *common, "--model", model, "--base-model", str(model_dir),
-                   "--checkpoint-dir", str(self.out / "checkpoints"), "--group-size", "8",
-                   "--groups-per-batch", str(max(1, config.sessions_per_version // 8)),
-                   "--ungrouped-adv-estimator", "reinforce_plus_plus", "--rollout-is", "token",
-                   "--lr", str(config.lr), "--epochs", str(config.epochs),
-                   "--max-staleness", str(config.versions), "--max-versions", str(config.versions),
-                   "--seed", str(config.seed))
-        self.start("releases", "agentstream.releases", *common, "--alpha", str(config.alpha),
-                   "--min-sessions", str(config.min_sessions), "--max-sessions", str(config.max_sessions),
-                   "--min-calls", str(config.min_sessions), "--max-error-rate-increase", "0.2",
-                   # two CPU servers on one loaded machine: their latencies differ by the load, not the version
-                   "--max-latency-ratio", "50", "--interval-s", "2")
-        await self.await_http("gateway", f"{gateway_url}/healthz")
-        self.start("users", "examples.production_users", "--tasks", str(QUESTIONS),
-                   "--concurrency", str(config.concurrency), "--rate", str(config.rate),
-                   "--max-tokens", str(config.max_tokens),
-                   "--delay-s", "2", "--late-share", str(config.late_share),
-                   "--late-delay-s", str(config.feedback_window_s + 6), "--seed", str(config.seed),
-                   env={"OPENAI_BASE_URL": f"{gateway_url}/v1", "OPENAI_API_KEY": self.api_key,
-                        "AGENTSTREAM_MODEL": model})
-        self.deadline = time.monotonic() + config.timeout_s
+    async def launch(self, stack: Stack) -> None:
+        await super().launch(stack)
+        self.deadline = time.monotonic() + self.config.timeout_s
 
     async def follow(self, kafka: KafkaSettings) -> None:
         """Until the last version's canary is decided, or the time is up."""
@@ -267,7 +286,7 @@ class ProductionDemo(Demo):
 
 
 def production_summary(progress: ProductionProgress, config: ProductionConfig, console: Console,
-                       elapsed_s: float) -> dict:
+                       elapsed_s: float) -> dict[str, Any]:
     rows = {v: row for v, row in sorted(progress.rows.items()) if isinstance(row, ProductionRow)}
     pauses = sorted(row.pause_ms for row in rows.values() if row.pause_ms is not None)
     result = {
@@ -300,7 +319,7 @@ def plot(progress: ProductionProgress, path: Path) -> None:
     """Reward by version, each decided canary marked at its version (▲ promoted, ▼ rolled back) with its p-value."""
     versions = [v for v in sorted(progress.rows) if progress.rows[v].reward_mean is not None]
 
-    def annotate(axis) -> None:
+    def annotate(axis: Any) -> None:
         for decision in progress.decisions:
             row = progress.rows[decision.version]
             if row.reward_mean is None:
@@ -322,5 +341,5 @@ def plot(progress: ProductionProgress, path: Path) -> None:
                     ylabel="mean reward of the sessions it served", ylim=(0, 1.05), decorate=annotate)
 
 
-def run_production_demo(config: ProductionConfig, console: Console | None = None) -> dict:
+def run_production_demo(config: ProductionConfig, console: Console | None = None) -> dict[str, Any]:
     return run_to_summary(ProductionDemo(config, console or Console()), production_summary)

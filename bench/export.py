@@ -33,10 +33,11 @@ import agentstream.schemas as s
 from agentstream.schemas.kafka import KafkaSettings, ensure_topics
 from agentstream.schemas.scan import scan
 from agentstream.stack.kafka import LocalKafka
-from agentstream.streams.assembly import Timing, assemble
+from agentstream.streams.assembly import Timing
 from bench.replay import rollout_events
 from bench.report import Report
 from bench.streams_assembly import ROOT, checkout
+from samples.assembly import assemble
 
 SINKS = ("events", "chat", "parquet")
 PREFIX = "bench-export."

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import secrets
 import statistics
 import sys
 import time
@@ -25,13 +26,16 @@ from pathlib import Path
 
 from rich.console import Console
 
-from agentstream.demo import common_flags
-from agentstream.recipes.swe.recipe import HARNESS, Recipe, RecipeConfig, build_recipe_tasks
+from agentstream.demo.loop import Stack
+from agentstream.recipes.swe.recipe import HARNESS, Recipe, RecipeConfig
+from agentstream.recipes.swe.task_files import build_recipe_tasks
 from agentstream.schemas.codec import DecodeError, decode
 from agentstream.schemas.events import CallEvent, RewardEvent, RolloutDiffEvent, TrajectoryEvent, WeightsEvent
 from agentstream.schemas.kafka import KafkaSettings
 from agentstream.schemas.scan import scan
 from agentstream.stack.process import free_port
+from agentstream.stack.service import Service
+from agentstream.trainer.settings import TrainerSettings
 from bench.report import Report
 
 SCRIPT = ["ls", "grep -rn 'def ' --include=*.py . | head -20", "git status --short",
@@ -43,33 +47,29 @@ class Bench(Recipe):
         config = self.config
         self.out.mkdir(parents=True, exist_ok=True)
         kafka = await self.topics()
-        train, _, instances = build_recipe_tasks(self.out / "tasks", args.tasks, 1, say=self.say)
+        self.tasks = build_recipe_tasks(self.out / "tasks", args.tasks, 1, say=self.say)
+        train = self.tasks[0]
         model_dir = self.base_model()
-        vllm = self.inference(model_dir)
-        common = common_flags(kafka)
-        gateway_url, secret = self.start_gateway(kafka, self.served, vllm)
-        self.start("streams", "streams", "worker", *common, "--web-port", str(free_port()), "--settle-s", "0.5",
-                   "--reward-grace-s", "300", "--data-dir", str(self.out / "streams"))
-        self.start("grader", "recipes.swe.grade", *common, "--tasks", str(instances))
-        await self.await_http("gateway", f"{gateway_url}/healthz")
-        env = {"AGENTSTREAM_SWE_STEP_LIMIT": str(config.step_limit), "AGENTSTREAM_SWE_MAX_TOKENS": str(config.max_tokens),
-               "AGENTSTREAM_SWE_WORKSPACE": str(self.out / "workspaces"),
-               "AGENTSTREAM_SWE_INDEX": str(self.index_file(instances))}
+        stack = Stack(kafka=kafka, model_dir=model_dir, servers=self.inference(model_dir), gateway_port=free_port(),
+                      token_secret=secrets.token_urlsafe(24), api_key=secrets.token_urlsafe(24), out=self.out)
+        for service in self.grading(stack).services():
+            self.start(service)
+        await self.await_http("gateway", f"{stack.gateway_url}/healthz")
+        env = self.harness(stack).env()
         arms = {}
         for arm, extra in (("scripted", {"AGENTSTREAM_SWE_SCRIPT": json.dumps(SCRIPT)}), ("recipe", {})):
             rollouts = args.tasks * args.samples
             self.say(f"{arm}: {rollouts} rollouts")
             started = time.monotonic()
-            run = self.start(f"controller-{arm}", "controller", *common, "--tasks", str(train), "--agent", HARNESS,
-                             "--samples", str(args.samples), "--run-id", f"bench-{arm}", "--max-attempts", "1",
-                             "--concurrency", str(config.concurrency), "--gateway-url", gateway_url,
-                             f"--token-secret={secret}", "--model", self.served, "--timeout-s", "600", "--no-progress",
-                             "--logs-dir", str(self.out / "attempts"), env={**env, **extra})
+            controller = stack.controller(tasks=train, agent=HARNESS, samples=args.samples, run_id=f"bench-{arm}",
+                                          max_attempts=1, concurrency=config.concurrency, model=self.served,
+                                          timeout_s=config.attempt_timeout_s, logs_dir=self.out / "attempts")
+            run = self.start(Service(f"controller-{arm}", "agentstream.controller", controller, env={**env, **extra}))
             while run.process.poll() is None:
                 self.check_alive()
                 await asyncio.sleep(0.5)
             arms[arm] = await self.collect(kafka, f"bench-{arm}", rollouts, time.monotonic() - started)
-        arms["training_s"] = await self.train_once(kafka, common, model_dir)
+        arms["training_s"] = await self.train_once(stack)
         return arms
 
     async def collect(self, kafka: KafkaSettings, run_id: str, rollouts: int, wall_s: float) -> dict:
@@ -106,13 +106,13 @@ class Bench(Recipe):
                 "outcomes": dict(sorted(_count(d.outcome for d in diffs.values()).items())),
                 "rewards": [t.data.reward for t in done]}
 
-    async def train_once(self, kafka: KafkaSettings, common: list[str], model_dir: Path) -> float | None:
+    async def train_once(self, stack: Stack) -> float | None:
         """The trainer's update time for one version made of the recipe arm's trajectories."""
-        args = self.bench_args
-        self.start("trainer", "trainer", *common, "--model", self.served, "--base-model", str(model_dir),
-                   "--checkpoint-dir", str(self.out / "checkpoints"), "--group-size", str(args.samples),
-                   "--groups-per-batch", "1", "--min-group-size", "1", "--max-versions", "1", "--lr", "1e-5",
-                   "--micro-batch-size", "1")
+        kafka = stack.kafka
+        trainer = stack.settings(TrainerSettings, model=self.served, base_model=stack.model_dir,
+                                 checkpoint_dir=self.out / "checkpoints", group_size=self.bench_args.samples,
+                                 groups_per_batch=1, min_group_size=1, max_versions=1, lr=1e-5, micro_batch_size=1)
+        self.start(Service("trainer", "agentstream.trainer", trainer))
         deadline = time.monotonic() + 900
         while time.monotonic() < deadline:
             async for batch in scan(kafka, kafka.topics.weights):
@@ -151,6 +151,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     args = parser.parse_args(argv)
     config = RecipeConfig(model=args.model, step_limit=args.step_limit, max_tokens=args.max_tokens, concurrency=2,
+                          attempt_timeout_s=600,
                           out=Path("runs") / time.strftime("bench-recipe-swe-%Y%m%d-%H%M%S"), vllm_name="bench-recipe")
     bench = Bench(config, Console())
     bench.bench_args = args

@@ -64,6 +64,7 @@ from agentstream.stack.process import free_port, spawn, stop_pid, tail
 from agentstream.streams.assembly import Assembly, Timing
 from agentstream.streams.settings import StreamsSettings
 from agentstream.streams.worker import ASSEMBLED
+from bench import streams_timeline
 from bench.report import Report
 from samples.rollouts import COMPLETION, EVENTS_PER_ROLLOUT, FOLLOW_UP, PROMPT, history
 
@@ -206,17 +207,18 @@ class Worker:
         self.port = free_port()
         self.root = root
         self.log = workdir / f"worker-{kafka.topic_prefix.rstrip('.')}.log"
-        self.cmd = [sys.executable, "-m", "agentstream.streams", "worker", "--bootstrap-servers", kafka.bootstrap_servers,
-                    "--topic-prefix", kafka.topic_prefix, "--web-port", str(self.port),
-                    "--data-dir", str(workdir / f"streams-{kafka.topic_prefix.rstrip('.')}"), "--settle-s", str(settle_s), "--tick-s", str(tick_s),
-                    "--log-level", "warning"]
-        self.process: subprocess.Popen | None = None
+        args = ["worker", "--bootstrap-servers", kafka.bootstrap_servers,
+                "--topic-prefix", kafka.topic_prefix, "--web-port", str(self.port),
+                "--data-dir", str(workdir / f"streams-{kafka.topic_prefix.rstrip('.')}"), "--settle-s", str(settle_s), "--tick-s", str(tick_s),
+                "--log-level", "warning"]
         self.timeline = timeline
-        self.env = {"AGENTSTREAM_STREAMS_TIMELINE": str(timeline)} if timeline else {}
-        """the worker's probe (streams/timeline.py), when asked for"""
+        """where the worker's probe (bench/streams_timeline.py) writes, when asked for"""
+        self.cmd = (streams_timeline.command(str(timeline), *args) if timeline
+                    else [sys.executable, "-m", "agentstream.streams", *args])
+        self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
-        self.process = spawn(self.cmd, self.log, env=self.env, cwd=self.root)
+        self.process = spawn(self.cmd, self.log, cwd=self.root)
 
     def check(self) -> None:
         if self.process.poll() is not None:
@@ -603,7 +605,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--one-broker", action="store_true",
                         help="both workers on one broker (the second then shares it with the first's topics)")
     parser.add_argument("--timeline", type=Path, metavar="DIR",
-                        help="write each worker's timeline (streams/timeline.py) and the live load's times here")
+                        help="write each worker's timeline (bench/streams_timeline.py) and the live load's times here")
     args = parser.parse_args(argv)
     if args.timeline:
         args.timeline.mkdir(parents=True, exist_ok=True)

@@ -90,7 +90,8 @@ class Running(Protocol):
 
 
 class Launcher(Protocol):
-    name: Literal["local", "kubernetes"]
+    @property
+    def name(self) -> Literal["local", "kubernetes"]: ...
 
     async def start(self) -> None: ...
 

@@ -22,13 +22,14 @@ import fcntl
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agentstream.controller.attempt import Attempt, Exit, Gateway, Launcher, LaunchError, Running, tail_text
-from agentstream.controller.history import INTERRUPTED, RunHistory
+from agentstream.controller.history import INTERRUPTED, RolloutRecord, RunHistory
 from agentstream.controller.log import TopicReader
 from agentstream.controller.pacing import Pacer, WeightsFollower
 from agentstream.controller.settings import ControllerSettings
@@ -100,7 +101,7 @@ class Controller:
     def __init__(self, settings: ControllerSettings, launcher: Launcher | None = None):
         self.settings = settings
         tasks = load_task_set(settings.tasks, settings.validation_tasks)
-        planning = dict(samples=settings.samples, validation_samples=settings.validation_samples,
+        planning: dict[str, Any] = dict(samples=settings.samples, validation_samples=settings.validation_samples,
                         epochs=settings.epochs, shuffle=settings.shuffle, seed=settings.seed)
         self.run_id = settings.run_id or derive_run_id([settings.tasks, settings.validation_tasks], **planning)
         self.plan = plan_rollouts(self.run_id, tasks, **planning)
@@ -139,10 +140,10 @@ class Controller:
             await self.launcher.start()
             await self._close_interrupted()
             self.pacer = self._make_pacer()
-            todo = [r for r in self.plan if self._to_do(r)]
-            if not todo:
+            left = [r for r in self.plan if self._to_do(r)]
+            if not left:
                 log.info("run %s is already complete; to run the same tasks again, give a new --run-id", self.run_id)
-            todo = iter(todo)
+            todo = iter(left)
             async with asyncio.TaskGroup() as workers:
                 for n in range(self.settings.concurrency):
                     workers.create_task(self._worker(todo), name=f"worker-{n}")
@@ -200,13 +201,14 @@ class Controller:
         log.info("closed %d interrupted attempts; they run again as new attempts", len(left))
 
     def _make_pacer(self) -> Pacer:
+        assert self.weights is not None  # (followed from the start of the run)
         admitted = [self.history.record(r.rollout_id) for r in self.plan if r.split == "train"]
         admitted = [rec for rec in admitted if rec.attempts and not self._given_up(rec)]
         versions = [rec.launch_version or 0 for rec in admitted]
         return Pacer(self.weights, self.settings.max_staleness, self.settings.train_batch_size,
                      admitted=len(admitted), base_version=min(versions) if versions else None)
 
-    def _given_up(self, record) -> bool:
+    def _given_up(self, record: RolloutRecord) -> bool:
         return not record.finished and record.failures >= self.settings.max_attempts
 
     def _to_do(self, rollout: PlannedRollout) -> bool:
@@ -223,8 +225,9 @@ class Controller:
 
     async def _drive(self, rollout: PlannedRollout) -> None:
         """Attempt a rollout until it finishes, is given up, or the controller stops."""
-        if (rollout.split == "train" and not self.history.record(rollout.rollout_id).attempts
-                and not await self._until_stopping(self.pacer.admit())):
+        assert self.pacer is not None  # (made before the workers start)
+        first = rollout.split == "train" and not self.history.record(rollout.rollout_id).attempts
+        if first and not await self._until_stopping(self.pacer.admit()):  # admitted once, at its first attempt
             return
         while not self.stopping.is_set():
             record = self.history.record(rollout.rollout_id)
@@ -243,7 +246,7 @@ class Controller:
                 return
             self.counts.retries += 1
 
-    async def _until_stopping(self, awaitable) -> bool:
+    async def _until_stopping(self, awaitable: Awaitable[object]) -> bool:
         """Await `awaitable` unless the controller starts stopping first; True if it completed."""
         work = asyncio.ensure_future(awaitable)
         stop = asyncio.ensure_future(self.stopping.wait())
@@ -256,10 +259,11 @@ class Controller:
         return False
 
     async def _attempt(self, rollout: PlannedRollout, number: int, failures: int) -> None:
+        assert self.weights is not None  # (followed from the start of the run)
         attempt_id = new_id()
         attempt = Attempt(rollout, attempt_id, number, self.weights.version,
                           self._attempt_dir(rollout.rollout_id, attempt_id))
-        ids = dict(source=SOURCE, rollout_id=rollout.rollout_id, attempt_id=attempt_id)
+        ids: dict[str, Any] = dict(source=SOURCE, rollout_id=rollout.rollout_id, attempt_id=attempt_id)
         await self._publish(RolloutQueuedEvent(**ids, data=RolloutQueued(
             task=rollout.task, group_id=rollout.group_id, sample_index=rollout.sample_index, epoch=rollout.epoch,
             split=rollout.split, attempt_number=number, weight_version=attempt.weight_version,
@@ -288,7 +292,7 @@ class Controller:
         await self._publish(self._ending(ending, exit, ids, _ms_since(began), stdout_tail, stderr_tail,
                                          retry and not self.stopping.is_set()))
 
-    async def _watch(self, running: Running, began: float, ids: dict) -> tuple[str, Exit | None]:
+    async def _watch(self, running: Running, began: float, ids: dict[str, Any]) -> tuple[str, Exit | None]:
         """Wait for the agent, heartbeating; stop it at its timeout or on shutdown."""
         waiting = asyncio.ensure_future(running.wait())
         stop_now = asyncio.ensure_future(self.stop_now.wait())
@@ -311,13 +315,13 @@ class Controller:
             if not waiting.done():
                 waiting.cancel()
 
-    def _ending(self, ending: str, exit: Exit | None, ids: dict, duration_ms: int, stdout_tail: str,
+    def _ending(self, ending: str, exit: Exit | None, ids: dict[str, Any], duration_ms: int, stdout_tail: str,
                 stderr_tail: str, will_retry: bool) -> Event:
         tails = dict(stdout_tail=stdout_tail, stderr_tail=stderr_tail)
-        if ending == "exited" and exit.error is None:
+        if ending == "exited" and exit is not None and exit.error is None:
             return RolloutFinishedEvent(**ids, data=RolloutFinished(
                 by="controller", exit_code=exit.exit_code, duration_ms=duration_ms, **tails))
-        if ending == "exited":
+        if ending == "exited" and exit is not None:
             return RolloutFailedEvent(**ids, data=RolloutFailed(
                 exit_code=exit.exit_code, duration_ms=duration_ms, error=exit.error, will_retry=will_retry, **tails))
         if ending == "timed_out":
@@ -331,6 +335,7 @@ class Controller:
 
     async def _publish(self, event: Event) -> None:
         """Publish and await the broker's acknowledgement; a broker that never answers stops the run."""
+        assert self.publisher is not None  # (made at the start of the run, before anything is published)
         try:
             await asyncio.wait_for(self.publisher.publish(event), self.settings.publish_timeout_s)
         except TimeoutError:
@@ -357,7 +362,7 @@ class RunLocked(ServiceError):
 
 
 @contextmanager
-def _run_lock(folder: Path):
+def _run_lock(folder: Path) -> Iterator[None]:
     """Hold the run's lock file while running; the kernel releases it when the process dies (even by SIGKILL).
 
     Two controllers on one run would close each other's attempts as interrupted; this stops that

@@ -18,7 +18,7 @@ the run's Jobs (list, then watch from that resourceVersion; relist on 410 Gone) 
 change to the event loop. (The client's own `kubernetes.informer.SharedInformer` runs the same
 loop, but without a server-side timeout its `stop()` joins a thread blocked on a quiet watch, it
 gives no "listed" signal to wait on before the first launch, and it hands typed objects where
-this module reads the Jobs' JSON: the twenty lines here stay.) Retries are the controller's (backoffLimit 0); the controller deletes
+this module reads the Jobs' JSON.) Retries are the controller's (backoffLimit 0); the controller deletes
 a Job at its timeout and once it is recorded (unless asked to keep it). activeDeadlineSeconds and
 ttlSecondsAfterFinished are backstops for Jobs a dead controller leaves behind.
 """
@@ -41,13 +41,16 @@ from urllib.parse import urlsplit
 
 import yaml
 from kubernetes import client, config, watch
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
+from urllib3.response import BaseHTTPResponse
 
 from agentstream.controller.attempt import Attempt, Exit, Gateway, LaunchError, agent_env
 from agentstream.controller.history import AttemptRecord
+from agentstream.controller.settings import ControllerSettings
 from agentstream.sandbox.contract import Limits, Network
 from agentstream.sandbox.kubernetes import GatewayPeer, PodSandbox, job_template, network_policy
 from agentstream.sandbox.local import is_ip
+from agentstream.schemas.events import Task
 from agentstream.schemas.ids import derived_id
 
 log = logging.getLogger(__name__)
@@ -60,6 +63,8 @@ ATTEMPT_LABEL = "agentstream.io/attempt"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "agentstream"}
 CONTAINER = "agent"
 BACKSTOP_TTL_S = 3600
+Ended = asyncio.Future[dict[str, Any] | None]
+"""a Job's end: the Job as it ended, or None if it was deleted before"""
 _LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 
 
@@ -93,7 +98,7 @@ def default_job(image: str, command: str, timeout_s: float, grace_s: float, keep
     return job
 
 
-def sandbox_of(settings) -> PodSandbox:
+def sandbox_of(settings: ControllerSettings) -> PodSandbox:
     """The attempts' sandbox from the controller's settings: limits, and the gateway as the only peer."""
     url = urlsplit(settings.gateway_url)
     host = url.hostname or ""
@@ -118,7 +123,7 @@ def _selector(text: str) -> dict[str, str]:
     return {key.strip(): value.strip() for key, _, value in pairs}
 
 
-def image_of(template: str, task) -> str:
+def image_of(template: str, task: Task) -> str:
     """The attempt's image: `--k8s-image` with `{…}` fields from the task's metadata, so tasks of several
     repositories run each in its own image (`registry/swe-{repo_slug}:1`); `{repo_slug}` is the
     metadata's `repo` as `owner__name`, lower case, `{task_id}` the task's id."""
@@ -141,14 +146,14 @@ def merge(base: Any, override: Any) -> Any:
             out[key] = merge(base[key], value) if key in base else copy.deepcopy(value)
         return out
     if _named_list(base) and _named_list(override):
-        out = [copy.deepcopy(item) for item in base]
-        index = {item["name"]: i for i, item in enumerate(out)}
+        items = [copy.deepcopy(item) for item in base]
+        index = {item["name"]: i for i, item in enumerate(items)}
         for item in override:
             if item["name"] in index:
-                out[index[item["name"]]] = merge(out[index[item["name"]]], item)
+                items[index[item["name"]]] = merge(items[index[item["name"]]], item)
             else:
-                out.append(copy.deepcopy(item))
-        return out
+                items.append(copy.deepcopy(item))
+        return items
     return copy.deepcopy(override)
 
 
@@ -182,7 +187,7 @@ def render_job(base: dict[str, Any], attempt: Attempt, env: dict[str, str], run_
                 {"path": "task.json", "fieldRef": {"fieldPath": f"metadata.annotations['{TASK_ANNOTATION}']"}}]}}]},
         }},
     }
-    job = merge(base, attempt_fields)
+    job: dict[str, Any] = merge(base, attempt_fields)
     job["metadata"].pop("generateName", None)
     pod = job["spec"]["template"]["spec"]
     containers = pod["containers"]
@@ -201,13 +206,16 @@ def render_job(base: dict[str, Any], attempt: Attempt, env: dict[str, str], run_
 def api_client(kubeconfig: Path | None, context: str | None) -> client.ApiClient:
     """From the kubeconfig file given; else in-cluster; else ~/.kube/config."""
     try:
+        api: client.ApiClient
         if kubeconfig is not None:
-            return config.new_client_from_config(config_file=str(kubeconfig), context=context)
+            api = config.new_client_from_config(config_file=str(kubeconfig), context=context)
+            return api
         try:
             config.load_incluster_config()
             return client.ApiClient()
         except config.ConfigException:
-            return config.new_client_from_config(context=context)
+            api = config.new_client_from_config(context=context)
+            return api
     except (config.ConfigException, OSError) as exc:
         raise ValueError(f"no usable Kubernetes configuration ({exc}): give --k8s-kubeconfig FILE "
                          "(and --k8s-context), or run the controller in a cluster") from None
@@ -232,21 +240,19 @@ class RateLimit:
             self.next_at = max(now, self.next_at) + self.interval
 
 
-def _condition(job: dict, kind: str) -> dict | None:
-    for condition in (job.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == kind and condition.get("status") == "True":
-            return condition
-    return None
+def _condition(job: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    conditions: list[dict[str, Any]] = (job.get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == kind and c.get("status") == "True"), None)
 
 
-def job_ended(job: dict) -> bool:
+def job_ended(job: dict[str, Any]) -> bool:
     return bool(_condition(job, "Complete") or _condition(job, "Failed"))
 
 
 class JobRun:
     """One attempt's Job, as the controller sees it."""
 
-    def __init__(self, launcher: KubernetesLauncher, name: str, ended: asyncio.Future):
+    def __init__(self, launcher: KubernetesLauncher, name: str, ended: Ended):
         self.launcher = launcher
         self.name = name
         self.worker = f"job {launcher.namespace}/{name}"
@@ -302,7 +308,7 @@ class KubernetesLauncher:
         self.tail_chars = tail_chars
         self.grace_s = grace_s
         self.selector = f"{RUN_LABEL}={run_label(run_id)}"
-        self._ended: dict[str, asyncio.Future] = {}
+        self._ended: dict[str, Ended] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = threading.Event()
         self._watching = threading.Event()
@@ -311,7 +317,7 @@ class KubernetesLauncher:
         self.watch_error: str | None = None
 
     @classmethod
-    def from_settings(cls, settings, run_id: str) -> KubernetesLauncher:
+    def from_settings(cls, settings: ControllerSettings, run_id: str) -> KubernetesLauncher:
         sandbox = sandbox_of(settings)
         base = merge(default_job(settings.k8s_image, settings.agent, settings.timeout_s, settings.kill_grace_s,
                                  settings.k8s_keep_jobs, sandbox), load_template(settings.k8s_job_template))
@@ -340,7 +346,8 @@ class KubernetesLauncher:
         name = policy["metadata"]["name"]
         try:
             try:
-                self.networking.create_namespaced_network_policy(self.namespace, policy)
+                # the client serializes a manifest given as a dict as it does its own models; its annotations say models
+                self.networking.create_namespaced_network_policy(self.namespace, policy)  # type: ignore[arg-type]
             except ApiException as exc:
                 if exc.status != 409:
                     raise
@@ -372,11 +379,12 @@ class KubernetesLauncher:
     async def launch(self, attempt: Attempt, gateway: Gateway) -> JobRun:
         job = self.render(attempt, gateway)
         name = job["metadata"]["name"]
-        ended = asyncio.get_running_loop().create_future()
+        ended: Ended = asyncio.get_running_loop().create_future()
         self._ended[name] = ended
         await self.rate.acquire()
         try:
-            await asyncio.to_thread(self.batch.create_namespaced_job, self.namespace, job)
+            # (a dict manifest, which the client serializes as it does its V1Job model: see ensure_policy)
+            await asyncio.to_thread(self.batch.create_namespaced_job, self.namespace, job)  # type: ignore[arg-type]
         except ApiException as exc:
             self._ended.pop(name, None)
             raise LaunchError(f"the API server refused Job {name}: {_api_message(exc)}") from exc
@@ -399,10 +407,10 @@ class KubernetesLauncher:
 
     # --- pods (blocking; called in threads) ---------------------------------------------------
 
-    def _pod(self, name: str) -> dict | None:
+    def _pod(self, name: str) -> dict[str, Any] | None:
         pods = _json(self.core.list_namespaced_pod(self.namespace, label_selector=f"job-name={name}",
                                                    _preload_content=False))
-        items = pods.get("items") or []
+        items: list[dict[str, Any]] = pods.get("items") or []
         return items[-1] if items else None
 
     def pod_exit_code(self, name: str) -> int | None:
@@ -410,7 +418,8 @@ class KubernetesLauncher:
         for status in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
             terminated = (status.get("state") or {}).get("terminated")
             if status.get("name") == CONTAINER and terminated:
-                return terminated.get("exitCode")
+                code: int | None = terminated.get("exitCode")
+                return code
         return None
 
     def pod_log_tail(self, name: str) -> str:
@@ -459,13 +468,14 @@ class KubernetesLauncher:
             log.warning("watching Jobs failed (%s); retrying", message)
             self._closing.wait(1.0)
 
-    def _hand_over(self, handler: Callable[[str, dict], None], kind: str, job: dict) -> None:
+    def _hand_over(self, handler: Callable[[str, dict[str, Any]], None], kind: str, job: dict[str, Any]) -> None:
+        assert self._loop is not None  # (set by `start`, before the thread)
         try:
             self._loop.call_soon_threadsafe(handler, kind, job)
         except RuntimeError:  # the loop closed: nobody is waiting any more
             pass
 
-    def _on_job(self, kind: str, job: dict) -> None:
+    def _on_job(self, kind: str, job: dict[str, Any]) -> None:
         ended = self._ended.get(job["metadata"]["name"])
         if ended is None or ended.done():
             return
@@ -475,12 +485,17 @@ class KubernetesLauncher:
             ended.set_result(job)
 
 
-def _json(response) -> dict:
-    return json.loads(response.data)
+def _json(response: object) -> dict[str, Any]:
+    """The JSON body of a call made with `_preload_content=False`: the client then returns urllib3's response
+    as it came (its annotations name the parsed model either way)."""
+    if not isinstance(response, BaseHTTPResponse):
+        raise TypeError(f"expected the raw response of a call with _preload_content=False, got {type(response)}")
+    parsed: dict[str, Any] = json.loads(response.data)
+    return parsed
 
 
 def _api_message(exc: ApiException) -> str:
     try:
-        return f"{exc.status} {json.loads(exc.body)['message']}"
+        return f"{exc.status} {json.loads(exc.body or '')['message']}"
     except (TypeError, ValueError, KeyError):
         return f"{exc.status} {exc.reason}"

@@ -9,7 +9,7 @@ position, so reading the same topic again does not deadletter them twice.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -66,7 +66,7 @@ class TopicReader:
             consumer.seek(tp, self.positions[tp.partition])
         return consumer
 
-    async def _hand(self, records, handle: Handler) -> int:
+    async def _hand(self, records: Iterable[Record], handle: Handler) -> int:
         count = 0
         for record in records:
             event = await self._decode(record)
@@ -77,6 +77,8 @@ class TopicReader:
 
     async def _decode(self, record: Record) -> Event | None:
         try:
+            if record.value is None:
+                raise DecodeError("a record without a value (a tombstone)")
             return decode(record.value)
         except DecodeError as exc:
             log.warning("%s: undecodable record at %s[%d]@%d: %s", self.name, record.topic, record.partition,

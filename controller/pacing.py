@@ -35,7 +35,7 @@ class WeightsFollower:
         self.model = model
         self.version: int | None = None
         self.changed = asyncio.Condition()
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def _apply(self, event: Event) -> None:
         if not isinstance(event, WeightsEvent) or (self.model and event.data.model != self.model):
@@ -81,8 +81,11 @@ class Pacer:
         self.waiting = 0
 
     @property
-    def enabled(self) -> bool:
-        return self.max_staleness is not None and self.batch_size is not None
+    def limits(self) -> tuple[int, int] | None:
+        """(max staleness, batch size), when pacing is on (both set)."""
+        if self.max_staleness is None or self.batch_size is None:
+            return None
+        return self.max_staleness, self.batch_size
 
     @property
     def current(self) -> int:
@@ -91,10 +94,11 @@ class Pacer:
     @property
     def budget(self) -> int | None:
         """Train rollouts that may be admitted in total at the current version."""
-        if not self.enabled:
+        if self.limits is None:
             return None
+        max_staleness, batch_size = self.limits
         base = self.base_version if self.base_version is not None else self.current
-        return (self.current - base + self.max_staleness + 1) * self.batch_size
+        return (self.current - base + max_staleness + 1) * batch_size
 
     def _room(self) -> bool:
         budget = self.budget

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from rich.console import Console
@@ -27,7 +28,8 @@ def status_line(controller: Controller) -> str:
 
 
 @asynccontextmanager
-async def live_progress(controller: Controller, console: Console, enabled: bool = True, every_s: float = 30.0):
+async def live_progress(controller: Controller, console: Console, enabled: bool = True,
+                        every_s: float = 30.0) -> AsyncIterator[None]:
     """Show the display while the body runs; where the output is no terminal (CI, a log file),
     print the status line every `every_s` seconds instead."""
     if not enabled:

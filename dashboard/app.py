@@ -2,16 +2,17 @@
 
 Every /api route needs an operator key (the gateway's keys, checked as the gateway checks them,
 `schemas.keys`): the log holds prompts. The page itself holds no data and asks for the key.
-Errors use the project's error shape `{"error": {"message", "type", "code"}}`.
+Errors use the project's error shape `{"error": {"message", "type", "code"}}` (`schemas.api_errors`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
@@ -24,7 +25,7 @@ from agentstream.dashboard import overview as overview_
 from agentstream.dashboard import rollouts as rollouts_
 from agentstream.dashboard.live import Live
 from agentstream.dashboard.settings import DashboardSettings
-from agentstream.gateway.errors import GatewayError as APIError
+from agentstream.schemas.api_errors import ApiError
 from agentstream.schemas.keys import is_operator_key, presented_key
 from agentstream.schemas.releases import summary
 from agentstream.schemas.scan import parse_time
@@ -32,8 +33,13 @@ from agentstream.schemas.scan import parse_time
 STATIC = Path(__file__).parent / "static"
 
 
-def json_response(body, status: int = 200) -> Response:
+def json_response(body: object, status: int = 200) -> Response:
     return Response(orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS), status, media_type="application/json")
+
+
+def error_response(error: ApiError) -> Response:
+    """The project's error shape (`schemas.api_errors`), as the gateway answers."""
+    return Response(orjson.dumps(error.body), error.status, headers=error.headers, media_type="application/json")
 
 
 def _time(text: str | None, name: str) -> int | None:
@@ -42,7 +48,7 @@ def _time(text: str | None, name: str) -> int | None:
     try:
         return parse_time(text)
     except ValueError as exc:
-        raise APIError(400, f"{name}: {exc}", "invalid_time") from None
+        raise ApiError(400, f"{name}: {exc}", "invalid_time") from None
 
 
 def _span(since: str | None, until: str | None) -> overview_.Range:
@@ -55,9 +61,9 @@ class OverviewCache:
 
     def __init__(self, settings: DashboardSettings):
         self.settings = settings
-        self.entries: dict[tuple, tuple[float, asyncio.Task]] = {}
+        self.entries: dict[tuple[str | None, str | None], tuple[float, asyncio.Task[dict[str, Any]]]] = {}
 
-    async def get(self, since: str | None, until: str | None) -> dict:
+    async def get(self, since: str | None, until: str | None) -> dict[str, Any]:
         key = (since, until)
         now = time.monotonic()
         entry = self.entries.get(key)
@@ -69,7 +75,7 @@ class OverviewCache:
             entry = self.entries[key]
         return await asyncio.shield(entry[1])
 
-    async def _read(self, span: overview_.Range) -> dict:
+    async def _read(self, span: overview_.Range) -> dict[str, Any]:
         return await overview_.overview(self.settings, span, self.settings.streams_group)
 
 
@@ -82,7 +88,7 @@ def create_app(settings: DashboardSettings) -> FastAPI:
     cache = OverviewCache(settings)
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await live.start()
         yield
         await live.stop()
@@ -90,7 +96,7 @@ def create_app(settings: DashboardSettings) -> FastAPI:
     def operator(request: Request) -> None:
         key = presented_key(request.headers)
         if key is None or not is_operator_key(key, keys):
-            raise APIError(401, "the dashboard needs an operator key (one of the gateway's AGENTSTREAM_API_KEYS): "
+            raise ApiError(401, "the dashboard needs an operator key (one of the gateway's AGENTSTREAM_API_KEYS): "
                            "send 'Authorization: Bearer <key>'", "missing_api_key" if key is None else "invalid_api_key")
 
     api = APIRouter(prefix="/api", dependencies=[Depends(operator)])
@@ -120,9 +126,9 @@ def create_app(settings: DashboardSettings) -> FastAPI:
         cursor: str | None = None,
     ) -> Response:
         if limit > settings.page_size_max:
-            raise APIError(400, f"limit: at most {settings.page_size_max} rows a page", "invalid_limit")
+            raise ApiError(400, f"limit: at most {settings.page_size_max} rows a page", "invalid_limit")
         if reward_min is not None and reward_max is not None and reward_min > reward_max:
-            raise APIError(400, f"reward_min ({reward_min}) is above reward_max ({reward_max})", "invalid_filter")
+            raise ApiError(400, f"reward_min ({reward_min}) is above reward_max ({reward_max})", "invalid_filter")
         filters = rollouts_.Filters(text=q or None, task=task or None, statuses=tuple(status), split=split,
                                     reward_min=reward_min, reward_max=reward_max, version=version,
                                     where=(where or "").strip() or None)
@@ -140,7 +146,7 @@ def create_app(settings: DashboardSettings) -> FastAPI:
         if not found:
             where = f"at partition {partition}, offset {offset}" if offset is not None else \
                 f"in the newest {read:,} records of its partition"
-            raise APIError(404, f"no trajectory of rollout {rollout_id!r} {where}", "rollout_not_found")
+            raise ApiError(404, f"no trajectory of rollout {rollout_id!r} {where}", "rollout_not_found")
         chosen = next((t for t in found if t.attempt_id == attempt), found[0]) if attempt else found[0]
         related = await rollouts_.related(settings, chosen)
         return json_response({
@@ -169,7 +175,7 @@ def create_app(settings: DashboardSettings) -> FastAPI:
     async def events(request: Request) -> StreamingResponse:
         queue = live.subscribe()
 
-        async def stream():
+        async def stream() -> AsyncIterator[bytes]:
             try:
                 yield b"retry: 2000\n\n"
                 while not await request.is_disconnected():
@@ -187,24 +193,24 @@ def create_app(settings: DashboardSettings) -> FastAPI:
     app = FastAPI(title="agentstream dashboard", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.include_router(api)
 
-    @app.exception_handler(APIError)
-    async def api_error(request: Request, exc: APIError) -> Response:
-        return exc.response()
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> Response:
+        return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> Response:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:]) or 'request'}: {e['msg']}"
                              + (f" (got {e['input']!r})" if e.get("input") is not None else "")
                              for e in exc.errors())
-        return APIError(400, problems, "invalid_filter").response()
+        return error_response(ApiError(400, problems, "invalid_filter"))
 
     @app.exception_handler(rollouts_.FilterError)
     async def bad_filter(request: Request, exc: rollouts_.FilterError) -> Response:
-        return APIError(400, str(exc), "invalid_filter").response()
+        return error_response(ApiError(400, str(exc), "invalid_filter"))
 
     @app.exception_handler(LookupError)
     async def missing(request: Request, exc: LookupError) -> Response:
-        return APIError(404, str(exc), "not_found").response()
+        return error_response(ApiError(404, str(exc), "not_found"))
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> Response:

@@ -5,6 +5,8 @@ Length is the tokens the model generated in an attempt, summed from its calls' u
 
 from __future__ import annotations
 
+from typing import Any
+
 from agentstream.dashboard.overview import PASSED
 from agentstream.dashboard.sql import run_many
 from agentstream.schemas.kafka import KafkaSettings
@@ -21,11 +23,11 @@ SQL = """
     GROUP BY t.task_id, t.weight_version_launch ORDER BY task_id, version"""
 
 
-async def compare(settings: KafkaSettings, a: int, b: int, bounds: Bounds, split: str | None = None) -> dict:
+async def compare(settings: KafkaSettings, a: int, b: int, bounds: Bounds, split: str | None = None) -> dict[str, Any]:
     split_sql = f"AND t.split = '{split}'" if split else ""  # split is validated as train or validation
     sql = SQL.format(passed=PASSED.replace("reward", "t.reward"), a=a, b=b, split=split_sql)
     answer = (await run_many(settings, {"compare": sql}, bounds))["compare"]
-    by_task: dict[str, dict] = {}
+    by_task: dict[str, dict[int, dict[str, Any]]] = {}
     for row in answer.rows:
         by_task.setdefault(row["task_id"], {})[row["version"]] = row
     shared = {task: v for task, v in by_task.items() if a in v and b in v}
@@ -35,10 +37,10 @@ async def compare(settings: KafkaSettings, a: int, b: int, bounds: Bounds, split
             "only_b": sum(1 for v in by_task.values() if b in v and a not in v), "sql": sql, "error": answer.error}
 
 
-def _total(tasks: list[dict], side: str) -> dict:
+def _total(tasks: list[dict[str, Any]], side: str) -> dict[str, Any]:
     """Means over the shared tasks, each task weighted by its attempts."""
     attempts = sum(t[side]["attempts"] for t in tasks)
-    def mean(name):
+    def mean(name: str) -> float | None:
         pairs = [(t[side][name], t[side]["attempts"]) for t in tasks if t[side][name] is not None]
         weight = sum(n for _, n in pairs)
         return sum(v * n for v, n in pairs) / weight if weight else None

@@ -14,12 +14,14 @@ import contextlib
 import logging
 import time
 from collections import deque
+from typing import Any
 
 from aiokafka import ConsumerRecord, TopicPartition
 
 from agentstream.schemas.codec import DecodeError, decode
 from agentstream.schemas.events import (
     CallEvent,
+    Event,
     PoolUpdateEvent,
     ReleaseEvent,
     RewardEvent,
@@ -39,16 +41,16 @@ QUEUE = 1000
 class Live:
     def __init__(self, settings: KafkaSettings):
         self.settings = settings
-        self.subscribers: set[asyncio.Queue] = set()
+        self.subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
         self.trained_by: dict[str, list[int]] = {}
         """trajectory event id → the weight versions that trained on it"""
-        self.versions: dict[int, dict] = {}
+        self.versions: dict[int, dict[str, Any]] = {}
         self.seconds: deque[tuple[int, dict[str, int]]] = deque(maxlen=RATE_WINDOW_S + 1)
         self.ready = asyncio.Event()
         self.releases: dict[str, ReleaseState] = {}
         """model -> its canary release, folded from the `releases` topic (history, then live)"""
         self.error: str | None = None
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._follow(), name="dashboard-live")
@@ -59,12 +61,12 @@ class Live:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    def subscribe(self) -> asyncio.Queue:
-        queue: asyncio.Queue = asyncio.Queue(QUEUE)
+    def subscribe(self) -> asyncio.Queue[dict[str, Any]]:
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(QUEUE)
         self.subscribers.add(queue)
         return queue
 
-    def unsubscribe(self, queue: asyncio.Queue) -> None:
+    def unsubscribe(self, queue: asyncio.Queue[dict[str, Any]]) -> None:
         self.subscribers.discard(queue)
 
     def rates(self) -> dict[str, float]:
@@ -77,7 +79,7 @@ class Live:
                 totals[base] += n
         return {base: n / RATE_WINDOW_S for base, n in totals.items()}
 
-    def _publish(self, notice: dict) -> None:
+    def _publish(self, notice: dict[str, Any]) -> None:
         for queue in list(self.subscribers):
             if queue.full():
                 with contextlib.suppress(asyncio.QueueEmpty):
@@ -137,7 +139,7 @@ class Live:
         if base == "calls":
             return
         try:
-            event = decode(record.value)
+            event: Event = decode(record.value or b"")
         except DecodeError:
             return
         if isinstance(event, WeightsEvent):
@@ -152,7 +154,7 @@ class Live:
             self._publish(notice(event, record))
 
 
-def notice(event, record: ConsumerRecord | Record) -> dict:
+def notice(event: Event, record: ConsumerRecord | Record) -> dict[str, Any]:
     """What the page shows of a new event in its live feed."""
     out = {"kind": "event", "type": event.type, "time": event.time, "rollout_id": event.rollout_id,
            "attempt_id": event.attempt_id, "partition": record.partition, "offset": record.offset,

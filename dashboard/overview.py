@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
@@ -54,12 +55,12 @@ class Range:
         return Bounds(since_ms=self.since_ms, until_ms=self.until_ms)
 
 
-async def overview(settings: KafkaSettings, span: Range, group: str | None = None) -> dict:
+async def overview(settings: KafkaSettings, span: Range, group: str | None = None) -> dict[str, Any]:
     queries = {key: sql.format(since=span.since_ms or 0, until=span.until_ms) for key, sql in QUERIES.items()}
     started = time.perf_counter()
     tables, lag = await asyncio.gather(load_tables(settings, queries, span.bounds), streams_lag(settings, group))
     answers = run_on(tables, queries)
-    result = {key: {"rows": a.rows, "error": a.error} for key, a in answers.items()}
+    result: dict[str, Any] = {key: {"rows": a.rows, "error": a.error} for key, a in answers.items()}
     first = [a.rows[0]["first_ms"] for a in (answers["calls"], answers["rollouts"]) if a.rows and a.rows[0]["first_ms"]]
     start = span.since_ms if span.since_ms is not None else min(first, default=span.until_ms)
     seconds = max(1e-3, (span.until_ms - start) / 1000)
@@ -79,7 +80,7 @@ async def overview(settings: KafkaSettings, span: Range, group: str | None = Non
     return result
 
 
-async def streams_lag(settings: KafkaSettings, group: str | None = None) -> dict:
+async def streams_lag(settings: KafkaSettings, group: str | None = None) -> dict[str, Any]:
     """Records of the streams worker's input topics it has not committed yet, per topic."""
     group = group or f"{settings.topic_prefix}agentstream-streams"
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)

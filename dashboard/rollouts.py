@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import re
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import polars as pl
 from aiokafka.partitioner import murmur2
@@ -25,7 +26,7 @@ from agentstream.schemas.codec import DecodeError, decode
 from agentstream.schemas.errors import ConfigurationError
 from agentstream.schemas.events import Event, TrajectoryEvent
 from agentstream.schemas.kafka import KafkaSettings, partitions_of
-from agentstream.schemas.scan import Bounds, resolve, scan
+from agentstream.schemas.scan import Bounds, Record, resolve, scan
 
 LIST_COLUMNS = frozenset({
     "id", "rollout_id", "attempt_id", "time", "kafka_partition", "kafka_offset", "kafka_timestamp", "task_id",
@@ -122,7 +123,7 @@ class Cursor:
 
 @dataclass
 class Page:
-    rows: list[dict]
+    rows: list[dict[str, Any]]
     next_cursor: str | None
     scanned: int
     complete: bool = field(default=True)
@@ -182,7 +183,8 @@ def _before(cursor: Cursor) -> pl.Expr:
 
 def partition_of(rollout_id: str, partitions: int) -> int:
     """The partition the producers' default partitioner puts a rollout's records in (Kafka's murmur2)."""
-    return (murmur2(rollout_id.encode()) & 0x7FFFFFFF) % partitions
+    hashed: int = murmur2(rollout_id.encode())
+    return (hashed & 0x7FFFFFFF) % partitions
 
 
 def only(partition: int, partitions: int, start: int | None = None, stop: int | None = None,
@@ -229,11 +231,11 @@ async def find_trajectories(settings: KafkaSettings, rollout_id: str, partition:
     return [], read
 
 
-def _decoded(records) -> list[TrajectoryEvent]:
-    events = []
+def _decoded(records: Iterable[Record]) -> list[TrajectoryEvent]:
+    events: list[TrajectoryEvent] = []
     for record in sorted(records, key=lambda r: r.offset, reverse=True):
         try:
-            events.append(decode(record.value, TrajectoryEvent))
+            events.append(decode(record.value or b"", TrajectoryEvent))
         except DecodeError:
             continue
     return events
@@ -261,13 +263,13 @@ async def related(settings: KafkaSettings, trajectory: TrajectoryEvent, record_m
     async def events_of(base: str) -> list[Event]:
         topic = settings.topics.name(base)
         count = len(await partitions_of(settings, topic))
-        events = []
+        events: list[Event] = []
         bounds = only(partition_of(trajectory.rollout_id or "", count), count, since_ms=since, until_ms=until)
         async for batch in scan(settings, topic, bounds):
             for record in batch:
                 if record.key == key:
                     try:
-                        events.append(decode(record.value))
+                        events.append(decode(record.value or b""))
                     except DecodeError:
                         continue
         return sorted(events, key=lambda e: (e.time, e.id))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
@@ -28,7 +30,7 @@ class DashboardSettings(KafkaSettings):
 
     @field_validator("api_keys", mode="before")
     @classmethod
-    def _list_from_text(cls, value):
+    def _list_from_text(cls, value: Any) -> Any:
         return text_list(value)  # the gateway's format: a JSON list or `key1,key2`
 
     @property

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Any
 
 import polars as pl
 
@@ -22,7 +23,7 @@ of a server may be older than the range, and lineage needs every version"""
 
 @dataclass
 class Answer:
-    rows: list[dict] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
 
 
@@ -32,7 +33,8 @@ async def load_tables(settings: KafkaSettings, queries: dict[str, str], bounds: 
     for name in names:
         used = [columns_in(sql) for sql in queries.values() if name in tables_in(sql)]
         # `id` always: a query of COUNT(*) alone names no column, and a row needs one to count
-        wanted[name] = None if any(c is None for c in used) else frozenset().union(*used) | {"id"}
+        named = [columns for columns in used if columns is not None]
+        wanted[name] = None if len(named) < len(used) else frozenset[str]().union(*named) | {"id"}
     loaded = await asyncio.gather(*(load_table(settings, name, Bounds() if name in WHOLE else bounds,
                                                columns=wanted[name]) for name in names))
     return {name: frame for name, (frame, _) in zip(names, loaded)}

@@ -23,9 +23,12 @@ import operator
 import os
 import re
 import sys
+from collections.abc import Callable
+from typing import Any, cast
 
 import httpx
 from openai import OpenAI, OpenAIError
+from openai.types.chat import ChatCompletionMessageParam
 
 SYSTEM = ("You can use a calculator. To use it, reply with exactly one line: CALC: <expression>. "
           "When you know the answer, reply with exactly one line: ANSWER: <number>.")
@@ -38,7 +41,7 @@ class CalculatorError(ValueError):
     pass
 
 
-_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+_OPERATORS: dict[type[ast.AST], Callable[..., Any]] = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
               ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
               ast.USub: operator.neg, ast.UAdd: operator.pos}
 
@@ -52,15 +55,17 @@ def calculate(expression: str) -> float:
 
     def value(node: ast.AST) -> float:
         if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            return node.value
+            return cast(float, node.value)  # an int stays exact until the end
         if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
-            return _OPERATORS[type(node.op)](value(node.operand))
+            negated: float = _OPERATORS[type(node.op)](value(node.operand))
+            return negated
         if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
             left, right = value(node.left), value(node.right)
             if isinstance(node.op, ast.Pow) and abs(right) > 64:
                 raise CalculatorError("exponent too large")
             try:
-                return _OPERATORS[type(node.op)](left, right)
+                combined: float = _OPERATORS[type(node.op)](left, right)
+                return combined
             except (ZeroDivisionError, OverflowError) as exc:
                 raise CalculatorError(str(exc)) from None
         raise CalculatorError(f"only arithmetic is allowed, not {type(node).__name__}")
@@ -77,7 +82,8 @@ def calculate(expression: str) -> float:
 
 def solve(client: OpenAI, model: str, question: str, max_turns: int, max_tokens: int) -> tuple[float | None, int, int]:
     """Run the tool loop; return (answer or None, model calls made, calculator uses)."""
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "system", "content": SYSTEM},
+                                                  {"role": "user", "content": question}]
     tool_uses = 0
     for turn in range(1, max_turns + 1):
         reply = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, temperature=1.0)
@@ -97,7 +103,7 @@ def solve(client: OpenAI, model: str, question: str, max_turns: int, max_tokens:
     return None, max_turns, tool_uses
 
 
-def post_reward(value: float, details: dict) -> None:
+def post_reward(value: float, details: dict[str, Any]) -> None:
     response = httpx.post(os.environ["AGENTSTREAM_REWARD_URL"], json={"value": value, "details": details},
                           headers={"Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}"}, timeout=30)
     response.raise_for_status()

@@ -24,6 +24,7 @@ import os
 import random
 import sys
 import uuid
+from collections.abc import Iterator
 
 import httpx
 from openai import AsyncOpenAI, OpenAIError
@@ -52,7 +53,7 @@ class Users:
         self.prompts = prompts_of(args.tasks)
         self.rated = 0
         self.next_arrival = 0.0
-        self.feedback: set[asyncio.Task] = set()
+        self.feedback: set[asyncio.Task[None]] = set()
 
     async def session(self, number: int) -> None:
         """One user: a question in a session of its own, the end of the session, the rating later."""
@@ -94,7 +95,7 @@ class Users:
         self.next_arrival = max(self.next_arrival, now) + self.random.expovariate(self.args.rate)
         await asyncio.sleep(self.next_arrival - now)
 
-    async def user(self, numbers) -> None:
+    async def user(self, numbers: Iterator[int]) -> None:
         for number in numbers:
             if self.args.sessions and self.rated >= self.args.sessions:
                 return
@@ -108,20 +109,24 @@ class Users:
         await self.site.aclose()
 
 
+def parser() -> argparse.ArgumentParser:
+    flags = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    flags.add_argument("--tasks", required=True, help="JSONL of tasks: their input prompts are the questions")
+    flags.add_argument("--concurrency", type=int, default=4, help="users at once (at most)")
+    flags.add_argument("--rate", type=float, default=0.0, help="new users per second (0: as fast as answered)")
+    flags.add_argument("--sessions", type=int, default=0, help="stop after this many rated sessions (0: never)")
+    flags.add_argument("--max-tokens", type=int, default=8)
+    flags.add_argument("--preferred", default="0123456789", help="the characters users like answers written in")
+    flags.add_argument("--delay-s", type=float, default=2.0, help="feedback comes up to this long after the end")
+    flags.add_argument("--late-share", type=float, default=0.1, help="share of the users who rate much later")
+    flags.add_argument("--late-delay-s", type=float, default=15.0, help="how much later")
+    flags.add_argument("--seed", type=int, default=0, help="seeds the users' choices (not the model's sampling)")
+    return flags
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tasks", required=True, help="JSONL of tasks: their input prompts are the questions")
-    parser.add_argument("--concurrency", type=int, default=4, help="users at once (at most)")
-    parser.add_argument("--rate", type=float, default=0.0, help="new users per second (0: as fast as answered)")
-    parser.add_argument("--sessions", type=int, default=0, help="stop after this many rated sessions (0: never)")
-    parser.add_argument("--max-tokens", type=int, default=8)
-    parser.add_argument("--preferred", default="0123456789", help="the characters users like answers written in")
-    parser.add_argument("--delay-s", type=float, default=2.0, help="feedback comes up to this long after the end")
-    parser.add_argument("--late-share", type=float, default=0.1, help="share of the users who rate much later")
-    parser.add_argument("--late-delay-s", type=float, default=15.0, help="how much later")
-    parser.add_argument("--seed", type=int, default=0, help="seeds the users' choices (not the model's sampling)")
     try:
-        asyncio.run(Users(parser.parse_args()).run())
+        asyncio.run(Users(parser().parse_args()).run())
     except KeyboardInterrupt:
         pass
     return 0

@@ -20,24 +20,27 @@ import hashlib
 import json
 import os
 import sys
+from typing import Any
 
-from openai import OpenAI, OpenAIError
+from openai import Omit, OpenAI, OpenAIError, omit
+from openai.types.chat import ChatCompletionMessageParam
 
 
-def messages_for(task) -> list[dict]:
+def messages_for(task: Any) -> list[ChatCompletionMessageParam]:
     if isinstance(task, dict) and isinstance(task.get("messages"), list):
-        return task["messages"]
+        messages: list[ChatCompletionMessageParam] = task["messages"]
+        return messages
     if isinstance(task, dict) and "prompt" in task:
-        system = [{"role": "system", "content": str(task["system"])}] if task.get("system") else []
+        system: list[ChatCompletionMessageParam] = [{"role": "system", "content": str(task["system"])}] if task.get("system") else []
         return system + [{"role": "user", "content": str(task["prompt"])}]
     return [{"role": "user", "content": task if isinstance(task, str) else json.dumps(task)}]
 
 
-def sampling_seed() -> dict:
+def sampling_seed() -> int | Omit:
     if "AGENT_SEED" not in os.environ:
-        return {}
+        return omit  # no `seed` in the request at all
     key = f"{os.environ['AGENT_SEED']}:{os.environ.get('AGENTSTREAM_ROLLOUT_ID', '')}"
-    return {"seed": int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)}
+    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
 
 
 def main() -> int:
@@ -50,7 +53,7 @@ def main() -> int:
             model=model, messages=messages_for(task),
             max_tokens=int(os.environ.get("AGENT_MAX_TOKENS", "64")),
             temperature=float(os.environ.get("AGENT_TEMPERATURE", "1.0")),
-            **sampling_seed(),
+            seed=sampling_seed(),
         )
     except OpenAIError as exc:  # the attempt fails; the controller retries it as a new attempt
         print(f"the model call failed: {exc}", file=sys.stderr)

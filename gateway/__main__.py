@@ -10,7 +10,8 @@ import uvicorn
 from pydantic_settings import CliApp
 
 from agentstream.gateway import logs
-from agentstream.gateway.app import create_app, settings_problem
+from agentstream.gateway.app import create_app
+from agentstream.gateway.service import settings_problem
 from agentstream.gateway.settings import GatewaySettings
 
 

@@ -23,7 +23,8 @@ import orjson
 from starlette.responses import Response
 
 from agentstream.gateway import sse
-from agentstream.gateway.errors import ErrorCode, GatewayError, UpstreamFailed, error_body
+from agentstream.gateway.errors import ErrorCode, GatewayError, UpstreamFailed
+from agentstream.schemas.api_errors import error_body
 from agentstream.schemas.events import ChoiceTokens, Usage
 
 Body = dict[str, Any]

@@ -6,15 +6,16 @@ status, message and `code` (an `ErrorCode`), in the OpenAI shape `{"error": {"me
 answers in its own shape, `gateway.messages`).
 
     AgentstreamError              (schemas.errors) every error this project raises
-    └── GatewayError              any error the agent gets as an HTTP response
-        ├── BadRequest       (400)    the agent's request is wrong: JSON, a field, a value the pool cannot take
-        ├── Unauthorized     (401)    no key, or not one of ours
-        ├── Forbidden        (403)    a rollout token used for another rollout or attempt
-        ├── NotFound         (404)    a model or path not served here
-        ├── TooLarge         (413)    a body over its limit
-        ├── UpstreamFailed   (502)    the inference server failed, or answered with something unusable
-        └── Unavailable      (503)    Kafka is not acknowledging, or a model is held for a weight update
-                                  (with Retry-After)
+    └── ApiError                  (schemas.api_errors) the error shape of the project's HTTP APIs
+        └── GatewayError          any error the agent gets as an HTTP response
+            ├── BadRequest       (400)    the agent's request is wrong: JSON, a field, a value the pool cannot take
+            ├── Unauthorized     (401)    no key, or not one of ours
+            ├── Forbidden        (403)    a rollout token used for another rollout or attempt
+            ├── NotFound         (404)    a model or path not served here
+            ├── TooLarge         (413)    a body over its limit
+            ├── UpstreamFailed   (502)    the inference server failed, or answered with something unusable
+            └── Unavailable      (503)    Kafka is not acknowledging, or a model is held for a weight update
+                                      (with Retry-After)
 
 A bad field is the agent's error (`BadRequest`), found before anything goes upstream; what the
 upstream gets wrong is `UpstreamFailed`, never a 500.
@@ -23,12 +24,11 @@ upstream gets wrong is `UpstreamFailed`, never a 500.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
 
 import orjson
 from starlette.responses import Response
 
-from agentstream.schemas.errors import AgentstreamError
+from agentstream.schemas.api_errors import ApiError
 
 
 class ErrorCode(StrEnum):
@@ -59,23 +59,8 @@ class ErrorCode(StrEnum):
     MODEL_UPDATING = "model_updating"
 
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 502: "upstream_error", 503: "service_unavailable", 504: "upstream_error"}
-
-
-class GatewayError(AgentstreamError):
+class GatewayError(ApiError):
     """An error the agent gets as an HTTP response; raise it anywhere in a request's path."""
-
-    def __init__(self, status: int, message: str, code: ErrorCode | str, headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.code = code
-        self.headers = headers or {}
-
-    @property
-    def body(self) -> dict[str, Any]:
-        return error_body(self.status, self.message, self.code)
 
     def response(self) -> Response:
         return Response(orjson.dumps(self.body), self.status, headers=self.headers, media_type="application/json")
@@ -114,10 +99,6 @@ class UpstreamFailed(GatewayError):
 class Unavailable(GatewayError):
     def __init__(self, message: str, code: ErrorCode, retry_after_s: float):
         super().__init__(503, message, code, headers={"Retry-After": str(max(1, round(retry_after_s)))})
-
-
-def error_body(status: int, message: str, code: ErrorCode | str) -> dict[str, Any]:
-    return {"error": {"message": message, "type": _TYPES.get(status, "api_error"), "code": str(code)}}
 
 
 def unavailable(message: str, code: ErrorCode, retry_after_s: float) -> GatewayError:

@@ -9,7 +9,6 @@ field, what it must be and what it was.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
 from typing import Any
 
 from agentstream.gateway.errors import BadRequest, ErrorCode
@@ -104,13 +103,6 @@ def texts(body: Body, name: str, most: int | None = None) -> list[str] | None:
     if most is not None and len(items) > most:
         raise bad_request(f"'{name}' holds at most {most} strings, not {len(items)}")
     return items
-
-
-def one_of(body: Body, name: str, values: Collection[str]) -> str | None:
-    value = body.get(name)
-    if value is not None and value not in values:
-        raise bad_request(f"'{name}' must be one of {', '.join(sorted(values))}; not {_shown(value)}")
-    return value
 
 
 def model_of(body: Body) -> str:

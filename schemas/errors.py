@@ -19,7 +19,8 @@ instead of a traceback. Each kind also derives from the builtin exception it use
       controller.attempt.LaunchError, sandbox.contract.SandboxError,
       agentstream.stack.StackError, gateway.pool_sync.UpdateFailed, recipes.swe: GradeError,
       BuildError, EnvError, WorkspaceError, RepoError, SandboxExhausted
-  * gateway.errors.GatewayError - an error the agent gets as an HTTP response (OpenAI's shape)
+  * schemas.api_errors.ApiError - an error a client gets as an HTTP response (OpenAI's shape): the dashboard's
+    * gateway.errors.GatewayError - the gateway's
 """
 
 from __future__ import annotations

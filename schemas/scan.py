@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
@@ -137,7 +137,7 @@ async def plan_scan(settings: KafkaSettings, topic: str, bounds: Bounds = Bounds
 async def scan(
     settings: KafkaSettings, topic: str, bounds: Bounds = Bounds(), batch_size: int = 5000,
     on_progress: Callable[[ScanProgress], None] | None = None, origin: Origin = KAFKA,
-) -> AsyncIterator[list[Record]]:
+) -> AsyncGenerator[list[Record], None]:
     """Yield batches of records of `topic` within `bounds`, each partition in offset order.
 
     `on_progress` is called with each batch before it is yielded: its `positions` are then where a
@@ -244,7 +244,7 @@ def _partitions(consumer: Consumer, settings: KafkaSettings, topic: str) -> list
     found = metadata.topics.get(topic)
     if found is None or found.error is not None or not found.partitions:
         raise LogUnavailable(f"topic {topic!r} does not exist on {settings.bootstrap_servers}; "
-                          "check the topic prefix (--prefix / AGENTSTREAM_TOPIC_PREFIX)")
+                          "check the topic prefix (--topic-prefix / AGENTSTREAM_TOPIC_PREFIX)")
     return sorted(found.partitions)
 
 
@@ -306,7 +306,7 @@ def _kafka_range(settings: KafkaSettings, topic: str, bounds: Bounds) -> dict[in
 
 
 async def _kafka_records(settings: KafkaSettings, topic: str, ranges: dict[int, tuple[int, int]],
-                         batch_size: int) -> AsyncIterator[tuple[list[Record], dict[int, int]]]:
+                         batch_size: int) -> AsyncGenerator[tuple[list[Record], dict[int, int]], None]:
     """Batches of records in `ranges` (partition → [first, stop before)) and the positions after each."""
     from confluent_kafka import KafkaError, TopicPartition
 
@@ -367,7 +367,7 @@ class Fetch:
 
 async def scan_fetches(settings: KafkaSettings, topic: str, ranges: dict[int, tuple[int, int]],
                        batch_size: int = 20_000, on_progress: Callable[[ScanProgress], None] | None = None,
-                       ) -> AsyncIterator[Fetch]:
+                       ) -> AsyncGenerator[Fetch, None]:
     """The messages of `ranges` (partition → [first, stop before), as `plan_scan` resolved them) from Kafka,
     a fetch at a time, each partition in offset order: `scan`'s Kafka part without a `Record` per message.
 

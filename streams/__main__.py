@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     except RewardError as exc:
         print(f"error: --reward-policy: {exc}", file=sys.stderr)
         return 2
-    loop = uvloop.new_event_loop()  # a third less CPU per event than asyncio's loop
+    loop = uvloop.new_event_loop()  # less CPU per event than asyncio's loop
     asyncio.set_event_loop(loop)
     try:
         partitions = loop.run_until_complete(prepare_topics(settings))

@@ -14,10 +14,15 @@ at-least-once: a view.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from time import monotonic
+from typing import Any
 
 import faust
 from faust.sensors import Monitor
+from faust.types import TP, EventT, Message, ProducerT, RecordMetadata, StreamT, TopicT
+from faust.types.tables import CollectionT
+from faust.types.tuples import PendingMessage
 from faust.web import Request, Response, View
 
 from agentstream.schemas.codec import encode
@@ -26,44 +31,49 @@ from agentstream.schemas.topics import FOREVER, TopicSpec
 from agentstream.streams.settings import StreamsSettings
 from agentstream.streams.transport import Transport
 from agentstream.streams.windows import Windows, parse
-from agentstream.streams.worker import ASSEMBLED, AssemblyWorker
+from agentstream.streams.worker import ASSEMBLED, AssemblyWorker, Publish
 
-RAW = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+
+def raw_topic(app: faust.App, *names: str) -> TopicT:
+    """The topics `names` as Faust sees them: keys and values the bytes as stored (the events' JSON)."""
+    return app.topic(*names, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
 
 
 class QuietMonitor(Monitor):
-    """Faust's Monitor without its per-record bookkeeping (~3 % of a catching-up worker's samples).
+    """Faust's Monitor without its per-record bookkeeping, which costs a catching-up worker a share of its CPU.
 
     Nothing here reads those figures (no statsd, `/analytics` is the worker's own, Faust's
     `/stats` and `/performance` views are off); what Faust itself reads of the monitor stays: the
     time a partition's stream last took an event (its "stream idle" warnings), end offsets, commits.
     """
 
-    def on_message_in(self, tp, offset, message) -> None:
+    def on_message_in(self, tp: TP, offset: int, message: Message) -> None:
         pass
 
-    def on_stream_event_in(self, tp, offset, stream, event) -> None:
+    def on_stream_event_in(self, tp: TP, offset: int, stream: StreamT[Any], event: EventT[Any]) -> None:
         self.stream_inbound_time[tp] = monotonic()
 
-    def on_stream_event_out(self, tp, offset, stream, event, state=None) -> None:
+    def on_stream_event_out(self, tp: TP, offset: int, stream: StreamT[Any], event: EventT[Any],
+                            state: dict[Any, Any] | None = None) -> None:
         pass
 
-    def on_message_out(self, tp, offset, message) -> None:
+    def on_message_out(self, tp: TP, offset: int, message: Message) -> None:
         pass
 
-    def on_send_initiated(self, producer, topic, message, keysize, valsize) -> None:
+    def on_send_initiated(self, producer: ProducerT, topic: str, message: PendingMessage, keysize: int,
+                          valsize: int) -> None:
         pass
 
-    def on_send_completed(self, producer, state, metadata) -> None:
+    def on_send_completed(self, producer: ProducerT, state: Any, metadata: RecordMetadata) -> None:
         pass
 
-    def on_table_get(self, table, key) -> None:
+    def on_table_get(self, table: CollectionT, key: Any) -> None:
         pass
 
-    def on_table_set(self, table, key, value) -> None:
+    def on_table_set(self, table: CollectionT, key: Any, value: Any) -> None:
         pass
 
-    def on_table_del(self, table, key) -> None:
+    def on_table_del(self, table: CollectionT, key: Any) -> None:
         pass
 
 
@@ -105,15 +115,14 @@ def create_app(settings: StreamsSettings, partitions: int) -> faust.App:
     # Faust's Kafka transport, but the sources' records handed over in batches (transport.py); set
     # before anything creates the consumer (the `transport` setter is App's own)
     transport = app.transport = Transport(app.conf.broker_consumer, app)
-    out = {base: app.topic(settings.topics.name(base), **RAW)
-           for base in ("trajectories", "rewards", "deadletter", "metrics")}
+    out = {base: raw_topic(app, settings.topics.name(base)) for base in ("trajectories", "rewards", "deadletter", "metrics")}
 
-    async def publish(topic: str, event: Event, now: bool = False):
+    async def publish(topic: str, event: Event, now: bool = False) -> Awaitable[RecordMetadata]:
         """Send as part of handling the current event (at its commit), or `now`: the broker's ack is
         then the returned future."""
         return await out[topic].send(key=event.key, value=encode(event), force=now)
 
-    async def send(topic: str, event: Event):
+    async def send(topic: str, event: Event) -> Awaitable[RecordMetadata]:
         """Straight to the producer (Faust's topic `send` yields to the loop on every record): the
         broker's ack is the returned future."""
         return await app.producer.send(settings.topics.name(topic), event.key, encode(event), partition=None,
@@ -124,15 +133,16 @@ def create_app(settings: StreamsSettings, partitions: int) -> faust.App:
     # the sources' records go to the worker in batches, not through a stream (transport.py); the topic is
     # still Faust's to subscribe to, and the worker pauses a partition as a stream's full buffer would
     inbox = transport.claim(sources, high=app.conf.stream_buffer_maxsize)
-    app.topics.add(app.topic(*sources, **RAW))
+    app.topics.add(raw_topic(app, *sources))
     worker = AssemblyWorker(app, settings, partitions, send, windows, inbox)
 
-    @app.task
+    @app.task  # type: ignore[untyped-decorator]  # (faust types a task as returning a bare Awaitable)
     async def start_worker() -> None:  # its timers start once the tables are recovered, as Faust's own do
         await app.add_runtime_dependency(worker)
 
-    @app.on_partitions_revoked.connect
-    async def forget_partitions(app, revoked, **kwargs) -> None:
+    # faust types a receiver as taking any positional arguments; this signal sends one, the revoked partitions
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]
+    async def forget_partitions(app: faust.App, revoked: set[TP], **kwargs: Any) -> None:
         await worker.revoked(revoked)
 
     add_metrics(app, settings, windows, publish)
@@ -149,10 +159,10 @@ def create_app(settings: StreamsSettings, partitions: int) -> faust.App:
 # --- analytics ---------------------------------------------------------------------------------
 
 
-def add_metrics(app: faust.App, settings: StreamsSettings, windows: Windows, publish) -> None:
+def add_metrics(app: faust.App, settings: StreamsSettings, windows: Windows, publish: Publish) -> None:
     """The timer that publishes the windows changed since its last run to the metrics topic."""
 
-    @app.timer(interval=settings.metrics_interval_s)
+    @app.timer(interval=settings.metrics_interval_s)  # type: ignore[untyped-decorator]  # (faust: a bare Callable)
     async def publish_metrics() -> None:
         for size, key, value in windows.unpublished():
             model, version, partition, start = parse(key)

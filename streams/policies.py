@@ -51,7 +51,7 @@ def score(name: str, session: SessionFeedback) -> Reward | None:
     """Run the named policy; a float becomes a Reward naming it. Any failure is a RewardError."""
     policy = load(name)
     try:
-        result = policy(session)  # type: ignore[arg-type]
+        result = policy(session)
     except RewardError:
         raise
     except Exception as exc:

@@ -56,12 +56,14 @@ class RewardError(ConfigurationError):
     """The reward function cannot score this sample (bad name, missing metadata, bad result)."""
 
 
-RewardFn = Callable[[Sample], "float | Reward"]
+Loaded = Callable[..., object]
+"""a function loaded by name: what it takes and returns is checked when it runs (`score`)"""
 
 
 @cache
-def load(name: str) -> RewardFn:
-    """The function `module:function` names; RewardError says what is wrong with the name."""
+def load(name: str) -> Loaded:
+    """The function `module:function` names (a reward function, or a reward policy); RewardError says what is
+    wrong with the name."""
     module_name, _, function_name = name.partition(":")
     if not module_name or not function_name:
         raise RewardError(f"reward function {name!r}: write it as module:function (e.g. streams.rewards:exact_match)")
@@ -69,7 +71,7 @@ def load(name: str) -> RewardFn:
         module = importlib.import_module(_installed_name(module_name))
     except ImportError as exc:
         raise RewardError(f"reward function {name!r}: cannot import {module_name!r} ({exc})") from None
-    function = getattr(module, function_name, None)
+    function: object = getattr(module, function_name, None)
     if not callable(function):
         raise RewardError(f"reward function {name!r}: {module_name} has no function {function_name!r}")
     return function
@@ -102,7 +104,7 @@ def score(name: str, sample: Sample) -> Reward:
     return reward
 
 
-def _as_reward(name: str, value: Any) -> Reward:
+def _as_reward(name: str, value: object) -> Reward:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise RewardError(f"reward function {name} returned {type(value).__name__}; return a float or a Reward")
     return Reward(value=float(value), reward_fn=name)

@@ -33,10 +33,14 @@ FOREVER_MS = 1 << 62
 
 
 class SessionTiming(Protocol):
-    settle_ms: int
-    session_idle_ms: int
-    feedback_window_ms: int
-    session_retention_ms: int
+    @property
+    def settle_ms(self) -> int: ...
+    @property
+    def session_idle_ms(self) -> int: ...
+    @property
+    def feedback_window_ms(self) -> int: ...
+    @property
+    def session_retention_ms(self) -> int: ...
 
 
 def new_state(partition: int) -> dict[str, Any]:
@@ -77,7 +81,7 @@ def settle_at(attempt: dict[str, Any], timing: SessionTiming) -> int:
     return max(bound, ended + max(timing.feedback_window_ms, timing.settle_ms))
 
 
-def pending(attempt: dict[str, Any]) -> list[list]:
+def pending(attempt: dict[str, Any]) -> list[list[Any]]:
     """A settled conversation's feedback not scored yet ([id, time])."""
     scored = {entry[0] for entry in attempt["settled"].get("feedback", ())}
     return [entry for entry in attempt["fb"] if entry[0] not in scored]
@@ -111,8 +115,8 @@ def route(state: dict[str, Any], event: Event, session_id: str, timing: SessionT
         if latest["end"] is not None or latest.get("settled") or event.time > boundary(latest, timing):
             return None
         return str(state["latest"])
-    if kind is FeedbackEvent and event.data.call_id is not None:  # type: ignore[attr-defined]
-        call_id = event.data.call_id  # type: ignore[attr-defined]
+    if type(event) is FeedbackEvent and event.data.call_id is not None:
+        call_id = event.data.call_id
         for attempt_id, attempt in state["attempts"].items():
             if any(entry[0] == call_id for entry in attempt["calls"]):
                 return str(attempt_id)
@@ -120,7 +124,7 @@ def route(state: dict[str, Any], event: Event, session_id: str, timing: SessionT
     return str(begun[-1] if begun else next(iter(state["attempts"])))
 
 
-def joined(state: dict[str, Any], attempt: dict[str, Any], call: list) -> None:
+def joined(state: dict[str, Any], attempt: dict[str, Any], call: list[Any]) -> None:
     """A call joined `attempt`: feedback about it read before it, in another open segment, comes along."""
     attempt["first"] = min(attempt["first"], call[1])
     for other in state["attempts"].values():
@@ -128,7 +132,7 @@ def joined(state: dict[str, Any], attempt: dict[str, Any], call: list) -> None:
             _move(other, attempt, [entry for entry in other["fb"] if entry[2] == call[0]])
 
 
-def _move(source: dict[str, Any], target: dict[str, Any], feedback: list[list]) -> None:
+def _move(source: dict[str, Any], target: dict[str, Any], feedback: list[list[Any]]) -> None:
     """Move feedback entries (and their ids) from one open segment to another."""
     if not feedback:
         return

@@ -64,7 +64,7 @@ class StreamsSettings(KafkaSettings):
 
     @field_validator("windows_s", mode="before")
     @classmethod
-    def _windows_from_text(cls, value):
+    def _windows_from_text(cls, value: object) -> object:
         if isinstance(value, str):
             return [int(part) for part in value.replace("[", "").replace("]", "").split(",") if part.strip()]
         return value

@@ -5,8 +5,8 @@ assignment. The assembly handles events in batches and writes to the partition i
 changed in a batch is written once, at the end of it, and a key created and dropped within the
 batch (the events of an attempt settled in the batch that brought them) is not written at all.
 
-Records stay in Faust's table format (JSON keys and values), so a table written by the earlier
-worker, one record per event, is restored as it was.
+Records stay in Faust's table format (JSON keys and values), so Faust restores the table as its own,
+whether it was written a batch at a time or one record per event.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from typing import Any
 
 import faust
 import orjson
+from aiokafka.producer.message_accumulator import BatchBuilder
+from faust.types import AppT
 
 from agentstream.streams.transport import Producer
 
@@ -25,7 +27,7 @@ DROPPED = object()
 """a staged deletion"""
 
 
-class StateTable(faust.Table):
+class StateTable(faust.Table[str, Any]):
     """A table written by partition (`write`, `drop`), whose changes can be awaited until the broker has them.
 
     Written only through these two (not `table[key] = value`, which writes to the partition of
@@ -37,9 +39,9 @@ class StateTable(faust.Table):
     their way, and a batch's decisions (what its trajectories are built from) before it publishes them.
     """
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._unacknowledged: list[asyncio.Future] = []
+        self._unacknowledged: list[asyncio.Future[Any]] = []
         self._records_unacknowledged = 0
 
     @cached_property
@@ -51,30 +53,31 @@ class StateTable(faust.Table):
         """Changes on their way to the broker (since the last `written`)."""
         return self._records_unacknowledged
 
-    async def write(self, partition: int, key: str, value: Any) -> asyncio.Future:
+    async def write(self, partition: int, key: str, value: Any) -> asyncio.Future[Any]:
         """Write `key` to the table and its changelog; the broker's acknowledgement, to await."""
         self.data[key] = value
         return await self._send(partition, key, orjson.dumps(value))
 
-    async def drop(self, partition: int, key: str) -> asyncio.Future:
+    async def drop(self, partition: int, key: str) -> asyncio.Future[Any]:
         self.data.pop(key, None)
         return await self._send(partition, key, None)  # a tombstone, as Faust writes one
 
-    async def _send(self, partition: int, key: str, value: bytes | None) -> asyncio.Future:
+    async def _send(self, partition: int, key: str, value: bytes | None) -> asyncio.Future[Any]:
         # to the producer itself, as records of Faust's table format: Faust's own path (`send_changelog`)
         # queues them in a buffer that hands on one record at a time, and its topic's `send` yields to
         # the event loop on every record. The order of a partition's records is the order of these calls.
-        acknowledged = await self.app.producer.send(
+        # faust declares an Awaitable; its aiokafka driver returns aiokafka's future, whose state `check` reads
+        acknowledged: asyncio.Future[Any] = await self.app.producer.send(  # type: ignore[assignment]
             self.changelog_name, orjson.dumps(key), value, partition=partition, timestamp=None,
             headers=None)
         self._unacknowledged.append(acknowledged)
         self._records_unacknowledged += 1
         return acknowledged
 
-    async def write_all(self, changes: Iterable[tuple[int, str, Any]]) -> list[asyncio.Future]:
+    async def write_all(self, changes: Iterable[tuple[int, str, Any]]) -> list[asyncio.Future[Any]]:
         """Write (partition, key, value or `DROPPED`) changes, in order within each partition, one record
         batch per partition: the producer's per-record step (a future, the accumulator's lookup and
-        append: ~10 % of a live worker's samples) is left out. The batches' acknowledgements, to await.
+        append, paid for every change) is left out. The batches' acknowledgements, to await.
 
         A partition's batch waits for the one before it to go out (aiokafka's `add_batch`), so a
         batch end's changes of a partition go in one batch, not one per kind of key.
@@ -82,7 +85,7 @@ class StateTable(faust.Table):
         producer = self.app.producer
         if not isinstance(producer, Producer):
             raise TypeError("the table writes record batches: run it with streams.transport.Transport")
-        topic, batches = self.changelog_name, {}
+        topic, batches = self.changelog_name, dict[int, BatchBuilder]()
         sent = []
         for partition, key, value in changes:
             if value is DROPPED:
@@ -108,8 +111,8 @@ class StateTable(faust.Table):
     def check(self) -> None:
         """Raise the error of a change on its way that the broker refused (the producer gave up on it)."""
         for acknowledged in self._unacknowledged:
-            if acknowledged.done() and not acknowledged.cancelled() and acknowledged.exception() is not None:
-                raise acknowledged.exception()
+            if acknowledged.done() and not acknowledged.cancelled() and (error := acknowledged.exception()) is not None:
+                raise error
 
     async def written(self) -> None:
         pending, self._unacknowledged = self._unacknowledged, []
@@ -118,7 +121,13 @@ class StateTable(faust.Table):
             await asyncio.gather(*pending)
 
 
-class Staged(MutableMapping):
+def registered(app: AppT, table: StateTable) -> StateTable:
+    """`table`, added to the app's tables (whose `add` returns it typed as any collection)."""
+    app.tables.add(table)
+    return table
+
+
+class Staged(MutableMapping[str, Any]):
     """The keys of a `StateTable` under `prefix`, with writes held until they are taken (`changes_of` a
     partition, `changes` of keys) and written: one write per key.
 
@@ -151,10 +160,12 @@ class Staged(MutableMapping):
         return self.decode(value) if self.decode else value
 
     def __contains__(self, key: object) -> bool:
-        staged = self._staged.get(key)  # type: ignore[arg-type]
+        if not isinstance(key, str):
+            return False
+        staged = self._staged.get(key)
         if staged is not None:
             return staged[1] is not DROPPED
-        return self.prefix + key in self.table.data  # type: ignore[operator]
+        return self.prefix + key in self.table.data
 
     def __setitem__(self, key: str, value: Any) -> None:
         if key not in self._staged and self.prefix + key not in self.table.data:
@@ -201,7 +212,7 @@ class Staged(MutableMapping):
                 out.append((partition, self.prefix + key, staged[1]))
         return out
 
-    async def flush(self, keys: Iterable[str]) -> list[asyncio.Future]:
+    async def flush(self, keys: Iterable[str]) -> list[asyncio.Future[Any]]:
         """Write what is staged of `keys` to the table and its changelog; the broker's acknowledgements of
         those writes (the table's `written` awaits them too)."""
         return await self.table.write_all(self.changes(keys))

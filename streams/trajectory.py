@@ -19,7 +19,8 @@ The trajectory is put together as `model_construct` would, not validated again: 
 from events that were validated when decoded, or is computed here from them (lists of their ints
 and floats, counts), so validation would only copy the token lists. `tests/streams/test_assembly.py`
 checks that validating a built trajectory gives it back unchanged, byte for byte. (`_made` does what
-`model_construct` does for these models, a third of its time: a rebuild makes ~7 models per trajectory.)
+`model_construct` does for these models, without its general checks: a rebuild makes several models per
+trajectory.)
 """
 
 from __future__ import annotations
@@ -54,8 +55,10 @@ M = TypeVar("M", bound=BaseModel)
 _set = object.__setattr__
 _REQUIRED = object()
 """in a model's template, where a value must be given"""
-_SHAPES: dict[type, tuple[dict[str, Any], tuple[tuple[str, Callable[[], Any]], ...]]] = {}
-"""model class → its fields in order, with their plain defaults, and the fields whose default a factory makes"""
+Shape = tuple[dict[str, Any], tuple[tuple[str, Callable[..., Any]], ...]]
+"""a model's fields in order with their plain defaults, and the fields whose default a factory makes (called
+with no arguments: pydantic's factories that take the validated data are not used by these models)"""
+_SHAPES: dict[type, Shape] = {}
 
 
 def _made(cls: type[M], **values: Any) -> M:
@@ -74,7 +77,7 @@ def _made(cls: type[M], **values: Any) -> M:
     return model
 
 
-def _shape(cls: type[BaseModel]) -> tuple[dict[str, Any], tuple[tuple[str, Callable[[], Any]], ...]]:
+def _shape(cls: type[BaseModel]) -> Shape:
     fields = cls.__pydantic_fields__
     assert not cls.__pydantic_post_init__ and cls.model_config.get("extra") != "allow" and not any(
         f.alias or f.validation_alias for f in fields.values()), cls
@@ -83,7 +86,7 @@ def _shape(cls: type[BaseModel]) -> tuple[dict[str, Any], tuple[tuple[str, Calla
     assert all(type(value) in (type(None), bool, int, float, str) or value is _REQUIRED
                for value in template.values()), cls  # shared by every model made: immutable only
     factories = tuple((name, f.default_factory) for name, f in fields.items() if f.default_factory)
-    shape = _SHAPES[cls] = template, factories  # type: ignore[assignment]
+    shape = _SHAPES[cls] = template, factories
     return shape
 
 
@@ -216,7 +219,7 @@ def end_reason(events: Seq[Event], ending: Ending) -> str | None:
     return "abandoned: no ending was recorded" if ending.status == "abandoned" else None
 
 
-def _task_fields(queued: RolloutQueued) -> dict:
+def _task_fields(queued: RolloutQueued) -> dict[str, Any]:
     return dict(task_id=queued.task.id, group_id=queued.group_id, split=queued.split, epoch=queued.epoch,
                 sample_index=queued.sample_index, attempt_number=queued.attempt_number,
                 weight_version_launch=queued.weight_version)
@@ -239,7 +242,7 @@ def _turn(call_id: str, call: Call) -> Turn:
 
 def superseded(turns: list[Turn], retry_counts: list[int]) -> set[int]:
     """Indices of the turns whose answer the agent lost and asked again for (see the module's docstring)."""
-    by_prompt: dict[tuple, list[int]] = {}
+    by_prompt: dict[tuple[int, tuple[int, ...]], list[int]] = {}
     for index, turn in enumerate(turns):  # same length and tail first: full comparisons only for likely repeats
         by_prompt.setdefault((len(turn.prompt_token_ids), tuple(turn.prompt_token_ids[-16:])), []).append(index)
     lost: set[int] = set()
@@ -264,7 +267,7 @@ def _used(turns: list[Turn], index: int) -> bool:
 
 def merge(turns: list[Turn]) -> tuple[list[Sequence], int]:
     """Token sequences for training, and how many turns did not extend the sequence before them."""
-    built: list[dict[str, list]] = []  # each sequence's lists, made into a `Sequence` once complete
+    built: list[dict[str, list[Any]]] = []  # each sequence's lists, made into a `Sequence` once complete
     prompt_lengths: list[int] = []
     mismatches = 0
     for index, turn in enumerate(turns):

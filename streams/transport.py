@@ -3,8 +3,8 @@ when nothing waits.
 
 **Batches.** Faust hands every fetched record to its streams one at a time: the conductor's callback
 (a lock, flow control, the producer buffer's check, an event built, a queue put with pressure
-callbacks), then the stream's iterator and its acknowledgement, then the agent's step: about a
-quarter of a catching-up worker's samples. The records of topics claimed with `Transport.claim`
+callbacks), then the stream's iterator and its acknowledgement, then the agent's step: a large share
+of what a catching-up worker spends per record. The records of topics claimed with `Transport.claim`
 skip all of that: the consumer's callback (`Transport.create_consumer`, the public place to give a
 consumer its callback) appends them to an `Inbox`, and the worker takes what is there in one go.
 What stays Faust's: fetching, offsets read, flow control (the fetcher hands on nothing while a
@@ -17,7 +17,7 @@ faust-streaming 0.15.3's fetcher (`Consumer._drain_messages`) hands every record
 `Service.wait_first(callback(message), self.suspend_flow.wait())`, so that a callback blocked on a
 full stream buffer gives way when a rebalance suspends the flow. `wait_first` makes four tasks (the
 callback, the flow's event, the service's stopped and crashed events), an `asyncio.wait` and three
-cancellations per record: about 8 % of a catching-up worker's samples. Almost always the callback
+cancellations per record, each a cost a worker catching up pays per record. Almost always the callback
 does not block (the stream's buffer has room, the flow and the producer's buffer let it through).
 
 `Consumer.wait_first` is the narrowest hook: a method of the consumer (mode's `Service`), not a copy
@@ -32,18 +32,14 @@ faust-streaming changes (the call shape is matched by the flow event's `wait` co
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Coroutine, Generator, Iterable
 from typing import Any
 
-import faust
 from aiokafka.producer.message_accumulator import BatchBuilder
 from faust.transport.drivers import aiokafka as driver
-from faust.types import TP, Message
+from faust.types import TP, AppT, Message
 from faust.types.transports import ConsumerCallback, ConsumerT
 from mode.services import WaitResults
-
-from agentstream.streams.timeline import TIMELINE
 
 _FLOW_WAIT = asyncio.Event.wait.__code__
 """the code of `suspend_flow.wait()`, the second coroutine of the fetcher's call"""
@@ -77,13 +73,6 @@ class Rest:
 
 
 class Consumer(driver.Consumer):
-    async def commit(self, *args: Any, **kwargs: Any) -> bool:
-        began = time.perf_counter()
-        try:
-            return await super().commit(*args, **kwargs)
-        finally:
-            TIMELINE.mark("commit", ms=(time.perf_counter() - began) * 1000)
-
     async def wait_first(self, *coros: Any, timeout: Any = None) -> WaitResults:
         if (timeout is None and len(coros) == 2 and asyncio.iscoroutine(coros[0])
                 and getattr(coros[1], "cr_code", None) is _FLOW_WAIT and not self.suspend_flow.is_set()
@@ -108,7 +97,7 @@ class Inbox:
     buffer fills (`on_buffer_full`), and resumed when the worker takes them (`on_buffer_drop`).
     """
 
-    def __init__(self, app: faust.App, high: int):
+    def __init__(self, app: AppT, high: int):
         self.app = app
         self.high = high
         self.records: list[Message] = []
@@ -179,8 +168,8 @@ class Transport(driver.Transport):
         async def on_message(message: Message) -> None:
             inbox = inboxes.get(message.topic)
             if inbox is None:
-                return await callback(message)
-            inbox.put(message)
-            return None
+                await callback(message)
+            else:
+                inbox.put(message)
 
         return super().create_consumer(on_message, **kwargs)

@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import faust
 
 from agentstream.schemas.events import Call, Trajectory
 from agentstream.streams import analytics
-from agentstream.streams.tables import StateTable
+from agentstream.streams.analytics import Aggregate
+from agentstream.streams.tables import StateTable, registered
 
+V = TypeVar("V")
 UNACKNOWLEDGED_MAX = 2000
 """window writes on their way to the broker before the worker waits for them"""
 
@@ -37,8 +41,8 @@ class Windows:
 
     def __init__(self, app: faust.App, sizes: list[int], history: int, partitions: int):
         self.history = history
-        self.tables = {size: app.tables.add(StateTable(app, name=f"windows-{size}s", partitions=partitions,
-                                                       on_recover=self._recovered))
+        self.tables = {size: registered(app, StateTable(app, name=f"windows-{size}s", partitions=partitions,
+                                                        on_recover=self._recovered))
                        for size in sizes}
         self._dirty: dict[tuple[int, str], int] = {}
         """(size, window key) → its partition: written at the next flush"""
@@ -60,7 +64,8 @@ class Windows:
         self._add(group_key(trajectory.model, wrote_it(trajectory), partition), partition, timestamp_s,
                   analytics.add_trajectory, trajectory)
 
-    def _add(self, group: str, partition: int, timestamp_s: float, add, value) -> None:
+    def _add(self, group: str, partition: int, timestamp_s: float, add: Callable[[Aggregate, V], Aggregate],
+             value: V) -> None:
         for size, table in self.tables.items():
             start = math.floor(timestamp_s / size) * size
             key = f"{group}|{start:g}"
@@ -85,12 +90,12 @@ class Windows:
             if table.unacknowledged > UNACKNOWLEDGED_MAX:  # bounded: the producer's buffer is not the history
                 await table.written()
 
-    def unpublished(self) -> list[tuple[int, str, dict]]:
+    def unpublished(self) -> list[tuple[int, str, Aggregate]]:
         """(size, window key, aggregate) of the windows written since the last call."""
         pending, self._unpublished = self._unpublished, set()
         return [(size, key, self.tables[size].data[key]) for size, key in pending if key in self.tables[size].data]
 
-    def view(self) -> dict[str, list[dict]]:
+    def view(self) -> dict[str, list[dict[str, Any]]]:
         """Per size, the local windows, newest first: per window and (model, weight version), partitions merged."""
         return {str(size): _merged(table.data, size) for size, table in self.tables.items()}
 
@@ -101,8 +106,8 @@ def parse(key: str) -> tuple[str, str, str, float]:
     return model, version, partition, float(start)
 
 
-def _merged(data: dict, size: int) -> list[dict]:
-    merged: dict[tuple[float, str, str], list[dict]] = {}
+def _merged(data: Mapping[str, Aggregate], size: int) -> list[dict[str, Any]]:
+    merged: dict[tuple[float, str, str], list[Aggregate]] = {}
     for key, value in list(data.items()):
         model, version, _partition, start = parse(key)
         merged.setdefault((start, model, version), []).append(value)

@@ -31,6 +31,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 import faust
 from aiokafka.errors import KafkaError
@@ -44,8 +45,7 @@ from agentstream.schemas.ids import derived_id, now_ms
 from agentstream.schemas.kafka import deadletter_event
 from agentstream.streams.assembly import Assembly, Settled
 from agentstream.streams.settings import StreamsSettings
-from agentstream.streams.tables import Staged, StateTable
-from agentstream.streams.timeline import TIMELINE
+from agentstream.streams.tables import Staged, StateTable, registered
 from agentstream.streams.transport import Inbox
 from agentstream.streams.windows import Windows
 
@@ -58,7 +58,7 @@ RESEEK_S = 5.0
 UNACKNOWLEDGED_MAX = 2000
 """table changes on their way to the broker before the worker waits for them"""
 
-Publish = Callable[[str, Event], Awaitable[Awaitable]]
+Publish = Callable[[str, Event], Awaitable[Awaitable[object]]]
 """(topic base name, event) → the broker's acknowledgement, to await"""
 
 
@@ -66,7 +66,7 @@ class AssemblyWorker(faust.Service):
     """Trajectory assembly over this worker's partitions of the rollout-scoped topics."""
 
     def __init__(self, app: faust.App, settings: StreamsSettings, partitions: int, publish: Publish,
-                 windows: Windows, inbox: Inbox, **kwargs):
+                 windows: Windows, inbox: Inbox, **kwargs: Any):
         super().__init__(**kwargs)
         self.app = app
         self.inbox = inbox
@@ -79,8 +79,8 @@ class AssemblyWorker(faust.Service):
         self.topic_of = {settings.topics.name(base): base for base in ASSEMBLED}
         """source topic → the base name of the events it holds"""
         # one table, so that a partition's state, its events and its positions share one ordered changelog
-        self.table = app.tables.add(StateTable(app, name="assembly", partitions=partitions,
-                                               on_recover=self.recovered))
+        self.table = registered(app, StateTable(app, name="assembly", partitions=partitions,
+                                                on_recover=self.recovered))
         self.rollouts = Staged(self.table, "r:")
         self.events = Staged(self.table, "e:", bytes.decode, str.encode)
         self.positions = Staged(self.table, "p:")
@@ -92,7 +92,7 @@ class AssemblyWorker(faust.Service):
         """source partition → the latest event time handled (since it was assigned)"""
         self.gaps: dict[TP, float] = {}
         """source partition → when it was last sought back to a gap (monotonic)"""
-        self.deadletters: list[Awaitable] = []
+        self.deadletters: list[Awaitable[object]] = []
         """acknowledgements to await before the positions pass their records"""
         self.handled_at = time.monotonic()
         self.touched: set[int] = set()
@@ -140,7 +140,6 @@ class AssemblyWorker(faust.Service):
             await self.inbox.wait()
             await self.app.flow_control.acquire()
             records = self.inbox.take()
-            TIMELINE.mark("take", n=len(records))
             if records:
                 await self.handle(records)
 
@@ -205,16 +204,12 @@ class AssemblyWorker(faust.Service):
     async def _end_batch(self, partitions: Iterable[int] = ()) -> None:
         """Settle what the batch made due (and the attempts due in `partitions`), then write the changes held
         in the changelog partitions due a write (`_flush`)."""
-        began, records = time.perf_counter(), self.batched
         touched, self.touched, self.batched = self.touched, set(), 0
         await self._settle(touched | set(partitions))
-        settled = time.perf_counter()
         await self._flush()
         self.survivors.batch_ended()
-        TIMELINE.mark("batch", n=records, timer=bool(partitions), settle_ms=(settled - began) * 1000,
-                      flush_ms=(time.perf_counter() - settled) * 1000)
 
-    async def _take(self, message) -> bool:
+    async def _take(self, message: Message) -> bool:
         """Add one record to the state; whether it was the next of its partition."""
         if not await self._in_order(message):
             return False
@@ -230,7 +225,7 @@ class AssemblyWorker(faust.Service):
         self.positions[f"{message.topic}:{message.partition}"] = message.offset + 1
         return True
 
-    async def _in_order(self, message) -> bool:
+    async def _in_order(self, message: Message) -> bool:
         """Whether this record is the next of its partition; after a gap, read it again from there."""
         key = f"{message.topic}:{message.partition}"
         expected = self.positions.get(key)
@@ -252,9 +247,12 @@ class AssemblyWorker(faust.Service):
             await self.app.consumer.seek(message.tp, expected)
         return False
 
-    async def _add(self, message) -> None:
+    async def _add(self, message: Message) -> None:
+        raw = message.value
+        if raw is None:
+            return await self._deadletter(message, "undecodable", "undecodable: a record without a value (a tombstone)")
         try:
-            event = decode(message.value)
+            event: Event = decode(raw)
         except DecodeError as exc:
             return await self._deadletter(message, "undecodable", f"undecodable: {exc}")
         self.last_time[message.tp] = max(self.last_time.get(message.tp, 0), event.time)
@@ -267,11 +265,11 @@ class AssemblyWorker(faust.Service):
                 self.counts["session_calls"] += 1  # traffic outside any rollout: analytics count it
                 return
             return await self._deadletter(message, "unattributed", f"a {event.type} event needs a rollout_id")
-        late = self.assembly.add(event, message.value, message.partition)
+        late = self.assembly.add(event, raw, message.partition)
         if late:
             await self._deadletter(message, None, late)  # the assembly counted it
 
-    async def _deadletter(self, message, kind: str | None, reason: str) -> None:
+    async def _deadletter(self, message: Message, kind: str | None, reason: str) -> None:
         if kind:
             self.counts[kind] += 1
         event = deadletter_event(message, reason, self.settings.source)
@@ -304,30 +302,40 @@ class AssemblyWorker(faust.Service):
         What each trajectory is built from is in the changelog before it is published: settled again
         after a crash, an attempt yields the same bytes, not a trajectory with events that came since.
         """
+        await self._decide(settled)
+        await asyncio.gather(*await self._publish_settled(settled))
+        self._record(settled)
+
+    async def _decide(self, settled: list[Settled]) -> None:
+        """Stage each attempt's decision and await the broker's acknowledgement of them."""
         for one in settled:
             self._point_at(self.rollouts_partition(one.rollout_id))
             self.assembly.decide(one)
         # what the trajectories are built from: their attempts' decisions, acknowledged; not every change
         # still on its way (the events and positions of batches before, in the other partitions too), but
         # none of those refused: a worker whose changelog has a hole publishes nothing more
-        began = time.perf_counter()
         await asyncio.gather(*await self.rollouts.flush(one.rollout_id for one in settled))
-        decided = time.perf_counter()
         self.table.check()
+
+    async def _publish_settled(self, settled: list[Settled]) -> list[Awaitable[object]]:
+        """Send the rewards, trajectories and deadletters of the settled attempts; their acknowledgements."""
         sent = []
         for one in settled:
             sent += [await self.publish("rewards", reward) for reward in one.rewards]
             sent += [await self.publish("trajectories", trajectory) for trajectory in one.trajectories]
             for raw_event, reason in one.late + one.unscored:
-                event = decode(raw_event)
-                sent.append(await self.publish("deadletter", DeadletterEvent(
-                    id=derived_id("streams.deadletter", event.id), source=self.settings.source,
-                    data=Deadletter(topic=self.settings.topics.name(event.topic), key=event.rollout_id,
-                                    value=raw_event.decode(), reason=reason, consumer=self.settings.source))))
-        published = time.perf_counter()
-        await asyncio.gather(*sent)
-        TIMELINE.mark("emit", settled=len(settled), decided_ms=(decided - began) * 1000,
-                      build_ms=(published - decided) * 1000, acked_ms=(time.perf_counter() - published) * 1000)
+                sent.append(await self.publish("deadletter", self._late_deadletter(raw_event, reason)))
+        return sent
+
+    def _late_deadletter(self, raw_event: bytes, reason: str) -> DeadletterEvent:
+        event: Event = decode(raw_event)
+        return DeadletterEvent(
+            id=derived_id("streams.deadletter", event.id), source=self.settings.source,
+            data=Deadletter(topic=self.settings.topics.name(event.topic), key=event.rollout_id,
+                            value=raw_event.decode(), reason=reason, consumer=self.settings.source))
+
+    def _record(self, settled: list[Settled]) -> None:
+        """The published attempts into the analytics windows and the state (settled)."""
         emitted_at = time.time()
         for one in settled:
             partition = self.rollouts_partition(one.rollout_id)
@@ -345,9 +353,9 @@ class AssemblyWorker(faust.Service):
         deadletters acknowledged, then per partition the state, then the positions.
 
         One partition a turn, in turn, whatever the pauses between batch ends: partitions written when due
-        by each one's own clock fell into step after a pause (a worker's start, a revocation), and then every
-        partition's changes went in one write, awaited under the lock (~90 ms every 2 s at 5,000 events/s:
-        the tail of the finish → trajectory delay)."""
+        by each one's own clock would fall into step after a pause (a worker's start, a revocation), and then
+        every partition's changes would go in one write, awaited under the lock: a stall that becomes the
+        tail of the finish → trajectory delay."""
         clock = time.monotonic()
         if now or not self.settings.write_every_s:  # (0: every partition's at every batch end)
             due = list(range(self.partitions))
@@ -425,7 +433,7 @@ class AssemblyWorker(faust.Service):
                 wait = min(wait, (upcoming - now) / 1000)
             elif not self._behind(partition):
                 # it came due while the last settling ran, and no record in flight holds it back: settle it now,
-                # not a tick later (at 2,000 events/s once the load stopped, ~100 ms over the settle time); the same
+                # not a tick later (once the load stops, no record's batch end would settle it sooner); the same
                 # one still due at the next look did not settle (a failed settling): it waits a tick
                 overdue[partition] = upcoming
                 if self.overdue.get(partition) != upcoming:
@@ -433,10 +441,6 @@ class AssemblyWorker(faust.Service):
             # else a batch settles it once its partition's records in flight are handled (`_held_back`)
         self.overdue = overdue
         return max(0.001, wait)
-
-    @faust.Service.task
-    async def _timeline(self) -> None:
-        await TIMELINE.watch_loop()  # the bench's probe; returns at once unless it is on
 
     @faust.Service.timer(STALL_S / 2)
     async def _watchdog(self) -> None:
@@ -457,7 +461,7 @@ class AssemblyWorker(faust.Service):
 
     # --- the view --------------------------------------------------------------------------------------
 
-    def describe(self, open_attempts: bool = False) -> dict:
+    def describe(self, open_attempts: bool = False) -> dict[str, Any]:
         """Counters, partitions and source positions; with `open_attempts`, also how many attempts are
         not settled yet (a scan of the state)."""
         actives = sorted(self.active_partitions())

@@ -19,12 +19,19 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+# numpy is imported here, on the main thread, before `server_starts` imports torch in a thread of its own:
+# two threads importing numpy at once leave one of them a partially initialized module (`pytest.approx`
+# checks for numpy)
+import numpy  # noqa: F401
 import pytest
 
 from agentstream.schemas.kafka import KafkaSettings, ensure_topics
 from agentstream.stack.kafka import LocalKafka
 from agentstream.stack.vllm import LocalVLLM
 
+pytest_plugins = ["tests.support.kube"]
+"""fixtures registered once here, so that every module that asks gets the same session instance (a fixture
+imported into each module is a fixture of each module: one Kubernetes API server per module)"""
 TESTS = Path(__file__).parent
 log = logging.getLogger("tests.servers")
 

@@ -65,6 +65,7 @@ class Sample:
     @property
     def reward(self) -> float:
         """what the trainer learns from: the trajectory's reward, shaped"""
+        assert self.trajectory.reward is not None, "only rewarded trajectories become samples"
         return self.trajectory.reward + self.shaping
 
 
@@ -190,7 +191,8 @@ class Batcher:
             return batch
         for group in chosen:
             del self.groups[group.key]
-            fresh, stale = [], []
+            fresh: list[Sample] = []
+            stale: list[Sample] = []
             for sample in group.samples:
                 (fresh if weigh(sample, version, s) else stale).append(sample)
             batch.drop("stale", stale)

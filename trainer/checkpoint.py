@@ -26,6 +26,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
@@ -35,6 +36,10 @@ from agentstream.schemas.events import WeightsEvent
 from agentstream.trainer.errors import TrainerError
 from agentstream.trainer.ledger import LedgerState
 
+if TYPE_CHECKING:  # for the types only: reading and locking checkpoints needs neither
+    import torch
+    from transformers import GenerationConfig, PretrainedConfig
+
 STATE_DIR = "training_state"
 # files of a model folder that the trainer writes itself; everything else (tokenizer, chat template)
 # is carried over from the folder it started from
@@ -42,7 +47,8 @@ MODEL_FILES = re.compile(r"(.*\.safetensors|.*\.safetensors\.index\.json|.*\.bin
 VERSION_DIR = re.compile(r"v(\d{6,})")
 
 
-def save_model(state_dict: dict, config, folder: Path, generation_config=None) -> None:
+def save_model(state_dict: dict[str, torch.Tensor], config: PretrainedConfig, folder: Path,
+               generation_config: GenerationConfig | None = None) -> None:
     """A Hugging Face model folder's weights and config: what vLLM and transformers both load.
 
     A model whose output head is tied to its input embedding (SmolLM2, Qwen2.5-0.5B, …) gets its
@@ -54,7 +60,8 @@ def save_model(state_dict: dict, config, folder: Path, generation_config=None) -
     """
     from safetensors.torch import save_file
 
-    tensors, seen = {}, set()
+    tensors: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
     for name, tensor in state_dict.items():
         tensor = tensor.detach().to("cpu")
         # safetensors refuses tensors that share memory: a tied head is written as its own copy
@@ -100,13 +107,13 @@ class CheckpointLocked(TrainerError):
 class CheckpointStore:
     def __init__(self, root: Path):
         self.root = root.resolve()
-        self._lock = None
+        self._lock: IO[str] | None = None
 
     def lock(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        self._lock = (self.root / ".lock").open("w")
+        self._lock = lock = (self.root / ".lock").open("w")
         try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise CheckpointLocked(f"another trainer is writing {self.root}; stop it, or give this one its own "
                                    "--checkpoint-dir") from None

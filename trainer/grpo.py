@@ -53,6 +53,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -67,6 +68,14 @@ from agentstream.schemas.events import Trajectory
 from agentstream.trainer.batcher import Sample
 from agentstream.trainer.checkpoint import save_model
 from agentstream.trainer.settings import TrainerSettings
+
+
+class PolicyLoss(Protocol):
+    """verl's policy loss (`core_algos.get_policy_loss_fn`), as it is called here: the loss and its metrics."""
+
+    def __call__(self, *, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
+                 response_mask: torch.Tensor, loss_agg_mode: str, config: ActorConfig,
+                 rollout_is_weights: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, Any]]: ...
 
 
 @dataclass(frozen=True)
@@ -207,6 +216,7 @@ def estimate(name: str, mask: torch.Tensor, rewards: torch.Tensor, index: np.nda
         config=AlgoConfig(adv_estimator=name, norm_adv_by_std_in_grpo=settings.norm_adv_by_std),
     )
     accepted = inspect.signature(estimator).parameters
+    advantages: torch.Tensor
     advantages, _returns = estimator(**{name: value for name, value in offered.items() if name in accepted})
     return advantages * mask
 
@@ -246,7 +256,9 @@ def micro_batches(batch: Tensors, mini: slice | torch.Tensor, settings: TrainerS
         return [rows[part] for part in chunks(len(rows), settings.micro_batch_size)]
     lengths = batch.attention_mask[rows].sum(-1)
     order = rows[torch.argsort(lengths, descending=True, stable=True)]
-    packed, current, width = [], [], 0
+    packed: list[torch.Tensor] = []
+    current: list[int] = []
+    width = 0
     for row in order.tolist():
         length = int(batch.attention_mask[row].sum())
         width = width or length  # the first row of a micro-batch is its longest
@@ -259,7 +271,7 @@ def micro_batches(batch: Tensors, mini: slice | torch.Tensor, settings: TrainerS
 
 
 def accumulate_gradients(model: torch.nn.Module, batch: Tensors, advantages: torch.Tensor,
-                         micro: list[torch.Tensor], policy_loss, config: ActorConfig,
+                         micro: list[torch.Tensor], policy_loss: PolicyLoss, config: ActorConfig,
                          settings: TrainerSettings, mini_tokens: float | None = None) -> dict[str, float]:
     """Loss and backward over the micro-batches of one mini-batch; their gradients add up to the
     mini-batch's (verl aggregates each micro-batch's loss against the whole mini-batch's token and
@@ -291,7 +303,8 @@ def accumulate_gradients(model: torch.nn.Module, batch: Tensors, advantages: tor
     return step
 
 
-def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, policy_loss, config: ActorConfig,
+def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, policy_loss: PolicyLoss,
+                   config: ActorConfig,
                    batch: Tensors, advantages: torch.Tensor, micro: list[torch.Tensor], tokens: float, sequences: int,
                    dp_size: int, settings: TrainerSettings) -> dict[str, float]:
     """One optimizer step on a mini-batch, or on this rank's part of it: `tokens` and `sequences` count
@@ -319,14 +332,15 @@ def _weighted(batch: Tensors) -> bool:
 def compute_dtype(settings: TrainerSettings) -> torch.dtype:
     """--dtype auto: bfloat16 where the device computes it natively, else float32."""
     if settings.dtype != "auto":
-        return getattr(torch, settings.dtype)
+        named: torch.dtype = getattr(torch, settings.dtype)
+        return named
     if settings.device.startswith("cuda"):
         return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
     native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     return torch.bfloat16 if settings.device == "cpu" and native else torch.float32
 
 
-def autocast(settings: TrainerSettings):
+def autocast(settings: TrainerSettings) -> contextlib.AbstractContextManager[object]:
     dtype = compute_dtype(settings)
     if dtype == torch.float32:
         return contextlib.nullcontext()
@@ -339,7 +353,9 @@ def with_lora(model: torch.nn.Module, settings: TrainerSettings) -> torch.nn.Mod
 
     targets = settings.lora_target_modules
     config = LoraConfig(
-        r=settings.lora_rank, lora_alpha=settings.lora_alpha or 2 * settings.lora_rank, lora_dropout=0.0,
+        r=settings.lora_rank, lora_dropout=0.0,
+        # peft annotates an int, but only divides by it: a fractional alpha scales as asked
+        lora_alpha=settings.lora_alpha or 2 * settings.lora_rank,  # type: ignore[arg-type]
         target_modules=targets if targets == "all-linear" else [name.strip() for name in targets.split(",")],
         task_type="CAUSAL_LM",
     )
@@ -355,14 +371,16 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     if not isinstance(model, PeftModel):
         return model.state_dict()
     base = model.get_base_model()
-    merged = {}
+    merged: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         for name, module in base.named_modules():
             if isinstance(module, LoraLayer):
                 adapters = [a for a in module.active_adapters if a in module.lora_A]
-                weight = module.get_base_layer().weight
-                merged[f"{name}.weight"] = weight + sum(module.get_delta_weight(a) for a in adapters)
-    state = {}
+                weight = module.get_base_layer().get_parameter("weight")
+                # every concrete LoraLayer (Linear, Embedding, Conv) has get_delta_weight; the mixin does not declare it
+                deltas = [module.get_delta_weight(a) for a in adapters]  # type: ignore[attr-defined]
+                merged[f"{name}.weight"] = weight + sum(deltas)
+    state: dict[str, torch.Tensor] = {}
     for name, tensor in base.state_dict().items():
         if "lora_" in name:
             continue
@@ -393,7 +411,8 @@ def importance_metrics(log_ratio: torch.Tensor, mask: torch.Tensor, level: str,
 class Policy:
     """The model being trained and its optimizer."""
 
-    def __init__(self, model: torch.nn.Module, settings: TrainerSettings, optimizer_state: dict | None = None):
+    def __init__(self, model: torch.nn.Module, settings: TrainerSettings,
+                 optimizer_state: dict[str, Any] | None = None):
         self.model = model
         self.settings = settings
         self.optimizer = torch.optim.AdamW(
@@ -405,11 +424,11 @@ class Policy:
             for group in self.optimizer.param_groups:  # the settings of this run win over the saved ones
                 group.update(lr=settings.lr, betas=(settings.adam_beta1, settings.adam_beta2),
                              weight_decay=settings.weight_decay)
-        self.policy_loss = core_algos.get_policy_loss_fn(settings.policy_loss)
+        self.policy_loss: PolicyLoss = core_algos.get_policy_loss_fn(settings.policy_loss)
         self.config = actor_config(settings)
 
     @classmethod
-    def load(cls, folder: Path, settings: TrainerSettings, optimizer_state: dict | None = None) -> Policy:
+    def load(cls, folder: Path, settings: TrainerSettings, optimizer_state: dict[str, Any] | None = None) -> Policy:
         """The model in `folder` (float32 master weights), with LoRA adapters if asked; LoRA adapters
         start fresh on the folder's weights, which hold the earlier adapters merged in."""
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(settings.device)
@@ -422,7 +441,9 @@ class Policy:
 
     def save(self, folder: Path) -> None:
         """Write the weights a server loads (LoRA adapters merged in), with the config."""
-        model = self.model.get_base_model() if self.settings.lora_rank else self.model
+        from peft import PeftModel
+
+        model = self.model.get_base_model() if isinstance(self.model, PeftModel) else self.model
         save_model(full_state_dict(self.model), model.config, folder, getattr(model, "generation_config", None))
 
     def update(self, samples: list[Sample]) -> dict[str, float]:
@@ -432,7 +453,7 @@ class Policy:
         batch = to_tensors(samples, s.max_seq_len, s.turn_rewards).to(s.device)
         advantages = compute_advantages(batch, s)
         self.model.train()
-        corrected = {}
+        corrected: dict[str, float] = {}
         if s.rollout_is != "off":
             batch, corrected = self._correct_off_policy(batch)
         history = []

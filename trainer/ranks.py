@@ -47,14 +47,16 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
+from verl.workers.config import ActorConfig
 
 from agentstream.trainer.batcher import Sample
 from agentstream.trainer.errors import RanksFailed, TrainerError
 from agentstream.trainer.grpo import (
     Policy,
+    PolicyLoss,
     Tensors,
     chunks,
     compute_advantages,
@@ -85,7 +87,8 @@ class Shard:
 def balance(lengths: list[int], ranks: int) -> list[list[int]]:
     """Positions of `lengths` split into `ranks` parts of nearly equal sums: longest first, each to
     the part with the smallest sum so far (ties: the lower rank)."""
-    parts, sums = [[] for _ in range(ranks)], [0] * ranks
+    parts: list[list[int]] = [[] for _ in range(ranks)]
+    sums = [0] * ranks
     for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
         r = min(range(ranks), key=lambda r: (sums[r], len(parts[r]), r))
         parts[r].append(i)
@@ -115,8 +118,9 @@ def select(batch: Tensors, rows: torch.Tensor) -> Tensors:
 
 def shard_batch(batch: Tensors, advantages: torch.Tensor, ranks: int, settings: TrainerSettings) -> list[Shard]:
     lengths = batch.attention_mask.sum(-1)
-    plans = [[] for _ in range(ranks)]  # per rank, per mini-batch: micro-batches of batch rows
-    tokens, sequences = [], []
+    plans: list[list[list[torch.Tensor]]] = [[] for _ in range(ranks)]  # per rank, per mini-batch: micro-batches
+    tokens: list[float] = []
+    sequences: list[int] = []
     for mini in chunks(batch.rows, settings.mini_batch_size):
         rows = torch.arange(mini.start, mini.stop)
         parts = balance(lengths[rows].tolist(), ranks)
@@ -146,9 +150,15 @@ def shard_batch(batch: Tensors, advantages: torch.Tensor, ranks: int, settings: 
 class Rank:
     """One member of the process group: a shard of the model and of its optimizer state."""
 
+    # set by start()
+    device: str
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    policy_loss: PolicyLoss
+    config: ActorConfig
+
     def __init__(self, rank: int, world: int, settings: TrainerSettings):
         self.rank, self.world, self.settings = rank, world, settings
-        self.model = self.optimizer = None
 
     def endpoint(self) -> tuple[str, int]:
         """Where the group meets (asked of rank 0): this node's address and a free port."""
@@ -157,7 +167,8 @@ class Rank:
         address = ray.util.get_node_ip_address()
         with socket.socket() as probe:
             probe.bind((address, 0))
-            return address, probe.getsockname()[1]
+            port: int = probe.getsockname()[1]
+            return address, port
 
     def start(self, master: tuple[str, int], folder: str, optimizer_file: str | None) -> int:
         """Join the group, load the model in `folder` and shard it; return this process's id."""
@@ -182,12 +193,13 @@ class Rank:
         if s.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         low = compute_dtype(s)
-        fsdp = dict(mesh=mesh, offload_policy=CPUOffloadPolicy() if s.fsdp_cpu_offload else OffloadPolicy(),
-                    mp_policy=MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
-                    if low != torch.float32 else MixedPrecisionPolicy())
+        offload = CPUOffloadPolicy() if s.fsdp_cpu_offload else OffloadPolicy()
+        precision = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32) \
+            if low != torch.float32 else MixedPrecisionPolicy()
         for layer in [m for m in model.modules() if type(m).__name__ in (model._no_split_modules or ())]:
-            fully_shard(layer, **fsdp)  # one all-gather per decoder layer, freed after use
-        fully_shard(model, **fsdp)  # the rest (embeddings, final norm, head)
+            # one all-gather per decoder layer, freed after use
+            fully_shard(layer, mesh=mesh, offload_policy=offload, mp_policy=precision)
+        fully_shard(model, mesh=mesh, offload_policy=offload, mp_policy=precision)  # embeddings, final norm, head
         if not s.fsdp_cpu_offload:
             model.to(self.device)
         self.model = model
@@ -197,14 +209,12 @@ class Rank:
             self._load_optimizer(optimizer_file)
         return os.getpid()
 
-    def train(self, shard: Shard, crash: bool = False, profile: bool = False) -> list[dict[str, float]]:
-        """Every optimizer step of the update on this rank's rows; `crash` SIGKILLs this process after
-        its first forward (fault injection); `profile` adds the step's time in collectives."""
+    def train(self, shard: Shard, profile: bool = False) -> list[dict[str, float]]:
+        """Every optimizer step of the update on this rank's rows; `profile` adds the step's time in
+        collectives."""
         s = self.settings
         shard = dataclasses.replace(shard, batch=shard.batch.to(self.device), advantages=shard.advantages.to(self.device))
         self.model.train()
-        if crash:
-            self._crash_after_first_forward()
         history = []
         with Collectives(profile) as collectives:
             started = time.perf_counter()
@@ -227,17 +237,19 @@ class Rank:
         from agentstream.trainer.checkpoint import save_model
 
         state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if self.rank == 0:
-            save_model(state, self.model.config, Path(folder), getattr(self.model, "generation_config", None))
+        if self.rank == 0 and folder is not None:
+            full = cast(dict[str, torch.Tensor], state)  # full_state_dict: one whole tensor per name
+            save_model(full, self.model.config, Path(folder), getattr(self.model, "generation_config", None))
 
     def save_optimizer(self, path: str | None) -> None:
         """The same for the AdamW state, in the one-process format (keyed by parameter position), so a
         restart may use another number of ranks."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-        state = get_optimizer_state_dict(self.model, self.optimizer,
-                                         options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if self.rank == 0:
+        # AdamW's: "state" keyed by parameter name, "param_groups" a list of groups naming their parameters
+        state = cast(dict[str, Any], get_optimizer_state_dict(
+            self.model, self.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
+        if self.rank == 0 and path is not None:
             position = {name: i for i, name in enumerate(self._trainable_names())}
             torch.save({"state": {position[name]: value for name, value in state["state"].items()},
                         "param_groups": [{**group, "params": [position[name] for name in group["params"]]}
@@ -248,19 +260,15 @@ class Rank:
 
         s, names = self.settings, self._trainable_names()
         saved = torch.load(path, weights_only=True, map_location="cpu")
-        by_name = {"state": {names[i]: value for i, value in saved["state"].items()},
-                   "param_groups": [{**group, "lr": s.lr, "betas": (s.adam_beta1, s.adam_beta2),
-                                     "weight_decay": s.weight_decay, "params": [names[i] for i in group["params"]]}
-                                    for group in saved["param_groups"]]}
+        by_name: dict[str, Any] = {
+            "state": {names[i]: value for i, value in saved["state"].items()},
+            "param_groups": [{**group, "lr": s.lr, "betas": (s.adam_beta1, s.adam_beta2),
+                              "weight_decay": s.weight_decay, "params": [names[i] for i in group["params"]]}
+                             for group in saved["param_groups"]]}
         set_optimizer_state_dict(self.model, self.optimizer, by_name, options=StateDictOptions(full_state_dict=True))
 
     def _trainable_names(self) -> list[str]:
         return [name for name, p in self.model.named_parameters() if p.requires_grad]
-
-    def _crash_after_first_forward(self) -> None:
-        def die(*_):  # the other ranks are then waiting for this one in the backward's reduce-scatter
-            os.kill(os.getpid(), signal.SIGKILL)
-        self.model.register_forward_hook(die)
 
 
 class Collectives:
@@ -280,7 +288,7 @@ class Collectives:
             self.profiler.__enter__()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if not self.enabled:
             return
         self.profiler.__exit__(*exc)
@@ -319,7 +327,7 @@ class LocalRay:
     def __init__(self, cpus: int, gpus: int = 0, object_store_mb: int = 512, temp_dir: Path | None = None):
         self.cpus, self.gpus, self.object_store_mb = cpus, gpus, object_store_mb
         self.temp_dir = temp_dir or Path(tempfile.mkdtemp(prefix="agentstream-ray-"))
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen[bytes] | None = None
         self.address = ""
 
     def start(self, attempts: int = 3) -> str:
@@ -413,7 +421,7 @@ def join_with_token() -> None:
     both settings when first imported (verl imports it), so they are refreshed here."""
     os.environ.update(ray_env())
     from ray._private import ray_constants
-    from ray._raylet import Config
+    from ray._raylet import Config  # type: ignore[attr-defined]  # a Cython class its stub leaves out
 
     Config.initialize("")
     ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = False
@@ -433,7 +441,8 @@ def _child_setup() -> None:
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+        port: int = probe.getsockname()[1]
+        return port
 
 
 def connect(settings: TrainerSettings) -> LocalRay | None:
@@ -444,15 +453,14 @@ def connect(settings: TrainerSettings) -> LocalRay | None:
     if ray.is_initialized():
         return None
     join_with_token()
-    local = None
-    if not settings.ray_address:
+    local, address = None, settings.ray_address
+    if not address:
         cuda = settings.device.startswith("cuda")
         local = LocalRay(settings.ranks, settings.ranks if cuda else 0, settings.ray_object_store_mb)
-        local.start()
-    address = settings.ray_address or local.address
+        address = local.start()
     try:
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True,
-                 **({"_node_ip_address": "127.0.0.1"} if address.startswith("127.0.0.1") else {}))
+                 _node_ip_address="127.0.0.1" if address.startswith("127.0.0.1") else None)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         if local is not None:
             local.stop()
@@ -464,10 +472,9 @@ def connect(settings: TrainerSettings) -> LocalRay | None:
 class RankedPolicy:
     """`grpo.Policy`'s interface over `--ranks` rank actors."""
 
-    def __init__(self, settings: TrainerSettings, ranks: list, pids: list[int], local: LocalRay | None):
+    def __init__(self, settings: TrainerSettings, ranks: list[Any], pids: list[int], local: LocalRay | None):
+        """`ranks`: Ray actor handles of `Rank` (Any: Ray's annotations do not describe a method's `.remote`)"""
         self.settings, self.ranks, self.pids, self.local = settings, ranks, pids, local
-        self.crash_next = False
-        """a fault tests arm from outside: the last rank SIGKILLs itself after the next step's first forward"""
         self.profile: list[dict[str, float]] | None = None
         """with update(profile=True): per rank, the first step's time, time in collectives, peak memory"""
 
@@ -480,7 +487,7 @@ class RankedPolicy:
         env = {"PYTORCH_CUDA_ALLOC_CONF": settings.cuda_alloc_conf} if cuda and settings.cuda_alloc_conf else {}
         actor = ray.remote(Rank).options(num_cpus=1, num_gpus=1 if cuda else 0, max_restarts=0,
                                          runtime_env={"env_vars": env} if env else None)
-        ranks = [actor.remote(rank, n, settings) for rank in range(n)]
+        ranks: list[Any] = [actor.remote(rank, n, settings) for rank in range(n)]
         policy = cls(settings, ranks, [], local)
         try:
             master = policy._all([ranks[0].endpoint.remote()], "meet")[0]
@@ -498,9 +505,8 @@ class RankedPolicy:
         batch = to_tensors(samples, s.max_seq_len, s.turn_rewards)
         advantages = compute_advantages(batch, s)
         shards = shard_batch(batch, advantages, len(self.ranks), s)
-        crash, self.crash_next = self.crash_next, False
-        per_rank = self._all([rank.train.remote(shard, crash=crash and r == len(self.ranks) - 1, profile=profile)
-                              for r, (rank, shard) in enumerate(zip(self.ranks, shards))], "train")
+        per_rank = self._all([rank.train.remote(shard, profile=profile) for rank, shard in zip(self.ranks, shards)],
+                             "train")
         history = [merge(steps, len(self.ranks)) for steps in zip(*per_rank)]
         metrics = {name: sum(step[name] for step in history) / len(history) for name in history[0]}
         metrics["nonfinite_grad_steps"] = sum(step["nonfinite_grad_steps"] for step in history)
@@ -540,7 +546,7 @@ class RankedPolicy:
             self.local.stop()
             self.local = None
 
-    def _all(self, refs: list, what: str) -> list:
+    def _all(self, refs: list[Any], what: str) -> list[Any]:
         """The results of every rank, or RanksFailed as soon as one rank fails: the others are then
         killed (they would wait in a collective for the dead one)."""
         import ray

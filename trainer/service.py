@@ -29,6 +29,7 @@ import math
 import time
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
 import torch
@@ -46,7 +47,10 @@ from agentstream.trainer.grpo import Policy, misplaced_turn
 from agentstream.trainer.ledger import Ledger
 from agentstream.trainer.settings import TrainerSettings
 from agentstream.trainer.sft import SFTPolicy, eligible
-from agentstream.trainer.sources import TrajectorySource, make_source
+from agentstream.trainer.sources import SourceRecord, TrajectorySource, make_source
+
+if TYPE_CHECKING:
+    from agentstream.trainer.ranks import RankedPolicy
 
 log = logging.getLogger("trainer")
 SOURCE = "trainer"
@@ -122,7 +126,7 @@ class Trainer:
                  ", optimizer state restored" if optimizer_file else "")
 
     @staticmethod
-    def _make_policy(folder: Path, optimizer_file: Path | None, settings: TrainerSettings):
+    def _make_policy(folder: Path, optimizer_file: Path | None, settings: TrainerSettings) -> Policy | RankedPolicy:
         """The model being trained: in this process, or sharded over `--ranks` Ray actors."""
         if settings.ranks > 1:
             from agentstream.trainer.ranks import RankedPolicy  # imports Ray: only when asked for
@@ -135,6 +139,9 @@ class Trainer:
 
     def _restart_policy(self) -> None:
         """Fresh ranks from the newest checkpoint (or the base model): the state before the failed step."""
+        from agentstream.trainer.ranks import RankedPolicy
+
+        assert isinstance(self.policy, RankedPolicy), "only ranks fail a step (RanksFailed)"
         s = self.settings
         optimizer_file = self.model_dir / "training_state" / "optimizer.pt"
         self.policy = self.policy.restart(self.model_dir, optimizer_file if optimizer_file.is_file() else None, s)
@@ -188,7 +195,7 @@ class Trainer:
                 return
             self._log_waiting()
 
-    async def _admit(self, record) -> None:
+    async def _admit(self, record: SourceRecord) -> None:
         """Decode a record and buffer its sample, or settle it at once with the reason it is not trained on."""
         if self.ledger.settled_before(record.partition, record.offset):
             return
@@ -266,7 +273,7 @@ class Trainer:
             for sample in samples:
                 self._drop(sample.partition, sample.offset, sample.id, reason)
 
-    async def _deadletter(self, record, reason: str) -> None:
+    async def _deadletter(self, record: SourceRecord, reason: str) -> None:
         event = deadletter_event(record, reason, SOURCE)
         # derived from the record's position, so a restarted trainer that meets it again writes the same id
         event.id = derived_id("trainer.deadletter", record.topic, str(record.partition), str(record.offset))
@@ -363,11 +370,13 @@ class Trainer:
                  len(self.batcher), len(groups), complete, self.settings.groups_per_batch)
 
 
-def _event_id(raw: bytes) -> str | None:
+def _event_id(raw: bytes | None) -> str | None:
     try:
-        return orjson.loads(raw).get("id")
-    except (orjson.JSONDecodeError, AttributeError):
+        event = orjson.loads(raw or b"")
+    except orjson.JSONDecodeError:
         return None
+    found = event.get("id") if isinstance(event, dict) else None
+    return found if isinstance(found, str) else None
 
 
 def malformed(trajectory: Trajectory, turn_rewards: bool = False) -> str | None:

@@ -11,15 +11,18 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
-from typing import Protocol
+from typing import IO, Protocol
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
 
 from agentstream.schemas.kafka import KafkaSettings, make_consumer
 from agentstream.schemas.scan import Bounds, Record, resolve, scan
 from agentstream.trainer.errors import TrainerError
+from agentstream.trainer.settings import TrainerSettings
 
 Offsets = dict[int, int]
+SourceRecord = ConsumerRecord | Record
+"""a record as a source delivers it: aiokafka's, or the bounded reader's with the same attributes"""
 
 
 class TrajectorySource(Protocol):
@@ -58,8 +61,14 @@ class LiveSource:
         await self.consumer.start()
         self.consumer.subscribe([self.topic], listener=_Rebalance(self.consumer, resume, on_revoked))
 
+    @property
+    def _consumer(self) -> AIOKafkaConsumer:
+        if self.consumer is None:
+            raise TrainerError(f"{self.name} is read before start()")
+        return self.consumer
+
     async def poll(self, timeout_s: float) -> list[ConsumerRecord]:
-        batches = await self.consumer.getmany(timeout_ms=int(timeout_s * 1000), max_records=1000)
+        batches = await self._consumer.getmany(timeout_ms=int(timeout_s * 1000), max_records=1000)
         return [record for records in batches.values() for record in records]
 
     @property
@@ -67,16 +76,17 @@ class LiveSource:
         return False
 
     async def commit(self, watermarks: Offsets) -> None:
-        offsets = {tp: watermarks[tp.partition] for tp in self.consumer.assignment() if tp.partition in watermarks}
+        consumer = self._consumer
+        offsets = {tp: watermarks[tp.partition] for tp in consumer.assignment() if tp.partition in watermarks}
         if offsets:
-            await self.consumer.commit(offsets)
+            await consumer.commit(offsets)
 
     async def stop(self) -> None:
         if self.consumer is not None:
             await self.consumer.stop()
 
 
-class _Rebalance(ConsumerRebalanceListener):
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka ships no types: its base is Any
     """Seek assigned partitions past what the newest checkpoint accounts for (the group's committed
     offset lags it after a crash between checkpoint and commit)."""
 
@@ -163,20 +173,22 @@ class FileSource:
         self.path = path.resolve()
         self.name = f"file:{self.path}"
         self.batch_lines = batch_lines
-        self.file = None
+        self.file: IO[bytes] | None = None
         self.line = 0
         self.done = False
 
     async def start(self, resume: Callable[[], Offsets], on_revoked: Callable[[set[int]], None]) -> None:
         if not self.path.is_file():
             raise TrainerError(f"offline file {self.path} does not exist")
-        self.file = self.path.open("rb")
+        self.file = file = self.path.open("rb")
         skip = resume().get(0, 0)
-        while self.line < skip and self.file.readline():
+        while self.line < skip and file.readline():
             self.line += 1
 
     async def poll(self, timeout_s: float) -> list[Record]:
-        records = []
+        if self.file is None:
+            raise TrainerError(f"{self.name} is read before start()")
+        records: list[Record] = []
         while len(records) < self.batch_lines and not self.done:
             raw = self.file.readline()
             if not raw:
@@ -199,7 +211,7 @@ class FileSource:
             self.file.close()
 
 
-def make_source(settings) -> TrajectorySource:
+def make_source(settings: TrainerSettings) -> TrajectorySource:
     if settings.offline_file:
         return FileSource(settings.offline_file)
     if settings.offline_topic:

@@ -14,10 +14,11 @@ import re
 import types
 import typing
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import aclosing
 from dataclasses import dataclass
 from functools import cache
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import polars as pl
@@ -28,7 +29,22 @@ from agentstream.logs.repeats import drop_repeats
 from agentstream.schemas import collector
 from agentstream.schemas.events import EVENT_TYPES, Payload
 from agentstream.schemas.kafka import KafkaSettings
-from agentstream.schemas.scan import KAFKA, Bounds, Fetch, Origin, Record, archive_table, plan_scan, scan_fetches
+from agentstream.schemas.scan import (
+    KAFKA,
+    Bounds,
+    Fetch,
+    Origin,
+    Record,
+    ScanProgress,
+    archive_table,
+    plan_scan,
+    scan_fetches,
+)
+
+if TYPE_CHECKING:
+    from polars._typing import PolarsDataType
+
+OnProgress = Callable[[ScanProgress], None]
 
 ENVELOPE = ("id", "type", "schema_version", "time", "source", "rollout_id", "attempt_id")
 DECODING = 2
@@ -36,7 +52,7 @@ DECODING = 2
 TABLES = ("rollouts", "calls", "rewards", "trajectories", "weights", "pool", "deadletter", "metrics")
 
 
-def _unwrap_optional(annotation):
+def _unwrap_optional(annotation: Any) -> Any:
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
         return args[0]
@@ -60,10 +76,18 @@ def _shape(model: type[BaseModel]) -> dict[str, object]:
 
 @cache
 def _data_shapes() -> dict[str, dict[str, object]]:
-    return {cls.model_fields["type"].default: _shape(cls.model_fields["data"].annotation) for cls in EVENT_TYPES}
+    return {cls.model_fields["type"].default: _shape(_data_model(cls)) for cls in EVENT_TYPES}
 
 
-def _flatten(data: dict, shape: dict[str, object], prefix: str, row: dict) -> None:
+def _data_model(event_type: type[BaseModel]) -> type[BaseModel]:
+    """The payload model of an event type (its `data` field's)."""
+    model = event_type.model_fields["data"].annotation
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        raise TypeError(f"{event_type.__name__}.data is not a model")
+    return model
+
+
+def _flatten(data: dict[str, Any], shape: dict[str, object], prefix: str, row: dict[str, Any]) -> None:
     for name, value in data.items():
         kind = shape.get(name)
         if kind == "json":
@@ -76,13 +100,13 @@ def _flatten(data: dict, shape: dict[str, object], prefix: str, row: dict) -> No
             row[prefix + name] = value
 
 
-def event_row(record: Record, columns: frozenset[str] | None = None) -> dict | None:
+def event_row(record: Record, columns: frozenset[str] | None = None) -> dict[str, Any] | None:
     """One table row for a record, or None if it is not a readable event.
 
     With `columns`, only those columns are kept: building lists of token ids is most of the cost.
     """
     try:
-        event = orjson.loads(record.value)
+        event = orjson.loads(record.value or b"")
         shape = _data_shapes()[event["type"]]
         row = {name: event.get(name) for name in ENVELOPE}
         row.update(kafka_partition=record.partition, kafka_offset=record.offset, kafka_timestamp=record.timestamp)
@@ -95,9 +119,9 @@ def event_row(record: Record, columns: frozenset[str] | None = None) -> dict | N
     return row
 
 
-def frame(rows: Iterable[dict]) -> pl.DataFrame:
-    rows = list(rows)
-    return pl.from_dicts(rows, infer_schema_length=None) if rows else pl.DataFrame()
+def frame(rows: Iterable[dict[str, Any]]) -> pl.DataFrame:
+    listed = list(rows)
+    return pl.from_dicts(listed, infer_schema_length=None) if listed else pl.DataFrame()
 
 
 # --- decoding a batch straight into columns ------------------------------------------------------
@@ -106,13 +130,13 @@ def frame(rows: Iterable[dict]) -> pl.DataFrame:
 # Free-form JSON fields are the exception: polars would render them as text that is not JSON, so
 # they are encoded with orjson, and only when the query names them.
 
-KAFKA_COLUMNS = {"kafka_partition": pl.Int64, "kafka_offset": pl.Int64, "kafka_timestamp": pl.Int64}
-_ENVELOPE_TYPES = {"id": pl.String, "type": pl.String, "schema_version": pl.Int64, "time": pl.Int64,
+KAFKA_COLUMNS: dict[str, PolarsDataType] = {"kafka_partition": pl.Int64, "kafka_offset": pl.Int64, "kafka_timestamp": pl.Int64}
+_ENVELOPE_TYPES: dict[str, PolarsDataType] = {"id": pl.String, "type": pl.String, "schema_version": pl.Int64, "time": pl.Int64,
                    "source": pl.String, "rollout_id": pl.String, "attempt_id": pl.String}
 _KNOWN_TYPES = frozenset(cls.model_fields["type"].default for cls in EVENT_TYPES)
 
 
-def _dtype(annotation) -> pl.DataType:
+def _dtype(annotation: Any) -> pl.DataType:
     annotation = _unwrap_optional(annotation)
     origin = typing.get_origin(annotation)
     if origin is typing.Literal or annotation is str:
@@ -141,7 +165,7 @@ class _Field:
 
 
 def _fields(model: type[BaseModel], path: tuple[str, ...] = ()) -> list[_Field]:
-    out = []
+    out: list[_Field] = []
     for name, kind in _shape(model).items():
         annotation = _unwrap_optional(model.model_fields[name].annotation)
         if isinstance(kind, dict):
@@ -158,7 +182,7 @@ def table_fields(table: str) -> tuple[_Field, ...]:
     seen: dict[str, _Field] = {}
     for cls in EVENT_TYPES:
         if cls.topic == table:
-            for f in _fields(cls.model_fields["data"].annotation):
+            for f in _fields(_data_model(cls)):
                 seen.setdefault(f.column, f)
     return tuple(seen.values())
 
@@ -168,19 +192,19 @@ def table_schema(table: str) -> pl.Schema:
     return pl.Schema({**_ENVELOPE_TYPES, **KAFKA_COLUMNS, **{f.column: f.dtype for f in table_fields(table)}})
 
 
-def _reader_schema(fields: list[_Field], envelope: list[str]) -> dict:
+def _reader_schema(fields: list[_Field], envelope: list[str]) -> dict[str, PolarsDataType]:
     """The nested schema for polars' JSON reader: the envelope, and `data` with the fields asked for."""
-    tree: dict = {}
+    tree: dict[str, Any] = {}
     for f in fields:
         node = tree
         for part in f.path[:-1]:
             node = node.setdefault(part, {})
         node[f.path[-1]] = f.dtype
 
-    def struct(node: dict) -> pl.Struct:
+    def struct(node: dict[str, Any]) -> pl.Struct:
         return pl.Struct({k: struct(v) if isinstance(v, dict) else v for k, v in node.items()})
 
-    schema = {name: _ENVELOPE_TYPES[name] for name in envelope}
+    schema: dict[str, PolarsDataType] = {name: _ENVELOPE_TYPES[name] for name in envelope}
     schema.setdefault("type", pl.String())
     if tree:
         schema["data"] = struct(tree)
@@ -222,11 +246,11 @@ def decode_aligned(records: list[Record] | Fetch, table: str, columns: frozenset
 # takes the columns without a copy (the Arrow C data interface). It lets go of the GIL, so a batch
 # decodes on one core while the next is fetched on the other. Free-form JSON comes as its text, which
 # is what `orjson.dumps(value)` wrote unless the text has spaces, floats, other escapes or a repeated
-# key: those values (the decoder names them) orjson encodes again, as before. Anything that does not fit the models (a
+# key: those values (the decoder names them) orjson encodes again. Anything that does not fit the models (a
 # wrong type, a record that is not JSON) raises ValueError, and its batch is decoded row by row instead.
 
 
-def _kind(dtype: pl.DataType, json: bool = False) -> object:
+def _kind(dtype: PolarsDataType, json: bool = False) -> str | tuple[str, Any]:
     """A column's type as the native decoder names it."""
     if json:
         return "json"
@@ -234,7 +258,8 @@ def _kind(dtype: pl.DataType, json: bool = False) -> object:
         return ("list", _kind(dtype.inner))
     if isinstance(dtype, pl.Struct):
         return ("struct", [(f.name, _kind(f.dtype)) for f in dtype.fields])
-    return {pl.String: "str", pl.Int64: "int", pl.Float64: "float", pl.Boolean: "bool"}[dtype.base_type()]
+    scalars: dict[PolarsDataType, str] = {pl.String: "str", pl.Int64: "int", pl.Float64: "float", pl.Boolean: "bool"}
+    return scalars[dtype.base_type()]
 
 
 @cache
@@ -274,7 +299,7 @@ def _json_text(texts: list[str | None]) -> list[str | None]:
 
 
 def _decode_rows(records: list[Record], schema: pl.Schema, wanted: list[str]) -> pl.DataFrame:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for record in records:
         row = event_row(record, frozenset(wanted)) if record.value else None
         if row is None:
@@ -283,7 +308,8 @@ def _decode_rows(records: list[Record], schema: pl.Schema, wanted: list[str]) ->
         else:
             row["readable"] = True
         rows.append(row)
-    chosen = pl.Schema({**{name: schema[name] for name in wanted}, "readable": pl.Boolean})
+    types: dict[str, PolarsDataType] = {**{name: schema[name] for name in wanted}, "readable": pl.Boolean}
+    chosen = pl.Schema(types)
     if not rows:
         return pl.DataFrame(schema=chosen)
     try:
@@ -293,7 +319,7 @@ def _decode_rows(records: list[Record], schema: pl.Schema, wanted: list[str]) ->
         return pl.concat([_one_row(row, chosen) for row in rows])
 
 
-def _one_row(row: dict, schema: pl.Schema) -> pl.DataFrame:
+def _one_row(row: dict[str, Any], schema: pl.Schema) -> pl.DataFrame:
     try:
         return pl.from_dicts([row], schema=schema, strict=False)
     except Exception:
@@ -301,7 +327,7 @@ def _one_row(row: dict, schema: pl.Schema) -> pl.DataFrame:
         return pl.from_dicts([{**position, "readable": False}], schema=schema)
 
 
-async def load_table(settings: KafkaSettings, table: str, bounds: Bounds = Bounds(), on_progress=None,
+async def load_table(settings: KafkaSettings, table: str, bounds: Bounds = Bounds(), on_progress: OnProgress | None = None,
                      columns: frozenset[str] | None = None, origin: Origin = KAFKA) -> tuple[pl.DataFrame, int]:
     """The table for one topic within bounds (each event id once), and how many records were unreadable.
 
@@ -312,8 +338,9 @@ async def load_table(settings: KafkaSettings, table: str, bounds: Bounds = Bound
         columns = columns | {"kafka_offset", "id"}  # COUNT(*) needs a column; repeats are dropped by id
     topic = settings.topics.name(table)
     plan = await plan_scan(settings, topic, bounds, origin)
-    parts, unreadable = [], 0
-    if plan.old:
+    parts: list[pl.DataFrame] = []
+    unreadable = 0
+    if plan.old and plan.manifest is not None:  # (an archive serves a part: its manifest is known)
         old = archive_table(plan.manifest, plan.old, [n for n in table_schema(table) if columns is None or n in columns])
         if old is not None:
             parts.append(old)
@@ -328,11 +355,13 @@ async def load_table(settings: KafkaSettings, table: str, bounds: Bounds = Bound
 
 
 async def _kafka_parts(settings: KafkaSettings, topic: str, ranges: dict[int, tuple[int, int]], table: str,
-                       columns: frozenset[str] | None, on_progress=None) -> tuple[list[pl.DataFrame], int]:
+                       columns: frozenset[str] | None, on_progress: OnProgress | None = None
+                       ) -> tuple[list[pl.DataFrame], int]:
     """The table's rows in `ranges` from Kafka, a frame per fetch, and how many records were unreadable.
 
     Fetches are decoded on threads (the native decoder lets go of the GIL) while the next is fetched."""
-    parts, unreadable = [], 0
+    parts: list[pl.DataFrame] = []
+    unreadable = 0
     decoding: deque[asyncio.Future[tuple[pl.DataFrame, int]]] = deque()
     fetches = scan_fetches(settings, topic, ranges, batch_size=20_000, on_progress=on_progress)
     try:
@@ -369,7 +398,7 @@ def columns_in(sql: str) -> frozenset[str] | None:
     return None if "*" in re.sub(r"count\s*\(\s*\*\s*\)", "", sql, flags=re.IGNORECASE) else _words(sql)
 
 
-async def run_sql(settings: KafkaSettings, sql: str, bounds: Bounds = Bounds(), on_progress=None,
+async def run_sql(settings: KafkaSettings, sql: str, bounds: Bounds = Bounds(), on_progress: OnProgress | None = None,
                   origin: Origin = KAFKA) -> pl.DataFrame:
     names = tables_in(sql)
     if not names:

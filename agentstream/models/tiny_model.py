@@ -14,9 +14,15 @@ tied head, so a reloaded tied model would serve new embeddings with the old head
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from agentstream.stack.chat_template import tool_chat_template
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
+
+UNLISTED: dict[str, Any] = {"head_dim": 64, "torch_dtype": "float32"}
+"""config fields Qwen2Config's signature does not list; the config keeps them, and the model reads head_dim"""
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 # ChatML, with hermes-style tool calls (agentstream/stack/chat_template.py)
 CHAT_TEMPLATE = tool_chat_template()
@@ -35,7 +41,7 @@ def byte_vocab() -> dict[str, int]:
     return {chr(code): byte for byte, code in zip(printable, codes)}
 
 
-def build_tokenizer():
+def build_tokenizer() -> PreTrainedTokenizerFast:
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -60,13 +66,12 @@ def build_tiny_model(out: Path, seed: int = 0, hidden: int = 128, layers: int = 
         num_hidden_layers=layers,
         num_attention_heads=2,
         num_key_value_heads=1,
-        head_dim=64,
         max_position_embeddings=2048,
         tie_word_embeddings=False,
-        torch_dtype="float32",
         bos_token_id=None,
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tokenizer.pad_token_id,
+        **UNLISTED,
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)

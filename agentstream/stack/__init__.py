@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from agentstream.schemas.kafka import KafkaSettings
 from agentstream.settings import agentstream_home
 from agentstream.stack.process import StackError
+
+__all__ = ["StackError", "bootstrap_servers", "configured_kafka", "default_kafka_dir"]
 
 
 def default_kafka_dir() -> Path:
     return agentstream_home() / "kafka" / "data"
 
 
+def configured_kafka() -> str | None:
+    """The cluster the environment names (KAFKA_BOOTSTRAP_SERVERS, read by `KafkaSettings`), else None."""
+    settings = KafkaSettings()
+    return settings.bootstrap_servers if "bootstrap_servers" in settings.model_fields_set else None
+
+
 def bootstrap_servers() -> str:
     """KAFKA_BOOTSTRAP_SERVERS if set, else the running local broker's address."""
-    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
-        return os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+    if configured := configured_kafka():
+        return configured
     from agentstream.stack.kafka import LocalKafka
 
     state = LocalKafka(default_kafka_dir()).state()

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 import shutil
 import socket
 import subprocess
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from agentstream.settings import agentstream_home
+from agentstream.settings import StackSettings, agentstream_home
 from agentstream.stack.process import (
     ServerState,
     StackError,
@@ -40,7 +40,7 @@ marking; at 5,000 live events/s G1 took 0.004-0.08 ms of CPU per event, the seri
 0.002, with young pauses of ~10 ms (streams/README.md, "The broker's share")"""
 
 
-def kafka_libs(home: Path | None = None, say=print) -> Path:
+def kafka_libs(home: Path | None = None, say: Callable[[str], None] = print) -> Path:
     """The folder of broker jars, fetched with Maven the first time (keyed by the pom's content)."""
     pom = STACK_FILES.joinpath("pom.xml").read_bytes()
     libs = (home or agentstream_home()) / "kafka" / f"libs-{hashlib.sha256(pom).hexdigest()[:12]}"
@@ -52,7 +52,7 @@ def kafka_libs(home: Path | None = None, say=print) -> Path:
     return libs
 
 
-def _fetch_jars(pom: bytes, libs: Path, say) -> None:
+def _fetch_jars(pom: bytes, libs: Path, say: Callable[[str], None]) -> None:
     mvn = shutil.which("mvn")
     if mvn is None:
         raise StackError("Maven (mvn) is needed once to fetch the Kafka jars: install it (apt install maven), "
@@ -99,7 +99,7 @@ class LocalKafka:
         state = ServerState.load(self.state_file)
         return state if state and state.alive else None
 
-    def start(self, port: int | None = None, timeout: float = 90.0, say=print) -> ServerState:
+    def start(self, port: int | None = None, timeout: float = 90.0, say: Callable[[str], None] = print) -> ServerState:
         """Start the broker (or return the running one) and wait until it accepts clients."""
         running = self.state()
         if running:
@@ -131,21 +131,22 @@ class LocalKafka:
     def stop(self, grace: float = 60.0) -> bool:
         """Controlled shutdown, killed after `grace` seconds; True if a broker was running."""
         state = ServerState.load(self.state_file)
-        return bool(state) and stop_pid(state.pid, grace=grace)
+        return state is not None and stop_pid(state.pid, grace=grace)
 
     def _ports(self, port: int | None) -> tuple[int, int]:
         previous = ServerState.load(self.state_file)
         if port is None and previous:
             # keep the address clients were told, if nothing else took it meanwhile
             old = int(previous.url.rsplit(":", 1)[1])
-            if port_free(old) and port_free(previous.details["controller_port"]):
-                return old, previous.details["controller_port"]
+            controller: int = previous.details["controller_port"]
+            if port_free(old) and port_free(controller):
+                return old, controller
         if port is not None and not port_free(port):
             raise StackError(f"port {port} is in use: pick another with --port, or omit it to take a free one")
         if port is None:
             # Kafka's usual port, so tools with default settings find the broker
             free_default = self.default_port is not None and port_free(self.default_port)
-            port = self.default_port if free_default else free_port()
+            port = self.default_port if free_default and self.default_port is not None else free_port()
         return port, free_port()
 
     def _write_config(self, port: int, controller_port: int) -> Path:
@@ -194,7 +195,8 @@ class LocalKafka:
             raise StackError(f"formatting Kafka storage in {self.data_dir} failed:\n{result.stdout}{result.stderr}")
 
     def _java(self, libs: Path, main: str, *args: str) -> list[str]:
-        java = Path(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else shutil.which("java")
+        java_home = StackSettings().java_home
+        java = java_home / "bin" / "java" if java_home else shutil.which("java")
         if not java:
             raise StackError("Java 17+ is needed for the local Kafka broker: install it (apt install openjdk-17-jre), "
                              "or set KAFKA_BOOTSTRAP_SERVERS to use an existing cluster")

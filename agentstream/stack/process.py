@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -33,7 +34,7 @@ class ServerState:
     pid: int
     url: str
     log: str
-    details: dict
+    details: dict[str, Any]
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -70,7 +71,7 @@ def pid_alive(pid: int) -> bool:
 
 def _not_zombie(pid: int) -> bool:
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return False
 
@@ -78,7 +79,8 @@ def _not_zombie(pid: int) -> bool:
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def port_free(port: int) -> bool:
@@ -93,7 +95,7 @@ def port_free(port: int) -> bool:
 
 # The handles of the servers spawned here, for the life of this process: a server runs on after its starter
 # drops the handle (it is stopped and reaped by its pid), which Python would otherwise report as a leak.
-_SPAWNED: list[subprocess.Popen] = []
+_SPAWNED: list[subprocess.Popen[bytes]] = []
 
 
 @atexit.register
@@ -103,13 +105,16 @@ def _note_reaped() -> None:
         proc.poll()
 
 
-def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.Popen:
-    """Start `cmd` in its own session (it outlives this process), output appended to `log`."""
+def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None,
+          own_session: bool = True) -> subprocess.Popen[bytes]:
+    """Start `cmd` with `env` added to this process's environment, output appended to `log`; in its own session
+    (it outlives this process), or with `own_session=False` in this process's group (a signal to the group
+    reaches it too)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         proc = subprocess.Popen(
             cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
+            env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=own_session,
         )
     _SPAWNED.append(proc)
     return proc
@@ -123,7 +128,7 @@ def tail(path: Path, lines: int = 30) -> str:
 
 
 def await_ready(
-    name: str, proc: subprocess.Popen, ready: Callable[[], bool], log: Path, timeout: float,
+    name: str, proc: subprocess.Popen[bytes], ready: Callable[[], bool], log: Path, timeout: float,
     on_wait: Callable[[float], None] | None = None,
 ) -> None:
     """Poll `ready()` until it holds; fail with the log's tail if the process dies or time runs out."""

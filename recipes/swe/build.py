@@ -27,7 +27,7 @@ import tarfile
 import tempfile
 import threading
 import xml.etree.ElementTree as ElementTree
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +37,7 @@ import orjson
 from agentstream.recipes.swe import repos, testrun
 from agentstream.recipes.swe.grader import Grader
 from agentstream.recipes.swe.instance import Instance
-from agentstream.recipes.swe.mutate import Mutation, mutations
+from agentstream.recipes.swe.mutate import Mutation, end_line, mutations
 from agentstream.recipes.swe.split import Level, split_by_site
 from agentstream.schemas.errors import ServiceError
 from agentstream.settings import agentstream_home
@@ -69,7 +69,8 @@ class Package:
 TOOLZ = Package(name="toolz", version="1.2.0", repo="pypi/toolz",
                 sha256="9667a038e9d6ecba37995e26cb2f59ec6420b6ad8dd9677de59db9b956b08490",
                 sources=("toolz",), skip=("toolz/_signatures.py", "toolz/compatibility.py", "toolz/_version.py"))
-"""toolz 1.2.0: pure Python, its tests ship inside the sdist, needs only pytest, ~190 tests in seconds"""
+"""toolz 1.2.0: pure Python, its tests ship inside the sdist and need only pytest, and the whole suite is fast
+enough to run once per candidate bug (recipes/swe/README.md has the comparison)"""
 PINNED = {"toolz": TOOLZ}
 
 
@@ -204,7 +205,7 @@ def hide_tests(source: str, functions: set[str]) -> str | None:
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and f"{prefix}{node.name}" in functions:
                 first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
                 remaining -= 1
-                drop.append((first, node.end_lineno, f"{indent}pass\n" if remaining == 0 and prefix else ""))
+                drop.append((first, end_line(node), f"{indent}pass\n" if remaining == 0 and prefix else ""))
 
     visit(tree.body, "", "")
     for first, last, filler in sorted(drop, reverse=True):
@@ -343,7 +344,7 @@ def _in_order(attempt: Callable[[Mutation], Instance | str], pool: list[Mutation
     """Candidates tried `workers` at a time; the result is the shortest prefix of `pool` that holds
     `limit` tasks, whatever order the workers finish in (so the build is deterministic)."""
     done: dict[int, Instance | str] = {}
-    running: dict[Future, int] = {}
+    running: dict[Future[Instance | str], int] = {}
     following = iter(range(len(pool)))
 
     def prefix_kept() -> int | None:
@@ -392,9 +393,3 @@ def write(instances: list[Instance], out: Path) -> None:
         for instance in instances:
             file.write(orjson.dumps(instance.model_dump(mode="json")) + b"\n")
 
-
-def _iter_jsonl(path: Path) -> Iterator[dict]:
-    with path.open("rb") as file:
-        for line in file:
-            if line.strip():
-                yield orjson.loads(line)

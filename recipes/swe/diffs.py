@@ -19,6 +19,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 PYTEST_CONFIG_FILES = frozenset({"pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini", "pyproject.toml",
                                  "tox.ini", "setup.cfg"})
@@ -71,7 +72,7 @@ class Change:
     """the new content is UTF-8 without NUL"""
 
     @classmethod
-    def from_raw(cls, raw: dict, binary: set[str]) -> Change:
+    def from_raw(cls, raw: dict[str, Any], binary: set[str]) -> Change:
         return cls(path=raw["path"], status=raw["status"], old_mode=raw["old_mode"], new_mode=raw["new_mode"],
                    binary=raw["path"] in binary, text=raw.get("text", True))
 

@@ -1,7 +1,7 @@
 """mini-swe-agent's Environment, backed by our sandbox: every command the agent issues runs there.
 
 mini-swe-agent takes an environment class by import path (`environment.environment_class:
-recipes.swe.environment.SandboxEnvironment`), so the harness itself is unchanged. Each command is
+agentstream.recipes.swe.environment.SandboxEnvironment`), so the harness itself is unchanged. Each command is
 one `Sandbox.run` in tools-only mode: the workspace is the only writable tree, there is no network
 and no variable of the harness (its rollout token above all) leaks in. The result is what
 mini-swe-agent's own environments return (`output`, `returncode`, `exception_info`), including its
@@ -14,7 +14,6 @@ attempt ends (`SandboxExhausted`) and the harness records the reason.
 
 from __future__ import annotations
 
-import os
 import platform
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,6 @@ SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 GIT_IDENTITY = {"GIT_AUTHOR_NAME": "agent", "GIT_AUTHOR_EMAIL": "agent@sandbox.invalid",
                 "GIT_COMMITTER_NAME": "agent", "GIT_COMMITTER_EMAIL": "agent@sandbox.invalid"}
 """so `git commit` works in a sandbox that has no user config"""
-os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")  # mini-swe-agent's banner, when this module imports it
 
 
 class SandboxExhausted(ServiceError):
@@ -62,7 +60,7 @@ def open_sandbox(spec: SandboxSpec) -> Sandbox:
 
 
 class SandboxEnvironment:
-    def __init__(self, *, config_class: type = SandboxEnvironmentConfig, **kwargs):
+    def __init__(self, *, config_class: type[SandboxEnvironmentConfig] = SandboxEnvironmentConfig, **kwargs: Any):
         self.config = config_class(**kwargs)
         limits = Limits(command_timeout_s=float(self.config.timeout), attempt_timeout_s=float(self.config.attempt_timeout))
         self.spec = SandboxSpec(workspace=Path(self.config.workspace), limits=limits, network=Network.NONE,
@@ -73,7 +71,7 @@ class SandboxEnvironment:
         self.command_s = 0.0
         self.limits_hit: dict[str, int] = {}
 
-    def execute(self, action: dict, cwd: str = "", *, timeout: int | None = None) -> dict[str, Any]:
+    def execute(self, action: dict[str, Any], cwd: str = "", *, timeout: int | None = None) -> dict[str, Any]:
         command = action.get("command", "")
         result = self.sandbox.run(command, timeout_s=timeout or self.config.timeout, cwd=self._relative(cwd))
         self.commands += 1
@@ -97,7 +95,7 @@ class SandboxEnvironment:
                 return None  # outside the workspace: run at its root
         return None if str(path) in ("", ".") else str(path)
 
-    def _check_finished(self, output: dict) -> None:
+    def _check_finished(self, output: dict[str, Any]) -> None:
         from minisweagent.exceptions import Submitted
 
         lines = output.get("output", "").lstrip().splitlines(keepends=True)
@@ -106,10 +104,10 @@ class SandboxEnvironment:
             raise Submitted({"role": "exit", "content": submission,
                              "extra": {"exit_status": "Submitted", "submission": submission}})
 
-    def get_template_vars(self, **kwargs) -> dict[str, Any]:
+    def get_template_vars(self, **kwargs: Any) -> dict[str, Any]:
         return {**self.config.model_dump(), **platform.uname()._asdict(), **kwargs}
 
-    def serialize(self) -> dict:
+    def serialize(self) -> dict[str, Any]:
         return {"info": {"config": {"environment": self.config.model_dump(mode="json"),
                                     "environment_type": f"{type(self).__module__}.{type(self).__name__}"}}}
 

@@ -22,8 +22,9 @@ import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
-from aiokafka import ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import CliApp, SettingsConfigDict
 
@@ -31,7 +32,7 @@ from agentstream.recipes.swe import repos, tasks
 from agentstream.recipes.swe.grader import REWARD_FN, GradeError, Grader, penalties_from
 from agentstream.recipes.swe.instance import Instance
 from agentstream.schemas.codec import DecodeError, decode
-from agentstream.schemas.events import Reward, RewardEvent, RolloutDiffEvent
+from agentstream.schemas.events import Event, Reward, RewardEvent, RolloutDiffEvent
 from agentstream.schemas.ids import derived_id
 from agentstream.schemas.kafka import KafkaSettings, Publisher, ensure_topics, make_consumer, make_producer
 
@@ -63,7 +64,7 @@ class GradeSettings(KafkaSettings):
         return value
 
 
-def reward_event(diff: RolloutDiffEvent, value: float, details: dict) -> RewardEvent:
+def reward_event(diff: RolloutDiffEvent, value: float, details: dict[str, Any]) -> RewardEvent:
     return RewardEvent(id=derived_id("reward", diff.id, REWARD_FN), source=SOURCE, rollout_id=diff.rollout_id,
                        attempt_id=diff.attempt_id, data=Reward(value=value, details=details, reward_fn=REWARD_FN))
 
@@ -101,7 +102,7 @@ class GradeService:
         self.offsets = Offsets()
         self.graded = 0
         self._committed: dict[TopicPartition, int] = {}
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def run(self, stop: asyncio.Event) -> None:
         await ensure_topics(self.settings)
@@ -127,7 +128,7 @@ class GradeService:
 
     async def _take(self, tp: TopicPartition, record: ConsumerRecord, publisher: Publisher) -> None:
         try:
-            event = decode(record.value)
+            event: Event = decode(record.value)
         except DecodeError:
             self.offsets.skip(tp, record.offset)  # the streams worker deadletters undecodable events
             return
@@ -176,7 +177,7 @@ class GradeService:
         details = {**result.details, "outcome": event.data.outcome}
         return reward_event(event, result.reward, details), None
 
-    async def _commit(self, consumer) -> None:
+    async def _commit(self, consumer: AIOKafkaConsumer) -> None:
         assigned = consumer.assignment()
         offsets = {tp: offset for tp, offset in self.offsets.committable().items()
                    if tp in assigned and self._committed.get(tp) != offset}

@@ -210,12 +210,12 @@ class Grader:
             return "INCONSISTENT"
         return str(verdict["statuses"].get(test, "NOT RUN"))
 
-    def _run_tests(self, box: Sandbox, env: Path, ids: list[str], before: str) -> tuple[CommandResult, dict | None]:
+    def _run_tests(self, box: Sandbox, env: Path, ids: list[str], before: str) -> tuple[CommandResult, dict[str, Any] | None]:
         command = before + "exec " + _python(env, "launch.py", "/workspace/tree", *ids)
         run = box.run(command, timeout_s=self.timeout_s)
         return run, _frame(run.output, VERDICT_FRAME)
 
-    def _prep(self, box: Sandbox, env: Path, args: list[str]) -> dict:
+    def _prep(self, box: Sandbox, env: Path, args: list[str]) -> dict[str, Any]:
         done = box.run(_python(env, "prep.py", *args), timeout_s=self.timeout_s)
         answer = _frame(done.output, PREP_FRAME)
         if answer is None:
@@ -259,7 +259,7 @@ def _python(env: Path, script: str, *args: str) -> str:
     return " ".join(shlex.quote(arg) for arg in argv)
 
 
-def _frame(output: str, marker: str) -> dict | None:
+def _frame(output: str, marker: str) -> dict[str, Any] | None:
     """The JSON of the output's last line when it is a `marker` frame (a frame anywhere else is not ours)."""
     at = output.rfind("\n" + marker)
     if at < 0:
@@ -279,7 +279,7 @@ def _before_frame(output: str) -> str:
     return output if at < 0 else output[:at]
 
 
-def _ran(run: CommandResult, verdict: dict | None, tests: int) -> dict[str, Any]:
+def _ran(run: CommandResult, verdict: dict[str, Any] | None, tests: int) -> dict[str, Any]:
     ran: dict[str, Any] = {"exit_code": run.exit_code, "limit": run.limit, "tests": tests}
     if verdict is None:
         ran.update(consistent=False, problems=["no verdict from the launcher (killed, or a limit was hit)"])

@@ -20,11 +20,13 @@ sandbox spent), `model_error` (the gateway or model refused). Those exit 0: the 
 crash of the harness itself exits non-zero with the traceback on stderr, so the controller records a
 failed attempt with the reason, and no diff (so no made-up score) is posted.
 
-Settings (environment): AGENTSTREAM_SWE_CONFIG (a mini-swe-agent YAML; default recipes/swe/mini.yaml),
-AGENTSTREAM_SWE_STEP_LIMIT, AGENTSTREAM_SWE_MAX_TOKENS, AGENTSTREAM_SWE_TEMPERATURE,
-AGENTSTREAM_SWE_COMMAND_TIMEOUT_S, AGENTSTREAM_SWE_ATTEMPT_TIMEOUT_S, AGENTSTREAM_SWE_SCRIPT (a JSON list of commands: run them
-instead of asking a model, for baselines), AGENTSTREAM_SWE_MODEL_KWARGS (JSON
-added to litellm's arguments, e.g. stop words), AGENTSTREAM_SWE_REPOS (where task repositories are), AGENTSTREAM_SWE_WORKSPACE (parent of workspaces; default a temp folder).
+Settings (environment, `recipes.swe.settings`): AGENTSTREAM_SWE_CONFIG (a mini-swe-agent YAML; default
+recipes/swe/mini.yaml), AGENTSTREAM_SWE_STEP_LIMIT, AGENTSTREAM_SWE_MAX_TOKENS, AGENTSTREAM_SWE_TEMPERATURE,
+AGENTSTREAM_SWE_COMMAND_TIMEOUT_S, AGENTSTREAM_SWE_ATTEMPT_TIMEOUT_S, AGENTSTREAM_SWE_SCRIPT (a JSON list of
+commands: run them instead of asking a model, for baselines), AGENTSTREAM_SWE_MODEL_KWARGS (JSON added to
+litellm's arguments, e.g. stop words), AGENTSTREAM_SWE_REPOS (where task repositories are),
+AGENTSTREAM_SWE_ENVS (their test environments), AGENTSTREAM_SWE_INDEX (the public index, for a task input
+without its repository), AGENTSTREAM_SWE_WORKSPACE (parent of workspaces; default a temp folder).
 """
 
 from __future__ import annotations
@@ -44,18 +46,19 @@ import httpx
 import orjson
 import yaml
 
-# before mini-swe-agent and litellm are imported: no banner, no user config, no cost map from the internet
+# mini-swe-agent and litellm read these from the process environment only, when they are imported (and
+# this process imports them): no banner, and litellm's bundled cost map rather than a fetch from the internet
 os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-os.environ.setdefault("MSWEA_COST_TRACKING", "ignore_errors")
 
+from agentstream.recipes.swe.environment import SandboxEnvironment, SandboxExhausted
+from agentstream.recipes.swe.settings import AgentEnvironment, AttemptSettings, SweSettings, from_environment
 from agentstream.recipes.swe.workspace import TaskInput, checkout, final_diff, test_env_binds
 from agentstream.sandbox.contract import WORKSPACE_MOUNT
 from agentstream.sandbox.inpod import in_sandbox_pod
+from agentstream.schemas.errors import ConfigurationError
 
-HERE = Path(__file__).parent
-DEFAULT_CONFIG = HERE / "mini.yaml"
-ENVIRONMENT_CLASS = "recipes.swe.environment.SandboxEnvironment"
+ENVIRONMENT_CLASS = "agentstream.recipes.swe.environment.SandboxEnvironment"
 
 log = logging.getLogger("recipes.swe.harness")
 
@@ -65,79 +68,80 @@ OUTCOMES = {"Submitted": "submitted", "LimitsExceeded": "step_limit", "TimeExcee
 
 @dataclass(frozen=True)
 class HarnessSettings:
+    """One attempt's settings: the controller's variables for the agent and the recipe's own."""
+
     base_url: str
     api_key: str
     model: str
-    rollout_id: str | None
-    attempt_id: str | None
-    config: Path
-    step_limit: int
-    max_tokens: int
-    temperature: float
-    command_timeout_s: int
-    attempt_timeout_s: int
-    model_kwargs: dict[str, Any]
+    task: Path
+    swe: SweSettings
+    attempt: AttemptSettings
 
     @classmethod
     def from_env(cls) -> HarnessSettings:
-        env = os.environ
-        missing = [name for name in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "AGENTSTREAM_TASK") if not env.get(name)]
-        if missing:
-            raise SystemExit(f"harness: {', '.join(missing)} not set; the controller sets them (run it as an agent "
-                             "of `python -m agentstream.controller --agent 'python -m agentstream.recipes.swe.harness'`)")
-        return cls(base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"],
-                   model=env.get("AGENTSTREAM_MODEL", "default"), rollout_id=env.get("AGENTSTREAM_ROLLOUT_ID"),
-                   attempt_id=env.get("AGENTSTREAM_ATTEMPT_ID"),
-                   config=Path(env.get("AGENTSTREAM_SWE_CONFIG") or DEFAULT_CONFIG),
-                   step_limit=int(env.get("AGENTSTREAM_SWE_STEP_LIMIT", "20")),
-                   max_tokens=int(env.get("AGENTSTREAM_SWE_MAX_TOKENS", "512")),
-                   temperature=float(env.get("AGENTSTREAM_SWE_TEMPERATURE", "1.0")),
-                   command_timeout_s=int(env.get("AGENTSTREAM_SWE_COMMAND_TIMEOUT_S", "60")),
-                   attempt_timeout_s=int(env.get("AGENTSTREAM_SWE_ATTEMPT_TIMEOUT_S", "1800")),
-                   model_kwargs=orjson.loads(env.get("AGENTSTREAM_SWE_MODEL_KWARGS") or "{}"))
+        try:
+            agent, swe = from_environment(AgentEnvironment), from_environment(SweSettings)
+            attempt = from_environment(AttemptSettings)
+        except ConfigurationError as exc:
+            raise SystemExit(f"harness: {exc}") from exc
+        named = {"OPENAI_BASE_URL": agent.openai_base_url, "OPENAI_API_KEY": agent.openai_api_key,
+                 "AGENTSTREAM_TASK": agent.agentstream_task}
+        if missing := [name for name, value in named.items() if not value]:
+            raise SystemExit(f"harness: {', '.join(missing)} not set; the controller sets them (run it as an agent of "
+                             "`python -m agentstream.controller --agent 'python -m agentstream.recipes.swe.harness'`)")
+        return cls(base_url=agent.openai_base_url, api_key=agent.openai_api_key, model=agent.agentstream_model,
+                   task=Path(agent.agentstream_task or ""), swe=swe, attempt=attempt)
+
+    def task_input(self) -> TaskInput:
+        """The task's input, with its repository and base commit (from the public index if it lacks them)."""
+        return TaskInput.model_validate(orjson.loads(self.task.read_bytes())).located(self.swe.index)
 
 
 def mini_config(settings: HarnessSettings, task: TaskInput, workspace: Path) -> dict[str, Any]:
     """mini-swe-agent's config: the file's, with the gateway as the model's endpoint and our sandbox."""
     from minisweagent.utils.serialize import recursive_merge
 
-    base = yaml.safe_load(settings.config.read_text()) or {}
-    binds, bin_dir = test_env_binds(task)
+    base = yaml.safe_load(settings.attempt.config.read_text()) or {}
+    binds, bin_dir = test_env_binds(task, settings.swe.envs)
     command_env = dict(base.get("environment", {}).get("env") or {})
     if bin_dir:  # the task's Python, with pytest, first on PATH: what the grader runs the tests with
         command_env["PATH"] = f"{bin_dir}:/usr/local/bin:/usr/bin:/bin"
     return recursive_merge(base, {
-        "agent": {"agent_class": "default", "step_limit": settings.step_limit, "cost_limit": 0,
+        "agent": {"agent_class": "default", "step_limit": settings.attempt.step_limit, "cost_limit": 0,
                   "output_path": None},
         "model": {
             # litellm's OpenAI-compatible provider, at the rollout's own base URL with its rollout token
             "model_name": f"openai/{settings.model}",
             "cost_tracking": "ignore_errors",
             "model_kwargs": {"api_base": settings.base_url, "api_key": settings.api_key,
-                             "max_tokens": settings.max_tokens, "temperature": settings.temperature,
-                             "num_retries": 0, **settings.model_kwargs},
+                             "max_tokens": settings.attempt.max_tokens, "temperature": settings.attempt.temperature,
+                             "num_retries": 0, **settings.attempt.model_kwargs},
         },
         "environment": {"environment_class": ENVIRONMENT_CLASS, "workspace": str(workspace), "binds": binds,
-                        "env": command_env,
-                        "timeout": settings.command_timeout_s, "attempt_timeout": settings.attempt_timeout_s},
+                        "env": command_env, "timeout": settings.attempt.command_timeout_s,
+                        "attempt_timeout": settings.attempt.attempt_timeout_s},
     })
 
 
-def run_agent(settings: HarnessSettings, task: TaskInput, workspace: Path) -> tuple[str, dict[str, Any], Any]:
+def run_agent(settings: HarnessSettings, task: TaskInput,
+              workspace: Path) -> tuple[str, dict[str, Any], SandboxEnvironment]:
     """Run mini-swe-agent to its end; (outcome, details, environment)."""
     import litellm
     from minisweagent.agents import get_agent
+    from minisweagent.agents.default import DefaultAgent
     from minisweagent.environments import get_environment
     from minisweagent.models import get_model
 
-    from agentstream.recipes.swe.environment import SandboxExhausted
-
     config = mini_config(settings, task, workspace)
-    if script := os.environ.get("AGENTSTREAM_SWE_SCRIPT"):
-        config["model"] = scripted_model(orjson.loads(script))
+    if settings.attempt.script is not None:
+        config["model"] = scripted_model(settings.attempt.script)
     model = get_model(config=config["model"])
     env = get_environment(config["environment"])
     agent = get_agent(model, env, config["agent"])
+    # mini_config names both classes; the factories are typed by mini-swe-agent's protocols only
+    if not isinstance(env, SandboxEnvironment) or not isinstance(agent, DefaultAgent):
+        raise TypeError(f"mini-swe-agent made a {type(agent).__name__} in a {type(env).__name__}: the harness "
+                        f"needs its DefaultAgent in {ENVIRONMENT_CLASS}")
     details: dict[str, Any] = {}
     try:
         result = agent.run(task.problem_statement)
@@ -196,8 +200,8 @@ def post_diff(settings: HarnessSettings, task: TaskInput, diff: str, outcome: st
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     settings = HarnessSettings.from_env()
-    task = TaskInput.model_validate(orjson.loads(Path(os.environ["AGENTSTREAM_TASK"]).read_bytes())).located()
-    workspace = attempt_workspace()
+    task = settings.task_input()
+    workspace = attempt_workspace(settings.swe.workspace)
     # mini-swe-agent reads a user config (.env) from its config folder: give it an empty one of its own
     config_dir = Path(tempfile.mkdtemp(prefix="mswea-")) if in_sandbox_pod() else \
         workspace.with_name(workspace.name + ".mswea")
@@ -205,7 +209,7 @@ def main() -> int:
     started = time.monotonic()
     env = None
     try:
-        baseline = checkout(task, workspace)
+        baseline = checkout(task, workspace, settings.swe.repos)
         outcome, details, env = run_agent(settings, task, workspace)
         diff, diff_details = final_diff(env.sandbox, baseline)
         details.update(diff_details, duration_s=round(time.monotonic() - started, 2))
@@ -220,15 +224,16 @@ def main() -> int:
     return 0
 
 
-def attempt_workspace() -> Path:
-    """A fresh folder for the task's checkout. In a sandbox pod (`AGENTSTREAM_SANDBOX=pod`, set by the
-    controller's Kubernetes Job) the pod's own empty /workspace volume, where the commands' paths point."""
+def attempt_workspace(parent: Path | None) -> Path:
+    """A fresh folder for the task's checkout, in `parent` (default: the temp folder). In a sandbox pod
+    (`AGENTSTREAM_SANDBOX=pod`, set by the controller's Kubernetes Job) the pod's own empty /workspace
+    volume, where the commands' paths point."""
     if in_sandbox_pod():
         if not WORKSPACE_MOUNT.is_dir() or any(WORKSPACE_MOUNT.iterdir()):
             raise SystemExit(f"harness: in a sandbox pod {WORKSPACE_MOUNT} must be an empty volume (the Job's "
                              "workspace emptyDir); is the Job made from sandbox.kubernetes.pod_spec?")
         return WORKSPACE_MOUNT
-    parent = Path(os.environ.get("AGENTSTREAM_SWE_WORKSPACE") or tempfile.gettempdir())
+    parent = parent or Path(tempfile.gettempdir())
     parent.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=f"swe-{secrets.token_hex(4)}-", dir=parent))
 

@@ -35,7 +35,6 @@ TOKEN = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", a
          ast.Sub: "-", ast.Mult: r"\*", ast.FloorDiv: "//", ast.Div: "/", ast.Mod: "%", ast.BitAnd: "&",
          ast.BitOr: r"\|", ast.And: "and", ast.Or: "or"}
 NON_COMMUTATIVE = (ast.Sub, ast.Div, ast.FloorDiv, ast.Mod)
-KINDS = ("flip_operator", "change_operator", "off_by_one", "invert_condition", "drop_branch", "swap_operands")
 
 
 @dataclass(frozen=True)
@@ -68,6 +67,8 @@ def mutations(path: str, source: str) -> list[Mutation]:
     found: list[Mutation] = []
     for function in _functions(tree):
         for node in ast.walk(function):
+            if not isinstance(node, (ast.expr, ast.stmt)):
+                continue
             for kind, start, end, replacement in _edits(node, source.encode(), offsets):
                 found.append(Mutation(path, kind, node.lineno, function.name, start, end, replacement,
                                       source.encode()[start:end].decode()))
@@ -93,13 +94,27 @@ def _at(offsets: list[int], line: int, col: int) -> int:
     return offsets[line - 1] + col
 
 
-def _span(node: ast.AST, offsets: list[int]) -> tuple[int, int]:
-    return _at(offsets, node.lineno, node.col_offset), _at(offsets, node.end_lineno, node.end_col_offset)
+def _span(node: ast.expr | ast.stmt, offsets: list[int]) -> tuple[int, int]:
+    return _at(offsets, node.lineno, node.col_offset), _at(offsets, end_line(node), _end_col(node))
 
 
-def _operator_between(data: bytes, offsets: list[int], left: ast.AST, right: ast.AST, op: type) -> tuple[int, int] | None:
+def end_line(node: ast.expr | ast.stmt) -> int:
+    # `ast.parse` gives every node its end; the type allows None for trees built by hand
+    if node.end_lineno is None:
+        raise ValueError(f"{type(node).__name__} at line {node.lineno} has no end position (not from ast.parse)")
+    return node.end_lineno
+
+
+def _end_col(node: ast.expr | ast.stmt) -> int:
+    if node.end_col_offset is None:
+        raise ValueError(f"{type(node).__name__} at line {node.lineno} has no end position (not from ast.parse)")
+    return node.end_col_offset
+
+
+def _operator_between(data: bytes, offsets: list[int], left: ast.expr, right: ast.expr,
+                      op: type[ast.AST]) -> tuple[int, int] | None:
     """The operator's token between two operands (skipping closing and opening parentheses)."""
-    start = _at(offsets, left.end_lineno, left.end_col_offset)
+    start = _at(offsets, end_line(left), _end_col(left))
     end = _at(offsets, right.lineno, right.col_offset)
     gap = data[start:end].decode()
     if "#" in gap or "\\" in gap:
@@ -114,7 +129,7 @@ def _operator_between(data: bytes, offsets: list[int], left: ast.AST, right: ast
     return start + len(gap[:match.start()].encode()), start + len(gap[:match.end()].encode())
 
 
-def _edits(node: ast.AST, data: bytes, offsets: list[int]) -> Iterator[tuple[str, int, int, str]]:
+def _edits(node: ast.expr | ast.stmt, data: bytes, offsets: list[int]) -> Iterator[tuple[str, int, int, str]]:
     if isinstance(node, ast.Compare):
         left = node.left
         for op, right in zip(node.ops, node.comparators):
@@ -177,9 +192,9 @@ def _invert(node: ast.If | ast.While, data: bytes, offsets: list[int]) -> Iterat
 def _drop(node: ast.If, data: bytes, offsets: list[int]) -> Iterator[tuple[str, int, int, str]]:
     start = offsets[node.lineno - 1]
     line = data[start:offsets[node.lineno] if node.lineno < len(offsets) else len(data)].decode()
-    if not line.lstrip().startswith("if ") or node.end_lineno >= len(offsets):
+    if not line.lstrip().startswith("if ") or end_line(node) >= len(offsets):
         return  # an elif, or an if sharing its line
-    end = offsets[node.end_lineno]
+    end = offsets[end_line(node)]
     indent = line[:len(line) - len(line.lstrip())]
     yield "drop_branch", start, end, f"{indent}pass\n"
 

@@ -16,22 +16,24 @@ does on them would bias the number the recipe reports.
 from __future__ import annotations
 
 import json
-import math
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from pydantic import Field
 from rich.console import Console
 
-from agentstream.demo import run_folder, run_to_summary
-from agentstream.recipes.swe.instance import Instance
-from agentstream.recipes.swe.recipe import HARNESS, Recipe, RecipeConfig, write_task_files
+from agentstream.demo.loop import Stack
+from agentstream.demo.progress import Progress
+from agentstream.demo.run import run_folder, run_to_summary
+from agentstream.eval import EvalSettings, Evaluator
+from agentstream.recipes.swe.build import write
+from agentstream.recipes.swe.recipe import HARNESS, Recipe, RecipeConfig, RecipeLoop
+from agentstream.recipes.swe.task_files import build_recipe_tasks, read_instances, select_train, write_task_files
 from agentstream.schemas.kafka import KafkaSettings
 from agentstream.stack import StackError
-from agentstream.stack.process import ServerState
 
 
-@dataclass
 class ProbeConfig(RecipeConfig):
     instances_file: Path | None = None
     """the SWE-bench task file to probe; None: build `train_tasks + validation_tasks` tasks"""
@@ -39,45 +41,8 @@ class ProbeConfig(RecipeConfig):
     """attempts per train task"""
     probed_out: Path = Path("tasks.probed.jsonl")
     """the task file written, with each probed task's `probe`"""
-    out: Path = field(default_factory=lambda: run_folder("probe-swe"))
+    out: Path = Field(default_factory=lambda: run_folder("probe-swe"))
     vllm_name: str = "probe-swe"
-
-
-def probe_of(instance: Instance) -> dict | None:
-    return (instance.model_extra or {}).get("probe")
-
-
-@dataclass
-class Selection:
-    tasks: list[Instance]
-    mixed: int
-    never: int
-    always: int
-    unprobed: int
-
-    def summary(self) -> str:
-        return (f"{self.mixed} train tasks with mixed results, {self.never} never solved, {self.always} always "
-                f"solved, {self.unprobed} not probed; selected {len(self.tasks)}")
-
-
-def select_train(instances: list[Instance], unsolved_share: float = 0.25) -> Selection:
-    """The train tasks worth a GRPO group: every one the probe solved sometimes, plus never-solved ones up
-    to `unsolved_share` of the selection (in file order); always-solved and unprobed ones are left out."""
-    if not 0 <= unsolved_share < 1:
-        raise ValueError(f"unsolved_share must be in [0, 1), got {unsolved_share}")
-    mixed, never, always, unprobed = [], [], [], 0
-    for instance in (i for i in instances if i.split == "train"):
-        probe = probe_of(instance)
-        if not probe:
-            unprobed += 1
-        elif probe["solved"] == 0:
-            never.append(instance)
-        elif probe["solved"] >= probe["k"]:
-            always.append(instance)
-        else:
-            mixed.append(instance)
-    extra = math.floor(unsolved_share * len(mixed) / (1 - unsolved_share) + 1e-9)
-    return Selection(mixed + never[:extra], len(mixed), len(never), len(always), unprobed)
 
 
 class Probe(Recipe):
@@ -85,39 +50,35 @@ class Probe(Recipe):
 
     starting = "Starting the local stack for the probe…"
 
+    config: ProbeConfig
+
     def __init__(self, config: ProbeConfig, console: Console):
         super().__init__(config, console)
-        self.config: ProbeConfig = config
-        self.result: dict = {}
+        self.result: dict[str, Any] = {}
 
     def task_files(self) -> tuple[Path, Path, Path]:
         config = self.config
         if config.instances_file is not None:
-            self.instances = [Instance.model_validate_json(line) for line in config.instances_file.read_text().splitlines()
-                              if line.strip()]
+            self.instances = read_instances(config.instances_file)
         else:
-            from agentstream.recipes.swe.recipe import build_recipe_tasks
-
             build_recipe_tasks(self.out / "built", config.train_tasks, config.validation_tasks, say=self.say)
-            self.instances = [Instance.model_validate_json(line) for line in
-                              (self.out / "built" / "instances.jsonl").read_text().splitlines() if line.strip()]
+            self.instances = read_instances(self.out / "built" / "instances.jsonl")
         if not any(i.split == "train" for i in self.instances):
             raise StackError("the task set has no train task to probe")
         return write_task_files(self.instances, self.out / "tasks")
 
-    async def launch(self, kafka: KafkaSettings, model_dir: Path, vllm: ServerState) -> None:
-        self.agents = self.start_grading(kafka, vllm, self.tasks[2])
-        await self.await_http("gateway", f"{self.agents.gateway_url}/healthz")
+    def loop(self, stack: Stack) -> RecipeLoop:
+        """Only what grades the attempts: the probe runs them itself (`follow`)."""
+        self.stack = stack
+        return self.grading(stack)
 
     async def follow(self, kafka: KafkaSettings) -> None:
-        from agentstream.eval import EvalConfig, Evaluator
-
-        config = self.config
-        evaluation = EvalConfig(tasks=self.tasks[0], agent=HARNESS, gateway_url=self.agents.gateway_url,
-                                token_secret=self.agents.token_secret, model=self.served, samples=config.k,
-                                concurrency=config.concurrency, timeout_s=config.attempt_timeout_s,
-                                out=self.out / "probe", agent_env=self.agents.env, split="train",
-                                settle_timeout_s=config.attempt_timeout_s + 300)
+        config, stack = self.config, self.stack
+        evaluation = EvalSettings(tasks=self.tasks[0], agent=HARNESS, gateway_url=stack.gateway_url,
+                                  token_secret=stack.token_secret, model=self.served, samples=config.k,
+                                  concurrency=config.concurrency, timeout_s=config.attempt_timeout_s,
+                                  out=self.out / "probe", agent_env=self.harness(stack).env(), split="train",
+                                  settle_timeout_s=config.attempt_timeout_s + 300)
         evaluator = Evaluator(kafka, evaluation, say=self.say)
         started = time.monotonic()
         try:
@@ -127,17 +88,17 @@ class Probe(Recipe):
         self.result = {"event": event, "seconds": time.monotonic() - started,
                        "trajectories": evaluator.last_trajectories}
 
-    def summary(self, console: Console, elapsed_s: float) -> dict:
+    def summary(self, console: Console, elapsed_s: float) -> dict[str, Any]:
         config, event = self.config, self.result["event"]
         data = event.data
         for instance in self.instances:
             rewards = data.per_task.get(instance.instance_id)
             if rewards is not None:
                 solved = sum(1 for r in rewards if r is not None and r >= data.threshold)
-                instance.__pydantic_extra__["probe"] = {"k": len(rewards), "solved": solved, "model": config.model,
+                extra = instance.__pydantic_extra__
+                assert extra is not None  # Instance allows extra fields
+                extra["probe"] = {"k": len(rewards), "solved": solved, "model": config.model,
                                                         "version": data.weight_version, "run_id": data.run_id}
-        from agentstream.recipes.swe.build import write
-
         write(self.instances, config.probed_out)
         attempts = data.samples
         generated = prompts = 0
@@ -161,6 +122,10 @@ class Probe(Recipe):
         return result
 
 
-def run_probe(config: ProbeConfig, console: Console | None = None) -> dict:
+def run_probe(config: ProbeConfig, console: Console | None = None) -> dict[str, Any]:
     probe = Probe(config, console or Console())
-    return run_to_summary(probe, lambda _progress, _config, console, elapsed: probe.summary(console, elapsed))
+
+    def summarize(_progress: Progress, _config: ProbeConfig, console: Console, elapsed_s: float) -> dict[str, Any]:
+        return probe.summary(console, elapsed_s)
+
+    return run_to_summary(probe, summarize)

@@ -19,24 +19,36 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.table import Table
 
-from agentstream.demo import Demo, Service, StackConfig, common_flags, plot_by_version, run_folder, run_to_summary
-from agentstream.demo import Progress as DemoProgress
-from agentstream.schemas.events import EvalEvent, PoolUpdateEvent, RewardEvent, TrajectoryEvent, WeightsEvent
+from agentstream.demo.loop import Loop, Stack
+from agentstream.demo.progress import Progress as DemoProgress
+from agentstream.demo.progress import VersionRow, plot_by_version
+from agentstream.demo.run import Demo, StackConfig, run_folder, run_to_summary
+from agentstream.eval import EvalSettings
+from agentstream.recipes.swe.grade import GradeSettings
+from agentstream.recipes.swe.models import build_base_model
+from agentstream.recipes.swe.task_files import build_recipe_tasks, probed_task_files
+from agentstream.schemas.events import EvalEvent, Event, PoolUpdateEvent, RewardEvent, TrajectoryEvent, WeightsEvent
 from agentstream.schemas.kafka import KafkaSettings
 from agentstream.stack import StackError
-from agentstream.stack.process import ServerState, free_port
+from agentstream.stack.process import free_port
+from agentstream.stack.service import Service
+from agentstream.streams.settings import StreamsSettings
+from agentstream.trainer.settings import TrainerSettings
 
 HARNESS = f"{sys.executable} -m agentstream.recipes.swe.harness"
-QUIET_S = 20.0
+
+Say = Callable[[str], None]
 
 
-@dataclass
 class RecipeConfig(StackConfig):
     model: str = "smollm2"
     """the base model: smollm2 (SmolLM2-135M-Instruct, from its PyPI wheel) or tiny (plumbing only)"""
@@ -61,24 +73,53 @@ class RecipeConfig(StackConfig):
     step_limit: int = 4
     max_tokens: int = 128
     attempt_timeout_s: float = 300.0
-    out: Path = field(default_factory=lambda: run_folder("recipe-swe"))
+    out: Path = Field(default_factory=lambda: run_folder("recipe-swe"))
     vllm_name: str = "recipe-swe"
 
     @property
     def batch(self) -> int:
         return self.group_size * self.groups_per_batch
 
+    def build_model(self, out: Path, say: Say) -> Path:
+        return build_base_model(self.model, out / "base-model", say=say)
+
+
+class Harness(BaseModel):
+    """What mini-swe-agent's harness (`recipes.swe.harness`) reads from its environment, typed."""
+
+    step_limit: int
+    max_tokens: int
+    workspace: Path
+    attempt_timeout_s: int
+    index: Path
+
+    def env(self) -> dict[str, str]:
+        return {f"AGENTSTREAM_SWE_{name.upper()}": str(getattr(self, name)) for name in type(self).model_fields}
+
+
+class RecipeLoop(Loop):
+    """The loop with the grader, which scores each attempt's diff, and eval, which measures each version."""
+
+    grader: GradeSettings
+    eval: EvalSettings | None = None
+
+    def services(self) -> list[Service]:
+        gateway, streams, *rest = super().services()
+        return [gateway, streams, Service("grader", "agentstream.recipes.swe.grade", self.grader), *rest]
+
+    def traffic(self) -> list[Service]:
+        measure = [] if self.eval is None else [Service("eval", "agentstream.eval", self.eval)]
+        return measure + super().traffic()
+
 
 # --- what the recipe shows: train reward and validation pass rate per version -----------------
 
 
 @dataclass
-class VersionRow:
-    version: int
+class RecipeRow(VersionRow):
     train_rewards: list[float] = field(default_factory=list)
     train_unscored: int = 0
     trained_on: int | None = None
-    pause_ms: float | None = None
     pass_at_1: float | None = None
     pass_at_k: float | None = None
     eval_samples: int | None = None
@@ -86,15 +127,19 @@ class VersionRow:
 
 
 class Progress(DemoProgress):
-    row_type = VersionRow
+    row_type = RecipeRow
 
     def __init__(self, config: RecipeConfig) -> None:
         super().__init__()
         self.config = config
-        self.rows: dict[int, VersionRow] = {}  # type: ignore[assignment]  (the recipe's rows)
         self.graded = 0
 
-    def take(self, event) -> None:
+    def row(self, version: int) -> RecipeRow:
+        row = super().row(version)
+        assert isinstance(row, RecipeRow)  # row_type
+        return row
+
+    def take(self, event: Event) -> None:
         if isinstance(event, TrajectoryEvent) and event.data.split == "train":
             row = self.row(event.data.weight_version_launch or 0)
             if event.data.reward is None:
@@ -112,8 +157,11 @@ class Progress(DemoProgress):
             row.pass_at_1, row.pass_at_k = event.data.pass_at_1, event.data.pass_at_k
             row.eval_samples, row.eval_unscored = event.data.samples, event.data.unscored
 
+    def recipe_rows(self) -> dict[int, RecipeRow]:
+        return {version: self.row(version) for version in sorted(self.rows)}
+
     def evaluated(self) -> set[int]:
-        return {v for v, row in self.rows.items() if row.pass_at_1 is not None}
+        return {v for v, row in self.recipe_rows().items() if row.pass_at_1 is not None}
 
     def table(self) -> Table:
         elapsed = time.monotonic() - self.started
@@ -122,8 +170,7 @@ class Progress(DemoProgress):
         for column in ("version", "train rollouts", "train reward", "unscored", "trained on", "swap pause",
                        "val pass@1", f"val pass@{k}", "val samples"):
             table.add_column(column, justify="right")
-        for version in sorted(self.rows):
-            row = self.rows[version]
+        for version, row in self.recipe_rows().items():
             mean = sum(row.train_rewards) / len(row.train_rewards) if row.train_rewards else None
             table.add_row(str(version), str(len(row.train_rewards) + row.train_unscored),
                           "" if mean is None else f"{mean:.3f}", str(row.train_unscored or ""),
@@ -138,97 +185,19 @@ class Progress(DemoProgress):
 # --- tasks -------------------------------------------------------------------------------------
 
 
-def build_recipe_tasks(out: Path, train: int, validation: int, say=print) -> tuple[Path, Path, Path]:
-    """Build (once per AGENTSTREAM_HOME) bugs in the pinned package; write the controller's task files,
-    whose input is only the instance id and the problem statement, and the grader's instances file."""
-    from agentstream.recipes.swe import build
-    from agentstream.recipes.swe.instance import Instance
-    from agentstream.recipes.swe.split import split_by_site
-    from agentstream.settings import agentstream_home
-
-    cache = agentstream_home() / "swe" / f"recipe-tasks-{train + validation}-by-site.jsonl"
-    if cache.exists():
-        instances = [Instance.model_validate_json(line) for line in cache.read_text().splitlines() if line.strip()]
-    else:
-        say(f"building {train + validation} tasks (bugs injected into toolz, each checked by the real grader; once)")
-        instances = build.build(limit=train + validation).instances
-        if split_by_site(instances, "file").problem:
-            # a handful of bugs may all sit in one file: then no file, but still no function, is shared
-            split = split_by_site(instances, "function")
-            say(f"the {len(instances)} tasks' bugs sit in one file: split by function instead ({split.summary()})")
-            for instance in instances:
-                instance.split = split.splits[instance.instance_id]
-        build.write(instances, cache)
-    chosen = ([i for i in instances if i.split == "train"][:train] +
-              [i for i in instances if i.split == "validation"][:validation])
-    if not any(i.split == "validation" for i in chosen) or not any(i.split == "train" for i in chosen):
-        raise StackError(f"the task set {cache} has no train or no validation task (its bugs all sit in one "
-                         "function); remove it and ask for more tasks")
-    return write_task_files(chosen, out)
-
-
-def write_task_files(chosen: list, out: Path) -> tuple[Path, Path, Path]:
-    """The controller's train and validation task files (input: only the instance id and the problem
-    statement), the grader's instances file and the harness's index, for the chosen instances."""
-    from agentstream.recipes.swe import build
-    from agentstream.recipes.swe.workspace import TaskInput, write_index
-
-    out.mkdir(parents=True, exist_ok=True)
-    files = {}
-    for split in ("train", "validation"):
-        rows = [{"id": i.instance_id, "input": TaskInput.of(i).model_dump(exclude_none=True), "split": split}
-                for i in chosen if i.split == split]
-        files[split] = out / f"{split}.jsonl"
-        files[split].write_text("".join(json.dumps(row) + "\n" for row in rows))
-    instances_file = out / "instances.jsonl"
-    build.write(chosen, instances_file)
-    write_index(chosen, out / "index.jsonl")
-    return files["train"], files["validation"], instances_file
-
-
-def probed_task_files(probed: Path, out: Path, train: int, validation: int, unsolved_share: float,
-                      say=print) -> tuple[Path, Path, Path]:
-    """Task files from a probed task set (`agentstream tasks swe probe`): the train tasks the starting
-    model solved sometimes (GRPO's signal) plus a share of never-solved ones, and validation tasks."""
-    from agentstream.recipes.swe.instance import Instance
-    from agentstream.recipes.swe.probe import select_train
-
-    instances = [Instance.model_validate_json(line) for line in probed.read_text().splitlines() if line.strip()]
-    selected = select_train(instances, unsolved_share)
-    chosen = selected.tasks[:train] + [i for i in instances if i.split == "validation"][:validation]
-    say(f"probed tasks in {probed}: {selected.summary()}; training on {min(train, len(selected.tasks))}")
-    if not any(i.split == "train" for i in chosen) or not any(i.split == "validation" for i in chosen):
-        raise StackError(f"{probed} gives no train task to learn from or no validation task ({selected.summary()}): "
-                         "probe with a larger -k, raise --unsolved-share, or warm-start with `--loss sft`")
-    return write_task_files(chosen, out)
-
-
 # --- the run ----------------------------------------------------------------------------------
-
-
-@dataclass
-class Agents:
-    """What a run's agents need: the gateway, its token secret, the harness's environment."""
-
-    gateway_url: str
-    token_secret: str
-    env: dict[str, str]
 
 
 class Recipe(Demo):
     """The demo's stack and process handling, with the coding recipe's services."""
 
+    config: RecipeConfig
+    starting = "Starting the local stack and building tasks…"
+
     def __init__(self, config: RecipeConfig, console: Console):
         super().__init__(config, console)
-        self.progress = Progress(config)  # type: ignore[assignment]
+        self.progress: Progress = Progress(config)
         self.served = config.model
-
-    def base_model(self) -> Path:
-        from agentstream.recipes.swe.models import build_base_model
-
-        return build_base_model(self.config.model, self.out / "base-model", say=self.say)
-
-    starting = "Starting the local stack and building tasks…"
 
     def prepare(self) -> None:
         self.tasks = self.task_files()
@@ -254,43 +223,42 @@ class Recipe(Demo):
         index = instances.with_name("index.jsonl")
         return index if index.exists() else write_index(load(instances, default_repos_dir(), check_apply=False), index)
 
-    def start_grading(self, kafka: KafkaSettings, vllm: ServerState, instances: Path) -> Agents:
-        """The gateway, a streams worker and the grader: what turns attempts into graded trajectories.
-        Returns where the agents find the gateway and the harness's environment."""
-        config, common = self.config, common_flags(kafka)
-        gateway_url, secret = self.start_gateway(kafka, self.served, vllm)
-        # a diff is graded after the attempt ends: the trajectory waits for that reward (a grading takes seconds)
-        self.start("streams", "agentstream.streams", "worker", *common, "--web-port", str(free_port()), "--settle-s", "0.5",
-                   "--reward-grace-s", str(config.attempt_timeout_s), "--data-dir", str(self.out / "streams"))
-        self.start("grader", "agentstream.recipes.swe.grade", *common, "--tasks", str(instances))
-        agent_env = {"AGENTSTREAM_SWE_STEP_LIMIT": str(config.step_limit),
-                     "AGENTSTREAM_SWE_MAX_TOKENS": str(config.max_tokens),
-                     "AGENTSTREAM_SWE_WORKSPACE": str(self.out / "workspaces"),
-                     "AGENTSTREAM_SWE_ATTEMPT_TIMEOUT_S": str(int(config.attempt_timeout_s)),
-                     "AGENTSTREAM_SWE_INDEX": str(self.index_file(instances))}
-        return Agents(gateway_url, secret, agent_env)
+    def grading(self, stack: Stack) -> RecipeLoop:
+        """The gateway, a streams worker and the grader: what turns attempts into graded trajectories."""
+        config, out = self.config, stack.out
+        return RecipeLoop(
+            gateway=stack.gateway(self.served),
+            # a diff is graded after the attempt ends: the trajectory waits for that reward (a grading takes seconds)
+            streams=stack.settings(StreamsSettings, web_port=free_port(), settle_s=0.5,
+                                   reward_grace_s=config.attempt_timeout_s, data_dir=out / "streams"),
+            grader=stack.settings(GradeSettings, tasks=self.tasks[2]))
 
-    async def launch(self, kafka: KafkaSettings, model_dir: Path, vllm: ServerState) -> None:
-        config, (train, validation, instances) = self.config, self.tasks
-        common = common_flags(kafka)
-        agents = self.start_grading(kafka, vllm, instances)
-        gateway_url, agent_env = agents.gateway_url, agents.env
-        run = ["--gateway-url", gateway_url, f"--token-secret={agents.token_secret}", "--model", self.served,
-               "--timeout-s", str(config.attempt_timeout_s), "--concurrency", str(config.concurrency)]
-        self.start("trainer", "agentstream.trainer", *common, "--model", self.served, "--base-model", str(model_dir),
-                   "--checkpoint-dir", str(self.out / "checkpoints"), "--group-size", str(config.group_size),
-                   "--groups-per-batch", str(config.groups_per_batch), "--min-group-size", "1",
-                   "--lr", str(config.lr), "--max-staleness", "1", "--max-versions", str(config.versions),
-                   "--micro-batch-size", "1", "--keep-checkpoints", "2", "--lora-rank", str(config.lora_rank))
-        await self.await_http("gateway", f"{gateway_url}/healthz")
-        self.start("eval", "agentstream.cli", "eval", "--prefix", kafka.topic_prefix, "--tasks", str(validation),
-                   "--agent", HARNESS, "--follow", "--max-versions", str(config.versions + 1),
-                   "--samples", str(config.eval_samples), "--out", str(self.out / "eval"), *run,
-                   env={**agent_env, "KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers})
-        self.start_controller(*common, "--tasks", str(train), "--agent", HARNESS,
-                              "--samples", str(config.group_size), "--epochs", str(config.versions), "--no-shuffle",
-                              "--max-staleness", "0", "--train-batch-size", str(config.batch), "--max-attempts", "1",
-                              "--no-progress", "--logs-dir", str(self.out / "attempts"), *run, env=agent_env)
+    def harness(self, stack: Stack) -> Harness:
+        """What each attempt's harness reads from its environment."""
+        config = self.config
+        return Harness(step_limit=config.step_limit, max_tokens=config.max_tokens, workspace=stack.out / "workspaces",
+                       attempt_timeout_s=int(config.attempt_timeout_s), index=self.index_file(self.tasks[2]))
+
+    def loop(self, stack: Stack) -> RecipeLoop:
+        config, out, (train, validation, _) = self.config, stack.out, self.tasks
+        harness, grading = self.harness(stack).env(), self.grading(stack)
+        return RecipeLoop(
+            gateway=grading.gateway, streams=grading.streams, grader=grading.grader,
+            trainer=stack.settings(
+                TrainerSettings, model=self.served, base_model=stack.model_dir, checkpoint_dir=out / "checkpoints",
+                group_size=config.group_size, groups_per_batch=config.groups_per_batch, min_group_size=1,
+                lr=config.lr, max_staleness=1, max_versions=config.versions, micro_batch_size=1, keep_checkpoints=2,
+                lora_rank=config.lora_rank),
+            eval=stack.settings(
+                EvalSettings, tasks=validation, agent=HARNESS, follow=True, max_versions=config.versions + 1,
+                samples=config.eval_samples, out=out / "eval", gateway_url=stack.gateway_url,
+                token_secret=stack.token_secret, model=self.served, timeout_s=config.attempt_timeout_s,
+                concurrency=config.concurrency, agent_env=harness),
+            controller=stack.controller(
+                tasks=train, agent=HARNESS, samples=config.group_size, epochs=config.versions, shuffle=False,
+                max_staleness=0, train_batch_size=config.batch, max_attempts=1, logs_dir=out / "attempts",
+                model=self.served, timeout_s=config.attempt_timeout_s, concurrency=config.concurrency),
+            agent_env=harness)
 
     async def follow(self, kafka: KafkaSettings) -> None:
         """Until every version has its eval."""
@@ -312,19 +280,13 @@ class Recipe(Demo):
         await self.watch(kafka, [topics.trajectories, topics.weights, topics.pool, topics.metrics, topics.rewards],
                          done, refresh_per_second=1)
 
-    def service(self, name: str) -> Service:
-        return next(s for s in self.services if s.name == name)
-
-    def service_done(self, name: str) -> bool:
-        return any(s.name == name and s.process.poll() == 0 for s in self.services)
-
 
 # --- the summary ----------------------------------------------------------------------------
 
 
-def summary(progress: Progress, config: RecipeConfig, console: Console, elapsed_s: float) -> dict:
+def summary(progress: Progress, config: RecipeConfig, console: Console, elapsed_s: float) -> dict[str, Any]:
     per_version = {}
-    for version, row in sorted(progress.rows.items()):
+    for version, row in progress.recipe_rows().items():
         mean = sum(row.train_rewards) / len(row.train_rewards) if row.train_rewards else None
         per_version[version] = {"train_rollouts": len(row.train_rewards) + row.train_unscored,
                                 "train_reward_mean": mean, "train_unscored": row.train_unscored,
@@ -346,12 +308,12 @@ def summary(progress: Progress, config: RecipeConfig, console: Console, elapsed_
 
 def plot(progress: Progress, path: Path) -> None:
     versions = sorted(progress.rows)
-    rows = [progress.rows[v] for v in versions]
+    rows = list(progress.recipe_rows().values())
     train = [sum(r.train_rewards) / len(r.train_rewards) if r.train_rewards else float("nan") for r in rows]
     passed = [r.pass_at_1 if r.pass_at_1 is not None else float("nan") for r in rows]
     plot_by_version(path, "agentstream recipe swe: mini-swe-agent, graded diffs", versions,
                     {"train reward (mean)": train, "validation pass@1": passed})
 
 
-def run_recipe(config: RecipeConfig, console: Console | None = None) -> dict:
+def run_recipe(config: RecipeConfig, console: Console | None = None) -> dict[str, Any]:
     return run_to_summary(Recipe(config, console or Console()), summary)

@@ -14,35 +14,33 @@ missing, it is not turned into a zero.
 
 from __future__ import annotations
 
-import os
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from agentstream.recipes.swe.settings import SweSettings, from_environment
+from agentstream.schemas.errors import ConfigurationError
 from agentstream.schemas.events import Reward
 from agentstream.streams.rewards import RewardError, Sample
 
+if TYPE_CHECKING:
+    from agentstream.recipes.swe.grader import Grader
+    from agentstream.recipes.swe.instance import Instance
+
 REWARD_FN = "recipes.swe.regrade:grade_diff"
-
-
-def _folders() -> tuple[Path, Path]:
-    """The repositories and test environments, as the environment names them now."""
-    from agentstream.recipes.swe.repos import default_envs_dir, default_repos_dir
-
-    return (Path(os.environ.get("AGENTSTREAM_SWE_REPOS") or default_repos_dir()),
-            Path(os.environ.get("AGENTSTREAM_SWE_ENVS") or default_envs_dir()))
 
 
 # cached by what they read, so a process that re-grades with other files or folders never grades
 # against the ones of an earlier re-grade
 @cache
-def _instances(path: str, repos: Path) -> dict:
+def _instances(path: Path, repos: Path) -> dict[str, Instance]:
     from agentstream.recipes.swe.tasks import by_id, load
 
-    return by_id(load(Path(path), repos, check_apply=False))
+    return by_id(load(path, repos, check_apply=False))
 
 
 @cache
-def _grader(repos: Path, envs: Path):
+def _grader(repos: Path, envs: Path) -> Grader:
     from agentstream.recipes.swe.grader import Grader
 
     return Grader(repos_dir=repos, envs_dir=envs)
@@ -50,16 +48,19 @@ def _grader(repos: Path, envs: Path):
 
 def grade_diff(sample: Sample) -> Reward:
     """Grade the attempt's recorded diff against the instance in AGENTSTREAM_SWE_INSTANCES."""
-    path = os.environ.get("AGENTSTREAM_SWE_INSTANCES")
-    if not path:
+    try:
+        settings = from_environment(SweSettings)  # a reward function named by `replay rebuild` has no other input
+    except ConfigurationError as exc:
+        raise RewardError(str(exc)) from exc
+    path = settings.instances
+    if path is None:
         raise RewardError("set AGENTSTREAM_SWE_INSTANCES to the instances file (with the hidden tests) to grade with")
     diff = sample.diff
     if diff is None:
         raise RewardError(f"task {sample.task.id!r}: the attempt has no rollout.diff event (its harness did not "
                           "post one): nothing to grade")
-    repos, envs = _folders()
-    instance = _instances(path, repos).get(diff.instance_id)
+    instance = _instances(path, settings.repos).get(diff.instance_id)
     if instance is None:
         raise RewardError(f"instance {diff.instance_id!r} is not in {path}")
-    result = _grader(repos, envs).grade(instance, diff.diff)
-    return Reward(value=result.reward, details={**result.details, "outcome": diff.outcome, "instances": path})
+    result = _grader(settings.repos, settings.envs).grade(instance, diff.diff)
+    return Reward(value=result.reward, details={**result.details, "outcome": diff.outcome, "instances": str(path)})

@@ -14,8 +14,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from agentstream.recipes.swe.settings import SweSettings, from_environment
 from agentstream.schemas.errors import ServiceError
-from agentstream.settings import agentstream_home
 
 FIXED = {"GIT_AUTHOR_NAME": "agentstream", "GIT_AUTHOR_EMAIL": "tasks@agentstream.invalid",
          "GIT_COMMITTER_NAME": "agentstream", "GIT_COMMITTER_EMAIL": "tasks@agentstream.invalid",
@@ -27,11 +27,13 @@ class RepoError(ServiceError):
 
 
 def default_repos_dir() -> Path:
-    return agentstream_home() / "swe" / "repos"
+    """AGENTSTREAM_SWE_REPOS, else $AGENTSTREAM_HOME/swe/repos: the folder the harness checks tasks out of."""
+    return from_environment(SweSettings).repos
 
 
 def default_envs_dir() -> Path:
-    return agentstream_home() / "swe" / "envs"
+    """AGENTSTREAM_SWE_ENVS, else $AGENTSTREAM_HOME/swe/envs."""
+    return from_environment(SweSettings).envs
 
 
 def slug(repo: str) -> str:

@@ -29,7 +29,6 @@ from agentstream.recipes.swe.diffs import touched
 from agentstream.recipes.swe.instance import VALIDATION_SHARE, Instance
 
 Level = Literal["file", "function"]
-LEVELS: tuple[Level, ...] = ("file", "function")
 SplitName = Literal["train", "validation"]
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from agentstream.recipes.swe.instance import Instance
 from agentstream.recipes.swe.repos import check_patches, has_commit, repo_path, slug
@@ -84,7 +85,7 @@ def _parse(path: Path) -> Iterator[tuple[int, Instance | str]]:
                 yield number, "; ".join(_field_error(e) for e in exc.errors(include_url=False)[:3])
 
 
-def _field_error(error: dict) -> str:
+def _field_error(error: ErrorDetails) -> str:
     field = ".".join(str(part) for part in error["loc"]) or "task"
     return f"{field}: missing" if error["type"] == "missing" else f"{field}: {error['msg']}"
 

@@ -18,18 +18,16 @@ How the attempt ended is said as `outcome`: `completed` (the harness exited 0), 
 non-zero: its output's tail is in the details), `sandbox_timeout` (the attempt's time in the sandbox was
 spent). Those exit 0: the attempt is data. A crash of this runner exits non-zero, and no diff is posted.
 
-Settings (environment): AGENTSTREAM_CODEX (the `codex` command: bin/codex.js of the pinned npm package,
+Settings (environment, `recipes.swe.settings`): AGENTSTREAM_CODEX (the `codex` command: bin/codex.js of the pinned npm package,
 printed by scripts/codex.sh), AGENTSTREAM_CLAUDE_CODE (the `claude` binary, printed by scripts/claude-code.sh),
 AGENTSTREAM_WHOLE_ARGS (a JSON list of extra arguments for the harness: its own config, e.g. Codex's
 `-c`/`--disable` or Claude Code's `--tools`), AGENTSTREAM_SWE_ATTEMPT_TIMEOUT_S, AGENTSTREAM_SWE_REPOS,
-AGENTSTREAM_SWE_WORKSPACE.
+AGENTSTREAM_SWE_INDEX, AGENTSTREAM_SWE_WORKSPACE.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import shlex
 import shutil
 import sys
@@ -38,12 +36,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import orjson
-
 from agentstream.recipes.swe.harness import HarnessSettings, attempt_workspace, post_diff
+from agentstream.recipes.swe.settings import WholeHarnessSettings, from_environment
 from agentstream.recipes.swe.workspace import TaskInput, checkout, final_diff
 from agentstream.sandbox.contract import WORKSPACE_MOUNT, Limits, Network, SandboxSpec
 from agentstream.sandbox.local import LocalSandbox, inside_gateway_url
+from agentstream.schemas.errors import ConfigurationError
 
 log = logging.getLogger("recipes.swe.whole_harness")
 
@@ -71,11 +69,13 @@ class Harness:
     name: str
     install_env: str
     """the variable that names its installed command"""
+    install: Callable[[WholeHarnessSettings], str | None]
+    """its installed command, as the settings name it"""
     run: Callable[[Path, HarnessSettings, str, list[str]], Run]
     """(installed command, settings, problem statement, extra arguments) → the run"""
 
-    def installed(self) -> Path:
-        value = os.environ.get(self.install_env)
+    def installed(self, settings: WholeHarnessSettings) -> Path:
+        value = self.install(settings)
         if not value or not Path(value).is_file():
             script = "scripts/codex.sh" if self.name == "codex" else "scripts/claude-code.sh"
             raise SystemExit(f"whole_harness: {self.install_env} must name the installed {self.name} command: "
@@ -108,8 +108,8 @@ def claude_run(command: Path, settings: HarnessSettings, prompt: str, extra: lis
 
 
 HARNESSES = {harness.name: harness for harness in (
-    Harness("codex", "AGENTSTREAM_CODEX", codex_run),
-    Harness("claude", "AGENTSTREAM_CLAUDE_CODE", claude_run),
+    Harness("codex", "AGENTSTREAM_CODEX", lambda settings: settings.codex, codex_run),
+    Harness("claude", "AGENTSTREAM_CLAUDE_CODE", lambda settings: settings.claude_code, claude_run),
 )}
 
 
@@ -123,11 +123,11 @@ def package_root(command: Path, marker: str) -> Path:
 
 
 def run_harness(harness: Harness, settings: HarnessSettings, task: TaskInput, workspace: Path,
-                extra: list[str]) -> tuple[str, dict[str, object], LocalSandbox]:
+                whole: WholeHarnessSettings) -> tuple[str, dict[str, object], LocalSandbox]:
     """The harness, to its end, in a whole-harness sandbox; (outcome, details, the sandbox)."""
-    run = harness.run(harness.installed(), settings, task.problem_statement, extra)
-    limits = Limits(command_timeout_s=settings.attempt_timeout_s, attempt_timeout_s=settings.attempt_timeout_s + 120,
-                    cpu_seconds=settings.attempt_timeout_s)
+    run = harness.run(harness.installed(whole), settings, task.problem_statement, whole.whole_args)
+    timeout_s = settings.attempt.attempt_timeout_s
+    limits = Limits(command_timeout_s=timeout_s, attempt_timeout_s=timeout_s + 120, cpu_seconds=timeout_s)
     spec = SandboxSpec(workspace=workspace, limits=limits, network=Network.GATEWAY, binds=run.binds, env=run.env,
                        gateway_url=settings.base_url)
     box = LocalSandbox(spec)
@@ -148,14 +148,17 @@ def main() -> int:
         raise SystemExit(f"usage: python -m agentstream.recipes.swe.whole_harness {{{','.join(HARNESSES)}}}")
     harness = HARNESSES[sys.argv[1]]
     settings = HarnessSettings.from_env()
-    extra = json.loads(os.environ.get("AGENTSTREAM_WHOLE_ARGS") or "[]")
-    task = TaskInput.model_validate(orjson.loads(Path(os.environ["AGENTSTREAM_TASK"]).read_bytes())).located()
-    workspace = attempt_workspace()
+    try:
+        whole = from_environment(WholeHarnessSettings)
+    except ConfigurationError as exc:
+        raise SystemExit(f"whole_harness: {exc}") from exc
+    task = settings.task_input()
+    workspace = attempt_workspace(settings.swe.workspace)
     started = time.monotonic()
     box = None
     try:
-        baseline = checkout(task, workspace)
-        outcome, details, box = run_harness(harness, settings, task, workspace, extra)
+        baseline = checkout(task, workspace, settings.swe.repos)
+        outcome, details, box = run_harness(harness, settings, task, workspace, whole)
         diff, diff_details = final_diff(box, baseline)
         details.update(diff_details, duration_s=round(time.monotonic() - started, 2))
         log.info("%s ended: %s (exit %s); diff of %d characters", harness.name, outcome, details["exit_code"],

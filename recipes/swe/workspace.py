@@ -4,8 +4,8 @@ The task input the controller hands the agent (`TaskInput`) holds what an agent 
 instance id and the problem statement (and, optionally, the repository and base commit; else they
 are looked up by instance id in a public index, `AGENTSTREAM_SWE_INDEX`, which holds nothing else).
 Repositories are local git repositories (the task builder writes them; on a cluster they are baked
-into per-repo images), found by name under `AGENTSTREAM_SWE_REPOS` (default
-`$AGENTSTREAM_HOME/swe/repos`), as `owner__name`.
+into per-repo images), found by name under the repositories folder (`AGENTSTREAM_SWE_REPOS`, default
+`$AGENTSTREAM_HOME/swe/repos`; `recipes.swe.settings`), as `owner__name`.
 
 The workspace holds the base commit's tree and no history (the commits after it, or a bug-injecting
 commit's parent, would give the answer away): a fresh repository with that tree as its one commit,
@@ -15,10 +15,6 @@ The diff is taken inside the sandbox, not by the host's git: the agent owns `.gi
 attributes with filters) and a host git reading it would run what the agent planted. It is written
 to a file of a random name the agent cannot know in advance and read with O_NOFOLLOW, so a planted
 symlink cannot make the harness read a host file.
-
-For harnesses that need no git inside the sandbox, `prepare` and `diff` keep the git directory *outside*
-the workspace instead, so nothing the agent writes (hooks, `core.fsmonitor`, a `.git` of its own) runs
-when the host takes the diff; every git config but the repository's own is ignored.
 """
 
 from __future__ import annotations
@@ -37,7 +33,6 @@ from pydantic import BaseModel, ConfigDict
 from agentstream.recipes.swe.instance import Instance
 from agentstream.sandbox.contract import Sandbox
 from agentstream.schemas.errors import ServiceError
-from agentstream.settings import agentstream_home
 
 GIT = "git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.quotepath=off"
 
@@ -55,15 +50,14 @@ class TaskInput(BaseModel):
     def of(cls, instance: Instance) -> TaskInput:
         return cls(instance_id=instance.instance_id, problem_statement=instance.problem_statement)
 
-    def located(self) -> TaskInput:
-        """With repo and base commit, from the public index when the input does not carry them."""
+    def located(self, index: Path | None) -> TaskInput:
+        """With repo and base commit, from the public `index` when the input does not carry them."""
         if self.repo and self.base_commit:
             return self
-        index = os.environ.get("AGENTSTREAM_SWE_INDEX")
         if not index:
             raise WorkspaceError(f"task {self.instance_id!r} names no repository: set AGENTSTREAM_SWE_INDEX to the "
                                  "public index of the tasks (instance_id, repo, base_commit; see write_index)")
-        for line in Path(index).read_text().splitlines():
+        for line in index.read_text().splitlines():
             row = json.loads(line) if line.strip() else {}
             if row.get("instance_id") == self.instance_id:
                 return self.model_copy(update={"repo": row["repo"], "base_commit": row["base_commit"]})
@@ -82,23 +76,19 @@ class WorkspaceError(ServiceError):
     """The task's repository or commit cannot be checked out; the message names the fix."""
 
 
-def repos_dir() -> Path:
-    return Path(os.environ.get("AGENTSTREAM_SWE_REPOS") or agentstream_home() / "swe" / "repos")
-
-
-def repo_source(repo: str) -> Path:
+def repo_source(repo: str, repos_dir: Path) -> Path:
     """The local git repository of `repo` ('owner/name' or a path)."""
     if Path(repo).is_absolute():
         return Path(repo)
-    return repos_dir() / repo.replace("/", "__")
+    return repos_dir / repo.replace("/", "__")
 
 
-def checkout(task: TaskInput, workspace: Path) -> str:
+def checkout(task: TaskInput, workspace: Path, repos_dir: Path) -> str:
     """The base commit's tree as the one commit of a fresh repository in `workspace`; returns that commit.
 
-    Trusted: the agent has not run yet, and the source repository is ours.
+    Trusted: the agent has not run yet, and the source repository (under `repos_dir`) is ours.
     """
-    source = repo_source(task.repo or "")
+    source = repo_source(task.repo or "", repos_dir)
     if not (source / ".git").exists() and not (source / "HEAD").exists():
         raise WorkspaceError(f"no git repository for {task.repo!r} at {source}: build the tasks with "
                              "`agentstream tasks swe build`, or set AGENTSTREAM_SWE_REPOS to where the repositories are")
@@ -125,10 +115,10 @@ def _git(args: list[str]) -> bytes:
     return result.stdout
 
 
-def test_env_binds(task: TaskInput) -> tuple[list[tuple[str, str]], str | None]:
-    """The task's test environment (the grader's venv with pytest), read-only, and its bin folder for PATH."""
-    envs = Path(os.environ.get("AGENTSTREAM_SWE_ENVS") or agentstream_home() / "swe" / "envs")
-    env = envs / (task.repo or "").replace("/", "__")
+def test_env_binds(task: TaskInput, envs_dir: Path) -> tuple[list[tuple[str, str]], str | None]:
+    """The task's test environment (the grader's venv with pytest, under `envs_dir`), read-only, and its
+    bin folder for PATH."""
+    env = envs_dir / (task.repo or "").replace("/", "__")
     if not (env / ".agentstream-ready").exists():
         return [], None
     try:
@@ -193,36 +183,3 @@ def _read_own_file(workspace: Path, name: str) -> str:
     with os.fdopen(fd, "rb") as diff:
         return diff.read().decode("utf-8", "replace")
 
-
-# --- the git directory outside the workspace (the host takes the diff) ------------------------
-
-_SAFE = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "safe.directory=*",
-         "-c", "core.autocrlf=false", "-c", "diff.external=", "-c", "core.attributesFile=/dev/null")
-
-
-def prepare(repo: Path, commit: str, workspace: Path, git_dir: Path) -> None:
-    """Check `commit` out into `workspace` and record it in `git_dir` (outside the workspace)."""
-    from agentstream.recipes.swe import repos
-
-    repos.checkout(repo, commit, workspace)
-    _outside_git(workspace, git_dir, "init", "-q")
-    _outside_git(workspace, git_dir, "add", "-A")
-    _outside_git(workspace, git_dir, "commit", "-q", "--no-verify", "-m", f"base {commit}")
-
-
-def diff(workspace: Path, git_dir: Path) -> str:
-    """Everything the agent changed, added or removed in `workspace`, as one git diff."""
-    _outside_git(workspace, git_dir, "add", "-A")
-    return _outside_git(workspace, git_dir, "diff", "--cached", "--no-color", "--no-ext-diff", "--binary",
-                        "HEAD").stdout.decode()
-
-
-def _outside_git(workspace: Path, git_dir: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
-    from agentstream.recipes.swe import repos
-
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(git_dir), "GIT_CONFIG_NOSYSTEM": "1",
-           "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_DIR": str(git_dir), "GIT_WORK_TREE": str(workspace), **repos.FIXED}
-    done = subprocess.run(["git", *_SAFE, *args], cwd=git_dir.parent, capture_output=True, env=env)
-    if done.returncode:
-        raise repos.RepoError(f"git {args[0]}: {done.stderr.decode(errors='replace').strip()}")
-    return done

@@ -1,8 +1,12 @@
 import json
+import os
+import subprocess
+import sys
 
 from typer.testing import CliRunner
 
 from agentstream.cli import app
+from agentstream.cli.options import renamed
 from agentstream.schemas import EVENT_TYPES
 
 runner = CliRunner()
@@ -43,3 +47,38 @@ def test_an_agentstream_error_is_one_line_naming_the_fix_not_a_traceback(tmp_pat
     said = result.output.strip()
     assert said.startswith("error: the archive") and said.endswith("(or use --source kafka)")
     assert len(said.splitlines()) == 1 and "Traceback" not in result.output
+
+
+def test_topic_prefix_is_the_flag_and_the_old_prefix_a_hidden_alias(tmp_path):
+    """`--topic-prefix` (the services' name) is in the help; `--prefix` still works for one release, unlisted."""
+    shown = runner.invoke(app, ["replay", "export", "--help"], env={"COLUMNS": "200"})
+    assert "--topic-prefix" in shown.output and "--prefix " not in shown.output
+    env = {"COLUMNS": "400", "KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1"}  # (the archive is read: no broker needed)
+    for args in (["--topic-prefix", "new."], ["--prefix", "old."], ["--prefix=old."]):
+        result = runner.invoke(app, ["replay", "export", str(tmp_path / "out.jsonl"), "--source", "archive",
+                                     "--archive", str(tmp_path / "empty"), *args], env=env)
+        prefix = args[-1].split("=")[-1]
+        assert result.exit_code == 1 and f"'{prefix}rollouts'" in result.output, (args, result.output)
+
+
+def test_old_flag_names_are_renamed_only_before_a_double_dash_and_where_the_command_has_the_new():
+    own = {"--topic-prefix", "--since"}
+    assert renamed(["--prefix", "p", "--since", "1h", "--", "--prefix", "q"], own) == [
+        "--topic-prefix", "p", "--since", "1h", "--", "--prefix", "q"]
+    assert renamed(["--prefix=p"], own) == ["--topic-prefix=p"]
+    assert renamed(["--prefix", "p"], {"--since"}) == ["--prefix", "p"]
+
+
+def test_replay_train_leaves_what_follows_a_double_dash_to_the_trainer(tmp_path):
+    """The trainer's own flags go after `--`; one naming what replay train sets itself is refused, by name."""
+    result = runner.invoke(app, ["replay", "train", "--prefix", "p.", "--", "--topic-prefix", "q."],
+                           env={"COLUMNS": "400", "KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1"})
+    assert result.exit_code == 1
+    assert "replay train sets --topic-prefix itself" in result.output and "with --topic-prefix" in result.output
+
+
+def test_python_m_agentstream_cli_is_the_same_command():
+    for module in ("agentstream", "agentstream.cli"):
+        result = subprocess.run([sys.executable, "-m", module, "sql", "--help"], capture_output=True, text=True,
+                                timeout=60, env={**os.environ, "COLUMNS": "200"})
+        assert result.returncode == 0 and "--topic-prefix" in result.stdout, result.stderr

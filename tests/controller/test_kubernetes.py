@@ -45,7 +45,7 @@ from agentstream.controller.tasks import PlannedRollout
 from agentstream.sandbox.kubernetes import NETWORK_LABEL
 from agentstream.schemas.tokens import is_rollout_token
 from tests.support.controller import SECRET, attempts_of, controller_settings, read_rollouts, types, write_tasks
-from tests.support.kube import ClusterSim, kube_cluster, write_kubeconfig  # noqa: F401 (fixture)
+from tests.support.kube import ClusterSim, write_kubeconfig
 from tests.support.kube_recorded import Recorder, Replayer
 
 RECORDING = Path(__file__).parents[1] / "data" / "kube_launcher_recording.json"

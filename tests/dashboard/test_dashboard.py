@@ -190,7 +190,9 @@ async def test_the_api_needs_an_operator_key_and_explains_bad_filters(kafka):
             for path in ("/api/overview", "/api/rollouts", "/api/rollouts/r-1", "/api/compare?a=0&b=1", "/api/events"):
                 response = await client.get(path, headers=headers)
                 assert response.status_code == 401, (path, headers)
-                assert response.json()["error"]["type"] == "authentication_error"
+                error = response.json()["error"]  # the gateway's shape and codes (schemas.api_errors)
+                assert error["type"] == "authentication_error" and "operator key" in error["message"]
+                assert error["code"] == ("invalid_api_key" if headers else "missing_api_key")
 
         key = {"Authorization": f"Bearer {KEY}"}
         for query, words in (("reward_min=abc", "reward_min: Input should be a valid number"),
@@ -279,7 +281,7 @@ async def test_a_rollout_is_read_from_its_own_partition_only(kafka):
 
 async def test_the_canaries_page_shows_each_canary_live(kafka, chromium):
     from agentstream.schemas.kafka import ensure_topics
-    from tests.releases.test_releases import release
+    from tests.support.releases import release
 
     await ensure_topics(kafka)
     await publish_all(kafka, [release("canary", started_at=1000)])  # history, before the dashboard starts

@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 
 from agentstream.cli import app
 
+pytestmark = pytest.mark.slow  # each check runs docker-compose (or a service's --help) in a process of its own
 ROOT = Path(__file__).parents[2]
 COMPOSE = ROOT / "compose.yaml"
 CONSTRAINTS = Path(__file__).parents[1] / "data" / "compose-build-constraints.txt"

@@ -22,7 +22,7 @@ from agentstream.controller.kubernetes import api_client, default_job, sandbox_o
 from agentstream.controller.settings import ControllerSettings
 from agentstream.sandbox.contract import Network
 from agentstream.sandbox.kubernetes import network_policy
-from tests.support.kube import missing_binaries, start_cluster, write_kubeconfig
+from tests.support.kube import write_kubeconfig
 
 ROOT = Path(__file__).parents[2]
 CHART = ROOT / "deploy" / "helm" / "agentstream"
@@ -153,22 +153,14 @@ def test_the_sandbox_policies_are_the_launchers(helm, tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def rbac_cluster(tmp_path_factory):
-    reason = missing_binaries()
-    if reason:
-        pytest.skip(reason)
-    yield from start_cluster(tmp_path_factory.mktemp("kube-rbac"), authorization="RBAC")
-
-
-@pytest.fixture(scope="module")
-def installed(rbac_cluster, helm, tmp_path_factory):
+def installed(kube_cluster, helm, tmp_path_factory):
     """Every object of the chart, created by server-side apply (as `helm install --server-side` would),
     in a release namespace that enforces `restricted` too. Returns (admin client, the objects)."""
     from kubernetes import client
     from kubernetes.dynamic import DynamicClient
 
     objects = render(helm, tmp_path_factory.mktemp("helm"))
-    admin = api_client(rbac_cluster.kubeconfig, None)
+    admin = api_client(kube_cluster.kubeconfig, None)
     client.CoreV1Api(admin).create_namespace({"metadata": {"name": NAMESPACE, "labels": PSS_RESTRICTED}})
     dynamic = DynamicClient(admin)
     for obj in sorted(objects, key=lambda o: o["kind"] != "Namespace"):
@@ -228,7 +220,7 @@ def test_attempt_pods_are_admitted_in_the_sandbox_and_a_loosened_one_is_not(inst
     assert refused.value.status == 403 and "violates PodSecurity" in refused.value.body
 
 
-def test_the_controller_can_do_what_the_launcher_does_and_nothing_more(installed, rbac_cluster, tmp_path, monkeypatch):
+def test_the_controller_can_do_what_the_launcher_does_and_nothing_more(installed, kube_cluster, tmp_path, monkeypatch):
     """As the controller's service account (a token from the TokenRequest API): the launcher's calls in the
     sandbox namespace are allowed, everything else is refused by RBAC."""
     from kubernetes import client
@@ -237,7 +229,7 @@ def test_the_controller_can_do_what_the_launcher_does_and_nothing_more(installed
     admin, objects = installed
     token = client.CoreV1Api(admin).create_namespaced_service_account_token(
         f"{RELEASE}-controller", NAMESPACE, {"spec": {"expirationSeconds": 3600}}).status.token
-    controller = api_client(write_kubeconfig(tmp_path / "kubeconfig", rbac_cluster.url, rbac_cluster.ca_file, token),
+    controller = api_client(write_kubeconfig(tmp_path / "kubeconfig", kube_cluster.url, kube_cluster.ca_file, token),
                             None)
     batch, core = client.BatchV1Api(controller), client.CoreV1Api(controller)
     networking = client.NetworkingV1Api(controller)

@@ -5,7 +5,6 @@ multi-turn trajectories), and the translations on their own for what the tiny mo
 
 from __future__ import annotations
 
-import copy
 import json
 import string
 
@@ -13,14 +12,13 @@ import anthropic
 import httpx
 import openai
 import pytest
-from anthropic.types import Message, RawMessageStreamEvent
-from openai.types.responses import Response, ResponseStreamEvent
-from pydantic import TypeAdapter
+from anthropic.types import Message
+from openai.types.responses import Response
 
 from agentstream.gateway.adapters import ADAPTERS
 from agentstream.gateway.errors import GatewayError
-from agentstream.streams.assembly import assemble
-from tests.support.gateway import read_events
+from samples.assembly import assemble
+from tests.support.gateway import STREAM_EVENTS, call_id, chat_completion, chunk, read_events, run_stream
 
 RESPONSES = ADAPTERS["responses"]
 MESSAGES = ADAPTERS["messages"]
@@ -30,11 +28,6 @@ ASCII = {"allowed_token_ids": list(range(32, 127))}
 SYSTEM = "Be brief."
 QUESTION = "Say something."
 CHAT_MESSAGES = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
-STREAM_EVENTS = {"responses": TypeAdapter(ResponseStreamEvent), "messages": TypeAdapter(RawMessageStreamEvent)}
-
-
-def call_id(raw) -> str:
-    return raw.headers["x-agentstream-call-id"]
 
 
 def chat_prompt(tokenizer, messages: list[dict]) -> list[int]:
@@ -302,48 +295,7 @@ async def test_errors_come_in_each_apis_own_shape_and_are_recorded(gw, kafka, vl
 # --- the translations on their own: tool calls and reasoning -----------------------------------
 
 
-def chat_completion(**message) -> dict:
-    return {"id": "chatcmpl-abc", "object": "chat.completion", "created": 1, "model": "tiny",
-            "prompt_token_ids": [5, 6],
-            "choices": [{"index": 0, "message": {"role": "assistant", **message}, "finish_reason": "tool_calls",
-                         "token_ids": [1, 2, 3], "logprobs": {"content": [
-                             {"token": t, "logprob": -1.0, "bytes": [ord(t)], "top_logprobs": []} for t in "abc"]}}],
-            "usage": {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}}
-
-
-def chunk(delta: dict | None = None, ids=None, finish=None, usage=None) -> dict:
-    choices = [] if delta is None else [{
-        "index": 0, "delta": delta, "finish_reason": finish, "token_ids": ids,
-        "logprobs": {"content": [{"token": "x", "logprob": -0.5, "bytes": [120], "top_logprobs": []} for _ in ids]}
-        if ids else None}]
-    first = {"prompt_token_ids": [5, 6]} if delta == {"role": "assistant"} else {}
-    return {"id": "chatcmpl-abc", "object": "chat.completion.chunk", "created": 1, "model": "tiny",
-            "choices": choices, "usage": usage, **first}
-
-
 TOOL_CALL = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}
-STREAM = [
-    chunk({"role": "assistant"}),
-    chunk({"reasoning": "Adding."}, ids=[9]),
-    chunk({"content": "Sure."}, ids=[1]),
-    chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
-                           "function": {"name": "add", "arguments": '{"a"'}}]}, ids=[2]),
-    chunk({"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]}, ids=[3], finish="tool_calls"),
-    chunk(usage={"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6}),
-]
-
-
-def run_stream(adapter, request: dict, stream: list[dict] = STREAM) -> tuple[list[dict], object]:
-    assembler = adapter.assembler(adapter.rewrite({**request, "stream": True}, training=True))
-    lines = [line for piece in stream for line in assembler.lines(copy.deepcopy(piece))] + assembler.close()
-    events = []
-    for line in lines:
-        name, data = line.decode().removesuffix("\n\n").split("\n")
-        event = TypeAdapter(dict).validate_json(data.removeprefix("data: "))
-        assert name == f"event: {event['type']}", "each event is named after its type"
-        STREAM_EVENTS[adapter.api].validate_python(event)
-        events.append(event)
-    return events, assembler
 
 
 def test_responses_translation_of_tool_calls_and_reasoning():

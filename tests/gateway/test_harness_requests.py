@@ -21,8 +21,16 @@ from openai.types.responses import Response
 from agentstream.gateway.adapters import ADAPTERS
 from agentstream.gateway.errors import BadRequest
 from agentstream.schemas import CallEvent
-from tests.gateway.test_harness import STREAM_EVENTS, call_id, chat_completion, chunk, run_stream
-from tests.support.gateway import gateway_settings, read_events, running_gateway
+from tests.support.gateway import (
+    STREAM_EVENTS,
+    call_id,
+    chat_completion,
+    chunk,
+    gateway_settings,
+    read_events,
+    run_stream,
+    running_gateway,
+)
 
 RECORDED = Path(__file__).parents[1] / "data" / "harness_requests"
 CODEX_VERSION, CLAUDE_CODE_VERSION = "0.171.0", "2.1.332"

@@ -21,13 +21,10 @@ from tests.support.gateway import (
     raw_records,
     read_events,
     running_gateway,
+    token,
 )
 
 MESSAGES = [{"role": "user", "content": "hi"}]
-
-
-def token(rollout: str, attempt: str) -> str:
-    return mint_rollout_token(TOKEN_SECRET, rollout, attempt)
 
 
 @pytest.fixture

@@ -9,8 +9,7 @@ import pytest
 from agentstream.schemas import FeedbackEvent, SessionEndedEvent
 from agentstream.schemas.sessions import default_session_id, feedback_id, key_identity, session_rollout_id
 from agentstream.stack.process import free_port
-from tests.gateway.test_rollouts import token
-from tests.support.gateway import OPERATOR_KEY, gateway_settings, read_events, running_gateway
+from tests.support.gateway import OPERATOR_KEY, gateway_settings, read_events, running_gateway, token
 
 
 @pytest.fixture

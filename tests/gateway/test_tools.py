@@ -23,8 +23,7 @@ from transformers import AutoTokenizer
 from agentstream.schemas import CallEvent
 from agentstream.stack.chat_template import TOOL_CALL_PARSER, install_chat_template, tool_chat_template
 from agentstream.stack.vllm import vllm_python
-from tests.gateway.test_harness import STREAM_EVENTS, call_id
-from tests.support.gateway import read_events
+from tests.support.gateway import STREAM_EVENTS, call_id, read_events
 
 CITY = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]}},
         "required": ["city"], "additionalProperties": False}

@@ -18,8 +18,9 @@ from agentstream.archive import Archiver
 from agentstream.cli import app
 from agentstream.logs.query import NAMED_QUERIES, run_sql
 from agentstream.schemas.scan import Manifest, Origin, scan
-from tests.logs.test_query import KNOWN, call, publish, trajectory
 from tests.support import faults
+from tests.support.logs import KNOWN, call, trajectory
+from tests.support.streams import publish
 from tests.support.wait import wait_for
 
 

@@ -11,39 +11,10 @@ from typer.testing import CliRunner
 import agentstream.schemas as s
 from agentstream.cli import app
 from agentstream.logs.query import NAMED_QUERIES, decode, load_table, run_sql
-from agentstream.schemas.kafka import Publisher, make_producer
+from agentstream.schemas.kafka import make_producer
 from agentstream.schemas.scan import Bounds, parse_offsets, parse_time, resolve, scan
-
-
-def call(rollout: str, upstream: str, latency: float, status: int = 200, completion: int = 2) -> s.CallEvent:
-    return s.CallEvent(source="test", rollout_id=rollout, attempt_id="a", data=s.Call(
-        api="chat.completions", model="tiny", upstream=upstream, weight_version=1, request={"messages": []},
-        prompt_token_ids=[1, 2, 3], completion_token_ids=list(range(completion)), logprobs=[-0.1] * completion,
-        usage=s.Usage(prompt_tokens=3, completion_tokens=completion, total_tokens=3 + completion),
-        status=status, started_at=0, latency_ms=latency))
-
-
-def trajectory(rollout: str, version: int, reward: float | None) -> s.TrajectoryEvent:
-    return s.TrajectoryEvent(source="test", rollout_id=rollout, attempt_id="a", data=s.Trajectory(
-        status="finished", reward=reward, reward_missing=reward is None, turns=[], sequences=[], merged=True,
-        weight_version_launch=version, finished_at=0, lineage=[]))
-
-
-KNOWN = [
-    call("r1", "http://a", 10.0), call("r1", "http://a", 30.0, completion=5), call("r2", "http://b", 20.0),
-    call("r2", "http://b", 40.0, status=502, completion=0), call("r3", "http://a", 20.0),
-    trajectory("r1", 0, 0.0), trajectory("r2", 0, 1.0), trajectory("r3", 1, 1.0), trajectory("r4", 1, None),
-]
-
-
-async def publish(settings, events):
-    producer = make_producer(settings)
-    await producer.start()
-    try:
-        for event in events:
-            await Publisher(producer, settings.topics).publish(event)
-    finally:
-        await producer.stop()
+from tests.support.logs import KNOWN, call, trajectory
+from tests.support.streams import publish
 
 
 async def test_ready_made_queries_on_known_events(kafka):

@@ -16,19 +16,19 @@ from pathlib import Path
 import orjson
 import polars as pl
 import pytest
-from typer.testing import CliRunner
 
 import agentstream.schemas as s
 from agentstream.archive import Archiver
-from agentstream.cli import app
 from agentstream.logs.replay import Job, Options, Progress, RebuildSpec, ReplayError, parse_versions, replay
 from agentstream.logs.top import TopView
 from agentstream.schemas.codec import encode
 from agentstream.schemas.kafka import KafkaSettings, ensure_topics, make_producer
 from agentstream.schemas.scan import scan
-from agentstream.streams.assembly import Timing, assemble
+from agentstream.streams.assembly import Timing
 from agentstream.streams.rewards import Sample
+from samples.assembly import assemble
 from tests.support import faults
+from tests.support.logs import cli, read_topic, without_rewards
 from tests.support.streams import REPO, Rollout, StreamsWorker, TopicWatch, live, publish
 
 pytestmark = pytest.mark.timeout(240)
@@ -86,13 +86,6 @@ async def recorded(kafka_bootstrap, tmp_path_factory):
     return kafka, trajectories, cases
 
 
-async def cli(kafka: KafkaSettings, monkeypatch, *args: str):
-    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
-    monkeypatch.setenv("COLUMNS", "200")
-    prefix = [] if "--prefix" in args else ["--prefix", kafka.topic_prefix]
-    return await asyncio.to_thread(CliRunner().invoke, app, [*args, *prefix])
-
-
 def cli_process(kafka: KafkaSettings, *args: str, fault: str | None = None) -> subprocess.CompletedProcess:
     """The command as a real process (to be SIGKILLed at `fault`, see tests/support/faults.py); the prefix goes before
     any `--` (the trainer's flags)."""
@@ -103,11 +96,6 @@ def cli_process(kafka: KafkaSettings, *args: str, fault: str | None = None) -> s
                           # wide, so rich never wraps a line the tests compare (its default is 80 columns)
                           env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers, "COLUMNS": "400"},
                           capture_output=True, text=True, timeout=120)
-
-
-async def read_topic(kafka: KafkaSettings, base: str) -> list[tuple[int, s.TrajectoryEvent]]:
-    return [(record.partition, s.decode(record.value)) async for batch in scan(kafka, kafka.topics.name(base))
-            for record in batch]
 
 
 def by_partition(records: list[tuple[int, s.TrajectoryEvent]]) -> dict[int, list[bytes]]:
@@ -140,16 +128,6 @@ async def test_rebuild_from_raw_events_reproduces_the_live_trajectories_exactly(
     again = await cli(kafka, monkeypatch, "replay", "rebuild", "--to-topic", "rebuilt", *WORKER_TIMING,
                       "--state", str(tmp_path / "state.json"))
     assert again.exit_code == 0 and "already complete" in again.output
-
-
-def without_rewards(trajectory: s.Trajectory, reward_ids: set[str]) -> dict:
-    body = trajectory.model_dump()
-    for name in ("reward", "reward_missing", "rewards"):
-        body.pop(name)
-    body["lineage"] = [i for i in body["lineage"] if i not in reward_ids]
-    for turn in body["turns"]:
-        turn.pop("reward")
-    return body
 
 
 async def test_rebuild_with_a_new_reward_function_changes_only_the_rewards(recorded, monkeypatch, tmp_path):

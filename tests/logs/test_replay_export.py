@@ -23,7 +23,8 @@ from agentstream.logs.replay import Job, Options, Selection, columnar, dataset, 
 from agentstream.schemas.codec import DecodeError, decode, encode
 from agentstream.schemas.kafka import KafkaSettings, ensure_topics
 from agentstream.schemas.scan import Record
-from agentstream.streams.assembly import Timing, assemble
+from agentstream.streams.assembly import Timing
+from samples.assembly import assemble
 from tests.support.streams import Rollout
 
 pytestmark = pytest.mark.timeout(120)

@@ -13,7 +13,7 @@ from agentstream.schemas.sessions import session_rollout_id
 from agentstream.streams.trajectory import revision_id
 from agentstream.trainer.service import Trainer
 from agentstream.trainer.settings import TrainerSettings
-from tests.logs.test_replay import cli, read_topic
+from tests.support.logs import cli, read_topic
 from tests.support.streams import StreamsWorker, TopicWatch, publish
 from tests.support.trainer import IM_END, chat_prompt, ids, trajectory
 

@@ -15,8 +15,8 @@ import agentstream.schemas as s
 from agentstream.schemas.codec import encode
 from agentstream.schemas.sessions import session_rollout_id
 from agentstream.streams.trajectory import revision_id as derived_revision
-from tests.logs.test_replay import cli, read_topic
 from tests.support.gateway import OPERATOR_KEY, GatewayProcess
+from tests.support.logs import cli, read_topic
 from tests.support.streams import StreamsWorker, TopicWatch
 
 pytestmark = pytest.mark.vllm

@@ -13,9 +13,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentstream.trainer.grpo import Policy
 from agentstream.trainer.settings import TrainerSettings
-from tests.support.trainer import policy_logprobs, trajectory
-from tests.trainer.test_grpo import samples_of, sequence_logprobs
-from tests.trainer.test_vllm import served_logprobs, swap
+from tests.support.trainer import policy_logprobs, samples_of, sequence_logprobs, trajectory
+from tests.support.vllm import served_logprobs, swap
 
 pytestmark = pytest.mark.vllm
 

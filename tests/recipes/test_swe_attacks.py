@@ -28,6 +28,7 @@ from agentstream.schemas.kafka import Publisher, make_consumer, make_producer
 from tests.support.swe import HONEST, make_repo
 from tests.support.wait import wait_for_async
 
+pytestmark = pytest.mark.slow  # each attack is graded by the real grader: git, and pytest in bubblewrap
 F2P = "tests/test_calc.py::test_add"
 P2P = "tests/test_calc.py::test_add_zero"
 TESTS = ("from calc import add\n\n\ndef test_add():\n    assert add(1, 2) == 3\n    assert add(2, 2) == 4\n\n\n"
@@ -98,7 +99,10 @@ def scratch_here(tmp_path, monkeypatch):
     folder.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(folder))
     yield
-    assert list(folder.iterdir()) == [], "a grading left its scratch folder behind"
+    # tempfile.tempdir is process-wide: the session's tiny-model build (a background thread, tests/conftest.py)
+    # can put torch's inductor cache here while a grading runs; that one is not the grading's
+    left = [p for p in folder.iterdir() if not p.name.startswith("torchinductor_")]
+    assert left == [], "a grading left its scratch folder behind"
 
 
 def refused(result) -> dict[str, str]:

@@ -3,7 +3,7 @@ event of that attempt, for its rollout token only; bad or oversized bodies are r
 
 from __future__ import annotations
 
-from agentstream.gateway.app import MAX_DIFF_BODY_BYTES, MAX_DIFF_BYTES
+from agentstream.gateway.rollouts import MAX_DIFF_BODY_BYTES, MAX_DIFF_BYTES
 from agentstream.schemas.events import RolloutDiffEvent
 from agentstream.schemas.tokens import mint_rollout_token
 from agentstream.stack.process import free_port

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from agentstream.recipes.swe import workspace as ws
 from agentstream.recipes.swe.grade import GradeService, GradeSettings, reward_event
 from agentstream.recipes.swe.grader import REWARD_FN, Grader
 from agentstream.recipes.swe.instance import Instance
@@ -20,7 +19,7 @@ from agentstream.schemas.codec import decode
 from agentstream.schemas.events import DeadletterEvent, RewardEvent, RolloutDiff, RolloutDiffEvent
 from agentstream.schemas.ids import derived_id
 from agentstream.schemas.kafka import Publisher, make_consumer, make_producer
-from tests.support.swe import built
+from tests.support.swe import built, prepare_workspace, workspace_diff
 from tests.support.wait import wait_for_async
 
 
@@ -35,11 +34,11 @@ def agent_diff(instance: Instance, repos_dir: Path, tmp_path: Path, script: str)
     from agentstream.recipes.swe.repos import repo_path
 
     workspace, git_dir = tmp_path / "workspace", tmp_path / "agent.git"
-    ws.prepare(repo_path(repos_dir, instance.repo), instance.base_commit, workspace, git_dir)
+    prepare_workspace(repo_path(repos_dir, instance.repo), instance.base_commit, workspace, git_dir)
     with LocalSandbox(SandboxSpec(workspace=workspace)) as box:
         result = box.run(script)
     assert result.ok, result.output
-    return ws.diff(workspace, git_dir)
+    return workspace_diff(workspace, git_dir)
 
 
 def _f2p(instance: Instance) -> tuple[str, str]:
@@ -68,6 +67,7 @@ def cheats(instance: Instance) -> dict[str, tuple[str, str]]:
     }
 
 
+@pytest.mark.slow  # builds the toolz task set (a venv and the gold patches graded in the sandbox)
 def test_the_gold_patch_applied_by_an_agent_scores_1(task, tmp_path):
     instance, repos_dir = task
     (tmp_path / "gold.diff").write_text(instance.patch)
@@ -78,7 +78,7 @@ def test_the_gold_patch_applied_by_an_agent_scores_1(task, tmp_path):
     (workspace / "fix.diff").write_text(instance.patch)
     with LocalSandbox(SandboxSpec(workspace=workspace)) as box:
         assert box.run("git apply fix.diff && rm fix.diff").ok
-    diff = ws.diff(workspace, tmp_path / "agent.git")
+    diff = workspace_diff(workspace, tmp_path / "agent.git")
     result = Grader(repos_dir=repos_dir).grade(instance, diff)
     assert result.reward == 1.0, result.details
     details = result.details
@@ -92,6 +92,7 @@ def test_the_gold_patch_applied_by_an_agent_scores_1(task, tmp_path):
 
 @pytest.mark.parametrize("name", ["rewrites the failing test into assert True", "adds a conftest.py that skips everything",
                                   "writes sitecustomize.py", "deletes the tests", "edits a test with sed -i"])
+@pytest.mark.slow  # builds the toolz task set (a venv and the gold patches graded in the sandbox)
 def test_a_cheating_agent_scores_0_and_is_flagged(task, tmp_path, name):
     instance, repos_dir = task
     script, refused_path = cheats(instance)[name]
@@ -106,14 +107,16 @@ def test_a_cheating_agent_scores_0_and_is_flagged(task, tmp_path, name):
     assert result.details["pass_to_pass"]["passed"] == result.details["pass_to_pass"]["total"]
 
 
+@pytest.mark.slow  # builds the toolz task set (a venv and the gold patches graded in the sandbox)
 def test_a_fix_beside_a_test_edit_still_counts_the_fix(task, tmp_path):
     instance, repos_dir = task
-    test_file, _ = _f2p(instance)
+    test_file, _test_name = _f2p(instance)
     diff = instance.patch + agent_diff(instance, repos_dir, tmp_path, f"echo '# mine' >> {shlex.quote(test_file)}")
     result = Grader(repos_dir=repos_dir).grade(instance, diff)
     assert result.reward == 1.0 and result.details["flagged"], result.details
 
 
+@pytest.mark.slow  # builds the toolz task set (a venv and the gold patches graded in the sandbox)
 def test_a_diff_that_does_not_apply_or_was_truncated_scores_0(task):
     instance, repos_dir = task
     grader = Grader(repos_dir=repos_dir)
@@ -187,6 +190,7 @@ async def test_a_diff_event_in_gives_a_reward_event_out(task, kafka, tmp_path):
     assert sum(committed.values()) == 4
 
 
+@pytest.mark.slow  # builds the toolz task set (a venv and the gold patches graded in the sandbox)
 def test_the_streams_fold_keeps_a_diff_event_and_waits_for_the_graders_reward(task):
     from agentstream.schemas.events import (
         RolloutFinished,
@@ -194,7 +198,8 @@ def test_the_streams_fold_keeps_a_diff_event_and_waits_for_the_graders_reward(ta
         RolloutQueued,
         RolloutQueuedEvent,
     )
-    from agentstream.streams.assembly import Timing, assemble
+    from agentstream.streams.assembly import Timing
+    from samples.assembly import assemble
 
     instance, _ = task
     attempt = dict(source="test", rollout_id="r-1", attempt_id="a-1")

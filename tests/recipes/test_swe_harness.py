@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,11 +20,10 @@ import pytest
 
 from agentstream.recipes.swe.workspace import TaskInput
 from agentstream.schemas.events import CallEvent, RolloutDiffEvent, RolloutFailedEvent, TrajectoryEvent
-from agentstream.stack.process import spawn, stop_pid, tail
-from tests.support.gateway import TOKEN_SECRET, gateway_settings, running_gateway
-from tests.support.streams import REPO, StreamsWorker, TopicWatch
-from tests.support.swe import HONEST, calc_instance, make_repo
-from tests.support.wait import wait_for_async
+from agentstream.stack.process import stop_pid, tail
+from tests.support.gateway import gateway_settings, running_gateway
+from tests.support.streams import StreamsWorker, TopicWatch
+from tests.support.swe import HONEST, await_exit, calc_instance, grader_process, make_repo, run_controller
 
 pytestmark = [pytest.mark.timeout(600)]
 
@@ -37,16 +35,6 @@ def forced(command: str) -> str:
     regex = "THOUGHT: [a-z ]{1,12}\n\n```mswea_bash_command\n" + command.replace("\\", "\\\\").replace(
         ".", "\\.").replace("(", "\\(").replace(")", "\\)").replace("*", "\\*").replace("+", "\\+") + "\n```"
     return json.dumps({"extra_body": {"structured_outputs": {"regex": regex}}})
-
-
-def run_controller(kafka, gateway_url: str, tasks: Path, logs: Path, env: dict[str, str],
-                   *extra: str, agent: str = f"{sys.executable} -m agentstream.recipes.swe.harness") -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "agentstream.controller", "--bootstrap-servers", kafka.bootstrap_servers,
-           "--topic-prefix", kafka.topic_prefix, "--tasks", str(tasks),
-           "--agent", agent, "--gateway-url", gateway_url,
-           "--token-secret", TOKEN_SECRET, "--model", "tiny", "--no-progress", "--max-attempts", "1",
-           "--timeout-s", "420", "--logs-dir", str(logs), *extra]
-    return spawn(cmd, logs / "controller.log", env={**os.environ, **env}, cwd=REPO)
 
 
 def task_file(path: Path, commit: str, *ids: str, statement: str = "add() subtracts; make it add.") -> Path:
@@ -145,13 +133,6 @@ async def test_an_attempt_whose_harness_crashes_is_a_failed_attempt_with_the_rea
 # --- the whole grading path with a scripted agent (no model): harness → sandbox → diff → gateway → grader ---
 
 
-def grader_process(kafka, instances: Path, repos: Path, envs: Path, log: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "agentstream.recipes.swe.grade", "--bootstrap-servers", kafka.bootstrap_servers,
-           "--topic-prefix", kafka.topic_prefix, "--tasks", str(instances), "--repos-dir", str(repos),
-           "--envs-dir", str(envs)]
-    return spawn(cmd, log, cwd=REPO)
-
-
 async def test_a_scripted_agents_diff_is_graded_by_the_grader_service_into_its_trajectory(kafka, tmp_path):
     """No model: mini-swe-agent's deterministic model runs a script (the gold fix, or nothing)."""
     from agentstream.recipes.swe.workspace import write_index
@@ -219,7 +200,3 @@ def pod_stand_in(workspace: Path) -> str:
     return shlex.join(argv)
 
 
-async def await_exit(process: subprocess.Popen, timeout: float = 240) -> int:
-    """Without blocking the loop: the gateway serving the harness runs in it."""
-    await wait_for_async(lambda: process.poll() is not None, timeout=timeout, what="the controller to finish its run")
-    return process.returncode

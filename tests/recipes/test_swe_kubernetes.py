@@ -24,7 +24,6 @@ from agentstream.controller.tasks import PlannedRollout
 from agentstream.recipes.swe.instance import Instance
 from agentstream.sandbox.kubernetes import NETWORK_LABEL
 from agentstream.schemas.tokens import verify_rollout_token
-from tests.support.kube import kube_cluster, restricted_namespace  # noqa: F401 (fixtures)
 
 SECRET = "operator-token-secret-" + "x" * 16
 OPERATOR_ENV = {"AGENTSTREAM_TOKEN_SECRET": SECRET, "AWS_SECRET_ACCESS_KEY": "aws-secret-of-the-operator",

@@ -7,7 +7,7 @@ import pytest
 from rich.console import Console
 
 from agentstream.recipes.swe.instance import Instance
-from agentstream.recipes.swe.probe import select_train
+from agentstream.recipes.swe.task_files import select_train
 
 
 def task(n: int, split: str = "train", solved: int | None = None, k: int = 4) -> Instance:
@@ -33,7 +33,7 @@ def test_the_recipe_trains_on_mixed_results_and_a_share_of_never_solved():
 def test_recipe_task_files_from_a_probed_set_hold_the_selection_and_the_validation_tasks(tmp_path):
     import json
 
-    from agentstream.recipes.swe.recipe import probed_task_files
+    from agentstream.recipes.swe.task_files import probed_task_files
     from agentstream.stack import StackError
 
     tasks = [task(1, solved=1, k=2), task(2, solved=0, k=2), task(3, solved=2, k=2), task(4, "validation")]

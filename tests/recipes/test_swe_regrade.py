@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 import agentstream.schemas as s
 from agentstream.cli import app
-from tests.logs.test_replay import read_topic, without_rewards
+from tests.support.logs import read_topic, without_rewards
 from tests.support.streams import Rollout, publish
 from tests.support.swe import HONEST, calc_instance, make_repo
 
@@ -62,7 +62,7 @@ async def rebuild(kafka, monkeypatch, tmp_path: Path, topic: str, *args: str) ->
 
 
 async def test_a_stricter_grader_over_recorded_diffs_changes_the_rewards_and_nothing_else(kafka, monkeypatch, tmp_path):
-    _, strict = make_instances(tmp_path)
+    _lenient, strict = make_instances(tmp_path)
     await publish(kafka, [*attempt("r-honest", HONEST, 1.0), *attempt("r-gamed", GAMED, 1.0),
                           *attempt("r-crashed", None, None)])
     history = await rebuild(kafka, monkeypatch, tmp_path, "history")

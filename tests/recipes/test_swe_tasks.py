@@ -35,6 +35,7 @@ def _corrupt(patch: str) -> str:
     return "".join(lines)
 
 
+@pytest.mark.slow  # builds the toolz task set (a venv and the gold patches graded in the sandbox)
 def test_a_bad_file_is_refused_whole_with_each_line_and_reason(task_set, tmp_path):
     result, repos_dir = task_set
     good = result.instances[0].model_dump(mode="json")
@@ -60,6 +61,7 @@ def test_a_bad_file_is_refused_whole_with_each_line_and_reason(task_set, tmp_pat
     assert "line 4: unknown repo" in str(caught.value)
 
 
+@pytest.mark.slow  # builds the toolz task set (a venv and the gold patches graded in the sandbox)
 def test_a_swe_bench_row_loads_unchanged(task_set, tmp_path):
     result, repos_dir = task_set
     row = result.instances[0].model_dump(mode="json")
@@ -73,6 +75,7 @@ def test_a_swe_bench_row_loads_unchanged(task_set, tmp_path):
     assert set(instance.agent_task()) == {"instance_id", "problem_statement"}
 
 
+@pytest.mark.slow  # builds the toolz task set (a venv and the gold patches graded in the sandbox)
 def test_the_builder_makes_tasks_whose_gold_passes_and_whose_bug_fails(task_set):
     result, repos_dir = task_set
     assert len(result.instances) == LIMIT
@@ -97,6 +100,7 @@ def test_the_builder_makes_tasks_whose_gold_passes_and_whose_bug_fails(task_set)
         assert broken.details["pass_to_pass"]["passed"] == broken.details["pass_to_pass"]["total"]
 
 
+@pytest.mark.slow  # builds the toolz task set (a venv and the gold patches graded in the sandbox)
 def test_a_second_build_gives_the_same_tasks_ids_commits_and_split(task_set, tmp_path):
     result, _ = task_set
     again = build(limit=LIMIT, seed=0, repos_dir=tmp_path / "repos", workers=1)

@@ -22,7 +22,7 @@ def git(repo: Path, *args: str) -> str:
 
 
 @pytest.fixture
-def repo(tmp_path, monkeypatch) -> tuple[Path, str]:
+def repo(tmp_path) -> tuple[Path, str]:
     """owner/calc with a fix in its history and the bug as its last commit: the agent must not see the fix."""
     repos = tmp_path / "repos"
     source = repos / "owner__calc"
@@ -33,7 +33,6 @@ def repo(tmp_path, monkeypatch) -> tuple[Path, str]:
     git(source, "commit", "-qm", "the right code")
     (source / "calc.py").write_text("def add(a, b):\n    return a - b\n")
     git(source, "commit", "-qam", "inject the bug")
-    monkeypatch.setenv("AGENTSTREAM_SWE_REPOS", str(repos))
     return source, git(source, "rev-parse", "HEAD")
 
 
@@ -45,7 +44,7 @@ def test_the_agent_sees_the_base_tree_without_history_and_its_diff_has_new_files
     _, commit = repo
     workspace = tmp_path / "ws"
     baseline = checkout(TaskInput(instance_id="calc-1", problem_statement="p", repo="owner/calc", base_commit=commit),
-                        workspace)
+                        workspace, tmp_path / "repos")
     env = environment(workspace)
     try:
         log = env.execute({"command": "git log --oneline | wc -l && git log -p | grep -c 'a + b' || true"})
@@ -71,7 +70,7 @@ def test_nothing_the_agent_plants_in_git_runs_or_is_read_on_the_host(repo, tmp_p
     secret = tmp_path / "host-secret"
     secret.write_text("TOP SECRET")
     baseline = checkout(TaskInput(instance_id="calc-1", problem_statement="p", repo="owner/calc", base_commit=commit),
-                        workspace)
+                        workspace, tmp_path / "repos")
     env = environment(workspace)
     try:
         # a filter and an fsmonitor that would run on a host git, hooks, and symlinks to host files
@@ -90,10 +89,12 @@ def test_nothing_the_agent_plants_in_git_runs_or_is_read_on_the_host(repo, tmp_p
     assert "+y = 2" in diff and "+++ b/leak.txt" in diff  # the symlink itself is part of the diff, as a link
 
 
+@pytest.mark.slow  # runs into a limit of the kernel's or the clock's, which takes seconds
 def test_a_command_past_its_limit_is_reported_to_the_agent_not_raised(repo, tmp_path):
     _, commit = repo
     workspace = tmp_path / "ws"
-    checkout(TaskInput(instance_id="calc-1", problem_statement="p", repo="owner/calc", base_commit=commit), workspace)
+    checkout(TaskInput(instance_id="calc-1", problem_statement="p", repo="owner/calc", base_commit=commit), workspace,
+             tmp_path / "repos")
     env = SandboxEnvironment(workspace=str(workspace), timeout=2, attempt_timeout=120)
     try:
         slow = env.execute({"command": "sleep 30"})
@@ -108,15 +109,16 @@ def test_a_command_past_its_limit_is_reported_to_the_agent_not_raised(repo, tmp_
     assert env.limits_hit == {"command_timeout": 1} and submitted == "Submitted"
 
 
-def test_the_public_index_locates_a_task_and_holds_no_answer(repo, tmp_path, monkeypatch):
+def test_the_public_index_locates_a_task_and_holds_no_answer(repo, tmp_path):
     _, commit = repo
     instance = Instance(instance_id="calc-1", repo="owner/calc", base_commit=commit, problem_statement="p",
                         patch="SECRET-PATCH", test_patch="SECRET-TESTS", FAIL_TO_PASS=["t"], PASS_TO_PASS=[])
     index = write_index([instance], tmp_path / "index.jsonl")
     assert "SECRET" not in index.read_text()
-    monkeypatch.setenv("AGENTSTREAM_SWE_INDEX", str(index))
-    located = TaskInput.of(instance).located()
+    located = TaskInput.of(instance).located(index)
     assert (located.repo, located.base_commit) == ("owner/calc", commit)
     assert TaskInput.of(instance).model_dump(exclude_none=True) == {"instance_id": "calc-1", "problem_statement": "p"}
     with pytest.raises(WorkspaceError, match="not in the index"):
-        TaskInput(instance_id="other", problem_statement="p").located()
+        TaskInput(instance_id="other", problem_statement="p").located(index)
+    with pytest.raises(WorkspaceError, match="AGENTSTREAM_SWE_INDEX"):
+        TaskInput(instance_id="other", problem_statement="p").located(None)

@@ -28,10 +28,9 @@ from agentstream.recipes.swe.workspace import TaskInput
 from agentstream.schemas.events import CallEvent, RolloutDiffEvent, TrajectoryEvent
 from agentstream.schemas.tokens import is_rollout_token
 from agentstream.stack.process import stop_pid, tail
-from tests.recipes.test_swe_harness import await_exit, grader_process, run_controller
 from tests.support.gateway import gateway_settings, read_events, running_gateway
 from tests.support.streams import StreamsWorker, TopicWatch
-from tests.support.swe import calc_instance, make_repo
+from tests.support.swe import await_exit, calc_instance, grader_process, make_repo, run_controller
 
 FIX = "sed -i 's/a - b/a + b/' calc.py"
 # and what a harness could try beyond its task: its environment, the Kafka broker behind the gateway

@@ -10,15 +10,9 @@ from agentstream.gateway.releases import arm_first
 from agentstream.releases.rule import Arm, decide, one_sided_p
 from agentstream.releases.settings import ReleasesSettings
 from agentstream.schemas.codec import decode, encode
-from agentstream.schemas.events import Release, ReleaseEvent
 from agentstream.schemas.releases import BUCKETS, bucket, canary_servers, fold, in_canary, stable_of
 from agentstream.schemas.sessions import session_rollout_id
-
-
-def release(action: str, version: int = 2, started_at: int = 1000, **changes) -> ReleaseEvent:
-    data = Release(model="tiny", action=action, version=version, uri=f"/ckpt/{version}", stable_version=1,
-                   stable_uri="/ckpt/1", share_bp=2500, servers=["http://b"], started_at=started_at, **changes)
-    return ReleaseEvent(source="test", data=data)
+from tests.support.releases import release
 
 
 def test_buckets_are_stable_and_split_sessions_by_the_share():

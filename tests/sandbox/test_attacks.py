@@ -71,6 +71,7 @@ def assert_host_clean(box: LocalSandbox) -> None:
         assert fresh.run("echo fresh > f && cat f").output == "fresh\n"
 
 
+@pytest.mark.slow  # thousands of nested folders made, copied and removed on the host's disk
 def test_a_deep_tree_with_links_to_host_files_goes_back_to_the_host_and_away(tmp_path: Path, host_files: Path):
     workspace = tmp_path / "workspace"
     script = f"""
@@ -120,6 +121,7 @@ def _check_deep_tree(box: LocalSandbox, workspace: Path, tmp_path: Path, host_fi
     assert hostfs.remove_tree(workspace) == [] and not workspace.exists()
 
 
+@pytest.mark.slow  # thousands of nested folders made, copied and removed on the host's disk
 def test_host_tree_operations_are_deep_and_follow_no_link(tmp_path: Path, host_files: Path):
     root = tmp_path / "tree"
     root.mkdir()
@@ -190,6 +192,7 @@ def test_inode_exhaustion_stays_on_the_disk(tmp_path: Path, host_files: Path):
     assert_host_clean(box)
 
 
+@pytest.mark.slow  # runs into a limit of the kernel's or the clock's, which takes seconds
 def test_a_fork_bomb_meets_the_pids_cgroup(tmp_path: Path, host_files: Path):
     limits = Limits(processes=40, command_timeout_s=3, disk_bytes=64 << 20)
     box = open_sandbox(tmp_path / "workspace", limits)
@@ -208,6 +211,7 @@ def test_a_fork_bomb_meets_the_pids_cgroup(tmp_path: Path, host_files: Path):
     assert_host_clean(box)
 
 
+@pytest.mark.slow  # runs into a limit of the kernel's or the clock's, which takes seconds
 def test_memory_is_counted_across_processes_and_tmpfs(tmp_path: Path, host_files: Path):
     limits = Limits(memory_bytes=200 << 20, tmp_bytes=1 << 30, disk_bytes=1 << 30, file_size_bytes=1 << 30,
                     command_timeout_s=60)
@@ -241,6 +245,7 @@ def test_nothing_of_a_command_runs_after_it(tmp_path: Path, host_files: Path):
     assert_host_clean(box)
 
 
+@pytest.mark.slow  # runs into a limit of the kernel's or the clock's, which takes seconds
 def test_cpu_hogs_share_the_quota(tmp_path: Path, host_files: Path):
     limits = Limits(cpus=0.25, disk_bytes=64 << 20, command_timeout_s=60)
     hog = ("import os, time\nbegan = time.time()\nwhile time.time() - began < 2: pass\n"
@@ -338,6 +343,7 @@ box.run("sleep 300")
     assert str(uid) not in cgroups.leftovers(), "the crashed sandbox's cgroup is removed by the next sandbox"
 
 
+@pytest.mark.slow  # thousands of nested folders made, copied and removed on the host's disk
 def test_on_a_host_without_loop_devices_or_cgroups_a_deep_tree_still_closes(tmp_path: Path, host_files: Path,
                                                                              monkeypatch: pytest.MonkeyPatch):
     """The fallback (the workspace bound directly, chowned to the uid and back) walks the agent's tree on

@@ -36,6 +36,7 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 NOBODY = 65534
 
 
+@pytest.mark.slow  # runs into a limit of the kernel's or the clock's, which takes seconds
 def test_commands_get_only_the_sandbox_env_and_end_with_their_limits(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "the-harness-token")
     (tmp_path / "src").mkdir()

@@ -30,7 +30,6 @@ from agentstream.sandbox.kubernetes import (
     pod,
     pod_spec,
 )
-from tests.support.kube import kube_cluster, restricted_namespace  # noqa: F401 (fixtures)
 
 LIMITS = Limits(cpus=1.5, memory_bytes=6 << 30, attempt_timeout_s=5400, tmp_bytes=1 << 30, disk_bytes=8 << 30)
 GATEWAY = GatewayPeer(pod_labels={"app.kubernetes.io/name": "agentstream-gateway"}, port=8000,

@@ -216,6 +216,7 @@ def test_tools_only_sandbox_reaches_no_network(tmp_path: Path):
             assert_recovers(box)
 
 
+@pytest.mark.slow  # runs into a limit of the kernel's or the clock's, which takes seconds
 def test_fork_bombs_are_stopped_at_the_process_limit(tmp_path: Path):
     with sandbox(tmp_path, Limits(processes=24, command_timeout_s=2.5)) as box:
         # returns by itself (its tree dies with the command's pid namespace): given a wall clock far past
@@ -233,6 +234,7 @@ def test_fork_bombs_are_stopped_at_the_process_limit(tmp_path: Path):
         assert_recovers(box)
 
 
+@pytest.mark.slow  # runs into a limit of the kernel's or the clock's, which takes seconds
 def test_a_command_past_its_time_is_killed_with_its_whole_tree(tmp_path: Path):
     with sandbox(tmp_path, Limits(command_timeout_s=1.5)) as box:
         result = box.run("(sleep 300 &); sleep 300 & sleep 300")
@@ -242,6 +244,7 @@ def test_a_command_past_its_time_is_killed_with_its_whole_tree(tmp_path: Path):
         assert box.run("sleep 5", timeout_s=0.5).limit == "command_timeout", "a per-call timeout replaces the limit"
 
 
+@pytest.mark.slow  # runs into a limit of the kernel's or the clock's, which takes seconds
 def test_the_attempt_deadline_ends_a_command_and_refuses_the_next(tmp_path: Path):
     with sandbox(tmp_path, Limits(command_timeout_s=60, attempt_timeout_s=2)) as box:
         long = box.run("sleep 30")
@@ -253,6 +256,7 @@ def test_the_attempt_deadline_ends_a_command_and_refuses_the_next(tmp_path: Path
         assert next_attempt.run("echo fresh").output == "fresh\n"
 
 
+@pytest.mark.slow  # runs into a limit of the kernel's or the clock's, which takes seconds
 def test_cpu_memory_and_file_size_limits_are_reported(tmp_path: Path):
     limits = Limits(cpu_seconds=1, memory_bytes=512 << 20, file_size_bytes=1 << 20, command_timeout_s=60)
     with sandbox(tmp_path, limits) as box:

@@ -24,7 +24,8 @@ def test_round_trip(event):
 def test_encoding_is_the_bytes_orjson_wrote():
     """Repeats are compared as bytes, and logs hold events encoded before: pydantic's serializer
     must write what `orjson.dumps(model_dump())` did, floats, unicode and free-form JSON included."""
-    from agentstream.streams.assembly import Timing, assemble
+    from agentstream.streams.assembly import Timing
+    from samples.assembly import assemble
     from samples.rollouts import history
 
     events = [*sample_events(), *history(20, "r")]

@@ -6,7 +6,8 @@ import pytest
 
 import agentstream.schemas as s
 from agentstream.schemas.codec import encode
-from agentstream.streams.assembly import Assembly, Timing, assemble, finalize_at
+from agentstream.streams.assembly import Assembly, Timing, finalize_at
+from samples.assembly import assemble
 from tests.support.streams import Rollout
 
 TIMING = Timing(settle_ms=100, reward_grace_ms=5_000, idle_timeout_ms=60_000, retention_ms=600_000)

@@ -8,7 +8,7 @@ import asyncio
 import openai
 import pytest
 
-from agentstream.streams.assembly import assemble
+from samples.assembly import assemble
 from tests.support.gateway import OPERATOR_KEY, gateway_settings, read_events, running_gateway
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]  # the session-scoped vLLM server starts in the first test

@@ -1,9 +1,11 @@
-"""Running real gateways inside a test's event loop, and reading what they recorded."""
+"""Running real gateways inside a test's event loop, and reading what they recorded; agents' tokens; and
+upstream answers written by hand, run through an API adapter's translation."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import os
 import subprocess
 import sys
@@ -14,12 +16,17 @@ from pathlib import Path
 import httpx
 import uvicorn
 from anthropic import AsyncAnthropic
+from anthropic.types import RawMessageStreamEvent
 from openai import AsyncOpenAI
+from openai.types.responses import ResponseStreamEvent
+from pydantic import TypeAdapter
 
-from agentstream.gateway.app import Gateway, create_app
+from agentstream.gateway.app import create_app
+from agentstream.gateway.service import Gateway
 from agentstream.gateway.settings import GatewaySettings
 from agentstream.schemas import Event, decode
 from agentstream.schemas.kafka import KafkaSettings, make_consumer, partitions_of
+from agentstream.schemas.tokens import mint_rollout_token
 from agentstream.stack.process import free_port, stop_pid
 from tests.support.wait import wait_for, wait_for_async
 
@@ -225,3 +232,63 @@ class GatewayProcess:
 
     def http(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(base_url=self.url, headers={"authorization": f"Bearer {OPERATOR_KEY}"}, timeout=60)
+
+
+def token(rollout: str, attempt: str) -> str:
+    """An agent's token for this rollout and attempt, signed with the test gateways' secret."""
+    return mint_rollout_token(TOKEN_SECRET, rollout, attempt)
+
+
+STREAM_EVENTS = {"responses": TypeAdapter(ResponseStreamEvent), "messages": TypeAdapter(RawMessageStreamEvent)}
+"""each API's streamed event types, as its SDK declares them: what the gateway streams must validate"""
+
+
+def call_id(raw) -> str:
+    """The id the gateway recorded the call under (a response header)."""
+    return raw.headers["x-agentstream-call-id"]
+
+
+# --- the API adapters on their own: what an upstream answers, written by hand ---------------------
+
+
+def chat_completion(**message) -> dict:
+    return {"id": "chatcmpl-abc", "object": "chat.completion", "created": 1, "model": "tiny",
+            "prompt_token_ids": [5, 6],
+            "choices": [{"index": 0, "message": {"role": "assistant", **message}, "finish_reason": "tool_calls",
+                         "token_ids": [1, 2, 3], "logprobs": {"content": [
+                             {"token": t, "logprob": -1.0, "bytes": [ord(t)], "top_logprobs": []} for t in "abc"]}}],
+            "usage": {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}}
+
+
+def chunk(delta: dict | None = None, ids=None, finish=None, usage=None) -> dict:
+    choices = [] if delta is None else [{
+        "index": 0, "delta": delta, "finish_reason": finish, "token_ids": ids,
+        "logprobs": {"content": [{"token": "x", "logprob": -0.5, "bytes": [120], "top_logprobs": []} for _ in ids]}
+        if ids else None}]
+    first = {"prompt_token_ids": [5, 6]} if delta == {"role": "assistant"} else {}
+    return {"id": "chatcmpl-abc", "object": "chat.completion.chunk", "created": 1, "model": "tiny",
+            "choices": choices, "usage": usage, **first}
+
+
+STREAM = [
+    chunk({"role": "assistant"}),
+    chunk({"reasoning": "Adding."}, ids=[9]),
+    chunk({"content": "Sure."}, ids=[1]),
+    chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                           "function": {"name": "add", "arguments": '{"a"'}}]}, ids=[2]),
+    chunk({"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]}, ids=[3], finish="tool_calls"),
+    chunk(usage={"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6}),
+]
+
+
+def run_stream(adapter, request: dict, stream: list[dict] = STREAM) -> tuple[list[dict], object]:
+    assembler = adapter.assembler(adapter.rewrite({**request, "stream": True}, training=True))
+    lines = [line for piece in stream for line in assembler.lines(copy.deepcopy(piece))] + assembler.close()
+    events = []
+    for line in lines:
+        name, data = line.decode().removesuffix("\n\n").split("\n")
+        event = TypeAdapter(dict).validate_json(data.removeprefix("data: "))
+        assert name == f"event: {event['type']}", "each event is named after its type"
+        STREAM_EVENTS[adapter.api].validate_python(event)
+        events.append(event)
+    return events, assembler

@@ -113,10 +113,11 @@ def start_cluster(root: Path, authorization: str = "AlwaysAllow"):
 
 @pytest.fixture(scope="session")
 def kube_cluster(tmp_path_factory):
+    """The session's API server, checking Roles (RBAC) for the chart's tests; the test token is an admin."""
     reason = missing_binaries()
     if reason:
         pytest.skip(reason)
-    yield from start_cluster(tmp_path_factory.mktemp("kube"))
+    yield from start_cluster(tmp_path_factory.mktemp("kube"), authorization="RBAC")
 
 
 @pytest.fixture

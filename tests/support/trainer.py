@@ -1,5 +1,6 @@
 """Trajectories for the trainer's tests and benchmark: real token ids of the tiny byte-level model,
-with the logprobs the model itself gives them (as if it had sampled them at that weight version)."""
+with the logprobs the model itself gives them (as if it had sampled them at that weight version); the
+trainer's settings for a test's topics, and its input and output topics written and read back."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from pathlib import Path
 import torch
 
 import agentstream.schemas as s
+from agentstream.schemas.kafka import KafkaSettings, Publisher, make_consumer, make_producer, partitions_of
+from agentstream.trainer.grpo import Policy, to_tensors, token_logprobs
+from agentstream.trainer.settings import TrainerSettings
 from samples.events import IM_END, IM_START, chat_prompt, ids, trajectory  # noqa: F401 (the tests' names)
 
 
@@ -59,3 +63,65 @@ def arithmetic_groups(model_dir: Path, groups: int, group_size: int, version: in
             events.append(trajectory(prompt, completion, 1.0 if right else 0.0, f"{prefix}{g}", i,
                                      policy_logprobs(model, prompt, completion), version))
     return events
+
+
+def sequence_logprobs(policy: Policy, samples: list) -> torch.Tensor:
+    batch = to_tensors(samples, 2048)
+    with torch.no_grad():
+        logprobs, _ = token_logprobs(policy.model, batch.input_ids, batch.attention_mask, entropy_grad=False)
+    return (logprobs * batch.loss_mask).sum(-1)
+
+
+def trainer_settings(kafka: KafkaSettings, checkpoints: Path, base: Path, **overrides) -> TrainerSettings:
+    return TrainerSettings(**{
+        "bootstrap_servers": kafka.bootstrap_servers, "topic_prefix": kafka.topic_prefix,
+        "partitions": kafka.partitions, "base_model": base, "checkpoint_dir": checkpoints, "group_size": 4,
+        "groups_per_batch": 2, "lr": 1e-3, "consumer_group": f"{kafka.topic_prefix}trainer", **overrides})
+
+
+def write_jsonl(path: Path, events: list[s.Event]) -> Path:
+    path.write_bytes(b"".join(s.encode(e) + b"\n" for e in events))
+    return path
+
+
+async def publish(kafka: KafkaSettings, events: list[s.Event], raw: list[bytes] = ()) -> list:
+    producer = make_producer(kafka)
+    await producer.start()
+    try:
+        publisher = Publisher(producer, kafka.topics)
+        written = [await publisher.publish(event) for event in events]
+        for value in raw:
+            await producer.send_and_wait(kafka.topics.trajectories, value, key=b"garbage")
+        return written
+    finally:
+        await producer.stop()
+
+
+async def read_all(kafka: KafkaSettings, topic: str) -> list[s.Event]:
+    """Every event on `topic` now."""
+    tps = await partitions_of(kafka, topic)
+    consumer = make_consumer(kafka, group_id=None)
+    await consumer.start()
+    try:
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        events = []
+        for tp in tps:
+            while await consumer.position(tp) < ends[tp]:
+                for record in (await consumer.getmany(tp, timeout_ms=5000)).get(tp, []):
+                    events.append(s.decode(record.value))
+        return events
+    finally:
+        await consumer.stop()
+
+
+async def committed_and_end(kafka: KafkaSettings, group: str) -> tuple[dict[int, int | None], dict[int, int]]:
+    tps = await partitions_of(kafka, kafka.topics.trajectories)
+    consumer = make_consumer(kafka, group_id=group)
+    await consumer.start()
+    try:
+        ends = await consumer.end_offsets(tps)
+        return ({tp.partition: await consumer.committed(tp) for tp in tps},
+                {tp.partition: ends[tp] for tp in tps})
+    finally:
+        await consumer.stop()

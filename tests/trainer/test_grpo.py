@@ -6,9 +6,17 @@ import pytest
 import torch
 
 from agentstream.trainer.batcher import Batcher, Sample, group_of, staleness
-from agentstream.trainer.grpo import Policy, compute_advantages, micro_batches, to_tensors, token_logprobs
+from agentstream.trainer.grpo import Policy, compute_advantages, micro_batches, to_tensors
 from agentstream.trainer.settings import TrainerSettings
-from tests.support.trainer import arithmetic_groups, chat_prompt, first_pass_drift, ids, samples_of, trajectory
+from tests.support.trainer import (
+    arithmetic_groups,
+    chat_prompt,
+    first_pass_drift,
+    ids,
+    samples_of,
+    sequence_logprobs,
+    trajectory,
+)
 
 LOSS_ATOL = 1e-6
 """the loss of one batch summed in another order (micro-batches): float32 rounding of a sum of terms under 1 in
@@ -25,13 +33,6 @@ def fixed_batch(tiny_model_dirs) -> list[Sample]:
     return samples_of(arithmetic_groups(tiny_model_dirs[0], groups=4, group_size=8))
 
 
-def sequence_logprobs(policy: Policy, samples: list[Sample]) -> torch.Tensor:
-    batch = to_tensors(samples, 2048)
-    with torch.no_grad():
-        logprobs, _ = token_logprobs(policy.model, batch.input_ids, batch.attention_mask, entropy_grad=False)
-    return (logprobs * batch.loss_mask).sum(-1)
-
-
 def one_step(model_dir, samples, **overrides) -> tuple[Policy, dict, torch.Tensor, torch.Tensor]:
     settings = TrainerSettings(**{"lr": 1e-3, "group_size": 8, "seed": 0, **overrides})
     torch.manual_seed(settings.seed)
@@ -41,6 +42,7 @@ def one_step(model_dir, samples, **overrides) -> tuple[Policy, dict, torch.Tenso
     return policy, metrics, before, sequence_logprobs(policy, samples)
 
 
+@pytest.mark.slow  # optimizer steps of the tiny model on CPU
 def test_grpo_step_raises_the_logprob_of_the_rewarded_completion(tiny_model_dirs, fixed_batch):
     policy = Policy.load(tiny_model_dirs[0], TrainerSettings(group_size=8))
     expected_kl, _ = first_pass_drift(policy, fixed_batch)
@@ -64,6 +66,7 @@ def test_grpo_step_raises_the_logprob_of_the_rewarded_completion(tiny_model_dirs
     assert metrics["kl"] == pytest.approx(expected_kl, abs=1e-7) and metrics["clipfrac"] == 0
 
 
+@pytest.mark.slow  # optimizer steps of the tiny model on CPU
 def test_grpo_step_is_deterministic(tiny_model_dirs, fixed_batch):
     first, metrics_a, _, after_a = one_step(tiny_model_dirs[0], fixed_batch)
     second, metrics_b, _, after_b = one_step(tiny_model_dirs[0], fixed_batch)
@@ -74,6 +77,7 @@ def test_grpo_step_is_deterministic(tiny_model_dirs, fixed_batch):
         assert torch.equal(a, b), name
 
 
+@pytest.mark.slow  # its batch's logprobs are the tiny model's, computed for the module
 def test_advantages_are_group_relative(fixed_batch):
     settings = TrainerSettings()
     batch = to_tensors(fixed_batch, 2048)
@@ -87,6 +91,7 @@ def test_advantages_are_group_relative(fixed_batch):
         assert (group[batch.rewards[g * 8:(g + 1) * 8] == 1] > 0).all()
 
 
+@pytest.mark.slow  # optimizer steps of the tiny model on CPU
 def test_other_estimators_and_losses_by_name(tiny_model_dirs, fixed_batch):
     for estimator, loss in [("rloo", "vanilla"), ("reinforce_plus_plus", "gspo"), ("grpo", "cispo")]:
         _, _, before, after = one_step(tiny_model_dirs[0], fixed_batch, adv_estimator=estimator,
@@ -98,6 +103,7 @@ def test_other_estimators_and_losses_by_name(tiny_model_dirs, fixed_batch):
         TrainerSettings(adv_estimator="gae")
 
 
+@pytest.mark.slow  # optimizer steps of the tiny model on CPU
 def test_mini_and_micro_batches_add_up(tiny_model_dirs, fixed_batch):
     """Gradient accumulation over micro-batches gives the whole-batch gradient (same update). In float32:
     bfloat16 (--dtype auto on CPUs with AVX512-BF16) rounds each micro-batch's sums differently."""
@@ -109,6 +115,7 @@ def test_mini_and_micro_batches_add_up(tiny_model_dirs, fixed_batch):
     assert m_mini["optimizer_steps"] == 4
 
 
+@pytest.mark.slow  # optimizer steps of the tiny model on CPU
 def test_micro_batches_by_token_budget_add_up(tiny_model_dirs, fixed_batch):
     """Rows packed longest first into micro-batches of at most N padded tokens give the same update."""
     settings = TrainerSettings(micro_batch_tokens=40)
@@ -123,6 +130,7 @@ def test_micro_batches_by_token_budget_add_up(tiny_model_dirs, fixed_batch):
     assert torch.allclose(after_whole, after_packed, atol=AFTER_STEP_ATOL)
 
 
+@pytest.mark.slow  # optimizer steps of the tiny model on CPU
 def test_a_lora_step_trains_only_adapters_and_saves_them_merged(tiny_model_dirs, fixed_batch, tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -163,6 +171,7 @@ def test_a_tied_head_is_written_out_and_served_untied(tmp_path):
     assert torch.equal(again.lm_head.weight, model.lm_head.weight)
 
 
+@pytest.mark.slow  # optimizer steps of the tiny model on CPU
 def test_downweighted_samples_move_less(tiny_model_dirs, fixed_batch):
     for sample in fixed_batch[:8]:
         sample.weight = 0.0

@@ -65,6 +65,7 @@ def trained_twice(model_dir, **overrides) -> Policy:
 # --- off-policy updates on sessions -------------------------------------------------------------
 
 
+@pytest.mark.slow  # optimizer steps of the tiny model on CPU
 def test_an_off_policy_update_on_sessions_from_two_versions_back(tiny_model_dirs):
     from transformers import AutoModelForCausalLM
 
@@ -106,6 +107,7 @@ def test_an_off_policy_update_on_sessions_from_two_versions_back(tiny_model_dirs
     assert (rise[rated == 1] > 0).all() and rise[rated == 1].mean() > rise[rated == 0].mean() + 0.5, rise
 
 
+@pytest.mark.slow  # optimizer steps of the tiny model on CPU
 def test_without_correction_the_recorded_logprobs_are_the_old_policy(tiny_model_dirs):
     from transformers import AutoModelForCausalLM
 
@@ -116,6 +118,7 @@ def test_without_correction_the_recorded_logprobs_are_the_old_policy(tiny_model_
     assert "is_ess" not in metrics and abs(metrics["kl"]) > 1e-3  # the ratio is against version 0's logprobs
 
 
+@pytest.mark.slow  # optimizer steps of the tiny model on CPU
 def test_sequence_level_weights_are_one_per_sequence(tiny_model_dirs):
     from transformers import AutoModelForCausalLM
 
@@ -141,6 +144,7 @@ def test_ranks_refuse_the_correction_they_cannot_compute():
 # --- the group-free baseline and mixing sources --------------------------------------------------
 
 
+@pytest.mark.slow  # optimizer steps of the tiny model on CPU
 def test_sessions_get_a_batch_baseline_and_groups_keep_theirs(tiny_model_dirs):
     from transformers import AutoModelForCausalLM
 
@@ -165,6 +169,7 @@ def test_sessions_get_a_batch_baseline_and_groups_keep_theirs(tiny_model_dirs):
         TrainerSettings(ungrouped_adv_estimator="grpo")
 
 
+@pytest.mark.slow  # optimizer steps of the tiny model on CPU
 def test_source_weights_scale_each_sources_loss(tiny_model_dirs):
     from transformers import AutoModelForCausalLM
 
@@ -235,6 +240,7 @@ def first_turn_masked(event: s.TrajectoryEvent, reward: float) -> s.TrajectoryEv
     return copy
 
 
+@pytest.mark.slow  # optimizer steps of the tiny model on CPU
 def test_a_rollout_whose_second_turn_alone_is_rewarded_trains_only_that_turns_tokens(tiny_model_dirs):
     events = [two_turns(n, turn_reward=float(n % 2)) for n in range(4)]
     settings = TrainerSettings(turn_rewards=True, group_size=4)
@@ -285,7 +291,7 @@ async def test_one_trainer_mixes_rollouts_and_sessions_by_source_weight(kafka, t
     from transformers import AutoModelForCausalLM
 
     from agentstream.trainer.service import Trainer
-    from tests.trainer.test_service import publish, read_all, trainer_settings
+    from tests.support.trainer import publish, read_all, trainer_settings
 
     base = tiny_model_dirs[0]
     rollouts = arithmetic_groups(base, groups=1, group_size=4, prefix="mixed")

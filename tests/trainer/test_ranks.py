@@ -1,10 +1,11 @@
 """The update on Ray ranks (real Ray, real gloo process groups, FSDP2 on CPU): one result however many
-ranks, a rank killed mid-step voids the step and the batch is trained once, the service with
+ranks, a rank killed in a step voids the step and the batch is trained once, the service with
 `--ranks 2` publishes versions that vLLM serves. One local Ray for the module, stopped at its end."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -18,9 +19,7 @@ from agentstream.trainer.grpo import Policy
 from agentstream.trainer.ranks import LocalRay, RankedPolicy, balance, even_out, join_with_token
 from agentstream.trainer.service import Trainer
 from agentstream.trainer.settings import TrainerSettings
-from tests.support.trainer import arithmetic_groups
-from tests.trainer.test_grpo import samples_of
-from tests.trainer.test_service import committed_and_end, publish, read_all, trainer_settings
+from tests.support.trainer import arithmetic_groups, committed_and_end, publish, read_all, samples_of, trainer_settings
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -58,6 +57,7 @@ def test_balance_splits_by_tokens_and_evens_out_micro_batches():
     assert [m.tolist() for m in even_out([torch.tensor([4])], 2, padding=9)] == [[4], [9]]
 
 
+@pytest.mark.slow  # a local Ray and two ranks' optimizer steps
 def test_two_ranks_give_the_update_of_one_process(tiny_model_dirs, ray_address, tmp_path):
     base = tiny_model_dirs[0]
     samples = samples_of(arithmetic_groups(base, groups=4, group_size=8))
@@ -91,20 +91,21 @@ def test_two_ranks_give_the_update_of_one_process(tiny_model_dirs, ray_address, 
         assert torch.allclose(saved["state"][i]["exp_avg_sq"], state["exp_avg_sq"], atol=1e-9)
 
 
-def arm_rank_crash(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The next ranks loaded are armed: their last rank SIGKILLs itself after its first forward. Once:
-    the ranks a restart loads are not."""
-    load, armed = RankedPolicy.load.__func__, [True]
+def kill_a_rank_at_the_next_update(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fault, from outside the ranks: the next update's last rank is SIGKILLed as the update starts, so
+    the others run into the step's first collective without it. Once: the ranks a restart loads live."""
+    update, armed = RankedPolicy.update, [True]
 
-    def load_armed(cls, *args, **kwargs):
-        policy = load(cls, *args, **kwargs)
-        policy.crash_next, armed[0] = armed[0], False
-        return policy
+    def killing(policy: RankedPolicy, *args, **kwargs):
+        if armed[0]:
+            armed[0] = False
+            os.kill(policy.pids[-1], signal.SIGKILL)
+        return update(policy, *args, **kwargs)
 
-    monkeypatch.setattr(RankedPolicy, "load", classmethod(load_armed))
+    monkeypatch.setattr(RankedPolicy, "update", killing)
 
 
-async def test_a_rank_killed_mid_step_voids_the_step_and_the_batch_is_trained_once(
+async def test_a_rank_killed_in_a_step_voids_the_step_and_the_batch_is_trained_once(
         kafka, tiny_model_dirs, ray_address, tmp_path, caplog, monkeypatch):
     base = tiny_model_dirs[0]
     events = arithmetic_groups(base, groups=2, group_size=4)
@@ -113,7 +114,7 @@ async def test_a_rank_killed_mid_step_voids_the_step_and_the_batch_is_trained_on
                                 rank_restarts=0, max_versions=1)
 
     # with no restarts allowed the trainer stops
-    arm_rank_crash(monkeypatch)
+    kill_a_rank_at_the_next_update(monkeypatch)
     with pytest.raises(TrainerError, match="a rank failed to train"):
         await Trainer(settings).run()
     assert await read_all(kafka, kafka.topics.weights) == []
@@ -122,7 +123,7 @@ async def test_a_rank_killed_mid_step_voids_the_step_and_the_batch_is_trained_on
     assert set(committed.values()) == {None}, "offsets were committed for a failed step"
 
     # again, with restarts: the step fails the same way, fresh ranks train the same batch, once
-    arm_rank_crash(monkeypatch)
+    kill_a_rank_at_the_next_update(monkeypatch)
     trainer = Trainer(settings.model_copy(update={"rank_restarts": 1}))
     (event,) = await trainer.run()
     assert "the step is void; restarting the ranks" in caplog.text
@@ -142,7 +143,7 @@ async def test_a_rank_killed_mid_step_voids_the_step_and_the_batch_is_trained_on
 
 @pytest.mark.vllm
 async def test_the_service_with_two_ranks_publishes_versions_vllm_serves(kafka, vllm_server, ray_address, tmp_path):
-    from tests.trainer.test_vllm import hf_logprobs, served_logprobs, swap
+    from tests.support.vllm import hf_logprobs, served_logprobs, swap
 
     base = vllm_server.model_dir
     events = arithmetic_groups(base, groups=4, group_size=4)  # 2 versions

@@ -14,65 +14,15 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import agentstream.schemas as s
-from agentstream.schemas.kafka import KafkaSettings, Publisher, make_consumer, make_producer, partitions_of
+from agentstream.schemas.kafka import make_consumer
 from agentstream.trainer.checkpoint import CheckpointStore
 from agentstream.trainer.service import Trainer
 from agentstream.trainer.settings import TrainerSettings
 from tests.support import faults
-from tests.support.trainer import arithmetic_groups
+from tests.support.trainer import arithmetic_groups, committed_and_end, publish, read_all, trainer_settings, write_jsonl
 from tests.support.wait import wait_for_async
 
 REPO = Path(__file__).parents[2]
-
-
-def trainer_settings(kafka: KafkaSettings, checkpoints: Path, base: Path, **overrides) -> TrainerSettings:
-    return TrainerSettings(**{
-        "bootstrap_servers": kafka.bootstrap_servers, "topic_prefix": kafka.topic_prefix,
-        "partitions": kafka.partitions, "base_model": base, "checkpoint_dir": checkpoints, "group_size": 4,
-        "groups_per_batch": 2, "lr": 1e-3, "consumer_group": f"{kafka.topic_prefix}trainer", **overrides})
-
-
-async def publish(kafka: KafkaSettings, events: list[s.Event], raw: list[bytes] = ()) -> list:
-    producer = make_producer(kafka)
-    await producer.start()
-    try:
-        publisher = Publisher(producer, kafka.topics)
-        written = [await publisher.publish(event) for event in events]
-        for value in raw:
-            await producer.send_and_wait(kafka.topics.trajectories, value, key=b"garbage")
-        return written
-    finally:
-        await producer.stop()
-
-
-async def read_all(kafka: KafkaSettings, topic: str) -> list[s.Event]:
-    """Every event on `topic` now."""
-    tps = await partitions_of(kafka, topic)
-    consumer = make_consumer(kafka, group_id=None)
-    await consumer.start()
-    try:
-        consumer.assign(tps)
-        ends = await consumer.end_offsets(tps)
-        events = []
-        for tp in tps:
-            while await consumer.position(tp) < ends[tp]:
-                for record in (await consumer.getmany(tp, timeout_ms=5000)).get(tp, []):
-                    events.append(s.decode(record.value))
-        return events
-    finally:
-        await consumer.stop()
-
-
-async def committed_and_end(kafka: KafkaSettings, group: str) -> tuple[dict[int, int | None], dict[int, int]]:
-    tps = await partitions_of(kafka, kafka.topics.trajectories)
-    consumer = make_consumer(kafka, group_id=group)
-    await consumer.start()
-    try:
-        ends = await consumer.end_offsets(tps)
-        return ({tp.partition: await consumer.committed(tp) for tp in tps},
-                {tp.partition: ends[tp] for tp in tps})
-    finally:
-        await consumer.stop()
 
 
 async def test_a_version_is_a_checkpoint_and_a_weights_event(kafka, tiny_model_dirs, tmp_path):
@@ -178,11 +128,6 @@ async def test_killed_between_checkpoint_and_commit_trains_every_sample_exactly_
     store = CheckpointStore(settings.checkpoint_dir)
     for version in store.versions():
         assert store.load(version).event == published[version - 1]
-
-
-def write_jsonl(path: Path, events: list[s.Event]) -> Path:
-    path.write_bytes(b"".join(s.encode(e) + b"\n" for e in events))
-    return path
 
 
 @pytest.mark.parametrize("policy", ["drop", "downweight"])

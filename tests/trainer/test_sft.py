@@ -8,9 +8,7 @@ import torch
 from agentstream.trainer.service import Trainer
 from agentstream.trainer.settings import TrainerSettings
 from agentstream.trainer.sft import SFTPolicy
-from tests.support.trainer import arithmetic_groups
-from tests.trainer.test_grpo import samples_of, sequence_logprobs
-from tests.trainer.test_service import trainer_settings, write_jsonl
+from tests.support.trainer import arithmetic_groups, samples_of, sequence_logprobs, trainer_settings, write_jsonl
 
 
 def sft_policy(model_dir, **overrides) -> SFTPolicy:
@@ -19,6 +17,7 @@ def sft_policy(model_dir, **overrides) -> SFTPolicy:
     return SFTPolicy.load(model_dir, settings)
 
 
+@pytest.mark.slow  # optimizer steps of the tiny model on CPU
 def test_an_sft_step_raises_the_rewarded_trajectorys_logprob_and_skips_the_others(tiny_model_dirs):
     samples = samples_of(arithmetic_groups(tiny_model_dirs[0], groups=2, group_size=4))
     rewarded = [s for s in samples if s.reward >= 1]

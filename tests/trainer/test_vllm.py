@@ -6,12 +6,11 @@ from __future__ import annotations
 import httpx
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from agentstream.trainer.grpo import Policy
 from agentstream.trainer.service import Trainer
-from tests.support.trainer import first_pass_drift, samples_of, trajectory
-from tests.trainer.test_service import trainer_settings, write_jsonl
+from tests.support.trainer import first_pass_drift, samples_of, trainer_settings, trajectory, write_jsonl
+from tests.support.vllm import hf_logprobs, served_logprobs, swap
 
 pytestmark = pytest.mark.vllm
 
@@ -22,33 +21,6 @@ def complete(server, user: str, **extra) -> dict:
     response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
     response.raise_for_status()
     return response.json()
-
-
-def hf_logprobs(model_dir, tokens: list[int]) -> torch.Tensor:
-    """log p(token i | tokens < i) for i ≥ 1, from the Hugging Face model in `model_dir`."""
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    ids = torch.tensor([tokens])
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, :-1]
-    return torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0]
-
-
-def served_logprobs(server, tokens: list[int]) -> torch.Tensor:
-    """The same, from the server (`prompt_logprobs`)."""
-    response = httpx.post(f"{server.url}/v1/completions", timeout=60, json={
-        "model": server.model, "prompt": tokens, "max_tokens": 1, "prompt_logprobs": 0, "temperature": 0})
-    response.raise_for_status()
-    scored = response.json()["choices"][0]["prompt_logprobs"][1:]
-    return torch.tensor([entry[str(token)]["logprob"] for entry, token in zip(scored, tokens[1:])])
-
-
-def swap(url: str, folder, version: str) -> None:
-    assert httpx.post(f"{url}/pause", params={"mode": "keep"}, timeout=30).status_code == 200
-    reload = httpx.post(f"{url}/collective_rpc", timeout=60,
-                        json={"method": "reload_weights", "kwargs": {"weights_path": str(folder)}})
-    assert reload.status_code == 200, reload.text
-    assert httpx.post(f"{url}/update_weight_version", json={"new_version": version}).status_code == 200
-    assert httpx.post(f"{url}/resume", timeout=30).status_code == 200
 
 
 async def test_vllm_samples_train_and_the_checkpoint_serves(kafka, vllm_server, tmp_path):

@@ -2,7 +2,8 @@
 
 `run.replay` drives it; `rebuild` remakes trajectories from the raw topics with the streams
 worker's own fold (`parallel`: in several processes, by partition); `sinks` write and resume the
-output; `state` is the resume file.
+output; `state` is the resume file. `request` makes a job of the operator's flags; `report` runs one
+on a terminal, with a progress bar and a summary.
 """
 
 from agentstream.logs.replay.run import Job, Options, Progress, RangeSpec, RebuildSpec, Summary, default_state, replay

@@ -4,7 +4,7 @@ A batch is first checked against the trajectory event's shape (`schemas.shapes`,
 every record fits, pydantic would take each as it is, so the native decoder reads the fields a
 replay needs straight into columns (the ids, what the selection looks at, and for dataset rows the
 sequences). A batch with a record that does not fit (`Misfit`) is decoded row by row with
-pydantic, as before, which says which records are bad and why.
+pydantic, which says which records are bad and why.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ the calls, which only a rebuild reads.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import polars as pl
@@ -21,7 +21,10 @@ import polars as pl
 from agentstream.schemas.events import Call, TrajectoryEvent
 from agentstream.streams.rewards import answer_text
 
-SCHEMA = pl.Schema({
+if TYPE_CHECKING:
+    from polars._typing import PolarsDataType
+
+_COLUMNS: dict[str, PolarsDataType] = {
     "trajectory_id": pl.String, "rollout_id": pl.String, "attempt_id": pl.String,
     "sequence": pl.Int64, "sequences": pl.Int64,
     "task_id": pl.String, "group_id": pl.String, "split": pl.String, "epoch": pl.Int64, "sample_index": pl.Int64,
@@ -30,7 +33,8 @@ SCHEMA = pl.Schema({
     "messages": pl.String,
     "token_ids": pl.List(pl.Int64), "mask": pl.List(pl.Int8), "logprobs": pl.List(pl.Float64),
     "weight_versions": pl.List(pl.Int64), "prompt_length": pl.Int64,
-})
+}
+SCHEMA = pl.Schema(_COLUMNS)
 
 
 def rows(event: TrajectoryEvent, calls: dict[str, Call], messages_as_json: bool = False) -> list[dict[str, Any]]:
@@ -39,9 +43,8 @@ def rows(event: TrajectoryEvent, calls: dict[str, Call], messages_as_json: bool 
     for index, sequence in enumerate(data.sequences):
         last_turn = data.turns[sequence.turns[-1]] if sequence.turns else None
         call = calls.get(last_turn.call_id) if last_turn else None
-        messages = chat_messages(call) if call is not None else None
-        if messages is not None and messages_as_json:
-            messages = orjson.dumps(messages).decode()
+        chat = chat_messages(call) if call is not None else None
+        messages = orjson.dumps(chat).decode() if chat is not None and messages_as_json else chat
         out.append({
             "trajectory_id": event.id, "rollout_id": event.rollout_id, "attempt_id": event.attempt_id,
             "sequence": index, "sequences": len(data.sequences),

@@ -4,7 +4,7 @@ The raw topics are co-partitioned by rollout id, so each partition folds on its 
 keeps an `Assembly` per partition already). The partitions are dealt out to N processes; each
 scans and folds its own with a `Rebuild` of them and sends what it makes through a pipe; this
 process writes it to the sink. Within a partition the order is the one-process order, and the
-output topic is keyed by rollout id as before, so every output partition gets the same records in
+output topic is keyed by rollout id as the one process keys it, so every output partition gets the same records in
 the same order; only how partitions interleave differs, as between two runs of the live worker.
 
 Resuming: a worker sends its `Rebuild.position()` (read positions and its partitions' open
@@ -17,13 +17,13 @@ matches what was handed to the sink, and it is the one-process position (a state
 Workers reading Kafka alone fork from a fork server (multiprocessing's "forkserver"): a fresh
 interpreter, started as the replay begins (`start_fork_server`), that imports this module and nothing
 else runs in.
-Forking this process instead copied its libraries' threads' locks as they were: a worker forked
-while the sink's librdkafka producer (or, in a test, another client) was running hung for good in
-its own consumer's `close()` (seen in CI). Starting each worker afresh would import pydantic, the
-event models and librdkafka again (~0.5–1.5 s of CPU each); the fork server imports them once,
-while this process plans the range. The workers make their own Kafka consumers and event loop.
+Forking this process instead would copy its libraries' threads' locks as they are: a worker forked
+while the sink's librdkafka producer (or another client) runs can hang for good in its own
+consumer's `close()`. Starting each worker afresh would import pydantic, the event models and
+librdkafka again in every worker; the fork server imports them once, while this process plans the
+range. The workers make their own Kafka consumers and event loop.
 Workers that may read the Parquet archive start afresh: polars' thread pool does not survive a
-fork (a forked worker hung in its first read once this process had used polars), so a rebuild
+fork (a forked worker can hang in its first read once this process has used polars), so a rebuild
 that reads the archive runs in one process unless `--jobs` asks for more.
 Into a topic, each worker writes its trajectories itself, with a librdkafka producer of its own
 (`TopicShare`), keyed by rollout id as the one process writes them: nothing of them goes through
@@ -53,6 +53,7 @@ from collections import Counter
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -267,7 +268,7 @@ class ParallelRebuild:
 class _Process:
     """A worker, forked by the fork server (multiprocessing) or started afresh (subprocess): ended the same way."""
 
-    def __init__(self, handle: multiprocessing.Process | subprocess.Popen):
+    def __init__(self, handle: BaseProcess | subprocess.Popen[bytes]):
         self.handle = handle
 
     def end(self, wait_s: float) -> int | None:
@@ -291,7 +292,8 @@ def _start(parts: list[Part], fork: bool) -> tuple[list[_Process], list[Connecti
 
     A fresh one is a new interpreter running this module (not multiprocessing's spawn, which would
     run the caller's main module again in it), told its part through its stdin."""
-    processes, readers = [], []
+    processes: list[_Process] = []
+    readers: list[Connection] = []
     if fork:
         context = _fork_server()
         for part in parts:
@@ -304,19 +306,20 @@ def _start(parts: list[Part], fork: bool) -> tuple[list[_Process], list[Connecti
             readers.append(reader)
         return processes, readers
     for part in parts:
-        process = subprocess.Popen([sys.executable, "-c", f"from {__name__} import serve; serve()"],
-                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        process.stdin.write(pickle.dumps((part, os.getpid())))
-        process.stdin.close()
-        readers.append(Connection(os.dup(process.stdout.fileno()), writable=False))
-        process.stdout.close()
-        processes.append(_Process(process))
+        fresh = subprocess.Popen([sys.executable, "-c", f"from {__name__} import serve; serve()"],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert fresh.stdin is not None and fresh.stdout is not None  # (both PIPE)
+        fresh.stdin.write(pickle.dumps((part, os.getpid())))
+        fresh.stdin.close()
+        readers.append(Connection(os.dup(fresh.stdout.fileno()), writable=False))
+        fresh.stdout.close()
+        processes.append(_Process(fresh))
     return processes, readers
 
 
 def start_fork_server() -> None:
     """Have the fork server start importing now, if it is not running: a rebuild calls this as it begins, so
-    that the server's imports (~0.45 s of CPU: the models, confluent_kafka, this package) overlap the plan
+    that the server's imports (the models, confluent_kafka, this package) overlap the plan
     and the output's setup; the workers cannot fork before they are done."""
     _fork_server()
     multiprocessing.forkserver.ensure_running()
@@ -341,9 +344,10 @@ def _receive(reader: Connection) -> tuple[str, Any] | None:
     except (EOFError, OSError):
         return None
     try:
-        return pickle.loads(body)
+        message: tuple[str, Any] = pickle.loads(body)
     except Exception as exc:
         return "error", RuntimeError(f"a rebuild worker sent what cannot be read back ({exc})")
+    return message
 
 
 # --- in the worker process -------------------------------------------------------------------
@@ -356,7 +360,7 @@ def _work(writer: Connection, part: Part, parent: int | None, environ: dict[str,
         os.environ.clear()  # carries the working directory and sys.path over, not this): a reward function reads it
         os.environ.update(environ)
     # a worker is a process of its own, forked from a fresh interpreter with the default thresholds (a young
-    # collection every 700 allocations: 1.4× the CPU of a rebuild, measured when the command's process had them)
+    # collection every 700 allocations), which would scan the fold's many short-lived objects over and over
     collector.relax()
     try:
         asyncio.run(_fold(writer, part))
@@ -399,7 +403,7 @@ async def _fold(writer: Connection, part: Part) -> None:
     interval, last = part.interval_s, time.monotonic()
     try:
         async for chunk in rebuild.chunks():
-            chosen: list[Any] = [item for item in chunk if part.selection.wants(item.trajectory)]
+            chosen: list[Any] = [item for item in chunk if part.selection.wants(item.event)]
             counts["not_selected"] += len(chunk) - len(chosen)
             if sink is not None:
                 await sink.write(chosen)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter, deque
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,7 +36,7 @@ from agentstream.logs.replay.sources import Item
 from agentstream.logs.replay.state import int_keys
 from agentstream.schemas import collector
 from agentstream.schemas.codec import DecodeError, decode, encode
-from agentstream.schemas.events import CallEvent, Event, RewardEvent, RolloutQueuedEvent, TrajectoryEvent
+from agentstream.schemas.events import Call, CallEvent, Event, RewardEvent, RolloutQueuedEvent, TrajectoryEvent
 from agentstream.schemas.kafka import KafkaSettings
 from agentstream.schemas.scan import KAFKA, Bounds, Origin, Record, ScanProgress, scan
 from agentstream.streams.assembly import Assembly, Settled, Timing, finalize_at
@@ -117,7 +117,7 @@ class Rebuild:
         # as read (for `_waiting` and the resume position) only once the batch is taken
         reached: dict[str, dict[int, int]] = {t: {} for t in RAW}
 
-        def progressed(topic: str):
+        def progressed(topic: str) -> Callable[[ScanProgress], None]:
             def update(progress: ScanProgress) -> None:
                 reached[topic] = dict(progress.positions)
             return update
@@ -128,8 +128,8 @@ class Rebuild:
                          self.batch_size, on_progress=progressed(t), origin=self.origin) for t in RAW}
         fetching: dict[str, asyncio.Future[list[Record] | None]] = {}
         survivors = collector.Survivors()
-        # no automatic collections while folding (8 % of a worker's CPU in a 490,000-event rebuild, though
-        # what the batches leave alive is frozen): nothing the fold makes holds a cycle, and what else does
+        # no automatic collections while folding (they would scan every batch's allocations, though what
+        # the batches leave alive is frozen): nothing the fold makes holds a cycle, and what else does
         # is frozen at the next batch end and collected by the survivors' full pass
         with collector.paused():
             try:
@@ -191,14 +191,14 @@ class Rebuild:
         """The merge of this partition needs the next record of this topic, which is not yet read."""
         return not self.queues[topic, partition] and self.scanned[topic][partition] < self.ends[topic][partition]
 
-    def _queue(self, topic: str, records) -> None:
+    def _queue(self, topic: str, records: list[Record]) -> None:
         for record in records:
+            raw = record.value or b""  # (a tombstone is undecodable)
             try:
-                event = decode(record.value)
+                event: Event = decode(raw)
             except DecodeError:
                 self.counts["undecodable"] += 1
                 continue
-            raw = record.value
             if event.topic != topic:
                 self.counts["misplaced"] += 1
                 continue
@@ -259,7 +259,7 @@ class Rebuild:
             self._account(settled)
             assembly.record(settled)
 
-    def _calls(self, assembly: Assembly, trajectory: TrajectoryEvent) -> dict:
+    def _calls(self, assembly: Assembly, trajectory: TrajectoryEvent) -> dict[str, Call]:
         """The turns' calls, read from the assembly's store before `record` forgets them."""
         if not self.with_calls:
             return {}

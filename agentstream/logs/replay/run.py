@@ -86,7 +86,8 @@ class Job:
         body["rollouts"], body["versions"] = sorted(self.rollouts), sorted(self.versions)
         if not self.raw:
             del body["rebuild"]
-        return orjson.loads(orjson.dumps(body))
+        signature: dict[str, Any] = orjson.loads(orjson.dumps(body))
+        return signature
 
     def check(self) -> None:
         if self.sink not in SINKS:
@@ -200,7 +201,7 @@ async def replay(settings: KafkaSettings, job: Job, options: Options,
                     if getattr(source, "selects", False):  # (its workers did, and counted what they left out)
                         chosen = items
                     else:
-                        chosen = [item for item in items if selection.wants(item.trajectory)]
+                        chosen = [item for item in items if selection.wants(item.event)]
                         counts["not_selected"] += len(items) - len(chosen)
                     await sink.write(chosen)
                     progress.read, progress.written = source.read, sink.written
@@ -243,7 +244,7 @@ async def _plan(settings: KafkaSettings, job: Job, origin: Origin = KAFKA) -> Re
             return ReplayState(job.signature(), ranges)
         # an attempt running across `since` began earlier: read its beginning too, leave it out (Selection)
         read_from = since - job.rebuild.lookback_ms if since is not None else None
-        # the three at once: each asks the broker for metadata and offsets (~50 ms of waiting apiece)
+        # the three at once: each waits on the broker for metadata and offsets
         found = await asyncio.gather(*(resolve(settings, settings.topics.name(t), Bounds(since_ms=read_from,
                                                                                          until_ms=until), origin)
                                        for t in RAW))
@@ -272,14 +273,13 @@ def _sink(settings: KafkaSettings, job: Job, state: ReplayState) -> Sink:
 
 
 SMALL_RANGE = 25_000
-"""raw records left to read below which a rebuild folds in one process unless `--jobs` says otherwise: the fork
-server's start (~0.5 s of CPU) and a second set of scans cost about what a second core gains at 24,500 records
-(rebuilds alternating `--jobs 1` and `--jobs 2`: one process ahead at 14,700, even at 24,500, behind at 39,200)"""
+"""raw records left to read below which a rebuild folds in one process unless `--jobs` says otherwise: below it,
+the fork server's start and a second set of scans cost more than a second core gains"""
 
 
 def _jobs(settings: KafkaSettings, options: Options, state: ReplayState) -> int:
     """The processes a rebuild folds in: `--jobs`, else one per core; one where it may read the archive (its
-    workers cannot fork from the fork server, and a fresh one costs ~1.5 s of CPU: asked for only) or where
+    workers cannot fork from the fork server, and a fresh one imports everything again: asked for only) or where
     the range left is small."""
     if options.jobs:
         return options.jobs
@@ -290,7 +290,7 @@ def _left(state: ReplayState) -> int:
     """The raw records a rebuild has left to read."""
     position = {t: int_keys(state.source["next"][t]) for t in RAW} if state.source else None
     return sum(end - (position[t].get(p, start) if position else start)
-               for t in RAW for p, (start, end) in int_keys(state.ranges[t]).items())
+               for t in RAW for p, (start, end) in state.ranges[t].items())
 
 
 def _source(settings: KafkaSettings, job: Job, state: ReplayState, counts: Counter[str], options: Options,

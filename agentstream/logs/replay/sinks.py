@@ -19,7 +19,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import orjson
 import polars as pl
@@ -135,7 +135,7 @@ class TopicSink:
         self.written = position["written"]
         after = Bounds(start_offsets=dict(self.ends))
         async for batch in scan(self.settings, self.topic, after):
-            self.present.update(orjson.loads(record.value)["id"] for record in batch)
+            self.present.update(orjson.loads(record.value or b"")["id"] for record in batch)
 
     def resume(self, share: TopicShare) -> None:
         """In a worker process: continue the topic from the command's position (it read what is present)."""
@@ -175,7 +175,7 @@ class TopicSink:
                 self.skipped_present += 1
                 self.written += 1
                 continue
-            value = item.raw or encode(item.trajectory)
+            value = item.raw or encode(item.event)
             while True:
                 try:
                     self.producer.produce(self.topic, value, item.key, on_delivery=self._delivered)
@@ -234,16 +234,16 @@ class JsonlSink:
         self.lines = lines
         self.of_rows = of_rows
         """its lines are dataset rows: a chunk's, where the source made them (`Chunk.rows`)"""
-        self.file = None
+        self.file: IO[bytes] | None = None
         self.written = 0
 
     @classmethod
     def events(cls, path: Path) -> JsonlSink:
-        return cls(path, lambda item: [item.raw or encode(item.trajectory)])
+        return cls(path, lambda item: [item.raw or encode(item.event)])
 
     @classmethod
     def chat(cls, path: Path) -> JsonlSink:
-        return cls(path, lambda item: [orjson.dumps(row) for row in dataset.rows(item.trajectory, item.calls)],
+        return cls(path, lambda item: [orjson.dumps(row) for row in dataset.rows(item.event, item.calls)],
                    of_rows=True)
 
     async def create(self) -> dict[str, Any]:
@@ -258,28 +258,35 @@ class JsonlSink:
             raise ReplayError(f"{self.path} is shorter than this replay's resume state says it wrote "
                               f"({max(size, 0)} < {position['bytes']} bytes): it was changed since; "
                               "pass --restart to write it again")
-        self.file = self.path.open("r+b")
-        self.file.truncate(position["bytes"])  # what a killed run wrote after its last saved state
-        self.file.seek(position["bytes"])
+        self.file = file = self.path.open("r+b")
+        file.truncate(position["bytes"])  # what a killed run wrote after its last saved state
+        file.seek(position["bytes"])
         self.written = position["written"]
+
+    @property
+    def _file(self) -> IO[bytes]:
+        if self.file is None:
+            raise ReplayError(f"{self.path} is written before it is opened")
+        return self.file
 
     async def write(self, items: list[Item]) -> None:
         if self.of_rows and isinstance(items, Chunk) and items.rows is not None:
             # polars' JSON lines: the bytes orjson writes for the dicts `dataset.rows` makes (keys in the
             # schema's order; floats, ints and strings written alike: tests/logs/test_replay_export.py), without
             # a Python object per value
-            items.rows.write_ndjson(self.file)
+            items.rows.write_ndjson(self._file)
             self.written += len(items)
             return
         for item in items:
             for line in self.lines(item):
-                self.file.write(line + b"\n")
+                self._file.write(line + b"\n")
             self.written += 1
 
     async def commit(self) -> dict[str, Any]:
-        self.file.flush()
-        os.fsync(self.file.fileno())
-        return {"bytes": self.file.tell(), "written": self.written}
+        file = self._file
+        file.flush()
+        os.fsync(file.fileno())
+        return {"bytes": file.tell(), "written": self.written}
 
     async def finish(self) -> None:
         pass
@@ -327,9 +334,9 @@ class ParquetSink:
 
     async def write(self, items: list[Item]) -> None:
         if isinstance(items, Chunk) and items.rows is not None:
-            frame = items.rows.cast(dict(dataset.SCHEMA))
+            frame = items.rows.cast(dataset.SCHEMA)
         else:
-            frame = pl.DataFrame([row for item in items for row in dataset.rows(item.trajectory, item.calls,
+            frame = pl.DataFrame([row for item in items for row in dataset.rows(item.event, item.calls,
                                                                                 messages_as_json=True)],
                                  schema=dataset.SCHEMA)
         if frame.height:

@@ -11,6 +11,7 @@ from collections import Counter, deque
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 import polars as pl
@@ -19,7 +20,7 @@ from agentstream.logs.repeats import Repeats
 from agentstream.logs.replay import columnar
 from agentstream.logs.replay.columnar import Misfit
 from agentstream.logs.replay.selection import Selection, made_by
-from agentstream.logs.replay.state import int_keys
+from agentstream.logs.replay.state import ReplayError, int_keys
 from agentstream.schemas.codec import DecodeError, decode
 from agentstream.schemas.events import Call, TrajectoryEvent
 from agentstream.schemas.kafka import KafkaSettings
@@ -52,6 +53,13 @@ class Item:
     def __post_init__(self) -> None:
         if self.trajectory is not None:
             self.id, self.key = self.trajectory.id, self.trajectory.key
+
+    @property
+    def event(self) -> TrajectoryEvent:
+        """its model, where a step needs one (a source makes it wherever such a step runs)"""
+        if self.trajectory is None:
+            raise ReplayError(f"trajectory {self.id} came as bytes only, where its model is needed")
+        return self.trajectory
 
 
 class Source(Protocol):
@@ -168,15 +176,15 @@ class StoredTrajectories:
         values = [None] * len(batch) if self.rows else (
             [m.value() for m in batch.messages] if isinstance(batch, Fetch) else [r.value for r in batch])
         # what the selection looks at inside a trajectory (read where it does: `looks_inside`)
-        versions = columnar.turn_versions(frame) if self.selection.versions else None
-        launches = frame["weight_version_launch"].to_list() if self.selection.versions else None
+        versions = columnar.turn_versions(frame) if self.selection.versions else []
+        launches = frame["weight_version_launch"].to_list() if self.selection.versions else []
         started = frame["started_at"].to_list() if self.selection.started_from_ms is not None else None
         chunk, kept = Chunk(), []
         for i, (event_id, rollout_id) in enumerate(zip(frame["id"].to_list(), frame["rollout_id"].to_list())):
             if not self.repeats.first(event_id):
                 self.counts["repeats"] += 1
             elif not self.selection.wants_fields(rollout_id, started[i] if started else None,
-                                                 lambda i=i: made_by(versions[i], launches[i])):
+                                                 partial(_made_by_row, versions, launches, i)):
                 self.counts["not_selected"] += 1
             else:
                 chunk.append(Item(None, raw=values[i], id=event_id, key=rollout_id.encode() if rollout_id else None))
@@ -189,7 +197,7 @@ class StoredTrajectories:
         chunk = Chunk()
         for record in records:
             try:
-                trajectory = decode(record.value, expect=TrajectoryEvent)
+                trajectory = decode(record.value or b"", expect=TrajectoryEvent)
             except DecodeError:
                 self.counts["undecodable"] += 1
                 continue
@@ -203,3 +211,8 @@ class StoredTrajectories:
 
     def position(self) -> dict[str, Any]:
         return {"next": dict(self.next)}
+
+
+def _made_by_row(versions: list[list[int | None]], launches: list[int | None], row: int) -> set[int]:
+    """`made_by` of one row of a batch read in columns (asked only when the selection names versions)."""
+    return made_by(versions[row], launches[row])

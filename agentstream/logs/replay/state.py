@@ -66,6 +66,6 @@ class ReplayState:
                               "to start this replay over") from None
 
 
-def int_keys(mapping: dict) -> dict[int, Any]:
+def int_keys(mapping: dict[str, Any]) -> dict[int, Any]:
     """JSON object keys are strings; partitions are ints."""
     return {int(key): value for key, value in mapping.items()}

@@ -21,6 +21,10 @@ import json
 import os
 import sys
 import tempfile
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the test environment's pytest, imported by main once sys.path is pinned
+    import pytest
 
 WORKSPACE = "/workspace"
 
@@ -29,19 +33,19 @@ class Reporter:
     def __init__(self, fd: int):
         self.fd = fd
 
-    def send(self, record: dict) -> None:
+    def send(self, record: dict[str, Any]) -> None:
         data = (json.dumps(record, ensure_ascii=True) + "\n").encode()
         while data:
             data = data[os.write(self.fd, data):]
 
-    def pytest_collection_finish(self, session) -> None:
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.send({"collected": [item.nodeid for item in session.items]})
 
-    def pytest_runtest_logreport(self, report) -> None:
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.send({"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
                    "xfail": hasattr(report, "wasxfail")})
 
-    def pytest_sessionfinish(self, session, exitstatus) -> None:
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int | pytest.ExitCode) -> None:
         self.send({"exitstatus": int(exitstatus)})
 
 

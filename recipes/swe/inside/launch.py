@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 FRAME = "@@agentstream-verdict@@ "
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child.py")
@@ -70,7 +71,7 @@ def read_records(fd: int, records: list[bytes]) -> None:
         records.extend(lines[: MAX_RECORDS - len(records)])
 
 
-def verdict(records: list[bytes], ids: list[str], exit_code: int) -> dict:
+def verdict(records: list[bytes], ids: list[str], exit_code: int) -> dict[str, Any]:
     phases: dict[str, dict[str, tuple[str, bool]]] = {}
     problems: list[str] = []
     collected: list[str] | None = None

@@ -19,9 +19,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import scan
+if TYPE_CHECKING:  # the checker reads it as the package's module
+    from agentstream.recipes.swe.inside import scan
+else:  # in the sandbox this runs as a script, stdlib only, next to scan.py
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import scan
 
 FRAME = "@@agentstream-grade@@ "
 REPO = "/grader/repo"
@@ -47,7 +51,7 @@ def git(*args: str, index: Path | None = None, data: bytes | None = None, check:
     return done
 
 
-def frame(payload: dict) -> None:
+def frame(payload: dict[str, Any]) -> None:
     os.write(1, ("\n" + FRAME + json.dumps(payload, ensure_ascii=True) + "\n").encode())
 
 
@@ -71,7 +75,7 @@ def numstat(patch: bytes) -> list[tuple[bool, list[str]]]:
     return parts
 
 
-def raw_changes(base: str, index: Path) -> list[dict]:
+def raw_changes(base: str, index: Path) -> list[dict[str, Any]]:
     tokens = git("diff-index", "--cached", "--raw", "-z", "--no-renames", base, index=index).stdout.split(b"\0")
     changes = []
     for meta, path in zip(tokens[0::2], tokens[1::2]):
@@ -97,7 +101,7 @@ def is_text(data: bytes) -> bool:
     return True
 
 
-def inspect(base: str) -> dict:
+def inspect(base: str) -> dict[str, Any]:
     (GIT / "objects").mkdir(parents=True, exist_ok=True)
     git("read-tree", base, index=SCRATCH_INDEX)
     hidden = sorted({p for _, paths in numstat(TEST_PATCH.read_bytes()) for p in paths})
@@ -115,7 +119,7 @@ def inspect(base: str) -> dict:
     return {"applies": True, "changes": changes, "binary": binary, "hidden": hidden}
 
 
-def build(base: str, allowed: list[str]) -> dict:
+def build(base: str, allowed: list[str]) -> dict[str, Any]:
     wanted = set(allowed)
     changes = [c for c in raw_changes(base, SCRATCH_INDEX) if c["path"] in wanted] if wanted else []
     git("read-tree", base, index=FINAL_INDEX)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+from collections.abc import Callable
 
 FLAGS = {
     "pytest": "imports or names pytest, _pytest or pluggy",
@@ -51,6 +52,9 @@ _DUNDERS = {"__eq__", "__ne__", "__hash__", "__repr__", "__bool__", "__instancec
 _CONSTANT_SUSPECT = {"__eq__", "__ne__", "__bool__", "__instancecheck__", "__subclasscheck__", "__contains__",
                      "__lt__", "__le__", "__gt__", "__ge__"}
 
+Flag = Callable[[str, ast.AST, str], None]
+"""records one finding: (flag, the node, what was seen)"""
+
 
 def changed_lines(old: str | None, new: str) -> set[int]:
     """1-based line numbers of `new` that are not in `old` (all of them for a new file)."""
@@ -86,7 +90,7 @@ def scan(path: str, old: str | None, new: str) -> list[dict[str, object]]:
                 _visit(node, flag)
     except RecursionError:
         return [{"flag": "unparseable", "path": path, "line": 0, "what": "RecursionError"}]
-    return sorted(found.values(), key=lambda f: (f["line"], f["flag"]))  # type: ignore[return-value]
+    return sorted(found.values(), key=lambda f: (f["line"], f["flag"]))
 
 
 def _touches(node: ast.AST, lines: set[int]) -> bool:
@@ -99,7 +103,7 @@ def _touches(node: ast.AST, lines: set[int]) -> bool:
     return any(line in lines for line in range(start, end + 1))
 
 
-def _visit(node: ast.AST, flag) -> None:
+def _visit(node: ast.AST, flag: Flag) -> None:
     if isinstance(node, ast.Import):
         for alias in node.names:
             _module(alias.name, node, flag)
@@ -142,7 +146,7 @@ def _visit(node: ast.AST, flag) -> None:
                 flag("dunder-override", node, f"assigns {target.attr}")
 
 
-def _module(name: str, node: ast.AST, flag) -> None:
+def _module(name: str, node: ast.AST, flag: Flag) -> None:
     top = name.split(".")[0]
     if top in _RUNNER:
         flag("pytest", node, f"import {name}")

@@ -1,0 +1,89 @@
+"""The flags several commands share, and their conversion into what the packages take.
+
+A flag takes the name the services' settings give the same setting (`--topic-prefix`); an older name
+of the CLI's stays accepted, hidden from the help, for one release (`OLD_NAMES`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from typer._click import Context
+from typer.core import TyperCommand
+
+from agentstream.cli.output import fail
+from agentstream.stack import bootstrap_servers
+
+if TYPE_CHECKING:
+    from agentstream.schemas.kafka import KafkaSettings
+    from agentstream.schemas.scan import Bounds, Origin
+
+OLD_NAMES = {"--prefix": "--topic-prefix"}
+"""old flag → its name now (the services' own)"""
+
+
+class AcceptsOldNames(TyperCommand):
+    """A command that also takes the old names of its flags (`OLD_NAMES`); the help shows the new ones."""
+
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
+        own = {name for param in self.get_params(ctx) for name in param.opts}
+        return super().parse_args(ctx, renamed(args, own))
+
+
+def renamed(args: list[str], own: set[str]) -> list[str]:
+    """`args` with each old flag name (before any `--`) given its new name, where the command has that flag."""
+    out: list[str] = []
+    for at, arg in enumerate(args):
+        if arg == "--":
+            return [*out, *args[at:]]
+        flag, equals, value = arg.partition("=")
+        new = OLD_NAMES.get(flag)
+        out.append(new + equals + value if new in own else arg)
+    return out
+
+
+TopicPrefix = Annotated[str, typer.Option("--topic-prefix", envvar="AGENTSTREAM_TOPIC_PREFIX", help="topic name prefix")]
+Since = Annotated[str | None, typer.Option(help="from this time: epoch ms, ISO-8601, or an age (10m, 2h)")]
+Until = Annotated[str | None, typer.Option(help="up to this time (same forms as --since)")]
+StartOffsets = Annotated[str | None, typer.Option("--from-offsets", help="first offsets, PARTITION:OFFSET,…")]
+EndOffsets = Annotated[str | None, typer.Option("--to-offsets", help="stop before these offsets, PARTITION:OFFSET,…")]
+ReadFrom = Annotated[str, typer.Option(
+    "--source", help="where records come from: kafka, archive (only what `agentstream archive` holds), or auto "
+                     "(the archive for what it holds, Kafka for the rest)")]
+ArchiveDir = Annotated[Path, typer.Option("--archive", envvar="AGENTSTREAM_ARCHIVE",
+                                          help="the Parquet archive's folder (agentstream archive)")]
+ModelName = Annotated[str, typer.Option(help="the served model name")]
+
+
+def kafka_settings(topic_prefix: str) -> KafkaSettings:
+    """The local broker's (or KAFKA_BOOTSTRAP_SERVERS') settings, with this topic prefix."""
+    from agentstream.schemas.kafka import KafkaSettings
+
+    return KafkaSettings(bootstrap_servers=bootstrap_servers(), topic_prefix=topic_prefix)
+
+
+def bounds(since: str | None, until: str | None, start: str | None, end: str | None) -> Bounds:
+    from agentstream.schemas.scan import Bounds, parse_offsets, parse_time
+
+    try:
+        return Bounds(
+            since_ms=parse_time(since) if since else None, until_ms=parse_time(until) if until else None,
+            start_offsets=parse_offsets(start) if start else {}, end_offsets=parse_offsets(end) if end else {},
+        )
+    except ValueError as exc:
+        fail(str(exc))
+
+
+def origin(source: str, archive: Path) -> Origin:
+    from agentstream.schemas.scan import Origin
+
+    return Origin(source, archive)  # type: ignore[arg-type]  # Origin checks it, naming the modes
+
+
+def pairs(values: list[str], option: str) -> dict[str, str]:
+    """KEY=VALUE flags (repeatable) as a dict."""
+    if any("=" not in value for value in values):
+        fail(f"{option} takes KEY=VALUE")
+    return dict(value.split("=", 1) for value in values)

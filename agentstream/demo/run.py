@@ -1,0 +1,274 @@
+"""Running a loop on this machine: the local stack, each service of the preset's `Loop` as its own process, the
+topics followed into a live table until the preset says the run is done, and every process stopped however the
+run ends."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import subprocess
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+from rich.console import Console
+from rich.live import Live
+
+from agentstream.demo.loop import Loop, Stack
+from agentstream.demo.progress import Progress
+from agentstream.schemas.codec import DecodeError, decode
+from agentstream.schemas.kafka import KafkaSettings, ensure_topics, make_consumer
+from agentstream.stack import StackError, configured_kafka, default_kafka_dir
+from agentstream.stack.kafka import LocalKafka
+from agentstream.stack.process import ServerState, free_port, spawn, stop_pid, tail
+from agentstream.stack.service import Service
+from agentstream.stack.vllm import LocalVLLM
+
+QUIET_S = 15.0
+STOP_GRACE_S = 20.0
+"""each service's time to stop (SIGTERM) before it is killed: its own shutdown must fit in it"""
+
+
+def run_folder(name: str) -> Path:
+    return Path("runs") / time.strftime(f"{name}-%Y%m%d-%H%M%S")
+
+
+class StackConfig(BaseModel):
+    """What every preset has (the stack, the output); a preset adds its knobs and derives its `Loop`."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    model: str = "tiny"
+    versions: int = 1
+    concurrency: int = 2
+    out: Path = Field(default_factory=lambda: run_folder("demo"))
+    keep_stack: bool = False
+    """leave Kafka and vLLM running afterwards"""
+    vllm_name: str = "demo"
+    """the local vLLM server's name (one server per name)"""
+    base_model: Path | None = None
+    """a model folder to start from instead of the one built for `model` (tests: the session's)"""
+
+    @property
+    def batch(self) -> int:
+        """rollouts one weight version trains on"""
+        raise NotImplementedError
+
+    def build_model(self, out: Path, say: Callable[[str], None]) -> Path:
+        """The starting weights (a model folder), built under the run's folder or once per AGENTSTREAM_HOME."""
+        raise NotImplementedError
+
+    def prepare(self, out: Path) -> None:
+        """Write what the run's processes read besides their settings (task files) into its folder."""
+
+    def loop(self, stack: Stack) -> Loop:
+        raise NotImplementedError
+
+
+@dataclass
+class Running:
+    name: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+
+class Demo:
+    """Runs a preset's loop: the stack, its services, the topics followed until the preset's end."""
+
+    starting = "Starting the local stack…"
+
+    def __init__(self, config: StackConfig, console: Console):
+        self.config = config
+        self.console = console
+        self.out = config.out.resolve()
+        self.running: list[Running] = []
+        self.started_kafka: LocalKafka | None = None
+        self.vllm = LocalVLLM(config.vllm_name)
+        self.progress = Progress()
+
+    def say(self, message: str) -> None:
+        self.console.print(f"[dim]{message}[/dim]")
+
+    # the stack
+
+    def kafka(self) -> str:
+        if configured := configured_kafka():
+            return configured
+        broker = LocalKafka(default_kafka_dir())
+        if broker.state() is None:
+            self.started_kafka = broker
+        return broker.start(say=self.say).url
+
+    def inference(self, model_dir: Path) -> list[ServerState]:
+        """The servers the gateway routes to, serving the starting weights."""
+        return [self.serve(model_dir, self.vllm)]
+
+    def serve(self, model_dir: Path, server: LocalVLLM) -> ServerState:
+        """`server` with the starting weights: one left by an earlier run (--keep-stack) that serves this model is
+        reset to them (seconds) instead of started again (a minute or more)."""
+        running = server.state()
+        if running and running.details.get("model") == str(model_dir.resolve()) \
+                and running.details.get("served_name") == self.config.model and reset_weights(running.url, model_dir):
+            self.say(f"Reusing the vLLM server at {running.url}, reset to the starting weights")
+            return running
+        server.stop()  # serves another model, or could not be reset
+        return server.start(model_dir, served_name=self.config.model, say=self.say, timeout=1800)
+
+    def start(self, service: Service) -> Running:
+        log = self.out / "logs" / f"{service.name}.log"
+        running = Running(service.name, spawn(service.argv(), log, env=service.env), log)
+        self.running.append(running)
+        return running
+
+    def check_alive(self) -> None:
+        """Fail on a service that died; one that finished its work (exit 0: the trainer's last
+        version, the controller's last rollout) is done, not dead."""
+        for service in self.running:
+            if service.process.poll() not in (None, 0):
+                raise StackError(f"the {service.name} exited. Its log ({service.log}):\n{tail(service.log)}")
+
+    def stop_all(self) -> None:
+        for service in reversed(self.running):  # the traffic first: no new agents
+            stop_pid(service.process.pid, grace=STOP_GRACE_S)
+        if not self.config.keep_stack:
+            self.vllm.stop()
+            if self.started_kafka:
+                self.started_kafka.stop()
+
+    # the run
+
+    async def run(self) -> Progress:
+        """The stack, the inputs and the model (under a spinner), then the services, followed to the end."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        with self.console.status(self.starting):
+            kafka = await self.topics()
+            self.prepare()
+            model_dir = self.config.base_model or self.base_model()
+            servers = self.inference(model_dir)
+        stack = Stack(kafka=kafka, model_dir=model_dir, servers=servers, gateway_port=free_port(),
+                      token_secret=secrets.token_urlsafe(24), api_key=secrets.token_urlsafe(24), out=self.out)
+        self.say(f"Kafka {kafka.bootstrap_servers}, topics {kafka.topic_prefix}*, vLLM {servers[0].url} "
+                 f"({self.config.model}), output in {self.out}")
+        await self.launch(stack)
+        await self.follow(kafka)
+        return self.progress
+
+    async def topics(self) -> KafkaSettings:
+        """Kafka (the local broker unless KAFKA_BOOTSTRAP_SERVERS), with this run's topics under its own prefix."""
+        kafka = KafkaSettings(bootstrap_servers=self.kafka(), topic_prefix=f"{self.out.name}.", partitions=4)
+        await ensure_topics(kafka)
+        return kafka
+
+    def prepare(self) -> None:
+        self.config.prepare(self.out)
+
+    def base_model(self) -> Path:
+        return self.config.build_model(self.out, self.say)
+
+    def loop(self, stack: Stack) -> Loop:
+        return self.config.loop(stack)
+
+    async def launch(self, stack: Stack) -> None:
+        """The loop's services, then, once the gateway answers, what sends it traffic."""
+        loop = self.loop(stack)
+        for service in loop.services():
+            self.start(service)
+        await self.await_http("gateway", f"{stack.gateway_url}/healthz")
+        for service in loop.traffic():
+            self.start(service)
+
+    async def await_http(self, name: str, url: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        async with httpx.AsyncClient() as client:
+            while True:
+                self.check_alive()
+                try:
+                    if (await client.get(url, timeout=2)).status_code < 500:
+                        return
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise StackError(f"the {name} did not answer {url} within {timeout:.0f} s")
+                await asyncio.sleep(0.25)
+
+    async def follow(self, kafka: KafkaSettings) -> None:
+        """Until the last version has a full batch of answers, or the controller ran every rollout and
+        their trajectories are in (nothing came for QUIET_S)."""
+        last_record = time.monotonic()
+
+        async def done(fetched: bool) -> bool:
+            nonlocal last_record
+            if fetched:
+                last_record = time.monotonic()
+            return self.finished() or (self.service_done("controller") and time.monotonic() - last_record > QUIET_S)
+
+        topics = kafka.topics
+        await self.watch(kafka, [topics.trajectories, topics.weights, topics.pool], done)
+
+    async def watch(self, kafka: KafkaSettings, topics: list[str], done: Callable[[bool], Awaitable[bool]],
+                    refresh_per_second: float = 2) -> None:
+        """Fold `topics` into the progress table, redrawn after each fetch, until `done(anything fetched)`."""
+        consumer = make_consumer(kafka, *topics, group_id=None)
+        await consumer.start()
+        try:
+            with Live(self.progress.table(), console=self.console, refresh_per_second=refresh_per_second) as live:
+                while True:
+                    self.check_alive()
+                    batches = await consumer.getmany(timeout_ms=500)
+                    for records in batches.values():
+                        for record in records:
+                            try:
+                                self.progress.add(decode(record.value))
+                            except DecodeError:
+                                continue
+                    live.update(self.progress.table())
+                    if await done(bool(batches)):
+                        return
+        finally:
+            await consumer.stop()
+
+    def service(self, name: str) -> Running:
+        return next(s for s in self.running if s.name == name)
+
+    def service_done(self, name: str) -> bool:
+        """Whether the process `name` finished its work (exit 0)."""
+        return any(s.name == name and s.process.poll() == 0 for s in self.running)
+
+    def finished(self) -> bool:
+        last = self.progress.rows.get(self.config.versions)
+        return bool(last and last.published_at is not None and len(last.rewards) >= self.config.batch)
+
+
+def reset_weights(url: str, model_dir: Path) -> bool:
+    """Load the folder's weights into a running server as version 0; False if the server refuses."""
+    steps: list[tuple[str, dict[str, Any]]] = [
+        ("/pause", {"params": {"mode": "keep"}}),
+        ("/collective_rpc", {"json": {"method": "reload_weights", "kwargs": {"weights_path": str(model_dir)}}}),
+        ("/reset_prefix_cache", {}),
+        ("/update_weight_version", {"json": {"new_version": "0"}}),
+        ("/resume", {})]
+    try:
+        with httpx.Client(base_url=url, timeout=600) as client:
+            for path, kwargs in steps:
+                client.post(path, **kwargs).raise_for_status()
+        return True
+    except httpx.HTTPError:
+        return False
+
+
+Summarize = Callable[[Any, Any, Console, float], dict[str, Any]]
+
+
+def run_to_summary(run: Demo, summarize: Summarize) -> dict[str, Any]:
+    """Run a preset with its services stopped however it ends, then summarize it
+    (`summarize(progress, config, console, elapsed_s)`)."""
+    started = time.monotonic()
+    try:
+        progress = asyncio.run(run.run())
+    finally:
+        run.stop_all()
+    return summarize(progress, run.config, run.console, time.monotonic() - started)
