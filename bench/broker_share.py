@@ -239,7 +239,7 @@ def show(rows: list[dict]) -> None:
     console.print("\nmeans over rounds (broker ms/event, worker ms/event, p99 over settle ms, ping p99 ms):")
     for config in configs:
         mine = [row for row in rows if row["config"] == config]
-        mean = lambda key: sum(row[key] for row in mine) / len(mine)  # noqa: E731
+        mean = lambda key, mine=mine: sum(row[key] for row in mine) / len(mine)  # noqa: E731
         console.print(f"  {config or '(as shipped)'}: {mean('broker_ms_per_event'):.3f}, {mean('worker_ms_per_event'):.3f}, "
                       f"{mean('over_settle_p99_ms'):,.0f}, {mean('ping_p99_ms'):,.0f}")
 

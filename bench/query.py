@@ -281,7 +281,7 @@ async def main(events: int, rows: int, bootstrap: str | None, prefix: str, kafka
     _, base_s = timed(lambda: context.execute("SELECT COUNT(*) FROM calls"))
     report.add(f"SELECT COUNT(*) on {rows:,} calls in memory", f"{base_s * 1000:.1f} ms", 1.0)
     for name in ("latency-by-upstream", "tokens-by-rollout", "tokens-latency-by-upstream-version"):
-        _, query_s = timed(lambda: context.execute(NAMED_QUERIES[name]))
+        _, query_s = timed(lambda name=name: context.execute(NAMED_QUERIES[name]))
         report.add(f"{name} on {rows:,} calls in memory", f"{query_s * 1000:.1f} ms", query_s / base_s)
     report.print("ratio: scans, throughput vs. the raw scan (count only) in the same run; "
                  "bytes, Parquet vs. Kafka; in-memory queries, time vs. COUNT(*)")

@@ -20,6 +20,7 @@ import random
 import statistics
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -126,8 +127,8 @@ def main(argv: list[str] | None = None) -> None:
                 settings = TrainerSettings(group_size=group_size, lr=1e-3)
                 torch.manual_seed(0)
                 policy = Policy.load(model_dir, settings)
-                seconds = timed({"baseline": lambda: supervised_step(policy.model, policy.optimizer, batch),
-                                 "update": lambda: policy.update(samples)}, args.repeats)
+                seconds = timed({"baseline": partial(supervised_step, policy.model, policy.optimizer, batch),
+                                 "update": partial(policy.update, samples)}, args.repeats)
                 baseline, update = len(samples) / seconds["baseline"], len(samples) / seconds["update"]
                 service, share = asyncio.run(service_rate(bootstrap, model_dir, shape, args.versions, workdir))
                 label = f"{groups}×{group_size} = {len(samples)} seqs, {batch.input_ids.shape[1]} tokens"

@@ -56,5 +56,5 @@ def history(count: int, prefix: str) -> list[s.Event]:
     events = []
     for i in range(count):
         times = iter(range(start + 50 * i, start + 50 * i + 10 * EVENTS_PER_ROLLOUT, 10))
-        events += rollout_events(f"{prefix}{i}", rng, lambda: next(times))
+        events += rollout_events(f"{prefix}{i}", rng, times.__next__)
     return events

@@ -6,6 +6,7 @@ A server's state (pid, address) lives in a small JSON file next to its data, so 
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import json
 import os
@@ -92,6 +93,18 @@ def port_free(port: int) -> bool:
         return True
 
 
+# The handles of the servers spawned here, for the life of this process: a server runs on after its starter
+# drops the handle (it is stopped and reaped by its pid), which Python would otherwise report as a leak.
+_SPAWNED: list[subprocess.Popen[bytes]] = []
+
+
+@atexit.register
+def _note_reaped() -> None:
+    """A handle whose server was stopped and reaped by its pid (`pid_alive`) learns so before it goes."""
+    for proc in _SPAWNED:
+        proc.poll()
+
+
 def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None,
           own_session: bool = True) -> subprocess.Popen[bytes]:
     """Start `cmd` with `env` added to this process's environment, output appended to `log`; in its own session
@@ -99,10 +112,12 @@ def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None, cwd: Pat
     reaches it too)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=own_session,
         )
+    _SPAWNED.append(proc)
+    return proc
 
 
 def tail(path: Path, lines: int = 30) -> str:

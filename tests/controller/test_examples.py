@@ -112,6 +112,7 @@ def test_calculator_agent_loops_over_garbage_and_posts_its_own_reward(vllm_serve
                            reward_url=f"{sink.url}/rollouts/r1/reward", AGENT_MAX_TURNS="3", AGENT_MAX_TOKENS="24")
     finally:
         sink.shutdown()
+        sink.server_close()
     assert result.returncode == 0, result.stderr
     ((path, auth, body),) = sink.posts
     assert path == "/rollouts/r1/reward" and auth == "Bearer ast1.example-token"
@@ -128,5 +129,6 @@ def test_calculator_agent_fails_its_attempt_when_the_reward_is_refused(vllm_serv
                            reward_url=f"{sink.url}/rollouts/r1/reward", AGENT_MAX_TURNS="1", AGENT_MAX_TOKENS="8")
     finally:
         sink.shutdown()
+        sink.server_close()
     assert result.returncode == 1 and "could not post the reward" in result.stderr
     assert len(sink.posts) == 1

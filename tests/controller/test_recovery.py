@@ -43,9 +43,9 @@ def start_controller(kafka, tasks: Path, state: Path, *flags: str) -> subprocess
             "--concurrency", "3", "--no-shuffle", "--no-progress", "--logs-dir", str(state / "logs"),
             "--topic-prefix", kafka.topic_prefix, "--heartbeat-s", "0.5", "--kill-grace-s", "1", *flags]
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers, "AGENTSTREAM_TOKEN_SECRET": SECRET}
-    log = open(state / f"controller-{len(list(state.glob('controller-*.log')))}.log", "wb")
-    _started.append(subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                     cwd=Path(__file__).parents[2]))
+    with open(state / f"controller-{len(list(state.glob('controller-*.log')))}.log", "wb") as log:  # the child keeps its copy
+        _started.append(subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                         cwd=Path(__file__).parents[2]))
     return _started[-1]
 
 
@@ -78,7 +78,7 @@ async def test_controller_killed_mid_run_resumes_without_rerunning_finished_atte
 
     # the orphaned agents of the interrupted attempts were stopped before their reruns
     for pid in blocked.values():
-        wait_for(lambda: not pid_alive(pid), timeout=10, what=f"orphaned agent {pid} to be gone")
+        wait_for(lambda pid=pid: not pid_alive(pid), timeout=10, what=f"orphaned agent {pid} to be gone")
 
     events = await read_rollouts(kafka)
     assert len({e.id for e in events}) == len(events)
@@ -130,7 +130,7 @@ async def test_sigterm_hands_running_attempts_back_for_the_next_controller(kafka
         assert types(attempt).count("failed") == 1, "the attempt was closed twice"
         assert attempt[-1].data.error.startswith(INTERRUPTED) and attempt[-1].data.will_retry
     for _, _, pid in runs_log(tmp_path):
-        wait_for(lambda: not pid_alive(int(pid)), timeout=10, what="handed-back agents to be stopped")
+        wait_for(lambda pid=pid: not pid_alive(int(pid)), timeout=10, what="handed-back agents to be stopped")
 
     # the next controller reruns the handed-back attempts (now they finish) and the one never started
     assert start_controller(kafka, tasks, tmp_path).wait(60) == 0, (tmp_path / "controller-2.log").read_text()
@@ -151,7 +151,7 @@ async def test_when_kafka_goes_away_the_run_stops_with_its_agents_and_resumes_la
         assert controller.wait(60) == 1
         assert "Kafka did not acknowledge" in (tmp_path / "controller-0.log").read_text()
         for _, _, pid in runs_log(tmp_path):  # nothing could be recorded, but no agent was left running
-            wait_for(lambda: not pid_alive(int(pid)), timeout=10, what="the agents to be stopped")
+            wait_for(lambda pid=pid: not pid_alive(int(pid)), timeout=10, what="the agents to be stopped")
 
         broker.start(port=port)
         assert start_controller(own, tasks, tmp_path).wait(90) == 0, (tmp_path / "controller-1.log").read_text()

@@ -64,7 +64,7 @@ def test_bad_task_files_get_errors_that_name_the_problem(tmp_path: Path, content
 
 def test_unknown_file_type_and_missing_file(tmp_path: Path):
     (tmp_path / "t.csv").write_text("id,input\n")
-    with pytest.raises(TaskFileError, match="use .jsonl or .parquet"):
+    with pytest.raises(TaskFileError, match=r"use \.jsonl or \.parquet"):
         load_tasks(tmp_path / "t.csv")
     with pytest.raises(TaskFileError, match="no such task file"):
         load_tasks(tmp_path / "missing.jsonl")
@@ -94,7 +94,10 @@ def test_plan_groups_samples_shuffles_with_a_seed_and_keeps_splits(tmp_path: Pat
             group = train[i:i + 3]
             assert {r.task.id for r in group} == {group[0].task.id} and [r.sample_index for r in group] == [0, 1, 2]
             assert len({r.group_id for r in group}) == 1
-    order = lambda epoch: [r.task.id for r in plan if r.epoch == epoch and r.sample_index == 0 and r.split == "train"]
+
+    def order(epoch: int) -> list[str]:
+        return [r.task.id for r in plan if r.epoch == epoch and r.sample_index == 0 and r.split == "train"]
+
     assert sorted(order(0)) == [f"t{i}" for i in range(6)]
     assert order(0) != order(1), "each epoch should be shuffled differently"
     groups = {(r.task.id, r.epoch): r.group_id for r in plan}

@@ -163,16 +163,17 @@ async def test_rollouts_stick_to_a_server_and_fail_over_when_it_goes_down(kafka,
             rollouts = [f"r{i}" for i in range(8)]
 
             async def calls(rollout: str, count: int) -> list[str]:
-                client = gw.openai(base_url=gw.rollout_url(rollout, "a1"))
                 ids = []
-                for _ in range(count):
-                    raw = await client.completions.with_raw_response.create(model="tiny", prompt=rollout, max_tokens=2)
-                    ids.append(raw.headers["x-agentstream-call-id"])
+                async with gw.openai(base_url=gw.rollout_url(rollout, "a1")) as client:
+                    for _ in range(count):
+                        raw = await client.completions.with_raw_response.create(model="tiny", prompt=rollout,
+                                                                                max_tokens=2)
+                        ids.append(raw.headers["x-agentstream-call-id"])
                 return ids
 
             async def round_of(count: int) -> dict[str, set[str]]:
                 """Each rollout makes `count` calls; the upstreams that served each rollout."""
-                ids = sum(await asyncio.gather(*(calls(rollout, count) for rollout in rollouts)), [])
+                ids = [i for batch in await asyncio.gather(*(calls(rollout, count) for rollout in rollouts)) for i in batch]
                 events = by_id(await read_events(kafka, kafka.topics.calls))
                 served: dict[str, set[str]] = {}
                 for call_id in ids:

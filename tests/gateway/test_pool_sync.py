@@ -118,7 +118,7 @@ async def test_weight_swap_under_streaming_load_with_two_replicas(kafka, vllm_se
         await wait_for_async(lambda: served_version(vllm_server) == str(new_version), timeout=120,
                              what="the server to serve the new version")
         for gw in (a, b):
-            await wait_for_async(lambda: not gw.gateway.pool.holds, timeout=60, what="both replicas to release")
+            await wait_for_async(lambda gw=gw: not gw.gateway.pool.holds, timeout=60, what="both replicas to release")
         released = time.monotonic()
         await wait_for_async(lambda: sum(1 for _, started, _ in done if started > released) >= 12, timeout=120,
                              what="traffic after the swap")

@@ -3,6 +3,7 @@ recorded (only what was answered 200, once per client id), and where session cal
 
 from __future__ import annotations
 
+import openai
 import pytest
 
 from agentstream.schemas import FeedbackEvent, SessionEndedEvent
@@ -88,7 +89,7 @@ async def test_session_calls_are_keyed_by_their_sessions_rollout_id_and_a_key_ha
     unnamed = gw.openai()
     too_long = gw.openai(default_headers={"x-agentstream-session-id": "s" * 257})
     for client in (named, unnamed):
-        with pytest.raises(Exception):
+        with pytest.raises(openai.APIStatusError):
             await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
     with pytest.raises(Exception) as refused:
         await too_long.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])

@@ -46,22 +46,22 @@ async def test_archive_killed_mid_run_keeps_every_record_once(kafka, tmp_path):
     topic = kafka.topics.calls
 
     # killed between writing a commit's files and its manifest: the worst moment
-    crashed = archive_process(kafka, root, "--once", "--commit-records", "40", fault="archive.after_files:3")
-    assert crashed.wait(timeout=300) == -signal.SIGKILL, crashed.stdout.read()
+    with archive_process(kafka, root, "--once", "--commit-records", "40", fault="archive.after_files:3") as crashed:
+        assert crashed.wait(timeout=300) == -signal.SIGKILL, crashed.stdout.read()
     manifest = Manifest.load(root, topic)
     named = {manifest.folder / entry["path"] for entry in manifest.files}
     on_disk = {path for path in manifest.folder.rglob("*.parquet")}
     assert manifest.commits == 2 and on_disk - named, "the killed commit's files are on disk, not in the manifest"
 
     # killed from outside, wherever it is, while it archives continuously
-    running = archive_process(kafka, root, "--commit-records", "25", "--interval", "0.2")
-    wait_for(lambda: (m := Manifest.load(root, topic)) is not None and m.commits >= 6, timeout=300,
-             what="six commits")
-    running.send_signal(signal.SIGKILL)
-    assert running.wait(timeout=60) == -signal.SIGKILL
+    with archive_process(kafka, root, "--commit-records", "25", "--interval", "0.2") as running:
+        wait_for(lambda: (m := Manifest.load(root, topic)) is not None and m.commits >= 6, timeout=300,
+                 what="six commits")
+        running.send_signal(signal.SIGKILL)
+        assert running.wait(timeout=60) == -signal.SIGKILL
 
-    finished = archive_process(kafka, root, "--once", "--commit-records", "60")
-    assert finished.wait(timeout=300) == 0, finished.stdout.read()
+    with archive_process(kafka, root, "--once", "--commit-records", "60") as finished:
+        assert finished.wait(timeout=300) == 0, finished.stdout.read()
     ids = archived_ids(root, topic)
     assert sorted(ids) == sorted(e.id for e in events) and len(set(ids)) == len(ids)
     manifest = Manifest.load(root, topic)

@@ -454,7 +454,7 @@ def from_environment(sample: Sample) -> float:
 
 async def test_rebuild_workers_see_the_environment_of_the_rebuild_not_of_their_fork_server(spread, tmp_path,
                                                                                            monkeypatch):
-    kafka, expected = spread
+    kafka, _ = spread
     spec = RebuildSpec(timing=Timing(settle_ms=200, reward_grace_ms=2000), reward_fn="tests.logs.test_replay:from_environment")
     for value in ("0.25", "0.75"):  # the second rebuild's workers fork from the server the first one started
         monkeypatch.setenv("AGENTSTREAM_TEST_REWARD", value)

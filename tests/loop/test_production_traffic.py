@@ -36,15 +36,15 @@ class User:
     """the call ids of its turns (the gateway's x-agentstream-call-id)"""
 
     async def talk(self, gateway: GatewayProcess) -> None:
-        client = AsyncOpenAI(api_key=OPERATOR_KEY, base_url=f"{gateway.url}/v1", max_retries=0,
-                             default_headers={SESSION: self.session_id})
         messages = [{"role": "user", "content": f"hello from {self.session_id}"}]
-        for turn in range(self.turns):
-            raw = await client.chat.completions.with_raw_response.create(
-                model="tiny", messages=messages, max_tokens=4, temperature=0, extra_body={"ignore_eos": True})
-            self.calls.append(raw.headers["x-agentstream-call-id"])
-            answer = raw.parse().choices[0].message.content or ""
-            messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": f"and {turn}?"}]
+        async with AsyncOpenAI(api_key=OPERATOR_KEY, base_url=f"{gateway.url}/v1", max_retries=0,
+                               default_headers={SESSION: self.session_id}) as client:
+            for turn in range(self.turns):
+                raw = await client.chat.completions.with_raw_response.create(
+                    model="tiny", messages=messages, max_tokens=4, temperature=0, extra_body={"ignore_eos": True})
+                self.calls.append(raw.headers["x-agentstream-call-id"])
+                answer = raw.parse().choices[0].message.content or ""
+                messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": f"and {turn}?"}]
 
     async def end(self, gateway: GatewayProcess) -> None:
         async with gateway.http() as http:

@@ -135,6 +135,7 @@ def test_a_tampered_wheel_is_refused_and_a_good_one_replaces_a_bad_cached_copy(p
         assert sha256_of(fetch_wheel(pin, cache, say=lambda _: None, index_url=index.url)) == pin.sha256
     finally:
         index.shutdown()
+        index.server_close()
 
 
 @pytest.mark.heavy

@@ -98,11 +98,11 @@ class User:
         return in_canary(session_rollout_id(self.session_id), round(SHARE * BUCKETS))
 
     async def ask(self, gateway: GatewayProcess) -> None:
-        client = AsyncOpenAI(api_key=OPERATOR_KEY, base_url=f"{gateway.url}/v1", max_retries=0,
-                             default_headers={SESSION: self.session_id})
-        raw = await client.chat.completions.with_raw_response.create(
-            model="tiny", messages=[{"role": "user", "content": f"hello from {self.session_id}"}], max_tokens=3,
-            temperature=0, extra_body={"ignore_eos": True})
+        async with AsyncOpenAI(api_key=OPERATOR_KEY, base_url=f"{gateway.url}/v1", max_retries=0,
+                               default_headers={SESSION: self.session_id}) as client:
+            raw = await client.chat.completions.with_raw_response.create(
+                model="tiny", messages=[{"role": "user", "content": f"hello from {self.session_id}"}], max_tokens=3,
+                temperature=0, extra_body={"ignore_eos": True})
         assert raw.status_code == 200
         self.calls.append(raw.headers["x-agentstream-call-id"])
 

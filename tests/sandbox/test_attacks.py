@@ -126,7 +126,7 @@ def test_host_tree_operations_are_deep_and_follow_no_link(tmp_path: Path, host_f
     root = tmp_path / "tree"
     root.mkdir()
     fd = hostfs.open_dir(root)
-    for depth in range(DEEP * 2):
+    for _ in range(DEEP * 2):
         os.mkdir("d", dir_fd=fd)
         os.symlink(str(host_files), "secret-link", dir_fd=fd)
         os.symlink(str(host_files.parent), "dir-link", dir_fd=fd)
@@ -333,6 +333,7 @@ box.run("sleep 300")
     wait_for(lambda: processes_of(uid) >= 3, timeout=20, what="the sandboxed sleep")
     parent.kill()
     parent.wait()
+    parent.stdout.close()
     wait_for(lambda: processes_of(uid) == 0, timeout=10, what="the sandbox to die with its parent")
     assert (workspace / "lost.txt").exists(), "the crashed sandbox's disk is still mounted over the workspace"
     with open_sandbox(workspace) as box:

@@ -85,7 +85,7 @@ def test_pod_spec_and_policies_as_built():
 
     with pytest.raises(SandboxError, match="GatewayPeer"):
         network_policy(Network.GATEWAY)
-    with pytest.raises(SandboxError, match="needs PodSandbox.gateway"):
+    with pytest.raises(SandboxError, match=r"needs PodSandbox\.gateway"):
         pod_spec(PodSandbox(network=Network.GATEWAY))
 
 

@@ -287,6 +287,7 @@ box.run("sleep 300")
     wait_for(lambda: processes_of(uid) >= 3, timeout=20, what="the sandboxed sleep")
     parent.kill()
     parent.wait()
+    parent.stdout.close()
     wait_for(lambda: processes_of(uid) == 0, timeout=10, what="the sandbox to die with its parent")
     LocalSandbox(SandboxSpec(workspace)).close()  # takes off the disk the crash left over the workspace
 
@@ -346,7 +347,7 @@ def test_callers_errors_name_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyP
     with pytest.raises(SandboxError, match="is not a directory"):
         LocalSandbox(SandboxSpec(tmp_path / "missing"))
     (tmp_path / "ws").mkdir()
-    with pytest.raises(SandboxError, match="needs SandboxSpec.gateway_url"):
+    with pytest.raises(SandboxError, match=r"needs SandboxSpec\.gateway_url"):
         LocalSandbox(SandboxSpec(tmp_path / "ws", network=Network.GATEWAY))
     with pytest.raises(SandboxError, match="bind source"):
         LocalSandbox(SandboxSpec(tmp_path / "ws", binds=[(tmp_path / "nope", Path("/x"))]))

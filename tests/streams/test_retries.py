@@ -58,9 +58,9 @@ class LosingHop:
 async def test_an_sdk_retry_after_a_lost_answer_is_one_turn_of_the_trajectory(kafka, vllm_server):
     async with running_gateway(gateway_settings(kafka, [f"tiny={vllm_server.url}"])) as gateway:
         hop = await LosingHop(gateway.settings.port).start()
+        agent = openai.AsyncOpenAI(api_key=OPERATOR_KEY, max_retries=2,
+                                   base_url=f"http://127.0.0.1:{hop.port}/rollouts/r-retry/attempts/a1/v1")
         try:
-            agent = openai.AsyncOpenAI(api_key=OPERATOR_KEY, max_retries=2,
-                                       base_url=f"http://127.0.0.1:{hop.port}/rollouts/r-retry/attempts/a1/v1")
             question = [{"role": "user", "content": "Say something."}]
             answer = await agent.chat.completions.create(model="tiny", messages=question, max_tokens=8,
                                                          extra_body=ASCII)
@@ -73,6 +73,7 @@ async def test_an_sdk_retry_after_a_lost_answer_is_one_turn_of_the_trajectory(ka
                 finished = await http.post("/rollouts/r-retry/attempts/a1/finish", json={"exit_code": 0})
                 assert finished.status_code == 200, finished.text
         finally:
+            await agent.close()
             await hop.stop()
     calls = sorted(await read_events(kafka, kafka.topics.calls, count=3), key=lambda call: call.data.started_at)
     assert [call.data.retry_count for call in calls] == [0, 1, 0]  # x-stainless-retry-count, as the SDK sent it

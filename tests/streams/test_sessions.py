@@ -174,7 +174,7 @@ def test_feedback_after_the_window_becomes_a_reward_event_naming_the_trajectory(
 
 def test_another_policy_gives_the_same_sequences_with_new_rewards():
     session = Session("chat-policy")
-    events, calls = conversation(session)
+    events, _ = conversation(session)
     events[3] = session.feedback(3_200, thumbs="down")  # the whole first conversation: disliked
     _, latest = fold(events, session.start + 60_000)
     _, signed = fold(events, session.start + 60_000, policy="streams.policies:signed_thumbs")

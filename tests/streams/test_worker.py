@@ -256,7 +256,7 @@ async def test_a_burst_with_the_worker_killed_twice_settles_every_attempt_once(k
     async with TopicWatch(kafka, "trajectories", "deadletter") as watch:
         publishing = asyncio.get_running_loop().run_in_executor(None, asyncio.run, burst())
         for share in (0.1, 0.4):  # killed twice, each time in the middle of the burst's trajectories
-            await watch.until(lambda seen: len(trajectories_by_rollout(seen)) >= share * len(ids), timeout=240,
+            await watch.until(lambda seen, share=share: len(trajectories_by_rollout(seen)) >= share * len(ids), timeout=240,
                               what=f"{share:.0%} of the trajectories")
             worker.kill()
             worker.start()

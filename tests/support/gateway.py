@@ -45,13 +45,19 @@ class RunningGateway:
     url: str
     settings: GatewaySettings
     gateway: Gateway
+    clients: list[AsyncOpenAI | AsyncAnthropic] = field(default_factory=list)
+    """the SDK clients made below, closed with the gateway (their open connections would leak otherwise)"""
 
     def openai(self, api_key: str = OPERATOR_KEY, base_url: str | None = None, **kwargs) -> AsyncOpenAI:
-        return AsyncOpenAI(api_key=api_key, base_url=base_url or f"{self.url}/v1", max_retries=0, **kwargs)
+        client = AsyncOpenAI(api_key=api_key, base_url=base_url or f"{self.url}/v1", max_retries=0, **kwargs)
+        self.clients.append(client)
+        return client
 
     def anthropic(self, api_key: str = OPERATOR_KEY, base_url: str | None = None, **kwargs) -> AsyncAnthropic:
         """The Anthropic SDK's client; its base URL is the gateway's without `/v1` (it sends its key as x-api-key)."""
-        return AsyncAnthropic(api_key=api_key, base_url=base_url or self.url, max_retries=0, **kwargs)
+        client = AsyncAnthropic(api_key=api_key, base_url=base_url or self.url, max_retries=0, **kwargs)
+        self.clients.append(client)
+        return client
 
     def rollout_url(self, rollout_id: str, attempt_id: str) -> str:
         return f"{self.url}/rollouts/{rollout_id}/attempts/{attempt_id}/v1"
@@ -88,6 +94,8 @@ async def running_gateway(settings: GatewaySettings) -> AsyncIterator[RunningGat
     try:
         yield running
     finally:
+        for client in running.clients:
+            await client.close()
         server.should_exit = True
         await asyncio.wait_for(task, 60)
 
@@ -220,6 +228,7 @@ class GatewayProcess:
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
             stop_pid(self.process.pid, grace=30)
+            self.process.wait()  # stop_pid reaped it: the handle learns so (else it would warn of a leak)
 
     def http(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(base_url=self.url, headers={"authorization": f"Bearer {OPERATOR_KEY}"}, timeout=60)

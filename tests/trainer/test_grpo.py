@@ -94,7 +94,7 @@ def test_advantages_are_group_relative(fixed_batch):
 @pytest.mark.slow  # optimizer steps of the tiny model on CPU
 def test_other_estimators_and_losses_by_name(tiny_model_dirs, fixed_batch):
     for estimator, loss in [("rloo", "vanilla"), ("reinforce_plus_plus", "gspo"), ("grpo", "cispo")]:
-        _, metrics, before, after = one_step(tiny_model_dirs[0], fixed_batch, adv_estimator=estimator,
+        _, _, before, after = one_step(tiny_model_dirs[0], fixed_batch, adv_estimator=estimator,
                                              policy_loss=loss)
         rewards = torch.tensor([s.trajectory.reward for s in fixed_batch])
         rise = after - before
@@ -107,8 +107,8 @@ def test_other_estimators_and_losses_by_name(tiny_model_dirs, fixed_batch):
 def test_mini_and_micro_batches_add_up(tiny_model_dirs, fixed_batch):
     """Gradient accumulation over micro-batches gives the whole-batch gradient (same update). In float32:
     bfloat16 (--dtype auto on CPUs with AVX512-BF16) rounds each micro-batch's sums differently."""
-    whole, m_whole, _, after_whole = one_step(tiny_model_dirs[0], fixed_batch, dtype="float32")
-    accumulated, m_acc, _, after_acc = one_step(tiny_model_dirs[0], fixed_batch, micro_batch_size=5, dtype="float32")
+    _, m_whole, _, after_whole = one_step(tiny_model_dirs[0], fixed_batch, dtype="float32")
+    _, m_acc, _, after_acc = one_step(tiny_model_dirs[0], fixed_batch, micro_batch_size=5, dtype="float32")
     assert m_acc["loss"] == pytest.approx(m_whole["loss"], abs=LOSS_ATOL)
     assert torch.allclose(after_whole, after_acc, atol=AFTER_STEP_ATOL)
     _, m_mini, _, _ = one_step(tiny_model_dirs[0], fixed_batch, mini_batch_size=16, epochs=2)
@@ -134,7 +134,7 @@ def test_micro_batches_by_token_budget_add_up(tiny_model_dirs, fixed_batch):
 def test_a_lora_step_trains_only_adapters_and_saves_them_merged(tiny_model_dirs, fixed_batch, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    policy, metrics, before, after = one_step(tiny_model_dirs[0], fixed_batch, lora_rank=4, lr=1e-2,
+    policy, _, before, after = one_step(tiny_model_dirs[0], fixed_batch, lora_rank=4, lr=1e-2,
                                               gradient_checkpointing=True)
     rewards = torch.tensor([s.trajectory.reward for s in fixed_batch])
     assert (after - before)[rewards == 1].mean() > (after - before)[rewards == 0].mean()

@@ -102,6 +102,7 @@ def test_a_checkpoint_appears_whole_or_not_at_all(tmp_path):
     for version in (2, 3, 4):
         store.write(*state(version), save_model=lambda f: None, carry_from=carry, optimizer_state=None)
     assert store.prune(keep=2) == [1, 2] and store.versions() == [3, 4]
+    store.unlock()
 
 
 def _try_lock(root, result):

@@ -46,7 +46,7 @@ for pid in os.listdir("/proc"):
 for top in os.listdir("/"):
     if top in ("usr", "proc", "sys", "dev") or os.path.islink(f"/{top}"):  # the system (/lib → /usr/lib), devices
         continue
-    for folder, dirs, files in os.walk(f"/{top}"):
+    for folder, _, files in os.walk(f"/{top}"):
         for name in files:
             read(os.path.join(folder, name))
 print(json.dumps({"found": found, "tried": len(tried)}))
