@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -54,7 +55,7 @@ PACED_BODY = orjson.dumps({**orjson.loads(BODY), "model": "paced"})
 
 
 def spawn(args: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path = ROOT) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, *args], cwd=cwd, env={**os.environ, **(env or {})},
+    return subprocess.Popen(args, cwd=cwd, env={**os.environ, **(env or {})},
                             stdout=subprocess.DEVNULL, stderr=open(log, "wb"), start_new_session=True)
 
 
@@ -158,21 +159,23 @@ async def run(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp, kafka_broker(Path(tmp)) as (bootstrap, broker):
         work = Path(tmp)
         fast, paced = free_port(), free_port()
-        procs = [spawn(["-m", "bench.fake_upstream", "--port", str(fast)], work / "upstream.log"),
-                 spawn(["-m", "bench.fake_upstream", "--port", str(paced), "--delay-ms", str(args.paced_ms)],
+        procs = [spawn([sys.executable, "-m", "bench.fake_upstream", "--port", str(fast)], work / "upstream.log"),
+                 spawn([sys.executable, "-m", "bench.fake_upstream", "--port", str(paced), "--delay-ms", str(args.paced_ms)],
                        work / "paced.log")]
         upstream, paced_upstream = f"http://127.0.0.1:{fast}", f"http://127.0.0.1:{paced}"
         gateways: dict[str, tuple[str, KafkaSettings, int]] = {}
         try:
             await_http(f"{upstream}/health", procs[0], work / "upstream.log")
             await_http(f"{paced_upstream}/health", procs[1], work / "paced.log")
-            modes = {"ack": ROOT, "async": ROOT, **({"ack-baseline": args.baseline} if args.baseline else {})}
-            for mode, root in modes.items():
+            gateway = [sys.executable, "-m", "agentstream.gateway"]
+            modes = {"ack": (ROOT, gateway), "async": (ROOT, gateway),
+                     **({"ack-baseline": (args.baseline, shlex.split(args.baseline_gateway))} if args.baseline else {})}
+            for mode, (root, command) in modes.items():
                 kafka = KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=f"bench-{mode}-{os.getpid()}.")
                 assert (await ensure_topics(kafka)).ok
                 port = free_port()
                 log = work / f"gateway-{mode}.log"
-                procs.append(spawn(["-m", "agentstream.gateway", "--port", str(port), "--upstreams",
+                procs.append(spawn([*command, "--port", str(port), "--upstreams",
                                     f"tiny={upstream},paced={paced_upstream}", "--durability", mode.split("-")[0],
                                     "--no-create-topics", "--log-level", "warning"], log,
                                    env={"KAFKA_BOOTSTRAP_SERVERS": bootstrap, "AGENTSTREAM_API_KEYS": f'["{KEY}"]',
@@ -269,6 +272,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument("--baseline", type=Path, help="a checkout of another version: its gateway runs too, as "
                         "'ack-baseline', in the same rounds")
+    parser.add_argument("--baseline-gateway", default=f"{sys.executable} -m agentstream.gateway",
+                        help="the command that runs the baseline's gateway in its checkout (e.g. its own venv's "
+                             "python, and the module by the name that version gives it)")
     args = parser.parse_args(argv)
     results = asyncio.run(run(args))
     report(results)
