@@ -148,7 +148,7 @@ async def test_a_population_of_users_in_sessions_becomes_rewarded_trajectories_a
             counts = worker.analytics()["assembly"]  # (since the restart: the idle one went unrated in its window)
             assert counts["sessions"] >= 2 and counts["sessions_without_feedback"] >= 1, counts
     finally:
-        gateway.process.kill()
+        gateway.kill()
         worker.stop()
 
     found = trajectories_by_session(events)

@@ -6,6 +6,8 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
+from tests.support.vllm import swap
+
 pytestmark = pytest.mark.vllm
 
 PROMPT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 12, "temperature": 0}
@@ -32,24 +34,26 @@ def test_chat_returns_token_ids_and_logprobs(vllm_server):
     assert text == choice["message"]["content"]
 
 
+def first_token_choices(server) -> tuple[list[str], list[float]]:
+    """The five likeliest first tokens and their logprobs: a random tiny model's greedy text can come out the
+    same under two sets of weights (its logits are nearly tied), its distribution cannot."""
+    result = chat(server, logprobs=True, top_logprobs=5)
+    top = result["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+    return [entry["token"] for entry in top], [entry["logprob"] for entry in top]
+
+
 def test_pause_reload_resume_changes_weights_and_output(vllm_server):
     url = vllm_server.url
-    before = chat(vllm_server)["choices"][0]["message"]["content"]
+    before = first_token_choices(vllm_server)
     assert httpx.get(f"{url}/weight_info").json()["weight_version"] != "7"
 
-    def swap(checkpoint, version: str) -> None:
-        assert httpx.post(f"{url}/pause", params={"mode": "keep"}, timeout=30).status_code == 200
-        reload = httpx.post(f"{url}/collective_rpc", timeout=60, json={
-            "method": "reload_weights", "kwargs": {"weights_path": str(checkpoint)}})
-        assert reload.status_code == 200, reload.text
-        assert httpx.post(f"{url}/update_weight_version", json={"new_version": version}).status_code == 200
-        assert httpx.post(f"{url}/resume", timeout=30).status_code == 200
-
-    swap(vllm_server.other_checkpoint, "7")
+    swap(url, vllm_server.other_checkpoint, "7")
     try:
         assert httpx.get(f"{url}/weight_info").json()["weight_version"] == "7"
-        after = chat(vllm_server)["choices"][0]["message"]["content"]
-        assert after != before, "greedy output is unchanged after loading different weights"
+        tokens, logprobs = first_token_choices(vllm_server)
+        assert tokens != before[0] or logprobs != pytest.approx(before[1], abs=1e-4), \
+            "the same first-token distribution after loading different weights"
     finally:
-        swap(vllm_server.model_dir, "0")
-    assert chat(vllm_server)["choices"][0]["message"]["content"] == before
+        swap(url, vllm_server.model_dir, "0")
+    tokens, logprobs = first_token_choices(vllm_server)
+    assert tokens == before[0] and logprobs == pytest.approx(before[1], abs=1e-4)
