@@ -44,6 +44,7 @@ def first_token_choices(server) -> tuple[list[str], list[float]]:
 
 def test_pause_reload_resume_changes_weights_and_output(vllm_server):
     url = vllm_server.url
+    swap(url, vllm_server.model_dir, "0")  # from the base weights, whatever an earlier test left loaded
     before = first_token_choices(vllm_server)
     assert httpx.get(f"{url}/weight_info").json()["weight_version"] != "7"
 
