@@ -3,6 +3,7 @@
 Every /api route needs an operator key (the gateway's keys, checked as the gateway checks them,
 `schemas.keys`): the log holds prompts. The page itself holds no data and asks for the key.
 Errors use the project's error shape `{"error": {"message", "type", "code"}}` (`schemas.api_errors`).
+One table of routes; each endpoint reads the process's parts (`Dashboard`) from the app's state.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import orjson
-from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
+from starlette.routing import BaseRoute, Mount
 
 from agentstream.dashboard import compare as compare_
 from agentstream.dashboard import overview as overview_
@@ -79,146 +82,188 @@ class OverviewCache:
         return await overview_.overview(self.settings, span, self.settings.streams_group)
 
 
+class Dashboard:
+    """The parts the endpoints share: the settings, the operator keys, the live view of the log, the overview cache."""
+
+    def __init__(self, settings: DashboardSettings):
+        if not settings.keys:
+            raise ValueError("the dashboard shows prompts and needs an operator key: set AGENTSTREAM_API_KEYS "
+                             "(the gateway's keys)")
+        self.settings = settings
+        self.keys = tuple(key.encode() for key in settings.keys)
+        self.live = Live(settings)
+        self.overview = OverviewCache(settings)
+
+
+def dashboard(request: Request) -> Dashboard:
+    parts: Dashboard = request.app.state.dashboard
+    return parts
+
+
+Parts = Annotated[Dashboard, Depends(dashboard)]
+
+
+def operator(request: Request, parts: Parts) -> None:
+    key = presented_key(request.headers)
+    if key is None or not is_operator_key(key, parts.keys):
+        raise ApiError(401, "the dashboard needs an operator key (one of the gateway's AGENTSTREAM_API_KEYS): "
+                       "send 'Authorization: Bearer <key>'", "missing_api_key" if key is None else "invalid_api_key")
+
+
+async def session(parts: Parts) -> Response:
+    settings = parts.settings
+    return json_response({"prefix": settings.topic_prefix, "bootstrap_servers": settings.bootstrap_servers,
+                          "page_size_max": settings.page_size_max})
+
+
+async def overview(parts: Parts, since: str = "1h", until: str | None = None) -> Response:
+    return json_response(await parts.overview.get(since, until))
+
+
+async def list_rollouts(
+    parts: Parts,
+    q: Annotated[str | None, Query(description="text in the rollout, attempt, task or group id")] = None,
+    task: str | None = None,
+    status: Annotated[list[rollouts_.Status], Query()] = [],  # noqa: B006 (FastAPI copies it per request)
+    split: Literal["train", "validation"] | None = None,
+    reward_min: float | None = None,
+    reward_max: float | None = None,
+    version: int | None = None,
+    where: Annotated[str | None, Query(description="a SQL condition over the list's columns")] = None,
+    since: str | None = "1h",
+    until: str | None = None,
+    limit: Annotated[int, Query(ge=1)] = 50,
+    cursor: str | None = None,
+) -> Response:
+    settings = parts.settings
+    if limit > settings.page_size_max:
+        raise ApiError(400, f"limit: at most {settings.page_size_max} rows a page", "invalid_limit")
+    if reward_min is not None and reward_max is not None and reward_min > reward_max:
+        raise ApiError(400, f"reward_min ({reward_min}) is above reward_max ({reward_max})", "invalid_filter")
+    filters = rollouts_.Filters(text=q or None, task=task or None, statuses=tuple(status), split=split,
+                                reward_min=reward_min, reward_max=reward_max, version=version,
+                                where=(where or "").strip() or None)
+    started = time.perf_counter()
+    page = await rollouts_.search(settings, filters, _time(since, "since"), _time(until, "until"), limit,
+                                  rollouts_.Cursor.parse(cursor) if cursor else None)
+    return json_response({"rows": page.rows, "next_cursor": page.next_cursor, "scanned": page.scanned,
+                          "complete": page.complete, "took_ms": round((time.perf_counter() - started) * 1000, 1)})
+
+
+async def rollout(parts: Parts, rollout_id: str, partition: Annotated[int | None, Query(ge=0)] = None,
+                  offset: Annotated[int | None, Query(ge=0)] = None, attempt: str | None = None) -> Response:
+    settings, live = parts.settings, parts.live
+    found, read = await rollouts_.find_trajectories(settings, rollout_id, partition, offset,
+                                                    budget=settings.scan_records_max)
+    if not found:
+        where = f"at partition {partition}, offset {offset}" if offset is not None else \
+            f"in the newest {read:,} records of its partition"
+        raise ApiError(404, f"no trajectory of rollout {rollout_id!r} {where}", "rollout_not_found")
+    chosen = next((t for t in found if t.attempt_id == attempt), found[0]) if attempt else found[0]
+    related = await rollouts_.related(settings, chosen)
+    return json_response({
+        "trajectory": chosen.model_dump(mode="json"),
+        "attempts": [{"attempt_id": t.attempt_id, "status": t.data.status, "reward": t.data.reward,
+                      "attempt_number": t.data.attempt_number} for t in found],
+        "rollout_events": [e.model_dump(mode="json") for e in related["rollouts"]],
+        "calls": [e.model_dump(mode="json") for e in related["calls"] if e.attempt_id == chosen.attempt_id],
+        "rewards": [e.model_dump(mode="json") for e in related["rewards"] if e.attempt_id == chosen.attempt_id],
+        "trained_by": [live.versions.get(v, {"version": v}) for v in live.trained_by.get(chosen.id, [])],
+        "read": read,
+    })
+
+
+async def releases(parts: Parts) -> Response:
+    """Each model's canary release, live: arms, sessions, mean reward, p-value, decision."""
+    return json_response({"releases": [summary(state) for _, state in sorted(parts.live.releases.items())]})
+
+
+async def compare(parts: Parts, a: int, b: int, since: str | None = "1h", until: str | None = None,
+                  split: Literal["train", "validation"] | None = None) -> Response:
+    span = _span(since, until)
+    return json_response(await compare_.compare(parts.settings, a, b, span.bounds, split))
+
+
+async def events(request: Request, parts: Parts) -> StreamingResponse:
+    return StreamingResponse(_notices(request, parts.live), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+
+async def _notices(request: Request, live: Live) -> AsyncIterator[bytes]:
+    """Server-sent events: each live notice, and the topics' rates every second without one."""
+    queue = live.subscribe()
+    try:
+        yield b"retry: 2000\n\n"
+        while not await request.is_disconnected():
+            try:
+                notice = await asyncio.wait_for(queue.get(), timeout=1.0)
+            except TimeoutError:
+                notice = {"kind": "rates", "rates": live.rates(), "error": live.error}
+            yield b"data: " + orjson.dumps(notice) + b"\n\n"
+    finally:
+        live.unsubscribe(queue)
+
+
+async def healthz(parts: Parts) -> Response:
+    return json_response({"ok": True, "following": parts.live.error is None})
+
+
+async def index() -> FileResponse:
+    return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
+
+
+def _api(path: str, endpoint: Any) -> APIRoute:
+    """A GET under /api, for operators only."""
+    return APIRoute("/api" + path, endpoint, methods=["GET"], dependencies=[Depends(operator)])
+
+
+routes: list[BaseRoute] = [
+    _api("/session", session),
+    _api("/overview", overview),
+    _api("/rollouts", list_rollouts),
+    _api("/rollouts/{rollout_id}", rollout),
+    _api("/releases", releases),
+    _api("/compare", compare),
+    _api("/events", events),
+    APIRoute("/healthz", healthz, methods=["GET"], include_in_schema=False),
+    APIRoute("/", index, methods=["GET"], include_in_schema=False),
+    Mount("/static", StaticFiles(directory=STATIC), name="static"),
+]
+
+
+async def api_error(request: Request, error: Exception) -> Response:
+    assert isinstance(error, ApiError)
+    return error_response(error)
+
+
+async def invalid(request: Request, error: Exception) -> Response:
+    """FastAPI's validation errors, as one readable message: `name: problem (got value)` each."""
+    assert isinstance(error, RequestValidationError)
+    problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:]) or 'request'}: {e['msg']}"
+                         + (f" (got {e['input']!r})" if e.get("input") is not None else "")
+                         for e in error.errors())
+    return error_response(ApiError(400, problems, "invalid_filter"))
+
+
+async def bad_filter(request: Request, error: Exception) -> Response:
+    return error_response(ApiError(400, str(error), "invalid_filter"))
+
+
+async def missing(request: Request, error: Exception) -> Response:
+    return error_response(ApiError(404, str(error), "not_found"))
+
+
 def create_app(settings: DashboardSettings) -> FastAPI:
-    if not settings.keys:
-        raise ValueError("the dashboard shows prompts and needs an operator key: set AGENTSTREAM_API_KEYS "
-                         "(the gateway's keys)")
-    keys = tuple(key.encode() for key in settings.keys)
-    live = Live(settings)
-    cache = OverviewCache(settings)
+    parts = Dashboard(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await live.start()
+        await parts.live.start()
         yield
-        await live.stop()
+        await parts.live.stop()
 
-    def operator(request: Request) -> None:
-        key = presented_key(request.headers)
-        if key is None or not is_operator_key(key, keys):
-            raise ApiError(401, "the dashboard needs an operator key (one of the gateway's AGENTSTREAM_API_KEYS): "
-                           "send 'Authorization: Bearer <key>'", "missing_api_key" if key is None else "invalid_api_key")
-
-    api = APIRouter(prefix="/api", dependencies=[Depends(operator)])
-
-    @api.get("/session")
-    async def session() -> Response:
-        return json_response({"prefix": settings.topic_prefix, "bootstrap_servers": settings.bootstrap_servers,
-                              "page_size_max": settings.page_size_max})
-
-    @api.get("/overview")
-    async def get_overview(since: str = "1h", until: str | None = None) -> Response:
-        return json_response(await cache.get(since, until))
-
-    @api.get("/rollouts")
-    async def list_rollouts(
-        q: Annotated[str | None, Query(description="text in the rollout, attempt, task or group id")] = None,
-        task: str | None = None,
-        status: Annotated[list[rollouts_.Status], Query()] = [],  # noqa: B006 (FastAPI copies it per request)
-        split: Literal["train", "validation"] | None = None,
-        reward_min: float | None = None,
-        reward_max: float | None = None,
-        version: int | None = None,
-        where: Annotated[str | None, Query(description="a SQL condition over the list's columns")] = None,
-        since: str | None = "1h",
-        until: str | None = None,
-        limit: Annotated[int, Query(ge=1)] = 50,
-        cursor: str | None = None,
-    ) -> Response:
-        if limit > settings.page_size_max:
-            raise ApiError(400, f"limit: at most {settings.page_size_max} rows a page", "invalid_limit")
-        if reward_min is not None and reward_max is not None and reward_min > reward_max:
-            raise ApiError(400, f"reward_min ({reward_min}) is above reward_max ({reward_max})", "invalid_filter")
-        filters = rollouts_.Filters(text=q or None, task=task or None, statuses=tuple(status), split=split,
-                                    reward_min=reward_min, reward_max=reward_max, version=version,
-                                    where=(where or "").strip() or None)
-        started = time.perf_counter()
-        page = await rollouts_.search(settings, filters, _time(since, "since"), _time(until, "until"), limit,
-                                      rollouts_.Cursor.parse(cursor) if cursor else None)
-        return json_response({"rows": page.rows, "next_cursor": page.next_cursor, "scanned": page.scanned,
-                              "complete": page.complete, "took_ms": round((time.perf_counter() - started) * 1000, 1)})
-
-    @api.get("/rollouts/{rollout_id}")
-    async def get_rollout(rollout_id: str, partition: Annotated[int | None, Query(ge=0)] = None,
-                          offset: Annotated[int | None, Query(ge=0)] = None, attempt: str | None = None) -> Response:
-        found, read = await rollouts_.find_trajectories(settings, rollout_id, partition, offset,
-                                                        budget=settings.scan_records_max)
-        if not found:
-            where = f"at partition {partition}, offset {offset}" if offset is not None else \
-                f"in the newest {read:,} records of its partition"
-            raise ApiError(404, f"no trajectory of rollout {rollout_id!r} {where}", "rollout_not_found")
-        chosen = next((t for t in found if t.attempt_id == attempt), found[0]) if attempt else found[0]
-        related = await rollouts_.related(settings, chosen)
-        return json_response({
-            "trajectory": chosen.model_dump(mode="json"),
-            "attempts": [{"attempt_id": t.attempt_id, "status": t.data.status, "reward": t.data.reward,
-                          "attempt_number": t.data.attempt_number} for t in found],
-            "rollout_events": [e.model_dump(mode="json") for e in related["rollouts"]],
-            "calls": [e.model_dump(mode="json") for e in related["calls"] if e.attempt_id == chosen.attempt_id],
-            "rewards": [e.model_dump(mode="json") for e in related["rewards"] if e.attempt_id == chosen.attempt_id],
-            "trained_by": [live.versions.get(v, {"version": v}) for v in live.trained_by.get(chosen.id, [])],
-            "read": read,
-        })
-
-    @api.get("/releases")
-    async def releases() -> Response:
-        """Each model's canary release, live: arms, sessions, mean reward, p-value, decision."""
-        return json_response({"releases": [summary(state) for _, state in sorted(live.releases.items())]})
-
-    @api.get("/compare")
-    async def get_compare(a: int, b: int, since: str | None = "1h", until: str | None = None,
-                          split: Literal["train", "validation"] | None = None) -> Response:
-        span = _span(since, until)
-        return json_response(await compare_.compare(settings, a, b, span.bounds, split))
-
-    @api.get("/events")
-    async def events(request: Request) -> StreamingResponse:
-        queue = live.subscribe()
-
-        async def stream() -> AsyncIterator[bytes]:
-            try:
-                yield b"retry: 2000\n\n"
-                while not await request.is_disconnected():
-                    try:
-                        notice = await asyncio.wait_for(queue.get(), timeout=1.0)
-                    except TimeoutError:
-                        notice = {"kind": "rates", "rates": live.rates(), "error": live.error}
-                    yield b"data: " + orjson.dumps(notice) + b"\n\n"
-            finally:
-                live.unsubscribe(queue)
-
-        return StreamingResponse(stream(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
-
-    app = FastAPI(title="agentstream dashboard", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.include_router(api)
-
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: ApiError) -> Response:
-        return error_response(exc)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError) -> Response:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:]) or 'request'}: {e['msg']}"
-                             + (f" (got {e['input']!r})" if e.get("input") is not None else "")
-                             for e in exc.errors())
-        return error_response(ApiError(400, problems, "invalid_filter"))
-
-    @app.exception_handler(rollouts_.FilterError)
-    async def bad_filter(request: Request, exc: rollouts_.FilterError) -> Response:
-        return error_response(ApiError(400, str(exc), "invalid_filter"))
-
-    @app.exception_handler(LookupError)
-    async def missing(request: Request, exc: LookupError) -> Response:
-        return error_response(ApiError(404, str(exc), "not_found"))
-
-    @app.get("/healthz", include_in_schema=False)
-    async def healthz() -> Response:
-        return json_response({"ok": True, "following": live.error is None})
-
-    @app.get("/", include_in_schema=False)
-    async def index() -> FileResponse:
-        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
-
-    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    app = FastAPI(title="agentstream dashboard", routes=routes, lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None, exception_handlers={ApiError: api_error, RequestValidationError: invalid,
+                                                        rollouts_.FilterError: bad_filter, LookupError: missing})
+    app.state.dashboard = parts
     return app
