@@ -56,22 +56,80 @@ def one_process(model_dir: str, args: dict) -> dict:
             "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
+class Collectives:
+    """Wall time spent inside collectives (FSDP's all-gathers and reduce-scatters, the norm's
+    all-reduce), from the torch profiler: the union of those events' intervals on this rank."""
+
+    NAMES = ("all_gather", "allgather", "reduce_scatter", "allreduce", "all_reduce", "broadcast", "c10d::")
+
+    def __enter__(self) -> Collectives:
+        from torch.profiler import ProfilerActivity, profile
+
+        self.profiler = profile(activities=[ProfilerActivity.CPU])
+        self.profiler.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.profiler.__exit__(*exc)
+        spans = sorted((e.time_range.start, e.time_range.end) for e in self.profiler.events()
+                       if any(name in e.name.lower() for name in self.NAMES))
+        total, reach = 0, None
+        for start, end in spans:  # the union of intervals: nested and overlapping events count once
+            if reach is None or start > reach:
+                total += end - start
+                reach = end
+            elif end > reach:
+                total += end - reach
+                reach = end
+        self.seconds = total / 1e6
+
+
+def profiled_policy():
+    """`RankedPolicy` whose ranks time their update, its time in collectives and their peak memory (the
+    classes are made here, once the trainer is imported, and Ray ships them by value)."""
+    from agentstream.trainer.ranks import Rank, RankedPolicy
+
+    class ProfiledRank(Rank):
+        def train(self, shard):
+            with Collectives() as collectives:
+                started = time.perf_counter()
+                history = super().train(shard)
+                elapsed = time.perf_counter() - started
+            self.profile = {"step_s": elapsed, "collectives_s": collectives.seconds, "max_rss_mb": _max_rss_mb()}
+            return history
+
+        def last_profile(self) -> dict:
+            return self.profile
+
+    class ProfiledPolicy(RankedPolicy):
+        rank_class = ProfiledRank
+
+    return ProfiledPolicy
+
+
+def _max_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def ranked(model_dir: Path, ranks: int, address: str, args: dict) -> dict:
-    from agentstream.trainer.ranks import RankedPolicy
+    import ray
+
     from agentstream.trainer.settings import TrainerSettings
 
     samples = batch(model_dir, args["groups"], args["group_size"], args["completion"])
     settings = TrainerSettings(group_size=args["group_size"], lr=1e-3, dtype="float32", torch_threads=1,
                                ranks=ranks, ray_address=address)
-    policy = RankedPolicy.load(model_dir, settings)
+    policy = profiled_policy().load(model_dir, settings)
     try:
         times, profiles = [], []
         for round_ in range(args["repeats"] + 1):
             started = time.perf_counter()
-            metrics = policy.update(samples, profile=round_ > 0)
+            metrics = policy.update(samples)
             if round_:
                 times.append(time.perf_counter() - started)
-                profiles.append(policy.profile)
+                profiles.append(ray.get([rank.last_profile.remote() for rank in policy.ranks]))
     finally:
         policy.close()
     share = statistics.median(max(p["collectives_s"] / p["step_s"] for p in per_rank) for per_rank in profiles)

@@ -209,25 +209,18 @@ class Rank:
             self._load_optimizer(optimizer_file)
         return os.getpid()
 
-    def train(self, shard: Shard, profile: bool = False) -> list[dict[str, float]]:
-        """Every optimizer step of the update on this rank's rows; `profile` adds the step's time in
-        collectives."""
+    def train(self, shard: Shard) -> list[dict[str, float]]:
+        """Every optimizer step of the update on this rank's rows."""
         s = self.settings
         shard = dataclasses.replace(shard, batch=shard.batch.to(self.device), advantages=shard.advantages.to(self.device))
         self.model.train()
         history = []
-        with Collectives(profile) as collectives:
-            started = time.perf_counter()
-            for _epoch in range(s.epochs):
-                for micro, tokens, sequences in zip(shard.minis, shard.tokens, shard.sequences):
-                    history.append(optimizer_step(self.model, self.optimizer, self.policy_loss, self.config,
-                                                  shard.batch, shard.advantages, micro, tokens, sequences,
-                                                  dp_size=self.world, settings=s))
-            self.optimizer.zero_grad(set_to_none=True)
-            elapsed = time.perf_counter() - started
-        if profile:
-            history[0].update(step_s=elapsed, collectives_s=collectives.seconds,
-                              max_rss_mb=_max_rss_mb())
+        for _epoch in range(s.epochs):
+            for micro, tokens, sequences in zip(shard.minis, shard.tokens, shard.sequences):
+                history.append(optimizer_step(self.model, self.optimizer, self.policy_loss, self.config,
+                                              shard.batch, shard.advantages, micro, tokens, sequences,
+                                              dp_size=self.world, settings=s))
+        self.optimizer.zero_grad(set_to_none=True)
         return history
 
     def save_weights(self, folder: str | None) -> None:
@@ -269,46 +262,6 @@ class Rank:
 
     def _trainable_names(self) -> list[str]:
         return [name for name, p in self.model.named_parameters() if p.requires_grad]
-
-
-class Collectives:
-    """Wall time spent inside collectives (FSDP's all-gathers and reduce-scatters, the norm's
-    all-reduce), from the torch profiler: the union of those events' intervals on this rank."""
-
-    NAMES = ("all_gather", "allgather", "reduce_scatter", "allreduce", "all_reduce", "broadcast", "c10d::")
-
-    def __init__(self, enabled: bool):
-        self.enabled, self.seconds = enabled, 0.0
-
-    def __enter__(self) -> Collectives:
-        if self.enabled:
-            from torch.profiler import ProfilerActivity, profile
-
-            self.profiler = profile(activities=[ProfilerActivity.CPU])
-            self.profiler.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if not self.enabled:
-            return
-        self.profiler.__exit__(*exc)
-        spans = sorted((e.time_range.start, e.time_range.end) for e in self.profiler.events()
-                       if any(name in e.name.lower() for name in self.NAMES))
-        total, reach = 0, None
-        for start, end in spans:  # the union of intervals: nested and overlapping events count once
-            if reach is None or start > reach:
-                total += end - start
-                reach = end
-            elif end > reach:
-                total += end - reach
-                reach = end
-        self.seconds = total / 1e6
-
-
-def _max_rss_mb() -> float:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 # --- the service's handle on the ranks -------------------------------------------------------------
@@ -472,11 +425,12 @@ def connect(settings: TrainerSettings) -> LocalRay | None:
 class RankedPolicy:
     """`grpo.Policy`'s interface over `--ranks` rank actors."""
 
+    rank_class: ClassVar[type[Rank]] = Rank
+    """what each rank's actor runs: a subclass of `Rank` extends every rank (e.g. measures its steps)"""
+
     def __init__(self, settings: TrainerSettings, ranks: list[Any], pids: list[int], local: LocalRay | None):
         """`ranks`: Ray actor handles of `Rank` (Any: Ray's annotations do not describe a method's `.remote`)"""
         self.settings, self.ranks, self.pids, self.local = settings, ranks, pids, local
-        self.profile: list[dict[str, float]] | None = None
-        """with update(profile=True): per rank, the first step's time, time in collectives, peak memory"""
 
     @classmethod
     def load(cls, folder: Path, settings: TrainerSettings, optimizer_file: Path | None = None) -> RankedPolicy:
@@ -485,7 +439,7 @@ class RankedPolicy:
         local = connect(settings)
         n, cuda = settings.ranks, settings.device.startswith("cuda")
         env = {"PYTORCH_CUDA_ALLOC_CONF": settings.cuda_alloc_conf} if cuda and settings.cuda_alloc_conf else {}
-        actor = ray.remote(Rank).options(num_cpus=1, num_gpus=1 if cuda else 0, max_restarts=0,
+        actor = ray.remote(cls.rank_class).options(num_cpus=1, num_gpus=1 if cuda else 0, max_restarts=0,
                                          runtime_env={"env_vars": env} if env else None)
         ranks: list[Any] = [actor.remote(rank, n, settings) for rank in range(n)]
         policy = cls(settings, ranks, [], local)
@@ -499,13 +453,13 @@ class RankedPolicy:
         log.info("%d ranks on Ray (%s, pids %s)", n, "NCCL" if cuda else "gloo", policy.pids)
         return policy
 
-    def update(self, samples: list[Sample], profile: bool = False) -> dict[str, float]:
+    def update(self, samples: list[Sample]) -> dict[str, float]:
         started = time.perf_counter()
         s = self.settings
         batch = to_tensors(samples, s.max_seq_len, s.turn_rewards)
         advantages = compute_advantages(batch, s)
         shards = shard_batch(batch, advantages, len(self.ranks), s)
-        per_rank = self._all([rank.train.remote(shard, profile=profile) for rank, shard in zip(self.ranks, shards)],
+        per_rank = self._all([rank.train.remote(shard) for rank, shard in zip(self.ranks, shards)],
                              "train")
         history = [merge(steps, len(self.ranks)) for steps in zip(*per_rank)]
         metrics = {name: sum(step[name] for step in history) / len(history) for name in history[0]}
@@ -516,7 +470,6 @@ class RankedPolicy:
         metrics["rank_tokens_max_share"] = max(shard.batch.loss_mask.sum().item() for shard in shards) / max(
             batch.loss_mask.sum().item(), 1)
         metrics.update(Policy._batch_metrics(samples, batch, advantages))
-        self.profile = [steps[0] for steps in per_rank] if profile else None
         metrics["train_s"] = time.perf_counter() - started
         return metrics
 
