@@ -86,9 +86,9 @@ app.add_typer(task_sets, name="tasks", rich_help_panel=LOOP)
 # --- the log -------------------------------------------------------------------------------
 replays = group("Replay a range of the log: into the trainer, into a rebuilt trajectories topic (a new reward "
                 "function, no agent rerun), or into a dataset. Interrupted, the same command resumes.")
-replays.command("rebuild", cls=AcceptsOldNames)(replay.rebuild)
-replays.command("export", cls=AcceptsOldNames)(replay.export)
-replays.command("train", cls=AcceptsOldNames, context_settings=FORWARD["context_settings"])(replay.train)
+replays.command("rebuild", cls=replay.RebuildCommand)(replay.rebuild)
+replays.command("export", cls=replay.ReplayCommand)(replay.export)
+replays.command("train", cls=replay.TrainCommand, context_settings=FORWARD["context_settings"])(replay.train)
 app.add_typer(replays, name="replay", rich_help_panel=LOG)
 app.command("sql", rich_help_panel=LOG, cls=AcceptsOldNames)(logs.sql)
 app.command("top", rich_help_panel=LOG, cls=AcceptsOldNames)(logs.top)
