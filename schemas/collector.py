@@ -62,8 +62,8 @@ _pausing = 0
 def paused() -> Iterator[None]:
     """The cycle collector off while a scan from Kafka or a rebuild runs (and on again after the last of several
     at once): librdkafka's messages are objects it tracks, tens of thousands alive at a time while their
-    fetches decode, and its full passes over them cost ~1.5 µs of CPU per call event (of ~17, measured
-    with it on and off in turn). Nothing a scan makes holds a cycle; reference counting frees it."""
+    fetches decode, and its full passes would walk them all again and again, a share of a scan's CPU for
+    nothing: nothing a scan makes holds a cycle; reference counting frees it."""
     global _pausing
     if _pausing == 0 and not gc.isenabled():  # off already (by the program): leave it so
         yield

@@ -211,7 +211,7 @@ def _consumer(settings: KafkaSettings, **extra: Any) -> Consumer:
         "enable.partition.eof": True,
         # responses of at most 8 MB: glibc's malloc keeps buffers of up to 32 MB in the process once freed, so
         # librdkafka's next response reuses the memory of the last instead of fresh pages the kernel faults in
-        # and zeroes (64 MB responses were mapped and unmapped each time: ~1 page fault per message)
+        # and zeroes (larger responses are mapped and unmapped each time, a page fault per page they fill)
         "fetch.max.bytes": 8 * 1024 * 1024,
         "max.partition.fetch.bytes": 2 * 1024 * 1024,
         "queued.max.messages.kbytes": 256 * 1024,

@@ -36,8 +36,9 @@ DEFAULT_PORT = 9092
 JVM_OPTIONS = ("-Xms256m", "-Xmx512m", "-XX:+UseSerialGC")
 """the broker's heap and collector. Not G1: with its 1 MB regions each request of 512 KB or more
 (the streams worker's larger changelog writes) is a humongous object that starts a concurrent
-marking; at 5,000 live events/s G1 took 0.004-0.08 ms of CPU per event, the serial collector
-0.002, with young pauses of ~10 ms (streams/README.md, "The broker's share")"""
+marking, so at a live rate G1 costs several times the serial collector's CPU per event, and this
+small heap keeps the serial collector's young pauses short (the figures: streams/README.md, "The
+broker's share")"""
 
 
 def kafka_libs(home: Path | None = None, say: Callable[[str], None] = print) -> Path:

