@@ -100,6 +100,3 @@ class Unavailable(GatewayError):
     def __init__(self, message: str, code: ErrorCode, retry_after_s: float):
         super().__init__(503, message, code, headers={"Retry-After": str(max(1, round(retry_after_s)))})
 
-
-def unavailable(message: str, code: ErrorCode, retry_after_s: float) -> GatewayError:
-    return Unavailable(message, code, retry_after_s)

@@ -3,9 +3,10 @@
 Neither the tiny model's ChatML template nor SmolLM2's own renders tools, so a tool-using agent
 pointed at them would be answered by a model that never saw its tools. This template (one file,
 `chat_templates/hermes_tools.jinja`) renders system, user, assistant and tool messages and the
-tools list, and asks for tool calls in the form vLLM's `hermes` tool parser reads. It is written
-into the model folder (`chat_template.jinja`, which transformers and vLLM both load), so every
-server of the folder, and every tokenizer loaded from it, renders the same prompt.
+tools list, and asks for tool calls in the form vLLM's `hermes` tool parser reads. The model builders
+(`agentstream.models`) give it to the tokenizer they save, so the model folder holds it
+(`chat_template.jinja`, which transformers and vLLM both load), and every server of the folder, and
+every tokenizer loaded from it, renders the same prompt.
 """
 
 from __future__ import annotations
@@ -28,21 +29,6 @@ def tool_chat_template(default_system: str | None = None) -> str:
         return template
     # a JSON string is a valid Jinja string literal
     return "{%- set default_system = " + json.dumps(default_system) + " -%}\n" + template
-
-
-def install_chat_template(folder: Path, default_system: str | None = None) -> Path:
-    """Make the tool-rendering template the chat template of the model in `folder`; returns the file written."""
-    folder = Path(folder)
-    config_file = folder / "tokenizer_config.json"
-    if not config_file.exists():
-        raise FileNotFoundError(f"{folder} has no tokenizer_config.json: save the tokenizer there first")
-    config = json.loads(config_file.read_text(encoding="utf-8"))
-    if "chat_template" in config:  # the .jinja file wins in transformers; one template, in one place
-        del config["chat_template"]
-        config_file.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    target = folder / TEMPLATE_FILE
-    target.write_text(tool_chat_template(default_system), encoding="utf-8")
-    return target
 
 
 def renders_tools(folder: Path) -> bool:

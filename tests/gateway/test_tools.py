@@ -21,7 +21,7 @@ from openai.types.responses import Response
 from transformers import AutoTokenizer
 
 from agentstream.schemas import CallEvent
-from agentstream.stack.chat_template import TOOL_CALL_PARSER, install_chat_template, tool_chat_template
+from agentstream.stack.chat_template import TOOL_CALL_PARSER, tool_chat_template
 from agentstream.stack.vllm import vllm_python
 from tests.support.gateway import STREAM_EVENTS, call_id, read_events
 
@@ -269,12 +269,10 @@ def test_the_template_renders_tools_calls_and_results_and_plain_chatml_without_t
     assert tool == "<|im_start|>tool\n<tool_response>\nSunny.\n</tool_response>\n<tool_response>\nSnow.\n</tool_response>"
     assert (follow_up, generation) == ("<|im_start|>user\nAnd?", "<|im_start|>assistant\n")
 
-    # the model builders install it into a folder, with a default system prompt if the model has one
+    # the model builders save it with the tokenizer, with a default system prompt if the model has one
     folder = tmp_path / "model"
+    tokenizer.chat_template = tool_chat_template('You are "Smol".')
     tokenizer.save_pretrained(folder)
-    config = json.loads((folder / "tokenizer_config.json").read_text())
-    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": OLD_CHATML}))
-    install_chat_template(folder, default_system='You are "Smol".')
     installed = AutoTokenizer.from_pretrained(folder)
     assert installed.chat_template == tool_chat_template('You are "Smol".')
     assert "chat_template" not in json.loads((folder / "tokenizer_config.json").read_text())

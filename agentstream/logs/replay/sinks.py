@@ -115,7 +115,6 @@ class TopicSink:
         self.present: set[str] = set()
         """ids written after the saved position by a run that was killed: not written again"""
         self.written = 0
-        self.skipped_present = 0
         self.shares: list[tuple[dict[int, int], int]] = []
         """per worker process writing to the topic itself: its delivered ends and trajectories written, as far as
         its last flush covers (`share`, `covered`)"""
@@ -172,7 +171,6 @@ class TopicSink:
             self.producer = _producer(self.settings)
         for item in items:
             if item.id in self.present:
-                self.skipped_present += 1
                 self.written += 1
                 continue
             value = item.raw or encode(item.event)
