@@ -42,6 +42,9 @@ import threading
 import time
 from pathlib import Path
 
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
 from agentstream.sandbox.contract import IN_POD_ENV, WORKSPACE_MOUNT, CommandResult, SandboxError, SandboxSpec
 from agentstream.sandbox.local import DEFAULT_ENV
 from agentstream.sandbox.output import collect, kill_group, limit_of
@@ -49,8 +52,17 @@ from agentstream.sandbox.output import collect, kill_group, limit_of
 PR_GET_DUMPABLE, PR_SET_DUMPABLE = 3, 4  # <linux/prctl.h>
 
 
+class PodEnvironment(BaseSettings):
+    """What a sandbox pod's environment says about where its processes run (`sandbox.kubernetes.pod_spec`)."""
+
+    model_config = SettingsConfigDict(env_ignore_empty=True, extra="ignore")
+
+    sandbox: str = Field("", validation_alias=IN_POD_ENV, description="`pod` in every sandbox pod: a harness "
+                         "there runs its commands in the pod itself, not in a sandbox of its own")
+
+
 def in_sandbox_pod() -> bool:
-    return os.environ.get(IN_POD_ENV) == "pod"
+    return PodEnvironment().sandbox == "pod"
 
 
 def harden() -> None:

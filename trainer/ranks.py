@@ -360,19 +360,28 @@ class LocalRay:
         self.process = None
 
 
+RAY_DEFAULTS = {
+    "RAY_USAGE_STATS_ENABLED": "0",  # no calls home
+    "RAY_AUTH_MODE": "token",  # the cluster and its clients share ~/.ray/auth_token (LocalRay makes it)
+    "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",  # under `uv run` Ray would start its workers with `uv run`, outside this env
+}
+"""Ray's settings for the cluster and this process, where the environment does not set them already"""
+
+
 def ray_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no calls home
-    env.setdefault("RAY_AUTH_MODE", "token")  # the cluster and its clients share ~/.ray/auth_token (LocalRay makes it)
-    # under `uv run` Ray would start its workers with `uv run` too, outside this environment
-    env.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-    return env
+    """The environment of `ray start` (and so of the raylet and the rank workers it starts)."""
+    return {**RAY_DEFAULTS, **os.environ}
 
 
 def join_with_token() -> None:
-    """Set this process up to join: token authentication, and workers run with this Python. Ray read
-    both settings when first imported (verl imports it), so they are refreshed here."""
-    os.environ.update(ray_env())
+    """Set this process up to join: token authentication, and workers run with this Python.
+
+    The one place the trainer writes its environment: a Ray driver reads these settings only from
+    the process environment (Ray's C++ config when it is initialised; ray_constants when ray is first
+    imported, which verl does), and ray.init has no argument for them. So they are set, and both
+    configs refreshed, here."""
+    for name, value in RAY_DEFAULTS.items():
+        os.environ.setdefault(name, value)
     from ray._private import ray_constants
     from ray._raylet import Config  # type: ignore[attr-defined]  # a Cython class its stub leaves out
 

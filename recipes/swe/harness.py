@@ -46,11 +46,6 @@ import httpx
 import orjson
 import yaml
 
-# mini-swe-agent and litellm read these from the process environment only, when they are imported (and
-# this process imports them): no banner, and litellm's bundled cost map rather than a fetch from the internet
-os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-
 from agentstream.recipes.swe.environment import SandboxEnvironment, SandboxExhausted
 from agentstream.recipes.swe.settings import AgentEnvironment, AttemptSettings, SweSettings, from_environment
 from agentstream.recipes.swe.workspace import TaskInput, checkout, final_diff, test_env_binds
@@ -205,7 +200,7 @@ def main() -> int:
     # mini-swe-agent reads a user config (.env) from its config folder: give it an empty one of its own
     config_dir = Path(tempfile.mkdtemp(prefix="mswea-")) if in_sandbox_pod() else \
         workspace.with_name(workspace.name + ".mswea")
-    os.environ.setdefault("MSWEA_GLOBAL_CONFIG_DIR", str(config_dir))
+    set_library_environment(config_dir)
     started = time.monotonic()
     env = None
     try:
@@ -222,6 +217,16 @@ def main() -> int:
             shutil.rmtree(workspace, ignore_errors=True)
         shutil.rmtree(config_dir, ignore_errors=True)
     return 0
+
+
+def set_library_environment(config_dir: Path) -> None:
+    """The one place the harness writes its environment: mini-swe-agent and litellm read these settings
+    only from the process environment, when first imported (by `run_agent`, after this): no banner,
+    litellm's bundled cost map rather than a fetch from the internet, and mini-swe-agent's config folder."""
+    settings = {"MSWEA_SILENT_STARTUP": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                "MSWEA_GLOBAL_CONFIG_DIR": str(config_dir)}
+    for name, value in settings.items():
+        os.environ.setdefault(name, value)
 
 
 def attempt_workspace(parent: Path | None) -> Path:

@@ -168,3 +168,11 @@ def test_a_pass_that_does_not_add_up_is_inconsistent():
     # a failing run needs no more checks: a collection error is a failure, not a forged channel
     failing = verdict(_records({"collected": []}, {"exitstatus": 2}), ["t"], 2)
     assert failing["consistent"] and failing["statuses"] == {"t": "NOT RUN"}
+
+
+def test_the_test_process_autoloads_no_plugin_and_takes_no_options_from_the_environment():
+    from agentstream.recipes.swe.inside.launch import tests_environment
+
+    given = {"PATH": "/usr/bin", "PYTEST_ADDOPTS": "-p calc_plugin", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": ""}
+    assert tests_environment(given) == {"PATH": "/usr/bin", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    assert given["PYTEST_ADDOPTS"] == "-p calc_plugin"  # the launcher's own environment is left as it is

@@ -356,9 +356,8 @@ def _receive(reader: Connection) -> tuple[str, Any] | None:
 def _work(writer: Connection, part: Part, parent: int | None, environ: dict[str, str] | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the workers
     _die_with(parent)
-    if environ is not None:  # the rebuild's environment now, not the fork server's when it started (multiprocessing
-        os.environ.clear()  # carries the working directory and sys.path over, not this): a reward function reads it
-        os.environ.update(environ)
+    if environ is not None:
+        _take_environment(environ)
     # a worker is a process of its own, forked from a fresh interpreter with the default thresholds (a young
     # collection every 700 allocations), which would scan the fold's many short-lived objects over and over
     collector.relax()
@@ -373,6 +372,15 @@ def _work(writer: Connection, part: Part, parent: int | None, environ: dict[str,
             writer.send_bytes(pickle.dumps(("error", RuntimeError(str(error)))))
         os._exit(1)
     writer.close()
+
+
+def _take_environment(environ: dict[str, str]) -> None:
+    """The one place a worker writes its environment: a worker forked by the fork server has the server's
+    environment from when the server started, and multiprocessing has no `env=` for its processes (it
+    carries the working directory and sys.path over, not this). A reward function may read the
+    environment, so the worker takes the rebuild's, as it is now."""
+    os.environ.clear()
+    os.environ.update(environ)
 
 
 def _die_with(parent: int | None) -> None:

@@ -78,8 +78,6 @@ def pinned_config(tree: str) -> str:
 def main(argv: list[str]) -> int:
     fd, tree, ids = int(argv[0]), argv[1], argv[2:]
     os.set_inheritable(fd, False)
-    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-    os.environ.pop("PYTEST_ADDOPTS", None)
     plugins = installed_plugins()
     config = pinned_config(tree)
     # the tree goes last on sys.path, nothing else of the workspace (the test venv's .pth names /workspace)

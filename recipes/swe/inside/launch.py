@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 FRAME = "@@agentstream-verdict@@ "
@@ -126,11 +127,20 @@ def status(phases: dict[str, tuple[str, bool]]) -> str:
     return "PASSED" if call[0] == "passed" else "FAILED"
 
 
+def tests_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The test process's environment: no pytest plugin loaded by its entry point (the child names the test
+    environment's own with -p) and no options from PYTEST_ADDOPTS, which the workspace does not choose."""
+    env = {name: value for name, value in environ.items() if name != "PYTEST_ADDOPTS"}
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    return env
+
+
 def main(argv: list[str]) -> int:
     undumpable()
     tree, ids = argv[0], argv[1:]
     read_end, write_end = os.pipe()
-    child = subprocess.Popen([sys.executable, "-I", CHILD, str(write_end), tree, *ids], pass_fds=[write_end])
+    child = subprocess.Popen([sys.executable, "-I", CHILD, str(write_end), tree, *ids], pass_fds=[write_end],
+                             env=tests_environment(os.environ))
     os.close(write_end)
     records: list[bytes] = []
     reader = threading.Thread(target=read_records, args=(read_end, records), daemon=True)
