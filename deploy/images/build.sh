@@ -29,14 +29,26 @@ steps() {
   done
 }
 
+# podman: each image's dependency stage is built and tagged first (agentstream-build:<stage>), because
+# `podman image prune` removes untagged stages, and with them the cached layers that spare a code
+# change the reinstall of its dependencies (BuildKit keeps its cache apart from the images)
+declare -A deps_stage=()
+if [[ $engine == podman ]]; then
+  deps_stage=([services]=deps [trainer]=deps-trainer [swe-harness]=deps-swe-harness [kafka]=kafka-jars)
+fi
+build() {  # <target> <tag> <log>: all of the build's output in the log, its steps shown
+  "$engine" build --target "$1" "${build_args[@]}" -t "$2" . 2>&1 | tee -a "$3" | steps
+}
+
 started=$SECONDS
 for target in "${targets[@]}"; do
   echo "── building agentstream:$target (FROM $base)…"
   at=$SECONDS
   log="${TMPDIR:-/tmp}/agentstream-build-$target.log"
-  # all of the build's output in $log, its steps shown
-  if ! "$engine" build --target "$target" "${build_args[@]}" -t "agentstream:$target" . 2>&1 \
-      | tee "$log" | steps; then
+  : > "$log"
+  stage="${deps_stage[$target]:-}"
+  if { [[ -n $stage ]] && ! build "$stage" "agentstream-build:$stage" "$log"; } \
+      || ! build "$target" "agentstream:$target" "$log"; then
     echo "building agentstream:$target failed: see the end of $log" >&2; exit 1
   fi
   size="$("$engine" image inspect --format '{{.Size}}' "agentstream:$target")"
