@@ -137,7 +137,9 @@ FROM base AS vllm-cpu
 RUN apt-get update && apt-get install -y --no-install-recommends libnuma1 g++ python3-dev && rm -rf /var/lib/apt/lists/* \
     && mkdir -p /models /checkpoints && chown 10001 /models /checkpoints
 COPY agentstream/stack/vllm-requirements.txt agentstream/stack/vllm-overrides.txt /tmp/vllm/
-RUN --mount=type=cache,target=/root/.cache/uv uv pip install --system -r /tmp/vllm/vllm-requirements.txt --override /tmp/vllm/vllm-overrides.txt
+# --break-system-packages: the Debian stand-in's python3-dev brings back Python's EXTERNALLY-MANAGED marker
+RUN --mount=type=cache,target=/root/.cache/uv uv pip install --system --break-system-packages \
+    -r /tmp/vllm/vllm-requirements.txt --override /tmp/vllm/vllm-overrides.txt
 ENV VLLM_SERVER_DEV_MODE=1 VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1
 ENTRYPOINT ["python", "-m", "vllm.entrypoints.openai.api_server"]
 
