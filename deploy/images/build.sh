@@ -2,7 +2,8 @@
 # Build agentstream's images from the Dockerfile: agentstream:<target> for each target named
 # (default: all), each with its build time and size. The base image comes from base.sh (the official
 # Python image, or a Debian-made stand-in where no registry answers). Layers and the uv/Maven cache
-# mounts stay in the engine's store, so a second run only rebuilds what changed.
+# mounts stay in the engine's store, so a second run only rebuilds what changed; with podman, uv's
+# cache is this host's own (below).
 #   ENGINE   docker or podman (the Makefile's choice)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -10,6 +11,15 @@ engine="${ENGINE:-podman}"
 targets=("$@")
 ((${#targets[@]})) || targets=(services kafka trainer vllm-cpu swe-harness)
 base="$(deploy/images/base.sh)"
+
+# podman builds with this host's uv cache bound in (Docker's builds keep their own cache mount): after
+# `make install` every wheel the images need is already there, so a cold build downloads none
+build_args=(--build-arg "PYTHON_IMAGE=$base")
+uv_cache="${UV_CACHE_DIR:-$(uv cache dir 2>/dev/null || echo "$HOME/.cache/uv")}"
+if [[ $engine == podman ]]; then
+  mkdir -p "$uv_cache"
+  build_args+=(--volume "$uv_cache:/host-uv-cache" --build-arg UV_CACHE_DIR=/host-uv-cache)
+fi
 
 # the build's steps as progress (podman: "[2/5] STEP 3/9: RUN …", BuildKit: "#7 [base 2/3] RUN …")
 steps() {
@@ -19,17 +29,31 @@ steps() {
   done
 }
 
+# podman: each image's dependency stage is built and tagged first (agentstream-build:<stage>), because
+# `podman image prune` removes untagged stages, and with them the cached layers that spare a code
+# change the reinstall of its dependencies (BuildKit keeps its cache apart from the images)
+declare -A deps_stage=()
+if [[ $engine == podman ]]; then
+  deps_stage=([services]=deps [trainer]=deps-trainer [swe-harness]=deps-swe-harness [kafka]=kafka-jars)
+fi
+build() {  # <target> <tag> <log>: all of the build's output in the log, its steps shown
+  "$engine" build --target "$1" "${build_args[@]}" -t "$2" . 2>&1 | tee -a "$3" | steps
+}
+
 started=$SECONDS
 for target in "${targets[@]}"; do
   echo "── building agentstream:$target (FROM $base)…"
   at=$SECONDS
   log="${TMPDIR:-/tmp}/agentstream-build-$target.log"
-  # all of the build's output in $log, its steps shown
-  if ! "$engine" build --target "$target" --build-arg "PYTHON_IMAGE=$base" -t "agentstream:$target" . 2>&1 \
-      | tee "$log" | steps; then
+  : > "$log"
+  stage="${deps_stage[$target]:-}"
+  if { [[ -n $stage ]] && ! build "$stage" "agentstream-build:$stage" "$log"; } \
+      || ! build "$target" "agentstream:$target" "$log"; then
     echo "building agentstream:$target failed: see the end of $log" >&2; exit 1
   fi
   size="$("$engine" image inspect --format '{{.Size}}' "agentstream:$target")"
-  printf '   agentstream:%s built in %ds, %s MB\n' "$target" $((SECONDS - at)) $((size / 1000000))
+  # the load average with the time: on a shared machine a build's time says little without it
+  printf '   agentstream:%s built in %ds, %s MB (load average %s)\n' "$target" $((SECONDS - at)) $((size / 1000000)) \
+    "$(cut -d' ' -f1-3 /proc/loadavg)"
 done
 echo "images built in $((SECONDS - started))s"
