@@ -31,7 +31,7 @@ from agentstream.schemas.topics import FOREVER, TopicSpec
 from agentstream.streams.settings import StreamsSettings
 from agentstream.streams.transport import Transport
 from agentstream.streams.windows import Windows, parse
-from agentstream.streams.worker import ASSEMBLED, AssemblyWorker, Publish
+from agentstream.streams.worker import ASSEMBLED, AssemblyWorker
 
 
 def raw_topic(app: faust.App, *names: str) -> TopicT:
@@ -77,10 +77,101 @@ class QuietMonitor(Monitor):
         pass
 
 
+class Streams:
+    """What the app's task, timer, signal receiver and view share: the output topics, the windows, the worker.
+
+    Made with the app, before it starts: it sets the app's transport and claims the sources for the worker.
+    """
+
+    def __init__(self, app: faust.App, settings: StreamsSettings, partitions: int):
+        self.app = app
+        self.settings = settings
+        # Faust's Kafka transport, but the sources' records handed over in batches (transport.py); set
+        # before anything creates the consumer (the `transport` setter is App's own)
+        transport = app.transport = Transport(app.conf.broker_consumer, app)
+        self.out = {base: raw_topic(app, settings.topics.name(base))
+                    for base in ("trajectories", "rewards", "deadletter", "metrics")}
+        self.windows = Windows(app, settings.windows_s, settings.window_history, partitions)
+        sources = [settings.topics.name(base) for base in ASSEMBLED]
+        # the sources' records go to the worker in batches, not through a stream (transport.py); the topic is
+        # still Faust's to subscribe to, and the worker pauses a partition as a stream's full buffer would
+        inbox = transport.claim(sources, high=app.conf.stream_buffer_maxsize)
+        app.topics.add(raw_topic(app, *sources))
+        self.worker = AssemblyWorker(app, settings, partitions, self.send, self.windows, inbox)
+
+    async def publish(self, topic: str, event: Event, now: bool = False) -> Awaitable[RecordMetadata]:
+        """Send as part of handling the current event (at its commit), or `now`: the broker's ack is
+        then the returned future."""
+        return await self.out[topic].send(key=event.key, value=encode(event), force=now)
+
+    async def send(self, topic: str, event: Event) -> Awaitable[RecordMetadata]:
+        """Straight to the producer (Faust's topic `send` yields to the loop on every record): the
+        broker's ack is the returned future."""
+        return await self.app.producer.send(self.settings.topics.name(topic), event.key, encode(event),
+                                            partition=None, timestamp=None, headers=None)
+
+
+class StreamsApp(faust.App):
+    """Faust's App, holding the parts its task, timer, signal receiver and view share."""
+
+    streams: Streams
+
+
+def streams_of(app: Any) -> Streams:
+    assert isinstance(app, StreamsApp)
+    return app.streams
+
+
+async def start_worker(app: faust.App) -> None:
+    """The worker's timers start once the tables are recovered, as Faust's own do."""
+    await app.add_runtime_dependency(streams_of(app).worker)
+
+
+async def forget_partitions(app: faust.App, revoked: set[TP], **kwargs: Any) -> None:
+    await streams_of(app).worker.revoked(revoked)
+
+
+async def publish_metrics(app: faust.App) -> None:
+    """The windows changed since the last run, to the metrics topic."""
+    streams = streams_of(app)
+    for size, key, value in streams.windows.unpublished():
+        model, version, partition, start = parse(key)
+        await streams.publish("metrics", MetricsEvent(source=streams.settings.source, data=Metrics(
+            window_s=size, window_start=int(start * 1000),
+            group={"model": model, "weight_version": version, "partition": partition}, values=value)))
+
+
+class AnalyticsView(View):
+    """The worker's counters, partitions and source positions, and the windows (`?open=1`: also the
+    attempts not settled yet)."""
+
+    async def get(self, request: Request) -> Response:
+        streams = streams_of(self.app)
+        view = streams.worker.describe(open_attempts=request.query.get("open") == "1")
+        return self.json({**view, "windows": streams.windows.view()})
+
+
+routes: list[tuple[str, type[View]]] = [
+    ("/analytics", AnalyticsView),
+]
+
+
 def create_app(settings: StreamsSettings, partitions: int) -> faust.App:
     """The worker's app; `partitions` is the rollout-scoped topics' partition count."""
-    app = faust.App(
-        settings.group_id,
+    app = StreamsApp(settings.group_id, **faust_settings(settings, partitions))
+    app.streams = Streams(app, settings, partitions)
+    app.task(start_worker)
+    # faust types a receiver as taking any positional arguments; this signal sends one, the revoked partitions
+    app.on_partitions_revoked.connect(forget_partitions)  # type: ignore[arg-type]
+    app.timer(interval=settings.metrics_interval_s)(publish_metrics)
+    for path, view in routes:
+        app.page(path)(view)
+    return app
+
+
+def faust_settings(settings: StreamsSettings, partitions: int) -> dict[str, Any]:
+    """Faust's settings for the worker's app."""
+    return dict(
         broker=[f"kafka://{server.strip()}" for server in settings.bootstrap_servers.split(",")],
         store="memory://",
         datadir=str(settings.data_dir),
@@ -112,63 +203,6 @@ def create_app(settings: StreamsSettings, partitions: int) -> faust.App:
         web_enabled=True,
         Monitor=QuietMonitor,
     )
-    # Faust's Kafka transport, but the sources' records handed over in batches (transport.py); set
-    # before anything creates the consumer (the `transport` setter is App's own)
-    transport = app.transport = Transport(app.conf.broker_consumer, app)
-    out = {base: raw_topic(app, settings.topics.name(base)) for base in ("trajectories", "rewards", "deadletter", "metrics")}
-
-    async def publish(topic: str, event: Event, now: bool = False) -> Awaitable[RecordMetadata]:
-        """Send as part of handling the current event (at its commit), or `now`: the broker's ack is
-        then the returned future."""
-        return await out[topic].send(key=event.key, value=encode(event), force=now)
-
-    async def send(topic: str, event: Event) -> Awaitable[RecordMetadata]:
-        """Straight to the producer (Faust's topic `send` yields to the loop on every record): the
-        broker's ack is the returned future."""
-        return await app.producer.send(settings.topics.name(topic), event.key, encode(event), partition=None,
-                                       timestamp=None, headers=None)
-
-    windows = Windows(app, settings.windows_s, settings.window_history, partitions)
-    sources = [settings.topics.name(base) for base in ASSEMBLED]
-    # the sources' records go to the worker in batches, not through a stream (transport.py); the topic is
-    # still Faust's to subscribe to, and the worker pauses a partition as a stream's full buffer would
-    inbox = transport.claim(sources, high=app.conf.stream_buffer_maxsize)
-    app.topics.add(raw_topic(app, *sources))
-    worker = AssemblyWorker(app, settings, partitions, send, windows, inbox)
-
-    @app.task  # type: ignore[untyped-decorator]  # (faust types a task as returning a bare Awaitable)
-    async def start_worker() -> None:  # its timers start once the tables are recovered, as Faust's own do
-        await app.add_runtime_dependency(worker)
-
-    # faust types a receiver as taking any positional arguments; this signal sends one, the revoked partitions
-    @app.on_partitions_revoked.connect  # type: ignore[arg-type]
-    async def forget_partitions(app: faust.App, revoked: set[TP], **kwargs: Any) -> None:
-        await worker.revoked(revoked)
-
-    add_metrics(app, settings, windows, publish)
-
-    @app.page("/analytics")
-    class AnalyticsView(View):
-        async def get(self, request: Request) -> Response:
-            view = worker.describe(open_attempts=request.query.get("open") == "1")
-            return self.json({**view, "windows": windows.view()})
-
-    return app
-
-
-# --- analytics ---------------------------------------------------------------------------------
-
-
-def add_metrics(app: faust.App, settings: StreamsSettings, windows: Windows, publish: Publish) -> None:
-    """The timer that publishes the windows changed since its last run to the metrics topic."""
-
-    @app.timer(interval=settings.metrics_interval_s)  # type: ignore[untyped-decorator]  # (faust: a bare Callable)
-    async def publish_metrics() -> None:
-        for size, key, value in windows.unpublished():
-            model, version, partition, start = parse(key)
-            await publish("metrics", MetricsEvent(source=settings.source, data=Metrics(
-                window_s=size, window_start=int(start * 1000),
-                group={"model": model, "weight_version": version, "partition": partition}, values=value)))
 
 
 # --- topics ------------------------------------------------------------------------------------

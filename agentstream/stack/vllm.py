@@ -138,28 +138,9 @@ class LocalVLLM:
         port = port or free_port()
         max_model_len = max_model_len or served_context(model)
         self.log.unlink(missing_ok=True)
-        cmd = [
-            str(python), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(model), "--served-model-name", served_name,
-            "--host", "127.0.0.1", "--port", str(port),
-            "--dtype", "float32", "--max-model-len", str(max_model_len),
-            # on CPU this is a share of host RAM; the KV cache size comes from VLLM_CPU_KVCACHE_SPACE
-            "--gpu-memory-utilization", "0.05",
-            # skips torch.compile: starts in half the time, and the tiny model does not need it
-            "--enforce-eager",
-            "--disable-uvicorn-access-log",
-            *serving_overrides(model),
-            *_tool_args(model, tool_parser, say),
-            *(extra_args or []),
-        ]
-        env = {
-            "VLLM_SERVER_DEV_MODE": "1",  # /pause, /resume, /collective_rpc, /update_weight_version, /weight_info
-            "VLLM_CPU_KVCACHE_SPACE": str(StackSettings().vllm_cpu_kvcache_space or kv_cache_gib(model, max_model_len)),
-            "HF_HUB_OFFLINE": "1",
-            "VLLM_NO_USAGE_STATS": "1",
-            "DO_NOT_TRACK": "1",
-        }
-        proc = spawn(cmd, self.log, env=env)
+        cmd = [str(python), *server_args(model, served_name, port, max_model_len),
+               *_tool_args(model, tool_parser, say), *(extra_args or [])]
+        proc = spawn(cmd, self.log, env=server_env(model, max_model_len))
         url = f"http://127.0.0.1:{port}"
         say(f"Starting vLLM ({served_name} from {model}) on {url}; this takes about a minute…")
         await_ready("vLLM", proc, lambda: _healthy(url), self.log, timeout)
@@ -223,6 +204,34 @@ def tensor_names(model: Path) -> set[str]:
             size = int.from_bytes(handle.read(8), "little")
             names |= set(json.loads(handle.read(size))) - {"__metadata__"}
     return names
+
+
+def server_args(model: Path, served_name: str, port: int, max_model_len: int) -> list[str]:
+    """vLLM's OpenAI server on 127.0.0.1:`port`, serving `model` as `served_name` on the CPU."""
+    return [
+        "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model), "--served-model-name", served_name,
+        "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", "float32", "--max-model-len", str(max_model_len),
+        # on CPU this is a share of host RAM; the KV cache size comes from VLLM_CPU_KVCACHE_SPACE
+        "--gpu-memory-utilization", "0.05",
+        # skips torch.compile: starts in half the time, and the tiny model does not need it
+        "--enforce-eager",
+        "--disable-uvicorn-access-log",
+        *serving_overrides(model),
+    ]
+
+
+def server_env(model: Path, max_model_len: int) -> dict[str, str]:
+    return {
+        "VLLM_SERVER_DEV_MODE": "1",  # /pause, /resume, /collective_rpc, /update_weight_version, /weight_info
+        "VLLM_CPU_KVCACHE_SPACE": str(StackSettings().vllm_cpu_kvcache_space or kv_cache_gib(model, max_model_len)),
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+
+
 def _tool_args(model: Path, tool_parser: str | None, say: Callable[[str], None]) -> list[str]:
     """Tool calling: `auto` needs a parser; without one vLLM answers every request with tools with a 400."""
     if not tool_parser:

@@ -50,15 +50,17 @@ def read_instances(path: Path) -> list[Instance]:
 
 
 def write_task_files(chosen: list[Instance], out: Path) -> tuple[Path, Path, Path]:
-    """The controller's train and validation task files (input: only the instance id and the problem
-    statement), the grader's instances file and the harness's index, for the chosen instances."""
+    """The controller's train and validation task files, the grader's instances file and the harness's
+    index, for the chosen instances. A task row is `Instance.rollout_task`: input only the instance id and
+    the problem statement; metadata the repository and base commit, which name a per-repo image
+    (`--k8s-image reg/swe-{repo_slug}:1`)."""
     from agentstream.recipes.swe import build
-    from agentstream.recipes.swe.workspace import TaskInput, write_index
+    from agentstream.recipes.swe.workspace import write_index
 
     out.mkdir(parents=True, exist_ok=True)
     files = {}
     for split in ("train", "validation"):
-        rows = [{"id": i.instance_id, "input": TaskInput.of(i).model_dump(exclude_none=True), "split": split}
+        rows = [{**i.rollout_task().model_dump(mode="json", exclude_none=True), "split": split}
                 for i in chosen if i.split == split]
         files[split] = out / f"{split}.jsonl"
         files[split].write_text("".join(json.dumps(row) + "\n" for row in rows))

@@ -20,8 +20,9 @@ from kubernetes import client
 from agentstream.controller.attempt import Attempt, Gateway
 from agentstream.controller.kubernetes import TASK_ANNOTATION, KubernetesLauncher
 from agentstream.controller.settings import ControllerSettings
-from agentstream.controller.tasks import PlannedRollout
+from agentstream.controller.tasks import PlannedRollout, load_tasks, plan_rollouts
 from agentstream.recipes.swe.instance import Instance
+from agentstream.recipes.swe.task_files import write_task_files
 from agentstream.sandbox.kubernetes import NETWORK_LABEL
 from agentstream.schemas.tokens import verify_rollout_token
 
@@ -55,17 +56,18 @@ async def test_the_harness_attempt_is_a_sandboxed_job(kube_cluster, restricted_n
     api, namespace = restricted_namespace
     for name, value in OPERATOR_ENV.items():  # the controller's own environment: none of it may reach a pod
         monkeypatch.setenv(name, value)
-    instances = tmp_path / "instances.jsonl"  # the grader's file, hidden tests included
-    instances.write_text(INSTANCE.model_dump_json() + "\n")
+    # the recipe's own task files, as the controller reads them: the image is named from what they carry
+    train, _, instances = write_task_files([INSTANCE], tmp_path / "tasks")  # instances: the grader's, hidden tests
+    (task,) = load_tasks(train)
     template = tmp_path / "harness-job.yaml"
     template.write_text(HARNESS_TEMPLATE)
     settings = ControllerSettings(
-        tasks=tmp_path / "tasks.jsonl", agent="python -m agentstream.recipes.swe.harness", token_secret=SECRET,
+        tasks=train, agent="python -m agentstream.recipes.swe.harness", token_secret=SECRET,
         gateway_url="http://gateway.agentstream.svc:8000", model="qwen-9b", backend="kubernetes",
         k8s_kubeconfig=kube_cluster.kubeconfig, k8s_namespace=namespace, k8s_image="registry.test/swe-{repo_slug}:1",
         k8s_job_template=template, k8s_gateway_namespace="agentstream", k8s_gateway_service_ip="10.0.0.42",
         k8s_cpus=2, k8s_memory_gib=8, timeout_s=1800, kill_grace_s=10)
-    rollout = PlannedRollout("0190d0c0-0000-5000-8000-0000000000a1", INSTANCE.rollout_task(), "group-a", "train", 0, 0)
+    (rollout,) = plan_rollouts("run-swe-k8s", [task], samples=1, validation_samples=1, epochs=1, shuffle=False, seed=0)
     attempt = Attempt(rollout, "0190d0c0-0000-7000-8000-0000000000a1", 1, 3, tmp_path)
     launcher = KubernetesLauncher.from_settings(settings, "run-swe-k8s")
     await launcher.start()

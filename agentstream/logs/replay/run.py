@@ -27,7 +27,7 @@ from agentstream.logs.replay.parallel import ParallelRebuild, default_jobs, read
 from agentstream.logs.replay.rebuild import RAW, Rebuild
 from agentstream.logs.replay.selection import Selection
 from agentstream.logs.replay.sinks import JsonlSink, ParquetSink, Sink, TopicSink
-from agentstream.logs.replay.sources import Source, StoredTrajectories
+from agentstream.logs.replay.sources import Item, Source, StoredTrajectories
 from agentstream.logs.replay.state import ReplayError, ReplayState, int_keys
 from agentstream.schemas import collector
 from agentstream.schemas.ids import now_ms
@@ -153,12 +153,7 @@ async def replay(settings: KafkaSettings, job: Job, options: Options,
                  on_progress: Callable[[Progress], None] | None = None) -> Summary:
     job.check()
     started = time.monotonic()
-    state = ReplayState.load(options.state) if not options.restart else None
-    if state is not None and state.job != job.signature():
-        changed = sorted(k for k in set(state.job) | set(job.signature()) if state.job.get(k) != job.signature().get(k))
-        raise ReplayError(f"the resume state {options.state} belongs to another replay (it differs in: "
-                          f"{', '.join(changed)}); run that one again to finish it, pass --state elsewhere, "
-                          "or --restart to start over")
+    state = _resume_state(job, options)
     resumed = state is not None and state.source is not None
     if state is None:
         state = await _plan(settings, job, options.origin)
@@ -181,49 +176,75 @@ async def replay(settings: KafkaSettings, job: Job, options: Options,
         try:
             await sink.open(state.sink)
             source = _source(settings, job, state, counts, options, sink)
-            progress = Progress(remaining=source.remaining, written=sink.written)
-            selection = _selection(job, state)
-            pause = options.checkpoint_s
-            last = time.monotonic()
-
-            async def checkpoint() -> float:
-                """Output first, then the state; returns how long it took."""
-                begun = time.monotonic()
-                state.sink = await sink.commit()
-                state.source, state.counts = source.position(), dict(counts)
-                state.save(options.state)
-                return time.monotonic() - begun
-
-            # closed here whatever ends the loop: a rebuild's scans, workers and paused collector end with it, not
-            # once the event loop gets round to finalizing the suspended generator
-            async with aclosing(source.chunks()) as chunks:
-                async for items in chunks:
-                    if getattr(source, "selects", False):  # (its workers did, and counted what they left out)
-                        chosen = items
-                    else:
-                        chosen = [item for item in items if selection.wants(item.event)]
-                        counts["not_selected"] += len(items) - len(chosen)
-                    await sink.write(chosen)
-                    progress.read, progress.written = source.read, sink.written
-                    if on_progress:
-                        on_progress(progress)
-                    if time.monotonic() - last >= pause:
-                        # a rebuild's state holds the open attempts (the settled ones are in files of their own:
-                        # settled.py): where it is large, checkpoint less often, at most a tenth of the time
-                        took = await checkpoint()
-                        pause = max(options.checkpoint_s, 9 * took) if options.checkpoint_s else 0
-                        last = time.monotonic()
-            await checkpoint()
-            await sink.finish()
-            state.done, state.source = True, None  # a finished replay needs no position: keep the file small
-            state.save(options.state)
-            shutil.rmtree(settled.folder(options.state), ignore_errors=True)  # (a rebuild's settled rollouts)
+            await Copy(state, source, sink, counts, options).run(_selection(job, state), on_progress)
         finally:
             await sink.close()
     if isinstance(sink, ParquetSink):
         sink.cleanup()
     return Summary(sink.written, dict(counts), list(getattr(source, "reasons", [])), resumed=resumed,
                    read=source.read, seconds=time.monotonic() - started)
+
+
+def _resume_state(job: Job, options: Options) -> ReplayState | None:
+    """The saved state of this replay, unless `--restart`; a state of another replay is refused."""
+    state = ReplayState.load(options.state) if not options.restart else None
+    if state is not None and state.job != job.signature():
+        changed = sorted(k for k in set(state.job) | set(job.signature()) if state.job.get(k) != job.signature().get(k))
+        raise ReplayError(f"the resume state {options.state} belongs to another replay (it differs in: "
+                          f"{', '.join(changed)}); run that one again to finish it, pass --state elsewhere, "
+                          "or --restart to start over")
+    return state
+
+
+@dataclass
+class Copy:
+    """A run's loop: the source's chunks, the selected records to the sink, a checkpoint now and then."""
+
+    state: ReplayState
+    source: Source
+    sink: Sink
+    counts: Counter[str]
+    options: Options
+
+    async def run(self, selection: Selection, on_progress: Callable[[Progress], None] | None) -> None:
+        source, sink, options = self.source, self.sink, self.options
+        progress = Progress(remaining=source.remaining, written=sink.written)
+        pause = options.checkpoint_s
+        last = time.monotonic()
+        # closed here whatever ends the loop: a rebuild's scans, workers and paused collector end with it, not
+        # once the event loop gets round to finalizing the suspended generator
+        async with aclosing(source.chunks()) as chunks:
+            async for items in chunks:
+                await sink.write(self.selected(items, selection))
+                progress.read, progress.written = source.read, sink.written
+                if on_progress:
+                    on_progress(progress)
+                if time.monotonic() - last >= pause:
+                    # a rebuild's state holds the open attempts (the settled ones are in files of their own:
+                    # settled.py): where it is large, checkpoint less often, at most a tenth of the time
+                    took = await self.checkpoint()
+                    pause = max(options.checkpoint_s, 9 * took) if options.checkpoint_s else 0
+                    last = time.monotonic()
+        await self.checkpoint()
+        await sink.finish()
+        self.state.done, self.state.source = True, None  # a finished replay needs no position: keep the file small
+        self.state.save(options.state)
+        shutil.rmtree(settled.folder(options.state), ignore_errors=True)  # (a rebuild's settled rollouts)
+
+    def selected(self, items: list[Item], selection: Selection) -> list[Item]:
+        if getattr(self.source, "selects", False):  # (its workers did, and counted what they left out)
+            return items
+        chosen = [item for item in items if selection.wants(item.event)]
+        self.counts["not_selected"] += len(items) - len(chosen)
+        return chosen
+
+    async def checkpoint(self) -> float:
+        """Output first, then the state; returns how long it took."""
+        begun = time.monotonic()
+        self.state.sink = await self.sink.commit()
+        self.state.source, self.state.counts = self.source.position(), dict(self.counts)
+        self.state.save(self.options.state)
+        return time.monotonic() - begun
 
 
 async def _plan(settings: KafkaSettings, job: Job, origin: Origin = KAFKA) -> ReplayState:
