@@ -109,7 +109,8 @@ def wilson_interval(successes: float, trials: int, z: float = Z95) -> tuple[floa
     z2 = z * z
     centre = (p + z2 / (2 * trials)) / (1 + z2 / trials)
     half = z / (1 + z2 / trials) * math.sqrt(p * (1 - p) / trials + z2 / (4 * trials * trials))
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # at p̂ = 0 (1) the bound is 0 (1) exactly; the arithmetic leaves a rounding error there
+    return (0.0 if p == 0 else max(0.0, centre - half)), (1.0 if p == 1 else min(1.0, centre + half))
 
 
 def pass_at_1_interval(per_task: dict[str, list[float | None]], threshold: float = 1.0, z: float = Z95
