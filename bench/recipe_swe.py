@@ -80,9 +80,13 @@ class Bench(Recipe):
                 self.check_alive()
                 await asyncio.sleep(0.5)
             arms[arm] = await self.collect(kafka, f"bench-{arm}", rollouts, time.monotonic() - started)
-        arms["training_s"] = await self.train_once(stack)
+        # the trainer service is started after the stack stops serving: on two cores it would share them with vLLM
+        self.vllm.stop()
+        arms["training_s"] = await self.train_once(stack) if args.train else None
         arms["updates"] = update_rates(model_dir, self.recipe_trajectories, args.update_seq_len, args.update_repeats,
                                        args.update_sequences)
+        arms["trained_tokens"] = sum(len(seq.token_ids[:config.max_seq_len]) for t in self.recipe_trajectories
+                                     for seq in t.data.sequences if t.data.reward is not None)
         return arms
 
     async def collect(self, kafka: KafkaSettings, run_id: str, rollouts: int, wall_s: float) -> dict:
@@ -167,10 +171,14 @@ def update_rates(model_dir: Path, trajectories: list[TrajectoryEvent], seq_len: 
     from agentstream.trainer.grpo import Policy, to_tensors
     from bench.trainer_throughput import supervised_step
 
-    rewarded = [t for t in trajectories if t.data.reward is not None and t.data.sequences][:sequences]
-    if not rewarded:
+    samples, rows = [], 0
+    for t in trajectories:  # a sequence whose generated tokens all lie past seq_len is no row
+        trained = sum(1 for seq in t.data.sequences if any(seq.mask[1:seq_len]))
+        if t.data.reward is not None and trained and rows < sequences:
+            samples.append(Sample(t.id, 0, len(samples), t.data, group_of(t.id, t.data)))
+            rows += trained
+    if not samples:
         return {}
-    samples = [Sample(t.id, 0, i, t.data, group_of(t.id, t.data)) for i, t in enumerate(rewarded)]
     batch = to_tensors(samples, seq_len)
     tokens = int(batch.attention_mask.sum())
     arms = {"lora_update": TrainerSettings(lora_rank=16, lr=1e-4, max_seq_len=seq_len, group_size=len(samples),
@@ -224,10 +232,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--step-limit", type=int, default=None, help="default: the model's (recipes/swe/models.py)")
     parser.add_argument("--max-tokens", type=int, default=None, help="default: the model's")
     parser.add_argument("--attempt-timeout-s", type=float, default=None, help="default: the model's")
-    parser.add_argument("--vllm-name", default="bench-recipe", help="a running server of this name is used as it is")
-    parser.add_argument("--update-seq-len", type=int, default=256, help="tokens per sequence in the update figures")
+    parser.add_argument("--vllm-name", default="bench-recipe",
+                        help="the local vLLM server's name: one running under it with this model is reused (reset to "
+                             "the starting weights); stopped at the end")
+    parser.add_argument("--update-seq-len", type=int, default=512, help="tokens per sequence in the update figures")
     parser.add_argument("--update-sequences", type=int, default=2, help="sequences in the update figures")
     parser.add_argument("--update-repeats", type=int, default=1)
+    parser.add_argument("--train", action=argparse.BooleanOptionalAction, default=True,
+                        help="train one version with the trainer service (--no-train: estimate its time from the "
+                             "update figures; a 0.5B's update takes long on two shared cores)")
     parser.add_argument("--updates-from", type=Path, default=None,
                         help="only the update figures, on the trajectory events of this file")
     args = parser.parse_args(argv)
@@ -258,9 +271,14 @@ def main(argv: list[str]) -> int:
             report.add(f"{arm}: {part[:-2]} per attempt", f"{figures_of[part]:.1f} s", figures_of[part] / attempt)
         report.add(f"{arm}: grading per diff", f"{figures_of['grading_s']:.1f} s", figures_of["grading_s"] / attempt)
         report.add(f"{arm}: attempt (launch to end)", f"{attempt:.1f} s", None)
-    if figures["training_s"] is not None:
-        report.add("training: one version's update", f"{figures['training_s']:.1f} s", None)
-    for part, share in wall_shares(recipe, figures["training_s"] or 0.0).items():
+    training_s = figures["training_s"]
+    if training_s is not None:
+        report.add("training: one version's update", f"{training_s:.1f} s", None)
+    elif figures["updates"]:  # --no-train: the recipe arm's tokens at the plain step's rate
+        training_s = figures["trained_tokens"] / figures["updates"]["supervised_step_tokens_per_s"]
+        report.add(f"training: one version's update, estimated ({figures['trained_tokens']} tokens at the plain "
+                   "step's rate)", f"{training_s:.1f} s", None)
+    for part, share in wall_shares(recipe, training_s or 0.0).items():
         report.add(f"recipe: share of the time in {part}", f"{share:.2f}", share)
     if recipe["model_total_s"]:
         report.add("recipe: generated tokens per second of model time",
