@@ -86,6 +86,9 @@ EvalConfig = EvalSettings
 """the name `agentstream eval` builds it by"""
 
 
+GAVE_UP_SOME = 1
+"""the controller's exit code when every rollout ended and some were given up (controller.Controller.run)"""
+
 Z95 = 1.959963984540054
 """the standard normal's 97.5 % quantile: two-sided 95 % intervals"""
 
@@ -186,7 +189,7 @@ class Evaluator:
         tasks = self.validation_file()
         self.say(f"eval: version {version}, {config.samples} sample(s) of each task in {config.tasks} (run {run_id})")
         code = await asyncio.to_thread(self._run_controller, tasks, run_id)
-        if code != 0:
+        if code not in (0, GAVE_UP_SOME):  # a rollout given up is a sample without a reward: unscored, not the end
             raise RuntimeError(f"the eval controller exited with {code}; its log: {self.out / run_id}.log")
         trajectories, task_of = await self._collect(run_id, started_ms)
         self.last_trajectories = trajectories
