@@ -83,10 +83,9 @@ class Bench(Recipe):
         # the trainer service is started after the stack stops serving: on two cores it would share them with vLLM
         self.vllm.stop()
         arms["training_s"] = await self.train_once(stack) if args.train else None
-        arms["updates"] = update_rates(model_dir, self.recipe_trajectories, args.update_seq_len, args.update_repeats,
-                                       args.update_sequences)
         arms["trained_tokens"] = sum(len(seq.token_ids[:config.max_seq_len]) for t in self.recipe_trajectories
                                      for seq in t.data.sequences if t.data.reward is not None)
+        self.model_dir = model_dir
         return arms
 
     async def collect(self, kafka: KafkaSettings, run_id: str, rollouts: int, wall_s: float) -> dict:
@@ -182,7 +181,7 @@ def update_rates(model_dir: Path, trajectories: list[TrajectoryEvent], seq_len: 
     batch = to_tensors(samples, seq_len)
     tokens = int(batch.attention_mask.sum())
     arms = {"lora_update": TrainerSettings(lora_rank=16, lr=1e-4, max_seq_len=seq_len, group_size=len(samples),
-                                           micro_batch_size=1, rollout_is="off"),
+                                           min_group_size=1, micro_batch_size=1),
             "supervised_step": TrainerSettings(lr=1e-5, max_seq_len=seq_len, micro_batch_size=1)}
     seconds: dict[str, list[float]] = {name: [] for name in arms}
     for _ in range(repeats):
@@ -259,6 +258,9 @@ def main(argv: list[str]) -> int:
         figures = asyncio.run(bench.measure(args))
     finally:
         bench.stop_all()
+    print(json.dumps(figures), flush=True)  # the arms, before the update figures (minutes more)
+    figures["updates"] = update_rates(bench.model_dir, bench.recipe_trajectories, args.update_seq_len,
+                                      args.update_repeats, args.update_sequences)
     recipe, scripted = figures["recipe"], figures["scripted"]
     report = Report("recipe_swe", details=figures)
     report.add("recipe: rollouts per minute", f"{recipe['per_minute']:.2f}",
