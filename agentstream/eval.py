@@ -86,11 +86,53 @@ EvalConfig = EvalSettings
 """the name `agentstream eval` builds it by"""
 
 
+GAVE_UP_SOME = 1
+"""the controller's exit code when every rollout ended and some were given up (controller.Controller.run)"""
+
+Z95 = 1.959963984540054
+"""the standard normal's 97.5 % quantile: two-sided 95 % intervals"""
+
+
 def pass_at_k(n: int, c: int, k: int) -> float:
     """The unbiased estimate of pass@k from n samples of which c passed (Chen et al., 2021)."""
     if n - c < k:
         return 1.0
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def wilson_interval(successes: float, trials: int, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval of a proportion (successes may be fractional: see `pass_at_1_interval`).
+
+    The set of p for which |p̂ - p| <= z·sqrt(p(1-p)/n): unlike p̂ ± z·sqrt(p̂(1-p̂)/n) it keeps its
+    coverage with few trials and is never the empty-looking [0, 0] when nothing passed.
+    """
+    if trials <= 0:
+        return 0.0, 1.0
+    p = min(max(successes / trials, 0.0), 1.0)
+    z2 = z * z
+    centre = (p + z2 / (2 * trials)) / (1 + z2 / trials)
+    half = z / (1 + z2 / trials) * math.sqrt(p * (1 - p) / trials + z2 / (4 * trials * trials))
+    # at p̂ = 0 (1) the bound is 0 (1) exactly; the arithmetic leaves a rounding error there
+    return (0.0 if p == 0 else max(0.0, centre - half)), (1.0 if p == 1 else min(1.0, centre + half))
+
+
+def pass_at_1_interval(per_task: dict[str, list[float | None]], threshold: float = 1.0, z: float = Z95
+                       ) -> tuple[float, float]:
+    """A 95 % interval (z = 1.96) for pass@1: the mean over tasks of each task's share of passing samples.
+
+    The tasks are the independent units (a task's samples share its difficulty, so they are not n
+    independent trials), so this is the Wilson interval of the mean of the per-task rates with n = the
+    number of tasks. With one sample per task that is exactly Wilson's interval for a proportion. With
+    more, each task's rate is a number in [0, 1] with mean μ, whose variance is at most μ(1-μ) — the
+    Bernoulli variance Wilson assumes — so the interval is conservative: exact when a task's samples
+    agree, wider than needed when they differ. Why not a bootstrap over tasks: with the handful of
+    validation tasks a CPU run has (2-15), resampling them gives [0, 0] whenever nothing passed and
+    too narrow an interval otherwise; Wilson's has its coverage there. A sample without a reward
+    counts as not passed, as in pass@1.
+    """
+    rates = [sum(1 for r in rewards if r is not None and r >= threshold) / len(rewards)
+             for rewards in per_task.values() if rewards]
+    return wilson_interval(sum(rates), len(rates), z)
 
 
 def score(trajectories: dict[str, TrajectoryEvent], task_of: dict[str, str], k: int, threshold: float
@@ -147,7 +189,7 @@ class Evaluator:
         tasks = self.validation_file()
         self.say(f"eval: version {version}, {config.samples} sample(s) of each task in {config.tasks} (run {run_id})")
         code = await asyncio.to_thread(self._run_controller, tasks, run_id)
-        if code != 0:
+        if code not in (0, GAVE_UP_SOME):  # a rollout given up is a sample without a reward: unscored, not the end
             raise RuntimeError(f"the eval controller exited with {code}; its log: {self.out / run_id}.log")
         trajectories, task_of = await self._collect(run_id, started_ms)
         self.last_trajectories = trajectories
@@ -160,7 +202,9 @@ class Evaluator:
         finally:
             await producer.stop()
         data = event.data
-        self.say(f"eval: version {version}: pass@1 {data.pass_at_1:.3f}, pass@{data.k} {data.pass_at_k:.3f} "
+        low, high = pass_at_1_interval(data.per_task, data.threshold)
+        self.say(f"eval: version {version}: pass@1 {data.pass_at_1:.3f} (95 % [{low:.3f}, {high:.3f}]), "
+                 f"pass@{data.k} {data.pass_at_k:.3f} "
                  f"over {data.tasks} tasks ({data.samples} samples; unscored {data.unscored or 'none'})")
         return event
 

@@ -85,16 +85,22 @@ def recipe_swe(
     unsolved_share: Annotated[float, typer.Option(help="with --probed: share of the train tasks that may be "
                                                        "never-solved ones")] = 0.25,
     versions: Annotated[int, typer.Option(help="weight versions to train")] = 1,
-    group_size: Annotated[int, typer.Option(help="attempts per train task and version (one GRPO group)")] = 2,
+    group_size: Annotated[int | None, typer.Option(help="attempts per train task and version (one GRPO group); "
+                                                      "default: the model's (recipes/swe/models.py)")] = None,
     groups_per_batch: Annotated[int, typer.Option(help="train tasks per version")] = 2,
     eval_samples: Annotated[int, typer.Option("--eval-samples", "-k", help="samples per validation task (pass@k)")] = 1,
-    lr: Annotated[float, typer.Option(help="learning rate")] = 1e-5,
-    lora_rank: Annotated[int, typer.Option(help="train LoRA adapters of this rank; 0: every weight (qwen-coder-1.5b "
-                                                "needs LoRA to fit 24 GiB)")] = 0,
-    step_limit: Annotated[int, typer.Option(help="mini-swe-agent's step limit (model calls per attempt)")] = 4,
-    max_tokens: Annotated[int, typer.Option(help="tokens per model answer")] = 128,
+    lr: Annotated[float | None, typer.Option(help="learning rate; default: the model's")] = None,
+    lora_rank: Annotated[int | None, typer.Option(help="train LoRA adapters of this rank; 0: every weight; default: "
+                                                       "the model's (qwen-coder-1.5b: 16, it needs LoRA to fit 24 GiB)")]
+        = None,
+    step_limit: Annotated[int | None, typer.Option(help="mini-swe-agent's step limit (model calls per attempt); "
+                                                      "default: the model's")] = None,
+    max_tokens: Annotated[int | None, typer.Option(help="tokens per model answer; default: the model's")] = None,
+    max_seq_len: Annotated[int | None, typer.Option(help="the trainer's sequence length (a trajectory's merged "
+                                                       "turns); default: the model's")] = None,
     concurrency: Annotated[int, typer.Option(help="agents running at once (train and eval each)")] = 2,
-    attempt_timeout_s: Annotated[float, typer.Option(help="seconds an attempt may run")] = 300.0,
+    attempt_timeout_s: Annotated[float | None, typer.Option(help="seconds an attempt may run; default: the "
+                                                                "model's")] = None,
     out: Annotated[Path | None, typer.Option(help="output folder (default: runs/recipe-swe-TIME)")] = None,
     keep_stack: KeepStack = False,
 ) -> None:
@@ -107,8 +113,9 @@ def recipe_swe(
                           validation_tasks_file=validation_tasks_file, instances=instances, probed=probed,
                           unsolved_share=unsolved_share, versions=versions,
                           group_size=group_size, groups_per_batch=groups_per_batch, eval_samples=eval_samples,
-                          lr=lr, lora_rank=lora_rank, step_limit=step_limit, max_tokens=max_tokens, concurrency=concurrency,
-                          attempt_timeout_s=attempt_timeout_s, keep_stack=keep_stack)
+                          lr=lr, lora_rank=lora_rank, step_limit=step_limit, max_tokens=max_tokens,
+                          max_seq_len=max_seq_len, concurrency=concurrency, attempt_timeout_s=attempt_timeout_s,
+                          keep_stack=keep_stack)
     if out is not None:
         config.out = out
     result = run_recipe(config, console)

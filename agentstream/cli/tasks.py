@@ -59,10 +59,12 @@ def swe_probe(
     k: Annotated[int, typer.Option("-k", help="attempts per train task")] = 2,
     train_tasks: Annotated[int, typer.Option(help="train tasks to build (without --tasks)")] = 4,
     validation_tasks: Annotated[int, typer.Option(help="validation tasks to build (without --tasks)")] = 2,
-    step_limit: Annotated[int, typer.Option(help="mini-swe-agent's step limit (model calls per attempt)")] = 8,
-    max_tokens: Annotated[int, typer.Option(help="tokens per model answer")] = 512,
+    step_limit: Annotated[int | None, typer.Option(help="mini-swe-agent's step limit (model calls per attempt); "
+                                                      "default: the model's (recipes/swe/models.py)")] = None,
+    max_tokens: Annotated[int | None, typer.Option(help="tokens per model answer; default: the model's")] = None,
     concurrency: Annotated[int, typer.Option(help="agents running at once")] = 2,
-    attempt_timeout_s: Annotated[float, typer.Option(help="seconds an attempt may run")] = 600.0,
+    attempt_timeout_s: Annotated[float | None, typer.Option(help="seconds an attempt may run; default: the "
+                                                                "model's")] = None,
     run_dir: Annotated[Path | None, typer.Option(help="run folder (default: runs/probe-swe-TIME)")] = None,
     keep_stack: Annotated[bool, typer.Option(help="leave Kafka and vLLM running afterwards")] = False,
 ) -> None:

@@ -173,9 +173,25 @@ def _short(exc: Exception, chars: int = 500) -> str:
     return f"{type(exc).__name__}: {exc}"[:chars]
 
 
+POSTED_DIFF_BYTES = 600 * 1024
+"""a longer diff is cut to this before posting: past the gateway's 512 KiB, so it records the diff as truncated
+(scored 0), and under its 4 MiB body limit even with JSON's escapes; an agent that wrote a huge file leaves an
+attempt in the log, not a harness crash"""
+
+
+def postable(diff: str, details: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The diff as posted, and the details saying what it was when cut (`diff_bytes`: its whole size)."""
+    encoded = diff.encode()
+    if len(encoded) <= POSTED_DIFF_BYTES:
+        return diff, details
+    return encoded[:POSTED_DIFF_BYTES].decode("utf-8", "ignore"), {**details, "diff_bytes": len(encoded),
+                                                                   "cut_by_harness": True}
+
+
 def post_diff(settings: HarnessSettings, task: TaskInput, diff: str, outcome: str, details: dict[str, Any]) -> None:
     """The diff event, through the gateway's diff endpoint (authenticated by the rollout token)."""
     root = settings.base_url.rstrip("/").removesuffix("/v1")  # …/rollouts/{rollout}/attempts/{attempt}
+    diff, details = postable(diff, details)
     body = {"instance_id": task.instance_id, "base_commit": task.base_commit, "diff": diff, "outcome": outcome,
             "details": details}
     for attempt in range(5):

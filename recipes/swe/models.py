@@ -11,10 +11,36 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from agentstream.stack import StackError
 
 MODELS = ("qwen-coder-0.5b", "qwen-coder-1.5b", "smollm2", "tiny")
+
+# What an attempt and an update need, per model. The test models (tiny, smollm2) never follow the
+# harness's format, so theirs only have to be quick. The coder models' are sized for a one-edit toolz
+# bug through mini-swe-agent: the shortest fix is ~5 commands (find the function, read it, edit it, check,
+# submit) and a 0.5B wanders, so 12 steps; an answer is a THOUGHT and one command (a `sed -i` is ~60
+# tokens, a heredoc rewriting a function ~300), so 384 tokens; each step adds the answer and an
+# observation cut at 2,000 characters (recipes/swe/mini.yaml, ~600 tokens), so a 12-step trajectory, the
+# trainer's one merged sequence, stays under ~9 K tokens: 8,192 keeps all but the longest whole (vLLM serves
+# them 32 K, what a whole harness needs). A group of 4 has mixed rewards for a task solved 20 % of the time
+# with probability 1 - 0.8**4 - 0.2**4 = 0.59 (2: 0.32). An attempt takes minutes on this CPU: the
+# timeout is the step limit times a slow call. The 1.5B does not fit full fine-tuning in 24 GiB: LoRA
+# (whose adapters want a larger learning rate).
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "tiny": {"step_limit": 4, "max_tokens": 128, "max_seq_len": 2048, "group_size": 2, "attempt_timeout_s": 300.0},
+    "smollm2": {"step_limit": 4, "max_tokens": 128, "max_seq_len": 2048, "group_size": 2, "attempt_timeout_s": 300.0},
+    "qwen-coder-0.5b": {"step_limit": 12, "max_tokens": 384, "max_seq_len": 8192, "group_size": 4,
+                        "attempt_timeout_s": 1800.0, "gradient_checkpointing": True},
+    "qwen-coder-1.5b": {"step_limit": 12, "max_tokens": 384, "max_seq_len": 8192, "group_size": 4,
+                        "attempt_timeout_s": 3600.0, "gradient_checkpointing": True, "lora_rank": 16, "lr": 1e-4},
+}
+
+
+def model_defaults(kind: str) -> dict[str, Any]:
+    """The recipe's settings for `kind` that a caller did not give (an unknown model gets the test models')."""
+    return dict(DEFAULTS.get(kind, DEFAULTS["tiny"]))
 
 
 def build_base_model(kind: str, out: Path, say: Callable[[str], None] = print) -> Path:

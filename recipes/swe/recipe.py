@@ -19,12 +19,13 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
@@ -32,9 +33,9 @@ from agentstream.demo.loop import Loop, Stack
 from agentstream.demo.progress import Progress as DemoProgress
 from agentstream.demo.progress import VersionRow, plot_by_version
 from agentstream.demo.run import Demo, StackConfig, run_folder, run_to_summary
-from agentstream.eval import EvalSettings
+from agentstream.eval import EvalSettings, pass_at_1_interval
 from agentstream.recipes.swe.grade import GradeSettings
-from agentstream.recipes.swe.models import build_base_model
+from agentstream.recipes.swe.models import build_base_model, model_defaults
 from agentstream.recipes.swe.task_files import build_recipe_tasks, probed_task_files
 from agentstream.schemas.events import EvalEvent, Event, PoolUpdateEvent, RewardEvent, TrajectoryEvent, WeightsEvent
 from agentstream.schemas.kafka import KafkaSettings
@@ -50,8 +51,12 @@ Say = Callable[[str], None]
 
 
 class RecipeConfig(StackConfig):
+    """The recipe's knobs. Those a model sizes (`recipes.swe.models.DEFAULTS`: steps, tokens per answer, the
+    trainer's sequence length, group size, attempt timeout, LoRA, learning rate) default to the model's when
+    not given (or given as None)."""
+
     model: str = "smollm2"
-    """the base model: smollm2 (SmolLM2-135M-Instruct, from its PyPI wheel) or tiny (plumbing only)"""
+    """the base model: qwen-coder-0.5b / -1.5b, smollm2 (from their PyPI wheels) or tiny (plumbing only)"""
     train_tasks: int = 4
     validation_tasks: int = 2
     tasks: Path | None = None
@@ -72,9 +77,21 @@ class RecipeConfig(StackConfig):
     """train LoRA adapters of this rank (needed for qwen-coder-1.5b: its full fine-tuning does not fit 24 GiB)"""
     step_limit: int = 4
     max_tokens: int = 128
+    """tokens per model answer"""
+    max_seq_len: int = 2048
+    """the trainer's sequence length: a trajectory's turns merge into one sequence, cut here"""
+    gradient_checkpointing: bool = False
     attempt_timeout_s: float = 300.0
     out: Path = Field(default_factory=lambda: run_folder("recipe-swe"))
     vllm_name: str = "recipe-swe"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _model_defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        given = {name: value for name, value in data.items() if value is not None}
+        return {**model_defaults(str(given.get("model", cls.model_fields["model"].default))), **given}
 
     @property
     def batch(self) -> int:
@@ -117,13 +134,33 @@ class RecipeLoop(Loop):
 
 @dataclass
 class RecipeRow(VersionRow):
+    """One weight version: its train attempts (those launched at it) and its validation eval."""
+
     train_rewards: list[float] = field(default_factory=list)
     train_unscored: int = 0
+    groups: dict[str, set[float | None]] = field(default_factory=dict)
+    """train group id → the rewards its attempts got"""
+    end_reasons: Counter[str] = field(default_factory=Counter)
+    """how the attempts launched at this version ended (train and validation)"""
+    graded: int = 0
+    flagged: int = 0
     trained_on: int | None = None
     pass_at_1: float | None = None
+    pass_at_1_interval: tuple[float, float] | None = None
     pass_at_k: float | None = None
     eval_samples: int | None = None
     eval_unscored: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def signal_share(self) -> float | None:
+        """The share of train groups whose rewards differ: the only ones GRPO's advantages are not all 0 in."""
+        if not self.groups:
+            return None
+        return sum(1 for rewards in self.groups.values() if len(rewards) > 1) / len(self.groups)
+
+    @property
+    def flagged_share(self) -> float | None:
+        return self.flagged / self.graded if self.graded else None
 
 
 class Progress(DemoProgress):
@@ -133,6 +170,8 @@ class Progress(DemoProgress):
         super().__init__()
         self.config = config
         self.graded = 0
+        self.flagged_rollouts: dict[str, bool] = {}
+        """rollout id → whether its grading raised a flag, until its trajectory says its version"""
 
     def row(self, version: int) -> RecipeRow:
         row = super().row(version)
@@ -140,14 +179,11 @@ class Progress(DemoProgress):
         return row
 
     def take(self, event: Event) -> None:
-        if isinstance(event, TrajectoryEvent) and event.data.split == "train":
-            row = self.row(event.data.weight_version_launch or 0)
-            if event.data.reward is None:
-                row.train_unscored += 1
-            else:
-                row.train_rewards.append(event.data.reward)
+        if isinstance(event, TrajectoryEvent):
+            self.take_trajectory(event)
         elif isinstance(event, RewardEvent):
             self.graded += 1
+            self.flagged_rollouts[event.rollout_id or event.id] = bool(event.data.details.get("flagged"))
         elif isinstance(event, WeightsEvent):
             self.row(event.data.version).trained_on = len(event.data.lineage)
         elif isinstance(event, PoolUpdateEvent) and event.data.status == "ok":
@@ -155,7 +191,23 @@ class Progress(DemoProgress):
         elif isinstance(event, EvalEvent):
             row = self.row(event.data.weight_version)
             row.pass_at_1, row.pass_at_k = event.data.pass_at_1, event.data.pass_at_k
+            row.pass_at_1_interval = pass_at_1_interval(event.data.per_task, event.data.threshold)
             row.eval_samples, row.eval_unscored = event.data.samples, event.data.unscored
+
+    def take_trajectory(self, event: TrajectoryEvent) -> None:
+        data, rollout = event.data, event.rollout_id or event.id
+        row = self.row(data.weight_version_launch or 0)
+        row.end_reasons[data.end_reason or data.status] += 1
+        if rollout in self.flagged_rollouts:
+            row.graded += 1
+            row.flagged += self.flagged_rollouts.pop(rollout)
+        if data.split != "train":
+            return
+        if data.reward is None:
+            row.train_unscored += 1
+        else:
+            row.train_rewards.append(data.reward)
+        row.groups.setdefault(data.group_id or rollout, set()).add(data.reward)
 
     def recipe_rows(self) -> dict[int, RecipeRow]:
         return {version: self.row(version) for version in sorted(self.rows)}
@@ -167,19 +219,29 @@ class Progress(DemoProgress):
         elapsed = time.monotonic() - self.started
         table = Table(title=f"agentstream recipe swe · {elapsed:.0f} s · {self.graded} diffs graded")
         k = self.config.eval_samples
-        for column in ("version", "train rollouts", "train reward", "unscored", "trained on", "swap pause",
-                       "val pass@1", f"val pass@{k}", "val samples"):
+        for column in ("version", "train rollouts", "train reward", "unscored", "groups with signal", "flagged",
+                       "ends", "trained on", "swap pause", "val pass@1 [95 %]", f"val pass@{k}", "val samples"):
             table.add_column(column, justify="right")
         for version, row in self.recipe_rows().items():
             mean = sum(row.train_rewards) / len(row.train_rewards) if row.train_rewards else None
+            signal = row.signal_share
             table.add_row(str(version), str(len(row.train_rewards) + row.train_unscored),
                           "" if mean is None else f"{mean:.3f}", str(row.train_unscored or ""),
+                          "" if signal is None else f"{signal:.2f} of {len(row.groups)}",
+                          "" if not row.graded else f"{row.flagged}/{row.graded}",
+                          " ".join(f"{reason} {n}" for reason, n in row.end_reasons.most_common()),
                           "" if row.trained_on is None else str(row.trained_on),
                           "" if row.pause_ms is None else f"{row.pause_ms:.0f} ms",
-                          "" if row.pass_at_1 is None else f"{row.pass_at_1:.3f}",
+                          _with_interval(row.pass_at_1, row.pass_at_1_interval),
                           "" if row.pass_at_k is None else f"{row.pass_at_k:.3f}",
                           "" if row.eval_samples is None else str(row.eval_samples))
         return table
+
+
+def _with_interval(value: float | None, interval: tuple[float, float] | None) -> str:
+    if value is None:
+        return ""
+    return f"{value:.3f}" if interval is None else f"{value:.3f} [{interval[0]:.2f}, {interval[1]:.2f}]"
 
 
 # --- tasks -------------------------------------------------------------------------------------
@@ -248,7 +310,8 @@ class Recipe(Demo):
                 TrainerSettings, model=self.served, base_model=stack.model_dir, checkpoint_dir=out / "checkpoints",
                 group_size=config.group_size, groups_per_batch=config.groups_per_batch, min_group_size=1,
                 lr=config.lr, max_staleness=1, max_versions=config.versions, micro_batch_size=1, keep_checkpoints=2,
-                lora_rank=config.lora_rank),
+                lora_rank=config.lora_rank, max_seq_len=config.max_seq_len,
+                gradient_checkpointing=config.gradient_checkpointing),
             eval=stack.settings(
                 EvalSettings, tasks=validation, agent=HARNESS, follow=True, max_versions=config.versions + 1,
                 samples=config.eval_samples, out=out / "eval", gateway_url=stack.gateway_url,
@@ -291,12 +354,17 @@ def summary(progress: Progress, config: RecipeConfig, console: Console, elapsed_
         per_version[version] = {"train_rollouts": len(row.train_rewards) + row.train_unscored,
                                 "train_reward_mean": mean, "train_unscored": row.train_unscored,
                                 "trained_on": row.trained_on, "swap_pause_ms": row.pause_ms,
-                                "validation_pass_at_1": row.pass_at_1, f"validation_pass_at_{config.eval_samples}":
-                                row.pass_at_k, "validation_samples": row.eval_samples,
-                                "validation_unscored": row.eval_unscored}
+                                "train_groups": len(row.groups), "train_groups_with_signal_share": row.signal_share,
+                                "end_reasons": dict(row.end_reasons.most_common()), "graded": row.graded,
+                                "flagged_share": row.flagged_share,
+                                "validation_pass_at_1": row.pass_at_1,
+                                "validation_pass_at_1_interval_95": row.pass_at_1_interval,
+                                f"validation_pass_at_{config.eval_samples}": row.pass_at_k,
+                                "validation_samples": row.eval_samples, "validation_unscored": row.eval_unscored}
     result = {"model": config.model, "versions": config.versions, "train_tasks": config.train_tasks,
               "validation_tasks": config.validation_tasks, "group_size": config.group_size,
               "batch": config.batch, "step_limit": config.step_limit, "max_tokens": config.max_tokens,
+              "max_seq_len": config.max_seq_len, "lora_rank": config.lora_rank, "lr": config.lr,
               "wall_time_s": round(elapsed_s, 1), "per_version": per_version}
     out = config.out.resolve()
     (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")

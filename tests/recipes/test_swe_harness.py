@@ -130,6 +130,30 @@ async def test_an_attempt_whose_harness_crashes_is_a_failed_attempt_with_the_rea
     assert not any(isinstance(e, RolloutDiffEvent) for e in events), "no diff, so no made-up score"
 
 
+async def test_a_diff_past_the_gateways_body_limit_is_posted_cut_and_marked_truncated(kafka, tmp_path):
+    """An agent that wrote a ~5 MB file: its diff is past the gateway's 4 MiB body limit, so the harness cuts it
+    (else a 413 crashes the harness and the attempt is a failure with no diff); the gateway marks it truncated."""
+    from agentstream.recipes.swe.harness import POSTED_DIFF_BYTES
+
+    repos = tmp_path / "repos"
+    commit = make_repo(repos)
+    tasks = task_file(tmp_path / "tasks.jsonl", commit, "calc-big")
+    script = ["yes 'x = 1  # a line the agent wrote' | head -n 170000 > big.py",
+              "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"]
+    env = {"AGENTSTREAM_SWE_REPOS": str(repos), "AGENTSTREAM_SWE_SCRIPT": json.dumps(script),
+           "AGENTSTREAM_SWE_WORKSPACE": str(tmp_path / "ws")}
+    async with running_gateway(gateway_settings(kafka, ["tiny=http://127.0.0.1:9"])) as gw:
+        controller = run_controller(kafka, gw.url, tasks, tmp_path / "runs", env)
+        assert await await_exit(controller) == 0, tail(tmp_path / "runs" / "controller.log")
+        async with TopicWatch(kafka, "rollouts") as watch:
+            events = await watch.until(lambda es: any(isinstance(e, RolloutDiffEvent) for e in es), timeout=60,
+                                       what="the diff event")
+    [diff] = [e for e in events if isinstance(e, RolloutDiffEvent)]
+    assert diff.data.truncated and diff.data.outcome == "submitted"
+    assert diff.data.details["cut_by_harness"] and diff.data.details["diff_bytes"] > 4 * 1024 * 1024
+    assert diff.data.size == POSTED_DIFF_BYTES and diff.data.diff.startswith("diff --git a/big.py")
+
+
 # --- the whole grading path with a scripted agent (no model): harness → sandbox → diff → gateway → grader ---
 
 
