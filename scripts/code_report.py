@@ -250,10 +250,15 @@ def ruff(root: Path, files: list[Path], select: str | None) -> dict[str, Any]:
             "by_rule": {f"{r['code']} {r['name']}": r["count"] for r in rules}}
 
 
+def as_list(value: str | list[str]) -> list[str]:
+    """A mypy option given as a comma-separated string or a list."""
+    return value.split(",") if isinstance(value, str) else value
+
+
 def mypy_strict(tool: dict[str, Any], modules: list[str]) -> dict[str, Any]:
-    """[tool.mypy] files against the components: all of a component's modules strict, some, or none."""
-    listed = tool.get("mypy", {}).get("files", [])
-    listed = listed.split(",") if isinstance(listed, str) else listed
+    """[tool.mypy] files and packages against the components: all of a component's modules strict, some, or none."""
+    mypy = tool.get("mypy", {})
+    listed = [name for key in ("files", "packages") for name in as_list(mypy.get(key, []))]
     files = [f.strip().removesuffix(".py").strip("/").replace("/", ".") for f in listed]
     by_component: dict[str, list[bool]] = defaultdict(list)
     for name in modules:
