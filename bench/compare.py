@@ -61,12 +61,15 @@ class Figure:
         return self.unit in TIME_UNITS or bool(LOWER_IS_BETTER.search(label))
 
 
-def parse_figure(text: str, ratio: float | None = None) -> Figure | None:
-    """The first number in a figure ("5.8 µs (171,138 events/s per core)" → 5.8 µs), or None (e.g. "identical")."""
-    match = FIGURE.search(text)
-    if not match:
-        return None
-    return Figure(float(match.group(1).replace(",", "")), match.group(2) or "", ratio)
+def parse_figures(label: str, text: str, ratio: float | None = None) -> dict[str, Figure]:
+    """Each number in a figure with its unit: "5.8 µs (171,138 events/s per core)" → `label` 5.8 µs and
+    `label [events/s]` 171,138; the benchmark's ratio goes with the first. None in "identical"."""
+    figures = {}
+    for n, match in enumerate(FIGURE.finditer(text)):
+        value, unit = float(match.group(1).replace(",", "")), match.group(2) or ""
+        name = label if n == 0 else f"{label} [{n + 1}: {unit}]"
+        figures[name] = Figure(value, unit, ratio if n == 0 else None)
+    return figures
 
 
 def from_report(path: Path, since: float) -> dict[str, Figure]:
@@ -75,11 +78,11 @@ def from_report(path: Path, since: float) -> dict[str, Figure]:
         return {}
     figures = {}
     for row in json.loads(path.read_text())["rows"]:
-        figure = parse_figure(row["figure"], row["ratio"])
-        if figure is not None:
-            figures[row["measurement"].strip()] = figure
-        elif row["ratio"] is not None:
-            figures[row["measurement"].strip()] = Figure(row["ratio"], "×", row["ratio"])
+        label = row["measurement"].strip()
+        found = parse_figures(label, row["figure"], row["ratio"])
+        if not found and row["ratio"] is not None:
+            found = {label: Figure(row["ratio"], "×", row["ratio"])}
+        figures.update(found)
     return figures
 
 
@@ -88,9 +91,8 @@ def printed_lines(output: str) -> dict[str, Figure]:
     figures = {}
     for line in output.splitlines():
         label, colon, rest = line.partition(":")
-        figure = parse_figure(rest) if colon else None
-        if figure is not None and label.strip():
-            figures[label.strip()] = figure
+        if colon and label.strip():
+            figures.update(parse_figures(label.strip(), rest))
     return figures
 
 
@@ -107,9 +109,7 @@ def printed_table(output: str) -> dict[str, Figure]:
         if len(cells) != len(columns) + 1 or not re.match(r"\d+×\d+", cells[0]):
             continue
         for column, cell in zip(columns, cells[1:], strict=True):
-            figure = parse_figure(cell)
-            if figure is not None:
-                figures[f"{cells[0]}: {column}"] = figure
+            figures.update(parse_figures(f"{cells[0]}: {column}", cell))
     return figures
 
 
