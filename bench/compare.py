@@ -40,8 +40,9 @@ console = Console()
 
 NUMBER = r"[-+]?\d[\d,]*(?:\.\d+)?"
 FIGURE = re.compile(rf"({NUMBER})\s*(µs|us|ms|ns|s\b|min\b|/s|[A-Za-z%]+(?:/s)?)?")
+IN_PARENTHESES = re.compile(r"\([^()]*\)")
 TIME_UNITS = {"ns", "µs", "us", "ms", "s", "min"}
-LOWER_IS_BETTER = re.compile(r"\btime\b|CPU per|delay|p50|p99", re.IGNORECASE)
+LOWER_IS_BETTER = re.compile(r"\btime\b|CPU per|delay|p50|p99|bytes per", re.IGNORECASE)
 """labels of unitless figures that are costs (e.g. `ratio controller/bare time: 3.65x`)"""
 
 RENAMED = {
@@ -58,7 +59,9 @@ class Figure:
     """the benchmark's own ratio against its in-run baseline, when it gives one"""
 
     def lower_is_better(self, label: str) -> bool:
-        return self.unit in TIME_UNITS or bool(LOWER_IS_BETTER.search(label))
+        if self.unit in TIME_UNITS or self.unit.endswith("/s"):
+            return self.unit in TIME_UNITS
+        return bool(LOWER_IS_BETTER.search(label))
 
 
 def parse_figures(label: str, text: str, ratio: float | None = None) -> dict[str, Figure]:
@@ -143,12 +146,16 @@ def run_once(tree: Tree, name: str, args: list[str], logs: Path, n: int) -> dict
     return figures
 
 
-def renamed(name: str, figures: dict[str, Figure]) -> dict[str, Figure]:
-    def label(text: str) -> str:
+def normalised(name: str, figures: dict[str, Figure]) -> dict[str, Figure]:
+    """Labels as this checkout names them (`RENAMED`), with the numbers in parentheses masked: those are a
+    run's own figures ("worker CPU per event (whole process; 77% on a CPU, …)"), not part of the name."""
+    found: dict[str, Figure] = {}
+    for label, figure in figures.items():
         for old, new in RENAMED.get(name, []):
-            text = text.replace(old, new)
-        return text
-    return {label(key): figure for key, figure in figures.items()}
+            label = label.replace(old, new)
+        masked = IN_PARENTHESES.sub(lambda match: re.sub(NUMBER, "#", match.group(0)), label)
+        found[label if masked in found else masked] = figure
+    return found
 
 
 def ratios(before: list[dict[str, Figure]], after: list[dict[str, Figure]], pick: Callable[[Figure], float | None]
@@ -201,6 +208,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--pairs", type=int, default=3, help="before/after pairs (at least 3 for a spread)")
     parser.add_argument("--threshold", type=float, default=0.10, help="flag a median worse than this share")
     parser.add_argument("--json", type=Path, help="also write the comparison here")
+    parser.add_argument("--again", action="store_true",
+                        help="run nothing: summarise the runs saved in --json again (e.g. after changing how labels match)")
     parser.add_argument("name", help="the benchmark, as in `python -m bench.NAME`")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments, the same for both")
     args = parser.parse_args(argv)
@@ -209,6 +218,15 @@ def main(argv: list[str]) -> int:
     for tree in (before, after):
         if not (tree.root / "bench" / f"{args.name}.py").exists():
             raise SystemExit(f"no bench/{args.name}.py in {tree.root}: name a benchmark both checkouts have")
+    if args.again:
+        if args.json is None:
+            parser.error("--again reads the file --json names")
+        saved = json.loads(args.json.read_text())
+        runs = {side: [normalised(args.name, {k: Figure(**f) for k, f in run.items()}) for run in done]
+                for side, done in saved["runs"].items()}
+        show(args.name, summary(args.name, runs["before"], runs["after"], args.threshold),
+             [saved["load_1min"]["min"], saved["load_1min"]["max"]])
+        return 0
     logs = Path(tempfile.mkdtemp(prefix=f"compare-{args.name}-"))
     runs: dict[str, list[dict[str, Figure]]] = {"before": [], "after": []}
     loads = [os.getloadavg()[0]]
@@ -216,7 +234,7 @@ def main(argv: list[str]) -> int:
     for pair in range(args.pairs):
         order = (before, after) if pair % 2 == 0 else (after, before)
         for tree in order:
-            runs[tree.label].append(renamed(args.name, run_once(tree, args.name, args.args, logs, pair + 1)))
+            runs[tree.label].append(normalised(args.name, run_once(tree, args.name, args.args, logs, pair + 1)))
             loads.append(os.getloadavg()[0])
     rows = summary(args.name, runs["before"], runs["after"], args.threshold)
     show(args.name, rows, loads)
