@@ -160,12 +160,13 @@ def normalised(name: str, figures: dict[str, Figure]) -> dict[str, Figure]:
 
 def ratios(before: list[dict[str, Figure]], after: list[dict[str, Figure]], pick: Callable[[Figure], float | None]
            ) -> dict[str, list[float]]:
-    """Per label, after/before of `pick` in each pair where both have it (non-zero)."""
+    """Per label, after/before of `pick` in each pair where both have it, above zero (a ratio of a figure that
+    can be negative, e.g. a delay minus the wait it includes by design, says nothing)."""
     found: dict[str, list[float]] = {}
     for b, a in zip(before, after, strict=True):
         for label in a.keys() & b.keys():
             x, y = pick(a[label]), pick(b[label])
-            if x is not None and y:
+            if x is not None and y is not None and x > 0 and y > 0:
                 found.setdefault(label, []).append(x / y)
     return found
 
