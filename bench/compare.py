@@ -13,8 +13,10 @@ is better lower, a rate better higher; the table says which, and flags a pair-me
 `--threshold` worse. Figures the benchmark measured against its own in-run baseline (its ratio
 column) are compared too: those cancel the machine's load within each run.
 
-Where a figure is named differently in the two checkouts (a module path in its label), `RENAMED`
-maps the baseline's label onto this one's.
+Each number of a figure is compared ("1,970 trajectories/s, CPU 56 µs each": the rate and the CPU,
+the steadier of the two under load). Figures are matched by label, with the numbers in its
+parentheses masked (a run's own shares and rates, not part of the name); where a label changed
+between the checkouts (a module path in it), `RENAMED` maps the baseline's onto this one's.
 """
 
 from __future__ import annotations
