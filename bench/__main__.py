@@ -1,7 +1,8 @@
 """`python -m bench [NAME …]` (`make bench`): run the benchmarks, each as `python -m bench.NAME`.
 
 Each prints a table and writes bench/results/NAME.json; figures are ratios against a baseline
-measured in the same run, because these machines are noisy.
+measured in the same run, because these machines are noisy. Before and after a change, each run whole
+in two checkouts alternately: `python -m bench.compare` (bench/README.md).
 """
 
 from __future__ import annotations
