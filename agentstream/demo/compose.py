@@ -24,7 +24,7 @@ from agentstream.demo.loop import Loop
 from agentstream.gateway.settings import GatewaySettings
 from agentstream.releases.settings import ReleasesSettings
 from agentstream.schemas.kafka import KafkaSettings
-from agentstream.stack.service import Service, _plain
+from agentstream.stack.service import Service, plain_value
 from agentstream.streams.settings import StreamsSettings
 from agentstream.trainer.settings import TrainerSettings
 
@@ -80,7 +80,7 @@ def env_name(settings: type[BaseModel], field: str) -> str:
 
 def env_text(settings: BaseModel, field: str) -> str:
     """A field's value as its variable holds it: a list as `a,b` where the model reads that back, else JSON."""
-    value = _plain(getattr(settings, field))
+    value = plain_value(getattr(settings, field))
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, list):

@@ -55,11 +55,11 @@ def _text(value: object) -> str:
     if value is None:
         return "null"
     if isinstance(value, list | tuple | dict):
-        return json.dumps(_plain(value))
-    return str(_plain(value))
+        return json.dumps(plain_value(value))
+    return str(plain_value(value))
 
 
-def _plain(value: object) -> object:
+def plain_value(value: object) -> object:
     """The value as JSON holds it, secrets revealed (the child needs them)."""
     if isinstance(value, SecretStr):
         return value.get_secret_value()
@@ -68,7 +68,7 @@ def _plain(value: object) -> object:
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, list | tuple):
-        return [_plain(item) for item in value]
+        return [plain_value(item) for item in value]
     if isinstance(value, dict):
-        return {str(key): _plain(item) for key, item in value.items()}
+        return {str(key): plain_value(item) for key, item in value.items()}
     return value
