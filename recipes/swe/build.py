@@ -21,6 +21,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import random
+import re
 import shutil
 import subprocess
 import tarfile
@@ -145,20 +146,24 @@ class SuiteRun:
     statuses: dict[str, str]
     messages: dict[str, str]
     """test id → the failure's message (exception type and text)"""
+    tracebacks: dict[str, str]
+    """test id → the failure's traceback (pytest's `--tb=short`)"""
     output: str
 
 
 def run_suite(grader: Grader, workspace: Path, env: Path) -> SuiteRun:
     with grader.sandbox(testrun.sandbox_spec(workspace, env, grader.timeout_s)) as box:
         result = box.run(testrun.pytest_command(env, junit=JUNIT), timeout_s=grader.timeout_s)
-    messages = _junit_messages(workspace / JUNIT)
-    return SuiteRun(testrun.parse_pytest_log(result.output), messages, result.output)
+    messages, tracebacks = _junit_failures(workspace / JUNIT)
+    return SuiteRun(testrun.parse_pytest_log(result.output), messages, tracebacks, result.output)
 
 
-def _junit_messages(path: Path) -> dict[str, str]:
+def _junit_failures(path: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """({junit key: message}, {junit key: traceback}) of the failed and errored cases."""
+    messages: dict[str, str] = {}
+    tracebacks: dict[str, str] = {}
     if not path.exists():
-        return {}
-    messages = {}
+        return messages, tracebacks
     for case in ElementTree.parse(path).iter("testcase"):
         problem = case.find("failure")
         if problem is None:
@@ -166,8 +171,12 @@ def _junit_messages(path: Path) -> dict[str, str]:
         if problem is not None:
             key = f"{case.get('classname', '')}::{case.get('name', '')}"
             messages[key] = problem.get("message") or ""
+            tracebacks[key] = problem.text or ""
     path.unlink()
-    return messages
+    return messages, tracebacks
+
+
+_FRAME = re.compile(r"^(?P<path>[^\s:][^:]*\.py):(?P<line>\d+): in (?P<function>\S+)$")
 
 
 def _junit_key(test_id: str) -> str:
@@ -286,24 +295,49 @@ class Builder:
 
 
 def problem_statement(package: Package, failing: list[str], run: SuiteRun, repo: Path, pristine: str) -> str:
-    """What the failing tests printed, never their code: the exception and message of each (lines that
-    appear in the test file and pytest's `+ where`/`+ and` expansions of the test's expressions are
+    """What the failing tests printed, never their code: the exception and message of each, and where in
+    the library it was raised, as a user's bug report shows it (lines that appear in the test files,
+    the test files' frames, and pytest's `+ where`/`+ and` expansions of the test's expressions are
     dropped, addresses scrubbed)."""
+    test_paths = {test.split("::")[0] for test in failing}
     code_lines = set()
-    for path in {test.split("::")[0] for test in failing}:
+    for path in test_paths:
         code_lines |= {line.strip() for line in repos.read(repo, pristine, path).splitlines() if len(line.strip()) > 3}
+
+    def shown_lines(text: str) -> list[str]:
+        return [line.rstrip() for line in testrun.scrub(text).splitlines()
+                if line.strip() and line.strip() not in code_lines and not line.lstrip().startswith("+")]  # "+ where …"/"+ and …": the test's sub-expressions
+
     shown = []
     for test in failing[:3]:
-        message = run.messages.get(_junit_key(test), "")
-        kept = [line.rstrip() for line in testrun.scrub(message).splitlines()
-                if line.strip() and line.strip() not in code_lines and not line.lstrip().startswith("+")]  # "+ where …"/"+ and …": the test's sub-expressions
-        name = test.split("::")[-1]
-        shown.append(f"{name}:\n" + "\n".join(f"    {line}" for line in kept[:12] or ["(no message)"]))
+        message = shown_lines(run.messages.get(_junit_key(test), ""))[:12] or ["(no message)"]
+        frames = shown_lines("\n".join(library_frames(run.tracebacks.get(_junit_key(test), ""), test_paths)))
+        where = ["raised in the library at:", *(f"  {line}" for line in frames)] if frames else []
+        shown.append(f"{test.split('::')[-1]}:\n" + "\n".join(f"    {line}" for line in message + where))
     more = f"\n\n({len(failing) - 3} more failing check(s) not shown.)" if len(failing) > 3 else ""
     return (f"`{package.name}` {package.version} misbehaves: {len(failing)} check(s) of the maintainers' test "
             f"suite fail after a recent change to the library. What they report:\n\n" + "\n\n".join(shown) + more +
             "\n\nFix the library code so that the behaviour is correct again. The failing checks are not in "
             "your checkout; do not change the tests.")
+
+
+def library_frames(traceback: str, test_paths: set[str], keep: int = 3) -> list[str]:
+    """The innermost `keep` frames of a `--tb=short` traceback in the package's own files (not its tests,
+    not the standard library's), each as `path, line N, in function` and its source line."""
+    frames: list[list[str]] = []
+    inside = False
+    for line in traceback.splitlines():
+        header = _FRAME.match(line)
+        if header:
+            path = header["path"]
+            inside = not (path.startswith("/") or path in test_paths or Path(path).name.startswith(("test_", "conftest")))
+            if inside:
+                frames.append([f"{path}, line {header['line']}, in {header['function']}"])
+        elif inside and line.startswith("    ") and line.strip() and set(line.strip()) != {"^"}:  # 3.11's carets
+            frames[-1].append(f"  {line.strip()}")
+        elif not line.startswith("    "):
+            inside = False
+    return [line for frame in frames[-keep:] for line in frame]
 
 
 def build(package: Package = TOOLZ, *, limit: int = 60, seed: int = 0, repos_dir: Path | None = None,

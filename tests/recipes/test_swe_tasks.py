@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agentstream.recipes.swe import repos
-from agentstream.recipes.swe.build import build, hide_tests, write
+from agentstream.recipes.swe.build import build, hide_tests, library_frames, write
 from agentstream.recipes.swe.grader import Grader
 from agentstream.recipes.swe.instance import assign_splits, split_of
 from agentstream.recipes.swe.mutate import mutations
@@ -19,6 +19,25 @@ from tests.support.swe import LIMIT, built
 @pytest.fixture(scope="module")
 def task_set():
     return built()
+
+
+SHORT_TRACEBACK = """toolz/tests/test_itertoolz.py:533: in test_topk
+    assert topk(2, [4, 1, 5, 2], key=lambda x: -x) == (1, 2)
+toolz/itertoolz.py:987: in topk
+    return tuple(heapq.nlargest(k, seq, key=key))
+           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+/usr/lib/python3.11/heapq.py:565: in nlargest
+    result = [(key(elem), i, elem) for i, elem in zip(range(0, -n, -1), it)]
+toolz/conftest.py:3: in key
+    return 1
+E   TypeError: 'int' object is not subscriptable"""
+
+
+def test_a_problem_statement_shows_where_the_library_raised_never_a_test_or_the_standard_library():
+    frames = library_frames(SHORT_TRACEBACK, {"toolz/tests/test_itertoolz.py"})
+    assert frames == ["toolz/itertoolz.py, line 987, in topk", "  return tuple(heapq.nlargest(k, seq, key=key))"]
+    assert library_frames(SHORT_TRACEBACK.replace("toolz/itertoolz.py", "toolz/tests/test_helpers.py"),
+                          {"toolz/tests/test_itertoolz.py"}) == []
 
 
 def _write_lines(path: Path, rows: list) -> Path:
