@@ -124,15 +124,15 @@ class LocalKafka:
         proc = spawn(self._java(libs, "kafka.Kafka", str(config)), self.data_dir / "logs" / "stdout.log",
                      env={"KAFKA_HEAP_OPTS": ""})
         await_ready("Kafka", proc, lambda: self._started(port, log_start), self.log, timeout)
-        state = ServerState(pid=proc.pid, url=f"127.0.0.1:{port}", log=str(self.log),
-                            details={"controller_port": controller_port, "data_dir": str(self.data_dir)})
+        state = ServerState.of_process(proc.pid, f"127.0.0.1:{port}", str(self.log),
+                                       details={"controller_port": controller_port, "data_dir": str(self.data_dir)})
         state.save(self.state_file)
         return state
 
     def stop(self, grace: float = 60.0) -> bool:
         """Controlled shutdown, killed after `grace` seconds; True if a broker was running."""
         state = ServerState.load(self.state_file)
-        return state is not None and stop_pid(state.pid, grace=grace)
+        return state is not None and state.alive and stop_pid(state.pid, grace=grace)
 
     def _ports(self, port: int | None) -> tuple[int, int]:
         previous = ServerState.load(self.state_file)

@@ -1,7 +1,9 @@
 """Background server processes of the local stack: start detached, await readiness, stop.
 
 A server's state (pid, address) lives in a small JSON file next to its data, so `status` and
-`stop` work from any shell, and a dead pid in a stale file is recognised as dead.
+`stop` work from any shell. A pid in a stale file is not taken for the server when it is dead, when it
+has since been given to another process (its start time differs), or when it names a thread of another
+process (which `kill` would signal as that whole process).
 """
 
 from __future__ import annotations
@@ -35,6 +37,13 @@ class ServerState:
     url: str
     log: str
     details: dict[str, Any]
+    started: float | None = None
+    """the process's start time (psutil's `create_time`): a pid in a stale file may since name another
+    process, and then it is not this server (None in files written before it was recorded)"""
+
+    @classmethod
+    def of_process(cls, pid: int, url: str, log: str, details: dict[str, Any]) -> ServerState:
+        return cls(pid=pid, url=url, log=log, details=details, started=start_time(pid))
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -51,16 +60,19 @@ class ServerState:
 
     @property
     def alive(self) -> bool:
-        return pid_alive(self.pid)
+        return pid_alive(self.pid) and (self.started is None or start_time(self.pid) == self.started)
+
+
+def start_time(pid: int) -> float | None:
+    try:
+        return float(psutil.Process(pid).create_time())
+    except psutil.Error:
+        return None
 
 
 def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not psutil.pid_exists(pid):  # unlike kill(pid, 0), False for a thread id: a thread of another process
         return False
-    except PermissionError:
-        return True
     # a zombie child of ours still answers kill(0); reap it if it is one
     try:
         done, _ = os.waitpid(pid, os.WNOHANG)

@@ -144,15 +144,15 @@ class LocalVLLM:
         url = f"http://127.0.0.1:{port}"
         say(f"Starting vLLM ({served_name} from {model}) on {url}; this takes about a minute…")
         await_ready("vLLM", proc, lambda: _healthy(url), self.log, timeout)
-        state = ServerState(pid=proc.pid, url=url, log=str(self.log),
-                            details={"model": str(model), "served_name": served_name, "max_model_len": max_model_len})
+        state = ServerState.of_process(proc.pid, url, str(self.log),
+                                       details={"model": str(model), "served_name": served_name, "max_model_len": max_model_len})
         state.save(self.state_file)
         return state
 
     def stop(self, grace: float = 20.0) -> bool:
         """SIGTERM, killed after `grace` seconds; True if a server was running."""
         state = ServerState.load(self.state_file)
-        return state is not None and stop_pid(state.pid, grace=grace)
+        return state is not None and state.alive and stop_pid(state.pid, grace=grace)
 
 
 def served_context(model: Path) -> int:
