@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from agentstream.cli.output import console, fail
+from agentstream.recipes.swe.mutate import EASY_KINDS, KINDS
 
 ReposDir = Annotated[Path | None, typer.Option(help="task repositories (default: AGENTSTREAM_HOME/swe/repos)")]
 SITES = ("file", "function")
@@ -23,6 +24,9 @@ def swe_build(
     repos_dir: ReposDir = None,
     split_by: Annotated[str, typer.Option(help="file: no file holds both a validation and a training bug; "
                                                "function: no function does")] = "file",
+    kinds: Annotated[str, typer.Option(help="the kinds of bug to inject, comma-separated (recipes/swe/mutate.py); "
+                                            "misspell_name is the easiest, for models that solve none of the others")]
+        = ",".join(KINDS),
 ) -> None:
     """Inject bugs into a pinned package and keep those its own tests catch (see recipes/swe/README.md)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -33,13 +37,16 @@ def swe_build(
         fail(f"no pinned package {package!r}; choose from: {', '.join(PINNED)}")
     if split_by not in SITES:
         fail(f"--split-by takes file or function, not {split_by!r}")
+    chosen = kinds.split(",")
+    if unknown := sorted(set(chosen) - set(KINDS + EASY_KINDS)):
+        fail(f"no bug kind {', '.join(unknown)}; choose from: {', '.join(KINDS + EASY_KINDS)}")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("tried {task.fields[tried]}"), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
         bar = progress.add_task("tasks", total=limit, tried=0)
         built = build(PINNED[package], limit=limit, seed=seed, repos_dir=repos_dir, workers=workers,
                       progress=lambda kept, tried, total: progress.update(bar, completed=kept, tried=f"{tried}/{total}"),
-                      split_by=split_by)  # type: ignore[arg-type]  # checked above
+                      split_by=split_by, kinds=chosen)  # type: ignore[arg-type]  # checked above
     write(built.instances, out)
     validation = sum(i.split == "validation" for i in built.instances)
     console.print(f"Wrote {len(built.instances)} tasks ({len(built.instances) - validation} train, {validation} "

@@ -28,7 +28,8 @@ import tarfile
 import tempfile
 import threading
 import xml.etree.ElementTree as ElementTree
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Collection
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +39,7 @@ import orjson
 from agentstream.recipes.swe import repos, testrun
 from agentstream.recipes.swe.grader import Grader
 from agentstream.recipes.swe.instance import Instance
-from agentstream.recipes.swe.mutate import Mutation, end_line, mutations
+from agentstream.recipes.swe.mutate import KINDS, Mutation, end_line, mutations
 from agentstream.recipes.swe.split import Level, split_by_site
 from agentstream.schemas.errors import ServiceError
 from agentstream.settings import agentstream_home
@@ -188,14 +189,14 @@ def _junit_key(test_id: str) -> str:
 # --- the tasks -------------------------------------------------------------------------------------
 
 
-def candidates(package: Package, repo: Path, pristine: str, seed: int) -> list[Mutation]:
-    """Every candidate bug, in the seeded order the build tries them."""
+def candidates(package: Package, repo: Path, pristine: str, seed: int, kinds: Collection[str] = KINDS) -> list[Mutation]:
+    """Every candidate bug of `kinds`, in the seeded order the build tries them."""
     files = repos.git(repo, "ls-tree", "-r", "--name-only", pristine).stdout.decode().split()
     found: list[Mutation] = []
     for path in sorted(files):
         if (path.endswith(".py") and path.startswith(package.sources) and path not in package.skip
                 and "tests" not in Path(path).parts and not Path(path).name.startswith("test_")):
-            found += mutations(path, repos.read(repo, pristine, path))
+            found += [m for m in mutations(path, repos.read(repo, pristine, path)) if m.kind in kinds]
     random.Random(seed).shuffle(found)
     return found
 
@@ -308,13 +309,18 @@ def problem_statement(package: Package, failing: list[str], run: SuiteRun, repo:
         return [line.rstrip() for line in testrun.scrub(text).splitlines()
                 if line.strip() and line.strip() not in code_lines and not line.lstrip().startswith("+")]  # "+ where …"/"+ and …": the test's sub-expressions
 
-    shown = []
-    for test in failing[:3]:
+    def report(test: str) -> str:
         message = shown_lines(run.messages.get(_junit_key(test), ""))[:12] or ["(no message)"]
         frames = shown_lines("\n".join(library_frames(run.tracebacks.get(_junit_key(test), ""), test_paths)))
         where = ["raised in the library at:", *(f"  {line}" for line in frames)] if frames else []
-        shown.append(f"{test.split('::')[-1]}:\n" + "\n".join(f"    {line}" for line in message + where))
-    more = f"\n\n({len(failing) - 3} more failing check(s) not shown.)" if len(failing) > 3 else ""
+        return f"{test.split('::')[-1]}:\n" + "\n".join(f"    {line}" for line in message + where)
+
+    # a test of one name in several classes (one per mapping type, say) reports the same thing: once
+    reports = Counter(report(test) for test in failing)
+    shown = [text if count == 1 else text.replace(":\n", f" ({count} checks):\n", 1)
+             for text, count in list(reports.items())[:3]]
+    hidden = len(failing) - sum(list(reports.values())[:3])
+    more = f"\n\n({hidden} more failing check(s) not shown.)" if hidden else ""
     return (f"`{package.name}` {package.version} misbehaves: {len(failing)} check(s) of the maintainers' test "
             f"suite fail after a recent change to the library. What they report:\n\n" + "\n\n".join(shown) + more +
             "\n\nFix the library code so that the behaviour is correct again. The failing checks are not in "
@@ -343,9 +349,9 @@ def library_frames(traceback: str, test_paths: set[str], keep: int = 3) -> list[
 def build(package: Package = TOOLZ, *, limit: int = 60, seed: int = 0, repos_dir: Path | None = None,
           envs_dir: Path | None = None, workers: int = 2, timeout_s: float = 120.0,
           progress: Callable[[int, int, int], None] | None = None, grader: Grader | None = None,
-          split_by: Level = "file") -> Built:
-    """Build up to `limit` tasks, split by bug site (`recipes.swe.split`); `progress(kept, tried, total)`
-    after each candidate."""
+          split_by: Level = "file", kinds: Collection[str] = KINDS) -> Built:
+    """Build up to `limit` tasks from bugs of `kinds`, split by bug site (`recipes.swe.split`);
+    `progress(kept, tried, total)` after each candidate."""
     import time
 
     started = time.monotonic()
@@ -364,7 +370,7 @@ def build(package: Package = TOOLZ, *, limit: int = 60, seed: int = 0, repos_dir
         if not baseline:
             raise BuildError(f"no test of {package.name} passes in the sandbox; its output ends:\n{base_run.output[-1500:]}")
         builder = Builder(package, grader, repo, pristine, baseline, template)
-        pool = candidates(package, repo, pristine, seed)
+        pool = candidates(package, repo, pristine, seed, kinds)
         results, rejected = _in_order(builder.attempt, pool, limit, workers, progress)
     instances = [r for r in results if isinstance(r, Instance)][:limit]
     split = split_by_site(instances, split_by)

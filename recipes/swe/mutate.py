@@ -15,11 +15,15 @@ Kinds:
   invert_condition  `if c:` → `if not c:`, `while c:` → `while not c:` (func_pm_ctrl_invert_if)
   drop_branch       an `if` without `else` removed (func_pm_remove_cond)
   swap_operands     `a - b` → `b - a` for non-commutative operators (func_pm_op_swap)
+  misspell_name     one use of a local name misspelled (`seq` → `sqe`): a NameError whose traceback
+                    points at the line, the easiest rung (not SWE-smith's; built only when asked for,
+                    `KINDS` are the default) for a model too small to solve the others
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
 import hashlib
 import re
 from collections.abc import Iterator
@@ -35,6 +39,9 @@ TOKEN = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", a
          ast.Sub: "-", ast.Mult: r"\*", ast.FloorDiv: "//", ast.Div: "/", ast.Mod: "%", ast.BitAnd: "&",
          ast.BitOr: r"\|", ast.And: "and", ast.Or: "or"}
 NON_COMMUTATIVE = (ast.Sub, ast.Div, ast.FloorDiv, ast.Mod)
+KINDS = ("flip_operator", "change_operator", "off_by_one", "invert_condition", "drop_branch", "swap_operands")
+"""what a build injects unless told otherwise: SWE-smith's kinds"""
+EASY_KINDS = ("misspell_name",)
 
 
 @dataclass(frozen=True)
@@ -63,15 +70,21 @@ class Mutation:
 def mutations(path: str, source: str) -> list[Mutation]:
     """Every candidate edit of the functions in `source`, in source order; each compiles."""
     tree = ast.parse(source)
-    offsets = _line_offsets(source.encode())
+    data = source.encode()
+    offsets = _line_offsets(data)
+    taken = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)} | set(dir(builtins))
     found: list[Mutation] = []
     for function in _functions(tree):
+        local = _local_names(function)
         for node in ast.walk(function):
             if not isinstance(node, (ast.expr, ast.stmt)):
                 continue
-            for kind, start, end, replacement in _edits(node, source.encode(), offsets):
+            edits = list(_edits(node, data, offsets))
+            if isinstance(node, ast.Name):
+                edits += _misspell(node, local, taken, data, offsets)
+            for kind, start, end, replacement in edits:
                 found.append(Mutation(path, kind, node.lineno, function.name, start, end, replacement,
-                                      source.encode()[start:end].decode()))
+                                      data[start:end].decode()))
     unique = {(m.start, m.end, m.replacement): m for m in found}
     return sorted((m for m in unique.values() if _compiles(m.apply(source))), key=lambda m: (m.start, m.kind, m.replacement))
 
@@ -197,6 +210,28 @@ def _drop(node: ast.If, data: bytes, offsets: list[int]) -> Iterator[tuple[str, 
     end = offsets[end_line(node)]
     indent = line[:len(line) - len(line.lstrip())]
     yield "drop_branch", start, end, f"{indent}pass\n"
+
+
+def _local_names(function: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    arguments = function.args
+    every = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs, arguments.vararg, arguments.kwarg]
+    stored = {node.id for node in ast.walk(function) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+    return {argument.arg for argument in every if argument} | stored
+
+
+def _misspell(node: ast.Name, local: set[str], taken: set[str], data: bytes,
+              offsets: list[int]) -> Iterator[tuple[str, int, int, str]]:
+    """A read of a local name, its last two letters swapped (or its last doubled): a name nothing
+    defines, so the line raises NameError when it runs."""
+    if not isinstance(node.ctx, ast.Load) or node.id not in local:
+        return
+    start, end = _span(node, offsets)
+    if data[start:end].decode() != node.id:
+        return  # positions that are not the name's own text (3.11 gets some nested f-strings wrong)
+    name = node.id
+    typo = name[:-2] + name[-1] + name[-2] if len(name) >= 3 and name[-1] != name[-2] else name + name[-1]
+    if typo not in taken:
+        yield "misspell_name", start, end, typo
 
 
 def _compiles(source: str) -> bool:

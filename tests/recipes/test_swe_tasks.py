@@ -152,6 +152,18 @@ def test_mutations_are_single_edits_that_compile():
     assert all(m.apply(source).count("\n") <= source.count("\n") for m in found)
 
 
+def test_a_misspelled_name_is_a_read_of_a_local_that_nothing_defines():
+    source = ("import os\n\ndef f(seq, key=None):\n    out = [k for k in seq]\n    return f'{key}', os.sep, out, len(seq)\n")
+    found = [m for m in mutations("m.py", source) if m.kind == "misspell_name"]
+    assert {(m.original, m.replacement) for m in found} == {("seq", "sqe"), ("out", "otu"), ("k", "kk"), ("key", "kye")}
+    assert "    out = [k for k in sqe]\n" in {m.apply(source).splitlines(keepends=True)[3] for m in found}
+    for mutation in found:
+        with pytest.raises(NameError, match=mutation.replacement):
+            namespace: dict[str, object] = {}
+            exec(mutation.apply(source), namespace)
+            namespace["f"]([1])  # type: ignore[operator]
+
+
 def test_hiding_tests_removes_functions_with_their_decorators():
     source = ("import pytest\n\n@pytest.mark.parametrize('x', [1])\ndef test_a(x):\n    assert x\n\n"
               "def test_b():\n    pass\n\nclass TestC:\n    def test_c(self):\n        assert 1\n")
