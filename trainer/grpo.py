@@ -1,7 +1,7 @@
 """One policy-gradient update on a batch of trajectories, top to bottom (GRPO by default).
 
-    samples ─▶ padded tensors ─▶ advantages (verl) ─▶ micro-batches by token budget
-        ─▶ per-token policy loss (verl), backward ─▶ AdamW step
+    samples ─▶ padded tensors ─▶ advantages (verl) ─▶ rows with a non-zero advantage
+        ─▶ micro-batches by token budget ─▶ per-token policy loss (verl), backward ─▶ AdamW step
 
 Every sequence of a trajectory is one row. The model sees `token_ids`; position t of the shifted
 tensors scores token t+1, so `loss_mask[t] = mask[t+1]` (only tokens the model generated are
@@ -247,11 +247,25 @@ def chunks(rows: int, size: int) -> list[slice]:
     return [slice(start, min(start + size, rows)) for start in range(0, rows, size)]
 
 
+def rows_with_signal(batch: Tensors, advantages: torch.Tensor, mini: slice, settings: TrainerSettings) -> torch.Tensor:
+    """The rows of a mini-batch that a backward pass can learn from. Every verl policy loss is a token's
+    advantage times a function of its ratio, so a row whose generated tokens all have advantage 0 (a
+    GRPO group whose rewards are all equal: most groups of a model that rarely succeeds) adds exactly
+    zero to the gradient; without an entropy bonus it needs no forward or backward. The loss is still
+    normalised by the whole mini-batch's counts, so the update is the same."""
+    rows = torch.arange(mini.start, mini.stop)
+    if settings.entropy_coeff:
+        return rows
+    return rows[((advantages[rows] != 0) & (batch.loss_mask[rows] > 0)).any(-1)]
+
+
 def micro_batches(batch: Tensors, mini: slice | torch.Tensor, settings: TrainerSettings) -> list[torch.Tensor]:
     """The rows of a mini-batch (a slice, or row indices) as micro-batches (row indices): by
     --micro-batch-tokens, rows longest first, each micro-batch at most that many padded tokens (a
     longer row goes alone); else --micro-batch-size rows in order."""
     rows = torch.arange(mini.start, mini.stop) if isinstance(mini, slice) else mini
+    if not len(rows):
+        return []
     if not settings.micro_batch_tokens:
         return [rows[part] for part in chunks(len(rows), settings.micro_batch_size)]
     lengths = batch.attention_mask[rows].sum(-1)
@@ -314,6 +328,9 @@ def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, pol
     config.global_batch_info.update(dp_size=dp_size, batch_num_tokens=tokens, global_batch_size=sequences)
     step = accumulate_gradients(model, batch, advantages, micro, policy_loss, config, settings, mini_tokens=tokens)
     trainable = [p for p in model.parameters() if p.requires_grad]
+    for parameter in trainable:
+        if parameter.grad is None:  # no row had signal: the zero gradient they had, so AdamW steps as it did
+            parameter.grad = torch.zeros_like(parameter)
     grad_norm = torch.nn.utils.clip_grad_norm_(trainable, settings.max_grad_norm)
     if hasattr(grad_norm, "full_tensor"):  # sharded parameters (FSDP2): the norm over every rank's shard
         grad_norm = grad_norm.full_tensor()
@@ -492,7 +509,7 @@ class Policy:
 
     def _optimizer_step(self, batch: Tensors, advantages: torch.Tensor, mini: slice) -> dict[str, float]:
         s = self.settings
-        micro = micro_batches(batch, mini, s)
+        micro = micro_batches(batch, rows_with_signal(batch, advantages, mini, s), s)
         return optimizer_step(self.model, self.optimizer, self.policy_loss, self.config, batch, advantages, micro,
                               tokens=batch.loss_mask[mini].sum().item(),
                               sequences=int((batch.loss_mask[mini].sum(-1) > 0).sum()), dp_size=1, settings=s)
@@ -518,4 +535,5 @@ class Policy:
             "reward_max": rewards.max().item(),
             "reward_shaped_samples": float(sum(1 for sample in samples if sample.shaping)),
             "advantage_abs_mean": (advantages.abs() * batch.loss_mask).sum().item() / max(tokens, 1),
+            "signal_sequences": float(((advantages != 0) & (batch.loss_mask > 0)).any(-1).sum()),
         }

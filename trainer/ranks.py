@@ -63,6 +63,7 @@ from agentstream.trainer.grpo import (
     compute_dtype,
     micro_batches,
     optimizer_step,
+    rows_with_signal,
     to_tensors,
 )
 from agentstream.trainer.settings import TrainerSettings
@@ -122,7 +123,7 @@ def shard_batch(batch: Tensors, advantages: torch.Tensor, ranks: int, settings: 
     tokens: list[float] = []
     sequences: list[int] = []
     for mini in chunks(batch.rows, settings.mini_batch_size):
-        rows = torch.arange(mini.start, mini.stop)
+        rows = rows_with_signal(batch, advantages, mini, settings)
         parts = balance(lengths[rows].tolist(), ranks)
         micro = [micro_batches(batch, rows[part], settings) if part else [] for part in parts]
         count = max(len(m) for m in micro)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -128,6 +130,37 @@ def test_micro_batches_by_token_budget_add_up(tiny_model_dirs, fixed_batch):
     _, m_packed, _, after_packed = one_step(tiny_model_dirs[0], fixed_batch, micro_batch_tokens=40, dtype="float32")
     assert m_packed["loss"] == pytest.approx(m_whole["loss"], abs=LOSS_ATOL)
     assert torch.allclose(after_whole, after_packed, atol=AFTER_STEP_ATOL)
+
+
+@pytest.mark.slow  # optimizer steps of the tiny model on CPU
+def test_groups_without_signal_are_not_run_and_the_update_is_the_same(tiny_model_dirs, fixed_batch, monkeypatch):
+    """Groups 2 and 3 all rewarded alike: advantage 0, so no forward or backward for their rows; the step is
+    that of a step that ran every row (the loss is normalised by the whole batch), up to the rounding of
+    padding the rows to another width."""
+    from agentstream.trainer import grpo
+
+    batch = [dataclasses.replace(sample, trajectory=sample.trajectory.model_copy(update={"reward": float(g == 3)}))
+             if (g := index // 8) >= 2 else sample for index, sample in enumerate(fixed_batch)]
+    rows_run: list[int] = []
+    forward = grpo.token_logprobs
+    monkeypatch.setattr(grpo, "token_logprobs", lambda model, input_ids, *a, **k: (
+        rows_run.append(len(input_ids)), forward(model, input_ids, *a, **k))[1])
+    _, m_skip, _, after_skip = one_step(tiny_model_dirs[0], batch, dtype="float32")
+    assert rows_run == [16] and m_skip["signal_sequences"] == 16 and m_skip["sequences"] == 32
+    every_row = grpo.rows_with_signal
+    monkeypatch.setattr(grpo, "rows_with_signal", lambda batch, advantages, mini, settings: every_row(
+        batch, advantages, mini, settings.model_copy(update={"entropy_coeff": 1e-30})))
+    _, m_all, _, after_all = one_step(tiny_model_dirs[0], batch, dtype="float32")
+    assert rows_run[1:] == [32]
+    assert m_skip["loss"] == pytest.approx(m_all["loss"], abs=LOSS_ATOL)
+    assert torch.allclose(after_skip, after_all, atol=AFTER_STEP_ATOL)
+    # a batch with no signal at all still steps AdamW on zero gradients, as running it did
+    monkeypatch.setattr(grpo, "rows_with_signal", every_row)
+    none = [dataclasses.replace(sample, trajectory=sample.trajectory.model_copy(update={"reward": 0.0}))
+            for sample in fixed_batch]
+    _, m_none, before, after = one_step(tiny_model_dirs[0], none, dtype="float32")
+    assert rows_run[2:] == [] and m_none["optimizer_steps"] == 1 and m_none["grad_norm"] == 0
+    assert torch.equal(before, after)
 
 
 @pytest.mark.slow  # optimizer steps of the tiny model on CPU
