@@ -95,7 +95,7 @@ def vllm_stop(name: ServerName = "default") -> None:
 
 def vllm_status() -> None:
     """List the running vLLM servers."""
-    from agentstream.stack.vllm import running_servers
+    from agentstream.stack.vllm import healthy, running_servers
 
     servers = running_servers()
     if not servers:
@@ -104,6 +104,9 @@ def vllm_status() -> None:
     for name, state in servers.items():
         console.print(f"{name}: {state.details['served_name']} at {state.url}/v1 (pid {state.pid}, "
                       f"model {state.details['model']})")
+        if not healthy(state.url):
+            console.print(f"  [yellow]not answering /health: its engine may have died (see {state.log}); "
+                          f"`agentstream vllm stop --name {name}`, and start it again[/yellow]")
 
 
 def model_tiny(

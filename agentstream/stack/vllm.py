@@ -117,6 +117,17 @@ class LocalVLLM:
         state = ServerState.load(self.state_file)
         return state if state and state.alive else None
 
+    def serving(self, say: Callable[[str], None] = print) -> ServerState | None:
+        """The server if it answers; one that does not is stopped: its engine died (out of memory, say)
+        and left the API process behind, alive and not listening."""
+        running = self.state()
+        if running and not healthy(running.url):
+            say(f"vLLM {self.name!r} (pid {running.pid}) no longer answers {running.url}/health; stopping it "
+                f"(what it logged: {self.log})")
+            self.stop()
+            return None
+        return running
+
     def start(
         self, model: Path, served_name: str = "tiny", port: int | None = None, timeout: float = 300.0,
         extra_args: list[str] | None = None, say: Callable[[str], None] = print, tool_parser: str | None = TOOL_CALL_PARSER,
@@ -126,7 +137,7 @@ class LocalVLLM:
         model's text into tool calls (None: serve without tools; a request with tools is then a 400).
         `max_model_len`: the context served (prompt + answer); default: the model folder's
         (`served_context`)."""
-        running = self.state()
+        running = self.serving(say)
         if running:
             return running
         model = model.resolve()
@@ -143,7 +154,7 @@ class LocalVLLM:
         proc = spawn(cmd, self.log, env=server_env(model, max_model_len))
         url = f"http://127.0.0.1:{port}"
         say(f"Starting vLLM ({served_name} from {model}) on {url}; this takes about a minute…")
-        await_ready("vLLM", proc, lambda: _healthy(url), self.log, timeout)
+        await_ready("vLLM", proc, lambda: healthy(url), self.log, timeout)
         state = ServerState.of_process(proc.pid, url, str(self.log),
                                        details={"model": str(model), "served_name": served_name, "max_model_len": max_model_len})
         state.save(self.state_file)
@@ -242,7 +253,8 @@ def _tool_args(model: Path, tool_parser: str | None, say: Callable[[str], None])
     return ["--enable-auto-tool-choice", "--tool-call-parser", tool_parser]
 
 
-def _healthy(url: str) -> bool:
+def healthy(url: str) -> bool:
+    """Whether the server at `url` answers /health (a live process may not: an API server outlives its engine)."""
     try:
         return httpx.get(f"{url}/health", timeout=2).status_code == 200
     except httpx.HTTPError:

@@ -40,3 +40,23 @@ def test_a_stale_pid_that_is_now_a_thread_of_another_process_is_not_signalled(tm
     finally:
         release.set()
         thread.join()
+
+
+def test_a_vllm_server_that_no_longer_answers_is_replaced_not_reused(tmp_path: Path):
+    """vLLM's API process outlives an engine killed for memory: alive, not listening. `start` must not hand
+    it out as the running server (every call through it would fail to connect); it stops it first."""
+    from agentstream.stack.process import free_port
+    from agentstream.stack.vllm import LocalVLLM
+
+    husk = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        server = LocalVLLM("husk", home=tmp_path)
+        server.dir.mkdir(parents=True)
+        ServerState.of_process(husk.pid, f"http://127.0.0.1:{free_port()}", str(server.log), {}).save(server.state_file)
+        said: list[str] = []
+        assert server.serving(say=said.append) is None  # what `start` asks before it starts anew
+        assert husk.wait(timeout=30) is not None and server.state() is None
+        assert "no longer answers" in said[0]
+    finally:
+        husk.kill()
+        husk.wait()
