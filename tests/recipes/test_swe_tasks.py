@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from agentstream.recipes.swe import repos
-from agentstream.recipes.swe.build import build, hide_tests, library_frames, write
+from agentstream.recipes.swe.build import (
+    TOOLZ,
+    SuiteRun,
+    _junit_key,
+    build,
+    hide_tests,
+    library_frames,
+    problem_statement,
+    write,
+)
 from agentstream.recipes.swe.grader import Grader
 from agentstream.recipes.swe.instance import assign_splits, split_of
 from agentstream.recipes.swe.mutate import mutations
@@ -38,6 +48,25 @@ def test_a_problem_statement_shows_where_the_library_raised_never_a_test_or_the_
     assert frames == ["toolz/itertoolz.py, line 987, in topk", "  return tuple(heapq.nlargest(k, seq, key=key))"]
     assert library_frames(SHORT_TRACEBACK.replace("toolz/itertoolz.py", "toolz/tests/test_helpers.py"),
                           {"toolz/tests/test_itertoolz.py"}) == []
+
+
+def test_a_report_shared_by_tests_of_one_name_is_shown_once(tmp_path):
+    """A test inherited by one class per mapping type fails alike in each: one report, with its count."""
+    repo = tmp_path / "repo"
+    (repo / "toolz" / "tests").mkdir(parents=True)
+    (repo / "toolz" / "tests" / "test_m.py").write_text(
+        "class TestA:\n    def test_f(self):\n        assert f() == 1\n\nclass TestB(TestA):\n    pass\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "tests"], check=True)
+    pristine = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    failing = [f"toolz/tests/test_m.py::{name}" for name in ("TestA::test_f", "TestB::test_f", "test_g")]
+    messages = {_junit_key(test): "NameError: name 'kye' is not defined" for test in failing[:2]}
+    run = SuiteRun({}, {**messages, _junit_key(failing[2]): "ValueError: bad"}, {}, "")
+    text = problem_statement(TOOLZ, failing, run, repo, pristine)
+    assert text.count("NameError") == 1 and "test_f (2 checks):\n" in text and "test_g:\n    ValueError" in text
+    assert "3 check(s)" in text and "not shown" not in text
 
 
 def _write_lines(path: Path, rows: list) -> Path:
