@@ -247,14 +247,20 @@ def chunks(rows: int, size: int) -> list[slice]:
     return [slice(start, min(start + size, rows)) for start in range(0, rows, size)]
 
 
+ADVANTAGE_PROPORTIONAL = frozenset({"vanilla", "gspo", "gpg", "geo_mean", "sapo", "cispo", "dppo_kl", "dppo_tv"})
+"""verl's policy losses in which each token's loss is its advantage times a function of the policy (not
+dro, whose log-ratio penalty has a gradient of its own, nor kl_cov and clip_cov, whose covariances are
+statistics of every row)"""
+
+
 def rows_with_signal(batch: Tensors, advantages: torch.Tensor, mini: slice, settings: TrainerSettings) -> torch.Tensor:
-    """The rows of a mini-batch that a backward pass can learn from. Every verl policy loss is a token's
-    advantage times a function of its ratio, so a row whose generated tokens all have advantage 0 (a
-    GRPO group whose rewards are all equal: most groups of a model that rarely succeeds) adds exactly
-    zero to the gradient; without an entropy bonus it needs no forward or backward. The loss is still
-    normalised by the whole mini-batch's counts, so the update is the same."""
+    """The rows of a mini-batch that a backward pass can learn from. In an advantage-proportional loss a
+    row whose generated tokens all have advantage 0 (a GRPO group whose rewards are all equal: most
+    groups of a model that rarely succeeds) adds exactly zero to the gradient; without an entropy bonus
+    it needs no forward or backward. The loss is still normalised by the whole mini-batch's counts, so
+    the update is the same."""
     rows = torch.arange(mini.start, mini.stop)
-    if settings.entropy_coeff:
+    if settings.entropy_coeff or settings.policy_loss not in ADVANTAGE_PROPORTIONAL:
         return rows
     return rows[((advantages[rows] != 0) & (batch.loss_mask[rows] > 0)).any(-1)]
 

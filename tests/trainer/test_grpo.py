@@ -152,6 +152,10 @@ def test_groups_without_signal_are_not_run_and_the_update_is_the_same(tiny_model
         batch, advantages, mini, settings.model_copy(update={"entropy_coeff": 1e-30})))
     _, m_all, _, after_all = one_step(tiny_model_dirs[0], batch, dtype="float32")
     assert rows_run[1:] == [32]
+    tensors = to_tensors(batch, 2048)
+    advantages = compute_advantages(tensors, TrainerSettings())
+    for loss in ("dro", "kl_cov", "clip_cov"):  # terms beside the advantage's: every row is run
+        assert len(every_row(tensors, advantages, slice(0, 32), TrainerSettings(policy_loss=loss))) == 32
     assert m_skip["loss"] == pytest.approx(m_all["loss"], abs=LOSS_ATOL)
     assert torch.allclose(after_skip, after_all, atol=AFTER_STEP_ATOL)
     # a batch with no signal at all still steps AdamW on zero gradients, as running it did
