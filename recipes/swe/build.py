@@ -316,10 +316,9 @@ def problem_statement(package: Package, failing: list[str], run: SuiteRun, repo:
         return f"{test.split('::')[-1]}:\n" + "\n".join(f"    {line}" for line in message + where)
 
     # a test of one name in several classes (one per mapping type, say) reports the same thing: once
-    reports = Counter(report(test) for test in failing)
-    shown = [text if count == 1 else text.replace(":\n", f" ({count} checks):\n", 1)
-             for text, count in list(reports.items())[:3]]
-    hidden = len(failing) - sum(list(reports.values())[:3])
+    first = list(Counter(report(test) for test in failing).items())[:3]
+    shown = [text if count == 1 else text.replace(":\n", f" ({count} checks):\n", 1) for text, count in first]
+    hidden = len(failing) - sum(count for _, count in first)
     more = f"\n\n({hidden} more failing check(s) not shown.)" if hidden else ""
     return (f"`{package.name}` {package.version} misbehaves: {len(failing)} check(s) of the maintainers' test "
             f"suite fail after a recent change to the library. What they report:\n\n" + "\n\n".join(shown) + more +
