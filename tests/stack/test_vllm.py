@@ -58,3 +58,26 @@ def test_pause_reload_resume_changes_weights_and_output(vllm_server):
         swap(url, vllm_server.model_dir, "0")
     tokens, logprobs = first_token_choices(vllm_server)
     assert tokens == before[0] and logprobs == pytest.approx(before[1], abs=1e-4)
+
+
+async def test_a_forced_answer_is_the_models_own_tokens_for_the_text_and_is_recorded(gw, kafka, tokenizer):
+    """`vllm_xargs.forced_answer` (stack/vllm_plugin): the answer is exactly the text, in the tokens the served
+    tokenizer gives it, ended by its end-of-answer token; the call event records those ids with the model's
+    logprobs for them (finite: it is the model's distribution, not the mask's). A call without it samples."""
+    from tests.support.gateway import call_id, read_events
+
+    text = "THOUGHT: read it.\n\n```mswea_bash_command\nnl -ba f.py | sed -n '1,5p'\n```"
+    client = gw.openai()
+    forced = await client.chat.completions.with_raw_response.create(
+        model="tiny", messages=[{"role": "user", "content": "fix the bug"}], max_tokens=200, temperature=1.0,
+        extra_body={"vllm_xargs": {"forced_answer": text}})
+    sampled = await client.chat.completions.with_raw_response.create(
+        model="tiny", messages=[{"role": "user", "content": "fix the bug"}], max_tokens=8, temperature=1.0)
+    assert forced.parse().choices[0].message.content == text
+    assert sampled.parse().choices[0].message.content != text
+    calls = {event.id: event.data for event in await read_events(kafka, kafka.topics.calls, count=2)}
+    recorded = calls[call_id(forced)]
+    assert recorded.completion_token_ids == [*tokenizer.encode(text, add_special_tokens=False),
+                                             tokenizer.eos_token_id]
+    assert len(recorded.logprobs) == len(recorded.completion_token_ids)
+    assert all(-1e4 < logprob <= 0 for logprob in recorded.logprobs)
