@@ -9,16 +9,18 @@ successful ones), the probe's summary is an `eval` event (run id `probe-…`), a
 written again with each probed task's `probe` {k, solved, model, version, run_id}.
 
 `agentstream recipe swe --probed FILE` then trains on the tasks with mixed results plus a share of
-never-solved ones (`select_train`). Validation tasks are never probed: choosing them by how the model
-does on them would bias the number the recipe reports.
+never-solved ones (`select_train`). Validation tasks are never chosen by how the model does on them, which
+would bias the number the recipe reports: `--split validation` measures a model on them (its pass@1 with a
+95 % interval, e.g. of an SFT checkpoint given as `--base-model`) and writes no task file.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 from rich.console import Console
@@ -26,10 +28,16 @@ from rich.console import Console
 from agentstream.demo.loop import Stack
 from agentstream.demo.progress import Progress
 from agentstream.demo.run import run_folder, run_to_summary
-from agentstream.eval import EvalSettings, Evaluator
+from agentstream.eval import EvalSettings, Evaluator, pass_at_1_interval
 from agentstream.recipes.swe.build import write
 from agentstream.recipes.swe.recipe import HARNESS, Recipe, RecipeConfig, RecipeLoop
-from agentstream.recipes.swe.task_files import build_recipe_tasks, read_instances, select_train, write_task_files
+from agentstream.recipes.swe.task_files import (
+    Selection,
+    build_recipe_tasks,
+    read_instances,
+    select_train,
+    write_task_files,
+)
 from agentstream.schemas.kafka import KafkaSettings
 from agentstream.stack import StackError
 
@@ -41,6 +49,8 @@ class ProbeConfig(RecipeConfig):
     """attempts per train task"""
     probed_out: Path = Path("tasks.probed.jsonl")
     """the task file written, with each probed task's `probe`"""
+    split: Literal["train", "validation"] = "train"
+    """the tasks attempted: train (their probe written into the task file) or validation (measured only)"""
     out: Path = Field(default_factory=lambda: run_folder("probe-swe"))
     vllm_name: str = "probe-swe"
 
@@ -63,8 +73,8 @@ class Probe(Recipe):
         else:
             build_recipe_tasks(self.out / "built", config.train_tasks, config.validation_tasks, say=self.say)
             self.instances = read_instances(self.out / "built" / "instances.jsonl")
-        if not any(i.split == "train" for i in self.instances):
-            raise StackError("the task set has no train task to probe")
+        if not any(i.split == config.split for i in self.instances):
+            raise StackError(f"the task set has no {config.split} task to probe")
         return write_task_files(self.instances, self.out / "tasks")
 
     def loop(self, stack: Stack) -> RecipeLoop:
@@ -74,10 +84,10 @@ class Probe(Recipe):
 
     async def follow(self, kafka: KafkaSettings) -> None:
         config, stack = self.config, self.stack
-        evaluation = EvalSettings(tasks=self.tasks[0], agent=HARNESS, gateway_url=stack.gateway_url,
+        evaluation = EvalSettings(tasks=self.tasks[0 if config.split == "train" else 1], agent=HARNESS, gateway_url=stack.gateway_url,
                                   token_secret=stack.token_secret, model=self.served, samples=config.k,
                                   concurrency=config.concurrency, timeout_s=config.attempt_timeout_s,
-                                  out=self.out / "probe", agent_env=self.harness(stack).env(), split="train",
+                                  out=self.out / "probe", agent_env=self.harness(stack).env(), split=config.split,
                                   settle_timeout_s=config.attempt_timeout_s + 300)
         evaluator = Evaluator(kafka, evaluation, say=self.say)
         started = time.monotonic()
@@ -89,8 +99,43 @@ class Probe(Recipe):
                        "trajectories": evaluator.last_trajectories}
 
     def summary(self, console: Console, elapsed_s: float) -> dict[str, Any]:
-        config, event = self.config, self.result["event"]
-        data = event.data
+        config, data = self.config, self.result["event"].data
+        result = self.measures(elapsed_s)
+        if config.split == "validation":
+            low, high = result["pass_at_1_interval_95"] or (0.0, 0.0)
+            console.print(f"Measured {data.tasks} validation tasks × {config.k} with {config.model}: pass@1 "
+                          f"{data.pass_at_1:.3f} [95 %: {low:.2f}, {high:.2f}], solved at least once {data.solved_tasks}; "
+                          f"{result['seconds_per_attempt']} s per attempt at concurrency {config.concurrency}")
+        else:
+            selection = self.write_probed()
+            result.update(mixed=selection.mixed, never=selection.never, always=selection.always,
+                          probed_file=str(config.probed_out))
+            console.print(f"Probed {data.tasks} train tasks × {config.k} with {config.model}: solved at least once "
+                          f"{data.solved_tasks}; {selection.summary()}; {result['seconds_per_attempt']} s per attempt "
+                          f"at concurrency {config.concurrency}; wrote {config.probed_out}")
+        (self.out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+        return result
+
+    def measures(self, elapsed_s: float) -> dict[str, Any]:
+        """What the attempts showed: pass rates, how they ended, tokens and time."""
+        config, data = self.config, self.result["event"].data
+        trajectories = self.result["trajectories"].values()
+        generated = sum(len(turn.completion_token_ids) for t in trajectories for turn in t.data.turns)
+        prompts = sum(len(turn.prompt_token_ids) for t in trajectories for turn in t.data.turns)
+        ends = Counter(t.data.end_reason or t.data.status for t in trajectories)
+        seconds = self.result["seconds"]
+        return {"model": config.model, "base_model": str(config.base_model or ""), "split": config.split,
+                "k": config.k, "tasks": data.tasks, "attempts": data.samples,
+                "solved_at_least_once": data.solved_tasks, "pass_at_1": data.pass_at_1,
+                "pass_at_1_interval_95": pass_at_1_interval(data.per_task, data.threshold),
+                "unscored": data.unscored, "end_reasons": dict(ends.most_common()), "probe_s": round(seconds, 1),
+                "seconds_per_attempt": round(seconds * config.concurrency / max(data.samples, 1), 1),
+                "concurrency": config.concurrency, "generated_tokens": generated, "prompt_tokens": prompts,
+                "generated_tokens_per_s": round(generated / max(seconds, 1e-9), 2), "wall_time_s": round(elapsed_s, 1)}
+
+    def write_probed(self) -> Selection:
+        """The task file again, each probed train task with its `probe`; and what `select_train` would take."""
+        config, data = self.config, self.result["event"].data
         for instance in self.instances:
             rewards = data.per_task.get(instance.instance_id)
             if rewards is not None:
@@ -98,28 +143,9 @@ class Probe(Recipe):
                 extra = instance.__pydantic_extra__
                 assert extra is not None  # Instance allows extra fields
                 extra["probe"] = {"k": len(rewards), "solved": solved, "model": config.model,
-                                                        "version": data.weight_version, "run_id": data.run_id}
+                                  "version": data.weight_version, "run_id": data.run_id}
         write(self.instances, config.probed_out)
-        attempts = data.samples
-        generated = prompts = 0
-        for trajectory in self.result["trajectories"].values():
-            for turn in trajectory.data.turns:
-                generated += len(turn.completion_token_ids)
-                prompts += len(turn.prompt_token_ids)
-        selection = select_train(self.instances, config.unsolved_share)
-        result = {"model": config.model, "k": config.k, "tasks": data.tasks, "attempts": attempts,
-                  "solved_at_least_once": data.solved_tasks, "pass_at_1": data.pass_at_1,
-                  "unscored": data.unscored, "mixed": selection.mixed, "never": selection.never,
-                  "always": selection.always, "probe_s": round(self.result["seconds"], 1),
-                  "seconds_per_attempt": round(self.result["seconds"] * config.concurrency / max(attempts, 1), 1),
-                  "concurrency": config.concurrency, "generated_tokens": generated, "prompt_tokens": prompts,
-                  "generated_tokens_per_s": round(generated / max(self.result["seconds"], 1e-9), 2),
-                  "wall_time_s": round(elapsed_s, 1), "probed_file": str(config.probed_out)}
-        (self.out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
-        console.print(f"Probed {data.tasks} train tasks × {config.k} with {config.model}: solved at least once "
-                      f"{data.solved_tasks}; {selection.summary()}; {result['seconds_per_attempt']} s per attempt at "
-                      f"concurrency {config.concurrency}; wrote {config.probed_out}")
-        return result
+        return select_train(self.instances, config.unsolved_share)
 
 
 def run_probe(config: ProbeConfig, console: Console | None = None) -> dict[str, Any]:
