@@ -11,6 +11,8 @@ from agentstream.cli.output import console, fail
 from agentstream.recipes.swe.mutate import EASY_KINDS, KINDS
 
 ReposDir = Annotated[Path | None, typer.Option(help="task repositories (default: AGENTSTREAM_HOME/swe/repos)")]
+BaseModelOption = Annotated[Path | None, typer.Option(help="a model folder to serve instead of --model's (e.g. an "
+                                                          "SFT checkpoint); --model still sets the defaults")]
 SITES = ("file", "function")
 """what no validation and training bug may share"""
 
@@ -74,18 +76,50 @@ def swe_probe(
                                                                 "model's")] = None,
     run_dir: Annotated[Path | None, typer.Option(help="run folder (default: runs/probe-swe-TIME)")] = None,
     keep_stack: Annotated[bool, typer.Option(help="leave Kafka and vLLM running afterwards")] = False,
+    split: Annotated[str, typer.Option(help="train: probe the train tasks and write --out; validation: measure "
+                                            "a model on the validation tasks (pass@1 with its 95 % interval)")]
+        = "train",
+    base_model: BaseModelOption = None,
 ) -> None:
     """Run the starting model k times on each train task (local stack, mini-swe-agent, grader: attempts in the
     log like any rollout) and write the tasks with each one's probe pass rate, for `recipe swe --probed`."""
     from agentstream.recipes.swe.probe import ProbeConfig, run_probe
 
+    if split not in ("train", "validation"):
+        fail(f"--split takes train or validation, not {split!r}")
     config = ProbeConfig(model=model, instances_file=tasks, probed_out=out, k=k, train_tasks=train_tasks,
                          validation_tasks=validation_tasks, step_limit=step_limit, max_tokens=max_tokens,
-                         concurrency=concurrency, attempt_timeout_s=attempt_timeout_s, keep_stack=keep_stack)
+                         concurrency=concurrency, attempt_timeout_s=attempt_timeout_s, keep_stack=keep_stack,
+                         split=split, base_model=base_model)
     if run_dir is not None:
         config.out = run_dir
     try:
         run_probe(config, console)
+    except (RuntimeError, TimeoutError) as exc:
+        fail(str(exc))
+
+
+def swe_demonstrate(
+    tasks: Annotated[Path, typer.Option(help="the SWE-bench task file (e.g. from `tasks swe build`): its train "
+                                             "tasks with one-line fixes are demonstrated")],
+    model: Annotated[str, typer.Option(help="the model that answers: qwen-coder-0.5b, qwen-coder-1.5b, smollm2 "
+                                            "or tiny")] = "qwen-coder-0.5b",
+    concurrency: Annotated[int, typer.Option(help="agents running at once")] = 2,
+    run_dir: Annotated[Path | None, typer.Option(help="run folder (default: runs/demonstrate-swe-TIME); its "
+                                                      "name is the topic prefix")] = None,
+    keep_stack: Annotated[bool, typer.Option(help="leave Kafka and vLLM running afterwards")] = False,
+    base_model: BaseModelOption = None,
+) -> None:
+    """Record an expert's answers to the train tasks through the whole loop (the served model made to answer
+    them, graded like any attempt): the trajectories an SFT warm start learns from (recipes/swe/expert.py)."""
+    from agentstream.recipes.swe.demonstrate import DemonstrateConfig, run_demonstrate
+
+    config = DemonstrateConfig(model=model, instances_file=tasks, concurrency=concurrency, keep_stack=keep_stack,
+                               base_model=base_model)
+    if run_dir is not None:
+        config.out = run_dir
+    try:
+        run_demonstrate(config, console)
     except (RuntimeError, TimeoutError) as exc:
         fail(str(exc))
 

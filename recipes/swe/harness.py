@@ -23,7 +23,8 @@ failed attempt with the reason, and no diff (so no made-up score) is posted.
 Settings (environment, `recipes.swe.settings`): AGENTSTREAM_SWE_CONFIG (a mini-swe-agent YAML; default
 recipes/swe/mini.yaml), AGENTSTREAM_SWE_STEP_LIMIT, AGENTSTREAM_SWE_MAX_TOKENS, AGENTSTREAM_SWE_TEMPERATURE,
 AGENTSTREAM_SWE_COMMAND_TIMEOUT_S, AGENTSTREAM_SWE_ATTEMPT_TIMEOUT_S, AGENTSTREAM_SWE_SCRIPT (a JSON list of
-commands: run them instead of asking a model, for baselines), AGENTSTREAM_SWE_MODEL_KWARGS (JSON added to
+commands: run them instead of asking a model, for baselines), AGENTSTREAM_SWE_DEMONSTRATIONS (a demonstrations
+file: the model is made to answer the task's expert answers, `recipes.swe.demonstrate`), AGENTSTREAM_SWE_MODEL_KWARGS (JSON added to
 litellm's arguments, e.g. stop words), AGENTSTREAM_SWE_REPOS (where task repositories are),
 AGENTSTREAM_SWE_ENVS (their test environments), AGENTSTREAM_SWE_INDEX (the public index, for a task input
 without its repository), AGENTSTREAM_SWE_WORKSPACE (parent of workspaces; default a temp folder).
@@ -130,6 +131,8 @@ def run_agent(settings: HarnessSettings, task: TaskInput,
     config = mini_config(settings, task, workspace)
     if settings.attempt.script is not None:
         config["model"] = scripted_model(settings.attempt.script)
+    if settings.attempt.demonstrations is not None:
+        config["model"] = demonstrating_model(config["model"], settings.attempt.demonstrations, task.instance_id)
     model = get_model(config=config["model"])
     env = get_environment(config["environment"])
     agent = get_agent(model, env, config["agent"])
@@ -161,6 +164,14 @@ def scripted_model(commands: list[str]) -> dict[str, Any]:
 
     return {"model_class": "deterministic", "model_name": "scripted",
             "outputs": [make_output(f"THOUGHT: step {n}", [{"command": c}], cost=0.0) for n, c in enumerate(commands)]}
+
+
+def demonstrating_model(model: dict[str, Any], demonstrations: Path, instance_id: str) -> dict[str, Any]:
+    """The configured model, made to answer the task's expert answers (`recipes.swe.expert`)."""
+    from agentstream.recipes.swe.expert import load_answers
+
+    return {**model, "model_class": "agentstream.recipes.swe.demonstrating_model.DemonstratingModel",
+            "answers": load_answers(demonstrations, instance_id)}
 
 
 def _is_context_overflow(exc: Exception) -> bool:

@@ -109,9 +109,11 @@ class Harness(BaseModel):
     workspace: Path
     attempt_timeout_s: int
     index: Path
+    demonstrations: Path | None = None
+    """the expert's answers the model is made to give (`recipes.swe.demonstrate`)"""
 
     def env(self) -> dict[str, str]:
-        return {f"AGENTSTREAM_SWE_{name.upper()}": str(getattr(self, name)) for name in type(self).model_fields}
+        return {f"AGENTSTREAM_SWE_{name.upper()}": str(value) for name, value in self if value is not None}
 
 
 class RecipeLoop(Loop):

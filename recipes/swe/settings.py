@@ -57,6 +57,8 @@ class AttemptSettings(BaseSettings):
                                                        "(the scripted baseline)")
     model_kwargs: dict[str, Any] = Field(default_factory=dict,
                                          description="JSON object added to litellm's arguments, e.g. stop words")
+    demonstrations: Path | None = Field(None, description="a demonstrations file (`tasks swe demonstrate`): the "
+                                                          "served model is made to answer its task's expert answers")
 
 
 class AgentEnvironment(BaseSettings):

@@ -224,3 +224,61 @@ def pod_stand_in(workspace: Path) -> str:
     return shlex.join(argv)
 
 
+
+
+# --- an expert's demonstration: the served model made to give the expert's answers, graded --------------
+
+SHORT_CONFIG = """\
+agent:
+  system_template: "One command per answer."
+  instance_template: "{{task}}"
+model:
+  model_class: litellm_textbased
+  observation_template: "{{output.returncode}} {{output.output[:300]}}"
+  format_error_template: "One block."
+"""
+"""prompts short enough for the tiny model's context (2,048 characters) over the three answers"""
+
+
+@pytest.mark.vllm
+async def test_a_demonstration_is_the_experts_answers_in_the_models_tokens_and_is_graded(
+        kafka, vllm_server, tokenizer, tmp_path):
+    """`tasks swe demonstrate`'s attempt (recipes/swe/expert.py): read the line, sed it, submit, each answer
+    asked of the real tiny model through a gateway that takes `vllm_xargs`; the diff is the fix, the grader
+    scores it 1, and the trajectory holds the answers as the model's own token ids."""
+    from agentstream.recipes.swe.expert import answers, write_demonstrations
+    from agentstream.recipes.swe.workspace import write_index
+
+    repos = tmp_path / "repos"
+    commit = make_repo(repos)
+    instance = calc_instance(commit, "add(1, 2) == 3")
+    (instances := tmp_path / "instances.jsonl").write_text(instance.model_dump_json() + "\n")
+    demonstrations = tmp_path / "demonstrations.jsonl"
+    assert write_demonstrations([instance], repos, demonstrations) == (1, {})
+    (config := tmp_path / "short.yaml").write_text(SHORT_CONFIG)
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "calc-1", "input": TaskInput.of(instance).model_dump(exclude_none=True)}) + "\n")
+    env = {"AGENTSTREAM_SWE_REPOS": str(repos), "AGENTSTREAM_SWE_INDEX": str(write_index([instance], tmp_path / "i")),
+           "AGENTSTREAM_SWE_DEMONSTRATIONS": str(demonstrations), "AGENTSTREAM_SWE_CONFIG": str(config),
+           "AGENTSTREAM_SWE_MAX_TOKENS": "400", "AGENTSTREAM_SWE_WORKSPACE": str(tmp_path / "ws")}
+    worker = StreamsWorker(kafka, tmp_path / "streams", tmp_path / "streams.log", args=("--reward-grace-s", "120")).start()
+    grader = grader_process(kafka, instances, repos, tmp_path / "envs", tmp_path / "grader.log")
+    try:
+        async with running_gateway(gateway_settings(kafka, [f"tiny={vllm_server.url}"], refused_fields=[])) as gw:
+            controller = run_controller(kafka, gw.url, tasks, tmp_path / "runs", env)
+            async with TopicWatch(kafka, "rollouts", "trajectories") as watch:
+                events = await watch.until(lambda es: any(isinstance(e, TrajectoryEvent) for e in es), timeout=300,
+                                           what="the demonstration's graded trajectory")
+            assert await await_exit(controller, 60) == 0, tail(tmp_path / "runs" / "controller.log")
+    finally:
+        worker.stop()
+        stop_pid(grader.pid, grace=10)
+
+    [diff] = [e for e in events if isinstance(e, RolloutDiffEvent)]
+    assert diff.data.outcome == "submitted" and "-    return a - b\n+    return a + b" in diff.data.diff
+    [trajectory] = [e for e in events if isinstance(e, TrajectoryEvent)]
+    assert trajectory.data.reward == 1.0 and len(trajectory.data.turns) == 3
+    expert = answers(instance, repos)
+    for turn, answer in zip(trajectory.data.turns, expert, strict=True):
+        assert turn.completion_token_ids == [*tokenizer.encode(answer, add_special_tokens=False),
+                                             tokenizer.eos_token_id]

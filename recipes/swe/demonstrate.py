@@ -1,0 +1,97 @@
+"""`agentstream tasks swe demonstrate`: the expert's answers to the train tasks, recorded through the loop.
+
+For each train task whose fix is one line (`recipes.swe.expert`), one attempt runs exactly as a probe's
+(`recipes.swe.probe`: local stack, gateway, mini-swe-agent, sandbox, grader, streams worker), except that the
+served model is made to answer the expert's answers (`AGENTSTREAM_SWE_DEMONSTRATIONS`), so the gateway of
+this run takes `vllm_xargs` (every other gateway refuses it). Each attempt is graded like any other: a
+demonstration whose diff does not pass the hidden tests gets its 0 and is not imitated.
+
+The trajectories are the run's topic `<run folder name>.trajectories`; the SFT warm start learns from the
+graded ones: `agentstream train --offline-topic … --loss sft --sft-min-reward 1` (the command is printed).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+from rich.console import Console
+
+from agentstream.demo.loop import Stack
+from agentstream.demo.progress import Progress
+from agentstream.demo.run import run_folder, run_to_summary
+from agentstream.gateway.settings import GatewaySettings
+from agentstream.recipes.swe.expert import write_demonstrations
+from agentstream.recipes.swe.probe import Probe, ProbeConfig
+from agentstream.recipes.swe.recipe import Harness, RecipeLoop
+from agentstream.recipes.swe.repos import default_repos_dir
+from agentstream.recipes.swe.task_files import read_instances, write_task_files
+from agentstream.stack import StackError
+
+FORCING_FIELD = "vllm_xargs"
+
+
+class DemonstrateConfig(ProbeConfig):
+    k: int = 1
+    """one attempt per task: the answers are the same every time"""
+    out: Path = Field(default_factory=lambda: run_folder("demonstrate-swe"))
+    vllm_name: str = "demonstrate-swe"
+
+
+class Demonstrate(Probe):
+    starting = "Starting the local stack to record the expert's demonstrations…"
+
+    config: DemonstrateConfig
+
+    def task_files(self) -> tuple[Path, Path, Path]:
+        """The demonstrable train tasks only (one-line fixes), and the expert's answers for each."""
+        if self.config.instances_file is None:
+            raise StackError("give the task file to demonstrate (--tasks, e.g. from `tasks swe build`)")
+        instances = read_instances(self.config.instances_file)
+        self.demonstrations = self.out / "demonstrations.jsonl"
+        self.out.mkdir(parents=True, exist_ok=True)
+        written, skipped = write_demonstrations(instances, default_repos_dir(), self.demonstrations)
+        if not written:
+            raise StackError(f"no task of {self.config.instances_file} can be demonstrated: "
+                             f"{'; '.join(sorted(set(skipped.values()))[:3])}")
+        self.instances = [i for i in instances if i.instance_id not in skipped]
+        self.say(f"{written} train tasks demonstrated ({len(skipped)} not: validation tasks and fixes of more than "
+                 f"one line); answers in {self.demonstrations}")
+        return write_task_files(self.instances, self.out / "tasks")
+
+    def harness(self, stack: Stack) -> Harness:
+        return super().harness(stack).model_copy(update={"demonstrations": self.demonstrations})
+
+    def loop(self, stack: Stack) -> RecipeLoop:
+        loop = super().loop(stack)
+        refused = [name for name in default_refused_fields() if name != FORCING_FIELD]
+        return loop.model_copy(update={"gateway": loop.gateway.model_copy(update={"refused_fields": refused})})
+
+    def summary(self, console: Console, elapsed_s: float) -> dict[str, Any]:
+        result = self.measures(elapsed_s)
+        topic = f"{self.out.name}.trajectories"
+        result.update(demonstrations=str(self.demonstrations), topic=topic)
+        (self.out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+        rewarded = round((result["pass_at_1"] or 0.0) * result["attempts"])
+        console.print(f"{rewarded} of {result['attempts']} demonstrations passed the hidden tests (ends: "
+                      f"{result['end_reasons']}); their trajectories are in {topic}. Warm-start from them:\n"
+                      f"  agentstream train --offline-topic {topic} --loss sft --sft-min-reward 1 --group-size 1 "
+                      f"--min-group-size 1 --base-model {self.stack.model_dir} --model {self.config.model} "
+                      "--checkpoint-dir runs/sft")
+        return result
+
+
+def default_refused_fields() -> list[str]:
+    default: list[str] = GatewaySettings.model_fields["refused_fields"].get_default(call_default_factory=True)
+    return default
+
+
+def run_demonstrate(config: DemonstrateConfig, console: Console | None = None) -> dict[str, Any]:
+    demonstrate = Demonstrate(config, console or Console())
+
+    def summarize(_progress: Progress, _config: ProbeConfig, console: Console, elapsed_s: float) -> dict[str, Any]:
+        return demonstrate.summary(console, elapsed_s)
+
+    return run_to_summary(demonstrate, summarize)
