@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from agentstream.cli.options import ModelName, TopicPrefix, kafka_settings
+from agentstream.cli.options import ModelName, StartingWeights, TopicPrefix, kafka_settings
 from agentstream.cli.output import console, fail, say
 
 Concurrency = Annotated[int, typer.Option(help="agents running at once")]
@@ -103,6 +103,7 @@ def recipe_swe(
                                                                 "model's")] = None,
     out: Annotated[Path | None, typer.Option(help="output folder (default: runs/recipe-swe-TIME)")] = None,
     keep_stack: KeepStack = False,
+    base_model: StartingWeights = None,
 ) -> None:
     """The coding-agent loop here: tasks → mini-swe-agent in sandboxes through the gateway → grading →
     trajectories → trainer → swap → eval; train reward and validation pass rate per version, and a plot.
@@ -115,7 +116,7 @@ def recipe_swe(
                           group_size=group_size, groups_per_batch=groups_per_batch, eval_samples=eval_samples,
                           lr=lr, lora_rank=lora_rank, step_limit=step_limit, max_tokens=max_tokens,
                           max_seq_len=max_seq_len, concurrency=concurrency, attempt_timeout_s=attempt_timeout_s,
-                          keep_stack=keep_stack)
+                          keep_stack=keep_stack, base_model=base_model)
     if out is not None:
         config.out = out
     result = run_recipe(config, console)

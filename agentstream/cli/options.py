@@ -55,6 +55,9 @@ ReadFrom = Annotated[str, typer.Option(
 ArchiveDir = Annotated[Path, typer.Option("--archive", envvar="AGENTSTREAM_ARCHIVE",
                                           help="the Parquet archive's folder (agentstream archive)")]
 ModelName = Annotated[str, typer.Option(help="the served model name")]
+StartingWeights = Annotated[Path | None, typer.Option(
+    "--base-model", help="a model folder to serve and start from instead of --model's (e.g. an SFT checkpoint); "
+                         "--model still names it and sets the defaults")]
 
 
 def kafka_settings(topic_prefix: str) -> KafkaSettings:

@@ -7,12 +7,11 @@ from typing import Annotated
 
 import typer
 
+from agentstream.cli.options import StartingWeights
 from agentstream.cli.output import console, fail
 from agentstream.recipes.swe.mutate import EASY_KINDS, KINDS
 
 ReposDir = Annotated[Path | None, typer.Option(help="task repositories (default: AGENTSTREAM_HOME/swe/repos)")]
-BaseModelOption = Annotated[Path | None, typer.Option(help="a model folder to serve instead of --model's (e.g. an "
-                                                          "SFT checkpoint); --model still sets the defaults")]
 SITES = ("file", "function")
 """what no validation and training bug may share"""
 
@@ -79,7 +78,7 @@ def swe_probe(
     split: Annotated[str, typer.Option(help="train: probe the train tasks and write --out; validation: measure "
                                             "a model on the validation tasks (pass@1 with its 95 % interval)")]
         = "train",
-    base_model: BaseModelOption = None,
+    base_model: StartingWeights = None,
 ) -> None:
     """Run the starting model k times on each train task (local stack, mini-swe-agent, grader: attempts in the
     log like any rollout) and write the tasks with each one's probe pass rate, for `recipe swe --probed`."""
@@ -108,7 +107,7 @@ def swe_demonstrate(
     run_dir: Annotated[Path | None, typer.Option(help="run folder (default: runs/demonstrate-swe-TIME); its "
                                                       "name is the topic prefix")] = None,
     keep_stack: Annotated[bool, typer.Option(help="leave Kafka and vLLM running afterwards")] = False,
-    base_model: BaseModelOption = None,
+    base_model: StartingWeights = None,
 ) -> None:
     """Record an expert's answers to the train tasks through the whole loop (the served model made to answer
     them, graded like any attempt): the trajectories an SFT warm start learns from (recipes/swe/expert.py)."""
