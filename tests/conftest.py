@@ -182,11 +182,11 @@ class ServerStarts:
         reuse = os.environ.get("AGENTSTREAM_TEST_HARNESS_SERVER")
         server = LocalVLLM(name=reuse or f"pytest-harness-{os.getpid()}")
         extra = ["--max-model-len", str(HARNESS_CONTEXT),
-                 "--hf-overrides", json.dumps({"max_position_embeddings": HARNESS_CONTEXT}),
-                 "--logits-processors", "tests.support.scripted_turns:ScriptedTurns"]
+                 "--hf-overrides", json.dumps({"max_position_embeddings": HARNESS_CONTEXT})]
         if not reuse:
             self.servers.append(server)
-        state = server.start(model_dir, served_name="tiny", timeout=600, extra_args=extra, say=log.info)
+        state = server.start(model_dir, served_name="tiny", timeout=600, extra_args=extra, say=log.info,
+                             logits_processors=("tests.support.scripted_turns:ScriptedTurns",))
         _warm_up(state.url)
         return VLLMServer(url=state.url, model="tiny", model_dir=model_dir, other_checkpoint=None)
 

@@ -135,12 +135,13 @@ class LocalVLLM:
     def start(
         self, model: Path, served_name: str = "tiny", port: int | None = None, timeout: float = 300.0,
         extra_args: list[str] | None = None, say: Callable[[str], None] = print, tool_parser: str | None = TOOL_CALL_PARSER,
-        max_model_len: int | None = None,
+        max_model_len: int | None = None, logits_processors: tuple[str, ...] = (),
     ) -> ServerState:
         """Start the server and wait for /health. `tool_parser` names the vLLM tool parser that turns the
         model's text into tool calls (None: serve without tools; a request with tools is then a 400).
         `max_model_len`: the context served (prompt + answer); default: the model folder's
-        (`served_context`)."""
+        (`served_context`). `logits_processors`: more vLLM logits processors to load ('module:Class', importable
+        from the server's working directory), besides the forced answer every server loads."""
         running = self.serving(say)
         if running:
             return running
@@ -153,7 +154,7 @@ class LocalVLLM:
         port = port or free_port()
         max_model_len = max_model_len or served_context(model)
         self.log.unlink(missing_ok=True)
-        cmd = [str(python), *server_args(model, served_name, port, max_model_len),
+        cmd = [str(python), *server_args(model, served_name, port, max_model_len, logits_processors),
                *_tool_args(model, tool_parser, say), *(extra_args or [])]
         proc = spawn(cmd, self.log, env=server_env(model, max_model_len))
         url = f"http://127.0.0.1:{port}"
@@ -221,7 +222,8 @@ def tensor_names(model: Path) -> set[str]:
     return names
 
 
-def server_args(model: Path, served_name: str, port: int, max_model_len: int) -> list[str]:
+def server_args(model: Path, served_name: str, port: int, max_model_len: int,
+                logits_processors: tuple[str, ...] = ()) -> list[str]:
     """vLLM's OpenAI server on 127.0.0.1:`port`, serving `model` as `served_name` on the CPU."""
     return [
         "-m", "vllm.entrypoints.openai.api_server",
@@ -233,8 +235,9 @@ def server_args(model: Path, served_name: str, port: int, max_model_len: int) ->
         # skips torch.compile: starts in half the time, and the tiny model does not need it
         "--enforce-eager",
         "--disable-uvicorn-access-log",
-        # inert unless a request asks for it: `vllm_plugin/agentstream_forced_answer.py`
-        "--logits-processors", FORCED_ANSWER_PROCESSOR,
+        # inert unless a request asks for it: `vllm_plugin/agentstream_forced_answer.py` (one flag for all: a
+        # second `--logits-processors` would replace the first)
+        "--logits-processors", FORCED_ANSWER_PROCESSOR, *logits_processors,
         *serving_overrides(model),
     ]
 
