@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
+from rich.console import Console
 
 from agentstream.cli.options import StartingWeights
 from agentstream.cli.output import console, fail
 from agentstream.recipes.swe.mutate import EASY_KINDS, KINDS
 
 ReposDir = Annotated[Path | None, typer.Option(help="task repositories (default: AGENTSTREAM_HOME/swe/repos)")]
+if TYPE_CHECKING:
+    from agentstream.demo.run import StackConfig
+
+Config = TypeVar("Config", bound="StackConfig")
 SITES = ("file", "function")
 """what no validation and training bug may share"""
 
@@ -90,12 +96,7 @@ def swe_probe(
                          validation_tasks=validation_tasks, step_limit=step_limit, max_tokens=max_tokens,
                          concurrency=concurrency, attempt_timeout_s=attempt_timeout_s, keep_stack=keep_stack,
                          split=split, base_model=base_model)
-    if run_dir is not None:
-        config.out = run_dir
-    try:
-        run_probe(config, console)
-    except (RuntimeError, TimeoutError) as exc:
-        fail(str(exc))
+    run_in(run_dir, config, run_probe)
 
 
 def swe_demonstrate(
@@ -115,10 +116,15 @@ def swe_demonstrate(
 
     config = DemonstrateConfig(model=model, instances_file=tasks, concurrency=concurrency, keep_stack=keep_stack,
                                base_model=base_model)
+    run_in(run_dir, config, run_demonstrate)
+
+
+def run_in(run_dir: Path | None, config: Config, run: Callable[[Config, Console], object]) -> None:
+    """A run of the local stack in `run_dir` (default: the config's own), its failure said as the CLI's error."""
     if run_dir is not None:
         config.out = run_dir
     try:
-        run_demonstrate(config, console)
+        run(config, console)
     except (RuntimeError, TimeoutError) as exc:
         fail(str(exc))
 
