@@ -82,7 +82,7 @@ def hf_greedy(folder, prompt: list[int], tokens: int = 8) -> list[int]:
 @pytest.mark.parametrize("lora_rank, lr", [(0, 1e-4), (8, 2e-3)], ids=["full", "lora"])
 def test_a_grpo_step_trains_and_the_server_serves_it(smollm2_server, fixed_batch, tmp_path, lora_rank, lr):
     # float32 as the batch's logprobs were computed (and as vLLM serves): `kl` below measures the step's
-    # drift from them, and --dtype auto's bfloat16 (chosen on CPUs with AVX512-BF16) alone differs by ~4e-3
+    # drift from them, and --dtype auto's bfloat16 (chosen on CPUs with AMX) alone differs by ~4e-3
     settings = TrainerSettings(model="smollm2", lr=lr, group_size=4, seed=0, lora_rank=lora_rank,
                                micro_batch_tokens=96, dtype="float32")
     torch.manual_seed(0)

@@ -62,7 +62,7 @@ def test_grpo_step_raises_the_logprob_of_the_rewarded_completion(tiny_model_dirs
     assert metrics["reward_mean"] == pytest.approx(0.5)
     # on-policy logprobs: the first ratio is 1 up to rounding, nothing clipped. The batch's logprobs were
     # computed a row at a time in float32, the update's in the compute dtype (bfloat16 where the CPU has
-    # AVX512-BF16 or AMX) on the padded batch, so the kl is that dtype's rounding, which varies with the CPU's
+    # AMX) on the padded batch, so the kl is that dtype's rounding, which varies with the CPU's
     # kernels (a few 1e-5 to a few 1e-4 with bfloat16): no fixed bound holds, the same pass gives it exactly.
     # The tolerance covers verl's summation order only (a float32 mean of 72 values under 1e-2).
     assert metrics["kl"] == pytest.approx(expected_kl, abs=1e-7) and metrics["clipfrac"] == 0
@@ -108,7 +108,7 @@ def test_other_estimators_and_losses_by_name(tiny_model_dirs, fixed_batch):
 @pytest.mark.slow  # optimizer steps of the tiny model on CPU
 def test_mini_and_micro_batches_add_up(tiny_model_dirs, fixed_batch):
     """Gradient accumulation over micro-batches gives the whole-batch gradient (same update). In float32:
-    bfloat16 (--dtype auto on CPUs with AVX512-BF16) rounds each micro-batch's sums differently."""
+    bfloat16 (--dtype bfloat16, or auto on CPUs with AMX) rounds each micro-batch's sums differently."""
     _, m_whole, _, after_whole = one_step(tiny_model_dirs[0], fixed_batch, dtype="float32")
     _, m_acc, _, after_acc = one_step(tiny_model_dirs[0], fixed_batch, micro_batch_size=5, dtype="float32")
     assert m_acc["loss"] == pytest.approx(m_whole["loss"], abs=LOSS_ATOL)

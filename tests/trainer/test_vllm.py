@@ -43,7 +43,7 @@ async def test_vllm_samples_train_and_the_checkpoint_serves(kafka, vllm_server, 
     _, drift = first_pass_drift(Policy.load(vllm_server.model_dir, settings), samples_of(events))
     (event,) = await Trainer(settings).run()
     # the first ratio new/old policy is 1 up to rounding: vLLM's logprobs and the trainer's pass (bfloat16 on
-    # CPUs with AVX512-BF16 or AMX) differ by their dtypes' rounding, which varies with the CPU's kernels; the
+    # CPUs with AMX) differ by their dtypes' rounding, which varies with the CPU's kernels; the
     # signed mean verl reports is at most the mean size of that difference, computed here by the same pass
     # (10 % over it: the trainer may batch the rows in another order, which can round a row otherwise)
     assert abs(event.data.metrics["kl"]) <= 1.1 * drift, "the first ratio new/old policy should be 1"
