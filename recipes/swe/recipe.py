@@ -8,7 +8,8 @@ in → `agentstream eval --follow` measures each version on the validation split
 own process, started as on a cluster (the demo's process helpers).
 
 On two CPU cores a small model will rarely fix a bug (SmolLM2-135M never follows the harness's format;
-Qwen2.5-Coder-0.5B follows it, and fixed none of the probed tasks here): the numbers shown (train reward
+Qwen2.5-Coder-0.5B follows it, and fixed none of the probed tasks here until warm-started on an expert's
+demonstrations, `recipes.swe.demonstrate`, and given as `--base-model`): the numbers shown (train reward
 and validation pass rate per version) are what happened, not a curve to admire. `--probed` trains on
 the tasks a probe (`recipes.swe.probe`) found the model solving sometimes. The same run on GPUs is
 docs/recipes/swe.md.
