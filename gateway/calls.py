@@ -49,6 +49,7 @@ REFUSED_BECAUSE = {
                   "agent chose as the model's answer; only a gateway recording demonstrations takes it",
 }
 """why a field is refused by default, said in its 400"""
+
 # the upstream never took the request
 _REFUSED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 # the connection closed under the request: a kept-alive one the server had just dropped, or a server that died

@@ -24,8 +24,9 @@ Settings (environment, `recipes.swe.settings`): AGENTSTREAM_SWE_CONFIG (a mini-s
 recipes/swe/mini.yaml), AGENTSTREAM_SWE_STEP_LIMIT, AGENTSTREAM_SWE_MAX_TOKENS, AGENTSTREAM_SWE_TEMPERATURE,
 AGENTSTREAM_SWE_COMMAND_TIMEOUT_S, AGENTSTREAM_SWE_ATTEMPT_TIMEOUT_S, AGENTSTREAM_SWE_SCRIPT (a JSON list of
 commands: run them instead of asking a model, for baselines), AGENTSTREAM_SWE_DEMONSTRATIONS (a demonstrations
-file: the model is made to answer the task's expert answers, `recipes.swe.demonstrate`), AGENTSTREAM_SWE_MODEL_KWARGS (JSON added to
-litellm's arguments, e.g. stop words), AGENTSTREAM_SWE_REPOS (where task repositories are),
+file: the model is made to give the task's expert answers, `recipes.swe.demonstrate`),
+AGENTSTREAM_SWE_MODEL_KWARGS (JSON added to litellm's arguments, e.g. stop words), AGENTSTREAM_SWE_REPOS (where
+task repositories are),
 AGENTSTREAM_SWE_ENVS (their test environments), AGENTSTREAM_SWE_INDEX (the public index, for a task input
 without its repository), AGENTSTREAM_SWE_WORKSPACE (parent of workspaces; default a temp folder).
 """
