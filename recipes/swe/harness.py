@@ -26,9 +26,8 @@ AGENTSTREAM_SWE_COMMAND_TIMEOUT_S, AGENTSTREAM_SWE_ATTEMPT_TIMEOUT_S, AGENTSTREA
 commands: run them instead of asking a model, for baselines), AGENTSTREAM_SWE_DEMONSTRATIONS (a demonstrations
 file: the model is made to give the task's expert answers, `recipes.swe.demonstrate`),
 AGENTSTREAM_SWE_MODEL_KWARGS (JSON added to litellm's arguments, e.g. stop words), AGENTSTREAM_SWE_REPOS (where
-task repositories are),
-AGENTSTREAM_SWE_ENVS (their test environments), AGENTSTREAM_SWE_INDEX (the public index, for a task input
-without its repository), AGENTSTREAM_SWE_WORKSPACE (parent of workspaces; default a temp folder).
+task repositories are), AGENTSTREAM_SWE_ENVS (their test environments), AGENTSTREAM_SWE_INDEX (the public index,
+for a task input without its repository), AGENTSTREAM_SWE_WORKSPACE (parent of workspaces; default a temp folder).
 """
 
 from __future__ import annotations
