@@ -17,6 +17,7 @@ would bias the number the recipe reports: `--split validation` measures a model 
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from collections import Counter
 from pathlib import Path
@@ -105,14 +106,13 @@ class Probe(Recipe):
             low, high = result["pass_at_1_interval_95"] or (0.0, 0.0)
             console.print(f"Measured {data.tasks} validation tasks × {config.k} with {config.model}: pass@1 "
                           f"{data.pass_at_1:.3f} [95 %: {low:.2f}, {high:.2f}], solved at least once {data.solved_tasks}; "
-                          f"{result['seconds_per_attempt']} s per attempt at concurrency {config.concurrency}")
+                          f"{_pace(result)}")
         else:
             selection = self.write_probed()
             result.update(mixed=selection.mixed, never=selection.never, always=selection.always,
                           probed_file=str(config.probed_out))
             console.print(f"Probed {data.tasks} train tasks × {config.k} with {config.model}: solved at least once "
-                          f"{data.solved_tasks}; {selection.summary()}; {result['seconds_per_attempt']} s per attempt "
-                          f"at concurrency {config.concurrency}; wrote {config.probed_out}")
+                          f"{data.solved_tasks}; {selection.summary()}; {_pace(result)}; wrote {config.probed_out}")
         (self.out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
         return result
 
@@ -123,13 +123,17 @@ class Probe(Recipe):
         generated = sum(len(turn.completion_token_ids) for t in trajectories for turn in t.data.turns)
         prompts = sum(len(turn.prompt_token_ids) for t in trajectories for turn in t.data.turns)
         ends = Counter(t.data.end_reason or t.data.status for t in trajectories)
+        durations = [t.data.duration_ms for t in trajectories if t.data.duration_ms is not None]
         seconds = self.result["seconds"]
         return {"model": config.model, "base_model": str(config.base_model or ""), "split": config.split,
                 "k": config.k, "tasks": data.tasks, "attempts": data.samples,
                 "solved_at_least_once": data.solved_tasks, "pass_at_1": data.pass_at_1,
                 "pass_at_1_interval_95": pass_at_1_interval(data.per_task, data.threshold),
                 "unscored": data.unscored, "end_reasons": dict(ends.most_common()), "probe_s": round(seconds, 1),
+                # the wall time's share of one attempt slot (a long last attempt inflates it), and how long
+                # the middle attempt took
                 "seconds_per_attempt": round(seconds * config.concurrency / max(data.samples, 1), 1),
+                "median_attempt_s": round(statistics.median(durations) / 1000, 1) if durations else None,
                 "concurrency": config.concurrency, "generated_tokens": generated, "prompt_tokens": prompts,
                 "generated_tokens_per_s": round(generated / max(seconds, 1e-9), 2), "wall_time_s": round(elapsed_s, 1)}
 
@@ -146,6 +150,11 @@ class Probe(Recipe):
                                   "version": data.weight_version, "run_id": data.run_id}
         write(self.instances, config.probed_out)
         return select_train(self.instances, config.unsolved_share)
+
+
+def _pace(result: dict[str, Any]) -> str:
+    return (f"{result['seconds_per_attempt']} s of wall time per attempt at concurrency {result['concurrency']}, "
+            f"median attempt {result['median_attempt_s']} s")
 
 
 def run_probe(config: ProbeConfig, console: Console | None = None) -> dict[str, Any]:
