@@ -79,9 +79,15 @@ def _socket() -> socket.socket:
         with theirs:
             warden = subprocess.Popen([sys.executable, "-m", "agentstream.sandbox.warden", str(os.getpid()),
                                        str(theirs.fileno())], pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.DEVNULL, cwd="/", start_new_session=True)
+                                      stdout=subprocess.DEVNULL, cwd="/", start_new_session=True, env=_warden_env())
         _link = (os.getpid(), ours, warden)
     return _link[1]
+
+
+def _warden_env() -> dict[str, str]:
+    """Nothing of the host process's environment but what starts Python: not its credentials, and not the
+    attempt id the controller finds an interrupted attempt's processes by (the warden must outlive those)."""
+    return {name: os.environ[name] for name in ("PATH", "PYTHONPATH", "LANG") if name in os.environ}
 
 
 # --- the warden's side ---------------------------------------------------------------------------
