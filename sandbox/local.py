@@ -307,8 +307,7 @@ class LocalSandbox:
                 await_no_processes(self.uid)
         finally:
             if process.returncode is None:  # interrupted (a signal's exception in this thread): end the command
-                process.kill()
-                process.wait()
+                self._end(process)
             with self._lock:
                 self._running.discard(process)
             with os.fdopen(status_read, "rb") as status_file:
@@ -329,6 +328,15 @@ class LocalSandbox:
                                  f"{self.spec.limits.memory_bytes} bytes of memory ran out]", duration, "memory")
         reported = limit_of(exit_code, output.tail_text()) or ("processes" if forks_refused and exit_code else None)
         return CommandResult(command, exit_code, text, duration, reported)
+
+    def _end(self, process: subprocess.Popen[bytes]) -> None:
+        """Kill a command and, unless another runs beside it, whatever of the sandbox is left."""
+        process.kill()
+        process.wait()
+        with self._lock:
+            alone = self._running == {process}
+        if self._cgroup is not None and alone:
+            self._cgroup.kill_all()
 
     def _cgroup_counters(self) -> tuple[int, int]:
         return (self._cgroup.oom_kills(), self._cgroup.fork_refusals()) if self._cgroup else (0, 0)
