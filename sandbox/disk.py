@@ -9,8 +9,9 @@ Why not a tmpfs: its pages are memory (charged to the sandbox's memory cgroup), 
 the processes' memory would share one budget, and a repository's worth of files would sit in RAM.
 
 The image is attached with LOOP_CONFIGURE and LO_FLAGS_AUTOCLEAR and unlinked at once: the loop device
-detaches itself when its filesystem is unmounted (the sandbox's mount namespace ends), and the image's
-blocks go back to the host with it, also when the host process dies.
+detaches itself when its filesystem's last mount goes (the one over the workspace, taken off by `close` or,
+if the host process died, by its warden, `sandbox.warden`; and the sandbox's mount namespace), and the
+image's blocks go back to the host with it.
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ One `LocalSandbox` per attempt (it must be created by root):
      (`sandbox.hostfs`: no link followed, no recursion, no more than the disk's blocks and inodes),
      unmounts the disk (its loop device and image go with it), drops the namespaces, removes the cgroup
      and frees the uid, whatever fails on the way.
-Where the host has no loop devices or cgroups, it says so once in the log and falls back: the
+If the process holding it dies instead (kill -9, SIGTERM), its warden (`sandbox.warden`, one per process)
+does step 6 for it. Where the host has no loop devices or cgroups, it says so once in the log and falls back: the
 workspace is bound directly (chowned to the uid and back), the rlimits alone bound the commands.
 """
 
