@@ -30,12 +30,12 @@ lease nobody holds are removed at every sandbox's start (`local._remove_stale_cg
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
 import select
 import socket
-import subprocess
 import sys
 import threading
 from collections.abc import Sequence
@@ -50,8 +50,8 @@ MAX_FDS = 8
 # --- the host process's side ----------------------------------------------------------------------
 
 _lock = threading.Lock()
-_link: tuple[int, socket.socket, subprocess.Popen[bytes]] | None = None
-"""(the pid that started the warden, our end of its socket, the warden): a forked child starts its own"""
+_link: tuple[int, socket.socket] | None = None
+"""(the pid that started the warden, our end of its socket): a forked child starts its own"""
 _ids = iter(range(1, 1 << 62))
 
 
@@ -64,24 +64,46 @@ def tell(message: dict[str, Any], fds: Sequence[int] = ()) -> None:
     """Send the warden `message` (and copies of `fds`), starting it first if this process has none. If it
     cannot be reached, the sandbox still works and closes; only a death of this process would then leave
     the disk to the next sandbox on the folder (logged)."""
+    global _link
     try:
         with _lock:
             socket.send_fds(_socket(), [json.dumps(message).encode()], list(fds))
     except OSError as error:
+        if _link is not None:
+            _link[1].close()
+        _link = None  # the next sandbox starts a new warden
         log.warning("sandbox: the warden did not take %s (%s); if this process dies, the next sandbox on the "
                     "workspace cleans up after it", message.get("op"), error)
 
 
 def _socket() -> socket.socket:
     global _link
-    if _link is None or _link[0] != os.getpid() or _link[2].poll() is not None:
+    if _link is None or _link[0] != os.getpid():
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
-            warden = subprocess.Popen([sys.executable, "-m", "agentstream.sandbox.warden", str(os.getpid()),
-                                       str(theirs.fileno())], pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.DEVNULL, cwd="/", start_new_session=True, env=_warden_env())
-        _link = (os.getpid(), ours, warden)
+            _spawn(theirs.fileno())
+        atexit.register(_close)
+        _link = (os.getpid(), ours)
     return _link[1]
+
+
+def _spawn(channel: int) -> None:
+    """The warden, in a session of its own; not a Popen: it outlives us by design (no reaping, no warning).
+    `-P`: nothing of the current folder is importable in it."""
+    os.set_inheritable(channel, True)
+    try:
+        os.posix_spawn(sys.executable, [sys.executable, "-P", "-m", "agentstream.sandbox.warden", str(os.getpid()),
+                                        str(channel)], _warden_env(), setsid=True,
+                       file_actions=[(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+                                     (os.POSIX_SPAWN_OPEN, 1, "/dev/null", os.O_WRONLY, 0)])
+    finally:
+        os.set_inheritable(channel, False)
+
+
+def _close() -> None:
+    """At exit: the warden reads the end of the socket as our death (and cleans up what is still open)."""
+    if _link is not None and _link[0] == os.getpid():
+        _link[1].close()
 
 
 def _warden_env() -> dict[str, str]:

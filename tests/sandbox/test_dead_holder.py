@@ -25,17 +25,25 @@ from tests.support.wait import wait_for
 REPO = Path(__file__).parents[2]
 
 HOLDER = """
-import json, sys, threading
+import json, os, sys, threading
 from pathlib import Path
-from agentstream.sandbox import warden
 from agentstream.sandbox.contract import SandboxSpec
 from agentstream.sandbox.local import LocalSandbox
+def warden_pid():  # our child running the warden
+    for entry in os.scandir("/proc"):
+        try:
+            ppid = int(open(f"/proc/{entry.name}/stat").read().rsplit(") ", 1)[1].split()[1])
+            command = open(f"/proc/{entry.name}/cmdline", "rb").read()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == os.getpid() and b"agentstream.sandbox.warden" in command:
+            return int(entry.name)
 boxes = [LocalSandbox(SandboxSpec(Path(folder))) for folder in sys.argv[1:]]
 for box in boxes:
     assert box.run("echo dead-write > dead.txt").ok
 for box in boxes[:-1]:
     threading.Thread(target=box.run, args=("sleep 300",), daemon=True).start()
-print(json.dumps({"uids": [box.uid for box in boxes], "warden": warden._link[2].pid}), flush=True)
+print(json.dumps({"uids": [box.uid for box in boxes], "warden": warden_pid()}), flush=True)
 boxes[-1].run("sleep 300")
 """
 
