@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("agentstream.sandbox.warden")  # also when run as __main__
 
 MESSAGE_BYTES = 64 * 1024
 MAX_FDS = 8
@@ -170,7 +170,10 @@ def serve(holder: int, channel: socket.socket) -> None:
     while _receive(channel, held):  # what it told just before it died
         pass
     for sandbox in held.values():
-        problems = clean(sandbox)
+        try:
+            problems = clean(sandbox)
+        except Exception as error:  # the next one is still cleaned; the next sandbox on this folder finishes it
+            problems = [repr(error)]
         log.warning("sandbox warden: the host process %d died with a sandbox open on %s; cleaned up%s", holder,
                     sandbox.workspace, f" with problems: {'; '.join(problems[:5])}" if problems else "")
 
