@@ -158,8 +158,11 @@ def clean(held: Held) -> list[str]:
 def serve(holder: int, channel: socket.socket) -> None:
     """Keep what the host process's sandboxes tell; when it dies, clean up what it left open."""
     held: dict[int, Held] = {}
-    watch = os.pidfd_open(holder)
-    if os.getppid() != holder:  # it died before we watched it
+    try:
+        watch = os.pidfd_open(holder)
+    except ProcessLookupError:  # it died before this process got here: what it told is in the socket still
+        watch = -1
+    if watch >= 0 and os.getppid() != holder:  # it died, and the pid is another process's by now
         os.close(watch)
         watch = -1
     while watch >= 0:

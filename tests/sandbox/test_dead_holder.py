@@ -150,3 +150,24 @@ def test_one_sandbox_per_workspace_a_second_waits_and_is_refused_with_the_reason
         with pytest.raises(SandboxError, match="in use by another sandbox"):
             claim_workspace(workspace, wait_s=0.2)
     os.close(claim_workspace(workspace, wait_s=0))  # free once the first is closed
+
+
+@pytest.mark.slow  # sandboxes opened and killed: seconds
+def test_a_holder_killed_the_moment_it_wrote_is_cleaned_up_by_a_warden_still_starting(tmp_path: Path):
+    """The warden may not yet watch its host when it dies (Python takes a while to start on a loaded machine):
+    what the sandbox told it waits in the socket, its descriptors (and so its locks) with it."""
+    workspaces = folders(tmp_path, 3)
+    for folder in workspaces:
+        subprocess.run([sys.executable, "-c", f"""
+import os, signal
+from pathlib import Path
+from agentstream.sandbox.contract import SandboxSpec
+from agentstream.sandbox.local import LocalSandbox
+box = LocalSandbox(SandboxSpec(Path({str(folder)!r})))
+assert box.run("echo early > early.txt").ok
+os.kill(os.getpid(), signal.SIGKILL)
+"""], cwd=REPO, check=False)
+    for folder in workspaces:
+        with LocalSandbox(SandboxSpec(folder)) as box:
+            assert box.run("cat early.txt").output == "early\n", "the dead sandbox's write is kept"
+        assert not mounted(folder)
