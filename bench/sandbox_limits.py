@@ -18,7 +18,6 @@ Measured, the two interleaved so both see the same machine load (medians):
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import tempfile
 import time
@@ -26,7 +25,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from agentstream.sandbox import cgroups, disk
+from agentstream.sandbox import cgroups, disk, hostfs
 from agentstream.sandbox.contract import Limits, SandboxSpec
 from agentstream.sandbox.local import LocalSandbox
 from bench.report import Report
@@ -122,7 +121,7 @@ def main() -> None:
                                      "base_big_s": base_big, "bounded_big_s": meas_big,
                                      "base_close_s": base_close, "bounded_close_s": meas_close}
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        hostfs.remove_tree(root)
     report.print("ratio vs. the same sandbox without cgroup and disk (rlimits only, the workspace bound directly)")
 
 

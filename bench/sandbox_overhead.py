@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import http.server
-import shutil
 import statistics
 import subprocess
 import tempfile
@@ -26,6 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from agentstream.sandbox import hostfs
 from agentstream.sandbox.contract import Limits, Network, SandboxSpec
 from agentstream.sandbox.local import LocalSandbox
 from agentstream.stack.process import free_port
@@ -146,7 +146,7 @@ def main() -> None:
         finally:
             server.close()
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        hostfs.remove_tree(root)
     report.print("ratio vs. the same thing as a bare subprocess (per command, start-up) or on the host (HTTP)")
 
 

@@ -50,11 +50,18 @@ class LocalRun:
     async def stop(self) -> None:
         _signal_group(self.pgid, signal.SIGTERM)
         try:
-            await asyncio.wait_for(self.process.wait(), self.grace_s)
+            await asyncio.wait_for(self._group_ended(), self.grace_s)
         except TimeoutError:
             pass
         _signal_group(self.pgid, signal.SIGKILL)
         await self.process.wait()
+
+    async def _group_ended(self) -> None:
+        """The grace period is the whole group's, not its leader's: `/bin/sh -c AGENT` dies of the SIGTERM at
+        once, while the agent it started (not exec'ed by dash) still takes its diff and closes its sandbox."""
+        await self.process.wait()
+        while _group_alive(self.pgid):
+            await asyncio.sleep(0.05)
 
     async def close(self) -> tuple[str, str]:
         _signal_group(self.pgid, signal.SIGKILL)  # whatever the agent left running in its group
@@ -68,6 +75,16 @@ def _describe(code: int) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exited with code {code}"
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

@@ -9,8 +9,9 @@ Why not a tmpfs: its pages are memory (charged to the sandbox's memory cgroup), 
 the processes' memory would share one budget, and a repository's worth of files would sit in RAM.
 
 The image is attached with LOOP_CONFIGURE and LO_FLAGS_AUTOCLEAR and unlinked at once: the loop device
-detaches itself when its filesystem is unmounted (the sandbox's mount namespace ends), and the image's
-blocks go back to the host with it, also when the host process dies.
+detaches itself when its filesystem's last mount goes (the one over the workspace, taken off by `close` or,
+if the host process died, by its warden, `sandbox.warden`; and the sandbox's mount namespace), and the
+image's blocks go back to the host with it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from agentstream.sandbox import hostfs
 from agentstream.sandbox.contract import SandboxError
 from agentstream.sandbox.namespaces import MS_NODEV, MS_NOSUID, _check, _libc, _mount
 
@@ -39,6 +41,9 @@ inode tables: the image stays sparse"""
 MOUNT_OPTIONS = "noinit_itable"
 LOOP_MAJOR = 7
 MNT_DETACH, UMOUNT_NOFOLLOW = 2, 8
+EXT4_ROOT_INODE = 2
+HOST_MODE_MASK = 0o755
+"""modes of what the workspace copy brings back to the host: no set-id bit, nothing group- or world-writable"""
 
 
 def available() -> str | None:
@@ -104,18 +109,40 @@ def unmount(folder: Path) -> None:
     _check(_libc.umount2(os.fsencode(str(folder)), MNT_DETACH | UMOUNT_NOFOLLOW), f"umount {folder}")
 
 
-def stale_mount(folder: Path, images: Path) -> bool:
-    """Unmount a disk a sandbox whose process died left over `folder` (a loop device whose image was
-    made under `images`; any other filesystem mounted there is the caller's and stays); whether there
-    was one."""
-    here, above = os.stat(folder, follow_symlinks=False), os.stat(folder.parent)
-    if here.st_dev == above.st_dev or os.major(here.st_dev) != LOOP_MAJOR:
+def is_sandbox_disk(fd: int, images: Path) -> bool:
+    """Whether directory `fd` is the root of a sandbox's workspace disk (an ext4 root on a loop device whose
+    image was made under `images`); any other filesystem is the caller's."""
+    here = os.fstat(fd)
+    if os.major(here.st_dev) != LOOP_MAJOR or here.st_ino != EXT4_ROOT_INODE:
         return False
     backing = Path(f"/sys/block/loop{os.minor(here.st_dev)}/loop/backing_file")
     try:
-        if not backing.read_text().startswith(f"{images}/"):
-            return False
+        return backing.read_text().startswith(f"{images}/")
     except OSError:
         return False
-    unmount(folder)
-    return True
+
+
+def give_back(workspace: Path, folder: int, root: int, uid: int, gid: int, *,
+              unchanged: hostfs.Unchanged | None = None, copy_back: bool = True) -> list[str]:
+    """Copy the disk's tree (`root`, closed here) back into the folder beneath it (`folder`, left open) as
+    uid:gid, then unmount it from `workspace`; what could not be done. At most the disk's blocks and inodes
+    are written: hard links and holes cannot multiply them; what `unchanged` says nobody touched is not
+    copied again."""
+    problems: list[str] = []
+    try:
+        if copy_back:
+            space = os.fstatvfs(root)
+            budget = hostfs.Budget(data_bytes=space.f_blocks * space.f_frsize, entries=space.f_files)
+            copied = hostfs.copy_tree(root, folder, uid, gid, mode_mask=HOST_MODE_MASK, budget=budget,
+                                      unchanged=unchanged, root_attributes=False)
+            problems += [f"workspace: {problem}" for problem in copied.problems]
+            os.fchown(folder, uid, gid)  # its mode stays the caller's
+    finally:
+        ours = os.fstat(root).st_dev
+        os.close(root)
+        try:
+            if os.stat(workspace, follow_symlinks=False).st_dev == ours:  # not unmounted already
+                unmount(workspace)
+        except OSError as error:
+            problems.append(f"unmount {workspace}: {error}")
+    return problems

@@ -23,7 +23,8 @@ One `LocalSandbox` per attempt (it must be created by root):
      (`sandbox.hostfs`: no link followed, no recursion, no more than the disk's blocks and inodes),
      unmounts the disk (its loop device and image go with it), drops the namespaces, removes the cgroup
      and frees the uid, whatever fails on the way.
-Where the host has no loop devices or cgroups, it says so once in the log and falls back: the
+If the process holding it dies instead (kill -9, SIGTERM), its warden (`sandbox.warden`, one per process)
+does step 6 for it. Where the host has no loop devices or cgroups, it says so once in the log and falls back: the
 workspace is bound directly (chowned to the uid and back), the rlimits alone bound the commands.
 """
 
@@ -42,7 +43,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
-from agentstream.sandbox import cgroups, disk, hostfs, namespaces, relay
+from agentstream.sandbox import cgroups, disk, hostfs, namespaces, relay, warden
 from agentstream.sandbox.contract import WORKSPACE_MOUNT, CommandResult, Network, SandboxError, SandboxSpec
 from agentstream.sandbox.output import collect, limit_of
 
@@ -57,12 +58,12 @@ STATE_DIR = Path("/tmp/agentstream-sandbox")
 STAGE = STATE_DIR / "stage"
 """an empty directory on the host; each sandbox mounts its own tmpfs over it, in its own mount namespace"""
 DISKS = STATE_DIR / "disks"
+WORKSPACE_WAIT_S = 30.0
+"""how long a new sandbox waits for another one on the same workspace (or its clean-up) to end"""
 """where a workspace disk's image is made (and unlinked at once: the loop device holds it)"""
 NPROC_MARGIN = 16
 """RLIMIT_NPROC above Limits.processes where the pids cgroup enforces it: the cgroup is the line a fork
 bomb meets (exact, and reported by pids.events), the rlimit the one behind it"""
-HOST_MODE_MASK = 0o755
-"""modes of what the workspace copy brings back to the host: no set-id bit, nothing group- or world-writable"""
 DEFAULT_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "HOME": "/tmp",
@@ -149,14 +150,16 @@ class LocalSandbox:
         self._lease = UidLease.acquire()
         self.uid = self._lease.uid
         self.workspace = spec.workspace.resolve()
+        self._folder = -1
+        self._warden_id, self._watched = warden.new_id(), False
         try:
-            if disk.available() is None and disk.stale_mount(self.workspace, DISKS):
-                log.warning("sandbox: %s had the disk of a sandbox whose process died mounted over it (its changes "
-                            "are lost); unmounted", self.workspace)
+            self._folder = claim_workspace(self.workspace)
             self._owner = workspace_owner(self.workspace)
             _remove_stale_cgroups()
             self._cgroup = cgroups.create(str(self.uid), spec.limits)
-            self._disk = WorkspaceDisk.mount(self.workspace, self.uid, spec.limits.disk_bytes)
+            self._tell_warden()
+            self._disk = WorkspaceDisk.mount(self.workspace, self._folder, self.uid, spec.limits.disk_bytes,
+                                             self._warden_id)
             if self._disk is None:
                 _raise_on(hostfs.chown_tree(self.workspace, self.uid, self.uid), "could not hand the workspace over")
             etc = [(Path("/etc") / entry, f"etc/{entry}") for entry in ETC_SHARED]
@@ -184,6 +187,15 @@ class LocalSandbox:
             if folder.lstat().st_uid != 0 or folder.is_symlink():
                 raise SandboxError(f"{folder} is not root's own directory; remove it and try again")
             folder.chmod(0o755)  # the sandbox uids traverse it
+
+    def _tell_warden(self) -> None:
+        """What the warden must undo if this process dies with the sandbox open (`sandbox.warden`)."""
+        group = {"dirs": {k: str(v) for k, v in self._cgroup.dirs.items()}, "version": self._cgroup.version} \
+            if self._cgroup else None
+        warden.tell({"op": "hold", "id": self._warden_id, "workspace": str(self.workspace), "owner": self._owner,
+                     "cgroup": group, "bound": disk.available() is not None, "fds": ["lease", "folder"]},
+                    [self._lease.fd, self._folder])
+        self._watched = True
 
     def _check_spec(self) -> None:
         spec = self.spec
@@ -295,6 +307,8 @@ class LocalSandbox:
             if timed_out:  # bubblewrap is gone; its pid 1 dies of it a moment later (and is reaped by the host's)
                 await_no_processes(self.uid)
         finally:
+            if process.returncode is None:  # interrupted (a signal's exception in this thread): end the command
+                self._end(process)
             with self._lock:
                 self._running.discard(process)
             with os.fdopen(status_read, "rb") as status_file:
@@ -316,6 +330,15 @@ class LocalSandbox:
         reported = limit_of(exit_code, output.tail_text()) or ("processes" if forks_refused and exit_code else None)
         return CommandResult(command, exit_code, text, duration, reported)
 
+    def _end(self, process: subprocess.Popen[bytes]) -> None:
+        """Kill a command and, unless another runs beside it, whatever of the sandbox is left."""
+        process.kill()
+        process.wait()
+        with self._lock:
+            alone = self._running == {process}
+        if self._cgroup is not None and alone:
+            self._cgroup.kill_all()
+
     def _cgroup_counters(self) -> tuple[int, int]:
         return (self._cgroup.oom_kills(), self._cgroup.fork_refusals()) if self._cgroup else (0, 0)
 
@@ -335,6 +358,13 @@ class LocalSandbox:
                 step(problems)
             except Exception as error:
                 problems.append(f"{step.__name__.strip('_')}: {error!r}")
+        # the warden lets go of its copies first: a death from here on leaves nothing it should undo
+        if self._watched:
+            warden.tell({"op": "done", "id": self._warden_id})
+        if self._folder >= 0:
+            fcntl.flock(self._folder, fcntl.LOCK_UN)  # also for the warden's copy: the next sandbox need not wait
+            os.close(self._folder)
+            self._folder = -1
         self._lease.release()
         self.close_problems = problems
         if problems:
@@ -431,8 +461,41 @@ class UidLease:
 
     def release(self) -> None:
         if self.fd >= 0:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)  # a copy the warden holds shares the lock: free it for both
             os.close(self.fd)
             self.fd = -1
+
+
+def claim_workspace(workspace: Path, wait_s: float = WORKSPACE_WAIT_S) -> int:
+    """The workspace's folder, opened and locked for one sandbox (an flock on it: the kernel frees it with its
+    holders, the warden holds a copy through a dead sandbox's clean-up). A sandbox's disk found over it is
+    waited for while its lock is held (an open sandbox, or the warden cleaning up after one) and taken off
+    when nobody holds it (its host process and warden both died: its writes are lost, and logged)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        fd = hostfs.open_dir(workspace)
+        locked = _try_lock(fd)
+        if locked and disk.is_sandbox_disk(fd, DISKS):
+            os.close(fd)
+            disk.unmount(workspace)
+            log.warning("sandbox: %s had the disk of a sandbox whose process (and warden) died mounted over it; "
+                        "unmounted, its changes are lost", workspace)
+            continue
+        if locked:
+            return fd
+        os.close(fd)
+        if time.monotonic() > deadline:
+            raise SandboxError(f"workspace {workspace} is in use by another sandbox (waited {wait_s:g} s): one "
+                               "sandbox per workspace at a time")
+        time.sleep(0.01)
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def _remove_stale_cgroups() -> None:
@@ -490,25 +553,31 @@ class WorkspaceDisk:
         """disk inode -> (host inode, disk ctime) of each file copied in"""
 
     @classmethod
-    def mount(cls, workspace: Path, uid: int, size: int) -> WorkspaceDisk | None:
-        """A fresh disk of `size` bytes over `workspace`, holding a copy of it owned by `uid`; None where
-        this host cannot make disks (logged once)."""
+    def mount(cls, workspace: Path, folder: int, uid: int, size: int, warden_id: int) -> WorkspaceDisk | None:
+        """A fresh disk of `size` bytes over `workspace` (whose folder, claimed, is `folder`), holding a copy
+        of it owned by `uid`; None where this host cannot make disks (logged once). The disk's root is locked
+        (a sandbox on the folder finds it held, `claim_workspace`) and a copy handed to the warden."""
         why = disk.available()
         if why is not None:
             _warn_once("disk", f"sandbox: {why}; workspaces are bound directly and Limits.disk_bytes is not enforced")
             return None
-        folder = hostfs.open_dir(workspace)
+        device, device_fd = disk.make(DISKS / f"{uid}.img", size, uid)
         try:
-            device, device_fd = disk.make(DISKS / f"{uid}.img", size, uid)
-            try:
-                disk.mount_over(device, workspace)
-            finally:
-                os.close(device_fd)  # the mount holds the device now; autoclear frees it after
+            disk.mount_over(device, workspace)
+        finally:
+            os.close(device_fd)  # the mount holds the device now; autoclear frees it after
+        try:
             root = hostfs.open_dir(workspace)
         except BaseException:
-            os.close(folder)
+            disk.unmount(workspace)
             raise
         made = cls(workspace, folder, root, {})
+        try:
+            fcntl.flock(root, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else has seen this disk yet
+            warden.tell({"op": "disk", "id": warden_id, "fds": ["root"]}, [root])
+        except BaseException:
+            made.unmount(0, 0, copy_back=False)
+            raise
         copied = hostfs.copy_tree(folder, root, uid, uid)
         made.files = copied.files
         if copied.problems:
@@ -521,24 +590,9 @@ class WorkspaceDisk:
         """Copy the disk's tree back into the folder as uid:gid, then unmount it; what could not be done.
         What nobody touched inside (same inode and ctime as copied in: no write, chmod, rename or link
         since) is not copied again. At most the disk's blocks and inodes are written: hard links and holes
-        cannot multiply them."""
-        problems: list[str] = []
-        try:
-            if copy_back:
-                space = os.fstatvfs(self.root_fd)
-                budget = hostfs.Budget(data_bytes=space.f_blocks * space.f_frsize, entries=space.f_files)
-                copied = hostfs.copy_tree(self.root_fd, self.folder_fd, uid, gid, mode_mask=HOST_MODE_MASK,
-                                          budget=budget, unchanged=self._unchanged, root_attributes=False)
-                problems += [f"workspace: {problem}" for problem in copied.problems]
-                os.fchown(self.folder_fd, uid, gid)  # its mode stays the caller's
-        finally:
-            os.close(self.root_fd)
-            try:
-                disk.unmount(self.workspace)
-            except OSError as error:
-                problems.append(f"unmount {self.workspace}: {error}")
-            os.close(self.folder_fd)
-        return problems
+        cannot multiply them. The folder's descriptor stays open (its owner closes it)."""
+        return disk.give_back(self.workspace, self.folder_fd, self.root_fd, uid, gid,
+                              unchanged=self._unchanged if copy_back else None, copy_back=copy_back)
 
     def _unchanged(self, inside: os.stat_result, host: os.stat_result) -> bool:
         return (self.files.get(inside.st_ino) == (host.st_ino, inside.st_ctime_ns)

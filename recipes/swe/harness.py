@@ -16,9 +16,13 @@ What it does:
 
 How an attempt ends is always said: `submitted`, `step_limit`, `time_limit`, `format_errors`,
 `context_overflow` (a prompt past the model's context), `sandbox_timeout` (the attempt's time in the
-sandbox spent), `model_error` (the gateway or model refused). Those exit 0: the attempt is data. A
-crash of the harness itself exits non-zero with the traceback on stderr, so the controller records a
-failed attempt with the reason, and no diff (so no made-up score) is posted.
+sandbox spent), `model_error` (the gateway or model refused), `stopped` (a SIGTERM: the controller's
+attempt timeout or its shutdown; the diff so far is posted within the controller's grace period, then
+the sandbox is closed). Those exit 0: the attempt is data. A crash of the harness itself exits
+non-zero with the traceback on stderr, so the controller records a failed attempt with the reason,
+and no diff (so no made-up score) is posted. A SIGTERM before the agent runs exits 143, no diff.
+The workspace is removed with `sandbox.hostfs.remove_tree` (no recursion: an agent's tree of any depth
+goes).
 
 Settings (environment, `recipes.swe.settings`): AGENTSTREAM_SWE_CONFIG (a mini-swe-agent YAML; default
 recipes/swe/mini.yaml), AGENTSTREAM_SWE_STEP_LIMIT, AGENTSTREAM_SWE_MAX_TOKENS, AGENTSTREAM_SWE_TEMPERATURE,
@@ -35,7 +39,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -50,6 +54,7 @@ import yaml
 from agentstream.recipes.swe.environment import SandboxEnvironment, SandboxExhausted
 from agentstream.recipes.swe.settings import AgentEnvironment, AttemptSettings, SweSettings, from_environment
 from agentstream.recipes.swe.workspace import TaskInput, checkout, final_diff, test_env_binds
+from agentstream.sandbox import hostfs
 from agentstream.sandbox.contract import WORKSPACE_MOUNT
 from agentstream.sandbox.inpod import in_sandbox_pod
 from agentstream.schemas.errors import ConfigurationError
@@ -60,6 +65,28 @@ log = logging.getLogger("recipes.swe.harness")
 
 OUTCOMES = {"Submitted": "submitted", "LimitsExceeded": "step_limit", "TimeExceeded": "time_limit",
             "RepeatedFormatError": "format_errors"}
+STOPPED_EXIT = 128 + signal.SIGTERM
+
+
+class Stopped(BaseException):
+    """A SIGTERM (`stop_on_sigterm`): the controller ends the attempt. A BaseException, as KeyboardInterrupt
+    is, so that no `except Exception` on its way (mini-swe-agent's, litellm's) takes it for an error."""
+
+
+def stop_on_sigterm() -> None:
+    """From here on the first SIGTERM raises `Stopped` in the main thread (a sandbox command running then is
+    killed); later ones are ignored, so the diff is taken and posted within the controller's grace period
+    (its SIGKILL follows it anyway)."""
+    def stop(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Stopped(f"stopped by {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+def finish_on_sigterm() -> None:
+    """The agent has ended: a SIGTERM from here on does not interrupt posting its diff."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 @dataclass(frozen=True)
@@ -146,6 +173,8 @@ def run_agent(settings: HarnessSettings, task: TaskInput,
         outcome = OUTCOMES.get(result.get("exit_status", ""), str(result.get("exit_status") or "ended").lower())
     except SandboxExhausted as exc:
         outcome, details["error"] = "sandbox_timeout", str(exc)
+    except Stopped as exc:
+        outcome, details["error"] = "stopped", str(exc)
     except litellm.exceptions.ContextWindowExceededError as exc:
         outcome, details["error"] = "context_overflow", _short(exc)
     except (litellm.exceptions.APIError, litellm.exceptions.OpenAIError) as exc:
@@ -223,6 +252,7 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     settings = HarnessSettings.from_env()
     task = settings.task_input()
+    stop_on_sigterm()
     workspace = attempt_workspace(settings.swe.workspace)
     # mini-swe-agent reads a user config (.env) from its config folder: give it an empty one of its own
     config_dir = Path(tempfile.mkdtemp(prefix="mswea-")) if in_sandbox_pod() else \
@@ -233,17 +263,29 @@ def main() -> int:
     try:
         baseline = checkout(task, workspace, settings.swe.repos)
         outcome, details, env = run_agent(settings, task, workspace)
+        finish_on_sigterm()
         diff, diff_details = final_diff(env.sandbox, baseline)
         details.update(diff_details, duration_s=round(time.monotonic() - started, 2))
         log.info("agent ended: %s after %s steps; diff of %d characters", outcome, details.get("steps"), len(diff))
         post_diff(settings, task, diff, outcome, details)
+    except Stopped as exc:
+        log.warning("%s before the agent ran: no diff", exc)
+        return STOPPED_EXIT
     finally:
+        finish_on_sigterm()
         if env is not None:
             env.close()
         if not in_sandbox_pod():  # a pod's workspace is an emptyDir: it goes with the pod
-            shutil.rmtree(workspace, ignore_errors=True)
-        shutil.rmtree(config_dir, ignore_errors=True)
+            remove_folder(workspace)
+        remove_folder(config_dir)
     return 0
+
+
+def remove_folder(folder: Path) -> None:
+    """A folder the agent may have written (however deep), removed without following a link; what could not
+    go is logged, never raised (the diff is posted by now)."""
+    if problems := hostfs.remove_tree(folder):
+        log.warning("could not remove all of %s: %s", folder, "; ".join(problems[:5]))
 
 
 def set_library_environment(config_dir: Path) -> None:

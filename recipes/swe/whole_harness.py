@@ -16,7 +16,9 @@ sandbox (`Network.GATEWAY`) as one long command:
 
 How the attempt ended is said as `outcome`: `completed` (the harness exited 0), `harness_error` (it exited
 non-zero: its output's tail is in the details), `sandbox_timeout` (the attempt's time in the sandbox was
-spent). Those exit 0: the attempt is data. A crash of this runner exits non-zero, and no diff is posted.
+spent), `stopped` (a SIGTERM, the controller's timeout or shutdown: the harness is killed, the diff so far
+posted, the sandbox closed). Those exit 0: the attempt is data. A crash of this runner exits non-zero,
+and no diff is posted.
 
 Settings (environment, `recipes.swe.settings`): AGENTSTREAM_CODEX (the `codex` command: bin/codex.js of the pinned npm package,
 printed by scripts/codex.sh), AGENTSTREAM_CLAUDE_CODE (the `claude` binary, printed by scripts/claude-code.sh),
@@ -29,14 +31,22 @@ from __future__ import annotations
 
 import logging
 import shlex
-import shutil
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentstream.recipes.swe.harness import HarnessSettings, attempt_workspace, post_diff
+from agentstream.recipes.swe.harness import (
+    STOPPED_EXIT,
+    HarnessSettings,
+    Stopped,
+    attempt_workspace,
+    finish_on_sigterm,
+    post_diff,
+    remove_folder,
+    stop_on_sigterm,
+)
 from agentstream.recipes.swe.settings import WholeHarnessSettings, from_environment
 from agentstream.recipes.swe.workspace import TaskInput, checkout, final_diff
 from agentstream.sandbox.contract import WORKSPACE_MOUNT, Limits, Network, SandboxSpec
@@ -131,7 +141,14 @@ def run_harness(harness: Harness, settings: HarnessSettings, task: TaskInput, wo
     spec = SandboxSpec(workspace=workspace, limits=limits, network=Network.GATEWAY, binds=run.binds, env=run.env,
                        gateway_url=settings.base_url)
     box = LocalSandbox(spec)
-    result = box.run(run.command)
+    began = time.monotonic()
+    try:
+        result = box.run(run.command)
+    except Stopped as exc:  # the run killed the harness on its way out
+        finish_on_sigterm()
+        return "stopped", {"harness": harness.name, "error": str(exc),
+                           "harness_s": round(time.monotonic() - began, 3)}, box
+    finish_on_sigterm()
     details: dict[str, object] = {"harness": harness.name, "exit_code": result.exit_code,
                                   "harness_s": round(result.duration_s, 3),
                                   "output_tail": result.output[-OUTPUT_TAIL:]}
@@ -153,6 +170,7 @@ def main() -> int:
     except ConfigurationError as exc:
         raise SystemExit(f"whole_harness: {exc}") from exc
     task = settings.task_input()
+    stop_on_sigterm()
     workspace = attempt_workspace(settings.swe.workspace)
     started = time.monotonic()
     box = None
@@ -161,13 +179,17 @@ def main() -> int:
         outcome, details, box = run_harness(harness, settings, task, workspace, whole)
         diff, diff_details = final_diff(box, baseline)
         details.update(diff_details, duration_s=round(time.monotonic() - started, 2))
-        log.info("%s ended: %s (exit %s); diff of %d characters", harness.name, outcome, details["exit_code"],
+        log.info("%s ended: %s (exit %s); diff of %d characters", harness.name, outcome, details.get("exit_code"),
                  len(diff))
         post_diff(settings, task, diff, outcome, details)
+    except Stopped as exc:
+        log.warning("%s before the harness ran: no diff", exc)
+        return STOPPED_EXIT
     finally:
+        finish_on_sigterm()
         if box is not None:
             box.close()
-        shutil.rmtree(workspace, ignore_errors=True)
+        remove_folder(workspace)
     return 0
 
 

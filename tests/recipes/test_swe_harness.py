@@ -154,6 +154,32 @@ async def test_a_diff_past_the_gateways_body_limit_is_posted_cut_and_marked_trun
     assert diff.data.size == POSTED_DIFF_BYTES and diff.data.diff.startswith("diff --git a/big.py")
 
 
+@pytest.mark.slow  # an attempt run until the controller's timeout stops it: tens of seconds
+async def test_an_attempt_stopped_by_the_controllers_timeout_posts_its_diff_and_leaves_nothing(kafka, tmp_path):
+    """The controller stops an attempt past its time with SIGTERM: the harness kills the running command, posts
+    the diff so far (outcome `stopped`), closes the sandbox and removes its workspace, a 1,500-deep tree the
+    agent made included (a recursive removal dies on it)."""
+    repos = tmp_path / "repos"
+    commit = make_repo(repos)
+    tasks = task_file(tmp_path / "tasks.jsonl", commit, "calc-stopped")
+    deep = "python3 -c \"import os; os.makedirs('/'.join(['d'] * 1500))\""
+    script = [deep, "echo 'stopped = 1' > stopped.py", "sleep 300", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"]
+    workspaces = tmp_path / "ws"
+    env = {"AGENTSTREAM_SWE_REPOS": str(repos), "AGENTSTREAM_SWE_SCRIPT": json.dumps(script),
+           "AGENTSTREAM_SWE_WORKSPACE": str(workspaces)}
+    async with running_gateway(gateway_settings(kafka, ["tiny=http://127.0.0.1:9"])) as gw:
+        controller = run_controller(kafka, gw.url, tasks, tmp_path / "runs", env, "--timeout-s", "25")
+        async with TopicWatch(kafka, "rollouts") as watch:
+            events = await watch.until(lambda es: any(isinstance(e, RolloutDiffEvent) for e in es), timeout=120,
+                                       what="the stopped attempt's diff")
+        await await_exit(controller)
+    [diff] = [e for e in events if isinstance(e, RolloutDiffEvent)]
+    assert diff.data.outcome == "stopped", diff.data.details
+    assert "+stopped = 1" in diff.data.diff and diff.data.details["error"] == "stopped by SIGTERM"
+    assert list(workspaces.iterdir()) == [], "the workspace (and its deep tree) is removed"
+    assert not [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(tmp_path) in line]
+
+
 # --- the whole grading path with a scripted agent (no model): harness → sandbox → diff → gateway → grader ---
 
 

@@ -135,3 +135,53 @@ async def test_an_unchanged_harness_in_the_sandbox_edits_the_task_is_graded_and_
     assert asked and answered, "a call made the tool call, a later one carried its result back to the model"
     assert {turn.call_id for turn in trajectory.data.turns} <= {call.id for call in calls}
     assert trajectory.data.turns and all(turn.completion_token_ids for turn in trajectory.data.turns)
+
+
+def test_a_sigterm_stops_the_harness_in_its_sandbox_and_the_attempt_is_marked_stopped(tmp_path: Path):
+    """What the controller's timeout does (SIGTERM): the harness's command is killed and `run_harness` says
+    `stopped` with the sandbox still open, so the diff can be taken and posted before it is closed."""
+    import signal
+    import threading
+
+    from agentstream.recipes.swe.harness import HarnessSettings, stop_on_sigterm
+    from agentstream.recipes.swe.settings import AttemptSettings, SweSettings, WholeHarnessSettings
+    from agentstream.recipes.swe.whole_harness import Harness, Run, run_harness
+    from tests.support.wait import wait_for
+
+    marker = "302.25"  # the command's own argument, to find it among the machine's processes
+
+    def running() -> bool:
+        return any(marker in (proc / "cmdline").read_bytes().decode(errors="replace")
+                   for proc in Path("/proc").iterdir() if proc.name.isdigit() and _readable(proc / "cmdline"))
+
+    sleeper = Harness("sleeper", "AGENTSTREAM_SLEEPER", lambda _: "/bin/sleep",
+                      lambda command, settings, prompt, extra: Run(f"{command} {marker}", {}, []))
+    settings = HarnessSettings(base_url="http://127.0.0.1:9/v1", api_key="key", model="tiny",
+                               task=tmp_path / "task.json", swe=SweSettings(), attempt=AttemptSettings())
+    task = TaskInput(instance_id="calc-1", problem_statement="p", repo="demo/calc", base_commit="0" * 40)
+    (workspace := tmp_path / "workspace").mkdir()
+    previous = signal.getsignal(signal.SIGTERM)
+    stop_on_sigterm()
+    try:
+        sender = threading.Thread(target=lambda: (wait_for(running, timeout=30, what="the harness to run"),
+                                                   os.kill(os.getpid(), signal.SIGTERM)))
+        sender.start()
+        outcome, details, box = run_harness(sleeper, settings, task, workspace, WholeHarnessSettings())
+        sender.join()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    try:
+        assert outcome == "stopped" and details["error"] == "stopped by SIGTERM"
+        assert not running(), "the harness's command is killed"
+        assert box.run("echo still open").output == "still open\n", "the diff can still be taken"
+    finally:
+        box.close()
+    assert not [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(workspace) in line]
+
+
+def _readable(path: Path) -> bool:
+    try:
+        path.read_bytes()
+    except OSError:
+        return False
+    return True

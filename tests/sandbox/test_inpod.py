@@ -16,7 +16,6 @@ import json
 import os
 import secrets
 import shlex
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from agentstream.sandbox import hostfs
 from agentstream.sandbox.contract import Limits, SandboxSpec
 from agentstream.sandbox.inpod import InPodSandbox
 from agentstream.sandbox.kubernetes import agent_command
@@ -77,7 +77,7 @@ def pod_workspace():
     folder = Path(tempfile.mkdtemp(prefix="inpod-attack-"))
     os.chown(folder, NOBODY, NOBODY)
     yield folder
-    shutil.rmtree(folder, ignore_errors=True)
+    hostfs.remove_tree(folder)  # what the attacks wrote: no link followed, no recursion
 
 
 def as_pod_user(argv: list[str], workspace: Path, token: str) -> subprocess.CompletedProcess[str]:

@@ -289,7 +289,7 @@ box.run("sleep 300")
     parent.wait()
     parent.stdout.close()
     wait_for(lambda: processes_of(uid) == 0, timeout=10, what="the sandbox to die with its parent")
-    LocalSandbox(SandboxSpec(workspace)).close()  # takes off the disk the crash left over the workspace
+    LocalSandbox(SandboxSpec(workspace)).close()  # the next one opens (the warden took the disk off: test_dead_holder)
 
 
 # --- whole-harness mode -----------------------------------------------------------------------
