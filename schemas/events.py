@@ -129,7 +129,8 @@ class RolloutDiff(Payload):
     size: int = Field(description="bytes of the whole diff, before any truncation")
     truncated: bool = Field(False, description="the diff was cut to fit an event; a grader scores it 0")
     outcome: str | None = Field(None, description="how the agent ended: submitted, step_limit, time_limit, "
-                                "format_errors, context_overflow, sandbox_timeout, model_error")
+                                "format_errors, context_overflow, sandbox_timeout, model_error, "
+                                "stopped (a SIGTERM: the diff so far)")
     details: dict[str, Any] = Field(default_factory=dict, description="e.g. steps taken, command time, binary files left out")
 
 
