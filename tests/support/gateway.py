@@ -212,7 +212,7 @@ class GatewayProcess:
             args = ["agentstream.gateway", "--port", str(self.port)]
             command = faults.command(self.fault, *args) if self.fault else [sys.executable, "-m", *args]
             self.process = subprocess.Popen(command, cwd=Path(__file__).parents[2], env=env, stdout=out, stderr=out)
-        wait_for(self._healthy, timeout=60, what="the gateway's /healthz")
+        wait_for(self._healthy, timeout=60, what="the gateway's /readyz")
         return self
 
     def _healthy(self) -> bool:
@@ -220,7 +220,7 @@ class GatewayProcess:
         if self.process.poll() is not None:
             raise AssertionError(f"the gateway exited:\n{self.log.read_text()[-3000:]}")
         try:
-            return httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200
+            return httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200
         except httpx.HTTPError:
             return False
 
