@@ -81,13 +81,16 @@ async def test_a_writer_killed_mid_update_is_replaced_and_no_request_sees_the_pa
                     async with http.stream("POST", "/v1/chat/completions", json={
                             "model": "tiny", "messages": MESSAGES, "max_tokens": 8, "stream": True}) as response:
                         body = (await response.aread()).decode()
-                    if response.status_code != 200 or "[DONE]" not in body:
-                        errors[name].append(f"{response.status_code}: {body[:300]}")
+                    problem = None if response.status_code == 200 and "[DONE]" in body else \
+                        f"{response.status_code}: {body[:300]}"
                 except httpx.HTTPError as exc:
-                    errors[name].append(f"{type(exc).__name__}: {exc}")
+                    problem = f"{type(exc).__name__}: {exc}"
+                if problem:
+                    errors[name].append(problem)  # the killed replica's are not counted
+                else:
+                    done.append((name, started))
                 if replica.process.poll() is not None:
-                    return  # the killed replica's agent: what it saw is not counted
-                done.append((name, started))
+                    return
 
     watcher = asyncio.create_task(engine.watch())
     agents: list[asyncio.Task[None]] = []
