@@ -201,8 +201,8 @@ class PoolSync:
 
     async def _apply(self) -> None:
         topics = self.settings.topics
-        # the longest step (a drain, then a reload) must not cost the partition: the group waits that long for a
-        # revoked writer to stop, and for this loop to poll again
+        # the longest step (a drain, then a reload) must not cost the partition: the group waits that long for
+        # this loop to poll again
         step_ms = round((self.settings.drain_timeout_s + self.settings.upstream_timeout_s + 60) * 1000)
         consumer = make_consumer(self.settings, group_id=self.settings.pool_group,
                                  partition_assignment_strategy=(RangePartitionAssignor,),
@@ -222,23 +222,22 @@ class PoolSync:
 
     async def _apply_batch(self, consumer: AIOKafkaConsumer, partition: TopicPartition,
                            records: list[ConsumerRecord]) -> None:
-        async with self.ownership.writing:
-            claim = self.ownership.claim(partition, records[0].offset)
-            try:
-                if partition.topic == self.settings.topics.releases:
-                    await self._apply_releases(records, claim)
-                else:
-                    await self._apply_weights(records, claim)
-            except Fenced as exc:
-                log.warning("stopped an update: this replica no longer applies it; the partition's owner does",
-                            extra=fields(problem=str(exc)))
-                if partition in consumer.assignment():  # still ours (the broker did not answer): read them again
-                    consumer.seek(partition, records[0].offset)
-                return
-            except GatewayError:
-                # Kafka did not take the pool events: nothing is committed, the restarted loop reads these again
-                raise KafkaError("pool events were not acknowledged") from None
-            await consumer.commit({partition: records[-1].offset + 1})
+        claim = self.ownership.claim(partition, records[0].offset)
+        try:
+            if partition.topic == self.settings.topics.releases:
+                await self._apply_releases(records, claim)
+            else:
+                await self._apply_weights(records, claim)
+        except Fenced as exc:
+            log.warning("stopped an update: this replica no longer applies it; the partition's owner does",
+                        extra=fields(problem=str(exc)))
+            if partition in consumer.assignment():  # still ours (the broker did not answer): read them again
+                consumer.seek(partition, records[0].offset)
+            return
+        except GatewayError:
+            # Kafka did not take the pool events: nothing is committed, the restarted loop reads these again
+            raise KafkaError("pool events were not acknowledged") from None
+        await consumer.commit({partition: records[-1].offset + 1})
 
     async def _releases_known(self) -> None:
         """Wait until this replica folded the release history: a canary starts from the stable version it names."""
@@ -478,8 +477,8 @@ async def _check(claim: Claim | None, step: str) -> None:
 
 
 async def _each(updates: Iterable[Awaitable[PoolUpdate]]) -> list[PoolUpdate]:
-    """Every server's update run to its end (a fenced one stops before its next step, never mid-step, so the
-    partition's next owner starts after it); then Fenced if one was."""
+    """Every server's update run to its end (a fenced one stops before its next step, never mid-step); then
+    Fenced if one was."""
     results = await asyncio.gather(*updates, return_exceptions=True)
     for result in results:
         if isinstance(result, BaseException):
