@@ -74,6 +74,17 @@ async def models(request: Request) -> Response:
 
 
 async def healthz(request: Request) -> Response:
+    """Liveness: 200 while the process answers, whatever Kafka and the upstreams do (a probe that restarts the
+    gateway when an upstream reloads would restart every replica at once); the report says what is down."""
+    return _health(request, ready_status=False)
+
+
+async def readyz(request: Request) -> Response:
+    """Readiness: 503 while Kafka or every upstream is down, so a load balancer sends agents elsewhere."""
+    return _health(request, ready_status=True)
+
+
+def _health(request: Request, ready_status: bool) -> Response:
     gateway: Gateway = request.app.state.gateway
     assert gateway.pool is not None
     kafka = gateway.recorder.available
@@ -82,7 +93,7 @@ async def healthz(request: Request) -> Response:
     return json_response({"status": "ok" if ok else "degraded", "kafka": kafka,
                           "unacknowledged_events": gateway.recorder.unacknowledged, "upstreams": upstreams,
                           "holds": {model: hold.version for model, hold in gateway.pool.holds.items()},
-                          "replica_id": gateway.settings.replica_id}, 200 if ok else 503)
+                          "replica_id": gateway.settings.replica_id}, 503 if ready_status and not ok else 200)
 
 
 async def metrics(request: Request) -> Response:
@@ -108,6 +119,7 @@ routes: list[BaseRoute] = [
     Route("/sessions/{session_id}/feedback", sessions.feedback, methods=["POST"]),
     Route("/sessions/{session_id}/calls/{call_id}/feedback", sessions.feedback, methods=["POST"]),
     Route("/healthz", healthz, methods=["GET"]),
+    Route("/readyz", readyz, methods=["GET"]),
     Route("/metrics", metrics, methods=["GET"]),
 ]
 

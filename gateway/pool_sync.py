@@ -5,13 +5,16 @@ end when it starts (what came before is in the servers' /weight_info). A `weight
 model it serves makes it hold that model's new requests; `pool` events, one per server, release
 the hold once every server of the model serves the new version (or `hold_max_s` passes).
 
-Exactly one replica applies each update: the one a consumer group over the single-partition
-`weights` topic assigns the partition to. For each server of the model it waits for requests in
-flight to drain (bounded), then pause(keep) → reload_weights(uri) → reset_prefix_cache →
-update_weight_version → resume, and publishes a `pool` event with the pause duration. Offsets are committed after the
-pool events are acknowledged. A re-delivered event (the applier died mid-way) is harmless:
-a server whose /weight_info already shows the version is not paused again, and the pool event's
-id is derived from (model, version, server, status), so consumers drop the repeat.
+Exactly one replica applies each `weights` and `releases` event: the member of a consumer group over
+both topics that owns their partition (`gateway/ownership.py`, which also fences a writer that lost it).
+For each server of the model it waits for requests in flight to drain (bounded), then pause(keep) →
+reload_weights(uri) → reset_prefix_cache → update_weight_version → resume, proving before each step that
+it still owns the partition, and publishes a `pool` event with the pause duration. The version label comes
+from the same event as the weights, after they loaded, so a server reports the version it serves. Offsets are
+committed after the pool events are acknowledged. A re-delivered event (the applier died or lost the
+partition mid-way) is finished, not repeated: a server whose /weight_info already shows the version is not
+paused again (resumed if the applier stopped before resuming it), one behind loads the event's weights again,
+and the pool event's id is derived from (model, version, server, status), so consumers drop the repeat.
 
 Canaries (`--canary-share` > 0): the applier answers a `weights` event with a `release` event
 (`canary`, topic `releases`) and loads the version on the canary's servers only; the decision
@@ -26,17 +29,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Literal
 
 import aiohttp
 import orjson
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import KafkaError
 
 from agentstream.gateway.errors import GatewayError
 from agentstream.gateway.logs import fields
 from agentstream.gateway.metrics import Metrics
+from agentstream.gateway.ownership import Claim, Fenced, Ownership
 from agentstream.gateway.pool import Pool, Upstream
 from agentstream.gateway.recorder import Recorder
 from agentstream.gateway.settings import GatewaySettings
@@ -73,6 +78,7 @@ class PoolSync:
         """where each partition ended when this replica started: records before are folded, never acted on"""
         self.following = asyncio.Event()
         """set once this replica follows the topics (it holds for every update published after)"""
+        self.ownership = Ownership()
 
     async def start(self) -> None:
         """Follow (and apply); with canaries on, return once the release history is folded, so that the first
@@ -195,7 +201,14 @@ class PoolSync:
 
     async def _apply(self) -> None:
         topics = self.settings.topics
-        consumer = make_consumer(self.settings, topics.weights, topics.releases, group_id=self.settings.pool_group)
+        # the longest step (a drain, then a reload) must not cost the partition: the group waits that long for
+        # this loop to poll again
+        step_ms = round((self.settings.drain_timeout_s + self.settings.upstream_timeout_s + 60) * 1000)
+        consumer = make_consumer(self.settings, group_id=self.settings.pool_group,
+                                 partition_assignment_strategy=(RangePartitionAssignor,),
+                                 rebalance_timeout_ms=step_ms, max_poll_interval_ms=step_ms)
+        consumer.subscribe([topics.weights, topics.releases], listener=self.ownership)
+        self.ownership.consumer = consumer
         await consumer.start()
         try:
             await self._releases_known()
@@ -204,15 +217,23 @@ class PoolSync:
                 for partition, records in batch.items():
                     await self._apply_batch(consumer, partition, records)
         finally:
+            self.ownership.consumer = None
             await consumer.stop()
 
     async def _apply_batch(self, consumer: AIOKafkaConsumer, partition: TopicPartition,
                            records: list[ConsumerRecord]) -> None:
+        claim = self.ownership.claim(partition, records[0].offset)
         try:
             if partition.topic == self.settings.topics.releases:
-                await self._apply_releases(records)
+                await self._apply_releases(records, claim)
             else:
-                await self._apply_weights(records)
+                await self._apply_weights(records, claim)
+        except Fenced as exc:
+            log.warning("stopped an update: this replica no longer applies it; the partition's owner does",
+                        extra=fields(problem=str(exc)))
+            if partition in consumer.assignment():  # still ours (the broker did not answer): read them again
+                consumer.seek(partition, records[0].offset)
+            return
         except GatewayError:
             # Kafka did not take the pool events: nothing is committed, the restarted loop reads these again
             raise KafkaError("pool events were not acknowledged") from None
@@ -233,7 +254,7 @@ class PoolSync:
             await self.recorder.publish(deadletter_event(record, str(exc), f"{self.settings.source}.pool-sync"))
             return None
 
-    async def _apply_weights(self, records: list[ConsumerRecord]) -> None:
+    async def _apply_weights(self, records: list[ConsumerRecord], claim: Claim) -> None:
         # only the newest version of each model matters: a backlog is one update, not many
         newest: dict[str, WeightsEvent] = {}
         for record in records:
@@ -245,11 +266,11 @@ class PoolSync:
                 newest[event.data.model] = event
         for event in newest.values():
             if self.canaries(event.data.model):
-                await self.start_canary(event)
+                await self.start_canary(event, claim)
             else:
-                await self.apply(event)
+                await self.apply(event, claim=claim)
 
-    async def _apply_releases(self, records: list[ConsumerRecord]) -> None:
+    async def _apply_releases(self, records: list[ConsumerRecord], claim: Claim) -> None:
         for record in records:
             event = await self._decoded(record)
             if not isinstance(event, ReleaseEvent) or event.data.action not in ("promote", "rollback"):
@@ -259,11 +280,11 @@ class PoolSync:
             if state is None or state.current != event.data:
                 continue  # a decision about a canary that was replaced or decided before
             if event.data.action == "promote":
-                await self.apply(_weights_of(event.data))
+                await self.apply(_weights_of(event.data), claim=claim)
             else:
-                await self.roll_back(event.data)
+                await self.roll_back(event.data, claim)
 
-    async def start_canary(self, event: WeightsEvent) -> None:
+    async def start_canary(self, event: WeightsEvent, claim: Claim | None = None) -> None:
         """Publish the canary's release event, then load its version on the canary's servers."""
         weights = event.data
         servers = self.pool.servers(weights.model)
@@ -271,9 +292,9 @@ class PoolSync:
         state = self.pool.releases.get(weights.model)
         if state is not None and state.current.version == weights.version:  # delivered again after its start
             if state.active:
-                await self.apply(event, [server for server in servers if server.url in state.current.servers])
+                await self.apply(event, [server for server in servers if server.url in state.current.servers], claim)
             elif state.current.action == "promote":
-                await self.apply(event)
+                await self.apply(event, claim=claim)
             return
         stable = stable_of(state) or await self._base(weights.model, servers, chosen)
         if stable is not None and weights.version <= stable[0]:
@@ -282,7 +303,7 @@ class PoolSync:
             log.warning("no stable checkpoint to roll a canary back to: the new version goes to every server; "
                         "pass --base-weights MODEL=PATH (the folder the servers started with)",
                         extra=fields(model=weights.model, version=weights.version))
-            await self.apply(event)
+            await self.apply(event, claim=claim)
             return
         release = Release(model=weights.model, action="canary", version=weights.version, uri=weights.uri,
                           stable_version=stable[0], stable_uri=stable[1],
@@ -290,9 +311,10 @@ class PoolSync:
                           decided_by=self.settings.replica_id, reason="a new version")
         canary = ReleaseEvent(id=derived_id("release.canary", weights.model, str(weights.version)),
                               source=self.settings.source, data=release)
+        await _check(claim, "starting a canary")
         await self.recorder.publish(canary)
         self.observe_release(canary)
-        await self.apply(event, [server for server in servers if server.url in chosen])
+        await self.apply(event, [server for server in servers if server.url in chosen], claim)
 
     async def _base(self, model: str, servers: list[Upstream], chosen: list[str]) -> tuple[int, str] | None:
         """The stable version before any release: what the servers outside the canary serve, from the folder
@@ -302,7 +324,7 @@ class PoolSync:
         known = [version for version in versions if version is not None]
         return (max(known), uri) if uri and known else None
 
-    async def roll_back(self, release: Release) -> list[PoolUpdate]:
+    async def roll_back(self, release: Release, claim: Claim | None = None) -> list[PoolUpdate]:
         """Load the stable checkpoint on the canary's servers again (their version goes down)."""
         servers = [server for server in self.pool.servers(release.model) if server.url in release.servers]
         versions = await asyncio.gather(*(self._served_version(server) for server in servers))
@@ -311,9 +333,9 @@ class PoolSync:
             log.warning("requests still in flight after the drain timeout: pausing anyway (they resume after)",
                         extra=fields(model=release.model, drain_timeout_s=self.settings.drain_timeout_s))
         started = time.monotonic()
-        updates = await asyncio.gather(*(
+        updates = await _each(
             self._update(server, release.model, release.stable_version, release.stable_uri, started,
-                         skip=server not in behind) for server in servers))
+                         skip=server not in behind, claim=claim) for server in servers)
         for server, update in zip(servers, updates):
             await self._published(update, "rollback", str(release.version))
             if update.status == "ok":
@@ -326,9 +348,10 @@ class PoolSync:
             source=self.settings.source, data=update))
         self.metrics.pool_updates.labels(update.status).inc()
 
-    async def apply(self, event: WeightsEvent, servers: list[Upstream] | None = None) -> list[PoolUpdate]:
-        """Apply one update to `servers` (default: every server of its model); publish and return one
-        `PoolUpdate` each."""
+    async def apply(self, event: WeightsEvent, servers: list[Upstream] | None = None,
+                    claim: Claim | None = None) -> list[PoolUpdate]:
+        """Apply one update to `servers` (default: every server of its model) while `claim` holds (None: no
+        group, as when called by hand); publish and return one `PoolUpdate` each."""
         weights = event.data
         servers = self.pool.servers(weights.model) if servers is None else servers
         if not servers:
@@ -343,8 +366,8 @@ class PoolSync:
             if not await self.pool.drain(weights.model, behind, self.settings.drain_timeout_s):
                 log.warning("requests still in flight after the drain timeout: pausing anyway (they resume after)",
                             extra=fields(model=weights.model, drain_timeout_s=self.settings.drain_timeout_s))
-        updates = await asyncio.gather(*(self._update(server, weights.model, weights.version, weights.uri, held_since,
-                                                      skip=server not in behind) for server in servers))
+        updates = await _each(self._update(server, weights.model, weights.version, weights.uri, held_since,
+                                           skip=server not in behind, claim=claim) for server in servers)
         for server, update in zip(servers, updates):
             await self._published(update)
             self.pool.applied(update.model, update.version, server.url, ok=update.status == "ok")
@@ -358,8 +381,17 @@ class PoolSync:
         except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
             return None
 
+    async def _paused(self, server: Upstream) -> bool:
+        try:
+            async with self.http.get(f"{server.url}/is_paused", timeout=aiohttp.ClientTimeout(total=10)) as response:
+                return response.status == 200 and (await response.json(content_type=None)).get("is_paused") is True
+        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
+            return False
+
     async def _update(self, server: Upstream, model: str, version: int, uri: str, held_since: float,
-                      skip: bool) -> PoolUpdate:
+                      skip: bool, claim: Claim | None = None) -> PoolUpdate:
+        """Update one server, step by step while `claim` holds. Fenced stops it where it is: the engine stays
+        paused (requests wait, none runs on half-loaded weights) until the partition's new owner finishes."""
         def update(status: Literal["ok", "failed"], pause_ms: float = 0.0, load_ms: float | None = None,
                    error: str | None = None) -> PoolUpdate:
             held_ms = round((time.monotonic() - held_since) * 1000, 1)
@@ -368,26 +400,30 @@ class PoolSync:
                               applied_by=self.settings.replica_id)
 
         if skip:  # already serves it: an update delivered again after its applier stopped
-            return update("ok")
+            return await self._finish(server, claim, update)
         path = uri.removeprefix("file://")
         paused = time.monotonic()
         load_ms = None
         error = None
         try:
+            await _check(claim, "pausing")
             await self._post(server, "/pause", params={"mode": "keep"})
             paused = time.monotonic()
+            await _check(claim, "reloading")
             await self._post(server, "/collective_rpc", timeout=self.settings.upstream_timeout_s,
                              json={"method": "reload_weights", "kwargs": {"weights_path": path}})
             load_ms = round((time.monotonic() - paused) * 1000, 1)
+            await _check(claim, "resetting the prefix cache")
             await self._reset_prefix_cache(server)
+            await _check(claim, "labelling the version")  # after the weights loaded, from the same event
             await self._post(server, "/update_weight_version", json={"new_version": str(version)})
         except (aiohttp.ClientError, TimeoutError, UpdateFailed) as exc:
             error = f"{type(exc).__name__}: {exc}"
-        finally:
-            try:
-                await self._post(server, "/resume")
-            except (aiohttp.ClientError, TimeoutError, UpdateFailed) as exc:
-                error = f"{error + '; ' if error else ''}resume failed: {type(exc).__name__}: {exc}"
+        await _check(claim, "resuming")  # a fenced writer leaves the resume to the one that finishes the update
+        try:
+            await self._post(server, "/resume")
+        except (aiohttp.ClientError, TimeoutError, UpdateFailed) as exc:
+            error = f"{error + '; ' if error else ''}resume failed: {type(exc).__name__}: {exc}"
         pause_ms = round((time.monotonic() - paused) * 1000, 1)
         self.metrics.pause.observe(pause_ms / 1000)
         if error:
@@ -396,6 +432,19 @@ class PoolSync:
             return update("failed", pause_ms, load_ms, error)
         log.info("weights applied", extra=fields(server=server.url, version=version, pause_ms=pause_ms, load_ms=load_ms))
         return update("ok", pause_ms, load_ms)
+
+    async def _finish(self, server: Upstream, claim: Claim | None,
+                      update: Callable[..., PoolUpdate]) -> PoolUpdate:
+        """A server that serves the version already: resume it if its applier stopped before doing so."""
+        if not await self._paused(server):
+            return update("ok")
+        await _check(claim, "resuming")
+        try:
+            await self._post(server, "/resume")
+        except (aiohttp.ClientError, TimeoutError, UpdateFailed) as exc:
+            return update("failed", error=f"resume failed: {type(exc).__name__}: {exc}")
+        log.info("resumed a server its last applier left paused", extra=fields(server=server.url))
+        return update("ok")
 
     async def _reset_prefix_cache(self, server: Upstream) -> None:
         """Drop KV blocks cached under the old weights: a prompt that hits them after the swap would
@@ -420,3 +469,18 @@ def _weights_of(release: Release) -> WeightsEvent:
     """The update a promotion applies: the canary's version on every server."""
     return WeightsEvent(source="release", data=Weights(model=release.model, version=release.version, uri=release.uri,
                                                        step=0))
+
+
+async def _check(claim: Claim | None, step: str) -> None:
+    if claim is not None:
+        await claim.check(step)
+
+
+async def _each(updates: Iterable[Awaitable[PoolUpdate]]) -> list[PoolUpdate]:
+    """Every server's update run to its end (a fenced one stops before its next step, never mid-step); then
+    Fenced if one was."""
+    results = await asyncio.gather(*updates, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return [result for result in results if not isinstance(result, BaseException)]

@@ -114,8 +114,30 @@ def settings_problem(settings: GatewaySettings) -> str | None:
     if not (settings.keys or settings.token_secret.get_secret_value() or settings.allow_anonymous):
         return ("the gateway has no way to authenticate agents: set AGENTSTREAM_API_KEYS (operator keys), "
                 "AGENTSTREAM_TOKEN_SECRET (rollout tokens), or --allow-anonymous for local experiments")
+    default = default_secret(settings)
+    if default:
+        return default
     try:
         parse_upstreams(settings.upstreams)
     except ValueError as exc:
         return str(exc)
+    return None
+
+
+DEFAULT_SECRETS = frozenset({"change-me", "change-me-too"})
+"""the placeholders compose files and examples ship: anyone who read them holds the key"""
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def default_secret(settings: GatewaySettings) -> str | None:
+    """Which shipped placeholder secret a gateway reachable from other hosts would run with; None if none.
+    The local stack listens on 127.0.0.1, where only this machine reaches it: the placeholders are fine there."""
+    if settings.host in LOOPBACK:
+        return None
+    if settings.token_secret.get_secret_value() in DEFAULT_SECRETS:
+        return (f"AGENTSTREAM_TOKEN_SECRET is the placeholder {settings.token_secret.get_secret_value()!r} and the "
+                f"gateway listens on {settings.host}: set a secret of your own (e.g. `openssl rand -hex 32`)")
+    if settings.keys & DEFAULT_SECRETS:
+        return (f"AGENTSTREAM_API_KEYS holds the placeholder {sorted(settings.keys & DEFAULT_SECRETS)[0]!r} and the "
+                f"gateway listens on {settings.host}: set keys of your own (e.g. `openssl rand -hex 32`)")
     return None

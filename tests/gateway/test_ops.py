@@ -1,5 +1,5 @@
 """Operating the gateway: `python -m agentstream.gateway` and `agentstream gateway`, settings from flags and the
-environment, /healthz, /metrics, structured logs, and SIGTERM letting a call in flight finish."""
+environment, /healthz and /readyz, /metrics, structured logs, and SIGTERM letting a call in flight finish."""
 
 from __future__ import annotations
 
@@ -47,6 +47,26 @@ def test_a_gateway_that_cannot_authenticate_refuses_to_start():
                             capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
     assert result.returncode == 2
     assert "AGENTSTREAM_TOKEN_SECRET" in result.stderr and "--allow-anonymous" in result.stderr
+
+
+@pytest.mark.parametrize(("setting", "value"), [("AGENTSTREAM_TOKEN_SECRET", "change-me"),
+                                              ("AGENTSTREAM_API_KEYS", "mine-0123456789,change-me-too")])
+def test_a_gateway_open_to_other_hosts_refuses_a_placeholder_secret(setting, value):
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("AGENTSTREAM_")},
+           "AGENTSTREAM_TOKEN_SECRET": "a-secret-of-our-own", setting: value}
+    command = [sys.executable, "-m", "agentstream.gateway", "--upstreams", "tiny=http://127.0.0.1:1"]
+    result = subprocess.run([*command, "--host", "0.0.0.0"], capture_output=True, text=True, cwd=ROOT, env=env,
+                            timeout=60)
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: {setting} ") and "placeholder" in line and "0.0.0.0" in line
+
+    # the local stack listens on 127.0.0.1, where only this machine reaches it: the placeholder is taken there
+    from agentstream.gateway.service import settings_problem
+
+    local = GatewaySettings(upstreams=["tiny=http://127.0.0.1:1"], host="127.0.0.1",
+                            **{setting.removeprefix("AGENTSTREAM_").lower(): value})
+    assert settings_problem(local) is None
 
 
 @pytest.mark.vllm
@@ -98,7 +118,7 @@ async def test_python_m_gateway_serves_and_finishes_a_stream_on_sigterm(kafka, v
             proc.wait()
 
 
-async def test_healthz_and_metrics(kafka):
+async def test_healthz_readyz_and_metrics(kafka):
     from tests.support.gateway import gateway_settings, running_gateway
 
     async with running_gateway(gateway_settings(kafka, [f"tiny=http://127.0.0.1:{free_port()}"])) as gw:
@@ -107,12 +127,15 @@ async def test_healthz_and_metrics(kafka):
             await http.post("/v1/chat/completions", json={"model": "tiny", "messages": []})
             metrics = (await http.get("/metrics")).text
             health = await http.get("/healthz")
+            ready = await http.get("/readyz")
         assert 'gateway_requests_total{api="chat.completions",status="400"} 1.0' in metrics
         assert 'gateway_requests_total{api="chat.completions",status="502"} 1.0' in metrics
         assert 'gateway_upstream_failovers_total' in metrics and "gateway_publish_seconds_count 2.0" in metrics
         assert "gateway_held_requests 0.0" in metrics and "gateway_request_seconds_bucket" in metrics
-        # the only upstream is down: degraded, and the reason is given
-        assert health.status_code == 503
-        report = health.json()
+        # the only upstream is down: not ready, and the reason is given; alive all the same (a liveness probe must
+        # not restart a gateway whose upstream reloads)
+        assert ready.status_code == 503 and health.status_code == 200
+        assert health.json()["status"] == ready.json()["status"] == "degraded"
+        report = ready.json()
         assert report["kafka"] is True and report["upstreams"][0]["healthy"] is False
         assert "Cannot connect" in report["upstreams"][0]["problem"]

@@ -9,6 +9,10 @@ FAULT is `part.point` or `part.point:N` (the Nth time the point is reached):
 - replay.after_output:N      the Nth checkpoint that wrote output made it durable, its state not yet saved
 - replay.after_state:N       the state of the Nth checkpoint that wrote output is saved
 - archive.after_files:N      the files of the Nth commit are written, its manifest not yet
+- gateway.after_reload       a server loaded new weights, not yet labelled nor resumed
+- gateway.after_label        a server loaded and labelled new weights, not yet resumed
+  (gateway faults fire in one process only when several run them: the first to create the file named by
+  AGENTSTREAM_FAULT_ONCE, if set)
 """
 
 from __future__ import annotations
@@ -119,12 +123,48 @@ def archive_after_files(countdown: Countdown) -> None:
     Manifest.save = killing
 
 
+def _gateway_after(path: str, countdown: Countdown) -> None:
+    from agentstream.gateway.pool_sync import PoolSync
+
+    post = PoolSync._post
+
+    @functools.wraps(post)
+    async def killing(self, server, step, *args, **kwargs):
+        answer = await post(self, server, step, *args, **kwargs)
+        if step == path and _first_here():
+            countdown.tick()
+        return answer
+
+    PoolSync._post = killing
+
+
+def _first_here() -> bool:
+    once = os.environ.get("AGENTSTREAM_FAULT_ONCE")
+    if not once:
+        return True
+    try:
+        os.close(os.open(once, os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return False
+    return True
+
+
+def gateway_after_reload(countdown: Countdown) -> None:
+    _gateway_after("/collective_rpc", countdown)
+
+
+def gateway_after_label(countdown: Countdown) -> None:
+    _gateway_after("/update_weight_version", countdown)
+
+
 FAULTS = {
     "trainer.after_checkpoint": trainer_after_checkpoint,
     "trainer.after_publish": trainer_after_publish,
     "replay.after_output": replay_after_output,
     "replay.after_state": replay_after_state,
     "archive.after_files": archive_after_files,
+    "gateway.after_reload": gateway_after_reload,
+    "gateway.after_label": gateway_after_label,
 }
 
 

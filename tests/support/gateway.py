@@ -28,6 +28,7 @@ from agentstream.schemas import Event, decode
 from agentstream.schemas.kafka import KafkaSettings, make_consumer, partitions_of
 from agentstream.schemas.tokens import mint_rollout_token
 from agentstream.stack.process import free_port, stop_pid
+from tests.support import faults
 from tests.support.wait import wait_for, wait_for_async
 
 OPERATOR_KEY = "operator-key-for-tests"
@@ -195,6 +196,8 @@ class GatewayProcess:
     log: Path
     env: dict[str, str] = field(default_factory=dict)
     port: int = field(default_factory=free_port)
+    fault: str | None = None
+    """a crash injected by `tests/support/faults.py`, e.g. gateway.after_reload"""
     process: subprocess.Popen | None = None
 
     @property
@@ -206,9 +209,10 @@ class GatewayProcess:
                "AGENTSTREAM_API_KEYS": f'["{OPERATOR_KEY}"]', "AGENTSTREAM_TOPIC_PREFIX": self.kafka.topic_prefix,
                "AGENTSTREAM_UPSTREAMS": ",".join(self.upstreams), **self.env}
         with open(self.log, "ab") as out:
-            self.process = subprocess.Popen([sys.executable, "-m", "agentstream.gateway", "--port", str(self.port)],
-                                            cwd=Path(__file__).parents[2], env=env, stdout=out, stderr=out)
-        wait_for(self._healthy, timeout=60, what="the gateway's /healthz")
+            args = ["agentstream.gateway", "--port", str(self.port)]
+            command = faults.command(self.fault, *args) if self.fault else [sys.executable, "-m", *args]
+            self.process = subprocess.Popen(command, cwd=Path(__file__).parents[2], env=env, stdout=out, stderr=out)
+        wait_for(self._healthy, timeout=60, what="the gateway's /readyz")
         return self
 
     def _healthy(self) -> bool:
@@ -216,7 +220,7 @@ class GatewayProcess:
         if self.process.poll() is not None:
             raise AssertionError(f"the gateway exited:\n{self.log.read_text()[-3000:]}")
         try:
-            return httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200
+            return httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200
         except httpx.HTTPError:
             return False
 
