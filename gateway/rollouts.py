@@ -1,8 +1,13 @@
-"""What an agent (or its harness) posts about its rollout besides model calls: a reward, its end, its diff."""
+"""What an agent (or its harness) posts about its rollout besides model calls: a reward, its end, its diff.
+
+A reward is the agent's only for an attempt nothing else scores: a token whose attempt a grader or reward
+function scores (`RolloutClaims.graded`) gets a 403 for one. Reward values are finite and fit the trainer's
+float32 tensors (larger ones would be inf there): others are a 400.
+"""
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -10,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from agentstream.gateway.auth import auth_headers
-from agentstream.gateway.errors import BadRequest, ErrorCode, TooLarge
+from agentstream.gateway.errors import BadRequest, ErrorCode, Forbidden, TooLarge
 from agentstream.gateway.service import Gateway
 from agentstream.schemas.events import (
     Event,
@@ -31,9 +36,15 @@ MAX_DIFF_BODY_BYTES = 8 * MAX_DIFF_BYTES
 """a body larger than this is refused (413) unread"""
 
 
+FLOAT32_MAX = 3.4028234663852886e38
+"""the largest reward the trainer's float32 tensors hold: a larger one is inf there, and its batch's advantages NaN"""
+
+Float32 = Annotated[float, Field(ge=-FLOAT32_MAX, le=FLOAT32_MAX, allow_inf_nan=False)]
+
+
 class RewardBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    value: float
+    value: Float32
     turns: list[TurnReward] = Field(default_factory=list)
     details: dict[str, Any] = Field(default_factory=dict)
     attempt_id: str | None = None
@@ -63,7 +74,12 @@ def json_response(payload: Any, status: int = 200) -> Response:
 async def reward(request: Request) -> Response:
     gateway: Gateway = request.app.state.gateway
     principal = gateway.auth.principal(auth_headers(request.scope))  # 401 before any look at the body
+    if principal.claims is not None and principal.claims.graded:
+        raise Forbidden(f"attempt {principal.claims.attempt_id!r} of rollout {principal.claims.rollout_id!r} is "
+                        "scored by its grader: its agent cannot post a reward", ErrorCode.REWARD_FROM_GRADER)
     body = _body(await request.body(), RewardBody)
+    if any(not abs(turn.value) <= FLOAT32_MAX for turn in body.turns):
+        raise BadRequest(f"turns: every value must be a finite number within ±{FLOAT32_MAX:.4g}")
     where = gateway.attribution(request, request.path_params["rollout_id"],
                                 request.path_params.get("attempt_id") or body.attempt_id, principal)
     return await _published(gateway, RewardEvent(

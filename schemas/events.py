@@ -65,6 +65,12 @@ class Task(Payload):
     reward_fn: str | None = Field(None, description="`module:function` that scores the trajectory")
     metadata: dict[str, Any] = Field(default_factory=dict, description="e.g. the expected answer")
 
+    @property
+    def graded(self) -> bool:
+        """Its reward comes from its reward function or a grader (`metadata["reward_source"] == "grader"`), never
+        from the agent: its agents' tokens say so and the gateway refuses their rewards."""
+        return self.reward_fn is not None or self.metadata.get("reward_source") == "grader"
+
 
 class RolloutQueued(Payload):
     task: Task

@@ -24,6 +24,8 @@ from agentstream.schemas.events import Feedback, FeedbackEvent, Reward, TurnRewa
 from agentstream.streams.rewards import RewardError, load
 
 DEFAULT_POLICY = "streams.policies:latest"
+FLOAT32_MAX = 3.4028234663852886e38
+"""the largest reward a float32 holds: the trainer's reward tensors are float32"""
 
 
 @dataclass(frozen=True)
@@ -64,9 +66,15 @@ def score(name: str, session: SessionFeedback) -> Reward | None:
         reward = Reward(value=float(result), reward_fn=name)
     else:
         raise RewardError(f"reward policy {name} returned {type(result).__name__}; return a float, a Reward or None")
-    if not math.isfinite(reward.value) or not all(math.isfinite(turn.value) for turn in reward.turns):
-        raise RewardError(f"reward policy {name} returned a value that is not a finite number")
+    if not all(_trainable(value) for value in (reward.value, *(turn.value for turn in reward.turns))):
+        # (feedback written to Kafka past the gateway's range check: deadlettered, never in a trajectory)
+        raise RewardError(f"reward policy {name} returned a value that is not a finite number within "
+                          f"±{FLOAT32_MAX:.4g} (the trainer's float32 would make it inf, and its batch NaN)")
     return reward
+
+
+def _trainable(value: float) -> bool:
+    return math.isfinite(value) and abs(value) <= FLOAT32_MAX
 
 
 # --- policies --------------------------------------------------------------------------------
