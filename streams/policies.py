@@ -20,7 +20,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agentstream.schemas.events import Feedback, FeedbackEvent, Reward, TurnReward
+from agentstream.schemas.events import Event, Feedback, FeedbackEvent, Reward, RewardEvent, TurnReward
 from agentstream.streams.rewards import RewardError, load
 
 DEFAULT_POLICY = "streams.policies:latest"
@@ -75,6 +75,22 @@ def score(name: str, session: SessionFeedback) -> Reward | None:
 
 def _trainable(value: float) -> bool:
     return math.isfinite(value) and abs(value) <= FLOAT32_MAX
+
+
+def untrainable(event: Event) -> str | None:
+    """Why a reward or feedback event carries a number no trajectory may hold (not finite, or beyond a
+    float32: the trainer's reward tensors would hold inf, and every advantage of its batch NaN); else None.
+    The gateway refuses such numbers; this keeps one written to Kafka past it out of the fold."""
+    if type(event) is RewardEvent:
+        values = [event.data.value, *(turn.value for turn in event.data.turns)]
+    elif type(event) is FeedbackEvent and event.data.score is not None:
+        values = [event.data.score]
+    else:
+        return None
+    if all(_trainable(value) for value in values):
+        return None
+    return (f"a {event.type} whose number is not finite or beyond ±{FLOAT32_MAX:.4g} (a float32: the trainer's "
+            "rewards would be inf, its batch's advantages NaN)")
 
 
 # --- policies --------------------------------------------------------------------------------
