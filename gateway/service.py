@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import math
 
 import aiohttp
 from starlette.requests import Request
@@ -115,7 +116,11 @@ def call_options(settings: GatewaySettings) -> CallOptions:
 
 def settings_problem(settings: GatewaySettings) -> str | None:
     """Why these settings cannot run a gateway, with the fix; None if they can."""
-    if not (settings.key_ring or settings.token_secret.get_secret_value() or settings.allow_anonymous):
+    try:
+        keys = settings.key_ring
+    except ValueError as exc:  # a key under two scopes
+        return str(exc)
+    if not (keys or settings.token_secret.get_secret_value() or settings.allow_anonymous):
         return ("the gateway has no way to authenticate agents: set AGENTSTREAM_API_KEYS (operator keys), "
                 "AGENTSTREAM_APP_KEYS (app keys), "
                 "AGENTSTREAM_TOKEN_SECRET (rollout tokens), or --allow-anonymous for local experiments")
@@ -123,4 +128,7 @@ def settings_problem(settings: GatewaySettings) -> str | None:
         parse_upstreams(settings.upstreams)
     except ValueError as exc:
         return str(exc)
+    low, high = settings.feedback_score_min, settings.feedback_score_max
+    if not (math.isfinite(low) and math.isfinite(high) and low < high):
+        return f"the feedback score range must be finite, low < high: got [{low}, {high}] (--feedback-score-min/max)"
     return None

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from agentstream.schemas.kafka import KafkaSettings
@@ -109,17 +108,9 @@ class GatewaySettings(KafkaSettings):
     def _keys_from_text(cls, value: object) -> object:
         return text_list(value)
 
-    @model_validator(mode="after")
-    def _score_range(self) -> GatewaySettings:
-        if not (math.isfinite(self.feedback_score_min) and math.isfinite(self.feedback_score_max)
-                and self.feedback_score_min < self.feedback_score_max):
-            raise ValueError(f"feedback scores must lie in a finite range, low < high: got "
-                             f"[{self.feedback_score_min}, {self.feedback_score_max}]")
-        return self
-
     @property
     def key_ring(self) -> KeyRing:
-        """Every key the gateway takes, by scope."""
+        """Every key the gateway takes, by scope (ValueError for a key under two: `settings_problem` says so)."""
         return KeyRing(self.keys, secret_values(self.app_keys), secret_values(self.read_keys))
 
     @property

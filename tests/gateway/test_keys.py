@@ -18,6 +18,8 @@ from agentstream.controller.attempt import Attempt, Gateway, agent_env
 from agentstream.controller.tasks import PlannedRollout
 from agentstream.dashboard.app import create_app as dashboard_app
 from agentstream.dashboard.settings import DashboardSettings
+from agentstream.gateway.service import settings_problem
+from agentstream.gateway.settings import GatewaySettings
 from agentstream.schemas import FeedbackEvent, RewardEvent, SessionEndedEvent
 from agentstream.schemas.events import Release, ReleaseEvent, Task
 from agentstream.schemas.releases import in_canary
@@ -162,6 +164,18 @@ async def test_an_agent_cannot_reward_an_attempt_its_grader_scores(gw, kafka):
     assert (finished.status_code, own.status_code) == (200, 200)  # what else the agent posts is taken
     (reward,) = await read_events(kafka, kafka.topics.rewards, count=1)
     assert isinstance(reward, RewardEvent) and (reward.rollout_id, reward.data.value) == ("r-own", 1.0)
+
+
+@pytest.mark.parametrize("settings, problem", [
+    ({"api_keys": ["k"], "app_keys": ["k"]}, "two scopes"),
+    ({"app_keys": ["k"], "read_keys": ["k"]}, "two scopes"),
+    ({"app_keys": ["k"], "feedback_score_min": 1.0}, "low < high"),
+    ({"app_keys": ["k"], "feedback_score_max": float("inf")}, "must be finite"),
+    ({"read_keys": ["k"]}, None),  # (it starts; every request with the key is then a 403)
+])
+def test_a_key_under_two_scopes_or_a_broken_score_range_is_refused_at_start(settings, problem):
+    found = settings_problem(GatewaySettings(**settings))
+    assert found is None if problem is None else problem in str(found)
 
 
 @pytest.mark.parametrize("task, graded", [
