@@ -40,7 +40,7 @@ def auth_headers(scope: MutableMapping[str, Any]) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Principal:
-    kind: Literal["operator", "app", "read", "rollout", "anonymous"]
+    kind: Literal["operator", "app", "rollout", "anonymous"]
     claims: RolloutClaims | None = None
     identity: str = "anonymous"
     """who this is in events (feedback's sender, a key's default session): `key:<hash>` of a gateway key"""

@@ -18,6 +18,7 @@ from agentstream.gateway.auth import auth_headers
 from agentstream.gateway.errors import BadRequest, ErrorCode, Forbidden, TooLarge
 from agentstream.gateway.service import Gateway
 from agentstream.schemas.events import (
+    REWARD_MAX,
     Event,
     Reward,
     RewardEvent,
@@ -36,15 +37,12 @@ MAX_DIFF_BODY_BYTES = 8 * MAX_DIFF_BYTES
 """a body larger than this is refused (413) unread"""
 
 
-FLOAT32_MAX = 3.4028234663852886e38
-"""the largest reward the trainer's float32 tensors hold: a larger one is inf there, and its batch's advantages NaN"""
-
-Float32 = Annotated[float, Field(ge=-FLOAT32_MAX, le=FLOAT32_MAX, allow_inf_nan=False)]
+RewardValue = Annotated[float, Field(ge=-REWARD_MAX, le=REWARD_MAX, allow_inf_nan=False)]
 
 
 class RewardBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    value: Float32
+    value: RewardValue
     turns: list[TurnReward] = Field(default_factory=list)
     details: dict[str, Any] = Field(default_factory=dict)
     attempt_id: str | None = None
@@ -78,8 +76,8 @@ async def reward(request: Request) -> Response:
         raise Forbidden(f"attempt {principal.claims.attempt_id!r} of rollout {principal.claims.rollout_id!r} is "
                         "scored by its grader: its agent cannot post a reward", ErrorCode.REWARD_FROM_GRADER)
     body = _body(await request.body(), RewardBody)
-    if any(not abs(turn.value) <= FLOAT32_MAX for turn in body.turns):
-        raise BadRequest(f"turns: every value must be a finite number within ±{FLOAT32_MAX:.4g}")
+    if any(not abs(turn.value) <= REWARD_MAX for turn in body.turns):
+        raise BadRequest(f"turns: every value must be a finite number within ±{REWARD_MAX:.4g}")
     where = gateway.attribution(request, request.path_params["rollout_id"],
                                 request.path_params.get("attempt_id") or body.attempt_id, principal)
     return await _published(gateway, RewardEvent(

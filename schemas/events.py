@@ -279,6 +279,11 @@ class CallEvent(Event):
 # --- rewards (topic: rewards) ----------------------------------------------------------------
 
 
+REWARD_MAX = 3.4028234663852886e38
+"""the largest reward magnitude a trajectory may carry: a float32's largest (the trainer's reward tensors are
+float32: beyond it a reward is inf there, and every advantage of its batch NaN)"""
+
+
 class TurnReward(Payload):
     """A reward for one turn, named by its call id or by its position (0-based) in the attempt."""
 

@@ -64,8 +64,8 @@ def key_identity(key: str) -> str:
 
 
 def app_session_id(identity: str, session_id: str) -> str:
-    """The session an app key's `session_id` names: in that key's namespace, `key:<hash>:<session_id>` (an
-    operator names it so; the app itself only by its own id)."""
+    """The session an app key's `session_id` names: in that key's namespace, `key:<hash>:<session_id>` (what
+    events and answers name; an operator names it so)."""
     return f"{identity}:{session_id}"
 
 

@@ -20,12 +20,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agentstream.schemas.events import Event, Feedback, FeedbackEvent, Reward, RewardEvent, TurnReward
+from agentstream.schemas.events import REWARD_MAX, Event, Feedback, FeedbackEvent, Reward, RewardEvent, TurnReward
 from agentstream.streams.rewards import RewardError, load
 
 DEFAULT_POLICY = "streams.policies:latest"
-FLOAT32_MAX = 3.4028234663852886e38
-"""the largest reward a float32 holds: the trainer's reward tensors are float32"""
 
 
 @dataclass(frozen=True)
@@ -69,12 +67,12 @@ def score(name: str, session: SessionFeedback) -> Reward | None:
     if not all(_trainable(value) for value in (reward.value, *(turn.value for turn in reward.turns))):
         # (feedback written to Kafka past the gateway's range check: deadlettered, never in a trajectory)
         raise RewardError(f"reward policy {name} returned a value that is not a finite number within "
-                          f"±{FLOAT32_MAX:.4g} (the trainer's float32 would make it inf, and its batch NaN)")
+                          f"±{REWARD_MAX:.4g} (the trainer's float32 would make it inf, and its batch NaN)")
     return reward
 
 
 def _trainable(value: float) -> bool:
-    return math.isfinite(value) and abs(value) <= FLOAT32_MAX
+    return math.isfinite(value) and abs(value) <= REWARD_MAX
 
 
 def untrainable(event: Event) -> str | None:
@@ -89,7 +87,7 @@ def untrainable(event: Event) -> str | None:
         return None
     if all(_trainable(value) for value in values):
         return None
-    return (f"a {event.type} whose number is not finite or beyond ±{FLOAT32_MAX:.4g} (a float32: the trainer's "
+    return (f"a {event.type} whose number is not finite or beyond ±{REWARD_MAX:.4g} (a float32: the trainer's "
             "rewards would be inf, its batch's advantages NaN)")
 
 
