@@ -46,7 +46,8 @@ def agent_env(gateway: Gateway, attempt: Attempt, task_path: str, timeout_s: flo
     rollout, attempt_id = attempt.rollout_id, attempt.attempt_id
     env = {
         "OPENAI_BASE_URL": f"{base}/rollouts/{rollout}/attempts/{attempt_id}/v1",
-        "OPENAI_API_KEY": mint_rollout_token(gateway.token_secret, rollout, attempt_id, ttl_s=timeout_s + TOKEN_MARGIN_S),
+        "OPENAI_API_KEY": mint_rollout_token(gateway.token_secret, rollout, attempt_id, ttl_s=timeout_s + TOKEN_MARGIN_S,
+                                             graded=attempt.rollout.task.graded),
         "AGENTSTREAM_ROLLOUT_ID": rollout,
         "AGENTSTREAM_ATTEMPT_ID": attempt_id,
         "AGENTSTREAM_TASK": task_path,

@@ -19,6 +19,9 @@ class DashboardSettings(KafkaSettings):
     api_keys: OperatorKeys = Field(
         default_factory=list, description="operator keys (the gateway's, AGENTSTREAM_API_KEYS): the dashboard shows "
         "prompts, so every API call needs one (prefer the environment to a flag: flags show in process listings)")
+    read_keys: OperatorKeys = Field(
+        default_factory=list, description="read-only keys (the gateway's AGENTSTREAM_READ_KEYS): the dashboard and "
+        "its SQL, nothing at the gateway")
     streams_app_id: str = Field("agentstream-streams", description="the streams worker's application id (its "
                                 "consumer group, under the topic prefix), for the streams lag")
     overview_cache_s: float = Field(5.0, description="how long an overview stays fresh before the log is read again")
@@ -28,14 +31,15 @@ class DashboardSettings(KafkaSettings):
         "name the exact record and read one)")
     log_level: str = Field("info", description="debug, info, warning or error")
 
-    @field_validator("api_keys", mode="before")
+    @field_validator("api_keys", "read_keys", mode="before")
     @classmethod
     def _list_from_text(cls, value: Any) -> Any:
         return text_list(value)  # the gateway's format: a JSON list or `key1,key2`
 
     @property
     def keys(self) -> frozenset[str]:
-        return secret_values(self.api_keys)
+        """The keys the dashboard takes: operator and read-only ones (it only reads)."""
+        return secret_values(self.api_keys) | secret_values(self.read_keys)
 
     @property
     def streams_group(self) -> str:

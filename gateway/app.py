@@ -150,4 +150,5 @@ def create_app(settings: GatewaySettings) -> Starlette:
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={GatewayError: gateway_error, HTTPException: http_error})
     app.state.gateway = gateway
+    app.state.feedback_ids = sessions.FeedbackIds()
     return app

@@ -1,19 +1,29 @@
-"""Who is calling, and which rollout a request belongs to.
+"""Who is calling, and which rollout or session a request belongs to.
 
-Operators hold gateway keys and may act for any rollout. Agents hold rollout tokens
-(`schemas.tokens`), bound to one rollout and attempt: a token names its rollout by itself, and a
-request that names another one is refused (403). No key, or a key that is neither, is a 401.
+Gateway keys have a scope (`schemas.keys.KeyRing`): operator keys may act for any rollout and any session;
+app keys for their own sessions only, whose ids are in the key's own namespace
+(`schemas.sessions.app_session_id`), never for a rollout; read-only keys (the dashboard's) for nothing
+here. Agents hold rollout tokens (`schemas.tokens`), bound to one rollout and attempt: a token names its
+rollout by itself, and a request that names another one is refused (403). No key, or a key of no scope,
+is a 401; a key used beyond its scope a 403.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from agentstream.gateway.errors import BadRequest, ErrorCode, Forbidden, Unauthorized
-from agentstream.schemas.keys import is_operator_key, presented_key
-from agentstream.schemas.sessions import MAX_SESSION_ID, default_session_id, key_identity, session_rollout_id
+from agentstream.schemas.keys import KeyRing, presented_key
+from agentstream.schemas.sessions import (
+    MAX_SESSION_ID,
+    app_session_id,
+    default_session_id,
+    key_identity,
+    session_rollout_id,
+)
 from agentstream.schemas.tokens import InvalidToken, RolloutClaims, is_rollout_token, verify_rollout_token
 
 ROLLOUT_HEADER = "x-agentstream-rollout-id"
@@ -30,10 +40,10 @@ def auth_headers(scope: MutableMapping[str, Any]) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Principal:
-    kind: Literal["operator", "rollout", "anonymous"]
+    kind: Literal["operator", "app", "rollout", "anonymous"]
     claims: RolloutClaims | None = None
     identity: str = "anonymous"
-    """who this is in events (feedback's sender, a key's default session): `key:<hash>` of an operator key"""
+    """who this is in events (feedback's sender, a key's default session): `key:<hash>` of a gateway key"""
 
 
 @dataclass(frozen=True)
@@ -47,9 +57,8 @@ class Attribution:
 
 
 class Authenticator:
-    def __init__(self, keys: frozenset[str], token_secret: str, allow_anonymous: bool):
-        self._keys = tuple(key.encode() for key in keys)
-        self._identities = {key: key_identity(key) for key in keys}
+    def __init__(self, keys: KeyRing, token_secret: str, allow_anonymous: bool):
+        self._keys = keys
         self._secret = token_secret
         self._anonymous = allow_anonymous
 
@@ -72,8 +81,12 @@ class Authenticator:
                 return Principal("rollout", verify_rollout_token(self._secret, token))
             except InvalidToken as exc:
                 raise Unauthorized(f"invalid rollout token: {exc}") from None
-        if is_operator_key(token, self._keys):
-            return Principal("operator", identity=self._identities.get(token) or key_identity(token))
+        scope = self._keys.scope_of(token)
+        if scope == "read":
+            raise Forbidden("a read-only key is for the dashboard and its SQL: model calls, rewards and feedback "
+                            "need an app or operator key", ErrorCode.KEY_SCOPE)
+        if scope is not None:
+            return Principal(scope, identity=key_identity(token))
         if self._anonymous:
             return Principal("anonymous")
         raise Unauthorized("invalid API key: not a gateway key or a rollout token")
@@ -85,6 +98,9 @@ class Authenticator:
         claims = principal.claims
         if claims is None:
             if rollout_id is not None:
+                if principal.kind == "app":
+                    raise Forbidden(f"an app key acts for its own sessions only, not for rollout {rollout_id!r}: "
+                                    "send no rollout id (agents use their rollout token)", ErrorCode.KEY_SCOPE)
                 return Attribution(rollout_id, attempt_id)
             session = session_of(session_id, principal)
             return Attribution(session_rollout_id(session), None, session)
@@ -97,11 +113,38 @@ class Authenticator:
         return Attribution(claims.rollout_id, claims.attempt_id)
 
 
+_KEY_SESSION = re.compile(r"(default:)?key:[0-9a-f]{16}(:|$)")
+"""a session id in a key's namespace, or a key's default session (`schemas.sessions`)"""
+
+
 def session_of(session_id: str | None, principal: Principal) -> str:
-    """The session a request names (header or path), else its key's default one; 400 for one too long."""
+    """The session a request names (header or path), else its key's default one; an app key's in its own
+    namespace (403 for one that names another key's); 400 for one too long."""
     if session_id is None or not session_id.strip():
         return default_session_id(principal.identity)
+    if principal.kind == "app":
+        return _app_session(session_id, principal.identity)
+    _check_length(session_id)
+    return session_id
+
+
+def _app_session(session_id: str, identity: str) -> str:
+    """An app key's session: its id in the key's namespace; its own full id or default session as they are
+    (as the answers name them); another key's, or another key's default session, a 403."""
+    own = app_session_id(identity, "")
+    if session_id == default_session_id(identity):
+        return session_id
+    if session_id.startswith(own):
+        _check_length(session_id.removeprefix(own))
+        return session_id
+    if _KEY_SESSION.match(session_id):
+        raise Forbidden("this session id names another key's session: an app key acts for its own sessions only",
+                        ErrorCode.KEY_SCOPE)
+    _check_length(session_id)
+    return app_session_id(identity, session_id)
+
+
+def _check_length(session_id: str) -> None:
     if len(session_id) > MAX_SESSION_ID:
         raise BadRequest(f"the session id is {len(session_id)} characters long: at most {MAX_SESSION_ID} "
                          "(a UUID per conversation is enough)", ErrorCode.INVALID_SESSION)
-    return session_id

@@ -10,8 +10,9 @@ answers in its own shape, `gateway.messages`).
         └── GatewayError          any error the agent gets as an HTTP response
             ├── BadRequest       (400)    the agent's request is wrong: JSON, a field, a value the pool cannot take
             ├── Unauthorized     (401)    no key, or not one of ours
-            ├── Forbidden        (403)    a rollout token used for another rollout or attempt
+            ├── Forbidden        (403)    a rollout token used for another rollout or attempt, a key beyond its scope
             ├── NotFound         (404)    a model or path not served here
+            ├── Conflict         (409)    a feedback id already used for another body
             ├── TooLarge         (413)    a body over its limit
             ├── UpstreamFailed   (502)    the inference server failed, or answered with something unusable
             └── Unavailable      (503)    Kafka is not acknowledging, or a model is held for a weight update
@@ -49,6 +50,12 @@ class ErrorCode(StrEnum):
     INVALID_SESSION = "invalid_session"
     SESSION_FORBIDDEN = "session_forbidden"
     """a rollout token used for a session's end or feedback: sessions are operator traffic"""
+    KEY_SCOPE = "key_scope"
+    """a key used beyond its scope: a read-only key on the gateway, an app key for a rollout"""
+    REWARD_FROM_GRADER = "reward_from_grader"
+    """an agent's reward for an attempt a grader or reward function scores (its token says so)"""
+    FEEDBACK_CONFLICT = "feedback_conflict"
+    """a feedback id its sender already used for a different body (409)"""
     BODY_TOO_LARGE = "body_too_large"
     HTTP_ERROR = "http_error"
     UPSTREAM_ERROR = "upstream_error"
@@ -84,6 +91,11 @@ class Forbidden(GatewayError):
 class NotFound(GatewayError):
     def __init__(self, message: str, code: ErrorCode = ErrorCode.NOT_FOUND):
         super().__init__(404, message, code)
+
+
+class Conflict(GatewayError):
+    def __init__(self, message: str, code: ErrorCode):
+        super().__init__(409, message, code)
 
 
 class TooLarge(GatewayError):

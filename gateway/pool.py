@@ -115,8 +115,11 @@ class Lease:
 
 class Pool:
     def __init__(self, upstreams: list[Upstream], http: aiohttp.ClientSession, metrics: Metrics, *,
-                 initial_version: int = 0, hold_timeout_s: float = 30.0, hold_max_s: float = 300.0):
+                 initial_version: int = 0, hold_timeout_s: float = 30.0, hold_max_s: float = 300.0,
+                 arm_key: bytes = b""):
         self.upstreams = {upstream.url: upstream for upstream in upstreams}
+        self.arm_key = arm_key
+        """the server secret that keys which sessions a canary serves (`schemas.releases.bucket`)"""
         self.http = http
         self.metrics = metrics
         self.initial_version = initial_version
@@ -143,7 +146,7 @@ class Pool:
             servers.sort(key=lambda upstream: _score(sticky_key, upstream.url), reverse=True)
         else:
             servers.sort(key=lambda upstream: upstream.in_flight)
-        servers = arm_first(self.releases.get(model), sticky_key, servers)
+        servers = arm_first(self.releases.get(model), sticky_key, servers, self.arm_key)
         servers.sort(key=lambda upstream: not upstream.healthy)
         return servers
 

@@ -1,8 +1,13 @@
-"""What an agent (or its harness) posts about its rollout besides model calls: a reward, its end, its diff."""
+"""What an agent (or its harness) posts about its rollout besides model calls: a reward, its end, its diff.
+
+A reward is the agent's only for an attempt nothing else scores: a token whose attempt a grader or reward
+function scores (`RolloutClaims.graded`) gets a 403 for one. Reward values are finite and fit the trainer's
+float32 tensors (larger ones would be inf there): others are a 400.
+"""
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -10,9 +15,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from agentstream.gateway.auth import auth_headers
-from agentstream.gateway.errors import BadRequest, ErrorCode, TooLarge
+from agentstream.gateway.errors import BadRequest, ErrorCode, Forbidden, TooLarge
 from agentstream.gateway.service import Gateway
 from agentstream.schemas.events import (
+    REWARD_MAX,
     Event,
     Reward,
     RewardEvent,
@@ -31,9 +37,12 @@ MAX_DIFF_BODY_BYTES = 8 * MAX_DIFF_BYTES
 """a body larger than this is refused (413) unread"""
 
 
+RewardValue = Annotated[float, Field(ge=-REWARD_MAX, le=REWARD_MAX, allow_inf_nan=False)]
+
+
 class RewardBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    value: float
+    value: RewardValue
     turns: list[TurnReward] = Field(default_factory=list)
     details: dict[str, Any] = Field(default_factory=dict)
     attempt_id: str | None = None
@@ -63,7 +72,12 @@ def json_response(payload: Any, status: int = 200) -> Response:
 async def reward(request: Request) -> Response:
     gateway: Gateway = request.app.state.gateway
     principal = gateway.auth.principal(auth_headers(request.scope))  # 401 before any look at the body
+    if principal.claims is not None and principal.claims.graded:
+        raise Forbidden(f"attempt {principal.claims.attempt_id!r} of rollout {principal.claims.rollout_id!r} is "
+                        "scored by its grader: its agent cannot post a reward", ErrorCode.REWARD_FROM_GRADER)
     body = _body(await request.body(), RewardBody)
+    if any(not abs(turn.value) <= REWARD_MAX for turn in body.turns):
+        raise BadRequest(f"turns: every value must be a finite number within ±{REWARD_MAX:.4g}")
     where = gateway.attribution(request, request.path_params["rollout_id"],
                                 request.path_params.get("attempt_id") or body.attempt_id, principal)
     return await _published(gateway, RewardEvent(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import math
 
 import aiohttp
 from starlette.requests import Request
@@ -35,7 +36,7 @@ class Gateway:
     def __init__(self, settings: GatewaySettings):
         self.settings = settings
         self.metrics = Metrics()
-        self.auth = Authenticator(settings.keys, settings.token_secret.get_secret_value(), settings.allow_anonymous)
+        self.auth = Authenticator(settings.key_ring, settings.token_secret.get_secret_value(), settings.allow_anonymous)
         self.upstreams = parse_upstreams(settings.upstreams)
         self.recorder = Recorder(settings, self.metrics, durable=settings.durability == "ack",
                                  timeout_s=settings.publish_timeout_s, linger_ms=settings.publish_linger_ms)
@@ -55,10 +56,14 @@ class Gateway:
             # below the usual 5 s of servers, so a connection is not reused just as the server drops it
             keepalive_timeout=4.0))
         self.pool = Pool(self.upstreams, self.http, self.metrics, initial_version=settings.initial_weight_version,
-                         hold_timeout_s=settings.hold_timeout_s, hold_max_s=settings.hold_max_s)
+                         hold_timeout_s=settings.hold_timeout_s, hold_max_s=settings.hold_max_s,
+                         arm_key=settings.arm_key)
         self.calls = Calls(call_options(settings), self.pool, self.recorder, self.metrics, self.http)
         if not self.pool.upstreams:
             log.warning("no upstreams configured (--upstreams MODEL=URL): every model call will get a 404")
+        if not settings.arm_key:
+            log.warning("no arm secret (AGENTSTREAM_ARM_SECRET or AGENTSTREAM_TOKEN_SECRET): a client that chooses "
+                        "its session ids can choose which arm of a canary serves it")
         if settings.create_topics:
             await self._ensure_topics()
         await self.recorder.start()
@@ -111,8 +116,13 @@ def call_options(settings: GatewaySettings) -> CallOptions:
 
 def settings_problem(settings: GatewaySettings) -> str | None:
     """Why these settings cannot run a gateway, with the fix; None if they can."""
-    if not (settings.keys or settings.token_secret.get_secret_value() or settings.allow_anonymous):
+    try:
+        keys = settings.key_ring
+    except ValueError as exc:  # a key under two scopes
+        return str(exc)
+    if not (keys or settings.token_secret.get_secret_value() or settings.allow_anonymous):
         return ("the gateway has no way to authenticate agents: set AGENTSTREAM_API_KEYS (operator keys), "
+                "AGENTSTREAM_APP_KEYS (app keys), "
                 "AGENTSTREAM_TOKEN_SECRET (rollout tokens), or --allow-anonymous for local experiments")
     default = default_secret(settings)
     if default:
@@ -121,6 +131,9 @@ def settings_problem(settings: GatewaySettings) -> str | None:
         parse_upstreams(settings.upstreams)
     except ValueError as exc:
         return str(exc)
+    low, high = settings.feedback_score_min, settings.feedback_score_max
+    if not (math.isfinite(low) and math.isfinite(high) and low < high):
+        return f"the feedback score range must be finite, low < high: got [{low}, {high}] (--feedback-score-min/max)"
     return None
 
 

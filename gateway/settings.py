@@ -10,7 +10,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from agentstream.schemas.kafka import KafkaSettings
-from agentstream.schemas.keys import OperatorKeys, secret_values, text_list
+from agentstream.schemas.keys import KeyRing, OperatorKeys, secret_values, text_list
 
 
 class GatewaySettings(KafkaSettings):
@@ -40,6 +40,17 @@ class GatewaySettings(KafkaSettings):
     api_keys: OperatorKeys = Field(
         default_factory=list, description="operator keys, full access to every rollout and endpoint (prefer the "
         "environment, AGENTSTREAM_API_KEYS, to a flag: flags show in process listings)")
+    app_keys: OperatorKeys = Field(
+        default_factory=list, description="app keys: model calls and the end and feedback of their own sessions "
+        "only, in their own namespace of session ids (AGENTSTREAM_APP_KEYS; no rollouts, no other key's sessions)")
+    read_keys: OperatorKeys = Field(
+        default_factory=list, description="read-only keys, for the dashboard and its SQL (AGENTSTREAM_READ_KEYS): "
+        "the gateway refuses them (403) on every route")
+    arm_secret: SecretStr = Field(
+        SecretStr(""), description="secret that keys which sessions a canary serves (HMAC of the session), so a "
+        "client cannot choose its arm by choosing session ids; empty: the token secret. Every replica needs the same")
+    feedback_score_min: float = Field(-1.0, description="the lowest `score` a feedback may have (lower: 400)")
+    feedback_score_max: float = Field(1.0, description="the highest `score` a feedback may have (higher: 400)")
     token_secret: SecretStr = Field(
         SecretStr(""), description="secret that signs rollout tokens (shared with the controller)")
     allow_anonymous: bool = Field(
@@ -91,6 +102,21 @@ class GatewaySettings(KafkaSettings):
     @classmethod
     def _list_from_text(cls, value: object) -> object:
         return text_list(value)  # a JSON list, or `a=http://x,a=http://y`, which is easier to type
+
+    @field_validator("app_keys", "read_keys", mode="before")
+    @classmethod
+    def _keys_from_text(cls, value: object) -> object:
+        return text_list(value)
+
+    @property
+    def key_ring(self) -> KeyRing:
+        """Every key the gateway takes, by scope (ValueError for a key under two: `settings_problem` says so)."""
+        return KeyRing(self.keys, secret_values(self.app_keys), secret_values(self.read_keys))
+
+    @property
+    def arm_key(self) -> bytes:
+        """What keys a session's canary bucket (`schemas.releases.bucket`)."""
+        return (self.arm_secret.get_secret_value() or self.token_secret.get_secret_value()).encode()
 
     @property
     def base_weight_uris(self) -> dict[str, str]:

@@ -13,7 +13,7 @@ from typing import Any
 from agentstream.schemas.errors import AgentstreamError
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 502: "upstream_error", 503: "service_unavailable", 504: "upstream_error"}
+          404: "not_found_error", 409: "conflict_error", 502: "upstream_error", 503: "service_unavailable", 504: "upstream_error"}
 
 
 class ApiError(AgentstreamError):

@@ -65,6 +65,12 @@ class Task(Payload):
     reward_fn: str | None = Field(None, description="`module:function` that scores the trajectory")
     metadata: dict[str, Any] = Field(default_factory=dict, description="e.g. the expected answer")
 
+    @property
+    def graded(self) -> bool:
+        """Its reward comes from its reward function or a grader (`metadata["reward_source"] == "grader"`), never
+        from the agent: its agents' tokens say so and the gateway refuses their rewards."""
+        return self.reward_fn is not None or self.metadata.get("reward_source") == "grader"
+
 
 class RolloutQueued(Payload):
     task: Task
@@ -272,6 +278,11 @@ class CallEvent(Event):
 
 
 # --- rewards (topic: rewards) ----------------------------------------------------------------
+
+
+REWARD_MAX = 3.4028234663852886e38
+"""the largest reward magnitude a trajectory may carry: a float32's largest (the trainer's reward tensors are
+float32: beyond it a reward is inf there, and every advantage of its batch NaN)"""
 
 
 class TurnReward(Payload):

@@ -1,12 +1,13 @@
-"""Operator keys: the setting the gateway and the dashboard share (AGENTSTREAM_API_KEYS, the same keys
-for both) and the check of the key a request presents."""
+"""Gateway keys: the settings the gateway and the dashboard share (AGENTSTREAM_API_KEYS operator keys,
+AGENTSTREAM_APP_KEYS app keys, AGENTSTREAM_READ_KEYS read-only keys: the same keys for both), their scopes,
+and the check of the key a request presents."""
 
 from __future__ import annotations
 
 import hmac
 import json
 from collections.abc import Collection, Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import SecretStr
 from pydantic_settings import NoDecode
@@ -43,3 +44,29 @@ def is_operator_key(key: str, keys: Collection[bytes]) -> bool:
     """Whether `key` is one of `keys` (encoded), compared in constant time."""
     presented = key.encode()
     return any(hmac.compare_digest(presented, known) for known in keys)
+
+
+Scope = Literal["operator", "app", "read"]
+"""what a key may do: `operator` everything; `app` its own sessions' calls, end and feedback (in its own
+namespace of session ids); `read` the dashboard and its SQL only (the gateway refuses it everywhere)"""
+
+
+class KeyRing:
+    """The keys of each scope; which scope a presented key has, compared in constant time against each."""
+
+    def __init__(self, operator: Collection[str] = (), app: Collection[str] = (), read: Collection[str] = ()):
+        self._keys: dict[Scope, tuple[bytes, ...]] = {
+            "operator": tuple(key.encode() for key in operator), "app": tuple(key.encode() for key in app),
+            "read": tuple(key.encode() for key in read)}
+        shared = set(operator) & set(app) | set(operator) & set(read) | set(app) & set(read)
+        if shared:
+            raise ValueError(f"{len(shared)} key(s) are listed under two scopes (operator, app, read): give each "
+                             "key one scope")
+
+    def __bool__(self) -> bool:
+        return any(self._keys.values())
+
+    def scope_of(self, key: str) -> Scope | None:
+        """The scope of `key`, or None for a key of no scope."""
+        matched = [scope for scope, keys in self._keys.items() if is_operator_key(key, keys)]  # (each compared)
+        return matched[0] if matched else None

@@ -1,9 +1,11 @@
 """Canary releases: which sessions a canary serves, and a model's release state as the log says it.
 
-A session's bucket is `sha256(sticky key) mod 10,000`; the canary serves the sessions whose bucket is
-below its share (basis points). The sticky key is the one the pool routes by (a session's rollout id,
-`schemas.sessions.session_rollout_id`, or a rollout's), so a session's arm needs no state: every gateway
-replica computes the same, before and after a restart. The release state of each model is the fold of
+A session's bucket is `HMAC-SHA256(arm key, sticky key) mod 10,000`; the canary serves the sessions whose
+bucket is below its share (basis points). The sticky key is the one the pool routes by (a session's rollout
+id, `schemas.sessions.session_rollout_id`, or a rollout's), so a session's arm needs no state: every gateway
+replica computes the same, before and after a restart. The arm key is a server secret
+(`GatewaySettings.arm_key`): a client that chooses its session ids cannot choose, or predict, its arm (with
+no secret at all the bucket is a plain SHA-256, which it can). The release state of each model is the fold of
 its `release` events (topic `releases`, one partition, keyed by model): every replica, the decision
 service, the CLI and the dashboard read the same events and agree.
 """
@@ -11,6 +13,7 @@ service, the CLI and the dashboard read the same events and agree.
 from __future__ import annotations
 
 import hashlib
+import hmac
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -19,14 +22,16 @@ from agentstream.schemas.events import Release, ReleaseEvent
 BUCKETS = 10_000
 
 
-def bucket(sticky_key: str) -> int:
-    """The session's bucket in [0, 10,000): the same on every replica and after restarts."""
-    return int.from_bytes(hashlib.sha256(sticky_key.encode()).digest()[:8], "big") % BUCKETS
+def bucket(sticky_key: str, arm_key: bytes = b"") -> int:
+    """The session's bucket in [0, 10,000): the same on every replica and after restarts; keyed by `arm_key`."""
+    data = sticky_key.encode()
+    digest = hmac.digest(arm_key, data, "sha256") if arm_key else hashlib.sha256(data).digest()
+    return int.from_bytes(digest[:8], "big") % BUCKETS
 
 
-def in_canary(sticky_key: str | None, share_bp: int) -> bool:
+def in_canary(sticky_key: str | None, share_bp: int, arm_key: bytes = b"") -> bool:
     """Whether the session keyed `sticky_key` is on the canary (a call without one stays on the stable version)."""
-    return sticky_key is not None and bucket(sticky_key) < share_bp
+    return sticky_key is not None and bucket(sticky_key, arm_key) < share_bp
 
 
 def canary_servers(urls: Iterable[str], count: int) -> list[str]:

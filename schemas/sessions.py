@@ -20,8 +20,9 @@ published becomes a `reward` event of the segment (`rollout_id`, `attempt_id`) w
 `Reward.trajectory_id` set: the policy's reward over all the segment's feedback so far, the latest
 superseding the ones before.
 
-Session ids are one namespace across keys (operator keys act for everything): pick unique ones (a
-UUID per conversation).
+Session ids are one namespace for operator keys (they act for everything); an app key's session ids are
+its own (`app_session_id`: its identity before the id it names), so two apps that both name "chat-1" have two
+sessions and neither can end or rate the other's. Pick unique ones anyway (a UUID per conversation).
 """
 
 from __future__ import annotations
@@ -51,14 +52,21 @@ def segment_attempt_id(index: int) -> str:
     return f"{SEGMENT_PREFIX}{index}"
 
 
-def feedback_id(session_id: str, client_id: str) -> str:
-    """The id of a feedback event its sender named `client_id`: sent twice, it is one event."""
-    return derived_id("feedback", session_id, client_id)
+def feedback_id(sender: str, session_id: str, client_id: str) -> str:
+    """The id of a feedback event its sender named `client_id`: sent twice, it is one event; another sender's
+    same `client_id` is another event (it cannot pre-empt this one)."""
+    return derived_id("feedback", sender, session_id, client_id)
 
 
 def key_identity(key: str) -> str:
     """A gateway key's name in events (who sent feedback, whose default session): not the key itself."""
     return "key:" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def app_session_id(identity: str, session_id: str) -> str:
+    """The session an app key's `session_id` names: in that key's namespace, `key:<hash>:<session_id>` (what
+    events and answers name; an operator names it so)."""
+    return f"{identity}:{session_id}"
 
 
 def default_session_id(sender: str) -> str:

@@ -38,6 +38,8 @@ class RolloutClaims:
     rollout_id: str
     attempt_id: str
     expires_at: float
+    graded: bool = False
+    """the attempt's reward comes from a grader or reward function, never from the agent (claim `g`)"""
 
 
 def _b64(data: bytes) -> str:
@@ -52,10 +54,15 @@ def _sign(secret: str, body: str) -> str:
     return _b64(hmac.new(secret.encode(), f"{PREFIX}.{body}".encode(), hashlib.sha256).digest())
 
 
-def mint_rollout_token(secret: str, rollout_id: str, attempt_id: str, ttl_s: float = 7 * 24 * 3600) -> str:
+def mint_rollout_token(secret: str, rollout_id: str, attempt_id: str, ttl_s: float = 7 * 24 * 3600,
+                       graded: bool = False) -> str:
+    """A token for one attempt; `graded`: its reward comes from a grader, so the gateway refuses the agent's."""
     if not secret:
         raise ValueError("a rollout token needs a non-empty secret (AGENTSTREAM_TOKEN_SECRET)")
-    body = _b64(orjson.dumps({"r": rollout_id, "a": attempt_id, "exp": int(time.time() + ttl_s)}))
+    claims: dict[str, object] = {"r": rollout_id, "a": attempt_id, "exp": int(time.time() + ttl_s)}
+    if graded:
+        claims["g"] = 1  # (absent otherwise: a token minted before this claim reads the same)
+    body = _b64(orjson.dumps(claims))
     return f"{PREFIX}.{body}.{_sign(secret, body)}"
 
 
@@ -75,8 +82,8 @@ def verify_rollout_token(secret: str, token: str) -> RolloutClaims:
         raise InvalidToken("rollout token signature does not match")
     try:
         claims = orjson.loads(_unb64(body))
-        parsed = RolloutClaims(str(claims["r"]), str(claims["a"]), float(claims["exp"]))
-    except (ValueError, KeyError, TypeError):
+        parsed = RolloutClaims(str(claims["r"]), str(claims["a"]), float(claims["exp"]), bool(claims.get("g")))
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise InvalidToken("malformed rollout token claims") from None
     if parsed.expires_at < time.time():
         raise InvalidToken("rollout token expired")

@@ -20,7 +20,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agentstream.schemas.events import Feedback, FeedbackEvent, Reward, TurnReward
+from agentstream.schemas.events import REWARD_MAX, Event, Feedback, FeedbackEvent, Reward, RewardEvent, TurnReward
 from agentstream.streams.rewards import RewardError, load
 
 DEFAULT_POLICY = "streams.policies:latest"
@@ -64,9 +64,31 @@ def score(name: str, session: SessionFeedback) -> Reward | None:
         reward = Reward(value=float(result), reward_fn=name)
     else:
         raise RewardError(f"reward policy {name} returned {type(result).__name__}; return a float, a Reward or None")
-    if not math.isfinite(reward.value) or not all(math.isfinite(turn.value) for turn in reward.turns):
-        raise RewardError(f"reward policy {name} returned a value that is not a finite number")
+    if not all(_trainable(value) for value in (reward.value, *(turn.value for turn in reward.turns))):
+        # (feedback written to Kafka past the gateway's range check: deadlettered, never in a trajectory)
+        raise RewardError(f"reward policy {name} returned a value that is not a finite number within "
+                          f"±{REWARD_MAX:.4g} (the trainer's float32 would make it inf, and its batch NaN)")
     return reward
+
+
+def _trainable(value: float) -> bool:
+    return math.isfinite(value) and abs(value) <= REWARD_MAX
+
+
+def untrainable(event: Event) -> str | None:
+    """Why a reward or feedback event carries a number no trajectory may hold (not finite, or beyond a
+    float32: the trainer's reward tensors would hold inf, and every advantage of its batch NaN); else None.
+    The gateway refuses such numbers; this keeps one written to Kafka past it out of the fold."""
+    if type(event) is RewardEvent:
+        values = [event.data.value, *(turn.value for turn in event.data.turns)]
+    elif type(event) is FeedbackEvent and event.data.score is not None:
+        values = [event.data.score]
+    else:
+        return None
+    if all(_trainable(value) for value in values):
+        return None
+    return (f"a {event.type} whose number is not finite or beyond ±{REWARD_MAX:.4g} (a float32: the trainer's "
+            "rewards would be inf, its batch's advantages NaN)")
 
 
 # --- policies --------------------------------------------------------------------------------

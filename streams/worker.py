@@ -43,6 +43,7 @@ from agentstream.schemas.collector import Survivors
 from agentstream.schemas.events import CallEvent, Deadletter, DeadletterEvent, Event
 from agentstream.schemas.ids import derived_id, now_ms
 from agentstream.schemas.kafka import deadletter_event
+from agentstream.streams import policies
 from agentstream.streams.assembly import Assembly, Settled
 from agentstream.streams.settings import StreamsSettings
 from agentstream.streams.tables import Staged, StateTable, registered
@@ -258,6 +259,8 @@ class AssemblyWorker(faust.Service):
         self.last_time[message.tp] = max(self.last_time.get(message.tp, 0), event.time)
         if self.topic_of.get(message.topic) != event.topic:
             return await self._deadletter(message, "misplaced", f"a {event.type} event does not belong on {message.topic}")
+        if unusable := policies.untrainable(event):  # (written past the gateway's checks)
+            return await self._deadletter(message, "untrainable", unusable)
         if isinstance(event, CallEvent):
             self.windows.add_call(event.data, message.partition, message.timestamp)
         if event.rollout_id is None:

@@ -45,9 +45,11 @@ class Instance(BaseModel):
 
     def rollout_task(self) -> Task:
         """The rollout's task: the agent's view as its input (the controller writes it where the agent
-        reads it); no reward function, as the grader's reward comes from outside the streams."""
+        reads it); no reward function, as the grader's reward comes from outside the streams (`reward_source`:
+        the agent's token says so, and the gateway refuses a reward the agent posts)."""
         return Task(id=self.instance_id, input=self.agent_task(), reward_fn=None,
-                    metadata={"repo": self.repo, "base_commit": self.base_commit, "split": self.split})
+                    metadata={"repo": self.repo, "base_commit": self.base_commit, "split": self.split,
+                              "reward_source": "grader"})
 
 
 def split_of(instance_id: str, validation_share: float = VALIDATION_SHARE) -> Literal["train", "validation"]:

@@ -26,12 +26,13 @@ async def test_feedback_and_ends_are_recorded_once_acknowledged_with_who_sent_th
         ended = await operator.post("/sessions/chat-1/end")
         never_seen = await operator.post("/sessions/a-session-from-last-year/feedback", json={"label": "resolved"})
     assert [r.status_code for r in (first, again, on_call, ended, never_seen)] == [200] * 5
-    assert first.json() == again.json() == {"id": feedback_id("chat-1", "fb-1"), "session_id": "chat-1",
+    fb_1 = feedback_id(key_identity(OPERATOR_KEY), "chat-1", "fb-1")
+    assert first.json() == again.json() == {"id": fb_1, "session_id": "chat-1",
                                             "rollout_id": session_rollout_id("chat-1"), "call_id": None}
     every = await read_events(kafka, kafka.topics.rewards, count=4)
     assert [type(e) for e in every] == [FeedbackEvent] * 4
     feedback = [e for e in every if e.data.session_id == "chat-1"]  # (in order: one session, one partition)
-    assert [e.id for e in feedback[:2]] == [feedback_id("chat-1", "fb-1")] * 2  # a retry: readers keep one
+    assert [e.id for e in feedback[:2]] == [fb_1] * 2  # a retry: readers keep one
     assert all(e.rollout_id == session_rollout_id(e.data.session_id) and e.attempt_id is None for e in every)
     assert feedback[0].data.sender == key_identity(OPERATOR_KEY) and OPERATOR_KEY not in feedback[0].data.sender
     assert (feedback[0].data.thumbs, feedback[0].data.user, feedback[0].data.client_id) == ("up", "u-1", "fb-1")
@@ -44,6 +45,8 @@ async def test_feedback_and_ends_are_recorded_once_acknowledged_with_who_sent_th
     ("/sessions/s/feedback", {}, 400, "invalid_request", "a score, a label or thumbs"),
     ("/sessions/s/feedback", {"thumbs": True}, 400, "invalid_request", "thumbs"),
     ("/sessions/s/feedback", {"score": "NaN"}, 400, "invalid_request", "score"),
+    ("/sessions/s/feedback", {"score": 1e39}, 400, "invalid_request", "outside this gateway's range [-1.0, 1.0]"),
+    ("/sessions/s/feedback", {"score": -1.5}, 400, "invalid_request", "outside"),
     ("/sessions/s/feedback", b'{"score": 1e400}', 400, "invalid_json", "infinity"),
     ("/sessions/s/feedback", b'{"score": 1,', 400, "invalid_json", "not valid JSON"),
     ("/sessions/s/feedback", {"score": 1, "rollout_id": "r-1"}, 400, "invalid_request", "rollout_id"),

@@ -170,3 +170,30 @@ async def test_a_revision_that_comes_before_training_takes_the_waiting_ones_plac
         "offline_topic": None, "offline_file": source, "group_size": 2, "rollout_is": "off"})
     trained, dropped = await train(config)
     assert sorted(trained) == sorted([revision.id, other.id]) and dropped == {"revised": 1}, (trained, dropped)
+
+
+async def test_a_reward_or_score_no_float32_holds_is_deadlettered_and_never_reaches_a_trajectory(kafka, tmp_path):
+    """Written to Kafka past the gateway (which refuses them): a score of 1e39 (inf as the trainer's float32, every
+    advantage of its batch NaN) and an agent's reward of -1e39 go to the deadletter topic with why; the
+    conversation they were about is settled without them, the one beside it rewarded as usual."""
+    extreme, fine = Session("chat-extreme"), Session("chat-fine")
+    agent_reward = s.RewardEvent(source="gateway", rollout_id="r-extreme", attempt_id="a1",
+                                 data=s.Reward(value=0.5, turns=[s.TurnReward(turn=0, value=-1e39)]))
+    worker = StreamsWorker(kafka, tmp_path / "streams", tmp_path / "streams.log", WORKER_ARGS).start()
+    try:
+        async with TopicWatch(kafka, "trajectories", "deadletter") as watch:
+            await publish(kafka, [extreme.call("1+2=", "3"), extreme.feedback(score=1e39), extreme.end(),
+                                  fine.call("2+2=", "4"), fine.feedback(score=0.5), fine.end(), agent_reward])
+            await watch.until(lambda events: of_session(events, extreme.session_id) and of_session(
+                events, fine.session_id) and len(watch.of_type("deadletter")) >= 2, timeout=60,
+                what="both conversations' trajectories and two deadletters")
+    finally:
+        worker.stop()
+    (dropped,) = of_session(watch.events, extreme.session_id)
+    (rewarded,) = of_session(watch.events, fine.session_id)
+    assert dropped.data.reward is None and dropped.data.reward_missing  # no feedback it could use
+    assert rewarded.data.reward == 0.5
+    reasons = sorted((e.data.reason, s.decode(e.data.value.encode()).type) for e in watch.of_type("deadletter"))
+    assert [kind for _, kind in reasons] == ["feedback", "reward"], reasons
+    assert all("float32" in reason for reason, _ in reasons)
+    assert not [e for e in watch.of_type("trajectory") if e.rollout_id == "r-extreme"]

@@ -39,6 +39,7 @@ from agentstream.schemas.codec import DecodeError, decode, encode
 from agentstream.schemas.events import Call, CallEvent, Event, RewardEvent, RolloutQueuedEvent, TrajectoryEvent
 from agentstream.schemas.kafka import KafkaSettings
 from agentstream.schemas.scan import KAFKA, Bounds, Origin, Record, ScanProgress, scan
+from agentstream.streams import policies
 from agentstream.streams.assembly import Assembly, Settled, Timing, finalize_at
 from agentstream.streams.policies import DEFAULT_POLICY
 
@@ -201,6 +202,9 @@ class Rebuild:
                 continue
             if event.topic != topic:
                 self.counts["misplaced"] += 1
+                continue
+            if policies.untrainable(event):  # (as the live worker: deadlettered there, never folded)
+                self.counts["untrainable"] += 1
                 continue
             if event.rollout_id is None:
                 self.counts["without_rollout"] += 1  # session calls: no trajectory to make
