@@ -9,7 +9,7 @@ traceback: `error: --lr (AGENTSTREAM_LR) = '-1': Input should be greater than 0`
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn, TypeVar
 
 from pydantic import AliasChoices, BaseModel, ValidationError
@@ -35,11 +35,12 @@ def parse(model: type[Settings], argv: Sequence[str] | None = None, flag_prefix:
         refuse(str(exc))
 
 
-def read(model: type[Settings], argv: Sequence[str] | None = None, flag_prefix: str = "") -> Settings:
-    """`model` from `argv` and the environment; a bad setting raises `BadSetting`, its message one line."""
+def read(model: type[Settings], argv: Sequence[str] | None = None, flag_prefix: str = "",
+         given: Mapping[str, Any] | None = None) -> Settings:
+    """`model` from `argv` over `given` over the environment; a bad setting raises `BadSetting`, one line."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        return CliApp.run(model, cli_args=args, cli_exit_on_error=False)
+        return CliApp.run(model, cli_args=args, cli_exit_on_error=False, **(given or {}))
     except ValidationError as exc:
         raise BadSetting(said(model, exc.errors(include_url=False), flag_prefix)) from None
     except SettingsError as exc:  # what argparse refuses (an unknown flag) or a value that is not JSON

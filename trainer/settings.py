@@ -105,7 +105,9 @@ class TrainerSettings(KafkaSettings):
         "eval and pass rates keep the grader's reward")
 
     # --- optimization ------------------------------------------------------------------------
-    lr: float = Field(1e-6, gt=0, description="AdamW learning rate (the tiny demo model wants ~1e-3)")
+    lr: float = Field(1e-6, gt=0, description="AdamW learning rate; this default suits a full fine-tune of a "
+                                              "pretrained model (the presets give each model its own: the demo's "
+                                              "random tiny model 3e-3, LoRA adapters ~1e-4)")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     adam_beta1: float = Field(0.9, description="AdamW beta1")
     adam_beta2: float = Field(0.999, description="AdamW beta2")
