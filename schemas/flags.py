@@ -16,13 +16,15 @@ from pydantic import AliasChoices, BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, CliApp, SettingsError
 
+from agentstream.schemas.errors import ConfigurationError
+
 Settings = TypeVar("Settings", bound=BaseSettings)
 
 USAGE = 2
 """the exit code of a bad setting (argparse's, for a usage error)"""
 
 
-class BadSetting(ValueError):
+class BadSetting(ConfigurationError):
     """A setting refused, said in one line naming it (`str()`)."""
 
 
