@@ -39,8 +39,7 @@ def demo(
     controller running an OpenAI-SDK agent; prints reward per weight version and plots it.
     With --production: users instead of the controller, canary releases (agentstream/production_demo.py).
 
-    Any setting of a service it runs, as --SERVICE.SETTING VALUE: --trainer.lr 1e-4, --trainer.lora-rank 16,
-    --streams.settle-s 1 (each service's settings: `agentstream train --help`, …).
+    Any setting of its services as --SERVICE.SETTING VALUE: --trainer.lr 1e-4 (`agentstream train --help`, …).
     """
     if production:
         _production_demo(ctx, model, versions, sessions, concurrency, seed, out, keep_stack)
@@ -50,8 +49,7 @@ def demo(
 
     config = DemoConfig(model=model, versions=versions or 12, samples=samples, tasks=tasks, seed=seed,
                         concurrency=concurrency, keep_stack=keep_stack, flags=service_flags(ctx, Loop))
-    if out is not None:
-        config.out = out
+    config.out = out or config.out
     config.spec  # noqa: B018 (names a known model)
     result = run_demo(config, console)
     if result["reward_start"] is None or result["reward_end"] is None:
