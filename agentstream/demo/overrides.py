@@ -57,8 +57,9 @@ def check(kind: type[BaseSettings], flags: list[str], flag_prefix: str) -> None:
         errors = [error for error in exc.errors(include_url=False) if error["type"] != "missing" and error["loc"]]
         if errors:
             raise BadSetting(said(kind, errors, flag_prefix)) from None
-    except SettingsError as exc:
-        raise BadSetting(" ".join(str(exc).removeprefix("error parsing CLI: ").split())) from None
+    except SettingsError as exc:  # argparse names the flags as the service takes them: named as given here
+        said_there = " ".join(str(exc).removeprefix("error parsing CLI: ").split())
+        raise BadSetting(said_there.replace(" --", f" --{flag_prefix}")) from None
 
 
 def overridden(settings: Settings, flags: list[str], flag_prefix: str) -> Settings:

@@ -28,7 +28,7 @@ ENTRYPOINTS = {
                    "--trainer.max-seq-len (AGENTSTREAM_MAX_SEQ_LEN) = 'long': "),
     "a preset's unknown service": (["-m", "agentstream", "demo", "--trainr.lr=1"], "--trainr.lr: "),
     "a preset's unknown setting": (["-m", "agentstream", "demo", "--trainer.learning-rate=1"],
-                                   "unrecognized arguments: --learning-rate=1"),
+                                   "unrecognized arguments: --trainer.learning-rate=1"),
 }
 
 
