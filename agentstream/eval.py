@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from pydantic import Field, ValidationError, model_validator
-from pydantic_settings import CliApp, SettingsConfigDict
+from pydantic import Field, model_validator
+from pydantic_settings import SettingsConfigDict
 
 from agentstream.controller.settings import ControllerSettings
 from agentstream.controller.tasks import TaskFileError, load_tasks
@@ -40,6 +40,7 @@ from agentstream.schemas.events import (
     TrajectoryEvent,
     WeightsEvent,
 )
+from agentstream.schemas.flags import parse, refuse
 from agentstream.schemas.ids import derived_id
 from agentstream.schemas.kafka import KafkaSettings, Publisher, make_consumer, make_producer, partitions_of
 from agentstream.schemas.scan import scan
@@ -362,18 +363,9 @@ async def run_eval(kafka: KafkaSettings, config: EvalSettings, version: int | No
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        settings = CliApp.run(EvalSettings, cli_args=sys.argv[1:] if argv is None else argv)
-    except ValidationError as exc:
-        for error in exc.errors(include_url=False):
-            flag = "--" + "-".join(str(part) for part in error["loc"]).replace("_", "-")
-            print(f"error: {flag + ': ' if error['loc'] else ''}{error['msg'].removeprefix('Value error, ')}",
-                  file=sys.stderr)
-        return 2
+    settings = parse(EvalSettings, argv)
     if not settings.token_secret:
-        print("error: no token secret: pass --token-secret or set AGENTSTREAM_TOKEN_SECRET to the gateway's",
-              file=sys.stderr)
-        return 2
+        refuse("--token-secret (AGENTSTREAM_TOKEN_SECRET): missing: give the gateway's")
     try:
         asyncio.run(run_eval(settings, settings, settings.version, settings.follow, settings.max_versions))
     except (TaskFileError, RuntimeError, TimeoutError) as exc:

@@ -80,9 +80,6 @@ class ProductionConfig(StackConfig):
     """users at once (at most)"""
     rate: float = 1.5
     """new users per second: slow enough that a canary is decided before the next version is trained"""
-    lr: float = 8e-3
-    epochs: int = 2
-    """passes over each batch of sessions"""
     max_tokens: int = 8
     canary_share: float = 0.5
     """sessions a new version serves first"""
@@ -90,7 +87,6 @@ class ProductionConfig(StackConfig):
     """rated sessions each arm needs before the decision service tests"""
     max_sessions: int = 24
     """sessions per arm after which a canary that is not better is rolled back"""
-    alpha: float = 0.05
     feedback_window_s: float = 8.0
     """how long an ended session waits for feedback before its trajectory goes out without a reward"""
     late_share: float = 0.1
@@ -127,10 +123,12 @@ class ProductionConfig(StackConfig):
             trainer=stack.settings(
                 TrainerSettings, model=model, base_model=stack.model_dir, checkpoint_dir=out / "checkpoints",
                 group_size=8, groups_per_batch=max(1, self.sessions_per_version // 8),
-                ungrouped_adv_estimator="reinforce_plus_plus", rollout_is="token", lr=self.lr, epochs=self.epochs,
-                max_staleness=self.versions, max_versions=self.versions, seed=self.seed),
+                ungrouped_adv_estimator="reinforce_plus_plus", rollout_is="token",
+                # off-policy REINFORCE++ over a few dozen rated sessions a version: larger steps, two passes, than
+                # the demo's on-policy groups (its tiny model's 3e-3) to move the users' reward in 3 versions
+                lr=8e-3, epochs=2, max_staleness=self.versions, max_versions=self.versions, seed=self.seed),
             releases=stack.settings(
-                ReleasesSettings, alpha=self.alpha, min_sessions=self.min_sessions, max_sessions=self.max_sessions,
+                ReleasesSettings, alpha=0.05, min_sessions=self.min_sessions, max_sessions=self.max_sessions,
                 min_calls=self.min_sessions, max_error_rate_increase=0.2, interval_s=2,
                 # two CPU servers on one loaded machine: their latencies differ by the load, not the version
                 max_latency_ratio=50),

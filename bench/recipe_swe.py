@@ -37,6 +37,7 @@ from pathlib import Path
 from rich.console import Console
 
 from agentstream.demo.loop import Stack
+from agentstream.demo.overrides import given
 from agentstream.recipes.swe.models import build_base_model
 from agentstream.recipes.swe.recipe import HARNESS, Recipe, RecipeConfig
 from agentstream.recipes.swe.task_files import build_recipe_tasks
@@ -83,7 +84,7 @@ class Bench(Recipe):
         # the trainer service is started after the stack stops serving: on two cores it would share them with vLLM
         self.vllm.stop()
         arms["training_s"] = await self.train_once(stack) if args.train else None
-        arms["trained_tokens"] = sum(len(seq.token_ids[:config.max_seq_len]) for t in self.recipe_trajectories
+        arms["trained_tokens"] = sum(len(seq.token_ids[:config.trainer().max_seq_len]) for t in self.recipe_trajectories
                                      for seq in t.data.sequences if t.data.reward is not None)
         self.model_dir = model_dir
         return arms
@@ -132,10 +133,8 @@ class Bench(Recipe):
         kafka = stack.kafka
         trainer = stack.settings(TrainerSettings, model=self.served, base_model=stack.model_dir,
                                  checkpoint_dir=self.out / "checkpoints", group_size=self.bench_args.samples,
-                                 groups_per_batch=1, min_group_size=1, max_versions=1, lr=self.config.lr,
-                                 micro_batch_size=1, max_seq_len=self.config.max_seq_len,
-                                 gradient_checkpointing=self.config.gradient_checkpointing,
-                                 lora_rank=self.config.lora_rank)
+                                 groups_per_batch=1, min_group_size=1, max_versions=1, micro_batch_size=1,
+                                 **given(self.config.trainer()))
         self.start(Service("trainer", "agentstream.trainer", trainer))
         deadline = time.monotonic() + 900
         while time.monotonic() < deadline:

@@ -8,8 +8,6 @@ import signal
 import sys
 
 from aiokafka.errors import KafkaConnectionError
-from pydantic import ValidationError
-from pydantic_settings import CliApp
 from rich.console import Console
 from rich.logging import RichHandler
 
@@ -18,6 +16,7 @@ from agentstream.controller.progress import live_progress
 from agentstream.controller.settings import ControllerSettings
 from agentstream.controller.tasks import TaskFileError
 from agentstream.schemas.errors import AgentstreamError
+from agentstream.schemas.flags import parse
 
 
 async def run(settings: ControllerSettings, console: Console) -> int:
@@ -37,13 +36,7 @@ async def run(settings: ControllerSettings, console: Console) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=True, soft_wrap=True)  # messages whole, for logs and greps
-    try:
-        settings = CliApp.run(ControllerSettings, cli_args=sys.argv[1:] if argv is None else argv)
-    except ValidationError as exc:
-        for error in exc.errors(include_url=False):
-            where = ".".join(str(part) for part in error["loc"])
-            console.print(f"[red]error:[/red] {where + ': ' if where else ''}{error['msg'].removeprefix('Value error, ')}")
-        return 2
+    settings = parse(ControllerSettings, argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s",
                         handlers=[RichHandler(console=console, show_path=False)])
     logging.getLogger("aiokafka").setLevel(logging.WARNING)

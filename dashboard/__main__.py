@@ -5,19 +5,18 @@ from __future__ import annotations
 import sys
 
 import uvicorn
-from pydantic_settings import CliApp
 
 from agentstream.dashboard.app import create_app
 from agentstream.dashboard.settings import DashboardSettings
+from agentstream.schemas.flags import parse, refuse
 
 
 def main(argv: list[str] | None = None) -> int:
-    settings = CliApp.run(DashboardSettings, cli_args=list(sys.argv[1:] if argv is None else argv))
+    settings = parse(DashboardSettings, argv)
     try:
         app = create_app(settings)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        refuse(str(exc))
     print(f"agentstream dashboard on http://{settings.host}:{settings.port} (topics {settings.topic_prefix or '(no prefix)'}"
           f" on {settings.bootstrap_servers})", file=sys.stderr, flush=True)
     # open pages hold their event streams open: on SIGTERM give requests a few seconds, not forever

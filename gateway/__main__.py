@@ -3,25 +3,23 @@
 from __future__ import annotations
 
 import signal
-import sys
 from types import FrameType
 
 import uvicorn
-from pydantic_settings import CliApp
 
 from agentstream.gateway import logs
 from agentstream.gateway.app import create_app
 from agentstream.gateway.service import settings_problem
 from agentstream.gateway.settings import GatewaySettings
+from agentstream.schemas.flags import parse, refuse
 
 
 def main(argv: list[str] | None = None) -> None:
-    settings = CliApp.run(GatewaySettings, cli_args=argv if argv is not None else sys.argv[1:])
+    settings = parse(GatewaySettings, argv)
     logs.configure(settings.log_level)
     problem = settings_problem(settings)
     if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        raise SystemExit(2)
+        refuse(problem)
     config = uvicorn.Config(
         create_app(settings), host=settings.host, port=settings.port, loop="uvloop", http="httptools", ws="none",
         lifespan="on", access_log=False, log_config=None, timeout_graceful_shutdown=round(settings.shutdown_timeout_s),

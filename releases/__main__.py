@@ -5,21 +5,13 @@ from __future__ import annotations
 
 import sys
 
-from pydantic import ValidationError
-from pydantic_settings import CliApp
-
 from agentstream.releases.judge import run
 from agentstream.releases.settings import ReleasesSettings
+from agentstream.schemas.flags import parse
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        settings = CliApp.run(ReleasesSettings, cli_args=sys.argv[1:] if argv is None else argv)
-    except ValidationError as exc:
-        for error in exc.errors(include_url=False):
-            print(f"error: --{'.'.join(str(part) for part in error['loc']).replace('_', '-')}: {error['msg']}",
-                  file=sys.stderr)
-        return 2
+    settings = parse(ReleasesSettings, argv)
     try:
         run(settings)
     except KeyboardInterrupt:

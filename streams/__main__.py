@@ -11,10 +11,9 @@ import sys
 
 import faust
 import uvloop
-from pydantic import ValidationError
-from pydantic_settings import CliApp
 
 from agentstream.schemas import collector
+from agentstream.schemas.flags import parse, refuse
 from agentstream.schemas.kafka import ensure_topics, partitions_of
 from agentstream.schemas.topics import topic_specs
 from agentstream.streams.app import changelog_specs, create_app
@@ -33,18 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     if args[0] != "worker":
         print(f"error: unknown command {args[0]!r}\n{USAGE}", file=sys.stderr)
         return 2
-    try:
-        settings = CliApp.run(StreamsSettings, cli_args=args[1:])
-    except ValidationError as exc:
-        for error in exc.errors(include_url=False):
-            where = ".".join(str(part) for part in error["loc"])
-            print(f"error: {where + ': ' if where else ''}{error['msg']}", file=sys.stderr)
-        return 2
+    settings = parse(StreamsSettings, args[1:])
     try:
         load(settings.reward_policy)  # a policy that cannot be loaded stops the worker now, not at a session's end
     except RewardError as exc:
-        print(f"error: --reward-policy: {exc}", file=sys.stderr)
-        return 2
+        refuse(f"--reward-policy = {settings.reward_policy!r}: {exc}")
     loop = uvloop.new_event_loop()  # less CPU per event than asyncio's loop
     asyncio.set_event_loop(loop)
     try:

@@ -6,19 +6,12 @@ import asyncio
 import logging
 import signal
 
-from pydantic import ValidationError
-from pydantic_settings import CliApp
-
+from agentstream.schemas.flags import parse
 from agentstream.trainer.settings import TrainerSettings
 
 
 def main(argv: list[str] | None = None) -> None:
-    try:
-        settings = CliApp.run(TrainerSettings, cli_args=argv)
-    except ValidationError as exc:
-        problems = "; ".join(f"--{'-'.join(str(p) for p in e['loc']).replace('_', '-')}: {e['msg']}"
-                             if e["loc"] else e["msg"] for e in exc.errors(include_url=False))
-        raise SystemExit(f"trainer: bad settings: {problems}") from None
+    settings = parse(TrainerSettings, argv)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     asyncio.run(serve(settings))
 

@@ -442,12 +442,12 @@ class Policy:
         self.settings = settings
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad], lr=settings.lr,
-            betas=(settings.adam_beta1, settings.adam_beta2), weight_decay=settings.weight_decay,
+            betas=(settings.adam_beta1, settings.adam_beta2), eps=settings.adam_eps, weight_decay=settings.weight_decay,
         )
         if optimizer_state is not None:
             self.optimizer.load_state_dict(optimizer_state)
             for group in self.optimizer.param_groups:  # the settings of this run win over the saved ones
-                group.update(lr=settings.lr, betas=(settings.adam_beta1, settings.adam_beta2),
+                group.update(lr=settings.lr, betas=(settings.adam_beta1, settings.adam_beta2), eps=settings.adam_eps,
                              weight_decay=settings.weight_decay)
         self.policy_loss: PolicyLoss = core_algos.get_policy_loss_fn(settings.policy_loss)
         self.config = actor_config(settings)

@@ -256,7 +256,7 @@ class Rank:
         saved = torch.load(path, weights_only=True, map_location="cpu")
         by_name: dict[str, Any] = {
             "state": {names[i]: value for i, value in saved["state"].items()},
-            "param_groups": [{**group, "lr": s.lr, "betas": (s.adam_beta1, s.adam_beta2),
+            "param_groups": [{**group, "lr": s.lr, "betas": (s.adam_beta1, s.adam_beta2), "eps": s.adam_eps,
                               "weight_decay": s.weight_decay, "params": [names[i] for i in group["params"]]}
                              for group in saved["param_groups"]]}
         set_optimizer_state_dict(self.model, self.optimizer, by_name, options=StateDictOptions(full_state_dict=True))

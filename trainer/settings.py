@@ -105,10 +105,14 @@ class TrainerSettings(KafkaSettings):
         "eval and pass rates keep the grader's reward")
 
     # --- optimization ------------------------------------------------------------------------
-    lr: float = Field(1e-6, gt=0, description="AdamW learning rate (the tiny demo model wants ~1e-3)")
+    lr: float = Field(1e-6, gt=0, description="AdamW learning rate; this default suits a full fine-tune of a "
+                                              "pretrained model (the presets give each model its own: the demo's "
+                                              "random tiny model 3e-3, LoRA adapters ~1e-4)")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     adam_beta1: float = Field(0.9, description="AdamW beta1")
     adam_beta2: float = Field(0.999, description="AdamW beta2")
+    adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon: added to the root of the second moment; larger "
+                                                    "(1e-6) steadies bfloat16 updates of rarely seen tokens")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping (global L2 norm)")
     epochs: int = Field(1, ge=1, description="passes over each batch")
     mini_batch_size: int = Field(0, ge=0, description="sequences per optimizer step; 0: the whole batch")

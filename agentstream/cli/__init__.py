@@ -15,7 +15,7 @@ from typer._click import Context
 from typer.core import TyperGroup
 
 from agentstream.cli import logs, loop, releases, replay, sandbox, services, stack, tasks
-from agentstream.cli.options import AcceptsOldNames
+from agentstream.cli.options import SERVICE_FLAGS, AcceptsOldNames
 from agentstream.cli.output import fail
 from agentstream.cli.services import FORWARD
 from agentstream.schemas.errors import AgentstreamError
@@ -53,9 +53,9 @@ app = typer.Typer(
 )
 
 # --- the loop ------------------------------------------------------------------------------
-app.command("demo", rich_help_panel=LOOP)(loop.demo)
+app.command("demo", rich_help_panel=LOOP, context_settings=SERVICE_FLAGS)(loop.demo)
 recipe = group("End-to-end recipes built from the parts: `agentstream recipe swe`.")
-recipe.command("swe")(loop.recipe_swe)
+recipe.command("swe", context_settings=SERVICE_FLAGS)(loop.recipe_swe)
 app.add_typer(recipe, name="recipe", rich_help_panel=LOOP)
 app.command("eval", rich_help_panel=LOOP, cls=AcceptsOldNames)(loop.eval_versions)
 app.command("run", rich_help_panel=LOOP, **FORWARD)(services.run)
@@ -77,7 +77,7 @@ app.add_typer(sandboxes, name="sandbox", rich_help_panel=LOOP)
 
 task_sets, swe = group("Task sets for the recipes."), group("Coding tasks in the SWE-bench format.")
 swe.command("build")(tasks.swe_build)
-swe.command("probe")(tasks.swe_probe)
+swe.command("probe", context_settings=SERVICE_FLAGS)(tasks.swe_probe)
 swe.command("demonstrate")(tasks.swe_demonstrate)
 swe.command("split")(tasks.swe_split)
 swe.command("check")(tasks.swe_check)

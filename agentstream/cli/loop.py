@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from agentstream.cli.options import ModelName, StartingWeights, TopicPrefix, kafka_settings
+from agentstream.cli.options import ModelName, StartingWeights, TopicPrefix, kafka_settings, service_flags
 from agentstream.cli.output import console, fail, say
 
 Concurrency = Annotated[int, typer.Option(help="agents running at once")]
@@ -16,14 +16,13 @@ KeepStack = Annotated[bool, typer.Option(help="leave Kafka and vLLM running afte
 
 
 def demo(
+    ctx: typer.Context,
     model: Annotated[str, typer.Option(help="tiny (the toy model, ~12 min) or smollm2 (SmolLM2-135M-Instruct "
                                             "from PyPI, ~30 min)")] = "tiny",
     versions: Annotated[int | None, typer.Option(help="weight versions to train (default 12; 3 with "
                                                          "--production)")] = None,
     samples: Annotated[int, typer.Option(help="answers per prompt and version (one GRPO group)")] = 8,
     tasks: Annotated[int, typer.Option(help="prompts (groups) per version")] = 4,
-    lr: Annotated[float | None, typer.Option(help="learning rate (default: the model's)")] = None,
-    lora_rank: Annotated[int, typer.Option(help="train LoRA adapters of this rank; 0: every weight")] = 0,
     seed: Annotated[int, typer.Option(help="seed of the trainer (the agents' sampling is not seeded)")] = 0,
     concurrency: Concurrency = 4,
     out: Annotated[Path | None, typer.Option(help="output folder (default: runs/demo-TIME)")] = None,
@@ -39,30 +38,31 @@ def demo(
     Local Kafka, vLLM-CPU with the model, the gateway, a streams worker, the trainer and the
     controller running an OpenAI-SDK agent; prints reward per weight version and plots it.
     With --production: users instead of the controller, canary releases (agentstream/production_demo.py).
+
+    Any setting of its services as --SERVICE.SETTING VALUE: --trainer.lr 1e-4 (`agentstream train --help`, …).
     """
     if production:
-        _production_demo(model, versions, sessions, concurrency, seed, lr, out, keep_stack)
+        _production_demo(ctx, model, versions, sessions, concurrency, seed, out, keep_stack)
         return
     from agentstream.demo import DemoConfig, run_demo
+    from agentstream.demo.loop import Loop
 
-    config = DemoConfig(model=model, versions=versions or 12, samples=samples, tasks=tasks, lr=lr, lora_rank=lora_rank,
-                        seed=seed, concurrency=concurrency, keep_stack=keep_stack)
-    if out is not None:
-        config.out = out
+    config = DemoConfig(model=model, versions=versions or 12, samples=samples, tasks=tasks, seed=seed,
+                        concurrency=concurrency, keep_stack=keep_stack, flags=service_flags(ctx, Loop))
+    config.out = out or config.out
     config.spec  # noqa: B018 (names a known model)
     result = run_demo(config, console)
     if result["reward_start"] is None or result["reward_end"] is None:
         raise typer.Exit(1)
 
 
-def _production_demo(model: str, versions: int | None, sessions: int, concurrency: int, seed: int,
-                     lr: float | None, out: Path | None, keep_stack: bool) -> None:
-    from agentstream.production_demo import ProductionConfig, run_production_demo
+def _production_demo(ctx: typer.Context, model: str, versions: int | None, sessions: int, concurrency: int,
+                     seed: int, out: Path | None, keep_stack: bool) -> None:
+    from agentstream.production_demo import ProductionConfig, ProductionLoop, run_production_demo
 
     config = ProductionConfig(model=model, sessions_per_version=sessions, concurrency=concurrency, seed=seed,
-                              keep_stack=keep_stack)
+                              keep_stack=keep_stack, flags=service_flags(ctx, ProductionLoop))
     config.versions = versions or config.versions
-    config.lr = lr or config.lr
     config.out = out or config.out
     result = run_production_demo(config, console)
     if not result["decisions"]:
@@ -70,6 +70,7 @@ def _production_demo(model: str, versions: int | None, sessions: int, concurrenc
 
 
 def recipe_swe(
+    ctx: typer.Context,
     model: Annotated[str, typer.Option(help="base model: qwen-coder-0.5b, qwen-coder-1.5b, smollm2 (real, from PyPI) "
                                             "or tiny (plumbing only)")] = "smollm2",
     train_tasks: Annotated[int, typer.Option(help="train tasks to build")] = 4,
@@ -89,15 +90,9 @@ def recipe_swe(
                                                       "default: the model's (recipes/swe/models.py)")] = None,
     groups_per_batch: Annotated[int, typer.Option(help="train tasks per version")] = 2,
     eval_samples: Annotated[int, typer.Option("--eval-samples", "-k", help="samples per validation task (pass@k)")] = 1,
-    lr: Annotated[float | None, typer.Option(help="learning rate; default: the model's")] = None,
-    lora_rank: Annotated[int | None, typer.Option(help="train LoRA adapters of this rank; 0: every weight; default: "
-                                                       "the model's (qwen-coder-1.5b: 16, it needs LoRA to fit 24 GiB)")]
-        = None,
     step_limit: Annotated[int | None, typer.Option(help="mini-swe-agent's step limit (model calls per attempt); "
                                                       "default: the model's")] = None,
     max_tokens: Annotated[int | None, typer.Option(help="tokens per model answer; default: the model's")] = None,
-    max_seq_len: Annotated[int | None, typer.Option(help="the trainer's sequence length (a trajectory's merged "
-                                                       "turns); default: the model's")] = None,
     concurrency: Annotated[int, typer.Option(help="agents running at once (train and eval each)")] = 2,
     attempt_timeout_s: Annotated[float | None, typer.Option(help="seconds an attempt may run; default: the "
                                                                 "model's")] = None,
@@ -107,16 +102,19 @@ def recipe_swe(
 ) -> None:
     """The coding-agent loop here: tasks → mini-swe-agent in sandboxes through the gateway → grading →
     trajectories → trainer → swap → eval; train reward and validation pass rate per version, and a plot.
+
+    Any setting of a service it runs, as --SERVICE.SETTING VALUE, over the model's (recipes/swe/models.py):
+    --trainer.lr 1e-4, --trainer.lora-rank 16, --trainer.max-seq-len 8192, --grader.workers 4, …
     """
-    from agentstream.recipes.swe.recipe import RecipeConfig, run_recipe
+    from agentstream.recipes.swe.recipe import RecipeConfig, RecipeLoop, run_recipe
 
     config = RecipeConfig(model=model, train_tasks=train_tasks, validation_tasks=validation_tasks, tasks=tasks,
                           validation_tasks_file=validation_tasks_file, instances=instances, probed=probed,
                           unsolved_share=unsolved_share, versions=versions,
                           group_size=group_size, groups_per_batch=groups_per_batch, eval_samples=eval_samples,
-                          lr=lr, lora_rank=lora_rank, step_limit=step_limit, max_tokens=max_tokens,
-                          max_seq_len=max_seq_len, concurrency=concurrency, attempt_timeout_s=attempt_timeout_s,
-                          keep_stack=keep_stack, base_model=base_model)
+                          step_limit=step_limit, max_tokens=max_tokens, concurrency=concurrency,
+                          attempt_timeout_s=attempt_timeout_s, keep_stack=keep_stack, base_model=base_model,
+                          flags=service_flags(ctx, RecipeLoop))
     if out is not None:
         config.out = out
     result = run_recipe(config, console)

@@ -17,11 +17,17 @@ from agentstream.cli.output import fail
 from agentstream.stack import bootstrap_servers
 
 if TYPE_CHECKING:
+    from agentstream.demo.loop import Loop
+    from agentstream.demo.overrides import ServiceFlags
     from agentstream.schemas.kafka import KafkaSettings
     from agentstream.schemas.scan import Bounds, Origin
 
 OLD_NAMES = {"--prefix": "--topic-prefix"}
 """old flag → its name now (the services' own)"""
+PRESET_OLD_NAMES = {"--lr": "--trainer.lr", "--lora-rank": "--trainer.lora-rank", "--max-seq-len": "--trainer.max-seq-len"}
+"""a preset's old flag for a service's setting → the service's own (`--trainer.lr`), for one release"""
+SERVICE_FLAGS = {"allow_extra_args": True, "ignore_unknown_options": True}
+"""the context of a preset command: what is not its own flag is a service's (`--trainer.lr 1e-4`)"""
 
 
 class AcceptsOldNames(TyperCommand):
@@ -58,6 +64,20 @@ ModelName = Annotated[str, typer.Option(help="the served model name")]
 StartingWeights = Annotated[Path | None, typer.Option(
     "--base-model", help="a model folder to serve and start from instead of --model's (e.g. an SFT checkpoint); "
                          "--model still names it and sets the defaults")]
+
+
+def service_flags(ctx: typer.Context, loop: type[Loop]) -> ServiceFlags:
+    """A preset's `--<service>.<field> VALUE` arguments by service, checked by the services' own parsers; a bad one
+    is one line naming it, exit 2."""
+    from agentstream.demo.overrides import split
+    from agentstream.schemas.flags import BadSetting, refuse
+
+    args = [PRESET_OLD_NAMES.get(flag, flag) + equals + value
+            for flag, equals, value in (arg.partition("=") for arg in ctx.args)]
+    try:
+        return split(args, loop.settings_types())
+    except BadSetting as exc:
+        refuse(str(exc))
 
 
 def kafka_settings(topic_prefix: str) -> KafkaSettings:

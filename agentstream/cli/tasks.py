@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, TypeVar
 import typer
 from rich.console import Console
 
-from agentstream.cli.options import StartingWeights
+from agentstream.cli.options import StartingWeights, service_flags
 from agentstream.cli.output import console, fail
 from agentstream.recipes.swe.mutate import EASY_KINDS, KINDS
 
@@ -64,6 +64,7 @@ def swe_build(
 
 
 def swe_probe(
+    ctx: typer.Context,
     tasks: Annotated[Path | None, typer.Option(help="the SWE-bench task file to probe (e.g. from `tasks swe build`); "
                                                        "default: build --train-tasks + --validation-tasks tasks")] = None,
     out: Annotated[Path, typer.Option(help="the task file to write, each probed task with its `probe`")] = Path(
@@ -87,15 +88,18 @@ def swe_probe(
     base_model: StartingWeights = None,
 ) -> None:
     """Run the starting model k times on each train task (local stack, mini-swe-agent, grader: attempts in the
-    log like any rollout) and write the tasks with each one's probe pass rate, for `recipe swe --probed`."""
+    log like any rollout) and write the tasks with each one's probe pass rate, for `recipe swe --probed`.
+
+    Any setting of a service it runs, as --SERVICE.SETTING VALUE: --grader.workers 4, --streams.settle-s 1, …"""
     from agentstream.recipes.swe.probe import ProbeConfig, run_probe
+    from agentstream.recipes.swe.recipe import RecipeLoop
 
     if split not in ("train", "validation"):
         fail(f"--split takes train or validation, not {split!r}")
     config = ProbeConfig(model=model, instances_file=tasks, probed_out=out, k=k, train_tasks=train_tasks,
                          validation_tasks=validation_tasks, step_limit=step_limit, max_tokens=max_tokens,
                          concurrency=concurrency, attempt_timeout_s=attempt_timeout_s, keep_stack=keep_stack,
-                         split=split, base_model=base_model)
+                         split=split, base_model=base_model, flags=service_flags(ctx, RecipeLoop))
     run_in(run_dir, config, run_probe)
 
 

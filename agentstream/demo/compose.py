@@ -17,12 +17,13 @@ import sys
 from pathlib import Path
 
 import yaml
-from pydantic import AliasChoices, BaseModel, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from agentstream.controller.settings import ControllerSettings
 from agentstream.demo.loop import Loop
 from agentstream.gateway.settings import GatewaySettings
 from agentstream.releases.settings import ReleasesSettings
+from agentstream.schemas.flags import env_name
 from agentstream.schemas.kafka import KafkaSettings
 from agentstream.stack.service import Service, plain_value
 from agentstream.streams.settings import StreamsSettings
@@ -65,17 +66,6 @@ def compose_loop() -> Loop:
             "agent": "python /app/examples/single_turn.py", "gateway_url": "http://gateway:8080",
             "token_secret": "change-me", "samples": 8, "logs_dir": "/home/agentstream/runs", "progress": False}),
     )
-
-
-def env_name(settings: type[BaseModel], field: str) -> str:
-    """The variable a settings model reads a field from: its alias in capitals where it has one
-    (KAFKA_BOOTSTRAP_SERVERS), else the model's prefix and the field's name."""
-    alias = settings.model_fields[field].validation_alias
-    if isinstance(alias, AliasChoices):
-        named = [choice for choice in alias.choices if isinstance(choice, str) and choice.isupper()]
-        if named:
-            return named[0]
-    return f"{settings.model_config.get('env_prefix', '')}{field.upper()}"
 
 
 def env_text(settings: BaseModel, field: str) -> str:

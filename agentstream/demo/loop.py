@@ -9,14 +9,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from types import UnionType
+from typing import Any, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import BaseSettings
 
 from agentstream.controller.settings import ControllerSettings
+from agentstream.demo.overrides import ServiceFlags, overridden
 from agentstream.gateway.settings import GatewaySettings
 from agentstream.releases.settings import ReleasesSettings
 from agentstream.schemas.kafka import KafkaSettings
+from agentstream.stack import StackError
 from agentstream.stack.process import ServerState
 from agentstream.stack.service import Service
 from agentstream.streams.settings import StreamsSettings
@@ -73,6 +77,27 @@ class Loop(BaseModel):
     controller: ControllerSettings | None = None
     agent_env: dict[str, str] = Field(default_factory=dict)
     """what the controller hands its agents besides its own variables (the example agent's AGENT_*)"""
+
+    @classmethod
+    def settings_types(cls) -> dict[str, type[BaseSettings]]:
+        """Each service of this kind of loop by name, with its settings model: what `--<name>.<field>` sets."""
+        types = {}
+        for name, field in cls.model_fields.items():
+            kinds = get_args(field.annotation) if isinstance(field.annotation, UnionType) else (field.annotation,)
+            for kind in kinds:
+                if isinstance(kind, type) and issubclass(kind, BaseSettings):
+                    types[name] = kind
+        return types
+
+    def overridden(self, flags: ServiceFlags) -> Loop:
+        """This loop with the user's flags over each service's settings (`demo.overrides`)."""
+        update: dict[str, BaseSettings] = {}
+        for name, given in flags.items():
+            settings = getattr(self, name, None)
+            if not isinstance(settings, BaseSettings):
+                raise StackError(f"--{name}.*: this run starts no {name}")
+            update[name] = overridden(settings, given, f"{name}.")
+        return self.model_copy(update=update)
 
     def services(self) -> list[Service]:
         """The processes started at once, in order."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from pydantic import Field
 from rich.console import Console
 
 from agentstream.demo.loop import Loop, Stack
+from agentstream.demo.overrides import given, partial
 from agentstream.demo.progress import Progress, plot_by_version
 from agentstream.demo.run import Demo, StackConfig, run_folder, run_to_summary
 from agentstream.models.smollm2 import build_smollm2, default_folder
@@ -69,20 +70,21 @@ class DemoModel:
     build: Callable[[Path], Path]
     """output folder of the run → the model folder"""
     tasks: Callable[[int], list[Task]]
-    lr: float
     max_tokens: int
-    trainer: dict[str, Any] = field(default_factory=dict)
-    """`TrainerSettings` fields this model trains with"""
+    trainer: TrainerSettings
+    """what this model trains with (only the fields given apply: `partial`); `--trainer.*` goes over them"""
     title: str = ""
 
 
 DEMO_MODELS = {
-    "tiny": DemoModel(build=lambda out: build_tiny_model(out / "base-model"), tasks=digit_tasks, lr=3e-3,
-                      max_tokens=8, title="the tiny model learns to answer in digits"),
-    # built once into AGENTSTREAM_HOME (a few minutes), reused by every run
+    # random weights, 30 K parameters: a large step learns digits in a dozen versions (bench.trainer_learning)
+    "tiny": DemoModel(build=lambda out: build_tiny_model(out / "base-model"), tasks=digit_tasks, max_tokens=8,
+                      trainer=partial(TrainerSettings, lr=3e-3),
+                      title="the tiny model learns to answer in digits"),
+    # built once into AGENTSTREAM_HOME (a few minutes), reused by every run; a pretrained model's full fine-tune
     "smollm2": DemoModel(build=lambda out: build_smollm2(default_folder()),
-                         tasks=tasks_file("one_word_tasks.jsonl"), lr=2e-5, max_tokens=16,
-                         trainer={"micro_batch_tokens": 1024},
+                         tasks=tasks_file("one_word_tasks.jsonl"), max_tokens=16,
+                         trainer=partial(TrainerSettings, lr=2e-5, micro_batch_tokens=1024),
                          title="SmolLM2-135M-Instruct learns to answer in one word"),
 }
 
@@ -95,15 +97,11 @@ class DemoConfig(StackConfig):
     """groups per batch: one weight version trains on tasks × samples answers"""
     model: str = "tiny"
     """a key of DEMO_MODELS"""
-    lr: float | None = None
-    """default: the model's"""
     concurrency: int = 4
     max_tokens: int | None = None
     """default: the model's"""
     max_staleness: int = 1
     seed: int = 0
-    lora_rank: int = 0
-    """train LoRA adapters of this rank instead of every weight"""
     out: Path = Field(default_factory=lambda: run_folder("demo"))
 
     @property
@@ -130,9 +128,8 @@ class DemoConfig(StackConfig):
             streams=stack.settings(StreamsSettings, settle_s=0.3, data_dir=out / "streams", web_port=free_port()),
             trainer=stack.settings(
                 TrainerSettings, model=model, base_model=stack.model_dir, checkpoint_dir=out / "checkpoints",
-                group_size=self.samples, groups_per_batch=self.tasks, lr=self.lr or spec.lr,
-                max_staleness=self.max_staleness, max_versions=self.versions, seed=self.seed,
-                lora_rank=self.lora_rank, **spec.trainer),
+                group_size=self.samples, groups_per_batch=self.tasks, max_staleness=self.max_staleness,
+                max_versions=self.versions, seed=self.seed, **given(spec.trainer)),
             controller=stack.controller(
                 tasks=out / "tasks.jsonl", agent=AGENT, samples=self.samples, epochs=self.versions + 3,
                 concurrency=self.concurrency, model=model, max_staleness=self.max_staleness,
@@ -146,8 +143,10 @@ def summary(progress: Progress, config: DemoConfig, console: Console, elapsed_s:
     start_reward = first.reward_mean if first else None
     end_reward = last.reward_mean if last else None
     pauses = sorted(row.pause_ms for row in progress.rows.values() if row.pause_ms is not None)
+    trainer = progress.loop.trainer if progress.loop else None
     result = {
-        "model": config.model, "seed": config.seed, "lora_rank": config.lora_rank,
+        "model": config.model, "seed": config.seed, "lr": trainer.lr if trainer else None,
+        "lora_rank": trainer.lora_rank if trainer else None,
         "versions": config.versions, "samples_per_version": config.batch, "wall_time_s": round(elapsed_s, 1),
         "reward_start": start_reward, "reward_end": end_reward,
         "pause_ms_p50": pauses[len(pauses) // 2] if pauses else None, "pause_ms_max": pauses[-1] if pauses else None,

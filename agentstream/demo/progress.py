@@ -7,11 +7,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
 from agentstream.schemas.events import Event, PoolUpdateEvent, TrajectoryEvent, WeightsEvent
+
+if TYPE_CHECKING:
+    from agentstream.demo.loop import Loop
 
 
 @dataclass
@@ -37,6 +40,8 @@ class Progress:
         self.rows: dict[int, VersionRow] = {}
         self.seen: set[str] = set()
         self.started = time.monotonic()
+        self.loop: Loop | None = None
+        """the loop the run launched: the settings each service ran with"""
 
     def row(self, version: int) -> VersionRow:
         return self.rows.setdefault(version, self.row_type(version))

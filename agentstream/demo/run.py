@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.live import Live
 
 from agentstream.demo.loop import Loop, Stack
+from agentstream.demo.overrides import ServiceFlags
 from agentstream.demo.progress import Progress
 from agentstream.schemas.codec import DecodeError, decode
 from agentstream.schemas.kafka import KafkaSettings, ensure_topics, make_consumer
@@ -52,6 +53,8 @@ class StackConfig(BaseModel):
     """the local vLLM server's name (one server per name)"""
     base_model: Path | None = None
     """a model folder to start from instead of the one built for `model` (tests: the session's)"""
+    flags: ServiceFlags = Field(default_factory=dict)
+    """the services' own settings over the preset's, by service (`--trainer.lr 1e-4`: demo/overrides.py)"""
 
     @property
     def batch(self) -> int:
@@ -174,7 +177,8 @@ class Demo:
 
     async def launch(self, stack: Stack) -> None:
         """The loop's services, then, once the gateway answers, what sends it traffic."""
-        loop = self.loop(stack)
+        loop = self.loop(stack).overridden(self.config.flags)
+        self.progress.loop = loop
         for service in loop.services():
             self.start(service)
         await self.await_http("gateway", f"{stack.gateway_url}/healthz")

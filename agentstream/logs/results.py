@@ -10,14 +10,14 @@ import polars as pl
 from rich.console import Console
 
 from agentstream.logs.query import run_sql
-from agentstream.schemas.errors import AgentstreamError, ConfigurationError
+from agentstream.schemas.errors import ConfigurationError
 from agentstream.schemas.kafka import KafkaSettings
 from agentstream.schemas.scan import Bounds, Origin, ScanProgress
 
 FORMATS = ("table", "csv", "json", "parquet")
 
 
-class QueryFailed(AgentstreamError):
+class QueryFailed(ConfigurationError):
     """The query itself is wrong (polars names what, in its own exception types)."""
 
 

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
+from agentstream.demo.overrides import partial
 from agentstream.stack import StackError
+from agentstream.trainer.settings import TrainerSettings
 
 MODELS = ("qwen-coder-0.5b", "qwen-coder-1.5b", "smollm2", "tiny")
 
@@ -26,21 +29,41 @@ MODELS = ("qwen-coder-0.5b", "qwen-coder-1.5b", "smollm2", "tiny")
 # trainer's one merged sequence, stays under ~9 K tokens: 8,192 keeps all but the longest whole (vLLM serves
 # them 32 K, what a whole harness needs). A group of 4 has mixed rewards for a task solved 20 % of the time
 # with probability 1 - 0.8**4 - 0.2**4 = 0.59 (2: 0.32). An attempt takes minutes on this CPU: the
-# timeout is the step limit times a slow call. The 1.5B does not fit full fine-tuning in 24 GiB: LoRA
-# (whose adapters want a larger learning rate).
-DEFAULTS: dict[str, dict[str, Any]] = {
-    "tiny": {"step_limit": 4, "max_tokens": 128, "max_seq_len": 2048, "group_size": 2, "attempt_timeout_s": 300.0},
-    "smollm2": {"step_limit": 4, "max_tokens": 128, "max_seq_len": 2048, "group_size": 2, "attempt_timeout_s": 300.0},
-    "qwen-coder-0.5b": {"step_limit": 12, "max_tokens": 384, "max_seq_len": 8192, "group_size": 4,
-                        "attempt_timeout_s": 1800.0, "gradient_checkpointing": True},
-    "qwen-coder-1.5b": {"step_limit": 12, "max_tokens": 384, "max_seq_len": 8192, "group_size": 4,
-                        "attempt_timeout_s": 3600.0, "gradient_checkpointing": True, "lora_rank": 16, "lr": 1e-4},
+# timeout is the step limit times a slow call. A full fine-tune of a pretrained model takes small steps
+# (1e-5); the 1.5B does not fit full fine-tuning in 24 GiB: LoRA, whose adapters want larger ones (1e-4).
+
+
+class SweModel(BaseModel):
+    """What an attempt and an update of one base model need: the recipe's own knobs, and the trainer's settings
+    (only those given apply; `--trainer.*` goes over them)."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    step_limit: int
+    max_tokens: int
+    group_size: int
+    attempt_timeout_s: float
+    trainer: TrainerSettings
+
+
+QUICK = SweModel(step_limit=4, max_tokens=128, group_size=2, attempt_timeout_s=300.0,
+                 trainer=partial(TrainerSettings, max_seq_len=2048, lr=1e-5))
+"""the test models': they never follow the harness's format, so they only have to be quick"""
+DEFAULTS: dict[str, SweModel] = {
+    "tiny": QUICK,
+    "smollm2": QUICK,
+    "qwen-coder-0.5b": SweModel(step_limit=12, max_tokens=384, group_size=4, attempt_timeout_s=1800.0,
+                                trainer=partial(TrainerSettings, max_seq_len=8192, gradient_checkpointing=True,
+                                                lr=1e-5)),
+    "qwen-coder-1.5b": SweModel(step_limit=12, max_tokens=384, group_size=4, attempt_timeout_s=3600.0,
+                                trainer=partial(TrainerSettings, max_seq_len=8192, gradient_checkpointing=True,
+                                                lora_rank=16, lr=1e-4)),
 }
 
 
-def model_defaults(kind: str) -> dict[str, Any]:
-    """The recipe's settings for `kind` that a caller did not give (an unknown model gets the test models')."""
-    return dict(DEFAULTS.get(kind, DEFAULTS["tiny"]))
+def model_defaults(kind: str) -> SweModel:
+    """The recipe's settings for `kind` (an unknown model gets the test models')."""
+    return DEFAULTS.get(kind, QUICK)
 
 
 def build_base_model(kind: str, out: Path, say: Callable[[str], None] = print) -> Path:

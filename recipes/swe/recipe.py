@@ -31,12 +31,13 @@ from rich.console import Console
 from rich.table import Table
 
 from agentstream.demo.loop import Loop, Stack
+from agentstream.demo.overrides import given, overridden
 from agentstream.demo.progress import Progress as DemoProgress
 from agentstream.demo.progress import VersionRow, plot_by_version
 from agentstream.demo.run import Demo, StackConfig, run_folder, run_to_summary
 from agentstream.eval import EvalSettings, pass_at_1_interval
 from agentstream.recipes.swe.grade import GradeSettings
-from agentstream.recipes.swe.models import build_base_model, model_defaults
+from agentstream.recipes.swe.models import SweModel, build_base_model, model_defaults
 from agentstream.recipes.swe.task_files import build_recipe_tasks, probed_task_files
 from agentstream.schemas.events import EvalEvent, Event, PoolUpdateEvent, RewardEvent, TrajectoryEvent, WeightsEvent
 from agentstream.schemas.kafka import KafkaSettings
@@ -52,9 +53,9 @@ Say = Callable[[str], None]
 
 
 class RecipeConfig(StackConfig):
-    """The recipe's knobs. Those a model sizes (`recipes.swe.models.DEFAULTS`: steps, tokens per answer, the
-    trainer's sequence length, group size, attempt timeout, LoRA, learning rate) default to the model's when
-    not given (or given as None)."""
+    """The recipe's knobs. Those a model sizes (`recipes.swe.models.DEFAULTS`: steps, tokens per answer, group
+    size, attempt timeout) default to the model's when not given (or given as None); so do the trainer's settings
+    it gives (sequence length, LoRA, learning rate), which `--trainer.*` (`flags`) goes over."""
 
     model: str = "smollm2"
     """the base model: qwen-coder-0.5b / -1.5b, smollm2 (from their PyPI wheels) or tiny (plumbing only)"""
@@ -73,15 +74,9 @@ class RecipeConfig(StackConfig):
     group_size: int = 2
     groups_per_batch: int = 2
     eval_samples: int = 1
-    lr: float = 1e-5
-    lora_rank: int = 0
-    """train LoRA adapters of this rank (needed for qwen-coder-1.5b: its full fine-tuning does not fit 24 GiB)"""
     step_limit: int = 4
     max_tokens: int = 128
     """tokens per model answer"""
-    max_seq_len: int = 2048
-    """the trainer's sequence length: a trajectory's turns merge into one sequence, cut here"""
-    gradient_checkpointing: bool = False
     attempt_timeout_s: float = 300.0
     out: Path = Field(default_factory=lambda: run_folder("recipe-swe"))
     vllm_name: str = "recipe-swe"
@@ -92,7 +87,16 @@ class RecipeConfig(StackConfig):
         if not isinstance(data, dict):
             return data
         given = {name: value for name, value in data.items() if value is not None}
-        return {**model_defaults(str(given.get("model", cls.model_fields["model"].default))), **given}
+        sized = model_defaults(str(given.get("model", cls.model_fields["model"].default)))
+        return {**sized.model_dump(exclude={"trainer"}), **given}
+
+    @property
+    def spec(self) -> SweModel:
+        return model_defaults(self.model)
+
+    def trainer(self) -> TrainerSettings:
+        """The trainer's settings this recipe gives for its model, with `--trainer.*` over them."""
+        return overridden(self.spec.trainer, self.flags.get("trainer", []), "trainer.")
 
     @property
     def batch(self) -> int:
@@ -312,9 +316,8 @@ class Recipe(Demo):
             trainer=stack.settings(
                 TrainerSettings, model=self.served, base_model=stack.model_dir, checkpoint_dir=out / "checkpoints",
                 group_size=config.group_size, groups_per_batch=config.groups_per_batch, min_group_size=1,
-                lr=config.lr, max_staleness=1, max_versions=config.versions, micro_batch_size=1, keep_checkpoints=2,
-                lora_rank=config.lora_rank, max_seq_len=config.max_seq_len,
-                gradient_checkpointing=config.gradient_checkpointing),
+                max_staleness=1, max_versions=config.versions, micro_batch_size=1, keep_checkpoints=2,
+                **given(config.spec.trainer)),
             eval=stack.settings(
                 EvalSettings, tasks=validation, agent=HARNESS, follow=True, max_versions=config.versions + 1,
                 samples=config.eval_samples, out=out / "eval", gateway_url=stack.gateway_url,
@@ -364,10 +367,11 @@ def summary(progress: Progress, config: RecipeConfig, console: Console, elapsed_
                                 "validation_pass_at_1_interval_95": row.pass_at_1_interval,
                                 f"validation_pass_at_{config.eval_samples}": row.pass_at_k,
                                 "validation_samples": row.eval_samples, "validation_unscored": row.eval_unscored}
+    trainer = progress.loop.trainer if progress.loop and progress.loop.trainer else config.trainer()
     result = {"model": config.model, "versions": config.versions, "train_tasks": config.train_tasks,
               "validation_tasks": config.validation_tasks, "group_size": config.group_size,
               "batch": config.batch, "step_limit": config.step_limit, "max_tokens": config.max_tokens,
-              "max_seq_len": config.max_seq_len, "lora_rank": config.lora_rank, "lr": config.lr,
+              "max_seq_len": trainer.max_seq_len, "lora_rank": trainer.lora_rank, "lr": trainer.lr,
               "wall_time_s": round(elapsed_s, 1), "per_version": per_version}
     out = config.out.resolve()
     (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")

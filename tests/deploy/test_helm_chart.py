@@ -35,7 +35,7 @@ VALUES = {
     "inference": {"upstreams": ["http://vllm-0.vllm:8000", "http://vllm-1.vllm:8000"]},
     "gateway": {"replicas": 3, "service": {"clusterIP": GATEWAY_IP}},
     "streams": {"replicas": 4},
-    "trainer": {"baseModel": "tiny"},
+    "trainer": {"baseModel": "tiny", "settings": {"lr": 1e-4, "source_weights": {"session": 0.5}}},
     "controller": {"enabled": True, "tasksConfigMap": "tasks"},
     "sandbox": {"namespace": SANDBOX},
 }
@@ -110,6 +110,8 @@ def test_the_services_get_their_settings(helm, tmp_path):
     trainer = find(objects, "Deployment", f"{RELEASE}-trainer")
     assert trainer["spec"]["replicas"] == 1 and trainer["spec"]["strategy"]["type"] == "Recreate"
     assert container_env(trainer)["AGENTSTREAM_BASE_MODEL"] == "/checkpoints/tiny"
+    assert container_env(trainer)["AGENTSTREAM_LR"] == "0.0001", "a setting by its field name, as the model reads it"
+    assert container_env(trainer)["AGENTSTREAM_SOURCE_WEIGHTS"] == '{"session":0.5}'
     assert find(objects, "Service", f"{RELEASE}-gateway")["spec"]["clusterIP"] == GATEWAY_IP
     # every setting named is one the service has (a typo would be ignored by pydantic-settings otherwise)
     from agentstream.dashboard.settings import DashboardSettings
@@ -123,6 +125,21 @@ def test_the_services_get_their_settings(helm, tmp_path):
         known = {f"AGENTSTREAM_{name.upper()}" for name in cls.model_fields} | {"KAFKA_BOOTSTRAP_SERVERS"}
         unknown = set(container_env(find(objects, kind, f"{RELEASE}-{component}"))) - known
         assert not unknown, f"{component}: {cls.__name__} has no setting for {sorted(unknown)}"
+
+
+def test_the_settings_values_name_only_the_services_fields():
+    """`<service>.settings` in values.yaml: each key a field of the service's settings model (no helm needed)."""
+    from agentstream.dashboard.settings import DashboardSettings
+    from agentstream.gateway.settings import GatewaySettings
+    from agentstream.streams.settings import StreamsSettings
+    from agentstream.trainer.settings import TrainerSettings
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    classes = {"gateway": GatewaySettings, "streams": StreamsSettings, "trainer": TrainerSettings,
+               "dashboard": DashboardSettings, "controller": ControllerSettings}
+    assert {name for name, part in values.items() if isinstance(part, dict) and "settings" in part} == set(classes)
+    for component, cls in classes.items():
+        assert set(values[component]["settings"]) <= set(cls.model_fields), component
 
 
 def controller_settings(objects: list[dict], monkeypatch) -> ControllerSettings:

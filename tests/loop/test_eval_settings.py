@@ -23,7 +23,7 @@ def test_contradicting_or_missing_settings_are_refused_with_the_flag_named():
     both = run_eval("--token-secret=s", "--follow", "--version=2")
     assert both.returncode == 2 and "--follow measures each as it appears" in both.stderr
     zero = run_eval("--token-secret=s", "--samples=0")
-    assert zero.returncode == 2 and "--samples:" in zero.stderr
+    assert zero.returncode == 2 and "--samples (AGENTSTREAM_SAMPLES) = '0': " in zero.stderr
     secretless = run_eval()
     assert secretless.returncode == 2 and "AGENTSTREAM_TOKEN_SECRET" in secretless.stderr
 

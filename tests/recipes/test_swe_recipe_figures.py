@@ -109,19 +109,19 @@ def test_progress_reports_groups_with_signal_end_reasons_flags_and_the_interval(
 
 def test_coder_models_get_room_to_work_and_the_test_models_stay_quick():
     coder = RecipeConfig(model="qwen-coder-0.5b")
-    assert (coder.step_limit, coder.max_tokens, coder.max_seq_len, coder.group_size) == (12, 384, 8192, 4)
-    assert coder.gradient_checkpointing and coder.lora_rank == 0
-    large = RecipeConfig(model="qwen-coder-1.5b")
+    assert (coder.step_limit, coder.max_tokens, coder.trainer().max_seq_len, coder.group_size) == (12, 384, 8192, 4)
+    assert coder.trainer().gradient_checkpointing and coder.trainer().lora_rank == 0
+    large = RecipeConfig(model="qwen-coder-1.5b").trainer()
     assert large.lora_rank == 16 and large.lr == 1e-4, "the 1.5B does not fit full fine-tuning in 24 GiB"
     for quick in ("tiny", "smollm2"):
         config = RecipeConfig(model=quick)
-        assert (config.step_limit, config.max_tokens, config.max_seq_len, config.group_size) == (4, 128, 2048, 2)
+        assert (config.step_limit, config.max_tokens, config.trainer().max_seq_len, config.group_size) == (4, 128, 2048, 2)
     assert set(DEFAULTS) == {"qwen-coder-0.5b", "qwen-coder-1.5b", "smollm2", "tiny"}
 
 
 def test_a_given_setting_wins_and_none_means_the_models_default():
-    given = RecipeConfig(model="qwen-coder-0.5b", step_limit=3, max_tokens=None, lora_rank=8)
-    assert (given.step_limit, given.max_tokens, given.lora_rank) == (3, 384, 8)
+    given = RecipeConfig(model="qwen-coder-0.5b", step_limit=3, max_tokens=None, flags={"trainer": ["--lora-rank=8"]})
+    assert (given.step_limit, given.max_tokens, given.trainer().lora_rank, given.trainer().lr) == (3, 384, 8, 1e-5)
     probe = ProbeConfig(model="qwen-coder-1.5b", k=3, attempt_timeout_s=None)
-    assert (probe.k, probe.attempt_timeout_s, probe.max_seq_len) == (3, 3600.0, 8192)
+    assert (probe.k, probe.attempt_timeout_s, probe.trainer().max_seq_len) == (3, 3600.0, 8192)
     assert RecipeConfig().model == "smollm2" and RecipeConfig().step_limit == 4

@@ -54,7 +54,7 @@ def recipe_loop(out: Path) -> Loop:
 
 LOOPS = {
     "demo": lambda out: DemoConfig(out=out).loop(stack(out)),
-    "demo-smollm2": lambda out: DemoConfig(out=out, model="smollm2", lora_rank=8).loop(stack(out)),
+    "demo-smollm2": lambda out: DemoConfig(out=out, model="smollm2", flags={"trainer": ["--lora-rank", "8"]}).loop(stack(out)),
     "production": lambda out: ProductionConfig(out=out).loop(stack(out, servers=2)),
     "recipe": recipe_loop,
 }

@@ -6,7 +6,8 @@ output; `state` is the resume file. `request` makes a job of the operator's flag
 on a terminal, with a progress bar and a summary.
 """
 
-from agentstream.logs.replay.run import Job, Options, Progress, RangeSpec, RebuildSpec, Summary, default_state, replay
+from agentstream.logs.replay.rebuild import RebuildSpec
+from agentstream.logs.replay.run import Job, Options, Progress, RangeSpec, Summary, default_state, replay
 from agentstream.logs.replay.selection import Selection, parse_rollouts, parse_versions
 from agentstream.logs.replay.state import ReplayError
 

@@ -54,13 +54,11 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from pathlib import Path
 from typing import Any
 
 import orjson
 
-from agentstream.logs.replay.rebuild import RAW, REASONS_KEPT, Rebuild
-from agentstream.logs.replay.selection import Selection
+from agentstream.logs.replay.rebuild import RAW, REASONS_KEPT, Fold, Rebuild
 from agentstream.logs.replay.sinks import TopicShare, TopicSink
 from agentstream.logs.replay.sources import Item
 from agentstream.logs.replay.state import ReplayError, int_keys
@@ -68,9 +66,7 @@ from agentstream.schemas import collector
 from agentstream.schemas.codec import encode
 from agentstream.schemas.errors import AgentstreamError
 from agentstream.schemas.kafka import KafkaSettings
-from agentstream.schemas.scan import KAFKA, Origin
-from agentstream.streams.assembly import Timing
-from agentstream.streams.policies import DEFAULT_POLICY
+from agentstream.schemas.scan import Origin
 
 SET_COUNTS = ("open", "open_ended")
 """counts a rebuild sets at the range's close rather than adds to"""
@@ -98,21 +94,11 @@ class Part:
     settings: KafkaSettings
     ranges: dict[str, dict[int, tuple[int, int]]]
     position: dict[str, Any] | None
-    timing: Timing
-    closing_ms: int
-    selection: Selection
-    reward_fn: str | None
-    reward_policy: str
-    with_calls: bool
-    source: str
-    batch_size: int
-    origin: Origin
+    fold: Fold
     interval_s: float
     """the least time between two positions sent (0: with every chunk)"""
     as_bytes: bool
     """send trajectories encoded (the sink writes bytes) rather than as models with their calls"""
-    settled: Path
-    """the folder of the settled rollouts' files (settled.py): each worker writes its partitions'"""
     share: TopicShare | None = None
     """write the trajectories to this topic (sending none): the sink is a topic"""
 
@@ -144,20 +130,16 @@ class ParallelRebuild:
     selects = True
 
     def __init__(self, settings: KafkaSettings, ranges: dict[str, dict[int, tuple[int, int]]],
-                 position: dict[str, Any] | None, *, jobs: int, timing: Timing, closing_ms: int,
-                 selection: Selection, counts: Counter[str], reward_fn: str | None = None,
-                 reward_policy: str = DEFAULT_POLICY, with_calls: bool = False,
-                 as_bytes: bool = True, source: str = "streams", batch_size: int = 5000, origin: Origin = KAFKA,
-                 settled: Path, checkpoint_s: float = 5.0, output: TopicSink | None = None):
+                 position: dict[str, Any] | None, fold: Fold, counts: Counter[str], *, jobs: int,
+                 as_bytes: bool = True, checkpoint_s: float = 5.0, output: TopicSink | None = None):
         self.counts = counts
-        self.closing_ms = closing_ms
+        self.closing_ms = fold.closing_ms
         partitions = sorted(ranges["rollouts"])
         groups = deal(partitions, jobs)
         self.output = output
         """the topic the workers write to themselves (None: they send what they make here)"""
         share = output.share(len(groups)) if output is not None else None
-        self.parts = [Part(group, settings, *_only(ranges, position, group), timing, closing_ms, selection, reward_fn,
-                           reward_policy, with_calls, source, batch_size, origin, checkpoint_s, as_bytes, settled, share)
+        self.parts = [Part(group, settings, *_only(ranges, position, group), fold, checkpoint_s, as_bytes, share)
                       for group in groups]
         if position:
             self.next = {t: int_keys(position["next"][t]) for t in RAW}
@@ -198,7 +180,7 @@ class ParallelRebuild:
 
     async def chunks(self) -> AsyncGenerator[list[Item], None]:
         part = self.parts[0]
-        processes, readers = _start(self.parts, fork=not reads_archive(part.settings, part.origin))
+        processes, readers = _start(self.parts, fork=not reads_archive(part.settings, part.fold.origin))
         pending = {asyncio.ensure_future(asyncio.to_thread(_receive, readers[i])): i for i in range(len(self.parts))}
         held: list[list[Item]] = [[] for _ in self.parts]
         try:
@@ -399,10 +381,7 @@ def _die_with(parent: int | None) -> None:
 
 async def _fold(writer: Connection, part: Part) -> None:
     counts: Counter[str] = Counter()
-    rebuild = Rebuild(part.settings, part.ranges, part.position, timing=part.timing, closing_ms=part.closing_ms,
-                      selection=part.selection, counts=counts, settled=part.settled, reward_fn=part.reward_fn,
-                      reward_policy=part.reward_policy, with_calls=part.with_calls, source=part.source, batch_size=part.batch_size, origin=part.origin,
-                      partitions=part.partitions)
+    rebuild = Rebuild(part.settings, part.ranges, part.position, part.fold, counts, partitions=part.partitions)
     rebuild.explain_open = False
     sink = None
     if part.share is not None:
@@ -411,7 +390,7 @@ async def _fold(writer: Connection, part: Part) -> None:
     interval, last = part.interval_s, time.monotonic()
     try:
         async for chunk in rebuild.chunks():
-            chosen: list[Any] = [item for item in chunk if part.selection.wants(item.event)]
+            chosen: list[Any] = [item for item in chunk if part.fold.selection.wants(item.event)]
             counts["not_selected"] += len(chunk) - len(chosen)
             if sink is not None:
                 await sink.write(chosen)

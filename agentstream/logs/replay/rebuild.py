@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter, deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,33 @@ RAW = ("rollouts", "calls", "rewards")
 REASONS_KEPT = 5
 
 
+@dataclass(frozen=True)
+class RebuildSpec:
+    """How trajectories are rebuilt from the raw topics: as the live worker's settings say."""
+
+    reward_fn: str | None = None
+    timing: Timing = field(default_factory=Timing)
+    lookback_ms: int = 3_600_000
+    source: str = "streams"
+    reward_policy: str = DEFAULT_POLICY
+    """the reward policy that turns sessions' feedback into rewards (a rebuild always applies it)"""
+
+
+@dataclass(frozen=True)
+class Fold:
+    """How one run folds its range: the spec, and what the run decided (when the range closes, what it selects,
+    what its sink needs, where it reads). One process's `Rebuild` and each worker's take the same."""
+
+    spec: RebuildSpec
+    closing_ms: int
+    selection: Selection
+    settled: Path
+    """the folder of the partitions' settled rollouts (settled.py), beside the resume state"""
+    with_calls: bool = False
+    batch_size: int = 5000
+    origin: Origin = KAFKA
+
+
 async def _next(batches: AsyncIterator[list[Record]]) -> list[Record] | None:
     return await anext(batches, None)
 
@@ -62,21 +89,18 @@ class Pending:
 
 class Rebuild:
     def __init__(self, settings: KafkaSettings, ranges: dict[str, dict[int, tuple[int, int]]],
-                 position: dict[str, Any] | None, *, timing: Timing, closing_ms: int, selection: Selection,
-                 counts: Counter[str], settled: Path, reward_fn: str | None = None,
-                 reward_policy: str = DEFAULT_POLICY, with_calls: bool = False,
-                 source: str = "streams", batch_size: int = 5000, origin: Origin = KAFKA,
+                 position: dict[str, Any] | None, fold: Fold, counts: Counter[str],
                  partitions: list[int] | None = None):
-        """`settled`: the folder of the partitions' settled rollouts (settled.py), beside the resume state;
-        `partitions`: those this rebuild folds, where it is one of several (the others' ranges are empty)."""
+        """`partitions`: those this rebuild folds, where it is one of several (the others' ranges are empty)."""
         self.settings = settings
-        self.timing = timing
-        self.closing_ms = closing_ms
-        self.selection = selection
-        self.reward_fn = reward_fn
-        self.with_calls = with_calls
-        self.batch_size = batch_size
-        self.origin = origin
+        self.timing = timing = fold.spec.timing
+        self.closing_ms = fold.closing_ms
+        self.selection = fold.selection
+        self.reward_fn = fold.spec.reward_fn
+        self.with_calls = fold.with_calls
+        self.batch_size = fold.batch_size
+        self.origin = fold.origin
+        settled, source, reward_policy = fold.settled, fold.spec.source, fold.spec.reward_policy
         self.partitions = sorted(ranges["rollouts"]) if partitions is None else sorted(partitions)
         self.ends = {t: {p: end for p, (_, end) in ranges[t].items()} for t in RAW}
         self.counts = counts

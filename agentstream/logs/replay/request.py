@@ -10,7 +10,8 @@ from typing import Any
 
 import orjson
 
-from agentstream.logs.replay.run import Job, Options, RangeSpec, RebuildSpec, default_state
+from agentstream.logs.replay.rebuild import RebuildSpec
+from agentstream.logs.replay.run import Job, Options, RangeSpec, default_state
 from agentstream.logs.replay.selection import parse_rollouts, parse_versions
 from agentstream.schemas.errors import ConfigurationError
 from agentstream.schemas.kafka import KafkaSettings

@@ -24,7 +24,7 @@ import orjson
 
 from agentstream.logs.replay import settled
 from agentstream.logs.replay.parallel import ParallelRebuild, default_jobs, reads_archive, start_fork_server
-from agentstream.logs.replay.rebuild import RAW, Rebuild
+from agentstream.logs.replay.rebuild import RAW, Fold, Rebuild, RebuildSpec
 from agentstream.logs.replay.selection import Selection
 from agentstream.logs.replay.sinks import JsonlSink, ParquetSink, Sink, TopicSink
 from agentstream.logs.replay.sources import Item, Source, StoredTrajectories
@@ -34,8 +34,6 @@ from agentstream.schemas.ids import now_ms
 from agentstream.schemas.kafka import KafkaSettings
 from agentstream.schemas.scan import KAFKA, Bounds, Origin, parse_offsets, parse_time, resolve
 from agentstream.streams import rewards
-from agentstream.streams.assembly import Timing
-from agentstream.streams.policies import DEFAULT_POLICY
 
 SINKS = ("topic", "events", "chat", "parquet")
 """topic: trajectory events to a new topic; events: the same, as JSONL (the trainer's offline file);
@@ -53,18 +51,6 @@ class RangeSpec:
 
 
 @dataclass(frozen=True)
-class RebuildSpec:
-    """How trajectories are rebuilt from the raw topics: as the live worker's settings say."""
-
-    reward_fn: str | None = None
-    timing: Timing = field(default_factory=Timing)
-    lookback_ms: int = 3_600_000
-    source: str = "streams"
-    reward_policy: str = DEFAULT_POLICY
-    """the reward policy that turns sessions' feedback into rewards (a rebuild always applies it)"""
-
-
-@dataclass(frozen=True)
 class Job:
     source: str
     """"raw" (rebuild from rollouts, calls and rewards) or the base name of a trajectories topic"""
@@ -74,7 +60,7 @@ class Job:
     range: RangeSpec = RangeSpec()
     rollouts: frozenset[str] = frozenset()
     versions: frozenset[int] = frozenset()
-    rebuild: RebuildSpec = RebuildSpec()
+    rebuild: RebuildSpec = field(default_factory=RebuildSpec)
 
     @property
     def raw(self) -> bool:
@@ -320,17 +306,14 @@ def _source(settings: KafkaSettings, job: Job, state: ReplayState, counts: Count
         return StoredTrajectories(settings, settings.topics.name(job.source), state.ranges[job.source], state.source,
                                   counts, options.batch_size, options.origin, selection=_selection(job, state),
                                   rows=job.sink in ("chat", "parquet"))
-    spec = job.rebuild
     jobs = _jobs(settings, options, state)
     if jobs < 0:
         raise ReplayError(f"--jobs {options.jobs}: give a number of processes (1 or more), or 0 for one per core")
-    common = dict(timing=spec.timing, closing_ms=state.plan["closing_ms"], selection=_selection(job, state),
-                  counts=counts, reward_fn=spec.reward_fn, reward_policy=spec.reward_policy, with_calls=job.sink in ("chat", "parquet"),
-                  source=spec.source, batch_size=options.batch_size, origin=options.origin,
-                  settled=settled.folder(options.state))
+    fold = Fold(job.rebuild, state.plan["closing_ms"], _selection(job, state), settled.folder(options.state),
+                with_calls=job.sink in ("chat", "parquet"), batch_size=options.batch_size, origin=options.origin)
     if jobs > 1 and len(state.ranges["rollouts"]) > 1:
         # into a topic, the workers write it themselves (parallel.py)
-        return ParallelRebuild(settings, state.ranges, state.source, jobs=jobs, checkpoint_s=options.checkpoint_s,
-                               as_bytes=job.sink in ("topic", "events"),
-                               output=sink if isinstance(sink, TopicSink) else None, **common)
-    return Rebuild(settings, state.ranges, state.source, **common)
+        return ParallelRebuild(settings, state.ranges, state.source, fold, counts, jobs=jobs,
+                               checkpoint_s=options.checkpoint_s, as_bytes=job.sink in ("topic", "events"),
+                               output=sink if isinstance(sink, TopicSink) else None)
+    return Rebuild(settings, state.ranges, state.source, fold, counts)

@@ -30,7 +30,8 @@ from agentstream.logs.replay.state import ReplayError, int_keys
 from agentstream.schemas.codec import encode
 from agentstream.schemas.durable import write_atomically
 from agentstream.schemas.kafka import KafkaSettings, ensure_topics
-from agentstream.schemas.scan import Bounds, _quiet, resolve, scan
+from agentstream.schemas.kafka_reader import _quiet
+from agentstream.schemas.scan import Bounds, resolve, scan
 from agentstream.schemas.topics import TopicSpec, topic_specs
 
 if TYPE_CHECKING:

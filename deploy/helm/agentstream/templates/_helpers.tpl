@@ -59,6 +59,14 @@ securityContext:
 {{- end }}
 {{- end }}
 
+{{/* a service's settings by field name (`trainer.settings.lr: 1e-4`), as the variables its settings model reads
+(AGENTSTREAM_LR); lists and maps as JSON. Any field of `python -m agentstream.<service> --help` */}}
+{{- define "agentstream.settings" -}}
+{{- range $name, $value := . }}
+- {name: {{ printf "AGENTSTREAM_%s" (upper $name) }}, value: {{ if or (kindIs "slice" $value) (kindIs "map" $value) }}{{ toJson $value | quote }}{{ else }}{{ toString $value | quote }}{{ end }}}
+{{- end }}
+{{- end }}
+
 {{- define "agentstream.extraEnv" -}}
 {{- range $name, $value := . }}
 - {name: {{ $name }}, value: {{ $value | quote }}}
