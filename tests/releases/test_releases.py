@@ -13,7 +13,8 @@ from agentstream.releases.rule import Arm, decide
 from agentstream.releases.sequential import Bounds, Lift, Moments, log_evidence, p_value, threshold
 from agentstream.releases.settings import ReleasesSettings
 from agentstream.schemas.codec import decode, encode
-from agentstream.schemas.releases import BUCKETS, bucket, canary_servers, fold, in_canary, stable_of
+from agentstream.schemas.events import ArmNumbers, ReleaseEvent
+from agentstream.schemas.releases import BUCKETS, bucket, canary_servers, fold, in_canary, stable_of, successor
 from agentstream.schemas.sessions import session_rollout_id
 from tests.support.releases import release
 
@@ -50,6 +51,32 @@ def test_the_fold_takes_the_first_decision_and_ignores_stale_and_repeated_events
     fold(states, release("canary", version=3, started_at=2000))
     assert states["tiny"].active and fold(states, release("rollback", version=3, started_at=2000)).phase == "rolled back"
     assert stable_of(states["tiny"]) == (1, "/ckpt/1")
+
+
+def test_a_replaced_canary_that_led_becomes_the_stable_version():
+    def measured(stable: float | None, canary: float | None, sessions: int = 30) -> dict:
+        states: dict = {}
+        fold(states, release("canary"))
+        arms = [ArmNumbers(version=1, sessions=sessions, mean_reward=stable),
+                ArmNumbers(version=2, sessions=sessions, mean_reward=canary)]
+        fold(states, release("measure", arms=arms, numbers={"min_sessions": 30}))
+        return states
+
+    promotion = successor(measured(0.5, 0.6)["tiny"])
+    assert promotion is not None and (promotion.action, promotion.decided_by) == ("promote", "replaced")
+    assert promotion.version == 2 and "leading" in promotion.reason
+    states = measured(0.5, 0.6)
+    fold(states, ReleaseEvent(source="gateway", data=promotion))
+    assert stable_of(states["tiny"]) == (2, "/ckpt/2")  # the next canary starts from it
+    assert successor(measured(0.6, 0.5)["tiny"]) is None  # behind: the stable version stays
+    assert successor(measured(0.5, 0.5)["tiny"]) is None  # level: no reason to move
+    assert successor(measured(0.5, 0.9, sessions=29)["tiny"]) is None  # an arm short of the rule's minimum
+    assert successor(measured(None, 0.9)["tiny"]) is None
+    states = {}
+    fold(states, release("canary"))
+    assert successor(states["tiny"]) is None  # never measured
+    fold(states, release("rollback"))
+    assert successor(states["tiny"]) is None  # decided already
 
 
 def test_release_events_round_trip():
