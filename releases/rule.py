@@ -100,7 +100,7 @@ def decide(stable: Arm, canary: Arm, settings: ReleasesSettings) -> Verdict:
     bounds = Bounds.of(lift, settings.lift, settings.alpha)
     p = p_value(lift.difference * lift.information, lift.information, settings.lift)
     numbers.update(lift=lift.difference, lift_lower=bounds.lower, lift_upper=bounds.upper, power=bounds.power)
-    interval = f"lift {lift.difference:+.3f}, in [{bounds.lower:+.3f}, {bounds.upper:+.3f}] at every look"
+    interval = f"lift {lift.difference:+.3f}, in [{bounds.lower:+.3f}, {bounds.upper:+.3f}] (each bound valid at every look)"
     if bounds.lower > 0:
         return Verdict("promote", f"mean reward higher: {interval} (always-valid p={p:.3g})", p, numbers)
     if bounds.upper < settings.min_lift:
