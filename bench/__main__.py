@@ -27,6 +27,7 @@ BENCHMARKS = {
     "smollm2": "SmolLM2-135M trainer tokens/s (full, LoRA) vs a supervised step; its swap pause vs the tiny model's",
     "ranks": "the trainer's update on 1 vs 2 Ray ranks (FSDP2/gloo): samples/s, share in collectives, memory",
     "trainer_learning": "how fast the trainer's update teaches the tiny model the demo's task",
+    "canary_sequential": "false promotions, false rollbacks and power of the canary rule over thousands of simulated canaries",
     "recipe_swe": "the coding recipe's rollouts per minute and where the time goes, vs. a scripted agent",
 }
 

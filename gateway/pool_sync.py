@@ -50,7 +50,7 @@ from agentstream.schemas.errors import ServiceError
 from agentstream.schemas.events import Event, PoolUpdate, PoolUpdateEvent, Release, ReleaseEvent, Weights, WeightsEvent
 from agentstream.schemas.ids import derived_id, now_ms
 from agentstream.schemas.kafka import deadletter_event, make_consumer, partitions_of
-from agentstream.schemas.releases import BUCKETS, canary_servers, fold, stable_of
+from agentstream.schemas.releases import BUCKETS, canary_servers, fold, stable_of, successor
 from agentstream.schemas.scan import resolve
 
 log = logging.getLogger("gateway.pool_sync")
@@ -296,6 +296,10 @@ class PoolSync:
             elif state.current.action == "promote":
                 await self.apply(event, claim=claim)
             return
+        if (state is not None and weights.version > state.current.version
+                and (promotion := successor(state)) is not None):  # it replaces a canary that led
+            await self._promote_replaced(promotion)
+            state = self.pool.releases.get(weights.model)
         stable = stable_of(state) or await self._base(weights.model, servers, chosen)
         if stable is not None and weights.version <= stable[0]:
             return  # older than what everyone is served: nothing to try
@@ -315,6 +319,16 @@ class PoolSync:
         await self.recorder.publish(canary)
         self.observe_release(canary)
         await self.apply(event, [server for server in servers if server.url in chosen], claim)
+
+    async def _promote_replaced(self, release: Release) -> None:
+        """Promote a canary that a newer version replaces while it leads (`schemas.releases.successor`): every
+        server loads it, and the newer canary is measured against it. The id is the rule's for the same
+        promotion, so the decision service's and this one are one event."""
+        event = ReleaseEvent(id=derived_id("release", "promote", release.model, str(release.version),
+                                           str(release.started_at)), source=self.settings.source, data=release)
+        await self.recorder.publish(event)
+        self.observe_release(event)
+        await self.apply(_weights_of(release))
 
     async def _base(self, model: str, servers: list[Upstream], chosen: list[str]) -> tuple[int, str] | None:
         """The stable version before any release: what the servers outside the canary serve, from the folder

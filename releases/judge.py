@@ -89,7 +89,7 @@ class Tally:
             return
         rewards = self.rewards.setdefault((session, version), {})
         rewards[key] = reward
-        arm.rewards[session] = fmean(rewards.values())
+        arm.rate(session, fmean(rewards.values()))
         self.changed = True
 
 

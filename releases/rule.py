@@ -1,18 +1,18 @@
-"""The canary rule: guards on errors and latency, then a one-sided test on mean reward per session.
+"""The canary rule: guards on errors and latency, then an always-valid test on mean reward per session.
 
-Deterministic: the same numbers give the same decision. The test is Welch's, with the normal
-approximation (each arm has at least `min_sessions` sessions): z = (mean_canary - mean_stable) /
-sqrt(var_canary/n_canary + var_stable/n_stable); p = P(Z >= z), the chance of a lead this large if the
-canary were no better. p < alpha promotes; the mirror test (the canary worse at the same level) rolls back.
+Deterministic: the same numbers give the same decision. The test is a confidence sequence on the canary's
+lift in mean reward (`releases/sequential.py`): bounds that hold at every look at once with chance
+1 - alpha, however often the judge looks. The lower bound above 0 promotes; the upper bound below
+`min_lift` rolls back (the canary is known not to be that much better; at 0, known worse).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from statistics import fmean, stdev
 from typing import Literal
 
+from agentstream.releases.sequential import Bounds, Lift, Moments, p_value
 from agentstream.releases.settings import ReleasesSettings
 from agentstream.schemas.events import ArmNumbers
 
@@ -23,16 +23,45 @@ class Arm:
 
     version: int
     rewards: dict[str, float] = field(default_factory=dict)
-    """session id -> its reward (the mean over its conversations')"""
+    """session id -> its reward (the mean over its conversations'); change it by `rate`, which keeps the sums"""
     calls: int = 0
     errors: int = 0
     latencies_ms: list[float] = field(default_factory=list)
+    _shift: float = field(default=0.0, init=False, repr=False)
+    """the sums are of reward - the first reward: no cancellation when rewards are large and alike"""
+    _sum: float = field(default=0.0, init=False, repr=False)
+    _squares: float = field(default=0.0, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.rewards:
+            self._shift = next(iter(self.rewards.values()))
+        for value in self.rewards.values():
+            self._add(value, 1)
+
+    def rate(self, session: str, reward: float) -> None:
+        """Set a session's reward (a later one replaces its earlier)."""
+        if not self.rewards:
+            self._shift = reward
+        if session in self.rewards:
+            self._add(self.rewards[session], -1)
+        self.rewards[session] = reward
+        self._add(reward, 1)
+
+    def _add(self, value: float, sign: int) -> None:
+        self._sum += sign * (value - self._shift)
+        self._squares += sign * (value - self._shift) ** 2
+
+    def moments(self) -> Moments:
+        n = len(self.rewards)
+        if not n:
+            return Moments(0, 0.0, 0.0)
+        return Moments(n, self._shift + self._sum / n, max(self._squares - self._sum ** 2 / n, 0.0))
 
     def numbers(self) -> ArmNumbers:
-        values = list(self.rewards.values())
-        return ArmNumbers(version=self.version, sessions=len(values), mean_reward=fmean(values) if values else None,
-                          reward_std=stdev(values) if len(values) > 1 else None, calls=self.calls,
-                          errors=self.errors, p95_latency_ms=p95(self.latencies_ms))
+        moments = self.moments()
+        return ArmNumbers(version=self.version, sessions=moments.n, mean_reward=moments.mean if moments.n else None,
+                          reward_std=math.sqrt(moments.squares / (moments.n - 1)) if moments.n > 1 else None,
+                          calls=self.calls, errors=self.errors, p95_latency_ms=p95(self.latencies_ms))
 
     @property
     def error_rate(self) -> float:
@@ -55,54 +84,47 @@ def p95(values: list[float]) -> float | None:
     return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
 
 
-def one_sided_p(canary: list[float], stable: list[float]) -> tuple[float, float]:
-    """(z, P(Z >= z)): the canary's lead in mean, in standard errors, and how likely it is by chance."""
-    difference = fmean(canary) - fmean(stable)
-    error = math.sqrt(_variance(canary) / len(canary) + _variance(stable) / len(stable))
-    if error == 0:  # every reward the same within each arm: the means differ or they do not
-        return (math.copysign(math.inf, difference) if difference else 0.0), (0.0 if difference > 0 else
-                                                                              1.0 if difference < 0 else 0.5)
-    z = difference / error
-    return z, upper_tail(z)
-
-
-def upper_tail(z: float) -> float:
-    """P(Z >= z) for a standard normal Z, by erfc: exact far in the tail, where 1 - cdf(z) rounds to 0."""
-    return 0.5 * math.erfc(z / math.sqrt(2))
-
-
-def _variance(values: list[float]) -> float:
-    return stdev(values) ** 2 if len(values) > 1 else 0.0
-
-
 def decide(stable: Arm, canary: Arm, settings: ReleasesSettings) -> Verdict:
     numbers: dict[str, float] = {"alpha": settings.alpha, "min_sessions": settings.min_sessions,
+                                 "detectable_lift": settings.lift, "min_lift": settings.min_lift,
                                  "max_error_rate_increase": settings.max_error_rate_increase,
                                  "max_latency_ratio": settings.max_latency_ratio}
-    if min(stable.calls, canary.calls) >= settings.min_calls:
-        increase = canary.error_rate - stable.error_rate
-        numbers["error_rate_increase"] = increase
-        if increase > settings.max_error_rate_increase:
-            return Verdict("rollback", f"error rate {canary.error_rate:.1%} against {stable.error_rate:.1%}: "
-                           f"above the allowed increase of {settings.max_error_rate_increase:.1%}", numbers=numbers)
-        slow, fast = p95(canary.latencies_ms), p95(stable.latencies_ms)
-        if slow is not None and fast:
-            numbers["latency_ratio"] = slow / fast
-            if slow > fast * settings.max_latency_ratio:
-                return Verdict("rollback", f"p95 latency {slow:.0f} ms against {fast:.0f} ms: above "
-                               f"{settings.max_latency_ratio}x", numbers=numbers)
+    guard = guards(stable, canary, settings, numbers)
+    if guard is not None:
+        return guard
     n = min(len(stable.rewards), len(canary.rewards))
     if n < settings.min_sessions:
         return Verdict(None, f"waiting for {settings.min_sessions} sessions with a reward per arm (have {n})",
                        numbers=numbers)
-    z, p = one_sided_p(list(canary.rewards.values()), list(stable.rewards.values()))
-    if math.isfinite(z):
-        numbers["z"] = z
-    if p < settings.alpha:
-        return Verdict("promote", f"mean reward higher (one-sided p={p:.4g} < {settings.alpha})", p, numbers)
-    worse = upper_tail(-z)
-    if worse < settings.alpha:
-        return Verdict("rollback", f"mean reward lower (one-sided p={worse:.4g} < {settings.alpha})", p, numbers)
+    lift = Lift.of(stable.moments(), canary.moments())
+    bounds = Bounds.of(lift, settings.lift, settings.alpha)
+    p = p_value(lift.difference * lift.information, lift.information, settings.lift)
+    numbers.update(lift=lift.difference, lift_lower=bounds.lower, lift_upper=bounds.upper, power=bounds.power)
+    interval = f"lift {lift.difference:+.3f}, in [{bounds.lower:+.3f}, {bounds.upper:+.3f}] (each bound valid at every look)"
+    if bounds.lower > 0:
+        return Verdict("promote", f"mean reward higher: {interval} (always-valid p={p:.3g})", p, numbers)
+    if bounds.upper < settings.min_lift:
+        known = "lower" if settings.min_lift == 0 else f"not {settings.min_lift:g} higher"
+        return Verdict("rollback", f"mean reward {known}: {interval}", p, numbers)
     if settings.max_sessions and n >= settings.max_sessions:
-        return Verdict("rollback", f"not better after {n} sessions per arm (p={p:.4g})", p, numbers)
-    return Verdict(None, f"no decision yet (p={p:.4g})", p, numbers)
+        return Verdict("rollback", f"not better after {n} sessions per arm: {interval}", p, numbers)
+    return Verdict(None, f"no decision yet: {interval}; power {bounds.power:.0%} at a lift of {settings.lift:g}",
+                   p, numbers)
+
+
+def guards(stable: Arm, canary: Arm, settings: ReleasesSettings, numbers: dict[str, float]) -> Verdict | None:
+    """A rollback for errors or latency, once each arm has `min_calls` calls."""
+    if min(stable.calls, canary.calls) < settings.min_calls:
+        return None
+    increase = canary.error_rate - stable.error_rate
+    numbers["error_rate_increase"] = increase
+    if increase > settings.max_error_rate_increase:
+        return Verdict("rollback", f"error rate {canary.error_rate:.1%} against {stable.error_rate:.1%}: "
+                       f"above the allowed increase of {settings.max_error_rate_increase:.1%}", numbers=numbers)
+    slow, fast = p95(canary.latencies_ms), p95(stable.latencies_ms)
+    if slow is not None and fast:
+        numbers["latency_ratio"] = slow / fast
+        if slow > fast * settings.max_latency_ratio:
+            return Verdict("rollback", f"p95 latency {slow:.0f} ms against {fast:.0f} ms: above "
+                           f"{settings.max_latency_ratio}x", numbers=numbers)
+    return None

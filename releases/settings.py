@@ -13,8 +13,12 @@ class ReleasesSettings(KafkaSettings):
 
     model_config = SettingsConfigDict(cli_prog_name="python -m agentstream.releases")
 
-    alpha: float = Field(0.05, gt=0, lt=1, description="level of the one-sided test: the canary is promoted when "
-                         "the chance of its lead in mean reward under no real difference is below it")
+    alpha: float = Field(0.05, gt=0, lt=1, description="chance of promoting a canary that is no better (and of "
+                         "rolling back one that is `min_lift` better), however often the service looks")
+    lift: float = Field(0.1, gt=0, description="the lift in mean reward the test is tuned to find (its mixture's "
+                        "scale), and the one whose power the `measure` events report")
+    min_lift: float = Field(0.0, ge=0, description="roll back once the canary is known to be less than this much "
+                            "better; 0: once it is known to be worse")
     min_sessions: int = Field(30, ge=2, description="sessions with a reward each arm needs before any test")
     max_sessions: int = Field(0, ge=0, description="sessions per arm after which a canary that is not better is "
                               "rolled back (keep what is known); 0: wait for as long as it takes")

@@ -324,6 +324,9 @@ class Turn(Payload):
     reward: float | None = Field(None, description="per-turn reward, where one was given")
     completion_start: int | None = Field(None, description="index in its sequence's `token_ids` of this turn's first "
                                          "completion token: its span is [start, start + len(completion_token_ids))")
+    temperature: float | None = Field(None, description="the sampling temperature its call asked for (None: not "
+                                      "given, the server's default); the local servers record the logprobs of the "
+                                      "distribution it scales (processed logprobs), and the trainer scales by it too")
     logprobs_missing: bool = Field(False, description="its call recorded no logprobs (or not one per completion "
                                    "token): `logprobs` are 0.0 placeholders, not the sampling policy's")
 

@@ -98,6 +98,28 @@ def summary(state: ReleaseState) -> dict[str, object]:
             "p_value": numbers.p_value, "numbers": numbers.numbers, "arms": [arm.model_dump() for arm in numbers.arms]}
 
 
+def successor(state: ReleaseState) -> Release | None:
+    """What happens to the stable arm when a new version replaces the running canary: the replaced canary is
+    promoted (`decided_by: replaced`) when its last measurement had it leading, with each arm measured; else
+    the stable version stays and the replaced canary is dropped undecided.
+
+    A looser bar than the rule's promotion, on purpose: without it a trainer faster than the canary's traffic
+    keeps most sessions on an old version, whose samples go stale. The next canary is measured against the
+    replaced one, and rolled back if it is worse."""
+    measured = state.measured
+    if not state.active or measured is None or len(measured.arms) != 2:
+        return None
+    stable, canary = measured.arms
+    needed = measured.numbers.get("min_sessions", 1)
+    if (stable.mean_reward is None or canary.mean_reward is None or min(stable.sessions, canary.sessions) < needed
+            or canary.mean_reward <= stable.mean_reward):
+        return None
+    return measured.model_copy(update=dict(
+        action="promote", decided_by="replaced",
+        reason=f"replaced by a newer version while leading: mean reward {canary.mean_reward:.3g} against "
+               f"{stable.mean_reward:.3g} ({canary.sessions} and {stable.sessions} sessions)"))
+
+
 def stable_of(state: ReleaseState | None) -> tuple[int, str] | None:
     """The version (and its checkpoint) that serves everyone outside a canary, per the log."""
     if state is None:

@@ -234,10 +234,13 @@ def _turn(call_id: str, call: Call) -> Turn:
     recorded = call.logprobs is not None and len(call.logprobs) == len(ids)
     # placeholders where none were recorded, marked: read as logprobs they would say probability 1
     missing = {} if recorded else {"logprobs_missing": True}
+    temperature = call.request.get("temperature")
+    sampled = {"temperature": float(temperature)} if isinstance(temperature, (int, float)) \
+        and not isinstance(temperature, bool) else {}
     return _made(Turn, call_id=call_id, sequence=0, prompt_token_ids=call.prompt_token_ids or [],
                                 completion_token_ids=ids, logprobs=call.logprobs if recorded else [0.0] * len(ids),
                                 weight_version=call.weight_version, finish_reason=call.finish_reason,
-                                latency_ms=call.latency_ms, **missing)
+                                latency_ms=call.latency_ms, **missing, **sampled)
 
 
 def superseded(turns: list[Turn], retry_counts: list[int]) -> set[int]:

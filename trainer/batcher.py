@@ -83,9 +83,15 @@ def source_of(trajectory: Trajectory) -> str:
 
 def staleness(trajectory: Trajectory, version: int, initial_version: int) -> int:
     """Versions between the trainer's and the oldest weights that generated one of the sample's tokens."""
+    oldest = oldest_version(trajectory, initial_version)
+    return max(0, version - oldest) if oldest is not None else 0
+
+
+def oldest_version(trajectory: Trajectory, initial_version: int) -> int | None:
+    """The oldest weights that generated one of the sample's tokens (in a canary: the arm that served it)."""
     versions = [initial_version if v is None else v
                 for seq in trajectory.sequences for v, m in zip(seq.weight_versions, seq.mask) if m]
-    return max(0, version - min(versions)) if versions else 0
+    return min(versions) if versions else None
 
 
 def weigh(sample: Sample, version: int, settings: TrainerSettings) -> bool:

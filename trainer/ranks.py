@@ -114,7 +114,7 @@ def even_out(micro: list[torch.Tensor], count: int, padding: int) -> list[torch.
 def select(batch: Tensors, rows: torch.Tensor) -> Tensors:
     return dataclasses.replace(batch, index=batch.index[rows.numpy()], **{
         name: getattr(batch, name)[rows] for name in
-        ("input_ids", "attention_mask", "loss_mask", "old_logprobs", "weights", "rewards")})
+        ("input_ids", "attention_mask", "loss_mask", "old_logprobs", "temperatures", "weights", "rewards")})
 
 
 def shard_batch(batch: Tensors, advantages: torch.Tensor, ranks: int, settings: TrainerSettings) -> list[Shard]:

@@ -40,7 +40,7 @@ from agentstream.schemas.events import Trajectory, TrajectoryEvent, Weights, Wei
 from agentstream.schemas.ids import derived_id
 from agentstream.schemas.kafka import Publisher, deadletter_event, ensure_topics, make_producer
 from agentstream.schemas.scan import Bounds, resolve, scan
-from agentstream.trainer.batcher import Batch, Batcher, Sample, group_of, source_of, weigh
+from agentstream.trainer.batcher import Batch, Batcher, Sample, group_of, oldest_version, source_of, weigh
 from agentstream.trainer.checkpoint import Checkpoint, CheckpointStore, TrainingState
 from agentstream.trainer.errors import RanksFailed, TrainerError
 from agentstream.trainer.grpo import Policy, misplaced_turn
@@ -226,7 +226,7 @@ class Trainer:
         if self.settings.loss == "sft" and not eligible(sample, self.settings.sft_min_reward):
             return self._drop(record.partition, record.offset, event.id, "below_sft_threshold")
         if not weigh(sample, self.version, self.settings):
-            return self._drop(record.partition, record.offset, event.id, "stale")
+            return self._drop_stale(sample)
         self.ledger.hold(record.partition, record.offset, event.id)
         if sample.source == "session" and self._revise_waiting(sample):
             return
@@ -256,7 +256,8 @@ class Trainer:
             return "other_model"
         if trajectory.reward is None:
             return "no_reward"
-        if self.settings.rollout_is != "off" and any(turn.logprobs_missing for turn in trajectory.turns):
+        if (self.settings.loss != "sft" and not self.settings.train_without_logprobs
+                and any(turn.logprobs_missing for turn in trajectory.turns)):
             return "logprobs_missing"  # (placeholders of 0.0 would weigh its tokens as if sampled with probability 1)
         if not any(any(seq.mask[1:self.settings.max_seq_len]) for seq in trajectory.sequences):
             return "no_tokens"  # (within --max-seq-len)
@@ -267,11 +268,21 @@ class Trainer:
         self.ledger.settle(partition, offset, event_id)
         self.dropped[reason] += 1
 
+    def _drop_stale(self, sample: Sample) -> None:
+        """Drop a sample too stale to train, counted by the version that generated it: in a canary, its arm."""
+        self._drop(sample.partition, sample.offset, sample.id, "stale")
+        version = oldest_version(sample.trajectory, self.settings.initial_version)
+        if version is not None:
+            self.dropped[f"stale_v{version}"] += 1
+
     def _settle_dropped(self, batch: Batch) -> None:
         for reason, samples in batch.dropped.items():
             self._settled_samples(samples)
             for sample in samples:
-                self._drop(sample.partition, sample.offset, sample.id, reason)
+                if reason == "stale":
+                    self._drop_stale(sample)
+                else:
+                    self._drop(sample.partition, sample.offset, sample.id, reason)
 
     async def _deadletter(self, record: SourceRecord, reason: str) -> None:
         event = deadletter_event(record, reason, SOURCE)

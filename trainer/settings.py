@@ -93,6 +93,10 @@ class TrainerSettings(KafkaSettings):
         "--rollout-is-threshold), per token or per sequence (the product over its tokens); off: the recorded "
         "logprobs are the old policy, no weights")
     rollout_is_threshold: float = Field(2.0, gt=1, description="the cap C of the importance weights (TIS)")
+    train_without_logprobs: bool = Field(
+        False, description="train on trajectories with a turn whose call recorded no logprobs, their 0.0 "
+        "placeholders standing for the old policy (the PPO ratio becomes p_θ: REINFORCE scaled by p); off: such "
+        "trajectories are dropped (`logprobs_missing`). Never with --rollout-is; --loss sft needs no logprobs")
     turn_rewards: bool = Field(False, description="per-turn credit: a trajectory whose reward names turns trains "
                                "each such turn's tokens with that turn's advantage, and its other turns not at all; "
                                "off: the final reward's advantage on every generated token")
@@ -204,6 +208,9 @@ class TrainerSettings(KafkaSettings):
         if self.ranks > 1 and self.rollout_is != "off":
             raise ValueError("--rollout-is needs the trainer's logprobs before the update, which sharded ranks do "
                              "not compute yet: give --ranks 1 or --rollout-is off")
+        if self.train_without_logprobs and self.rollout_is != "off":
+            raise ValueError("--train-without-logprobs and --rollout-is: the importance weights need the recorded "
+                             "logprobs; give one of them")
         if self.ranks > 1 and self.loss == "sft":
             raise ValueError("--loss sft trains in one process only: give --ranks 1")
         if self.ranks > 1 and self.lora_rank:

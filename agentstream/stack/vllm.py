@@ -235,6 +235,9 @@ def server_args(model: Path, served_name: str, port: int, max_model_len: int,
         # skips torch.compile: starts in half the time, and the tiny model does not need it
         "--enforce-eager",
         "--disable-uvicorn-access-log",
+        # logprobs of the distribution a token was sampled from (after temperature), not of the raw logits: the
+        # trainer's old policy; it scales its logits by each turn's temperature to match (trainer/grpo.py)
+        "--logprobs-mode", "processed_logprobs",
         # inert unless a request asks for it: `vllm_plugin/agentstream_forced_answer.py` (one flag for all: a
         # second `--logits-processors` would replace the first)
         "--logits-processors", FORCED_ANSWER_PROCESSOR, *logits_processors,

@@ -268,3 +268,32 @@ async def test_a_human_promotes_by_cli(kafka, stack, tiny_model_dirs):
         assert decision.data.decided_by.startswith("cli:") and decision.data.reason == "looks right"
         wait_for(lambda: {version_of(url) for url in stack.urls} == {new}, timeout=120, what="every server on it")
         assert orjson.loads(cli(kafka, "status").stdout)[0]["phase"] == "promoted"
+
+
+async def test_a_newer_version_replaces_a_leading_canary_which_becomes_the_stable_version(
+        kafka, stack, tiny_model_dirs):
+    """The trainer publishes the next version before the canary is decided: the canary led, so it is promoted
+    (`decided_by: replaced`) and the newer version's canary is measured against it."""
+    users = population()
+    async with TopicWatch(kafka, "calls", "releases", "pool") as watch:
+        leading = await start_canary(kafka, stack, watch, tiny_model_dirs[1])
+        await asyncio.gather(*(user.ask(stack.gateway) for user in users))
+        await watch.until(lambda _: len(watch.of_type("call")) == len(users), what="every call event")
+        for index, user in enumerate(users):  # a lead of 0.05 in 6 sessions an arm: too little for the rule
+            await user.end_and_rate(stack.gateway, 0.5 + 0.05 * user.on_canary + 0.1 * (index % 3))
+        await watch.until(lambda _: [event for event in releases(watch, "measure")
+                                     if min(arm.sessions for arm in event.data.arms) == PER_ARM],
+                          timeout=120, what="the rule's numbers of every rated session")
+        assert not releases(watch, "promote") and not releases(watch, "rollback")
+
+        newer = leading + 1
+        await publish(kafka, [WeightsEvent(source="test-trainer", data=Weights(
+            model="tiny", version=newer, uri=str(tiny_model_dirs[0]), step=newer))])
+        await watch.until(lambda _: len(releases(watch, "canary")) == 2, timeout=120, what="the newer canary")
+        [promotion] = releases(watch, "promote")
+        assert (promotion.data.version, promotion.data.decided_by) == (leading, "replaced")
+        assert "leading" in promotion.data.reason
+        canary = releases(watch, "canary")[-1].data
+        assert (canary.version, canary.stable_version, canary.stable_uri) == (newer, leading, str(tiny_model_dirs[1]))
+        wait_for(lambda: version_of(stack.canary_url) == newer, timeout=120, what="the canary server on the newer")
+        assert {version_of(url) for url in stack.urls if url != stack.canary_url} == {leading}

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import math
+import random
 from dataclasses import dataclass
 
 import pytest
 
 from agentstream.gateway.releases import arm_first
-from agentstream.releases.rule import Arm, decide, one_sided_p
+from agentstream.releases.rule import Arm, decide
+from agentstream.releases.sequential import Bounds, Lift, Moments, log_evidence, p_value, threshold
 from agentstream.releases.settings import ReleasesSettings
 from agentstream.schemas.codec import decode, encode
-from agentstream.schemas.releases import BUCKETS, bucket, canary_servers, fold, in_canary, stable_of
+from agentstream.schemas.events import ArmNumbers, ReleaseEvent
+from agentstream.schemas.releases import BUCKETS, bucket, canary_servers, fold, in_canary, stable_of, successor
 from agentstream.schemas.sessions import session_rollout_id
 from tests.support.releases import release
 
@@ -47,6 +51,32 @@ def test_the_fold_takes_the_first_decision_and_ignores_stale_and_repeated_events
     fold(states, release("canary", version=3, started_at=2000))
     assert states["tiny"].active and fold(states, release("rollback", version=3, started_at=2000)).phase == "rolled back"
     assert stable_of(states["tiny"]) == (1, "/ckpt/1")
+
+
+def test_a_replaced_canary_that_led_becomes_the_stable_version():
+    def measured(stable: float | None, canary: float | None, sessions: int = 30) -> dict:
+        states: dict = {}
+        fold(states, release("canary"))
+        arms = [ArmNumbers(version=1, sessions=sessions, mean_reward=stable),
+                ArmNumbers(version=2, sessions=sessions, mean_reward=canary)]
+        fold(states, release("measure", arms=arms, numbers={"min_sessions": 30}))
+        return states
+
+    promotion = successor(measured(0.5, 0.6)["tiny"])
+    assert promotion is not None and (promotion.action, promotion.decided_by) == ("promote", "replaced")
+    assert promotion.version == 2 and "leading" in promotion.reason
+    states = measured(0.5, 0.6)
+    fold(states, ReleaseEvent(source="gateway", data=promotion))
+    assert stable_of(states["tiny"]) == (2, "/ckpt/2")  # the next canary starts from it
+    assert successor(measured(0.6, 0.5)["tiny"]) is None  # behind: the stable version stays
+    assert successor(measured(0.5, 0.5)["tiny"]) is None  # level: no reason to move
+    assert successor(measured(0.5, 0.9, sessions=29)["tiny"]) is None  # an arm short of the rule's minimum
+    assert successor(measured(None, 0.9)["tiny"]) is None
+    states = {}
+    fold(states, release("canary"))
+    assert successor(states["tiny"]) is None  # never measured
+    fold(states, release("rollback"))
+    assert successor(states["tiny"]) is None  # decided already
 
 
 def test_release_events_round_trip():
@@ -97,7 +127,7 @@ def arm(version: int, rewards: list[float], calls: int = 20, errors: int = 0, la
     (arm(1, [0.2] * 6), arm(2, [0.9] * 6, errors=3), "rollback", "error rate"),
     (arm(1, [0.2] * 6), arm(2, [0.9] * 6, latency=200.0), "rollback", "p95 latency"),
     (arm(1, [0.2] * 6, calls=5), arm(2, [0.9] * 6, calls=5, latency=900.0), "promote", "higher"),  # guards wait
-    (arm(1, [0.5] * 6), arm(2, [0.5] * 6), None, "p=0.5"),
+    (arm(1, [0.5] * 6), arm(2, [0.5] * 6), None, "no decision yet: lift +0.000"),
     (arm(1, [0.9] * 6), arm(2, [0.2] * 6), "rollback", "lower"),  # no spread: the means decide
     (arm(1, [0.2] * 6), arm(2, [0.9] * 6), "promote", "higher"),
 ])
@@ -107,13 +137,52 @@ def test_the_rule(stable, canary, action, reason):
     assert decide(stable, canary, SETTINGS) == verdict  # deterministic
 
 
-def test_the_one_sided_test():
-    z, p = one_sided_p([0.6, 0.7, 0.8, 0.7], [0.5, 0.6, 0.7, 0.6])
-    assert z > 0 and 0 < p < 0.5
-    assert one_sided_p([1.0, 1.0], [0.0, 0.0]) == (float("inf"), 0.0)
-    assert one_sided_p([0.0, 0.0], [1.0, 1.0])[1] == 1.0
-    # far in the tail the p-value is small, not 0 (decision events print it)
-    assert 0 < one_sided_p([0.8, 0.9, 1.0] * 2, [0.2, 0.3, 0.4] * 2)[1] < 1e-20
+def test_the_rule_says_what_it_measured():
+    verdict = decide(arm(1, [0.2, 0.3, 0.4] * 2), arm(2, [0.8, 0.9, 1.0] * 2), SETTINGS)
+    numbers = verdict.numbers
+    assert numbers["lift_lower"] > 0 and math.isclose(numbers["lift"], 0.6)
+    assert numbers["lift_lower"] < numbers["lift"] < numbers["lift_upper"] and 0 < numbers["power"] <= 1
+    assert verdict.p_value is not None and verdict.p_value < SETTINGS.alpha
+    settings = SETTINGS.model_copy(update={"min_lift": 0.7})  # better, but known to be less than 0.7 better?
+    lower = decide(arm(1, [0.0, 0.1] * 30), arm(2, [0.1, 0.2] * 30), settings)
+    assert lower.action == "promote"  # the lower bound clears 0 first
+    wide = decide(arm(1, [0.0, 1.0] * 30), arm(2, [0.0, 1.0] * 30), settings)
+    assert wide.action == "rollback" and "not 0.7 higher" in wide.reason
+
+
+def test_the_confidence_sequence():
+    # the bound is where the evidence reaches 1/alpha, and it widens with a smaller alpha
+    for information in (1.0, 100.0, 1e4, 1e8):
+        c = threshold(information, 0.1, 0.05)
+        assert math.isclose(log_evidence(c, information, 0.1), math.log(20), rel_tol=1e-8)
+        assert threshold(information, 0.1, 0.01) > c
+    # the lower bound moves towards the lift as sessions come, and the power with them
+    narrow, wide = (Bounds.of(Lift.of(Moments(n, 0.5, 0.25 * (n - 1)), Moments(n, 0.6, 0.25 * (n - 1))), 0.1, 0.05)
+                    for n in (5000, 50))
+    assert wide.lower < narrow.lower < 0.1 < narrow.upper < wide.upper and narrow.power > wide.power
+    # far in the tail the p-value is small, not 0 (decision events print it); a lead below 0 is no evidence
+    assert 0 < p_value(1e3, 1e3, 0.1) < 1e-20 and p_value(-50.0, 1e3, 0.1) == 1.0
+
+
+def test_one_arm_without_spread_does_not_make_the_lift_certain():
+    """All 30 canary sessions thumbs up (a 4 % chance at a 0.9 rate) against a stable arm at 0.9: the fixed-horizon
+    test took the standard error from the stable arm alone and promoted (z 5); the pooled variance does not."""
+    stable = arm(2, [1.0] * 243 + [0.0] * 27)
+    verdict = decide(stable, arm(3, [1.0] * 30), SETTINGS.model_copy(update={"max_sessions": 0}))
+    assert verdict.action is None and verdict.numbers["lift_lower"] < 0, verdict
+
+
+def test_the_arms_sums_follow_replaced_rewards():
+    rng = random.Random(0)
+    growing = Arm(1)
+    for n in range(200):
+        growing.rate(f"s{n % 50}", 1e6 + rng.random())  # later ratings replace earlier ones; large and alike
+    whole = Arm(1, dict(growing.rewards))
+    got, want = growing.moments(), whole.moments()
+    assert got.n == want.n == 50
+    assert got.mean == pytest.approx(want.mean, rel=1e-12) and got.squares == pytest.approx(want.squares, rel=1e-6)
+    assert growing.numbers().reward_std == pytest.approx(whole.numbers().reward_std, rel=1e-6)
+    assert 0.2 < growing.numbers().reward_std < 0.4  # the spread of uniform draws, not lost to 1e6
 
 
 def test_the_tally_puts_sessions_on_the_version_that_served_them():

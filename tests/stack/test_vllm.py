@@ -62,8 +62,9 @@ def test_pause_reload_resume_changes_weights_and_output(vllm_server):
 
 async def test_a_forced_answer_is_the_models_own_tokens_for_the_text_and_is_recorded(gw, kafka, tokenizer):
     """`vllm_xargs.forced_answer` (stack/vllm_plugin): the answer is exactly the text, in the tokens the served
-    tokenizer gives it, ended by its end-of-answer token; the call event records those ids with the model's
-    logprobs for them (finite: it is the model's distribution, not the mask's). A call without it samples."""
+    tokenizer gives it, ended by its end-of-answer token; the call event records those ids with the logprobs
+    of the distribution they came from (the local servers' processed logprobs): 0, nothing else was allowed.
+    A call without it samples."""
     from tests.support.gateway import call_id, read_events
 
     text = "THOUGHT: read it.\n\n```mswea_bash_command\nnl -ba f.py | sed -n '1,5p'\n```"
@@ -80,4 +81,4 @@ async def test_a_forced_answer_is_the_models_own_tokens_for_the_text_and_is_reco
     assert recorded.completion_token_ids == [*tokenizer.encode(text, add_special_tokens=False),
                                              tokenizer.eos_token_id]
     assert len(recorded.logprobs) == len(recorded.completion_token_ids)
-    assert all(-1e4 < logprob <= 0 for logprob in recorded.logprobs)
+    assert all(logprob == pytest.approx(0, abs=1e-6) for logprob in recorded.logprobs), recorded.logprobs

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from agentstream.trainer.batcher import Batcher, Sample, group_of, staleness
-from agentstream.trainer.grpo import Policy, compute_advantages, micro_batches, to_tensors
+from agentstream.trainer.grpo import Policy, compute_advantages, micro_batches, to_tensors, token_logprobs
 from agentstream.trainer.settings import TrainerSettings
 from tests.support.trainer import (
     arithmetic_groups,
@@ -337,3 +337,34 @@ def test_tensors_score_only_generated_tokens_and_align_their_logprobs():
     assert torch.allclose(batch.old_logprobs, torch.tensor([[0, -0.2, -0.3, 0, 0], [-0.5, 0, 0, 0, 0]]))
     assert batch.attention_mask.tolist() == [[1] * 6, [1, 1, 0, 0, 0, 0]]
     assert batch.rewards.tolist() == [1.0, 1.0] and list(batch.index) == ["g", "g"]
+    assert batch.temperatures.tolist() == [[1.0] * 5] * 2  # no temperature recorded: 1
+
+
+def test_each_turns_tokens_are_scored_at_its_temperature():
+    """Two turns merged in one sequence, sampled at 0.5 and 2.0; a greedy one (0) is scored unscaled, as vLLM
+    reports its logprobs."""
+    event = trajectory([10, 11], [20, 21], 1.0, "g", 0, logprobs=[-0.2, -0.3])
+    seq = event.data.sequences[0]
+    seq.token_ids += [30, 22, 23, 24]
+    seq.mask += [0, 1, 1, 1]
+    seq.logprobs += [0.0, -0.4, -0.5, -0.6]
+    seq.weight_versions += [None, 3, 3, 3]
+    first = event.data.turns[0].model_copy(update={"temperature": 0.5, "completion_start": 2})
+    second = first.model_copy(update={"call_id": "c2", "prompt_token_ids": [10, 11, 20, 21, 30],
+                                      "completion_token_ids": [22, 23], "temperature": 2.0, "completion_start": 5})
+    greedy = first.model_copy(update={"call_id": "c3", "completion_token_ids": [24], "temperature": 0.0,
+                                      "completion_start": 7})
+    event.data.turns, seq.turns = [first, second, greedy], [0, 1, 2]
+    batch = to_tensors([Sample(event.id, 0, 0, event.data, "g")], max_len=16)
+    # position t scores token t+1: tokens 2-3 at 0.5, 5-6 at 2.0, 7 greedy
+    assert batch.temperatures.tolist() == [[1.0, 0.5, 0.5, 1.0, 2.0, 2.0, 1.0]]
+    logits = torch.randn(1, 8, 5)
+
+    class Fixed(torch.nn.Module):
+        def forward(self, input_ids, attention_mask, use_cache):
+            return type("Out", (), {"logits": logits})()
+
+    ids = torch.randint(0, 5, (1, 8))
+    scaled, _ = token_logprobs(Fixed(), ids, torch.ones_like(ids), False, batch.temperatures)
+    expected = torch.log_softmax(logits[:, :-1] / batch.temperatures.unsqueeze(-1), -1).gather(-1, ids[:, 1:, None])
+    assert torch.allclose(scaled, expected[..., 0])

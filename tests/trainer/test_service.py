@@ -143,12 +143,33 @@ async def test_stale_samples_are_dropped_or_downweighted_and_counted(kafka, tiny
     if policy == "drop":
         assert [sorted(e.data.lineage) for e in published] == [sorted(e.id for e in fresh)]
         assert metrics["stale_dropped"] == 8 and metrics["staleness_max"] == 0
+        assert metrics["stale_v1_dropped"] == 8 and "stale_v5_dropped" not in metrics  # by the version that served it
     else:
         trained = [i for e in published for i in e.data.lineage]
         assert sorted(trained) == sorted(e.id for e in fresh + stale)
         assert sum(e.data.metrics["stale_downweighted"] for e in published) == 8
         assert max(e.data.metrics["staleness_max"] for e in published) >= 4
         assert sum(e.data.metrics.get("stale_dropped", 0) for e in published) == 0
+
+
+@pytest.mark.parametrize("keep", [False, True])
+async def test_samples_without_logprobs_are_dropped_and_counted_unless_kept(kafka, tiny_model_dirs, tmp_path, keep):
+    base = tiny_model_dirs[0]
+    logged = arithmetic_groups(base, groups=2, group_size=4, prefix="logged")
+    unlogged = [event.model_copy(update={"data": event.data.model_copy(update={
+                    "turns": [turn.model_copy(update={"logprobs_missing": True}) for turn in event.data.turns]})})
+                for event in arithmetic_groups(base, groups=2, group_size=4, prefix="unlogged")]
+    source = write_jsonl(tmp_path / "trajectories.jsonl", unlogged[:4] + logged + unlogged[4:])
+    settings = trainer_settings(kafka, tmp_path / "ckpt", base, offline_file=source, train_without_logprobs=keep)
+    published = await Trainer(settings).run()
+    trained = sorted(i for e in published for i in e.data.lineage)
+    dropped = sum(e.data.metrics.get("logprobs_missing_dropped", 0) for e in published)
+    if keep:
+        assert trained == sorted(e.id for e in logged + unlogged) and dropped == 0
+    else:
+        assert trained == sorted(e.id for e in logged) and dropped == 8
+    with pytest.raises(ValueError, match="--train-without-logprobs and --rollout-is"):
+        trainer_settings(kafka, tmp_path / "ckpt", base, train_without_logprobs=True, rollout_is="token")
 
 
 async def test_offline_mode_trains_a_recorded_topic_range_and_resumes_after_it(kafka, tiny_model_dirs, tmp_path):

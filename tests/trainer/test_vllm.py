@@ -6,8 +6,11 @@ from __future__ import annotations
 import httpx
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
-from agentstream.trainer.grpo import Policy
+import agentstream.schemas as s
+from agentstream.streams.trajectory import Ending, build
+from agentstream.trainer.grpo import Policy, to_tensors, token_logprobs
 from agentstream.trainer.service import Trainer
 from tests.support.trainer import first_pass_drift, samples_of, trainer_settings, trajectory, write_jsonl
 from tests.support.vllm import hf_logprobs, served_logprobs, swap
@@ -60,3 +63,28 @@ async def test_vllm_samples_train_and_the_checkpoint_serves(kafka, vllm_server, 
     finally:
         swap(vllm_server.url, vllm_server.model_dir, "0")
     assert torch.allclose(served_logprobs(vllm_server, tokens), base, atol=2e-3)
+
+
+def test_logprobs_at_a_temperature_are_of_the_sampled_distribution_and_the_trainer_computes_the_same(vllm_server):
+    """The local servers record processed logprobs (after the temperature): at 0.7 those of logits / 0.7. The
+    streams worker keeps the call's temperature on its turn, and the trainer scales its logits by it."""
+    result = complete(vllm_server, "2+2=", n=2, temperature=0.7, seed=5, max_tokens=12, ignore_eos=True)
+    calls = [s.CallEvent(source="gateway", data=s.Call(
+        api="chat.completions", model="tiny", request={"temperature": 0.7}, status=200, started_at=1, latency_ms=1.0,
+        prompt_token_ids=result["prompt_token_ids"], completion_token_ids=choice["token_ids"], weight_version=0,
+        logprobs=[entry["logprob"] for entry in choice["logprobs"]["content"]])) for choice in result["choices"]]
+    events = [build(f"r{i}", "a1", [call], Ending("finished", 2), "test") for i, call in enumerate(calls)]
+    assert all(event.data.turns[0].temperature == 0.7 for event in events)
+    for event in events:
+        event.data.reward = 1.0
+    batch = to_tensors(samples_of(events), 2048)
+    model = AutoModelForCausalLM.from_pretrained(vllm_server.model_dir, dtype=torch.float32)
+    generated = batch.loss_mask > 0
+    with torch.no_grad():
+        scaled, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, False, batch.temperatures)
+        unscaled, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, False)
+    recorded = batch.old_logprobs[generated]
+    assert generated.sum() == 24 and torch.allclose(batch.temperatures[generated], torch.tensor(0.7))
+    assert torch.allclose(scaled[generated], recorded, atol=2e-3), (scaled[generated] - recorded).abs().max()
+    # the logprobs of the unscaled distribution are another policy's: a PPO ratio off by this much from the start
+    assert (unscaled[generated] - recorded).abs().max() > 0.05

@@ -3,8 +3,9 @@
 A request that carries `vllm_xargs: {"forced_answer": TEXT}` gets, token by token, only the next token of
 TEXT (tokenized by the served model's own tokenizer, the way its chat template starts an answer) and then
 its end-of-answer token. Everything else about the call is real: the prompt is the harness's, the call goes
-through the gateway and is recorded with its token ids, and the logprobs are the model's own for those
-tokens (vLLM takes them before logits processors). `recipes.swe.demonstrate` uses it to record an expert's
+through the gateway and is recorded with its token ids; its logprobs are those of the distribution the
+tokens came from (the local servers record processed logprobs, after logits processors): 0, as nothing
+else was allowed, so a forced answer is data for supervised fine-tuning, not for a policy gradient. `recipes.swe.demonstrate` uses it to record an expert's
 answers in the model's canonical tokens, for supervised fine-tuning. A request without the argument is
 untouched.
 
