@@ -298,7 +298,7 @@ class PoolSync:
             return
         if (state is not None and weights.version > state.current.version
                 and (promotion := successor(state)) is not None):  # it replaces a canary that led
-            await self._promote_replaced(promotion)
+            await self._promote_replaced(promotion, claim)
             state = self.pool.releases.get(weights.model)
         stable = stable_of(state) or await self._base(weights.model, servers, chosen)
         if stable is not None and weights.version <= stable[0]:
@@ -320,15 +320,16 @@ class PoolSync:
         self.observe_release(canary)
         await self.apply(event, [server for server in servers if server.url in chosen], claim)
 
-    async def _promote_replaced(self, release: Release) -> None:
+    async def _promote_replaced(self, release: Release, claim: Claim | None) -> None:
         """Promote a canary that a newer version replaces while it leads (`schemas.releases.successor`): every
         server loads it, and the newer canary is measured against it. The id is the rule's for the same
         promotion, so the decision service's and this one are one event."""
         event = ReleaseEvent(id=derived_id("release", "promote", release.model, str(release.version),
                                            str(release.started_at)), source=self.settings.source, data=release)
+        await _check(claim, "promoting a replaced canary")
         await self.recorder.publish(event)
         self.observe_release(event)
-        await self.apply(_weights_of(release))
+        await self.apply(_weights_of(release), claim=claim)
 
     async def _base(self, model: str, servers: list[Upstream], chosen: list[str]) -> tuple[int, str] | None:
         """The stable version before any release: what the servers outside the canary serve, from the folder
