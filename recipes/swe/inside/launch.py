@@ -1,21 +1,30 @@
 """The tests' launcher: starts the test process (`child.py`), reads its outcomes from a pipe, and, once it
-has exited and every other process of the sandbox is killed, prints the verdict as the last line of the
-output — a channel nothing under test can write after it.
+has exited and every other process of the sandbox is killed, prints the verdict, signed, as the last line of
+the output.
 
-    exec python -I launch.py TREE TEST_ID...     (exec: the launcher must be the sandbox's pid 2)
+    AGENTSTREAM_VERDICT_KEY=<hex> exec python -I launch.py TREE [--tripwire ID] TEST_ID...
+                                                 (exec: the launcher must be the sandbox's pid 2)
 
-The launcher makes itself non-dumpable first, so no process of the same uid can trace it, read its
-memory or open its descriptors. A test id passes only when its setup, call and teardown were reported
-once each and passed, and it was not an expected failure (XFAIL and XPASS are not passes; skipped and
-missing ids neither). The run as a whole counts only when the session reported its exit status and that
-status is the exit code the kernel gives for the test process; otherwise `consistent` is false and
-`problem` says why.
+The launcher makes itself non-dumpable first, so no process of the same uid can trace it, read its memory,
+its environment or open its descriptors; then it takes the key out of its environment (the test process never
+gets it) and ignores every signal the test process could end it with but SIGKILL and SIGSTOP. The verdict
+frame carries the HMAC of its JSON under that key: a frame written by anything else (a test process that
+killed the launcher, a daemon) does not verify, and a killed or stopped launcher writes none; either pays 0.
+
+A test id passes only when its setup, call and teardown were reported once each and passed, and it was not
+an expected failure (XFAIL and XPASS are not passes; skipped and missing ids neither). The tripwire, a test
+the grader added that must fail, is given among the ids at a random place; its status is reported apart
+(`tripwire`). The run as a whole counts only when the session reported its exit status and that status is
+the exit code the kernel gives for the test process; otherwise `consistent` is false and `problems` say why.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -25,6 +34,11 @@ from collections.abc import Mapping
 from typing import Any
 
 FRAME = "@@agentstream-verdict@@ "
+KEY_VARIABLE = "AGENTSTREAM_VERDICT_KEY"
+IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGPIPE,
+           signal.SIGALRM, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGVTALRM, signal.SIGPROF)
+"""what the test process could send the launcher to end it early: ignored (SIGKILL and SIGSTOP cannot be, and
+end the run without a signed verdict, which pays 0)"""
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child.py")
 PR_SET_DUMPABLE = 4
 MAX_RECORDS = 200_000
@@ -72,7 +86,7 @@ def read_records(fd: int, records: list[bytes]) -> None:
         records.extend(lines[: MAX_RECORDS - len(records)])
 
 
-def verdict(records: list[bytes], ids: list[str], exit_code: int) -> dict[str, Any]:
+def verdict(records: list[bytes], ids: list[str], exit_code: int, tripwire: str | None = None) -> dict[str, Any]:
     phases: dict[str, dict[str, tuple[str, bool]]] = {}
     problems: list[str] = []
     collected: list[str] | None = None
@@ -102,12 +116,15 @@ def verdict(records: list[bytes], ids: list[str], exit_code: int) -> dict[str, A
     elif exitstatus != exit_code:
         problems.append(f"the session reported exit status {exitstatus}, the test process exited with {exit_code}")
     statuses = {test: status(phases.get(test, {})) for test in ids}
+    wire = None if tripwire is None else status(phases.get(tripwire, {}))
     if all(s == "PASSED" for s in statuses.values()):  # a pass must add up; a failure needs no more checks
-        if exit_code != 0:
+        expected = 0 if tripwire is None else 1  # the tripwire fails: pytest's "some tests failed"
+        if exit_code != expected and wire in (None, "FAILED"):
             problems.append(f"every test passed but the test process exited with {exit_code}")
-        if collected is None or len(collected) != len(set(ids)):
-            problems.append(f"{'no' if collected is None else len(collected)} tests collected for {len(set(ids))} ids")
-    return {"statuses": statuses, "exit_code": exit_code, "exitstatus": exitstatus,
+        wanted = len(set(ids)) + (tripwire is not None and tripwire not in ids)
+        if collected is None or len(collected) != wanted:
+            problems.append(f"{'no' if collected is None else len(collected)} tests collected for {wanted} ids")
+    return {"statuses": statuses, "tripwire": wire, "exit_code": exit_code, "exitstatus": exitstatus,
             "collected": None if collected is None else len(collected),
             "consistent": not problems, "problems": problems[:20]}
 
@@ -129,18 +146,40 @@ def status(phases: dict[str, tuple[str, bool]]) -> str:
 
 def tests_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """The test process's environment: no pytest plugin loaded by its entry point (the child names the test
-    environment's own with -p) and no options from PYTEST_ADDOPTS, which the workspace does not choose."""
-    env = {name: value for name, value in environ.items() if name != "PYTEST_ADDOPTS"}
+    environment's own with -p), no options from PYTEST_ADDOPTS, which the workspace does not choose, and never
+    the verdict's key."""
+    env = {name: value for name, value in environ.items() if name not in ("PYTEST_ADDOPTS", KEY_VARIABLE)}
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     return env
 
 
+def signed(result: dict[str, Any], key: bytes) -> bytes:
+    """The verdict frame: FRAME, the HMAC-SHA256 of the JSON under the grader's key, the JSON."""
+    body = json.dumps(result, ensure_ascii=True)
+    mac = hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
+    return ("\n" + FRAME + mac + " " + body + "\n").encode()
+
+
+def default_signals() -> None:
+    for sig in IGNORED:
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def main(argv: list[str]) -> int:
-    undumpable()
+    undumpable()  # first: the key in this process's environment and memory is out of reach of its uid from now
+    key = bytes.fromhex(os.environ.pop(KEY_VARIABLE, ""))
+    for sig in IGNORED:
+        signal.signal(sig, signal.SIG_IGN)
     tree, ids = argv[0], argv[1:]
+    tripwire = None
+    if ids[:1] == ["--tripwire"]:
+        tripwire, ids = ids[1], ids[2:]
+    given = list(ids)
+    if tripwire is not None:  # anywhere among the ids, so its place does not give it away
+        given.insert(random.SystemRandom().randrange(len(given) + 1), tripwire)
     read_end, write_end = os.pipe()
-    child = subprocess.Popen([sys.executable, "-I", CHILD, str(write_end), tree, *ids], pass_fds=[write_end],
-                             env=tests_environment(os.environ))
+    child = subprocess.Popen([sys.executable, "-I", CHILD, str(write_end), tree, *given], pass_fds=[write_end],
+                             env=tests_environment(os.environ), preexec_fn=default_signals)
     os.close(write_end)
     records: list[bytes] = []
     reader = threading.Thread(target=read_records, args=(read_end, records), daemon=True)
@@ -148,11 +187,11 @@ def main(argv: list[str]) -> int:
     exit_code = child.wait()
     kill_the_rest()  # nothing the tests started can write after this, to the pipe or to the output
     reader.join(timeout=5)
-    result = verdict(list(records), ids, exit_code)
+    result = verdict(list(records), ids, exit_code, tripwire)
     if reader.is_alive():
         result["consistent"] = False
         result["problems"].append("the outcome channel stayed open after every other process was killed")
-    os.write(1, ("\n" + FRAME + json.dumps(result, ensure_ascii=True) + "\n").encode())
+    os.write(1, signed(result, key))
     return 0
 
 
