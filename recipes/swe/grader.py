@@ -9,13 +9,15 @@ inside the sandbox as its unprivileged uid (`recipes/swe/inside/`).
      anything pytest or Python reads as configuration or at start-up, symlinks, mode changes, binary
      patches, compiled files, package metadata, paths outside the tree);
   3. build: a fresh index of the base commit plus exactly the taken paths, then the hidden tests'
-     patch; that tree is what runs. An ast scan of the changed Python lines adds `flags`;
-  4. run: FAIL_TO_PASS + PASS_TO_PASS under pytest with its configuration file, rootdir and plugin set
-     pinned. Outcomes travel through a pipe to a launcher process outside the test process, which
-     prints the verdict as the output's last line after killing every other process (`inside/launch.py`).
-     A test passes only when setup, call and teardown passed and it was no expected failure;
+     patch, then a tripwire (below); that tree is what runs. A scan of every changed text file, read as
+     Python reads it (`inside/scan.py`), adds `flags`;
+  4. run: FAIL_TO_PASS + PASS_TO_PASS and the tripwire under pytest with its configuration file, rootdir
+     and plugin set pinned. Outcomes travel through a pipe to a launcher process outside the test process,
+     which prints the verdict as the output's last line after killing every other process, signed with a
+     key made for this run (`inside/launch.py`). A test passes only when setup, call and teardown passed
+     and it was no expected failure;
   5. second opinion (on by default): a reward-1 diff's FAIL_TO_PASS tests run again, each in a sandbox
-     and tree of its own; 1 only when both agree;
+     and tree of its own, the tripwire beside it; 1 only when both agree;
   6. policy on flags: the recorded grade (`graded_reward`) is what the tests said; the reward is 0 when
      a flag in `penalties` was raised (`penalized_by` names them).
 
@@ -23,13 +25,29 @@ Any exception while grading a diff becomes reward 0 with the reason (`error`); a
 task's own fault (its base commit missing, its test patch not applying on the base) and is the caller's
 to deadletter.
 
-What this grader cannot stop: the agent's library code runs inside the test process, so it can patch
-pytest, forge the reporter's records on the pipe (the launcher refuses a phase reported twice or an exit
-status that disagrees with the kernel's, not a consistent forgery), rewrite a test file or its cached
-bytecode before pytest imports it, or special-case the tests' inputs; the scan flags the usual ways
-(pytest, frames, builtins, sys.modules, exits, output, always-equal dunders, dynamic code, strings naming
-the run's files) and the penalty policy zeroes them, but a determined obfuscation the scan misses is a
-reward-hacking case only a review or a stronger hidden test catches.
+The verdict stands on boundaries, not on spotting names:
+  - the key: 32 random bytes per test run, given to the launcher in its environment; the launcher is
+    non-dumpable before the test process exists (its memory and /proc/<pid>/environ refuse the shared
+    uid), ignores every signal that ends a process but SIGKILL and SIGSTOP, and gives the test process an
+    environment without the key. A frame counts only when its HMAC verifies and the launcher exited 0 with
+    no limit hit: the test process can silence the verdict (SIGKILL or SIGSTOP of the launcher: 0,
+    `outcome-channel`), never write one;
+  - the exit status: the session's reported exit status must be the kernel's for the test process, and
+    with the tripwire failing that is 1 (an `_exit(0)`, a signal death, 130: inconsistent, 0);
+  - the tripwire: a test added to the hidden file of the first FAIL_TO_PASS test, named like that file's
+    tests (`test_<name>_<suffix>`), asserting an equality that does not hold, given among the ids at a
+    random place, in the same pytest session (one more test, not another run). Code that makes every
+    report pass, or forges a record for every id it is given, makes it pass: 0 with `tripwire`, whatever
+    the scan saw.
+
+What remains possible, and its cost: code under test shares the test process with pytest, so an attacker
+who tells the tripwire apart from the real tests can still rewrite only the real ones' reports or forge a
+consistent set of records for them. Telling it apart costs reading the hidden test file or the test
+function's source in the process (or knowing this grader's suffixes), and touching reports or the pipe
+costs the means the scan flags (reflection, frames, sys.modules, descriptors, pytest's names), each
+penalized by default: a spelling the scan misses and a tripwire told apart, together, are what is
+left. Special-casing the tests' inputs needs a stronger hidden test; rewriting a test file or its cached
+bytecode on disk before pytest imports it needs the scan to miss the paths (`tamper`).
 """
 
 from __future__ import annotations
@@ -62,7 +80,8 @@ INSIDE = Path(__file__).resolve().parent / "inside"
 GRADER_MOUNT = Path("/grader")
 PREP_FRAME = "@@agentstream-grade@@ "
 VERDICT_FRAME = "@@agentstream-verdict@@ "
-KEY_VARIABLE = "AGENTSTREAM_VERDICT_KEY"
+RUN_FILE = "in/run.json"
+"""the launcher's orders (tree, ids, tripwire, key), written before the agent's code runs; it removes them"""
 MAX_TREE_BYTES = 1 << 30
 OUTCOME_FLAGS = {"outcome-channel": "the test run's outcomes were inconsistent (a phase reported twice, an exit "
                                     "status that disagrees with the kernel's, the session cut short) or the "
@@ -183,7 +202,9 @@ class Grader:
             timings["prepare"] = round(time.monotonic() - started, 3)
             wire = built.get("tripwire")
             ids = [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS]
-            run, verdict, problem = self._run_tests(box, env, ids, "", wire)
+            key = secrets.token_bytes(32)
+            _write_new(first / RUN_FILE, _orders(ids, wire, key))
+            run, verdict, problem = self._run_tests(box, env, "", key)
         timings["tests"] = round(run.duration_s, 3)
         statuses = verdict.get("statuses", {}) if verdict else {}
         f2p, p2p = _count(statuses, instance.FAIL_TO_PASS), _count(statuses, instance.PASS_TO_PASS)
@@ -224,23 +245,22 @@ class Grader:
 
     def _second_opinion(self, scratch: Path, n: int, env: Path, repo: Path, tree_tar: bytes, test: str,
                         wire: str | None) -> str:
-        workspace = _fresh(scratch / f"second-{n}", {"in/tree.tar": tree_tar})
+        key = secrets.token_bytes(32)
+        workspace = _fresh(scratch / f"second-{n}", {"in/tree.tar": tree_tar, RUN_FILE: _orders([test], wire, key)})
         with _Opened(self.sandbox(self._spec(workspace, env, repo))) as box:
             untar = _python(env, "prep.py", "untar", "/workspace/in/tree.tar", "/workspace/tree")
-            _, verdict, _ = self._run_tests(box, env, [test], f"{untar} >/dev/null && ", wire)
+            _, verdict, _ = self._run_tests(box, env, f"{untar} >/dev/null && ", key)
         if not verdict or not verdict["consistent"]:
             return "INCONSISTENT"
         if wire is not None and verdict.get("tripwire") != "FAILED":
             return f"TRIPWIRE {verdict.get('tripwire')}"
         return str(verdict["statuses"].get(test, "NOT RUN"))
 
-    def _run_tests(self, box: Sandbox, env: Path, ids: list[str], before: str,
-                   wire: str | None) -> tuple[CommandResult, dict[str, Any] | None, str | None]:
-        """The launcher's run of `ids` (with the tripwire among them): its result, the verdict when it is the
-        launcher's (signed with a key made for this run, the launcher exited 0), else why not."""
-        key = secrets.token_bytes(32)
-        args = ["/workspace/tree", *(["--tripwire", wire] if wire else []), *ids]
-        command = f"{before}{KEY_VARIABLE}={key.hex()} exec {_python(env, 'launch.py', *args)}"
+    def _run_tests(self, box: Sandbox, env: Path, before: str,
+                   key: bytes) -> tuple[CommandResult, dict[str, Any] | None, str | None]:
+        """The launcher's run of its orders (`_orders`): its result, the verdict when it is the launcher's
+        (signed with this run's key, the launcher exited 0), else why not."""
+        command = f"{before}exec {_python(env, 'launch.py', f'/workspace/{RUN_FILE}')}"
         run = box.run(command, timeout_s=self.timeout_s)
         return (run, *_signed_verdict(run, key))
 
@@ -301,6 +321,10 @@ def _frame(output: str, marker: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     return answer if isinstance(answer, dict) else None
+
+
+def _orders(ids: list[str], wire: str | None, key: bytes) -> bytes:
+    return json.dumps({"tree": "/workspace/tree", "ids": ids, "tripwire": wire, "key": key.hex()}).encode()
 
 
 def _signed_verdict(run: CommandResult, key: bytes) -> tuple[dict[str, Any] | None, str | None]:

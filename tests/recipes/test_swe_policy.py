@@ -246,6 +246,5 @@ def test_the_test_process_autoloads_no_plugin_and_takes_no_options_from_the_envi
     from agentstream.recipes.swe.inside.launch import tests_environment
 
     given = {"PATH": "/usr/bin", "PYTEST_ADDOPTS": "-p calc_plugin", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": ""}
-    assert tests_environment({**given, "AGENTSTREAM_VERDICT_KEY": "ab"}) == {"PATH": "/usr/bin",
-                                                                           "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    assert tests_environment(given) == {"PATH": "/usr/bin", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     assert given["PYTEST_ADDOPTS"] == "-p calc_plugin"  # the launcher's own environment is left as it is

@@ -2,14 +2,16 @@
 has exited and every other process of the sandbox is killed, prints the verdict, signed, as the last line of
 the output.
 
-    AGENTSTREAM_VERDICT_KEY=<hex> exec python -I launch.py TREE [--tripwire ID] TEST_ID...
-                                                 (exec: the launcher must be the sandbox's pid 2)
+    exec python -I launch.py RUN_FILE           (exec: the launcher must be the sandbox's pid 2)
 
-The launcher makes itself non-dumpable first, so no process of the same uid can trace it, read its memory,
-its environment or open its descriptors; then it takes the key out of its environment (the test process never
-gets it) and ignores every signal the test process could end it with but SIGKILL and SIGSTOP. The verdict
-frame carries the HMAC of its JSON under that key: a frame written by anything else (a test process that
-killed the launcher, a daemon) does not verify, and a killed or stopped launcher writes none; either pays 0.
+RUN_FILE is a JSON object the grader wrote before anything of the agent ran: the tree, the test ids, the
+tripwire's id and the verdict's key. None of it is on a command line: the sandbox's pid 1 keeps its
+command in a /proc/1/cmdline any process of the uid reads, and the launcher's own would show the ids
+without the tripwire. The launcher makes itself non-dumpable first, so no process of the same uid can
+trace it, read its memory or open its descriptors; then it reads the run file and removes it, and ignores
+every signal the test process could end it with but SIGKILL and SIGSTOP. The verdict frame carries the
+HMAC of its JSON under the key: a frame written by anything else (a test process that killed the
+launcher, a daemon) does not verify, and a killed or stopped launcher writes none; either pays 0.
 
 A test id passes only when its setup, call and teardown were reported once each and passed, and it was not
 an expected failure (XFAIL and XPASS are not passes; skipped and missing ids neither). The tripwire, a test
@@ -34,7 +36,6 @@ from collections.abc import Mapping
 from typing import Any
 
 FRAME = "@@agentstream-verdict@@ "
-KEY_VARIABLE = "AGENTSTREAM_VERDICT_KEY"
 IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGPIPE,
            signal.SIGALRM, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGVTALRM, signal.SIGPROF)
 """what the test process could send the launcher to end it early: ignored (SIGKILL and SIGSTOP cannot be, and
@@ -146,9 +147,8 @@ def status(phases: dict[str, tuple[str, bool]]) -> str:
 
 def tests_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """The test process's environment: no pytest plugin loaded by its entry point (the child names the test
-    environment's own with -p), no options from PYTEST_ADDOPTS, which the workspace does not choose, and never
-    the verdict's key."""
-    env = {name: value for name, value in environ.items() if name not in ("PYTEST_ADDOPTS", KEY_VARIABLE)}
+    environment's own with -p) and no options from PYTEST_ADDOPTS, which the workspace does not choose."""
+    env = {name: value for name, value in environ.items() if name != "PYTEST_ADDOPTS"}
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     return env
 
@@ -166,14 +166,13 @@ def default_signals() -> None:
 
 
 def main(argv: list[str]) -> int:
-    undumpable()  # first: the key in this process's environment and memory is out of reach of its uid from now
-    key = bytes.fromhex(os.environ.pop(KEY_VARIABLE, ""))
+    undumpable()  # first: what this process reads is out of reach of its uid from now
+    with open(argv[0], "rb") as handle:
+        run = json.loads(handle.read())
+    os.unlink(argv[0])
+    key, tree, ids, tripwire = bytes.fromhex(run["key"]), run["tree"], list(run["ids"]), run.get("tripwire")
     for sig in IGNORED:
         signal.signal(sig, signal.SIG_IGN)
-    tree, ids = argv[0], argv[1:]
-    tripwire = None
-    if ids[:1] == ["--tripwire"]:
-        tripwire, ids = ids[1], ids[2:]
     given = list(ids)
     if tripwire is not None:  # anywhere among the ids, so its place does not give it away
         given.insert(random.SystemRandom().randrange(len(given) + 1), tripwire)
