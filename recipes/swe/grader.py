@@ -26,17 +26,18 @@ task's own fault (its base commit missing, its test patch not applying on the ba
 to deadletter.
 
 The verdict stands on boundaries, not on spotting names:
-  - the key: 32 random bytes per test run, given to the launcher in its environment; the launcher is
-    non-dumpable before the test process exists (its memory and /proc/<pid>/environ refuse the shared
-    uid), ignores every signal that ends a process but SIGKILL and SIGSTOP, and gives the test process an
-    environment without the key. A frame counts only when its HMAC verifies and the launcher exited 0 with
-    no limit hit: the test process can silence the verdict (SIGKILL or SIGSTOP of the launcher: 0,
-    `outcome-channel`), never write one;
+  - the key: 32 random bytes per test run, in the launcher's orders (`RUN_FILE`: ids, tripwire, key),
+    which the host writes before any code of the agent runs and the launcher reads and removes before it
+    starts the tests; nothing of it is on a command line (the sandbox's pid 1 shows its command to the
+    uid). The launcher is non-dumpable from its start (its memory refuses the shared uid) and ignores
+    every signal that ends a process but SIGKILL and SIGSTOP. A frame counts only when its HMAC verifies
+    and the launcher exited 0 with no limit hit: the test process can silence the verdict (SIGKILL or
+    SIGSTOP of the launcher: 0, `outcome-channel`), never write one;
   - the exit status: the session's reported exit status must be the kernel's for the test process, and
     with the tripwire failing that is 1 (an `_exit(0)`, a signal death, 130: inconsistent, 0);
-  - the tripwire: a test added to the hidden file of the first FAIL_TO_PASS test, named like that file's
-    tests (`test_<name>_<suffix>`), asserting an equality that does not hold, given among the ids at a
-    random place, in the same pytest session (one more test, not another run). Code that makes every
+  - the tripwire: a test added to the hidden file of the first FAIL_TO_PASS test before a random top-level
+    definition, named like that test (`test_<name>_<suffix>`), asserting an equality that does not hold,
+    given among the ids at a random place, in the same pytest session (one more test, not another run). Code that makes every
     report pass, or forges a record for every id it is given, makes it pass: 0 with `tripwire`, whatever
     the scan saw.
 
