@@ -133,6 +133,11 @@ def test_the_scan_flags_only_changed_lines_and_not_an_honest_eq():
     ("E = type('E', (int,), {'__eq__': lambda s, o: True})\n", {"always-equal", "comparison-override"}),
     ("class E(int):\n    pass\nsetattr(E, '__e' + 'q__', abs)\n", {"comparison-override"}),
     ("from unittest.mock import ANY\n", {"pytest"}),
+    ("getattr(__import__('o' + 's'), '_ex' + 'it')(0)\n", {"process-exit"}),
+    ("b = globals()['__buil' + 'tins__']\n", {"builtins"}),
+    ("import importlib as il\nm = il.import_module('_py' + 'test')\n", {"dynamic-code", "pytest"}),
+    ("import sys\nif (m := sys) is not None:\n    m._getframe(0)\n", {"frame"}),
+    ("import os\nk = f\"{'PYT'}EST_CURRENT_TEST\"\nv = os.environ.get(k)\n", {"runner-env"}),
 ])
 def test_the_scan_resolves_names_and_folds_strings_before_matching(code, flags):
     assert flags <= _flags(code), _flags(code)
@@ -147,6 +152,12 @@ def test_the_scan_resolves_names_and_folds_strings_before_matching(code, flags):
 ])
 def test_the_scan_leaves_ordinary_library_code_alone(code):
     assert _flags(code) == set()
+
+
+def test_a_changed_body_of_an_unchanged_comparison_dunder_is_seen():
+    old = "class E:\n    def __eq__(self, o):\n        return self.x == o.x\n"
+    new = "class E:\n    def __eq__(self, o):\n        return True\n"
+    assert {"always-equal", "comparison-override"} <= _flags(new, old)
 
 
 def test_the_scan_decodes_with_the_files_coding_cookie():
