@@ -167,6 +167,8 @@ def test_the_scan_decodes_with_the_files_coding_cookie():
     escaped = ("# coding: unicode_escape\nx = 1\n# notes " + hidden.replace("\n", "\\n") + "\n").encode()
     assert {"encoding", "process-exit"} <= {f["flag"] for f in scan("m.py", None, escaped)}
     assert scan("m.py", None, b"# -*- coding: utf-8 -*-\nx = 1\n") == []
+    latin = b"# -*- coding: latin-1 -*-\nx = '\xe9'\n"
+    assert scan("m.py", latin, latin + b"y = 2\n") == []  # the base's own cookie, a line added below it
 
 
 @pytest.mark.parametrize("separator", ["\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"])

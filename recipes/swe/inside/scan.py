@@ -3,7 +3,7 @@ run rather than fixing the library. It reads the file the way Python runs it, an
 spellings.
 
   - the bytes are decoded as the importer decodes them (the file's own coding cookie); a cookie other than
-    UTF-8 is itself a finding (`encoding`), and the text it decodes to is what is scanned;
+    UTF-8 that the diff wrote is itself a finding (`encoding`), and the text it decodes to is what is scanned;
   - lines are counted the tokenizer's way (only \\r\\n, \\r and \\n end a line), never `str.splitlines`'s
     (which also splits on \\x0b, \\x0c, \\x1c-\\x1e, \\x85, U+2028, U+2029), so a changed line is the line
     the ast reports;
@@ -166,7 +166,7 @@ def scan(path: str, old: str | bytes | None, new: str | bytes, python: bool = Tr
     lines = changed_lines(old_text, text)
     if not lines:
         return []
-    if encoding not in ("utf-8", "utf-8-sig"):
+    if encoding not in ("utf-8", "utf-8-sig") and lines & {1, 2}:  # a cookie the base already had is not the diff's
         found[("encoding", 1)] = {"flag": "encoding", "path": path, "line": 1, "what": f"coding: {encoding}"}
     try:
         tree = ast.parse(text, filename=path)
