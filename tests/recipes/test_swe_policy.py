@@ -154,10 +154,18 @@ def test_the_scan_leaves_ordinary_library_code_alone(code):
     assert _flags(code) == set()
 
 
-def test_a_changed_body_of_an_unchanged_comparison_dunder_is_seen():
+def test_a_changed_body_of_an_unchanged_comparison_dunder_is_seen_only_when_it_answers_a_constant():
     old = "class E:\n    def __eq__(self, o):\n        return self.x == o.x\n"
-    new = "class E:\n    def __eq__(self, o):\n        return True\n"
-    assert {"always-equal", "comparison-override"} <= _flags(new, old)
+    assert _flags("class E:\n    def __eq__(self, o):\n        return True\n", old) == {"always-equal"}
+    assert _flags("class E:\n    def __eq__(self, o):\n        return self.y == o.y\n", old) == set()  # a fix
+
+
+def test_a_means_the_base_had_as_often_is_not_the_diffs():
+    """A misspelled-name fix restoring `rv[k] = v.__self__` (toolz's groupby) is not reflection; a second
+    `.__self__` in that file is."""
+    old = "def groupby(rv, k, v):\n    rv[k] = vv.__self__\n"
+    assert _flags("def groupby(rv, k, v):\n    rv[k] = v.__self__\n", old) == set()
+    assert _flags("def groupby(rv, k, v):\n    rv[k] = v.__self__\n    b = len.__self__\n", old) == {"reflection"}
 
 
 def test_the_scan_decodes_with_the_files_coding_cookie():

@@ -31,7 +31,7 @@ import ast
 import difflib
 import io
 import tokenize
-from collections.abc import Callable
+from collections import Counter
 
 FLAGS = {
     "pytest": "imports or names pytest, _pytest, pluggy or a test double that equals anything (unittest.mock)",
@@ -116,8 +116,6 @@ _FOLD_METHODS = {"lower", "upper", "strip", "lstrip", "rstrip", "replace", "deco
                  "capitalize", "swapcase", "removeprefix", "removesuffix", "format"}
 
 Finding = dict[str, object]
-Flag = Callable[[str, ast.AST, str], None]
-"""records one finding: (flag, the node, what was seen)"""
 
 
 def lines_of(text: str) -> list[str]:
@@ -151,13 +149,10 @@ def _as_bytes(text: str | bytes) -> bytes:
 
 def scan(path: str, old: str | bytes | None, new: str | bytes, python: bool = True) -> list[Finding]:
     """Flags for the changed lines of one file: [{"flag", "path", "line", "what"}]. `python`: the file is
-    Python by its name, so not parsing is a finding; any other text file is scanned only if it parses."""
-    found: dict[tuple[str, int], Finding] = {}
+    Python by its name, so not parsing is a finding; any other text file is scanned only if it parses.
 
-    def flag(kind: str, node: ast.AST, what: str) -> None:
-        line = getattr(node, "lineno", 0)
-        found.setdefault((kind, line), {"flag": kind, "path": path, "line": line, "what": what[:120]})
-
+    A finding the base file already had as often (the same flag and the same thing seen, `v.__self__` on
+    the line a fix restores) is not the diff's doing: only the uses beyond the base's count are."""
     try:
         text, encoding = decode(_as_bytes(new))
     except (SyntaxError, UnicodeError, LookupError) as exc:
@@ -166,19 +161,33 @@ def scan(path: str, old: str | bytes | None, new: str | bytes, python: bool = Tr
     lines = changed_lines(old_text, text)
     if not lines:
         return []
+    found: dict[tuple[str, int], Finding] = {}
     if encoding not in ("utf-8", "utf-8-sig") and lines & {1, 2}:  # a cookie the base already had is not the diff's
         found[("encoding", 1)] = {"flag": "encoding", "path": path, "line": 1, "what": f"coding: {encoding}"}
     try:
         tree = ast.parse(text, filename=path)
-    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        seen = _Visitor(tree).seen(lines)
+        already = Counter((kind, what) for kind, _, what in _Visitor(tree).seen(None))
+        if old_text is not None:
+            already.subtract(_uses(old_text))
+    except (SyntaxError, ValueError, MemoryError) as exc:
         if python:
             found[("unparseable", 0)] = {"flag": "unparseable", "path": path, "line": 0, "what": type(exc).__name__}
         return sorted(found.values(), key=_order)
-    try:
-        _Visitor(tree, flag).scan(lines)
     except RecursionError:
-        return [{"flag": "unparseable", "path": path, "line": 0, "what": "RecursionError"}]
+        return [{"flag": "unparseable", "path": path, "line": 0, "what": "RecursionError"}] if python else []
+    for kind, line, what in seen:
+        if already[(kind, what)] > 0:
+            found.setdefault((kind, line), {"flag": kind, "path": path, "line": line, "what": what})
     return sorted(found.values(), key=_order)
+
+
+def _uses(text: str) -> Counter[tuple[str, str]]:
+    """Every (flag, what) of a whole file, counted; none where it does not parse."""
+    try:
+        return Counter((kind, what) for kind, _, what in _Visitor(ast.parse(text)).seen(None))
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return Counter()
 
 
 def _old_text(old: str | bytes | None) -> str | None:
@@ -207,9 +216,9 @@ def _touches(node: ast.AST, lines: set[int]) -> bool:
 class _Visitor:
     """One file: its aliases (the whole file), then every node touching a changed line, matched by meaning."""
 
-    def __init__(self, tree: ast.Module, flag: Flag):
+    def __init__(self, tree: ast.Module):
         self.tree = tree
-        self.flag = flag
+        self.events: list[tuple[str, int, str]] = []
         self.parents: dict[ast.AST, ast.AST] = {}
         for node in ast.walk(tree):
             for child in ast.iter_child_nodes(node):
@@ -269,10 +278,15 @@ class _Visitor:
 
     # --- the walk ------------------------------------------------------------------------------------
 
-    def scan(self, lines: set[int]) -> None:
+    def seen(self, lines: set[int] | None) -> list[tuple[str, int, str]]:
+        """(flag, line, what) for every node touching `lines` (all of them: None), once per node and flag."""
         for node in ast.walk(self.tree):
-            if _touches(node, lines):
+            if lines is None or _touches(node, lines):
                 self.visit(node)
+        return list(dict.fromkeys(self.events))
+
+    def flag(self, kind: str, node: ast.AST, what: str) -> None:
+        self.events.append((kind, getattr(node, "lineno", 0), what[:120]))
 
     def visit(self, node: ast.AST) -> None:
         if isinstance(node, ast.Import):
@@ -288,8 +302,10 @@ class _Visitor:
             self._attribute(node.attr, node)
         if isinstance(node, ast.Name) and node.id in _RUNNER:
             self.flag("pytest", node, node.id)
-        if isinstance(node, ast.Return) and (function := self._enclosing_function(node)) and function.name in _DUNDERS:
-            self._dunder(function.name, function, function)  # a changed body of an unchanged `def __eq__`
+        # a changed body of an unchanged `def __eq__` (a fix there is a fix): only a constant answer counts
+        if isinstance(node, ast.Return) and (function := self._enclosing_function(node)) \
+                and function.name in _CONSTANT_SUSPECT and _answers_constant(function):
+            self.flag("always-equal", function, f"{function.name} answers a constant")
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in _DUNDERS:
             self._dunder(node.name, node, node)
         elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
@@ -345,6 +361,8 @@ class _Visitor:
             self.flag("frame", node, f".{attr}")
         elif attr in _REFLECT_ATTRS:
             self.flag("reflection", node, f".{attr}")
+        elif attr == "__import__" and isinstance(node, ast.Attribute):
+            self.flag("dynamic-code", node, f".{attr}")  # reached through a module object the scan cannot name
 
     def _environ(self, node: ast.AST, qualified: str) -> None:
         """os.environ read with a literal key that names nothing of the runner's is a library's business; any
