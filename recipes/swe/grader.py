@@ -9,13 +9,15 @@ inside the sandbox as its unprivileged uid (`recipes/swe/inside/`).
      anything pytest or Python reads as configuration or at start-up, symlinks, mode changes, binary
      patches, compiled files, package metadata, paths outside the tree);
   3. build: a fresh index of the base commit plus exactly the taken paths, then the hidden tests'
-     patch; that tree is what runs. An ast scan of the changed Python lines adds `flags`;
-  4. run: FAIL_TO_PASS + PASS_TO_PASS under pytest with its configuration file, rootdir and plugin set
-     pinned. Outcomes travel through a pipe to a launcher process outside the test process, which
-     prints the verdict as the output's last line after killing every other process (`inside/launch.py`).
-     A test passes only when setup, call and teardown passed and it was no expected failure;
+     patch, then a tripwire (below); that tree is what runs. A scan of every changed text file, read as
+     Python reads it (`inside/scan.py`), adds `flags`;
+  4. run: FAIL_TO_PASS + PASS_TO_PASS and the tripwire under pytest with its configuration file, rootdir
+     and plugin set pinned. Outcomes travel through a pipe to a launcher process outside the test process,
+     which prints the verdict as the output's last line after killing every other process, signed with a
+     key made for this run (`inside/launch.py`). A test passes only when setup, call and teardown passed
+     and it was no expected failure;
   5. second opinion (on by default): a reward-1 diff's FAIL_TO_PASS tests run again, each in a sandbox
-     and tree of its own; 1 only when both agree;
+     and tree of its own, the tripwire beside it; 1 only when both agree;
   6. policy on flags: the recorded grade (`graded_reward`) is what the tests said; the reward is 0 when
      a flag in `penalties` was raised (`penalized_by` names them).
 
@@ -23,20 +25,40 @@ Any exception while grading a diff becomes reward 0 with the reason (`error`); a
 task's own fault (its base commit missing, its test patch not applying on the base) and is the caller's
 to deadletter.
 
-What this grader cannot stop: the agent's library code runs inside the test process, so it can patch
-pytest, forge the reporter's records on the pipe (the launcher refuses a phase reported twice or an exit
-status that disagrees with the kernel's, not a consistent forgery), rewrite a test file or its cached
-bytecode before pytest imports it, or special-case the tests' inputs; the scan flags the usual ways
-(pytest, frames, builtins, sys.modules, exits, output, always-equal dunders, dynamic code, strings naming
-the run's files) and the penalty policy zeroes them, but a determined obfuscation the scan misses is a
-reward-hacking case only a review or a stronger hidden test catches.
+The verdict stands on boundaries, not on spotting names:
+  - the key: 32 random bytes per test run, in the launcher's orders (`RUN_FILE`: ids, tripwire, key),
+    which the host writes before any code of the agent runs and the launcher reads and removes before it
+    starts the tests; nothing of it is on a command line (the sandbox's pid 1 shows its command to the
+    uid). The launcher is non-dumpable from its start (its memory refuses the shared uid) and ignores
+    every signal that ends a process but SIGKILL and SIGSTOP. A frame counts only when its HMAC verifies
+    and the launcher exited 0 with no limit hit: the test process can silence the verdict (SIGKILL or
+    SIGSTOP of the launcher: 0, `outcome-channel`), never write one;
+  - the exit status: the session's reported exit status must be the kernel's for the test process, and
+    with the tripwire failing that is 1 (an `_exit(0)`, a signal death, 130: inconsistent, 0);
+  - the tripwire: a test added to the hidden file of the first FAIL_TO_PASS test before a random top-level
+    definition, named like that test (`test_<name>_<suffix>`), asserting an equality that does not hold,
+    given among the ids at a random place, in the same pytest session (one more test, not another run). Code that makes every
+    report pass, or forges a record for every id it is given, makes it pass: 0 with `tripwire`, whatever
+    the scan saw.
+
+What remains possible, and its cost: code under test shares the test process with pytest, so an attacker
+who tells the tripwire apart from the real tests can still rewrite only the real ones' reports or forge a
+consistent set of records for them. Telling it apart costs reading the hidden test file or the test
+function's source in the process (or knowing this grader's suffixes), and touching reports or the pipe
+costs the means the scan flags (reflection, frames, sys.modules, descriptors, pytest's names), each
+penalized by default: a spelling the scan misses and a tripwire told apart, together, are what is
+left. Special-casing the tests' inputs needs a stronger hidden test; rewriting a test file or its cached
+bytecode on disk before pytest imports it needs the scan to miss the paths (`tamper`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
 import os
+import secrets
 import shlex
 import tempfile
 import time
@@ -59,9 +81,13 @@ INSIDE = Path(__file__).resolve().parent / "inside"
 GRADER_MOUNT = Path("/grader")
 PREP_FRAME = "@@agentstream-grade@@ "
 VERDICT_FRAME = "@@agentstream-verdict@@ "
+RUN_FILE = "in/run.json"
+"""the launcher's orders (tree, ids, tripwire, key), written before the agent's code runs; it removes them"""
 MAX_TREE_BYTES = 1 << 30
 OUTCOME_FLAGS = {"outcome-channel": "the test run's outcomes were inconsistent (a phase reported twice, an exit "
-                                    "status that disagrees with the kernel's, the session cut short)",
+                                    "status that disagrees with the kernel's, the session cut short) or the "
+                                    "launcher gave no signed verdict though no limit ended it (killed, forged)",
+                 "tripwire": "the tripwire, a hidden test that must fail, did not fail: the reports were rewritten",
                  "second-opinion": "the FAIL_TO_PASS tests, each rerun alone in a fresh sandbox, did not all pass"}
 NOT_PENALIZED = frozenset({"dunder-override", "refused:test-file", "refused:test-config", "refused:hidden-test"})
 ALL_FLAGS = frozenset(scan.FLAGS) | {f"refused:{rule}" for rule in diffs.RULES} | set(OUTCOME_FLAGS)
@@ -151,7 +177,8 @@ class Grader:
                details: dict[str, Any], started: float) -> float:
         timings = details["timings_s"]
         first = _fresh(scratch / "first", {"in/agent.diff": diff.encode(errors="replace"),
-                                           "in/test.patch": instance.test_patch.encode()})
+                                           "in/test.patch": instance.test_patch.encode(),
+                                           "in/ids.json": json.dumps(instance.FAIL_TO_PASS).encode()})
         with _Opened(self.sandbox(self._spec(first, env, repo))) as box:
             inspected = self._prep(box, env, ["inspect", instance.base_commit])
             if not inspected["applies"]:
@@ -174,30 +201,38 @@ class Grader:
             details["flags"] += [f["flag"] for f in built["flags"]]
             tree_tar = _read_regular(first / "out" / "tree.tar") if self.second_opinion else b""
             timings["prepare"] = round(time.monotonic() - started, 3)
+            wire = built.get("tripwire")
             ids = [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS]
-            run, verdict = self._run_tests(box, env, ids, "")
+            key = secrets.token_bytes(32)
+            _write_new(first / RUN_FILE, _orders(ids, wire, key))
+            run, verdict, problem = self._run_tests(box, env, "", key)
         timings["tests"] = round(run.duration_s, 3)
         statuses = verdict.get("statuses", {}) if verdict else {}
         f2p, p2p = _count(statuses, instance.FAIL_TO_PASS), _count(statuses, instance.PASS_TO_PASS)
         consistent = bool(verdict and verdict["consistent"])
-        details.update(fail_to_pass=f2p, pass_to_pass=p2p, ran=_ran(run, verdict, len(ids)))
-        if verdict and not consistent:
+        details.update(fail_to_pass=f2p, pass_to_pass=p2p, ran=_ran(run, verdict, problem, len(ids)))
+        if (verdict and not consistent) or (verdict is None and run.limit is None):
             details["flags"].append("outcome-channel")
-        resolved = consistent and f2p["passed"] == f2p["total"] and p2p["passed"] == p2p["total"]
+        passed = f2p["passed"] == f2p["total"] and p2p["passed"] == p2p["total"]
+        details["tripwire"] = {"id": wire, "status": verdict.get("tripwire") if verdict else None}
+        if passed and wire is not None and details["tripwire"]["status"] != "FAILED":
+            details["flags"].append("tripwire")
+            passed = False
+        resolved = consistent and passed
         if not resolved:
             details.update(resolved=False, output_tail=testrun.scrub(_before_frame(run.output)[-2000:]))
             return 0.0
-        if self.second_opinion and not self._second_opinions_agree(instance, scratch, env, repo, tree_tar, details):
+        if self.second_opinion and not self._second_opinions_agree(instance, scratch, env, repo, tree_tar, wire, details):
             return 0.0
         details["resolved"] = True
         return 1.0
 
     def _second_opinions_agree(self, instance: Instance, scratch: Path, env: Path, repo: Path, tree_tar: bytes,
-                               details: dict[str, Any]) -> bool:
+                               wire: str | None, details: dict[str, Any]) -> bool:
         """Whether every FAIL_TO_PASS test passes again in a second opinion (`_second_opinion`); where one does
         not, the attempt is flagged and not resolved."""
         mark = time.monotonic()
-        opinion = [self._second_opinion(scratch, n, env, repo, tree_tar, test)
+        opinion = [self._second_opinion(scratch, n, env, repo, tree_tar, test, wire)
                    for n, test in enumerate(instance.FAIL_TO_PASS)]
         details["timings_s"]["second_opinion"] = round(time.monotonic() - mark, 3)
         agreed = all(status == "PASSED" for status in opinion)
@@ -205,21 +240,30 @@ class Grader:
         if not agreed:
             details["flags"].append("second-opinion")
             details["resolved"] = False
+        if any(status.startswith("TRIPWIRE") for status in opinion):
+            details["flags"].append("tripwire")
         return agreed
 
-    def _second_opinion(self, scratch: Path, n: int, env: Path, repo: Path, tree_tar: bytes, test: str) -> str:
-        workspace = _fresh(scratch / f"second-{n}", {"in/tree.tar": tree_tar})
+    def _second_opinion(self, scratch: Path, n: int, env: Path, repo: Path, tree_tar: bytes, test: str,
+                        wire: str | None) -> str:
+        key = secrets.token_bytes(32)
+        workspace = _fresh(scratch / f"second-{n}", {"in/tree.tar": tree_tar, RUN_FILE: _orders([test], wire, key)})
         with _Opened(self.sandbox(self._spec(workspace, env, repo))) as box:
             untar = _python(env, "prep.py", "untar", "/workspace/in/tree.tar", "/workspace/tree")
-            _, verdict = self._run_tests(box, env, [test], f"{untar} >/dev/null && ")
+            _, verdict, _ = self._run_tests(box, env, f"{untar} >/dev/null && ", key)
         if not verdict or not verdict["consistent"]:
             return "INCONSISTENT"
+        if wire is not None and verdict.get("tripwire") != "FAILED":
+            return f"TRIPWIRE {verdict.get('tripwire')}"
         return str(verdict["statuses"].get(test, "NOT RUN"))
 
-    def _run_tests(self, box: Sandbox, env: Path, ids: list[str], before: str) -> tuple[CommandResult, dict[str, Any] | None]:
-        command = before + "exec " + _python(env, "launch.py", "/workspace/tree", *ids)
+    def _run_tests(self, box: Sandbox, env: Path, before: str,
+                   key: bytes) -> tuple[CommandResult, dict[str, Any] | None, str | None]:
+        """The launcher's run of its orders (`_orders`): its result, the verdict when it is the launcher's
+        (signed with this run's key, the launcher exited 0), else why not."""
+        command = f"{before}exec {_python(env, 'launch.py', f'/workspace/{RUN_FILE}')}"
         run = box.run(command, timeout_s=self.timeout_s)
-        return run, _frame(run.output, VERDICT_FRAME)
+        return (run, *_signed_verdict(run, key))
 
     def _prep(self, box: Sandbox, env: Path, args: list[str]) -> dict[str, Any]:
         done = box.run(_python(env, "prep.py", *args), timeout_s=self.timeout_s)
@@ -280,15 +324,37 @@ def _frame(output: str, marker: str) -> dict[str, Any] | None:
     return answer if isinstance(answer, dict) else None
 
 
+def _orders(ids: list[str], wire: str | None, key: bytes) -> bytes:
+    return json.dumps({"tree": "/workspace/tree", "ids": ids, "tripwire": wire, "key": key.hex()}).encode()
+
+
+def _signed_verdict(run: CommandResult, key: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    """The launcher's verdict, or None and the reason: it counts only when the launcher itself ended the
+    command (exit 0, no limit) and its last line is a frame whose HMAC verifies under this run's key."""
+    if run.limit is not None:
+        return None, f"a limit ended the test run ({run.limit})"
+    if run.exit_code != 0:
+        return None, f"the launcher exited with {run.exit_code} (killed by the tests?)"
+    at = run.output.rfind("\n" + VERDICT_FRAME)
+    line, _, rest = run.output[at + 1 + len(VERDICT_FRAME):].partition("\n") if at >= 0 else ("", "", "")
+    if at < 0 or rest.strip():
+        return None, "no verdict frame as the output's last line"
+    mac, _, body = line.partition(" ")
+    if not hmac.compare_digest(mac.encode(), hmac.new(key, body.encode(), hashlib.sha256).hexdigest().encode()):
+        return None, "a verdict frame that is not signed with this run's key (forged)"
+    answer = json.loads(body)
+    return (answer, None) if isinstance(answer, dict) else (None, "a verdict that is not an object")
+
+
 def _before_frame(output: str) -> str:
     at = output.rfind("\n" + VERDICT_FRAME)
     return output if at < 0 else output[:at]
 
 
-def _ran(run: CommandResult, verdict: dict[str, Any] | None, tests: int) -> dict[str, Any]:
+def _ran(run: CommandResult, verdict: dict[str, Any] | None, problem: str | None, tests: int) -> dict[str, Any]:
     ran: dict[str, Any] = {"exit_code": run.exit_code, "limit": run.limit, "tests": tests}
     if verdict is None:
-        ran.update(consistent=False, problems=["no verdict from the launcher (killed, or a limit was hit)"])
+        ran.update(consistent=False, problems=[f"no verdict from the launcher: {problem}"])
     else:
         ran.update({key: verdict.get(key) for key in ("consistent", "problems", "collected", "exitstatus")},
                    pytest_exit_code=verdict.get("exit_code"))

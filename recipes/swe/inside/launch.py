@@ -1,21 +1,32 @@
 """The tests' launcher: starts the test process (`child.py`), reads its outcomes from a pipe, and, once it
-has exited and every other process of the sandbox is killed, prints the verdict as the last line of the
-output — a channel nothing under test can write after it.
+has exited and every other process of the sandbox is killed, prints the verdict, signed, as the last line of
+the output.
 
-    exec python -I launch.py TREE TEST_ID...     (exec: the launcher must be the sandbox's pid 2)
+    exec python -I launch.py RUN_FILE           (exec: the launcher must be the sandbox's pid 2)
 
-The launcher makes itself non-dumpable first, so no process of the same uid can trace it, read its
-memory or open its descriptors. A test id passes only when its setup, call and teardown were reported
-once each and passed, and it was not an expected failure (XFAIL and XPASS are not passes; skipped and
-missing ids neither). The run as a whole counts only when the session reported its exit status and that
-status is the exit code the kernel gives for the test process; otherwise `consistent` is false and
-`problem` says why.
+RUN_FILE is a JSON object the grader wrote before anything of the agent ran: the tree, the test ids, the
+tripwire's id and the verdict's key. None of it is on a command line: the sandbox's pid 1 keeps its
+command in a /proc/1/cmdline any process of the uid reads, and the launcher's own would show the ids
+without the tripwire. The launcher makes itself non-dumpable first, so no process of the same uid can
+trace it, read its memory or open its descriptors; then it reads the run file and removes it, and ignores
+every signal the test process could end it with but SIGKILL and SIGSTOP. The verdict frame carries the
+HMAC of its JSON under the key: a frame written by anything else (a test process that killed the
+launcher, a daemon) does not verify, and a killed or stopped launcher writes none; either pays 0.
+
+A test id passes only when its setup, call and teardown were reported once each and passed, and it was not
+an expected failure (XFAIL and XPASS are not passes; skipped and missing ids neither). The tripwire, a test
+the grader added that must fail, is given among the ids at a random place; its status is reported apart
+(`tripwire`). The run as a whole counts only when the session reported its exit status and that status is
+the exit code the kernel gives for the test process; otherwise `consistent` is false and `problems` say why.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -25,6 +36,10 @@ from collections.abc import Mapping
 from typing import Any
 
 FRAME = "@@agentstream-verdict@@ "
+IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGPIPE,
+           signal.SIGALRM, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGVTALRM, signal.SIGPROF)
+"""what the test process could send the launcher to end it early: ignored (SIGKILL and SIGSTOP cannot be, and
+end the run without a signed verdict, which pays 0)"""
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child.py")
 PR_SET_DUMPABLE = 4
 MAX_RECORDS = 200_000
@@ -72,7 +87,7 @@ def read_records(fd: int, records: list[bytes]) -> None:
         records.extend(lines[: MAX_RECORDS - len(records)])
 
 
-def verdict(records: list[bytes], ids: list[str], exit_code: int) -> dict[str, Any]:
+def verdict(records: list[bytes], ids: list[str], exit_code: int, tripwire: str | None = None) -> dict[str, Any]:
     phases: dict[str, dict[str, tuple[str, bool]]] = {}
     problems: list[str] = []
     collected: list[str] | None = None
@@ -102,12 +117,15 @@ def verdict(records: list[bytes], ids: list[str], exit_code: int) -> dict[str, A
     elif exitstatus != exit_code:
         problems.append(f"the session reported exit status {exitstatus}, the test process exited with {exit_code}")
     statuses = {test: status(phases.get(test, {})) for test in ids}
+    wire = None if tripwire is None else status(phases.get(tripwire, {}))
     if all(s == "PASSED" for s in statuses.values()):  # a pass must add up; a failure needs no more checks
-        if exit_code != 0:
+        expected = 0 if tripwire is None else 1  # the tripwire fails: pytest's "some tests failed"
+        if exit_code != expected and wire in (None, "FAILED"):
             problems.append(f"every test passed but the test process exited with {exit_code}")
-        if collected is None or len(collected) != len(set(ids)):
-            problems.append(f"{'no' if collected is None else len(collected)} tests collected for {len(set(ids))} ids")
-    return {"statuses": statuses, "exit_code": exit_code, "exitstatus": exitstatus,
+        wanted = len(set(ids)) + (tripwire is not None and tripwire not in ids)
+        if collected is None or len(collected) != wanted:
+            problems.append(f"{'no' if collected is None else len(collected)} tests collected for {wanted} ids")
+    return {"statuses": statuses, "tripwire": wire, "exit_code": exit_code, "exitstatus": exitstatus,
             "collected": None if collected is None else len(collected),
             "consistent": not problems, "problems": problems[:20]}
 
@@ -135,12 +153,32 @@ def tests_environment(environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
+def signed(result: dict[str, Any], key: bytes) -> bytes:
+    """The verdict frame: FRAME, the HMAC-SHA256 of the JSON under the grader's key, the JSON."""
+    body = json.dumps(result, ensure_ascii=True)
+    mac = hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
+    return ("\n" + FRAME + mac + " " + body + "\n").encode()
+
+
+def default_signals() -> None:
+    for sig in IGNORED:
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def main(argv: list[str]) -> int:
-    undumpable()
-    tree, ids = argv[0], argv[1:]
+    undumpable()  # first: what this process reads is out of reach of its uid from now
+    with open(argv[0], "rb") as handle:
+        run = json.loads(handle.read())
+    os.unlink(argv[0])
+    key, tree, ids, tripwire = bytes.fromhex(run["key"]), run["tree"], list(run["ids"]), run.get("tripwire")
+    for sig in IGNORED:
+        signal.signal(sig, signal.SIG_IGN)
+    given = list(ids)
+    if tripwire is not None:  # anywhere among the ids, so its place does not give it away
+        given.insert(random.SystemRandom().randrange(len(given) + 1), tripwire)
     read_end, write_end = os.pipe()
-    child = subprocess.Popen([sys.executable, "-I", CHILD, str(write_end), tree, *ids], pass_fds=[write_end],
-                             env=tests_environment(os.environ))
+    child = subprocess.Popen([sys.executable, "-I", CHILD, str(write_end), tree, *given], pass_fds=[write_end],
+                             env=tests_environment(os.environ), preexec_fn=default_signals)
     os.close(write_end)
     records: list[bytes] = []
     reader = threading.Thread(target=read_records, args=(read_end, records), daemon=True)
@@ -148,11 +186,11 @@ def main(argv: list[str]) -> int:
     exit_code = child.wait()
     kill_the_rest()  # nothing the tests started can write after this, to the pipe or to the output
     reader.join(timeout=5)
-    result = verdict(list(records), ids, exit_code)
+    result = verdict(list(records), ids, exit_code, tripwire)
     if reader.is_alive():
         result["consistent"] = False
         result["problems"].append("the outcome channel stayed open after every other process was killed")
-    os.write(1, ("\n" + FRAME + json.dumps(result, ensure_ascii=True) + "\n").encode())
+    os.write(1, signed(result, key))
     return 0
 
 
