@@ -28,6 +28,8 @@ from typing import Any, Protocol
 from agentstream.schemas.events import CallEvent, Event, FeedbackEvent, SessionEndedEvent
 from agentstream.schemas.sessions import segment_attempt_id
 
+SOURCES = ("rollouts", "calls", "rewards")
+"""the topics a session's events come from, in the order that breaks ties between events of the same time"""
 FOREVER_MS = 1 << 62
 """the due time of a session whose segments were all forgotten: kept for its numbering, never due"""
 
@@ -55,6 +57,23 @@ def new_segment(state: dict[str, Any], session_id: str, time: int) -> str:
                                      "call_last": None, "fb": []}
     state["latest"] = attempt_id
     return attempt_id
+
+
+def held_entry(event: Event) -> list[Any]:
+    """A session's event read and not folded yet: [id, time, its topic's rank in `SOURCES`]."""
+    return [event.id, event.time, SOURCES.index(event.topic)]
+
+
+def held_order(entry: list[Any]) -> tuple[int, int, str]:
+    """The order held events are folded in: time, then topic (as a rebuild merges them), then id."""
+    return entry[1], entry[2], entry[0]
+
+
+def held_due(held: list[list[Any]], attempts_due: int, timing: SessionTiming) -> int:
+    """When a session with held events is next due: its first held event is folded `settle_ms` after its time,
+    and what its conversations have due at or after that time waits for it."""
+    first = min(entry[1] for entry in held)
+    return first + timing.settle_ms if first <= attempts_due else attempts_due
 
 
 def ended_at(attempt: dict[str, Any], timing: SessionTiming) -> int:

@@ -12,6 +12,7 @@ import httpx
 
 import agentstream.schemas as s
 from agentstream.schemas.kafka import KafkaSettings, Publisher, make_producer
+from agentstream.schemas.sessions import session_rollout_id
 from agentstream.stack.process import free_port, spawn, stop_pid, tail
 from tests.support.wait import wait_for
 
@@ -77,6 +78,30 @@ class Rollout:
         return events + [self.finished()]
 
 
+class Session:
+    """The events a gateway writes for one session: its calls, end and feedback, timed `at` ms after `start`."""
+
+    def __init__(self, session_id: str, start: int = 1_700_000_000_000):
+        self.session_id = session_id
+        self.rollout_id = session_rollout_id(session_id)
+        self.start = start
+
+    def call(self, at: int, prompt: list[int], completion: list[int]) -> s.CallEvent:
+        time = self.start + at
+        return s.CallEvent(source="gateway", rollout_id=self.rollout_id, time=time, data=s.Call(
+            api="chat.completions", model="tiny", session_id=self.session_id, status=200, started_at=time - 5,
+            latency_ms=5.0, request={}, prompt_token_ids=prompt, completion_token_ids=completion,
+            logprobs=[-0.5] * len(completion), weight_version=0))
+
+    def end(self, at: int) -> s.SessionEndedEvent:
+        return s.SessionEndedEvent(source="gateway", rollout_id=self.rollout_id, time=self.start + at,
+                                   data=s.SessionEnded(session_id=self.session_id, sender="key:test"))
+
+    def feedback(self, at: int, call: s.CallEvent | None = None, **values) -> s.FeedbackEvent:
+        return s.FeedbackEvent(source="gateway", rollout_id=self.rollout_id, time=self.start + at, data=s.Feedback(
+            session_id=self.session_id, call_id=call.id if call else None, sender="key:test", **values))
+
+
 def live(rollout: Rollout) -> Rollout:
     """A rollout whose events carry the current time (for a live worker's wall-clock deadlines)."""
     rollout.time = s.now_ms()
@@ -123,6 +148,11 @@ class StreamsWorker:
         except httpx.HTTPError:
             return None
         return response.json() if response.status_code == 200 else None
+
+    def read(self) -> int:
+        """The events its assembly took since it started (0 while it does not answer)."""
+        view = self.analytics()
+        return view["assembly"].get("events", 0) if view else 0
 
     def ready(self) -> bool:
         if self.process.poll() is not None:

@@ -281,11 +281,15 @@ class Rebuild:
         assembly = self.assemblies[partition]
         if not assembly.any_due(now, partition):  # (as for most events: `due` would pop and push back the head)
             return
+        late: list[tuple[bytes, str]] = []
         for rollout_id in assembly.due(now, [partition]):
-            settled = assembly.settle(rollout_id, now)
-            out += [Item(trajectory, self._calls(assembly, trajectory)) for trajectory in settled.trajectories]
-            self._account(settled)
-            assembly.record(settled)
+            for settled in assembly.rounds(rollout_id, now, late):
+                out += [Item(trajectory, self._calls(assembly, trajectory)) for trajectory in settled.trajectories]
+                self._account(settled)
+                assembly.record(settled)
+        self.counts["late"] += len(late)  # (sessions' events late for a conversation settled before their time)
+        for _, reason in late:
+            self._reason(reason)
 
     def _calls(self, assembly: Assembly, trajectory: TrajectoryEvent) -> dict[str, Call]:
         """The turns' calls, read from the assembly's store before `record` forgets them."""
