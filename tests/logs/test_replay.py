@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import uuid
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from agentstream.archive import Archiver
 from agentstream.logs.replay import Job, Options, Progress, RebuildSpec, ReplayError, parse_versions, replay
 from agentstream.logs.top import TopView
 from agentstream.schemas.codec import encode
-from agentstream.schemas.kafka import KafkaSettings, ensure_topics, make_producer
+from agentstream.schemas.kafka import KafkaSettings, Publisher, ensure_topics, make_producer
 from agentstream.schemas.scan import scan
 from agentstream.streams.assembly import Timing
 from agentstream.streams.rewards import Sample
@@ -271,6 +272,13 @@ async def test_sessions_written_out_of_order_with_the_worker_killed_rebuild_to_t
     byte for byte."""
     session_ids = [f"chat-{i}" for i in range(16)]
     worker = StreamsWorker(kafka, tmp_path / "data", tmp_path / "worker.log", tuple(SESSION_TIMING)).start()
+    producer = make_producer(kafka)
+    await producer.start()
+    publisher = Publisher(producer, kafka.topics)
+
+    async def publish(events: list[s.Event]) -> None:  # (at once: all within --settle-s of their times)
+        await asyncio.gather(*[await publisher.send(event) for event in events])
+
     try:
         async with TopicWatch(kafka, "trajectories") as watch:
 
@@ -282,14 +290,15 @@ async def test_sessions_written_out_of_order_with_the_worker_killed_rebuild_to_t
                 # (the second conversation's calls come after the first's end + --settle-s, the calls it still takes)
                 start = max(s.now_ms(), start + 3_000)
                 ahead, calls = written_out_of_order(session_ids, start, **feedback)
-                if round_ == 0:
-                    await publish(kafka, ahead + calls)
-                else:  # killed with the ends read and held, started again once the calls are written
-                    await publish(kafka, ahead)
-                    wait_for(lambda: worker.read() >= 6 * len(session_ids), timeout=60,
-                             what="the worker to read the second conversations' ends and feedback")
+                await publish(ahead)
+                if round_ == 1:  # killed with the ends read and held, started again once the calls are written
+                    # (the rewards topic also holds the first conversations' rewards, the policy's)
+                    wait_for(lambda: worker.handled("rollouts") == 2 * len(session_ids)
+                             and worker.handled("rewards") >= 3 * len(session_ids),
+                             timeout=60, what="the worker to read the second conversations' ends and feedback")
                     worker.kill()
-                    await publish(kafka, calls)
+                await publish(calls)
+                if round_ == 1:
                     worker.start()
                 await watch.until(lambda seen, n=(round_ + 1) * len(session_ids): len(firsts(seen)) >= n,
                                   timeout=120, what=f"the trajectories of conversation {round_}")
@@ -297,11 +306,12 @@ async def test_sessions_written_out_of_order_with_the_worker_killed_rebuild_to_t
             # ends by idleness, without feedback
             later = [Session(session_id, s.now_ms()).feedback(0, score=0.5) for session_id in session_ids]
             third = [Session(session_id, s.now_ms() + 50).call(0, [7], [8]) for session_id in session_ids]
-            await publish(kafka, later + third)
+            await publish(later + third)
             await watch.until(lambda seen: len({e.id for e in seen}) >= 4 * len(session_ids), timeout=120,
                               what="a revision and a third trajectory of every session")
     finally:
         worker.stop()
+        await producer.stop()
     live_ones: dict[str, bytes] = {}
     for event in watch.events:  # a trajectory published again after the kill is the same event
         assert live_ones.setdefault(event.id, encode(event)) == encode(event), event.id
@@ -310,7 +320,7 @@ async def test_sessions_written_out_of_order_with_the_worker_killed_rebuild_to_t
     assert result.exit_code == 0, result.output
     rebuilt = {event.id: encode(event) for _, event in await read_topic(kafka, "rebuilt")}
     differing = differing_ids(live_ones, rebuilt)
-    assert not differing, f"{len(differing)} of {len(live_ones)} trajectory ids differ: {differing}"
+    assert not differing, f"{len(differing)} of {len(live_ones)} ids differ ({Counter(differing.values())}): {differing}"
     by_session: dict[str, list[s.TrajectoryEvent]] = {}
     for event in sorted({e.id: e for e in watch.events}.values(), key=lambda e: e.time):
         by_session.setdefault(event.data.session_id, []).append(event)

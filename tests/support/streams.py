@@ -149,10 +149,11 @@ class StreamsWorker:
             return None
         return response.json() if response.status_code == 200 else None
 
-    def read(self) -> int:
-        """The events its assembly took since it started (0 while it does not answer)."""
-        view = self.analytics()
-        return view["assembly"].get("events", 0) if view else 0
+    def handled(self, base: str) -> int:
+        """The records of a source topic it has handled, over its partitions (0 while it does not answer)."""
+        view, topic = self.analytics(), self.kafka.topics.name(base)
+        return sum(next_offset for key, (next_offset, _) in (view or {"sources": {}})["sources"].items()
+                   if key.rpartition(":")[0] == topic)
 
     def ready(self) -> bool:
         if self.process.poll() is not None:
