@@ -14,6 +14,7 @@ import agentstream.schemas as s
 from agentstream.schemas.kafka import KafkaSettings, Publisher, make_producer
 from agentstream.schemas.sessions import session_rollout_id
 from agentstream.stack.process import free_port, spawn, stop_pid, tail
+from tests.support import faults
 from tests.support.wait import wait_for
 
 REPO = Path(__file__).parents[2]
@@ -132,11 +133,15 @@ class StreamsWorker:
     args: tuple[str, ...] = ()
     port: int = field(default_factory=free_port)
     process: subprocess.Popen | None = None
+    fault: str | None = None
+    """a fault of tests/support/faults.py to run it with"""
 
     def start(self) -> StreamsWorker:
-        cmd = [sys.executable, "-m", "agentstream.streams", "worker", "--bootstrap-servers", self.kafka.bootstrap_servers,
-               "--topic-prefix", self.kafka.topic_prefix, "--web-port", str(self.port),
-               "--data-dir", str(self.data_dir), "--settle-s", "0.2", "--reward-grace-s", "2", *self.args]
+        args = ["worker", "--bootstrap-servers", self.kafka.bootstrap_servers,
+                "--topic-prefix", self.kafka.topic_prefix, "--web-port", str(self.port),
+                "--data-dir", str(self.data_dir), "--settle-s", "0.2", "--reward-grace-s", "2", *self.args]
+        cmd = faults.command(self.fault, "agentstream.streams", *args) if self.fault else [
+            sys.executable, "-m", "agentstream.streams", *args]
         self.process = spawn(cmd, self.log, cwd=REPO)
         wait_for(self.ready, timeout=90, what=f"the streams worker to serve (log: {self.log})")
         return self
