@@ -307,12 +307,15 @@ class Assembly:
 
     def rounds(self, rollout_id: str, now_ms: int, late: list[tuple[bytes, str]]) -> Iterator[Settled]:
         """Release, settle, and again while a settling let more held events through; the caller records each
-        settling before the next round (late: where the released events late for a conversation go)."""
+        settling before the next round (late: where the released events late for a conversation go). A settling
+        that settles nothing (only held events were due) is not yielded: there is nothing to record."""
         while True:
             late += self.release(rollout_id, now_ms)
             settled = self.settle(rollout_id, now_ms)
+            if not (settled.attempts or settled.forgotten or settled.trajectories or settled.late):
+                return
             yield settled
-            if not (settled.attempts or settled.forgotten) or not self.releasable(rollout_id, now_ms):
+            if not self.releasable(rollout_id, now_ms):
                 return
 
     def decide(self, settled: Settled) -> None:
@@ -429,14 +432,13 @@ class Assembly:
                 read_back["ids"].append(event.id)
                 self._save(rollout_id, state)
             return None
-        held = state.get("held", [])
-        if holder is not None or any(entry[0] == event.id for entry in held):
+        if holder is not None or any(entry[0] == event.id for entry in state.get("held", ())):
             self.counts["duplicates"] += 1
             if holder is None or not holder.get("settled") or any(
                     entry[0] == event.id for entry in sessions.pending(holder)):
                 self.events.setdefault(event.id, raw)  # (as in `add`: a worker that died between state and event)
             return None
-        state["held"] = [*held, sessions.held_entry(event)]
+        state.setdefault("held", []).append(sessions.held_entry(event))
         self.counts["events"] += 1
         self.events[event.id] = raw
         if len(self._decoded) >= DECODED_MAX:
