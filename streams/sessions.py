@@ -2,7 +2,11 @@
 
 A session's events carry its rollout id and no attempt (`schemas.sessions`). The fold numbers its
 conversations `segment-0`, `segment-1`, … and decides from event times alone, so a replay splits and
-settles them as the live worker did:
+settles them as the live worker did. An event read is held (`held`: [id, time, topic rank]) until the
+watermark (every source topic read up to that time) is `settle_ms` past its time; then the held events are
+folded in (time, topic, id) order, each before any settling due at or after its time (`Assembly.release`).
+Whatever order the rollouts, calls and rewards topics were read in (a worker catching up fetches them side
+by side), or written in within `settle_ms` (an end ahead of its calls), the fold sees one order, a rebuild's:
 
 - a call joins the latest segment unless it comes after that segment's boundary: the explicit end's
   time + `settle_ms` (calls in flight at the end still join), else its last call + `session_idle_ms`;
@@ -17,8 +21,9 @@ settles them as the live worker did:
   the trajectory); a settled segment is forgotten `session_retention_ms` after it settled.
 
 The state of a segment is an attempt's (`ids`, `last`, `end`, `reward_at`, ...) plus `session` (its
-id), `first` (its first call's time), `calls` ([id, time] in the order read), `call_last` and `fb`
-([id, time, call id or None] of its feedback).
+id), `first` (its first call's time), `calls` ([id, time] in the order folded), `call_last` and `fb`
+([id, time, call id or None] of its feedback). The rules below still take events in any order (a call
+written later than `settle_ms` after its time is folded after what came before it).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ the state, and the worker reads it again from the sources. A record delivered ag
 state already holds is a duplicate by id, and a record delivered after a gap (Faust committed past
 the restored position, or faust-streaming 0.15.3 dropped records around a restart) makes the
 worker read the partition again from the gap; a watchdog does the same for a partition it is
-behind on but gets nothing from.
+behind on but has got nothing from for `STALL_S` (by that partition's own clock).
 
 Trajectories and computed rewards of a batch are published together, and acknowledged, before
 the state marks their attempts settled; their ids derive from the attempt, so a crash repeats

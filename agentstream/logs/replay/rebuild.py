@@ -4,7 +4,8 @@ The events of each partition are fed to `streams.assembly.Assembly` in event-tim
 across the three topics, and an attempt is settled as soon as an event later than its settle time
 comes next (or when the range closes). That is what the live worker decides by its watermark, and
 since trajectory ids derive from the attempt and `build` sorts events, the same events make the
-same trajectories, byte for byte.
+same trajectories, byte for byte. Sessions' events are held and released by the assembly in event-time
+order at each settling (`Assembly.rounds`), as in the worker.
 
 A resume position holds the read offsets and the open attempts; the settled ones, which the assembly
 keeps against late events and repeats, go to a file per partition beside the state (settled.py).
