@@ -22,6 +22,7 @@ from pathlib import Path
 
 import agentstream.schemas as s
 from agentstream.schemas.sessions import session_rollout_id
+from bench.report import Report
 from bench.streams_assembly import checkout
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,16 +111,20 @@ def main() -> None:
         trees = {"after": ROOT}
         if args.baseline:
             trees = {"before": checkout(args.baseline, Path(folder) / "baseline")[0], **trees}
+        report = Report("session_fold", details={"conversations": args.conversations, "baseline_rev": args.baseline})
         for round_ in range(args.rounds):
             cpu = {label: fold_process(tree, raws, args.passes) for label, tree in trees.items()}
+            report.details[f"round {round_ + 1}"] = cpu
             for label, spent in cpu.items():
                 per_event = {kind: spent[kind] / len(kinds[kind]) * 1e6 for kind in kinds}
-                print(f"round {round_ + 1} {label}: session {per_event['session']:.1f} µs/event, rollout "
-                      f"{per_event['rollout']:.1f} µs/event, session/rollout {spent['session'] / spent['rollout']:.2f}")
+                report.add(f"round {round_ + 1}, {label}: CPU per session event (ratio: per rollout event)",
+                           f"{per_event['session']:.1f} µs vs {per_event['rollout']:.1f} µs",
+                           spent["session"] / spent["rollout"])
             if "before" in cpu:
-                print(f"round {round_ + 1} after/before: session {cpu['after']['session'] / cpu['before']['session']:.2f}"
-                      f", rollout {cpu['after']['rollout'] / cpu['before']['rollout']:.2f}")
-
+                for kind in kinds:
+                    report.add(f"round {round_ + 1}: CPU per {kind} event, after/before", "",
+                               cpu["after"][kind] / cpu["before"][kind])
+        report.print()
 
 if __name__ == "__main__":
     main()
