@@ -292,6 +292,8 @@ async def test_a_partition_stalled_while_the_others_get_records_is_read_again(ka
               if partition_of(rollout_id, partitions) != partition_of(stalled.rollout_id, partitions))
     async with TopicWatch(kafka, "trajectories") as watch:
         await publish(kafka, stalled.two_turns())  # its calls: the first the worker fetches, dropped
+        # (its finish, written after its calls, handled: its calls were fetched before any of the traffic's)
+        wait_for(lambda: worker.handled("rollouts") == 2, timeout=60, what="the stalled rollout's finish read")
 
         async def traffic() -> None:  # a rollout elsewhere every 0.5 s, until cancelled
             for rollout_id in others:
