@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections import Counter
 
@@ -295,17 +296,23 @@ async def test_a_partition_stalled_while_the_others_get_records_is_read_again(ka
         # (its finish, written after its calls, handled: its calls were fetched before any of the traffic's)
         wait_for(lambda: worker.handled("rollouts") == 2, timeout=60, what="the stalled rollout's finish read")
 
-        async def traffic() -> None:  # a rollout elsewhere every 0.5 s, until cancelled
+        stop = asyncio.Event()
+
+        async def traffic() -> None:  # a rollout elsewhere every 0.5 s, until told to stop (each publish finished)
             for rollout_id in others:
                 await publish(kafka, live(Rollout(rollout_id)).two_turns())
-                await asyncio.sleep(0.5)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 0.5)
+                if stop.is_set():
+                    return
 
         busy = asyncio.create_task(traffic())
         try:
             found = await watch.until(lambda seen: stalled.rollout_id in trajectories_by_rollout(seen), timeout=90,
                                       what="the stalled partition's trajectory")
         finally:
-            busy.cancel()
+            stop.set()
+            await busy
     (trajectory,) = trajectories_by_rollout(found)[stalled.rollout_id]
     assert len(trajectory.data.turns) == 2  # its calls, read again
     assert len(trajectories_by_rollout(found)) > 10  # the other partitions were busy meanwhile
