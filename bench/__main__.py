@@ -16,6 +16,7 @@ BENCHMARKS = {
     "query": "call events per second into polars and through SQL, from Kafka and from the Parquet archive; bytes per event",
     "decode": "CPU per call event to decode records into a polars frame of all columns, its parts, and native JSON readers",
     "dashboard": "time to first render of the dashboard's views on a million events, against `agentstream sql`",
+    "session_fold": "CPU per session event in the fold against a scored attempt's (with --baseline REV: before/after)",
     "replay": "raw events per second a replay rebuilds into trajectories (topic, Parquet, new reward; from the archive)",
     "controller_launch": "how fast the controller launches attempts",
     "trainer_throughput": "trainer samples per second, and the update's share of its time",

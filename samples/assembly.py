@@ -25,9 +25,4 @@ def assemble(events: Iterable[Event], timing: Timing = Timing(), now_ms: int | N
             latest = max(latest, event.time)
     if now_ms is None:
         now_ms = latest + max(timing.settle_ms, timing.reward_grace_ms)
-    trajectories: list[TrajectoryEvent] = []
-    for rollout_id in assembly.due(now_ms):
-        settled = assembly.settle(rollout_id, now_ms)
-        assembly.record(settled)
-        trajectories += settled.trajectories
-    return trajectories
+    return assembly.settle_due(now_ms).trajectories

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter, defaultdict
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Iterable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -212,6 +212,8 @@ class Assembly:
 
     def _save(self, rollout_id: str, state: dict[str, Any]) -> None:
         state["due"] = min(map(self._due, state["attempts"].values()), default=sessions.FOREVER_MS)
+        if held := state.get("held"):  # a session's events not folded yet: due when they are (`release`)
+            state["due"] = sessions.held_due(held, state["due"], self.timing)
         self.rollouts[rollout_id] = state  # written back whole: a Faust table records changes on assignment
         self._index(rollout_id, state)
 
@@ -275,9 +277,12 @@ class Assembly:
         crash in between settles the attempt again (same ids) rather than losing its trajectory.
         """
         out = Settled(rollout_id)
-        state = self.rollouts.get(rollout_id)
-        for attempt_id, attempt in (state or {"attempts": {}})["attempts"].items():
-            if self._due(attempt) > now_ms:
+        state = self.rollouts.get(rollout_id) or {"attempts": {}}
+        # a session's held event comes before what is due at or after its time (`release`)
+        held_from = min((entry[1] for entry in state.get("held", ())), default=sessions.FOREVER_MS)
+        for attempt_id, attempt in state["attempts"].items():
+            due = self._due(attempt)
+            if due > now_ms or due >= held_from:
                 continue
             if attempt.get("settled"):
                 if "session" in attempt and sessions.pending(attempt):
@@ -289,6 +294,29 @@ class Assembly:
             else:
                 self._settle(out, attempt_id, attempt, now_ms)
         return out
+
+    def settle_due(self, now_ms: int, partitions: Iterable[int] | None = None) -> Settled:
+        """Every attempt due by `now_ms` settled and recorded at once, sessions' held events folded in between
+        (`release`): a fold that publishes nothing (replay's, tests'). What it yielded, and the late events."""
+        out = Settled("all")
+        for rollout_id in self.due(now_ms, partitions):
+            for settled in self.rounds(rollout_id, now_ms, out.late):
+                self.record(settled)
+                out.extend(settled)
+        return out
+
+    def rounds(self, rollout_id: str, now_ms: int, late: list[tuple[bytes, str]]) -> Iterator[Settled]:
+        """Release, settle, and again while a settling let more held events through; the caller records each
+        settling before the next round (late: where the released events late for a conversation go). A settling
+        that settles nothing (only held events were due) is not yielded: there is nothing to record."""
+        while True:
+            late += self.release(rollout_id, now_ms)
+            settled = self.settle(rollout_id, now_ms)
+            if not (settled.attempts or settled.forgotten or settled.trajectories or settled.late):
+                return
+            yield settled
+            if not self.releasable(rollout_id, now_ms):
+                return
 
     def decide(self, settled: Settled) -> None:
         """Record what the attempts' trajectories are built from, before they are published.
@@ -389,12 +417,11 @@ class Assembly:
     # --- sessions (streams/sessions.py) ----------------------------------------------------------
 
     def _add_session(self, event: Event, raw: bytes, partition: int) -> str | None:
-        """Take one event of a session: into the conversation (segment) it belongs to."""
+        """Take one event of a session: held (`release` folds it into its conversation once its time is reached)."""
         rollout_id = str(event.rollout_id)
         state = self.rollouts.get(rollout_id) or sessions.new_state(partition)
         attempts = state["attempts"]
         holder = next((attempt for attempt in attempts.values() if event.id in attempt["ids"]), None)
-        kind = type(event)
         if type(event) is RewardEvent and event.data.reward_fn:
             # the policy's own output, read back: made again from the feedback, never an input (read twice, as
             # after a worker that published it again, it is a repeat to drop, not an event to keep)
@@ -405,17 +432,78 @@ class Assembly:
                 read_back["ids"].append(event.id)
                 self._save(rollout_id, state)
             return None
-        if holder is not None:
+        if holder is not None or any(entry[0] == event.id for entry in state.get("held", ())):
             self.counts["duplicates"] += 1
-            if not holder.get("settled") or any(entry[0] == event.id for entry in sessions.pending(holder)):
+            if holder is None or not holder.get("settled") or any(
+                    entry[0] == event.id for entry in sessions.pending(holder)):
                 self.events.setdefault(event.id, raw)  # (as in `add`: a worker that died between state and event)
             return None
+        state.setdefault("held", []).append(sessions.held_entry(event))
+        self.counts["events"] += 1
+        self.events[event.id] = raw
+        if len(self._decoded) >= DECODED_MAX:
+            self._decoded.clear()
+        self._decoded[event.id] = event
+        self._save(rollout_id, state)
+        return None
+
+    def release(self, rollout_id: str, now_ms: int) -> list[tuple[bytes, str]]:
+        """Fold a session's held events timed at most `now_ms` - `settle_ms` into its conversations, in event-time
+        order; the ones late for a conversation already settled, (encoded event, reason), for the deadletter topic.
+
+        The caller passes the watermark, so every source topic was read up to their time, and `settle_ms` more
+        lets events other producers wrote after them arrive: an end read ahead of its conversation's calls (the
+        rollouts topic fetched before the calls topic, or written first) is folded after them, as a rebuild
+        merging the topics by time folds it. An event comes after any settling due before its time: the release
+        stops there, and the caller settles and records (`rounds`), then releases the rest."""
+        state = self.rollouts.get(rollout_id)
+        held = state.get("held") if state else None
+        if state is None or not held:
+            return []
+        held.sort(key=sessions.held_order)
+        late: list[tuple[bytes, str]] = []
+        taken = 0
+        for entry in held:
+            event_id, time = entry[0], entry[1]
+            if time > now_ms - self.timing.settle_ms or time > self._attempts_due(state):
+                break
+            event = self.decoded(event_id)
+            if event is None:  # a worker that died between state and event: it is being read again
+                if now_ms <= time + self.timing.idle_timeout_ms:
+                    break
+                self.counts["session_events_lost"] += 1
+            elif reason := self._apply_session(state, event):
+                late.append((self.events[event_id], reason))
+                self.events.pop(event_id, None)
+                self._decoded.pop(event_id, None)
+            taken += 1
+        del held[:taken]
+        if not held:
+            del state["held"]
+        self._save(rollout_id, state)
+        return late
+
+    def releasable(self, rollout_id: str, now_ms: int) -> bool:
+        """Whether `release(rollout_id, now_ms)` would fold an event (one held back by a settling due first)."""
+        state = self.rollouts.get(rollout_id)
+        held = state.get("held") if state else None
+        if state is None or not held:
+            return False
+        first: int = min(entry[1] for entry in held)
+        return first <= min(now_ms - self.timing.settle_ms, self._attempts_due(state))
+
+    def _attempts_due(self, state: dict[str, Any]) -> int:
+        return min(map(self._due, state["attempts"].values()), default=sessions.FOREVER_MS)
+
+    def _apply_session(self, state: dict[str, Any], event: Event) -> str | None:
+        """Fold one held event of a session into the conversation (segment) it belongs to; why it is late, or None."""
+        attempts, kind = state["attempts"], type(event)
         session_id = self._session_id(event, state)
         attempt_id = sessions.route(state, event, session_id, self.timing)
         if attempt_id is None:  # an end that ends nothing: kept against repeats only
             attempts[state["latest"]]["ids"].append(event.id)
             self.counts["session_ends_ignored"] += 1
-            self._save(rollout_id, state)
+            self.events.pop(event.id, None)
             return None
         attempt = attempts[attempt_id]
         if attempt.get("settled") and kind is not FeedbackEvent:
@@ -435,14 +523,7 @@ class Assembly:
                 attempt["reward_at"] = event.time
         elif kind is SessionEndedEvent:
             attempt["end"] = {"id": event.id, "type": event.type, "time": event.time}
-        self.counts["events"] += 1
-        self.events[event.id] = raw
-        if len(self._decoded) >= DECODED_MAX:
-            self._decoded.clear()
-        self._decoded[event.id] = event
-        if kind is SessionEndedEvent:
             sessions.split_after_end(state, attempt, session_id, self.timing)
-        self._save(rollout_id, state)
         return None
 
     @staticmethod

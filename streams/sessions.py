@@ -2,7 +2,11 @@
 
 A session's events carry its rollout id and no attempt (`schemas.sessions`). The fold numbers its
 conversations `segment-0`, `segment-1`, … and decides from event times alone, so a replay splits and
-settles them as the live worker did:
+settles them as the live worker did. An event read is held (`held`: [id, time, topic rank]) until the
+watermark (every source topic read up to that time) is `settle_ms` past its time; then the held events are
+folded in (time, topic, id) order, each before any settling due at or after its time (`Assembly.release`).
+Whatever order the rollouts, calls and rewards topics were read in (a worker catching up fetches them side
+by side), or written in within `settle_ms` (an end ahead of its calls), the fold sees one order, a rebuild's:
 
 - a call joins the latest segment unless it comes after that segment's boundary: the explicit end's
   time + `settle_ms` (calls in flight at the end still join), else its last call + `session_idle_ms`;
@@ -17,8 +21,9 @@ settles them as the live worker did:
   the trajectory); a settled segment is forgotten `session_retention_ms` after it settled.
 
 The state of a segment is an attempt's (`ids`, `last`, `end`, `reward_at`, ...) plus `session` (its
-id), `first` (its first call's time), `calls` ([id, time] in the order read), `call_last` and `fb`
-([id, time, call id or None] of its feedback).
+id), `first` (its first call's time), `calls` ([id, time] in the order folded), `call_last` and `fb`
+([id, time, call id or None] of its feedback). The rules below still take events in any order (a call
+written later than `settle_ms` after its time is folded after what came before it).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from typing import Any, Protocol
 from agentstream.schemas.events import CallEvent, Event, FeedbackEvent, SessionEndedEvent
 from agentstream.schemas.sessions import segment_attempt_id
 
+SOURCES = ("rollouts", "calls", "rewards")
+"""the topics a session's events come from, in the order that breaks ties between events of the same time"""
 FOREVER_MS = 1 << 62
 """the due time of a session whose segments were all forgotten: kept for its numbering, never due"""
 
@@ -55,6 +62,23 @@ def new_segment(state: dict[str, Any], session_id: str, time: int) -> str:
                                      "call_last": None, "fb": []}
     state["latest"] = attempt_id
     return attempt_id
+
+
+def held_entry(event: Event) -> list[Any]:
+    """A session's event read and not folded yet: [id, time, its topic's rank in `SOURCES`]."""
+    return [event.id, event.time, SOURCES.index(event.topic)]
+
+
+def held_order(entry: list[Any]) -> tuple[int, int, str]:
+    """The order held events are folded in: time, then topic (as a rebuild merges them), then id."""
+    return entry[1], entry[2], entry[0]
+
+
+def held_due(held: list[list[Any]], attempts_due: int, timing: SessionTiming) -> int:
+    """When a session with held events is next due: its first held event is folded `settle_ms` after its time,
+    and what its conversations have due at or after that time waits for it."""
+    first = min(entry[1] for entry in held)
+    return first + timing.settle_ms if first <= attempts_due else attempts_due
 
 
 def ended_at(attempt: dict[str, Any], timing: SessionTiming) -> int:

@@ -15,7 +15,7 @@ the state, and the worker reads it again from the sources. A record delivered ag
 state already holds is a duplicate by id, and a record delivered after a gap (Faust committed past
 the restored position, or faust-streaming 0.15.3 dropped records around a restart) makes the
 worker read the partition again from the gap; a watchdog does the same for a partition it is
-behind on but gets nothing from.
+behind on but has got nothing from for `STALL_S` (by that partition's own clock).
 
 Trajectories and computed rewards of a batch are published together, and acknowledged, before
 the state marks their attempts settled; their ids derive from the attempt, so a crash repeats
@@ -95,7 +95,9 @@ class AssemblyWorker(faust.Service):
         """source partition → when it was last sought back to a gap (monotonic)"""
         self.deadletters: list[Awaitable[object]] = []
         """acknowledgements to await before the positions pass their records"""
-        self.handled_at = time.monotonic()
+        self.handled_at: dict[TP, float] = {}
+        """source partition → when a record of it was last handled (or it was first watched, or sought): each
+        partition's own clock, so traffic on the others does not hide a stalled one (`_watchdog`)"""
         self.touched: set[int] = set()
         """partitions of the records in the batch so far"""
         self.batched = 0
@@ -130,6 +132,7 @@ class AssemblyWorker(faust.Service):
             for tp in revoked:
                 self.last_time.pop(tp, None)
                 self.gaps.pop(tp, None)
+                self.handled_at.pop(tp, None)
 
     # --- handling a batch --------------------------------------------------------------------------
 
@@ -173,15 +176,15 @@ class AssemblyWorker(faust.Service):
 
     async def _handle_one(self, message: Message) -> None:
         """Add one source record to the state; end the batch when it is full or old enough."""
-        self.handled_at = time.monotonic()
+        handled_at = self.handled_at[message.tp] = time.monotonic()
         try:
             if not self.touched:
-                self.batch_began = self.handled_at
+                self.batch_began = handled_at
             if await self._take(message):
                 self.touched.add(message.partition)
                 self.batched += 1
             if self.batched >= self.settings.batch_max or (
-                    self.handled_at - self.batch_began >= self.settings.batch_wait_s):
+                    handled_at - self.batch_began >= self.settings.batch_wait_s):
                 await self._end_batch()
         except (KafkaError, ProducerSendError) as exc:
             # nothing is recorded past the last batch: the next worker handles it again
@@ -286,18 +289,35 @@ class AssemblyWorker(faust.Service):
     # --- settling ----------------------------------------------------------------------------------
 
     async def _settle(self, partitions: Iterable[int]) -> None:
-        """Settle the due attempts of these partitions; publish what that yields, together."""
-        settled: list[Settled] = []
-        for partition in partitions:
-            now = self.watermark(partition)
-            self._point_at(partition)
-            for rollout_id in self.assembly.due(now, [partition]):
-                try:
-                    settled.append(self.assembly.settle(rollout_id, now))
-                except Exception:  # a bug: the attempt stays due and is tried again
-                    log.exception("settling rollout %s failed", rollout_id)
-        if settled:
+        """Settle the due attempts of these partitions (sessions' held events folded in first, `release`);
+        publish what that yields, together; again for the rollouts whose settling let more held events through
+        (a session's feedback timed after its conversation settled: a revision, as a rebuild makes it)."""
+        marks = {partition: self.watermark(partition) for partition in partitions}
+        due = {partition: self.assembly.due(now, [partition]) for partition, now in marks.items()}
+        while due:
+            settled: list[Settled] = []
+            late: list[tuple[bytes, str]] = []
+            for partition, rollout_ids in due.items():
+                now = marks[partition]
+                self._point_at(partition)
+                for rollout_id in rollout_ids:
+                    try:
+                        late += self.assembly.release(rollout_id, now)
+                        settled.append(self.assembly.settle(rollout_id, now))
+                    except Exception:  # a bug: the attempt stays due and is tried again
+                        log.exception("settling rollout %s failed", rollout_id)
+            if late:  # acknowledged before any state without them is written
+                await asyncio.gather(*[await self.publish("deadletter", self._late_deadletter(raw_event, reason))
+                                       for raw_event, reason in late])
+            settled = [one for one in settled if one.attempts or one.forgotten]
+            if not settled:
+                return
             await self._emit(settled)
+            due = {}
+            for one in settled:
+                partition = self.rollouts_partition(one.rollout_id)
+                if self.assembly.releasable(one.rollout_id, marks[partition]):
+                    due.setdefault(partition, []).append(one.rollout_id)
 
     async def _emit(self, settled: list[Settled]) -> None:
         """Publish what settling yielded, acknowledged, before the state says the attempts are settled.
@@ -447,20 +467,31 @@ class AssemblyWorker(faust.Service):
 
     @faust.Service.timer(STALL_S / 2)
     async def _watchdog(self) -> None:
-        """Read again a source partition the worker is behind on but no longer receives records of
-        (records dropped at its end, where no later record shows the gap)."""
-        if self.app.rebalancing or time.monotonic() - self.handled_at < STALL_S:
+        """Read again a source partition the worker is behind on but has received no record of for STALL_S
+        (records dropped at its end, where no later record shows the gap), whatever the other partitions get."""
+        if self.app.rebalancing:
             return
+        for tp in self.stalled(time.monotonic()):
+            start, end = self.position(tp)
+            log.warning("%s:%d stalled at offset %d of %s: reading it again from there", tp.topic, tp.partition,
+                        start, end)
+            self.counts["stalls"] += 1
+            await self.app.consumer.seek(tp, start)
+            self.handled_at[tp] = time.monotonic()
+
+    def stalled(self, clock: float) -> list[TP]:
+        """The source partitions behind their end and so since STALL_S or more before `clock` (monotonic): no
+        record of them handled since, nor were they at their end (a partition seen first starts its clock)."""
+        found = []
         for partition in self.active_partitions():
             for topic in self.sources:
                 tp = TP(topic, partition)
                 start, end = self.position(tp)
-                if end is not None and start < end:
-                    log.warning("%s:%d stalled at offset %d of %d: reading it again from there", topic, partition,
-                                start, end)
-                    self.counts["stalls"] += 1
-                    await self.app.consumer.seek(tp, start)
-                    self.handled_at = time.monotonic()
+                if end is None or start >= end:
+                    self.handled_at[tp] = clock  # at its end: records that come now are not overdue yet
+                elif clock - self.handled_at.setdefault(tp, clock) >= STALL_S:
+                    found.append(tp)
+        return found
 
     # --- the view --------------------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import uuid
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -22,14 +23,15 @@ from agentstream.archive import Archiver
 from agentstream.logs.replay import Job, Options, Progress, RebuildSpec, ReplayError, parse_versions, replay
 from agentstream.logs.top import TopView
 from agentstream.schemas.codec import encode
-from agentstream.schemas.kafka import KafkaSettings, ensure_topics, make_producer
+from agentstream.schemas.kafka import KafkaSettings, Publisher, ensure_topics, make_producer
 from agentstream.schemas.scan import scan
 from agentstream.streams.assembly import Timing
 from agentstream.streams.rewards import Sample
 from samples.assembly import assemble
 from tests.support import faults
 from tests.support.logs import cli, read_topic, without_rewards
-from tests.support.streams import REPO, Rollout, StreamsWorker, TopicWatch, live, publish
+from tests.support.streams import REPO, Rollout, Session, StreamsWorker, TopicWatch, live, publish
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.timeout(240)
 WORKER_TIMING = ["--settle-s", "0.2", "--reward-grace-s", "2"]  # what StreamsWorker runs with
@@ -232,6 +234,102 @@ async def test_an_attempt_ended_too_recently_is_left_open_and_the_summary_says_u
     due = datetime.fromtimestamp((waiting.time + 30_000) / 1000, UTC).isoformat(timespec="milliseconds")
     assert f"reward grace runs until {due}" in result.output
     assert "no ending" not in result.output, "it has ended: widening --until is not the fix"
+
+
+SESSION_TIMING = ["--settle-s", "2", "--reward-grace-s", "2", "--session-idle-s", "3", "--feedback-window-s", "2"]
+"""a worker's session settings, short: a conversation ends 3 s after its last call, waits 2 s for feedback"""
+
+
+def written_out_of_order(session_ids: list[str], start: int, **feedback: object) -> tuple[list[s.Event], list[s.Event]]:
+    """One conversation of each session, ending at `start`: (its end and feedback about its second call, its
+    calls). The calls are timed before the end, and the test writes them after it, as a gateway whose calls reach
+    the log late would (within --settle-s)."""
+    ahead: list[s.Event] = []
+    calls: list[s.Event] = []
+    for session_id in session_ids:
+        session = Session(session_id, start)
+        first, second = session.call(-400, [1, 2], [3]), session.call(-300, [1, 2, 3, 4], [5])
+        ahead += [session.end(-200), session.feedback(-100, second, **feedback)]
+        calls += [first, second]
+    return ahead, calls
+
+
+def differing_ids(live_ones: dict[str, bytes], rebuilt: dict[str, bytes]) -> dict[str, str]:
+    """The trajectory ids on one side only, or with other bytes, and how they differ."""
+    return {i: "live only" if i not in rebuilt else "rebuilt only" if i not in live_ones else "different"
+            for i in set(live_ones) | set(rebuilt) if live_ones.get(i) != rebuilt.get(i)}
+
+
+@pytest.mark.slow  # two worker starts, ~10 s of conversations' idle and feedback windows
+@pytest.mark.timeout(600)
+async def test_sessions_written_out_of_order_with_the_worker_killed_rebuild_to_the_live_output(kafka, monkeypatch,
+                                                                                                tmp_path):
+    """Conversations whose end and feedback reach the log before their calls (timed earlier); the streams worker
+    killed -9 once it has read the second conversations' ends, and started again after their calls are written,
+    so that it reads the three topics side by side from its last positions. Every end counts (no conversation
+    of the client's ends "by idleness"), feedback within the window is in the first trajectory and later
+    feedback in a revision; and a rebuild with the worker's settings makes the same trajectories and revisions,
+    byte for byte."""
+    session_ids = [f"chat-{i}" for i in range(16)]
+    worker = StreamsWorker(kafka, tmp_path / "data", tmp_path / "worker.log", tuple(SESSION_TIMING)).start()
+    producer = make_producer(kafka)
+    await producer.start()
+    publisher = Publisher(producer, kafka.topics)
+
+    async def publish(events: list[s.Event]) -> None:  # (at once: all within --settle-s of their times)
+        await asyncio.gather(*[await publisher.send(event) for event in events])
+
+    try:
+        async with TopicWatch(kafka, "trajectories") as watch:
+
+            def firsts(seen: list[s.Event]) -> list[s.TrajectoryEvent]:
+                return list({e.id: e for e in seen if e.data.revision_of is None}.values())
+
+            start = s.now_ms() - 3_000
+            for round_, feedback in enumerate(({"thumbs": "up"}, {"thumbs": "down"})):
+                # (the second conversation's calls come after the first's end + --settle-s, the calls it still takes)
+                start = max(s.now_ms(), start + 3_000)
+                ahead, calls = written_out_of_order(session_ids, start, **feedback)
+                await publish(ahead)
+                if round_ == 1:  # killed with the ends read and held, started again once the calls are written
+                    # (the rewards topic also holds the first conversations' rewards, the policy's)
+                    wait_for(lambda: worker.handled("rollouts") == 2 * len(session_ids)
+                             and worker.handled("rewards") >= 3 * len(session_ids),
+                             timeout=60, what="the worker to read the second conversations' ends and feedback")
+                    worker.kill()
+                await publish(calls)
+                if round_ == 1:
+                    worker.start()
+                await watch.until(lambda seen, n=(round_ + 1) * len(session_ids): len(firsts(seen)) >= n,
+                                  timeout=120, what=f"the trajectories of conversation {round_}")
+            # after the second conversation settled: feedback about it (a revision), then a third conversation that
+            # ends by idleness, without feedback
+            later = [Session(session_id, s.now_ms()).feedback(0, score=0.5) for session_id in session_ids]
+            third = [Session(session_id, s.now_ms() + 50).call(0, [7], [8]) for session_id in session_ids]
+            await publish(later + third)
+            await watch.until(lambda seen: len({e.id for e in seen}) >= 4 * len(session_ids), timeout=120,
+                              what="a revision and a third trajectory of every session")
+    finally:
+        worker.stop()
+        await producer.stop()
+    live_ones: dict[str, bytes] = {}
+    for event in watch.events:  # a trajectory published again after the kill is the same event
+        assert live_ones.setdefault(event.id, encode(event)) == encode(event), event.id
+    result = await cli(kafka, monkeypatch, "replay", "rebuild", "--to-topic", "rebuilt", *SESSION_TIMING,
+                       "--state", str(tmp_path / "state.json"))
+    assert result.exit_code == 0, result.output
+    rebuilt = {event.id: encode(event) for _, event in await read_topic(kafka, "rebuilt")}
+    differing = differing_ids(live_ones, rebuilt)
+    assert not differing, f"{len(differing)} of {len(live_ones)} ids differ ({Counter(differing.values())}): {differing}"
+    by_session: dict[str, list[s.TrajectoryEvent]] = {}
+    for event in sorted({e.id: e for e in watch.events}.values(), key=lambda e: e.time):
+        by_session.setdefault(event.data.session_id, []).append(event)
+    assert sorted(by_session) == sorted(session_ids)
+    for session_id, made in by_session.items():
+        assert [(t.attempt_id, t.data.end_reason, t.data.reward, t.data.revision_of is not None) for t in made] == [
+            ("segment-0", "ended by the client", 1.0, False), ("segment-1", "ended by the client", 0.0, False),
+            ("segment-1", "ended by the client", 0.5, True), ("segment-2", "no call for 3 s", None, False)], session_id
+        assert [len(t.data.turns) for t in made] == [2, 2, 2, 1] and made[2].data.revision_of == made[1].id
 
 
 # --- resuming --------------------------------------------------------------------------------

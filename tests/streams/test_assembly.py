@@ -18,14 +18,7 @@ def feed(assembly: Assembly, events: list[s.Event]) -> list[str | None]:
 
 
 def settle_all(assembly: Assembly, now_ms: int):
-    from agentstream.streams.assembly import Settled
-
-    out = Settled("all")
-    for rollout_id in assembly.due(now_ms):
-        settled = assembly.settle(rollout_id, now_ms)
-        assembly.record(settled)
-        out.extend(settled)
-    return out
+    return assembly.settle_due(now_ms)
 
 
 def test_turns_that_extend_each_other_merge_into_one_masked_sequence():

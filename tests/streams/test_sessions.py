@@ -10,35 +10,11 @@ import pytest
 
 import agentstream.schemas as s
 from agentstream.schemas.codec import decode, encode
-from agentstream.schemas.sessions import session_rollout_id
 from agentstream.streams.assembly import Assembly, Settled, Timing
 from agentstream.streams.trajectory import revision_id
+from tests.support.streams import Session
 
 TIMING = Timing(settle_ms=100, session_idle_ms=10_000, feedback_window_ms=5_000, session_retention_ms=100_000)
-
-
-class Session:
-    """The events a gateway writes for one session: its calls, end and feedback."""
-
-    def __init__(self, session_id: str, start: int = 1_700_000_000_000):
-        self.session_id = session_id
-        self.rollout_id = session_rollout_id(session_id)
-        self.start = start
-
-    def call(self, at: int, prompt: list[int], completion: list[int]) -> s.CallEvent:
-        time = self.start + at
-        return s.CallEvent(source="gateway", rollout_id=self.rollout_id, time=time, data=s.Call(
-            api="chat.completions", model="tiny", session_id=self.session_id, status=200, started_at=time - 5,
-            latency_ms=5.0, request={}, prompt_token_ids=prompt, completion_token_ids=completion,
-            logprobs=[-0.5] * len(completion), weight_version=0))
-
-    def end(self, at: int) -> s.SessionEndedEvent:
-        return s.SessionEndedEvent(source="gateway", rollout_id=self.rollout_id, time=self.start + at,
-                                   data=s.SessionEnded(session_id=self.session_id, sender="key:test"))
-
-    def feedback(self, at: int, call: s.CallEvent | None = None, **values) -> s.FeedbackEvent:
-        return s.FeedbackEvent(source="gateway", rollout_id=self.rollout_id, time=self.start + at, data=s.Feedback(
-            session_id=self.session_id, call_id=call.id if call else None, sender="key:test", **values))
 
 
 def fold(events: Seq[s.Event], now: int, policy: str = "streams.policies:latest",
@@ -48,10 +24,7 @@ def fold(events: Seq[s.Event], now: int, policy: str = "streams.policies:latest"
     out = Settled("all")
     for event in [*events, None]:
         at = now if event is None else event.time - 1
-        for rollout_id in assembly.due(at):
-            settled = assembly.settle(rollout_id, at)
-            assembly.record(settled)
-            out.extend(settled)
+        out.extend(assembly.settle_due(at))
         if event is not None:
             assert assembly.add(event, encode(event), 0) is None
     return assembly, out
@@ -115,14 +88,56 @@ def test_the_same_trajectories_and_rewards_whatever_order_the_topics_are_read_in
         for event in order:  # no settling until everything is read: a worker catching up
             assert assembly.add(event, encode(event), 0) is None
         for now in (session.start + 30_000, session.start + 60_000):
-            for rollout_id in assembly.due(now):
-                settled = assembly.settle(rollout_id, now)
-                assembly.record(settled)
-                out.extend(settled)
+            out.extend(assembly.settle_due(now))
         got = ([encode(t) for t in out.trajectories], [encode(r) for r in out.rewards])
         expected = expected or got
         assert got == expected, [e.type for e in order]
     assert len(expected[0]) == 3  # two conversations, and the first one's revision with its late feedback
+
+
+def read_side_by_side(events: Seq[s.Event], now: int, rng: random.Random) -> Settled:
+    """As a worker catching up reads them: each topic in its own order, the topics in a random interleaving, and
+    whatever is due by the watermark (the time read up to on every topic not read to its end) settled between."""
+    by_topic = {topic: [e for e in events if e.topic == topic] for topic in ("calls", "rollouts", "rewards")}
+    read_up_to = dict.fromkeys(by_topic, 0)
+    assembly, out = Assembly({}, {}, TIMING), Settled("all")
+    while any(by_topic.values()):
+        topic = rng.choice([t for t, queue in by_topic.items() if queue])
+        event = by_topic[topic].pop(0)
+        assert assembly.add(event, encode(event), 0) is None
+        read_up_to[topic] = event.time
+        out.extend(assembly.settle_due(min([now, *(read_up_to[t] for t, queue in by_topic.items() if queue)])))
+    out.extend(assembly.settle_due(now))
+    return out
+
+
+def test_the_outcome_is_the_event_times_not_the_order_the_topics_were_read_in():
+    """Three conversations: the second's end and feedback are on topics a catching-up worker may read before the
+    second's calls (the rollouts topic fetched ahead after a restart); its feedback within the window belongs in
+    its trajectory, the later feedback in a revision. Read side by side, settling by the watermark between reads,
+    every order makes what a rebuild merging the topics by time makes."""
+    session = Session("chat-event-time")
+    first = [session.call(1_000, [1], [2]), session.call(2_000, [1, 2, 3], [4]), session.end(3_000),
+             session.feedback(3_500, thumbs="up")]
+    second_calls = [session.call(20_000, [9], [10]), session.call(21_000, [9, 10, 11], [12])]
+    second = [*second_calls, session.end(22_000), session.feedback(22_500, second_calls[1], thumbs="down"),
+              session.feedback(22_550, score=0.25), session.feedback(40_000, score=0.75)]
+    third = [session.call(50_000, [20], [21])]
+    events = [*first, *second, *third]
+    now = session.start + 120_000
+    _, by_time = fold(sorted(events, key=lambda e: (e.time, e.id)), now)
+    ended, ended_too, revision, idle = sorted(by_time.trajectories, key=lambda t: t.time)
+    assert [t.data.end_reason for t in (ended, ended_too, idle)] == [
+        "ended by the client", "ended by the client", "no call for 10 s"]
+    assert [turn.call_id for turn in ended_too.data.turns] == [call.id for call in second_calls]
+    assert ended_too.data.reward == 0.25 and [turn.reward for turn in ended_too.data.turns] == [None, 0.0]
+    assert revision.data.revision_of == ended_too.id and revision.data.reward == 0.75
+    expected = sorted(encode(t) for t in by_time.trajectories)
+    rng = random.Random(46)
+    for _ in range(40):
+        got = read_side_by_side(events, now, rng)
+        assert sorted(encode(t) for t in got.trajectories) == expected
+        assert got.late == []
 
 
 def test_feedback_after_the_window_becomes_a_reward_event_naming_the_trajectory():

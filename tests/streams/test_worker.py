@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 from collections import Counter
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.partitioner import DefaultPartitioner
 
 import agentstream.schemas as s
 from agentstream.schemas.codec import encode
@@ -21,8 +24,8 @@ pytestmark = pytest.mark.timeout(300)
 def worker_factory(kafka, tmp_path):
     workers: list[StreamsWorker] = []
 
-    def make(name: str = "w1", *args: str) -> StreamsWorker:
-        worker = StreamsWorker(kafka, tmp_path / name, tmp_path / f"{name}.log", args)
+    def make(name: str = "w1", *args: str, fault: str | None = None) -> StreamsWorker:
+        worker = StreamsWorker(kafka, tmp_path / name, tmp_path / f"{name}.log", args, fault=fault)
         workers.append(worker)
         return worker
 
@@ -270,3 +273,47 @@ async def test_a_burst_with_the_worker_killed_twice_settles_every_attempt_once(k
         assert not short, f"trajectories without both turns: {list(short.items())[:5]}; deadletters: {late[:5]}"
     wait_for(lambda: worker.analytics(open_attempts=True)["assembly"]["open_attempts"] == 0, timeout=30,
              what="no attempt left unsettled")
+
+
+def partition_of(rollout_id: str, partitions: int) -> int:
+    """Where the producer puts a rollout's events (Kafka's default partitioner: murmur2 of the key)."""
+    return DefaultPartitioner()(rollout_id.encode(), list(range(partitions)), list(range(partitions)))
+
+
+@pytest.mark.slow  # the watchdog's STALL_S (10 s) at least
+async def test_a_partition_stalled_while_the_others_get_records_is_read_again(kafka, worker_factory):
+    """The records at one partition's end are lost on their way to the worker (no later record of it shows the
+    gap) while the other partitions get records all along: that partition's own watchdog reads it again after
+    STALL_S. (One clock for all partitions, which the traffic keeps resetting, never fired: its attempt stayed
+    open for as long as the traffic went on.)"""
+    worker = worker_factory("stalling", fault="streams.drop_calls:1").start()
+    stalled = live(Rollout("r-stalled"))
+    partitions = kafka.partitions
+    others = (rollout_id for rollout_id in (f"r-busy-{i}" for i in itertools.count())
+              if partition_of(rollout_id, partitions) != partition_of(stalled.rollout_id, partitions))
+    async with TopicWatch(kafka, "trajectories") as watch:
+        await publish(kafka, stalled.two_turns())  # its calls: the first the worker fetches, dropped
+        # (its finish, written after its calls, handled: its calls were fetched before any of the traffic's)
+        wait_for(lambda: worker.handled("rollouts") == 2, timeout=60, what="the stalled rollout's finish read")
+
+        stop = asyncio.Event()
+
+        async def traffic() -> None:  # a rollout elsewhere every 0.5 s, until told to stop (each publish finished)
+            for rollout_id in others:
+                await publish(kafka, live(Rollout(rollout_id)).two_turns())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 0.5)
+                if stop.is_set():
+                    return
+
+        busy = asyncio.create_task(traffic())
+        try:
+            found = await watch.until(lambda seen: stalled.rollout_id in trajectories_by_rollout(seen), timeout=90,
+                                      what="the stalled partition's trajectory")
+        finally:
+            stop.set()
+            await busy
+    (trajectory,) = trajectories_by_rollout(found)[stalled.rollout_id]
+    assert len(trajectory.data.turns) == 2  # its calls, read again
+    assert len(trajectories_by_rollout(found)) > 10  # the other partitions were busy meanwhile
+    assert worker.analytics()["assembly"]["stalls"] >= 1

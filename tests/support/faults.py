@@ -3,7 +3,7 @@ patching one of its functions to SIGKILL the process at a chosen point.
 
     python tests/support/faults.py FAULT MODULE ARGS…      e.g.  python tests/support/faults.py replay.after_output:3 agentstream replay …
 
-FAULT is `part.point` or `part.point:N` (the Nth time the point is reached):
+FAULT is `part.point` or `part.point:N` (the Nth time the point is reached), or a fault that kills nothing:
 - trainer.after_checkpoint   a version's checkpoint is written, its weights event not yet published
 - trainer.after_publish      a weights event is acknowledged, the offsets not yet committed
 - replay.after_output:N      the Nth checkpoint that wrote output made it durable, its state not yet saved
@@ -13,6 +13,9 @@ FAULT is `part.point` or `part.point:N` (the Nth time the point is reached):
 - gateway.after_label        a server loaded and labelled new weights, not yet resumed
   (gateway faults fire in one process only when several run them: the first to create the file named by
   AGENTSTREAM_FAULT_ONCE, if set)
+- streams.drop_calls:N       a streams worker is handed none of the records of the calls partition of the Nth calls
+                             record it fetched, from that one on, the first time each is fetched (faust-streaming
+                             0.15.3 drops records around a restart): that partition stalls unless read again
 """
 
 from __future__ import annotations
@@ -157,6 +160,28 @@ def gateway_after_label(countdown: Countdown) -> None:
     _gateway_after("/update_weight_version", countdown)
 
 
+def streams_drop_calls(countdown: Countdown) -> None:
+    from agentstream.streams.transport import Inbox
+
+    put = Inbox.put
+    stalled: list[tuple[str, int]] = []
+    dropped: set[int] = set()
+
+    @functools.wraps(put)
+    def dropping(self, message):
+        where = (message.topic, message.partition)
+        if message.topic.rpartition(".")[2] == "calls" and not stalled:
+            countdown.left -= 1
+            if countdown.left == 0:
+                stalled.append(where)
+        if stalled and where == stalled[0] and message.offset not in dropped:
+            dropped.add(message.offset)
+            return None
+        return put(self, message)
+
+    Inbox.put = dropping
+
+
 FAULTS = {
     "trainer.after_checkpoint": trainer_after_checkpoint,
     "trainer.after_publish": trainer_after_publish,
@@ -165,6 +190,7 @@ FAULTS = {
     "archive.after_files": archive_after_files,
     "gateway.after_reload": gateway_after_reload,
     "gateway.after_label": gateway_after_label,
+    "streams.drop_calls": streams_drop_calls,
 }
 
 

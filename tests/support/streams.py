@@ -12,7 +12,9 @@ import httpx
 
 import agentstream.schemas as s
 from agentstream.schemas.kafka import KafkaSettings, Publisher, make_producer
+from agentstream.schemas.sessions import session_rollout_id
 from agentstream.stack.process import free_port, spawn, stop_pid, tail
+from tests.support import faults
 from tests.support.wait import wait_for
 
 REPO = Path(__file__).parents[2]
@@ -77,6 +79,30 @@ class Rollout:
         return events + [self.finished()]
 
 
+class Session:
+    """The events a gateway writes for one session: its calls, end and feedback, timed `at` ms after `start`."""
+
+    def __init__(self, session_id: str, start: int = 1_700_000_000_000):
+        self.session_id = session_id
+        self.rollout_id = session_rollout_id(session_id)
+        self.start = start
+
+    def call(self, at: int, prompt: list[int], completion: list[int]) -> s.CallEvent:
+        time = self.start + at
+        return s.CallEvent(source="gateway", rollout_id=self.rollout_id, time=time, data=s.Call(
+            api="chat.completions", model="tiny", session_id=self.session_id, status=200, started_at=time - 5,
+            latency_ms=5.0, request={}, prompt_token_ids=prompt, completion_token_ids=completion,
+            logprobs=[-0.5] * len(completion), weight_version=0))
+
+    def end(self, at: int) -> s.SessionEndedEvent:
+        return s.SessionEndedEvent(source="gateway", rollout_id=self.rollout_id, time=self.start + at,
+                                   data=s.SessionEnded(session_id=self.session_id, sender="key:test"))
+
+    def feedback(self, at: int, call: s.CallEvent | None = None, **values) -> s.FeedbackEvent:
+        return s.FeedbackEvent(source="gateway", rollout_id=self.rollout_id, time=self.start + at, data=s.Feedback(
+            session_id=self.session_id, call_id=call.id if call else None, sender="key:test", **values))
+
+
 def live(rollout: Rollout) -> Rollout:
     """A rollout whose events carry the current time (for a live worker's wall-clock deadlines)."""
     rollout.time = s.now_ms()
@@ -107,11 +133,15 @@ class StreamsWorker:
     args: tuple[str, ...] = ()
     port: int = field(default_factory=free_port)
     process: subprocess.Popen | None = None
+    fault: str | None = None
+    """a fault of tests/support/faults.py to run it with"""
 
     def start(self) -> StreamsWorker:
-        cmd = [sys.executable, "-m", "agentstream.streams", "worker", "--bootstrap-servers", self.kafka.bootstrap_servers,
-               "--topic-prefix", self.kafka.topic_prefix, "--web-port", str(self.port),
-               "--data-dir", str(self.data_dir), "--settle-s", "0.2", "--reward-grace-s", "2", *self.args]
+        args = ["worker", "--bootstrap-servers", self.kafka.bootstrap_servers,
+                "--topic-prefix", self.kafka.topic_prefix, "--web-port", str(self.port),
+                "--data-dir", str(self.data_dir), "--settle-s", "0.2", "--reward-grace-s", "2", *self.args]
+        cmd = faults.command(self.fault, "agentstream.streams", *args) if self.fault else [
+            sys.executable, "-m", "agentstream.streams", *args]
         self.process = spawn(cmd, self.log, cwd=REPO)
         wait_for(self.ready, timeout=90, what=f"the streams worker to serve (log: {self.log})")
         return self
@@ -123,6 +153,12 @@ class StreamsWorker:
         except httpx.HTTPError:
             return None
         return response.json() if response.status_code == 200 else None
+
+    def handled(self, base: str) -> int:
+        """The records of a source topic it has handled, over its partitions (0 while it does not answer)."""
+        view, topic = self.analytics(), self.kafka.topics.name(base)
+        return sum(next_offset for key, (next_offset, _) in (view or {"sources": {}})["sources"].items()
+                   if key.rpartition(":")[0] == topic)
 
     def ready(self) -> bool:
         if self.process.poll() is not None:

@@ -4,7 +4,8 @@ The events of each partition are fed to `streams.assembly.Assembly` in event-tim
 across the three topics, and an attempt is settled as soon as an event later than its settle time
 comes next (or when the range closes). That is what the live worker decides by its watermark, and
 since trajectory ids derive from the attempt and `build` sorts events, the same events make the
-same trajectories, byte for byte.
+same trajectories, byte for byte. Sessions' events are held and released by the assembly in event-time
+order at each settling (`Assembly.rounds`), as in the worker.
 
 A resume position holds the read offsets and the open attempts; the settled ones, which the assembly
 keeps against late events and repeats, go to a file per partition beside the state (settled.py).
@@ -281,11 +282,15 @@ class Rebuild:
         assembly = self.assemblies[partition]
         if not assembly.any_due(now, partition):  # (as for most events: `due` would pop and push back the head)
             return
+        late: list[tuple[bytes, str]] = []
         for rollout_id in assembly.due(now, [partition]):
-            settled = assembly.settle(rollout_id, now)
-            out += [Item(trajectory, self._calls(assembly, trajectory)) for trajectory in settled.trajectories]
-            self._account(settled)
-            assembly.record(settled)
+            for settled in assembly.rounds(rollout_id, now, late):
+                out += [Item(trajectory, self._calls(assembly, trajectory)) for trajectory in settled.trajectories]
+                self._account(settled)
+                assembly.record(settled)
+        self.counts["late"] += len(late)  # (sessions' events late for a conversation settled before their time)
+        for _, reason in late:
+            self._reason(reason)
 
     def _calls(self, assembly: Assembly, trajectory: TrajectoryEvent) -> dict[str, Call]:
         """The turns' calls, read from the assembly's store before `record` forgets them."""

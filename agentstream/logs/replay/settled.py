@@ -63,7 +63,7 @@ class SettledLog:
             fsync(directory)  # (its entry durable before any state counts on it)
         self.length = length
         self.open: set[str] = set()
-        """rollouts with an attempt not settled, as of the last `sync` (the position holds them)"""
+        """rollouts with an attempt not settled or events held, as of the last `sync` (the position holds them)"""
 
     def load(self) -> dict[str, dict[str, Any]]:
         """The rollouts as the file has them (the last line of each wins)."""
@@ -82,7 +82,8 @@ class SettledLog:
         lines = []
         for rollout_id in rollouts.changed:
             state = rollouts.get(rollout_id)
-            if state is not None and not all(attempt.get("settled") for attempt in state["attempts"].values()):
+            if state is not None and (state.get("held") or not all(
+                    attempt.get("settled") for attempt in state["attempts"].values())):  # (held: a session's events)
                 self.open.add(rollout_id)
                 continue
             self.open.discard(rollout_id)
