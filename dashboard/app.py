@@ -29,7 +29,7 @@ from agentstream.dashboard import rollouts as rollouts_
 from agentstream.dashboard.live import Live
 from agentstream.dashboard.settings import DashboardSettings
 from agentstream.schemas.api_errors import ApiError
-from agentstream.schemas.keys import is_operator_key, presented_key
+from agentstream.schemas.keys import is_operator_key, placeholder_secret, presented_key, secret_values
 from agentstream.schemas.releases import summary
 from agentstream.schemas.scan import parse_time
 
@@ -89,6 +89,11 @@ class Dashboard:
         if not settings.keys:
             raise ValueError("the dashboard shows prompts and needs an operator key: set AGENTSTREAM_API_KEYS "
                              "(the gateway's keys)")
+        placeholder = placeholder_secret("dashboard", settings.host, {
+            "AGENTSTREAM_API_KEYS": secret_values(settings.api_keys),
+            "AGENTSTREAM_READ_KEYS": secret_values(settings.read_keys)})
+        if placeholder:
+            raise ValueError(placeholder)
         self.settings = settings
         self.keys = tuple(key.encode() for key in settings.keys)
         self.live = Live(settings)

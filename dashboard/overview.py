@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 
 from agentstream.dashboard.sql import load_tables, run_on
 from agentstream.logs.query import NAMED_QUERIES
-from agentstream.schemas.kafka import KafkaSettings
+from agentstream.schemas.kafka import KafkaSettings, make_admin
 from agentstream.schemas.scan import Bounds, resolve
 
 PASSED = "CASE WHEN reward IS NULL THEN NULL WHEN reward >= 1 THEN 1.0 ELSE 0.0 END"
@@ -83,7 +82,7 @@ async def overview(settings: KafkaSettings, span: Range, group: str | None = Non
 async def streams_lag(settings: KafkaSettings, group: str | None = None) -> dict[str, Any]:
     """Records of the streams worker's input topics it has not committed yet, per topic."""
     group = group or f"{settings.topic_prefix}agentstream-streams"
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    admin = make_admin(settings)
     await admin.start()
     try:
         committed = await admin.list_consumer_group_offsets(group)

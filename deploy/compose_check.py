@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -34,8 +35,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = "agentstream-check"
 PODMAN_COMPOSE = "podman-compose==1.6.0"
-TOKEN_SECRET = "compose-check-secret"
-API_KEY = "compose-check-key"
+TOKEN_SECRET = secrets.token_hex(32)
+API_KEY = secrets.token_hex(32)
+"""fresh for each check: compose.yaml has no default for either (the gateway refuses placeholders beyond loopback)"""
 UP_DEADLINE_S = 20 * 60
 """from `up` to the gateway answering with a healthy vLLM server: first start loads vLLM and the model"""
 TRAIN_DEADLINE_S = 20 * 60
@@ -153,8 +155,9 @@ def exited_ok(stack: Stack, service: str) -> bool:
     return result.stdout.split() == ["exited", "0"]
 
 
-def gateway_health(stack: Stack) -> dict | None:
-    status, body = get_json(f"http://127.0.0.1:{stack.ports['gateway']}/healthz")
+def gateway_health(stack: Stack, path: str = "/healthz") -> dict | None:
+    """The gateway's report: /healthz answers while the process does, /readyz only once Kafka and an upstream do."""
+    status, body = get_json(f"http://127.0.0.1:{stack.ports['gateway']}{path}")
     return body if status == 200 and body else None
 
 
@@ -214,7 +217,7 @@ def check(stack: Stack, logs: Path) -> dict[str, float]:
         stack.compose("up", "-d")
     times["up_command_s"] = time.monotonic() - up_at
     say(f"services started after {times['up_command_s']:.1f}s; waiting for the gateway and a healthy vLLM server")
-    wait_for("gateway healthy, vLLM-CPU serving", lambda: (gateway_health(stack) or {}).get("status") == "ok",
+    wait_for("gateway ready (/readyz), vLLM-CPU serving", lambda: gateway_health(stack, "/readyz") is not None,
              UP_DEADLINE_S, stack, ["kafka", "topics", "vllm-cpu", "gateway"])
     if engine() == "podman":
         stack.compose("up", "-d", "--no-deps", "controller")

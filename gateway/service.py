@@ -28,6 +28,7 @@ from agentstream.gateway.pool_sync import PoolSync
 from agentstream.gateway.recorder import Recorder
 from agentstream.gateway.settings import GatewaySettings
 from agentstream.schemas.kafka import ensure_topics
+from agentstream.schemas.keys import placeholder_secret, secret_values
 
 log = logging.getLogger("gateway")
 
@@ -137,20 +138,10 @@ def settings_problem(settings: GatewaySettings) -> str | None:
     return None
 
 
-DEFAULT_SECRETS = frozenset({"change-me", "change-me-too"})
-"""the placeholders compose files and examples ship: anyone who read them holds the key"""
-LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
-
-
 def default_secret(settings: GatewaySettings) -> str | None:
-    """Which shipped placeholder secret a gateway reachable from other hosts would run with; None if none.
-    The local stack listens on 127.0.0.1, where only this machine reaches it: the placeholders are fine there."""
-    if settings.host in LOOPBACK:
-        return None
-    if settings.token_secret.get_secret_value() in DEFAULT_SECRETS:
-        return (f"AGENTSTREAM_TOKEN_SECRET is the placeholder {settings.token_secret.get_secret_value()!r} and the "
-                f"gateway listens on {settings.host}: set a secret of your own (e.g. `openssl rand -hex 32`)")
-    if settings.keys & DEFAULT_SECRETS:
-        return (f"AGENTSTREAM_API_KEYS holds the placeholder {sorted(settings.keys & DEFAULT_SECRETS)[0]!r} and the "
-                f"gateway listens on {settings.host}: set keys of your own (e.g. `openssl rand -hex 32`)")
-    return None
+    """Which shipped placeholder secret or key a gateway reachable from other hosts would run with; None if none."""
+    return placeholder_secret("gateway", settings.host, {
+        "AGENTSTREAM_TOKEN_SECRET": [settings.token_secret.get_secret_value()],
+        "AGENTSTREAM_API_KEYS": settings.keys, "AGENTSTREAM_APP_KEYS": secret_values(settings.app_keys),
+        "AGENTSTREAM_READ_KEYS": secret_values(settings.read_keys),
+        "AGENTSTREAM_ARM_SECRET": [settings.arm_secret.get_secret_value()]})

@@ -2,6 +2,8 @@
 
 Producers are idempotent with acks=all, so a retried send never duplicates or reorders a record.
 Consumers never auto-commit: each service commits offsets after the work they cover is durable.
+Every client authenticates as the settings say (SASL/SCRAM, TLS): `aiokafka_auth` for aiokafka's,
+`librdkafka_auth` for confluent-kafka's, from the same fields.
 """
 
 from __future__ import annotations
@@ -9,13 +11,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.helpers import create_ssl_context
 from aiokafka.structs import RecordMetadata
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agentstream.schemas.codec import encode
@@ -38,15 +41,61 @@ class KafkaSettings(BaseSettings):
     topic_prefix: str = Field("", description="prefix of every topic name, to run several experiments on one cluster")
     partitions: int = Field(4, description="partitions of the rollout-scoped topics when they are created")
     replication_factor: int = Field(1, description="replication factor of topics when they are created")
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", description="how clients reach the brokers: SASL_SSL for SCRAM over TLS, SASL_PLAINTEXT for "
+        "SCRAM inside a trusted network")
+    sasl_mechanism: Literal["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"] = Field(
+        "SCRAM-SHA-512", description="the SASL mechanism (with a SASL_* security protocol)")
+    sasl_username: str = Field("", description="the SASL user (with a SASL_* security protocol)")
+    sasl_password: SecretStr = Field(
+        SecretStr(""), description="the SASL user's password (AGENTSTREAM_SASL_PASSWORD: flags show in process listings)")
+    ssl_cafile: str = Field("", description="CA bundle that signed the brokers' certificates (SSL, SASL_SSL); "
+                            "empty: the system's")
+
+    @model_validator(mode="after")
+    def _credentials_with_sasl(self) -> KafkaSettings:
+        if self.security_protocol.startswith("SASL_") and not (self.sasl_username and
+                                                                self.sasl_password.get_secret_value()):
+            raise ValueError(f"security_protocol {self.security_protocol} needs sasl_username and sasl_password "
+                             "(AGENTSTREAM_SASL_USERNAME, AGENTSTREAM_SASL_PASSWORD)")
+        return self
 
     @property
     def topics(self) -> Topics:
         return Topics(self.topic_prefix)
 
 
+def aiokafka_auth(settings: KafkaSettings) -> dict[str, Any]:
+    """aiokafka's connection options (producers, consumers, admin clients) for the settings' protocol."""
+    options: dict[str, Any] = {"bootstrap_servers": settings.bootstrap_servers,
+                               "security_protocol": settings.security_protocol}
+    if settings.security_protocol in ("SSL", "SASL_SSL"):
+        options["ssl_context"] = create_ssl_context(cafile=settings.ssl_cafile or None)
+    if settings.security_protocol.startswith("SASL_"):
+        options.update(sasl_mechanism=settings.sasl_mechanism, sasl_plain_username=settings.sasl_username,
+                       sasl_plain_password=settings.sasl_password.get_secret_value())
+    return options
+
+
+def librdkafka_auth(settings: KafkaSettings) -> dict[str, Any]:
+    """confluent-kafka's (librdkafka's) connection settings, the same as `aiokafka_auth`."""
+    config: dict[str, Any] = {"bootstrap.servers": settings.bootstrap_servers,
+                              "security.protocol": settings.security_protocol.lower()}
+    if settings.ssl_cafile and settings.security_protocol in ("SSL", "SASL_SSL"):
+        config["ssl.ca.location"] = settings.ssl_cafile
+    if settings.security_protocol.startswith("SASL_"):
+        config.update({"sasl.mechanism": settings.sasl_mechanism, "sasl.username": settings.sasl_username,
+                       "sasl.password": settings.sasl_password.get_secret_value()})
+    return config
+
+
+def make_admin(settings: KafkaSettings, **overrides: Any) -> AIOKafkaAdminClient:
+    return AIOKafkaAdminClient(**{**aiokafka_auth(settings), **overrides})
+
+
 def make_producer(settings: KafkaSettings, **overrides: Any) -> AIOKafkaProducer:
     options: dict[str, Any] = dict(
-        bootstrap_servers=settings.bootstrap_servers,
+        **aiokafka_auth(settings),
         enable_idempotence=True,
         acks="all",
         linger_ms=1,
@@ -60,7 +109,7 @@ def make_producer(settings: KafkaSettings, **overrides: Any) -> AIOKafkaProducer
 def make_consumer(settings: KafkaSettings, *topics: str, group_id: str | None, **overrides: Any) -> AIOKafkaConsumer:
     """A consumer of full topic names; `group_id=None` reads without a group (replay, queries)."""
     options: dict[str, Any] = dict(
-        bootstrap_servers=settings.bootstrap_servers,
+        **aiokafka_auth(settings),
         group_id=group_id,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
@@ -123,7 +172,7 @@ async def ensure_topics(settings: KafkaSettings, specs: Iterable[TopicSpec] | No
     specs = list(specs if specs is not None else topic_specs(settings.partitions))
     names = {settings.topics.name(s.base): s for s in specs}
     report = TopicReport()
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers, request_timeout_ms=15_000)
+    admin = make_admin(settings, request_timeout_ms=15_000)
     await admin.start()
     try:
         present = set(await admin.list_topics())
@@ -177,7 +226,7 @@ async def _compare(admin: AIOKafkaAdminClient, specs: dict[str, TopicSpec]) -> l
 
 async def partitions_of(settings: KafkaSettings, topic: str) -> list[TopicPartition]:
     """The partitions of `topic` as the cluster has them (empty if the topic does not exist)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    admin = make_admin(settings)
     await admin.start()
     try:
         (described,) = await admin.describe_topics([topic])

@@ -12,7 +12,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentstream.schemas.errors import LogUnavailable
-from agentstream.schemas.kafka import KafkaSettings
+from agentstream.schemas.kafka import KafkaSettings, librdkafka_auth
 from agentstream.schemas.ranges import Bounds, Record, ScanProgress
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ def _consumer(settings: KafkaSettings, **extra: Any) -> Consumer:
     from confluent_kafka import Consumer
 
     return Consumer({
-        "bootstrap.servers": settings.bootstrap_servers,
+        **librdkafka_auth(settings),
         "group.id": "agentstream-scan",  # never joined nor committed: partitions are assigned
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,

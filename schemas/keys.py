@@ -29,6 +29,25 @@ def secret_values(keys: list[SecretStr]) -> frozenset[str]:
     return frozenset(key.get_secret_value() for key in keys if key.get_secret_value())
 
 
+PLACEHOLDERS = frozenset({"change-me", "change-me-too"})
+"""the placeholders compose files and examples once shipped: anyone who read them holds the key"""
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def placeholder_secret(service: str, host: str, secrets: Mapping[str, Collection[str]]) -> str | None:
+    """Which shipped placeholder a service reachable from other hosts would run with, as the error to show (the
+    first variable of `secrets` that holds one); None if none. The local stack listens on 127.0.0.1, where only
+    this machine reaches it: the placeholders are fine there."""
+    if host in LOOPBACK:
+        return None
+    for variable, values in secrets.items():
+        found = sorted(set(values) & PLACEHOLDERS)
+        if found:
+            return (f"{variable} holds the placeholder {found[0]!r} and the {service} listens on {host}: set one "
+                    "of your own (e.g. `openssl rand -hex 32`)")
+    return None
+
+
 def presented_key(headers: Mapping[str, str]) -> str | None:
     """The key a request presents (lower-cased header names): a bearer token, else x-api-key or api-key."""
     authorization = headers.get("authorization")

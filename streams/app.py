@@ -19,8 +19,10 @@ from time import monotonic
 from typing import Any
 
 import faust
+from aiokafka.helpers import create_ssl_context
 from faust.sensors import Monitor
 from faust.types import TP, EventT, Message, ProducerT, RecordMetadata, StreamT, TopicT
+from faust.types.auth import CredentialsT
 from faust.types.tables import CollectionT
 from faust.types.tuples import PendingMessage
 from faust.web import Request, Response, View
@@ -169,10 +171,21 @@ def create_app(settings: StreamsSettings, partitions: int) -> faust.App:
     return app
 
 
+def broker_credentials(settings: StreamsSettings) -> CredentialsT | None:
+    """Faust's form of the settings' SASL/TLS (schemas.kafka.aiokafka_auth is the other services')."""
+    protocol = settings.security_protocol
+    context = create_ssl_context(cafile=settings.ssl_cafile or None) if protocol in ("SSL", "SASL_SSL") else None
+    if protocol.startswith("SASL_"):
+        return faust.SASLCredentials(username=settings.sasl_username, password=settings.sasl_password.get_secret_value(),
+                                     mechanism=settings.sasl_mechanism, ssl_context=context)
+    return faust.SSLCredentials(context) if context else None
+
+
 def faust_settings(settings: StreamsSettings, partitions: int) -> dict[str, Any]:
     """Faust's settings for the worker's app."""
     return dict(
         broker=[f"kafka://{server.strip()}" for server in settings.bootstrap_servers.split(",")],
+        broker_credentials=broker_credentials(settings),
         store="memory://",
         datadir=str(settings.data_dir),
         key_serializer="raw",

@@ -6,7 +6,9 @@ from it: a setting has one name, the service's, from the model to the container.
 ports, health checks, Kafka, vLLM, the comments) stays as written. `--check` only compares (tests/deploy runs it), so
 the file and the models cannot drift apart.
 
-A setting the user may change from the shell is written as `${VARIABLE:-default}`: `VARIABLES` names them.
+A setting the user may change from the shell is written as `${VARIABLE:-default}`: `VARIABLES` names them. The
+secrets have no default (`SECRET`, `KEYS`): the gateway listens beyond loopback in its container and refuses the
+placeholders there, so compose stops with the message below until the shell sets them.
 """
 
 from __future__ import annotations
@@ -31,12 +33,15 @@ from agentstream.trainer.settings import TrainerSettings
 
 COMPOSE = Path(__file__).resolve().parents[2] / "compose.yaml"
 MODEL = "${AGENTSTREAM_MODEL:-tiny}"
+SECRET = "${AGENTSTREAM_TOKEN_SECRET:?set AGENTSTREAM_TOKEN_SECRET to a secret of your own (openssl rand -hex 32)}"
+KEYS = "${AGENTSTREAM_API_KEYS:?set AGENTSTREAM_API_KEYS to an operator key of your own (openssl rand -hex 32)}"
 VARIABLES = {
     "topic_prefix": "AGENTSTREAM_TOPIC_PREFIX",
     "partitions": "AGENTSTREAM_PARTITIONS",
     "model": "AGENTSTREAM_MODEL",
-    "token_secret": "AGENTSTREAM_TOKEN_SECRET",
-    "api_keys": "AGENTSTREAM_API_KEYS",
+    "app_keys": "AGENTSTREAM_APP_KEYS",
+    "read_keys": "AGENTSTREAM_READ_KEYS",
+    "arm_secret": "AGENTSTREAM_ARM_SECRET",
     "device": "AGENTSTREAM_TRAINER_DEVICE",
     "agent": "AGENTSTREAM_AGENT",
     "samples": "AGENTSTREAM_SAMPLES",
@@ -54,7 +59,7 @@ def compose_loop() -> Loop:
     return Loop(
         gateway=GatewaySettings.model_validate({
             **kafka, "host": "0.0.0.0", "port": 8080, "upstreams": [f"{MODEL}=http://inference:8000"],
-            "token_secret": "change-me", "api_keys": ["change-me-too"]}),
+            "token_secret": SECRET, "api_keys": [KEYS], "app_keys": [], "read_keys": [], "arm_secret": ""}),
         streams=StreamsSettings.model_validate({
             **kafka, "web_host": "0.0.0.0", "data_dir": "/home/agentstream/streams"}),
         trainer=TrainerSettings.model_validate({
@@ -64,7 +69,7 @@ def compose_loop() -> Loop:
         controller=ControllerSettings.model_validate({
             **kafka, "model": "tiny", "tasks": "/tasks/${AGENTSTREAM_TASK_FILE:-arithmetic_tasks.jsonl}",
             "agent": "python /app/examples/single_turn.py", "gateway_url": "http://gateway:8080",
-            "token_secret": "change-me", "samples": 8, "logs_dir": "/home/agentstream/runs", "progress": False}),
+            "token_secret": SECRET, "samples": 8, "logs_dir": "/home/agentstream/runs", "progress": False}),
     )
 
 

@@ -176,12 +176,13 @@ class Demo:
         return self.config.loop(stack)
 
     async def launch(self, stack: Stack) -> None:
-        """The loop's services, then, once the gateway answers, what sends it traffic."""
+        """The loop's services, then, once the gateway is ready (Kafka and an upstream answer it), what sends it
+        traffic: its /healthz answers as soon as it listens, before it could serve an agent's first call."""
         loop = self.loop(stack).overridden(self.config.flags)
         self.progress.loop = loop
         for service in loop.services():
             self.start(service)
-        await self.await_http("gateway", f"{stack.gateway_url}/healthz")
+        await self.await_http("gateway", f"{stack.gateway_url}/readyz")
         for service in loop.traffic():
             self.start(service)
 
@@ -196,7 +197,7 @@ class Demo:
                 except httpx.HTTPError:
                     pass
                 if time.monotonic() > deadline:
-                    raise StackError(f"the {name} did not answer {url} within {timeout:.0f} s")
+                    raise StackError(f"the {name} did not answer {url} with a success within {timeout:.0f} s")
                 await asyncio.sleep(0.25)
 
     async def follow(self, kafka: KafkaSettings) -> None:

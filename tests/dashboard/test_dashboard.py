@@ -219,6 +219,15 @@ def test_it_refuses_to_start_without_a_key():
         create_app(DashboardSettings(api_keys=[]))
 
 
+@pytest.mark.parametrize(("setting", "keys"), [("api_keys", "ours-0123456789,change-me-too"), ("read_keys", "change-me")])
+def test_open_to_other_hosts_it_refuses_a_placeholder_key(setting, keys):
+    """The placeholders compose once shipped: beyond loopback anyone who read the file would read every prompt."""
+    given = {"api_keys": "ours-0123456789", setting: keys}
+    with pytest.raises(ValueError, match=f"AGENTSTREAM_{setting.upper()} holds the placeholder .* listens on 0.0.0.0"):
+        create_app(DashboardSettings.model_validate({**given, "host": "0.0.0.0"}))
+    create_app(DashboardSettings.model_validate({**given, "host": "127.0.0.1"}))  # the local stack: only this machine
+
+
 async def test_the_list_pages_newest_first_reading_only_what_a_page_needs(kafka):
     from agentstream.dashboard.rollouts import Cursor, Filters, search
 

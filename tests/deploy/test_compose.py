@@ -45,12 +45,17 @@ def uv() -> list[str]:
     return [found] if found else [sys.executable, "-m", "uv"]
 
 
-def compose(*args: str) -> subprocess.CompletedProcess:
+SECRETS = {"AGENTSTREAM_TOKEN_SECRET": "a-token-secret-of-ours", "AGENTSTREAM_API_KEYS": "an-operator-key-of-ours"}
+"""what compose.yaml requires from the shell (it has no default for either)"""
+
+
+def compose(*args: str, secrets: dict[str, str] = SECRETS) -> subprocess.CompletedProcess:
+    shell = {name: value for name, value in os.environ.items() if name not in SECRETS}
     return subprocess.run(
         [*uv(), "tool", "run", "--python", "3.11", "--from", "docker-compose==1.29.2", "docker-compose",
          "-f", str(COMPOSE), *args],
         capture_output=True, text=True, timeout=300, cwd=ROOT,
-        env={**os.environ, "UV_BUILD_CONSTRAINT": str(CONSTRAINTS)},
+        env={**shell, **secrets, "UV_BUILD_CONSTRAINT": str(CONSTRAINTS)},
     )
 
 
@@ -68,13 +73,30 @@ def test_compose_file_validates(profiles):
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.parametrize("missing", sorted(SECRETS))
+def test_the_stack_does_not_start_without_secrets_of_its_own(missing):
+    """No placeholder to fall back on: the gateway listens beyond loopback in its container and would refuse one."""
+    result = compose("--profile", "cpu", "--profile", "run", "config", "-q",
+                     secrets={name: value for name, value in SECRETS.items() if name != missing})
+    assert result.returncode != 0 and f"set {missing} to" in result.stderr, result.stderr
+    assert ":-change-me" not in COMPOSE.read_text()
+
+
+def test_the_secrets_reach_the_services_that_use_them(resolved):
+    for service in ("gateway", "controller"):
+        assert resolved[service]["environment"]["AGENTSTREAM_TOKEN_SECRET"] == SECRETS["AGENTSTREAM_TOKEN_SECRET"]
+    for service in ("gateway", "dashboard"):
+        assert resolved[service]["environment"]["AGENTSTREAM_API_KEYS"] == SECRETS["AGENTSTREAM_API_KEYS"]
+
+
 def test_the_validator_rejects_a_broken_file(tmp_path):
     broken = tmp_path / "compose.yaml"
     broken.write_text(COMPOSE.read_text().replace("restart: on-failure", "restart: on-failure\n    no_such_key: 1", 1))
     result = subprocess.run(
         [*uv(), "tool", "run", "--python", "3.11", "--from", "docker-compose==1.29.2", "docker-compose",
          "-f", str(broken), "config", "-q"],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "UV_BUILD_CONSTRAINT": str(CONSTRAINTS)})
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, **SECRETS, "UV_BUILD_CONSTRAINT": str(CONSTRAINTS)})
     assert result.returncode != 0 and "no_such_key" in result.stderr
 
 

@@ -81,6 +81,18 @@ def container_env(workload: dict) -> dict[str, str]:
     return {var["name"]: var.get("value", f"<secret {var.get('valueFrom')}>") for var in container.get("env", [])}
 
 
+def settings_classes() -> dict[str, type]:
+    """Each component's settings model, by the name of its values section."""
+    from agentstream.dashboard.settings import DashboardSettings
+    from agentstream.gateway.settings import GatewaySettings
+    from agentstream.releases.settings import ReleasesSettings
+    from agentstream.streams.settings import StreamsSettings
+    from agentstream.trainer.settings import TrainerSettings
+
+    return {"gateway": GatewaySettings, "streams": StreamsSettings, "trainer": TrainerSettings,
+            "dashboard": DashboardSettings, "controller": ControllerSettings, "releases": ReleasesSettings}
+
+
 @pytest.mark.parametrize("values", [{}, VALUES], ids=["defaults", "full"])
 def test_helm_lint(helm, tmp_path, values):
     result = helm_run(helm, "lint", "--strict", str(CHART), values=values, tmp=tmp_path)
@@ -114,13 +126,7 @@ def test_the_services_get_their_settings(helm, tmp_path):
     assert container_env(trainer)["AGENTSTREAM_SOURCE_WEIGHTS"] == '{"session":0.5}'
     assert find(objects, "Service", f"{RELEASE}-gateway")["spec"]["clusterIP"] == GATEWAY_IP
     # every setting named is one the service has (a typo would be ignored by pydantic-settings otherwise)
-    from agentstream.dashboard.settings import DashboardSettings
-    from agentstream.gateway.settings import GatewaySettings
-    from agentstream.streams.settings import StreamsSettings
-    from agentstream.trainer.settings import TrainerSettings
-    classes = {"gateway": GatewaySettings, "streams": StreamsSettings, "trainer": TrainerSettings,
-               "dashboard": DashboardSettings, "controller": ControllerSettings}
-    for component, cls in classes.items():
+    for component, cls in settings_classes().items():
         kind = "Job" if component == "controller" else "Deployment"
         known = {f"AGENTSTREAM_{name.upper()}" for name in cls.model_fields} | {"KAFKA_BOOTSTRAP_SERVERS"}
         unknown = set(container_env(find(objects, kind, f"{RELEASE}-{component}"))) - known
@@ -129,17 +135,98 @@ def test_the_services_get_their_settings(helm, tmp_path):
 
 def test_the_settings_values_name_only_the_services_fields():
     """`<service>.settings` in values.yaml: each key a field of the service's settings model (no helm needed)."""
-    from agentstream.dashboard.settings import DashboardSettings
-    from agentstream.gateway.settings import GatewaySettings
-    from agentstream.streams.settings import StreamsSettings
-    from agentstream.trainer.settings import TrainerSettings
-
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    classes = {"gateway": GatewaySettings, "streams": StreamsSettings, "trainer": TrainerSettings,
-               "dashboard": DashboardSettings, "controller": ControllerSettings}
+    classes = settings_classes()
     assert {name for name, part in values.items() if isinstance(part, dict) and "settings" in part} == set(classes)
     for component, cls in classes.items():
         assert set(values[component]["settings"]) <= set(cls.model_fields), component
+
+
+def test_the_gateway_is_taken_out_of_its_service_when_not_ready_and_restarted_only_when_dead(helm, tmp_path):
+    """Readiness /readyz (503 while Kafka or every upstream is down), liveness /healthz (200 while the process
+    answers): an upstream's reload must not restart every gateway pod at once."""
+    container = find(render(helm, tmp_path), "Deployment", f"{RELEASE}-gateway")["spec"]["template"]["spec"][
+        "containers"][0]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+
+def test_the_releases_service_judges_canaries_alone(helm, tmp_path):
+    objects = render(helm, tmp_path, {**VALUES, "releases": {"settings": {"alpha": 0.01, "min_sessions": 50}}})
+    releases = find(objects, "Deployment", f"{RELEASE}-releases")
+    assert releases["spec"]["replicas"] == 1 and releases["spec"]["strategy"]["type"] == "Recreate"
+    container = releases["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["python", "-m", "agentstream.releases"]
+    env = container_env(releases)
+    assert env["AGENTSTREAM_ALPHA"] == "0.01" and env["AGENTSTREAM_MIN_SESSIONS"] == "50"
+    assert env["KAFKA_BOOTSTRAP_SERVERS"] == VALUES["kafka"]["bootstrapServers"]
+    assert not [o for o in render(helm, tmp_path, {**VALUES, "releases": {"enabled": False}})
+                if o["metadata"]["name"] == f"{RELEASE}-releases"]
+
+
+def secret_refs(workload: dict) -> dict[str, dict]:
+    container = workload["spec"]["template"]["spec"]["containers"][0]
+    return {var["name"]: var["valueFrom"]["secretKeyRef"] for var in container["env"] if "valueFrom" in var}
+
+
+def test_every_key_comes_from_the_auth_secret_which_generates_each(helm, tmp_path):
+    objects = render(helm, tmp_path)
+    secret = find(objects, "Secret", f"{RELEASE}-auth")
+    keys = {"token-secret", "api-keys", "app-keys", "read-keys", "arm-secret"}
+    assert set(secret["data"]) == keys
+    assert len(set(secret["data"].values())) == len(keys), "each generated apart"
+    gateway = secret_refs(find(objects, "Deployment", f"{RELEASE}-gateway"))
+    assert {name: ref["key"] for name, ref in gateway.items()} == {
+        "AGENTSTREAM_TOKEN_SECRET": "token-secret", "AGENTSTREAM_API_KEYS": "api-keys",
+        "AGENTSTREAM_APP_KEYS": "app-keys", "AGENTSTREAM_READ_KEYS": "read-keys", "AGENTSTREAM_ARM_SECRET": "arm-secret"}
+    assert {ref["name"] for ref in gateway.values()} == {f"{RELEASE}-auth"}
+    dashboard = secret_refs(find(objects, "Deployment", f"{RELEASE}-dashboard"))
+    assert {name: ref["key"] for name, ref in dashboard.items()} == {
+        "AGENTSTREAM_API_KEYS": "api-keys", "AGENTSTREAM_READ_KEYS": "read-keys"}
+    # an existing Secret needs only the token secret and the operator keys: the others are optional
+    given = render(helm, tmp_path, {**VALUES, "auth": {"existingSecret": "ours"}})
+    assert not [o for o in given if o["kind"] == "Secret"]
+    refs = secret_refs(find(given, "Deployment", f"{RELEASE}-gateway"))
+    assert {name for name, ref in refs.items() if not ref.get("optional")} == {
+        "AGENTSTREAM_TOKEN_SECRET", "AGENTSTREAM_API_KEYS"}
+    assert {ref["name"] for ref in refs.values()} == {"ours"}
+
+
+SASL = {"sasl": {"enabled": True, "username": "agentstream", "passwordSecret": {"name": "kafka-user"}}}
+
+
+@pytest.mark.parametrize("tls, protocol", [(False, "SASL_PLAINTEXT"), (True, "SASL_SSL")])
+def test_kafka_sasl_reaches_every_service_as_its_client_settings(helm, tmp_path, monkeypatch, tls, protocol):
+    """kafka.sasl: each workload's variables, read by its settings model, make the clients authenticate."""
+    from agentstream.schemas.kafka import aiokafka_auth, librdkafka_auth
+
+    objects = render(helm, tmp_path, {**VALUES, "kafka": {**VALUES["kafka"], **SASL, "tls": tls}})
+    workloads = [o for o in objects if o["kind"] in ("Deployment", "Job")]
+    assert len(workloads) == 7
+    for workload in workloads:
+        container = workload["spec"]["template"]["spec"]["containers"][0]
+        env = {var["name"]: var for var in container["env"]}
+        name = workload["metadata"]["name"]
+        assert env["AGENTSTREAM_SASL_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "kafka-user",
+                                                                                   "key": "password"}, name
+        for variable in [v for v in os.environ if v.startswith("AGENTSTREAM_") or v == "KAFKA_BOOTSTRAP_SERVERS"]:
+            monkeypatch.delenv(variable)
+        for variable, value in container_env(workload).items():
+            monkeypatch.setenv(variable, value)
+        monkeypatch.setenv("AGENTSTREAM_SASL_PASSWORD", "from-the-secret")
+        from agentstream.schemas.kafka import KafkaSettings
+        settings = KafkaSettings()
+        options = aiokafka_auth(settings)
+        assert (options["security_protocol"], options["sasl_mechanism"], options["sasl_plain_username"],
+                options["sasl_plain_password"]) == (protocol, "SCRAM-SHA-512", "agentstream", "from-the-secret"), name
+        assert ("ssl_context" in options) == tls
+        assert librdkafka_auth(settings)["security.protocol"] == protocol.lower()
+
+
+def test_kafka_sasl_without_a_user_or_password_is_refused_by_name(helm, tmp_path):
+    values = {**VALUES, "kafka": {**VALUES["kafka"], "sasl": {"enabled": True, "username": "agentstream"}}}
+    result = helm_run(helm, "template", RELEASE, str(CHART), values=values, tmp=tmp_path)
+    assert result.returncode != 0 and "kafka.sasl.passwordSecret.name" in result.stderr, result.stderr
 
 
 def controller_settings(objects: list[dict], monkeypatch) -> ControllerSettings:
@@ -206,7 +293,8 @@ def test_every_object_is_admitted_and_its_pods_pass_restricted(installed):
     assert core.read_namespace(SANDBOX).metadata.labels["pod-security.kubernetes.io/enforce"] == "restricted"
     workloads = [o for o in objects if o["kind"] in ("Deployment", "Job")]
     assert {o["metadata"]["name"] for o in workloads} == {
-        f"{RELEASE}-{name}" for name in ("gateway", "streams", "trainer", "dashboard", "controller", "topics")}
+        f"{RELEASE}-{name}" for name in ("gateway", "streams", "trainer", "dashboard", "controller", "topics",
+                                         "releases")}
     for workload in workloads:
         pod = core.create_namespaced_pod(NAMESPACE, pod_of(workload), dry_run="All")
         assert pod.spec.security_context.run_as_non_root

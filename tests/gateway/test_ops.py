@@ -50,7 +50,10 @@ def test_a_gateway_that_cannot_authenticate_refuses_to_start():
 
 
 @pytest.mark.parametrize(("setting", "value"), [("AGENTSTREAM_TOKEN_SECRET", "change-me"),
-                                              ("AGENTSTREAM_API_KEYS", "mine-0123456789,change-me-too")])
+                                              ("AGENTSTREAM_API_KEYS", "mine-0123456789,change-me-too"),
+                                              ("AGENTSTREAM_APP_KEYS", "change-me"),
+                                              ("AGENTSTREAM_READ_KEYS", "change-me-too"),
+                                              ("AGENTSTREAM_ARM_SECRET", "change-me")])
 def test_a_gateway_open_to_other_hosts_refuses_a_placeholder_secret(setting, value):
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("AGENTSTREAM_")},
            "AGENTSTREAM_TOKEN_SECRET": "a-secret-of-our-own", setting: value}
@@ -65,7 +68,7 @@ def test_a_gateway_open_to_other_hosts_refuses_a_placeholder_secret(setting, val
     from agentstream.gateway.service import settings_problem
 
     local = GatewaySettings(upstreams=["tiny=http://127.0.0.1:1"], host="127.0.0.1",
-                            **{setting.removeprefix("AGENTSTREAM_").lower(): value})
+                            **{"token_secret": "a-secret-of-our-own", setting.removeprefix("AGENTSTREAM_").lower(): value})
     assert settings_problem(local) is None
 
 

@@ -29,7 +29,7 @@ from agentstream.logs.replay.sources import Chunk, Item
 from agentstream.logs.replay.state import ReplayError, int_keys
 from agentstream.schemas.codec import encode
 from agentstream.schemas.durable import write_atomically
-from agentstream.schemas.kafka import KafkaSettings, ensure_topics
+from agentstream.schemas.kafka import KafkaSettings, ensure_topics, librdkafka_auth
 from agentstream.schemas.kafka_reader import _quiet
 from agentstream.schemas.scan import Bounds, resolve, scan
 from agentstream.schemas.topics import TopicSpec, topic_specs
@@ -76,7 +76,7 @@ def _producer(settings: KafkaSettings) -> Producer:
     from confluent_kafka import Producer
 
     return Producer({
-        "bootstrap.servers": settings.bootstrap_servers,
+        **librdkafka_auth(settings),
         "enable.idempotence": True,  # (and acks=all): a retried batch is not written twice
         "partitioner": "murmur2_random",  # keyed as Kafka's Java client and aiokafka do: by rollout id
         "linger.ms": 20,

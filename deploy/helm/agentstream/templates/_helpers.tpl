@@ -15,6 +15,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{- define "agentstream.secret" -}}{{ .Values.auth.existingSecret | default (printf "%s-auth" .Release.Name) }}{{- end }}
 
+{{/* a variable from a key of the auth Secret; `optional` for the keys an existingSecret may lack */}}
+{{- define "agentstream.secretEnv" -}}
+- name: {{ .name }}
+  valueFrom: {secretKeyRef: {name: {{ include "agentstream.secret" .root }}, key: {{ .key }}{{ if .optional }}, optional: true{{ end }}}}
+{{- end }}
+
 {{- define "agentstream.image" -}}{{ .Values.image.repository }}:{{ index .Values.image .image }}{{- end }}
 
 {{/* the gateway as attempt pods reach it: its Service's name, port and fixed ClusterIP */}}
@@ -54,6 +60,18 @@ securityContext:
 - {name: AGENTSTREAM_TOPIC_PREFIX, value: {{ .Values.kafka.topicPrefix | quote }}}
 - {name: AGENTSTREAM_PARTITIONS, value: {{ .Values.kafka.partitions | quote }}}
 - {name: AGENTSTREAM_REPLICATION_FACTOR, value: {{ .Values.kafka.replicationFactor | quote }}}
+{{- with .Values.kafka.sasl }}{{ if .enabled }}
+{{- if not (and .username .passwordSecret.name) }}
+{{- fail "kafka.sasl.enabled needs kafka.sasl.username and kafka.sasl.passwordSecret.name (a Secret holding the user's password)" }}
+{{- end }}
+- {name: AGENTSTREAM_SECURITY_PROTOCOL, value: {{ ternary "SASL_SSL" "SASL_PLAINTEXT" $.Values.kafka.tls }}}
+- {name: AGENTSTREAM_SASL_MECHANISM, value: {{ .mechanism | quote }}}
+- {name: AGENTSTREAM_SASL_USERNAME, value: {{ .username | quote }}}
+- name: AGENTSTREAM_SASL_PASSWORD
+  valueFrom: {secretKeyRef: {name: {{ .passwordSecret.name }}, key: {{ .passwordSecret.key | default "password" }}}}
+{{- else if $.Values.kafka.tls }}
+- {name: AGENTSTREAM_SECURITY_PROTOCOL, value: SSL}
+{{- end }}{{ end }}
 {{- range $name, $value := .Values.kafka.env }}
 - {name: {{ $name }}, value: {{ $value | quote }}}
 {{- end }}
@@ -83,9 +101,11 @@ securityContext:
 - {name: home, emptyDir: {}}
 {{- end }}
 
+{{/* liveness at `path`; readiness at `ready` where the service has one apart (the gateway's /readyz: an upstream
+reload takes the pod out of the Service, it does not restart it) */}}
 {{- define "agentstream.httpProbe" -}}
 readinessProbe:
-  httpGet: {path: {{ .path }}, port: http}
+  httpGet: {path: {{ .ready | default .path }}, port: http}
   periodSeconds: 10
 livenessProbe:
   httpGet: {path: {{ .path }}, port: http}
