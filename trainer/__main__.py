@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 
 from pydantic import ValidationError
 from pydantic_settings import CliApp
@@ -27,6 +28,7 @@ async def serve(settings: TrainerSettings) -> None:
     from transformers.utils import logging as hf_logging
 
     from agentstream.schemas.errors import AgentstreamError
+    from agentstream.trainer.memory import DoesNotFit
     from agentstream.trainer.service import Trainer  # imports torch and verl: after --help has had its chance
 
     hf_logging.disable_progress_bar()
@@ -36,6 +38,9 @@ async def serve(settings: TrainerSettings) -> None:
         loop.add_signal_handler(sig, trainer.stop)
     try:
         await trainer.run()
+    except DoesNotFit as exc:  # its own exit code: a supervisor tells it from a crash
+        print(f"trainer: {exc}", file=sys.stderr)
+        raise SystemExit(DoesNotFit.exit_code) from None
     except AgentstreamError as exc:
         raise SystemExit(f"trainer: {exc}") from None
 
