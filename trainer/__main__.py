@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 
 from agentstream.schemas.flags import parse
 from agentstream.trainer.settings import TrainerSettings
@@ -20,6 +21,7 @@ async def serve(settings: TrainerSettings) -> None:
     from transformers.utils import logging as hf_logging
 
     from agentstream.schemas.errors import AgentstreamError
+    from agentstream.trainer.memory import DoesNotFit
     from agentstream.trainer.service import Trainer  # imports torch and verl: after --help has had its chance
 
     hf_logging.disable_progress_bar()
@@ -29,6 +31,9 @@ async def serve(settings: TrainerSettings) -> None:
         loop.add_signal_handler(sig, trainer.stop)
     try:
         await trainer.run()
+    except DoesNotFit as exc:  # its own exit code: a supervisor tells it from a crash
+        print(f"trainer: {exc}", file=sys.stderr)
+        raise SystemExit(DoesNotFit.exit_code) from None
     except AgentstreamError as exc:
         raise SystemExit(f"trainer: {exc}") from None
 

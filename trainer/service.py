@@ -43,8 +43,9 @@ from agentstream.schemas.scan import Bounds, resolve, scan
 from agentstream.trainer.batcher import Batch, Batcher, Sample, group_of, oldest_version, source_of, weigh
 from agentstream.trainer.checkpoint import Checkpoint, CheckpointStore, TrainingState
 from agentstream.trainer.errors import RanksFailed, TrainerError
-from agentstream.trainer.grpo import Policy, misplaced_turn
+from agentstream.trainer.grpo import Policy, compute_dtype, misplaced_turn
 from agentstream.trainer.ledger import Ledger
+from agentstream.trainer.memory import fit_to_memory
 from agentstream.trainer.settings import TrainerSettings
 from agentstream.trainer.sft import SFTPolicy, eligible
 from agentstream.trainer.sources import SourceRecord, TrajectorySource, make_source
@@ -113,6 +114,7 @@ class Trainer:
                 raise TrainerError(f"no checkpoint in {self.store.root} and no model to start from: pass "
                                  "--base-model DIR (a Hugging Face model folder, e.g. `agentstream model tiny DIR`)")
             self.model_dir, self.version, self.step = s.base_model.resolve(), s.initial_version, 0
+            s = self._fit_memory(self.model_dir)
             self.policy = self._make_policy(self.model_dir, None, s)
             log.info("starting from %s at version %d", self.model_dir, self.version)
             return
@@ -121,9 +123,20 @@ class Trainer:
                              "pass --model or another --checkpoint-dir")
         optimizer_file = latest.optimizer_file if s.save_optimizer and latest.optimizer_file.is_file() else None
         self.model_dir, self.version, self.step = latest.path, latest.version, latest.state.step
+        s = self._fit_memory(latest.path)
         self.policy = self._make_policy(latest.path, optimizer_file, s)
         log.info("resuming from %s (version %d, step %d%s)", latest.path, self.version, self.step,
                  ", optimizer state restored" if optimizer_file else "")
+
+    def _fit_memory(self, folder: Path) -> TrainerSettings:
+        """The settings, with a smaller micro-batch or gradient checkpointing if the estimated peak needs them
+        (and the user left them free); DoesNotFit when nothing fits. The estimate is logged: a kill by the
+        kernel is reported with it (stack/exits.py reads this line from the log)."""
+        fitted = fit_to_memory(self.settings, folder, bfloat16=compute_dtype(self.settings) == torch.bfloat16)
+        if fitted is not None:
+            (log.warning if fitted.chosen else log.info)("%s", fitted.describe())
+            self.settings = fitted.settings
+        return self.settings
 
     @staticmethod
     def _make_policy(folder: Path, optimizer_file: Path | None, settings: TrainerSettings) -> Policy | RankedPolicy:

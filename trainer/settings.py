@@ -164,6 +164,13 @@ class TrainerSettings(KafkaSettings):
                                                    "SIGTERM (live) or the end of the offline range")
     dedupe_window: int = Field(100_000, ge=0, description="trajectory ids remembered (across restarts) to drop "
                                                           "late re-deliveries")
+    memory_check: bool = Field(True, description="estimate the peak memory before loading the model (trainer/"
+                                                 "memory.py) and fit it in what is available: a smaller "
+                                                 "--micro-batch-size, then --gradient-checkpointing, where not "
+                                                 "given; else refuse to start (exit 2) with the estimate and the "
+                                                 "flags that fix it. On a CPU, in one process")
+    memory_limit_gib: float = Field(0.0, ge=0, description="memory the trainer may use, GiB; 0: what is available "
+                                                           "(the cgroup's limit, else MemAvailable)")
     log_level: Literal["debug", "info", "warning"] = Field("info", description="debug also logs every record "
                                                                               "not trained on, with the reason")
 

@@ -24,6 +24,7 @@ from agentstream.demo.progress import Progress
 from agentstream.schemas.codec import DecodeError, decode
 from agentstream.schemas.kafka import KafkaSettings, ensure_topics, make_consumer
 from agentstream.stack import StackError, configured_kafka, default_kafka_dir
+from agentstream.stack.exits import how_it_ended, oom_kills
 from agentstream.stack.kafka import LocalKafka
 from agentstream.stack.process import ServerState, free_port, spawn, stop_pid, tail
 from agentstream.stack.service import Service
@@ -77,6 +78,8 @@ class Running:
     name: str
     process: subprocess.Popen[bytes]
     log: Path
+    oom_kills: int | None = None
+    """the kernel's out-of-memory kills when it started (`stack.exits`)"""
 
 
 class Demo:
@@ -123,7 +126,7 @@ class Demo:
 
     def start(self, service: Service) -> Running:
         log = self.out / "logs" / f"{service.name}.log"
-        running = Running(service.name, spawn(service.argv(), log, env=service.env), log)
+        running = Running(service.name, spawn(service.argv(), log, env=service.env), log, oom_kills())
         self.running.append(running)
         return running
 
@@ -131,8 +134,9 @@ class Demo:
         """Fail on a service that died; one that finished its work (exit 0: the trainer's last
         version, the controller's last rollout) is done, not dead."""
         for service in self.running:
-            if service.process.poll() not in (None, 0):
-                raise StackError(f"the {service.name} exited. Its log ({service.log}):\n{tail(service.log)}")
+            if (code := service.process.poll()) not in (None, 0):
+                ended = how_it_ended(code, service.log, service.oom_kills)
+                raise StackError(f"the {service.name} {ended}. Its log ({service.log}):\n{tail(service.log)}")
 
     def stop_all(self) -> None:
         for service in reversed(self.running):  # the traffic first: no new agents

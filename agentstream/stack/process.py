@@ -25,6 +25,7 @@ from typing import Any
 import psutil
 
 from agentstream.schemas.errors import ServiceError
+from agentstream.stack.exits import how_it_ended
 
 
 class StackError(ServiceError):
@@ -148,7 +149,8 @@ def await_ready(
     while not ready():
         elapsed = time.monotonic() - start
         if proc.poll() is not None:
-            raise StackError(f"{name} exited with code {proc.returncode} while starting. Log ({log}):\n{tail(log)}")
+            ended = how_it_ended(proc.returncode, log, None)
+            raise StackError(f"{name} {ended} while starting. Log ({log}):\n{tail(log)}")
         if elapsed > timeout:
             stop_pid(proc.pid, grace=5)
             raise StackError(f"{name} was not ready after {timeout:.0f} s. Log ({log}):\n{tail(log)}")
