@@ -5,20 +5,17 @@ upstream, recorded as a failed call; what the upstream gets wrong is a 502 namin
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import orjson
 import pytest
-from aiohttp import web
 
 from agentstream.gateway.settings import GatewaySettings
 from agentstream.schemas.events import CallEvent
 from agentstream.stack.process import free_port
-from tests.support.gateway import gateway_settings, read_events, running_gateway
+from tests.support.gateway import canned_upstream, gateway_settings, read_events, running_gateway
 
 CHAT = ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
 COMPLETIONS = ("/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 2})
@@ -167,32 +164,9 @@ def _chunks(logprob: Any) -> bytes:
     return b"data: " + orjson.dumps(first) + b"\n\ndata: [DONE]\n\n"
 
 
-@contextlib.asynccontextmanager
-async def broken_upstream(body: bytes, stream: bytes) -> AsyncIterator[str]:
-    async def chat(request: web.Request) -> web.StreamResponse:
-        if (await request.json()).get("stream"):
-            return web.Response(body=stream, content_type="text/event-stream")
-        return web.Response(body=body, content_type="application/json")
-
-    async def health(request: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/health", health)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
-
-
 @pytest.mark.parametrize("logprob", [None, "NaN", "-inf"], ids=["null", "string-nan", "string-inf"])
 async def test_a_logprob_that_is_not_a_finite_number_is_a_502_and_nothing_broken_is_recorded(kafka, logprob):
-    async with broken_upstream(orjson.dumps(_completion(logprob)), _chunks(logprob)) as url, \
+    async with canned_upstream(orjson.dumps(_completion(logprob)), _chunks(logprob)) as url, \
             running_gateway(gateway_settings(kafka, [f"tiny={url}"], pool_sync=False, refused_fields=[])) as gw, \
             gw.http() as http:
         plain = await http.post(CHAT[0], json=CHAT[1])
@@ -218,7 +192,7 @@ async def test_a_logprob_that_is_not_a_finite_number_is_a_502_and_nothing_broken
 async def test_a_body_with_nan_names_the_cause(kafka):
     raw = orjson.dumps(_completion(-1.0)).replace(b"-1.0", b"NaN")
     stream = _chunks(-1.0).replace(b"-1.0", b"-Infinity")
-    async with broken_upstream(raw, stream) as url, \
+    async with canned_upstream(raw, stream) as url, \
             running_gateway(gateway_settings(kafka, [f"tiny={url}"], pool_sync=False)) as gw, gw.http() as http:
         plain = await http.post(CHAT[0], json=CHAT[1])
         streamed = await http.post(CHAT[0], json={**CHAT[1], "stream": True})

@@ -12,7 +12,6 @@ import httpx
 import openai
 import orjson
 import pytest
-from aiohttp import web
 
 from agentstream.controller.attempt import Attempt, Gateway, agent_env
 from agentstream.controller.tasks import PlannedRollout
@@ -26,7 +25,15 @@ from agentstream.schemas.releases import in_canary
 from agentstream.schemas.sessions import app_session_id, feedback_id, key_identity, session_rollout_id
 from agentstream.schemas.tokens import mint_rollout_token, verify_rollout_token
 from agentstream.stack.process import free_port
-from tests.support.gateway import OPERATOR_KEY, TOKEN_SECRET, gateway_settings, read_events, running_gateway, token
+from tests.support.gateway import (
+    OPERATOR_KEY,
+    TOKEN_SECRET,
+    canned_upstream,
+    gateway_settings,
+    read_events,
+    running_gateway,
+    token,
+)
 from tests.support.streams import publish
 from tests.support.wait import wait_for_async
 
@@ -201,23 +208,8 @@ async def upstream() -> AsyncIterator[str]:
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "a"}, "finish_reason": "stop",
                      "token_ids": [7], "logprobs": {"content": [{"token": "a", "logprob": -0.1}]}}]})
 
-    async def chat(request: web.Request) -> web.Response:
-        return web.Response(body=body, content_type="application/json")
-
-    async def health(request: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/health", health)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with canned_upstream(body) as url:
+        yield url
 
 
 @pytest.mark.parametrize("wanted", [True, False], ids=["canary", "stable"])

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import uvicorn
+from aiohttp import web
 from anthropic import AsyncAnthropic
 from anthropic.types import RawMessageStreamEvent
 from openai import AsyncOpenAI
@@ -296,3 +297,28 @@ def run_stream(adapter, request: dict, stream: list[dict] = STREAM) -> tuple[lis
         STREAM_EVENTS[adapter.api].validate_python(event)
         events.append(event)
     return events, assembler
+
+
+@contextlib.asynccontextmanager
+async def canned_upstream(body: bytes, stream: bytes = b"") -> AsyncIterator[str]:
+    """A model server on 127.0.0.1 that answers every chat completion with `body` (`stream` when the request
+    streams), and /health: for what a real vLLM never sends, or many upstreams a test needs at once."""
+    async def chat(request: web.Request) -> web.Response:
+        if (await request.json()).get("stream"):
+            return web.Response(body=stream, content_type="text/event-stream")
+        return web.Response(body=body, content_type="application/json")
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/health", health)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
