@@ -44,6 +44,8 @@ class Principal:
     claims: RolloutClaims | None = None
     identity: str = "anonymous"
     """who this is in events (feedback's sender, a key's default session): `key:<hash>` of a gateway key"""
+    tenant: str | None = None
+    """the tenant a key belongs to (its adapter serves and learns from its calls); None: the shared policy"""
 
 
 @dataclass(frozen=True)

@@ -269,6 +269,8 @@ class Call(Payload):
     ttft_ms: float | None = Field(None, description="time to first token, for streams")
     retry_count: int | None = Field(None, description="the agent's SDK's retry number of this request, from its "
                                     "headers (x-stainless-retry-count, …): 0 the first try, 1 or more a retry")
+    tenant: str | None = Field(None, description="the tenant (an agent or team, named by its key) whose adapter "
+                               "answered and learns from this call; None: the shared policy")
 
 
 class CallEvent(Event):
@@ -382,6 +384,8 @@ class Trajectory(Payload):
     lineage: list[str] = Field(description="ids of the events this trajectory was built from")
     session_id: str | None = Field(None, description="set for production traffic: the session (not a rollout) "
                                    "these calls were made in; its rewards come from feedback, by the reward policy")
+    tenant: str | None = Field(None, description="the tenant whose adapter this trajectory trains; None: the shared "
+                               "policy")
     revision_of: str | None = Field(None, description="set on a revision: the id of the conversation's trajectory "
                                     "published first, which this one replaces with the reward of later feedback "
                                     "(the same turns and sequences)")
@@ -404,6 +408,8 @@ class Weights(Payload):
     base_version: int | None = Field(None, description="the version this one was trained from")
     metrics: dict[str, float] = Field(default_factory=dict)
     lineage: list[str] = Field(default_factory=list, description="ids of the trajectories trained on")
+    tenant: str | None = Field(None, description="set for a tenant's adapter: `uri` is then a LoRA adapter folder, "
+                               "served beside the base as `<tenant>@<version>`; None: full weights of the model")
 
 
 class WeightsEvent(Event):
@@ -426,6 +432,8 @@ class PoolUpdate(Payload):
     held_ms: float | None = Field(None, description="time the gateway held new requests for the model")
     error: str | None = None
     applied_by: str = Field(description="the gateway replica that applied the update")
+    tenant: str | None = Field(None, description="the tenant whose adapter was loaded (no pause of the base); None: "
+                               "the model's full weights")
 
 
 class PoolUpdateEvent(Event):
