@@ -6,7 +6,7 @@ instead of a traceback. Each kind also derives from the builtin exception it use
 
 * AgentstreamError
   * ConfigurationError (ValueError) - a setting, flag, argument or file that cannot work as given
-    * controller.tasks.TaskFileError, recipes.swe.tasks.TaskFileError, dashboard.rollouts.FilterError,
+    * controller.tasks.TaskFileError, recipes.swe.tasks.InstanceFileError, dashboard.rollouts.FilterError,
       streams.rewards.RewardError, agentstream.logs.replay.ReplayError, agentstream.logs.results.QueryFailed
       (a query polars refuses), schemas.flags.BadSetting (a flag or variable an entrypoint refuses, exit 2)
   * LogUnavailable (LookupError) - Kafka or the archive cannot serve what was asked: unreachable,

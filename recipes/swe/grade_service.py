@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         instances = tasks.load(settings.tasks, settings.repos_dir)
-    except (OSError, tasks.TaskFileError) as exc:
+    except (OSError, tasks.InstanceFileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
