@@ -15,6 +15,7 @@ instead of a traceback. Each kind also derives from the builtin exception it use
   * DecodeError (ValueError) - bytes that are not what they claim to be
     * UnsupportedSchemaVersion - an event written by a newer agentstream
     * schemas.tokens.InvalidToken - a rollout token that does not verify
+    * schemas.conversation.BadConversation - a request's conversation that is not one (the gateway's 400)
   * ServiceError (RuntimeError) - a part of the platform could not do its job while running
     * trainer.errors.TrainerError (and CheckpointLocked, RanksFailed), controller.controller.RunLocked,
       controller.attempt.LaunchError, sandbox.contract.SandboxError,
