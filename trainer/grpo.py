@@ -380,8 +380,8 @@ def warm_up(optimizer: torch.optim.Optimizer, settings: TrainerSettings) -> None
     steps are AdamW's own count, which its saved state keeps, so a restarted trainer goes on where it stopped."""
     if not settings.lr_warmup_steps:
         return
-    taken = next(iter(optimizer.state.values()), {}).get("step", 0)
-    lr = settings.lr * min(1.0, (int(taken) + 1) / settings.lr_warmup_steps)
+    first: dict[str, Any] = next(iter(optimizer.state.values()), {})  # every parameter's state counts the same steps
+    lr = settings.lr * min(1.0, (int(first.get("step", 0)) + 1) / settings.lr_warmup_steps)
     for group in optimizer.param_groups:
         group["lr"] = lr
 
