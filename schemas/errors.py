@@ -8,7 +8,8 @@ instead of a traceback. Each kind also derives from the builtin exception it use
   * ConfigurationError (ValueError) - a setting, flag, argument or file that cannot work as given
     * controller.tasks.TaskFileError, recipes.swe.tasks.InstanceFileError, dashboard.rollouts.FilterError,
       streams.rewards.RewardError, agentstream.logs.replay.ReplayError, agentstream.logs.results.QueryFailed
-      (a query polars refuses), schemas.flags.BadSetting (a flag or variable an entrypoint refuses, exit 2)
+      (a query polars refuses), schemas.flags.BadSetting (a flag or variable an entrypoint refuses, exit 2),
+      releases.manual.NoCanary (a promote or rollback of a model with no canary running)
   * LogUnavailable (LookupError) - Kafka or the archive cannot serve what was asked: unreachable,
     no such topic, an unreadable archive manifest
     * controller.controller.KafkaUnavailable
@@ -21,8 +22,6 @@ instead of a traceback. Each kind also derives from the builtin exception it use
       controller.attempt.LaunchError, sandbox.contract.SandboxError,
       agentstream.stack.StackError, gateway.pool_sync.UpdateFailed, recipes.swe: GradeError,
       BuildError, EnvError, WorkspaceError, RepoError, SandboxExhausted
-  * releases.manual.NoCanary - a promote or rollback of a model with no canary running (directly under the
-    base for now: a ConfigurationError by its meaning)
   * schemas.api_errors.ApiError - an error a client gets as an HTTP response (OpenAI's shape): the dashboard's
     * gateway.errors.GatewayError - the gateway's
 """
