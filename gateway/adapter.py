@@ -9,7 +9,7 @@ chunk: token ids are taken from the chunks as they pass, never re-tokenized, and
 assembled into the same response a non-streamed call would have returned.
 
 Every adapter produces the same `Tokens`, so a new API is one new adapter in
-`gateway.adapters.ADAPTERS` (the app serves each at its `path`, plain and rollout-scoped).
+`gateway.apis.ADAPTERS` (the app serves each at its `path`, plain and rollout-scoped).
 """
 
 from __future__ import annotations

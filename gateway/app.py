@@ -23,7 +23,7 @@ from starlette.routing import BaseRoute, Route
 
 from agentstream.gateway import rollouts, sessions
 from agentstream.gateway.adapter import Adapter
-from agentstream.gateway.adapters import ADAPTERS
+from agentstream.gateway.apis import ADAPTERS
 from agentstream.gateway.errors import ErrorCode, GatewayError
 from agentstream.gateway.messages import Messages
 from agentstream.gateway.rollouts import json_response

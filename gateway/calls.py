@@ -19,7 +19,7 @@ from starlette.responses import Response
 
 from agentstream.gateway.adapter import Adapter, Body, Rewrite
 from agentstream.gateway.auth import Attribution
-from agentstream.gateway.call import CallRecord, retry_count_of
+from agentstream.gateway.call_record import CallRecord, retry_count_of
 from agentstream.gateway.errors import BadRequest, ErrorCode, GatewayError, UpstreamFailed
 from agentstream.gateway.fields import model_of
 from agentstream.gateway.logs import fields

@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 from agentstream.gateway.errors import BadRequest, ErrorCode
+from agentstream.schemas.conversation import kind_of
 
 Body = dict[str, Any]
 
@@ -25,26 +26,21 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _kind(value: Any) -> str:
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
-            dict: "an object", type(None): "null"}.get(type(value), type(value).__name__)
-
-
 def object_of(value: Any, where: str) -> Body:
     if not isinstance(value, dict):
-        raise bad_request(f"{where} must be an object, not {_kind(value)}")
+        raise bad_request(f"{where} must be an object, not {kind_of(value)}")
     return value
 
 
 def list_of(value: Any, where: str) -> list[Any]:
     if not isinstance(value, list):
-        raise bad_request(f"{where} must be a list, not {_kind(value)}")
+        raise bad_request(f"{where} must be a list, not {kind_of(value)}")
     return value
 
 
 def text_of(value: Any, where: str) -> str:
     if not isinstance(value, str):
-        raise bad_request(f"{where} must be a string, not {_kind(value)}")
+        raise bad_request(f"{where} must be a string, not {kind_of(value)}")
     return value
 
 
@@ -52,7 +48,7 @@ def flag(body: Body, name: str) -> bool | None:
     """An optional boolean (`stream`, `logprobs`...): `"yes"` is not one."""
     value = body.get(name)
     if value is not None and not isinstance(value, bool):
-        raise bad_request(f"'{name}' must be true or false, not {_kind(value)} ({_shown(value)})")
+        raise bad_request(f"'{name}' must be true or false, not {kind_of(value)} ({_shown(value)})")
     return value
 
 
@@ -62,7 +58,7 @@ def integer(body: Body, name: str, minimum: int, maximum: int | None = None) -> 
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool):
-        raise bad_request(f"'{name}' must be an integer, not {_kind(value)} ({_shown(value)})")
+        raise bad_request(f"'{name}' must be an integer, not {kind_of(value)} ({_shown(value)})")
     if value < minimum or (maximum is not None and value > maximum):
         bounds = f"at least {minimum}" if maximum is None else f"between {minimum} and {maximum}"
         raise bad_request(f"'{name}' must be {bounds}, not {value}")
@@ -75,7 +71,7 @@ def number(body: Body, name: str, minimum: float, maximum: float | None = None) 
     if value is None:
         return None
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        raise bad_request(f"'{name}' must be a number, not {_kind(value)} ({_shown(value)})")
+        raise bad_request(f"'{name}' must be a number, not {kind_of(value)} ({_shown(value)})")
     if value < minimum or (maximum is not None and value > maximum):
         bounds = f"at least {minimum}" if maximum is None else f"between {minimum} and {maximum}"
         raise bad_request(f"'{name}' must be {bounds}, not {value}")
@@ -109,7 +105,7 @@ def model_of(body: Body) -> str:
     """The model the call is for: every API requires it, a non-empty string."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        detail = "" if model is None else f", not {_kind(model)} ({_shown(model)})"
+        detail = "" if model is None else f", not {kind_of(model)} ({_shown(model)})"
         raise BadRequest(f"'model' is required: the name of the model to call (see GET /v1/models){detail}",
                          ErrorCode.MISSING_MODEL)
     return model

@@ -13,7 +13,7 @@ from starlette.types import Receive, Scope, Send
 
 from agentstream.gateway import sse
 from agentstream.gateway.adapter import StreamAssembler
-from agentstream.gateway.call import CallRecord
+from agentstream.gateway.call_record import CallRecord
 from agentstream.gateway.errors import ErrorCode, GatewayError, UpstreamFailed
 from agentstream.gateway.pool import Lease
 

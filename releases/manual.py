@@ -12,15 +12,15 @@ from typing import Literal
 from aiokafka import TopicPartition
 
 from agentstream.schemas.codec import DecodeError, decode
-from agentstream.schemas.errors import AgentstreamError
+from agentstream.schemas.errors import ConfigurationError
 from agentstream.schemas.events import ReleaseEvent
 from agentstream.schemas.kafka import KafkaSettings, Publisher, make_consumer, make_producer
 from agentstream.schemas.releases import ReleaseState, fold
 from agentstream.schemas.scan import resolve
 
 
-class NoCanary(AgentstreamError):
-    pass
+class NoCanary(ConfigurationError):
+    """A promote or rollback of a model with no canary running: the model named cannot work as given."""
 
 
 async def release_states(settings: KafkaSettings) -> dict[str, ReleaseState]:

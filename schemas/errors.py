@@ -6,22 +6,22 @@ instead of a traceback. Each kind also derives from the builtin exception it use
 
 * AgentstreamError
   * ConfigurationError (ValueError) - a setting, flag, argument or file that cannot work as given
-    * controller.tasks.TaskFileError, recipes.swe.tasks.TaskFileError, dashboard.rollouts.FilterError,
+    * controller.tasks.TaskFileError, recipes.swe.tasks.InstanceFileError, dashboard.rollouts.FilterError,
       streams.rewards.RewardError, agentstream.logs.replay.ReplayError, agentstream.logs.results.QueryFailed
-      (a query polars refuses), schemas.flags.BadSetting (a flag or variable an entrypoint refuses, exit 2)
+      (a query polars refuses), schemas.flags.BadSetting (a flag or variable an entrypoint refuses, exit 2),
+      releases.manual.NoCanary (a promote or rollback of a model with no canary running)
   * LogUnavailable (LookupError) - Kafka or the archive cannot serve what was asked: unreachable,
     no such topic, an unreadable archive manifest
     * controller.controller.KafkaUnavailable
   * DecodeError (ValueError) - bytes that are not what they claim to be
     * UnsupportedSchemaVersion - an event written by a newer agentstream
     * schemas.tokens.InvalidToken - a rollout token that does not verify
+    * schemas.conversation.BadConversation - a request's conversation that is not one (the gateway's 400)
   * ServiceError (RuntimeError) - a part of the platform could not do its job while running
     * trainer.errors.TrainerError (and CheckpointLocked, RanksFailed), controller.controller.RunLocked,
       controller.attempt.LaunchError, sandbox.contract.SandboxError,
       agentstream.stack.StackError, gateway.pool_sync.UpdateFailed, recipes.swe: GradeError,
       BuildError, EnvError, WorkspaceError, RepoError, SandboxExhausted
-  * releases.manual.NoCanary - a promote or rollback of a model with no canary running (directly under the
-    base for now: a ConfigurationError by its meaning)
   * schemas.api_errors.ApiError - an error a client gets as an HTTP response (OpenAI's shape): the dashboard's
     * gateway.errors.GatewayError - the gateway's
 """

@@ -368,10 +368,22 @@ def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, pol
         grad_norm = grad_norm.full_tensor()
     finite = bool(torch.isfinite(grad_norm))
     if finite:  # one bad batch must not poison the weights
+        warm_up(optimizer, settings)
         optimizer.step()
     step["grad_norm"] = grad_norm.item() if finite else 0.0
     step["nonfinite_grad_steps"] = 0.0 if finite else 1.0
     return step
+
+
+def warm_up(optimizer: torch.optim.Optimizer, settings: TrainerSettings) -> None:
+    """The learning rate of the coming step under --lr-warmup-steps: lr × (steps so far + 1) / N, then lr. The
+    steps are AdamW's own count, which its saved state keeps, so a restarted trainer goes on where it stopped."""
+    if not settings.lr_warmup_steps:
+        return
+    first: dict[str, Any] = next(iter(optimizer.state.values()), {})  # every parameter's state counts the same steps
+    lr = settings.lr * min(1.0, (int(first.get("step", 0)) + 1) / settings.lr_warmup_steps)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
 
 
 def _weighted(batch: Tensors) -> bool:

@@ -112,6 +112,9 @@ class TrainerSettings(KafkaSettings):
     lr: float = Field(1e-6, gt=0, description="AdamW learning rate; this default suits a full fine-tune of a "
                                               "pretrained model (the presets give each model its own: the demo's "
                                               "random tiny model 3e-3, LoRA adapters ~1e-4)")
+    lr_warmup_steps: int = Field(0, ge=0, description="raise the learning rate linearly from lr/N to lr over the "
+                                 "first N optimizer steps (counted by AdamW's saved state: a restart continues "
+                                 "them); steadies a fresh optimizer's first, largest steps; 0: no warmup")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     adam_beta1: float = Field(0.9, description="AdamW beta1")
     adam_beta2: float = Field(0.999, description="AdamW beta2")

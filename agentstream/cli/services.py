@@ -61,7 +61,7 @@ def grade(ctx: typer.Context) -> None:
     agentstream grade --tasks FILE [--workers N] [--timeout-s S] [--no-second-opinion]
                       [--reward-penalties default|none|FLAG,FLAG…]
     """
-    from agentstream.recipes.swe.grade import main as grade_main
+    from agentstream.recipes.swe.grade_service import main as grade_main
 
     forward(grade_main, list(ctx.args))
 

@@ -1,9 +1,8 @@
 """A Messages request as a chat completions request, the way vLLM's own /v1/messages translates it.
 
-The system prompt (less Claude Code's per-request `x-anthropic-billing-header` block, which would
-change every turn's prefix) is one leading system message; `tool_use` blocks are the assistant
-message's tool calls (arguments as `json.dumps(input)`); each `tool_result` is a `tool` message,
-before the rest of its user turn; thinking is the assistant message's `reasoning`. Unlike vLLM,
+The conversation becomes chat messages by `schemas.conversation.anthropic_messages` (the system prompt
+one leading system message, `tool_use` blocks the assistant's tool calls, each `tool_result` a `tool`
+message, thinking the assistant's `reasoning`), which replay's dataset rows use too. Unlike vLLM,
 a final assistant message is a prefill the answer continues, as the Messages API defines. Fields
 the Messages API does not define (vLLM's `seed`, `allowed_token_ids`...) pass through to the
 chat request.
@@ -11,19 +10,18 @@ chat request.
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 from agentstream.gateway import fields
 from agentstream.gateway.adapter import Body
 from agentstream.gateway.fields import bad_request, list_of, object_of, text_of
 from agentstream.gateway.translation import note_dropped
+from agentstream.schemas.conversation import BadConversation, anthropic_messages
 
 if TYPE_CHECKING:  # the SDK's shapes, for the type checker only
     from openai.types.chat import ChatCompletionFunctionToolParam
     from openai.types.shared_params import FunctionDefinition
 
-_BILLING_HEADER = "x-anthropic-billing-header"
 # the Messages API's own fields: translated below, or (no chat equivalent) not sent upstream
 _MESSAGES_FIELDS = frozenset({
     "model", "messages", "max_tokens", "system", "stop_sequences", "temperature", "top_p", "top_k", "tools",
@@ -62,7 +60,10 @@ def to_chat(body: Body) -> Body:
     chat = {key: value for key, value in body.items() if key not in _MESSAGES_FIELDS}
     chat["model"] = body["model"]
     chat["max_tokens"] = max_tokens
-    chat["messages"] = _messages(body.get("system"), body.get("messages"))
+    try:
+        chat["messages"] = anthropic_messages(body.get("system"), body.get("messages"))
+    except BadConversation as exc:
+        raise bad_request(str(exc)) from None
     last = chat["messages"][-1]
     if last["role"] == "assistant" and last.get("content") and not last.get("tool_calls"):
         # a prefill: the answer continues the assistant's text
@@ -91,120 +92,6 @@ def tokenize_request(body: Body) -> Body:
     `/v1/messages` call with this body sends (count_tokens has no `max_tokens`; it changes no prompt)."""
     chat = to_chat({**body, "max_tokens": 1})
     return {key: chat[key] for key in _TOKENIZE_FIELDS if key in chat}
-
-
-def _messages(system: Any, messages: Any) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    if system:
-        text = system if isinstance(system, str) else _system_text(system, "system")
-        if text:
-            out.append({"role": "system", "content": text})
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("'messages' is required: a non-empty list of {role, content} messages")
-    for index, message in enumerate(messages):
-        where = f"messages[{index}]"
-        message = object_of(message, where)
-        role = message.get("role")
-        content = message.get("content")
-        if role == "system":  # vLLM's extension: a system message within the conversation
-            text = content if isinstance(content, str) else _system_text(content, f"{where}.content")
-            if text:
-                out.append({"role": "system", "content": text})
-            continue
-        if role not in ("user", "assistant"):
-            raise bad_request(f"{where}.role must be 'user' or 'assistant', not {role!r}")
-        chat: dict[str, Any] = {"role": role}
-        if isinstance(content, str):
-            chat["content"] = content
-        else:
-            _blocks(list_of(content, f"{where}.content"), chat, out, where)
-        if not (role == "user" and "content" not in chat):  # a user turn of tool results alone is those results
-            out.append(chat)
-    return out
-
-
-def _system_text(blocks: Any, where: str) -> str:
-    texts = []
-    for index, block in enumerate(list_of(blocks, where)):
-        block = object_of(block, f"{where}[{index}]")
-        if block.get("type") != "text":
-            raise bad_request(f"{where}[{index}]: system blocks must be text blocks, not {block.get('type')!r}")
-        text = text_of(block.get("text"), f"{where}[{index}].text")
-        if not text.startswith(_BILLING_HEADER):
-            texts.append(text)
-    return "".join(texts)
-
-
-def _blocks(blocks: list[Any], chat: dict[str, Any], out: list[dict[str, Any]], where: str) -> None:
-    """One message's content blocks into `chat`; its tool results into `out`, as `tool` messages before it."""
-    parts: list[dict[str, Any]] = []
-    calls: list[dict[str, Any]] = []
-    reasoning: list[str] = []
-    for index, block in enumerate(blocks):
-        at = f"{where}.content[{index}]"
-        block = object_of(block, at)
-        kind = block.get("type")
-        if kind == "text":
-            if text_of(block.get("text"), f"{at}.text"):
-                parts.append({"type": "text", "text": block["text"]})
-        elif kind == "image":
-            parts.append({"type": "image_url", "image_url": {"url": _image_url(block.get("source"), at)}})
-        elif kind == "thinking":
-            reasoning.append(text_of(block.get("thinking"), f"{at}.thinking"))
-        elif kind == "redacted_thinking":
-            continue  # opaque, and never produced by a model served here
-        elif kind == "tool_use":
-            calls.append({"id": text_of(block.get("id"), f"{at}.id"), "type": "function",
-                          "function": {"name": text_of(block.get("name"), f"{at}.name"),
-                                       "arguments": json.dumps(object_of(block.get("input", {}), f"{at}.input"))}})
-        elif kind == "tool_result":
-            _tool_result(block, chat["role"], parts, out, at)
-        else:
-            raise bad_request(f"{at}: content blocks of type {kind!r} are not supported by this gateway "
-                              "(text, image, tool_use, tool_result, thinking are)")
-    if reasoning:
-        chat["reasoning"] = "".join(reasoning)
-    if calls:
-        chat["tool_calls"] = calls
-    if parts:
-        chat["content"] = parts[0]["text"] if len(parts) == 1 and parts[0]["type"] == "text" else parts
-
-
-def _tool_result(block: dict[str, Any], role: str, parts: list[dict[str, Any]], out: list[dict[str, Any]],
-                 where: str) -> None:
-    content = block.get("content")
-    images: list[str] = []
-    if content is None or isinstance(content, str):
-        text = content or ""
-    else:
-        texts = []
-        for index, item in enumerate(list_of(content, f"{where}.content")):
-            item = object_of(item, f"{where}.content[{index}]")
-            if item.get("type") == "text":
-                texts.append(text_of(item.get("text"), f"{where}.content[{index}].text"))
-            elif item.get("type") == "image":
-                images.append(_image_url(item.get("source"), f"{where}.content[{index}]"))
-            else:
-                raise bad_request(f"{where}.content[{index}]: tool results hold text and image blocks, "
-                                  f"not {item.get('type')!r}")
-        text = "\n".join(texts)
-    if role != "user":  # vLLM's reading of a tool result in an assistant turn
-        parts.append({"type": "text", "text": f"Tool result: {text}"})
-        return
-    out.append({"role": "tool", "tool_call_id": text_of(block.get("tool_use_id", ""), f"{where}.tool_use_id"),
-                "content": text})
-    if images:
-        out.append({"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}} for url in images]})
-
-
-def _image_url(source: Any, where: str) -> str:
-    source = object_of(source, f"{where}.source")
-    if source.get("type") == "url":
-        return text_of(source.get("url"), f"{where}.source.url")
-    if source.get("type") == "base64":
-        data = text_of(source.get("data"), f"{where}.source.data")
-        return f"data:{source.get('media_type', 'image/jpeg')};base64,{data}"
-    raise bad_request(f"{where}.source: images are given as base64 or url sources, not {source.get('type')!r}")
 
 
 def _is_server_tool(tool: dict[str, Any]) -> bool:

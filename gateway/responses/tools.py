@@ -22,13 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 from agentstream.gateway.fields import bad_request, list_of, object_of, text_of
 from agentstream.gateway.translation import note_dropped
+from agentstream.schemas.conversation import SEPARATOR, flat_name
 
 if TYPE_CHECKING:  # the SDK's shapes, for the type checker only
     from openai.types.chat import ChatCompletionFunctionToolParam
     from openai.types.shared_params import FunctionDefinition
 
-SEPARATOR = "__"
-"""between a namespace and a tool's name in the flat name the model sees (as Claude Code's `mcp__server__tool`)"""
 HOSTED = ("web_search", "file_search", "code_interpreter", "image_generation", "computer_use", "mcp", "tool_search")
 """prefixes of the types of hosted tools (`web_search_preview_2025_03_11`, `computer_use_preview`, …)"""
 CUSTOM_INPUT: dict[str, object] = {
@@ -43,10 +42,6 @@ class ToolName:
     name: str
     namespace: str | None = None
     custom: bool = False
-
-
-def flat_name(name: str, namespace: str | None) -> str:
-    return f"{namespace}{SEPARATOR}{name}" if namespace else name
 
 
 def is_hosted(kind: object) -> bool:

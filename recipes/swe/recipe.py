@@ -36,7 +36,7 @@ from agentstream.demo.progress import Progress as DemoProgress
 from agentstream.demo.progress import VersionRow, plot_by_version
 from agentstream.demo.run import Demo, StackConfig, run_folder, run_to_summary
 from agentstream.eval import EvalSettings, pass_at_1_interval
-from agentstream.recipes.swe.grade import GradeSettings
+from agentstream.recipes.swe.grade_service import GradeSettings
 from agentstream.recipes.swe.models import SweModel, build_base_model, model_defaults
 from agentstream.recipes.swe.task_files import build_recipe_tasks, probed_task_files
 from agentstream.schemas.events import EvalEvent, Event, PoolUpdateEvent, RewardEvent, TrajectoryEvent, WeightsEvent
@@ -129,7 +129,7 @@ class RecipeLoop(Loop):
 
     def services(self) -> list[Service]:
         gateway, streams, *rest = super().services()
-        return [gateway, streams, Service("grader", "agentstream.recipes.swe.grade", self.grader), *rest]
+        return [gateway, streams, Service("grader", "agentstream.recipes.swe.grade_service", self.grader), *rest]
 
     def traffic(self) -> list[Service]:
         measure = [] if self.eval is None else [Service("eval", "agentstream.eval", self.eval)]

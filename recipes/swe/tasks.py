@@ -31,8 +31,8 @@ class Problem:
         return f"line {self.line}: {self.reason}"
 
 
-class TaskFileError(ConfigurationError):
-    """A task file with bad lines; `problems` names each line and why."""
+class InstanceFileError(ConfigurationError):
+    """An SWE-bench instance file with bad lines; `problems` names each line and why."""
 
     def __init__(self, path: Path, problems: list[Problem]):
         self.path = path
@@ -43,7 +43,7 @@ class TaskFileError(ConfigurationError):
 
 
 def load(path: Path, repos_dir: Path, check_apply: bool = True) -> list[Instance]:
-    """Every instance of the file, or TaskFileError naming every bad line."""
+    """Every instance of the file, or InstanceFileError naming every bad line."""
     instances: list[Instance] = []
     problems: list[Problem] = []
     seen: dict[str, int] = {}
@@ -60,9 +60,9 @@ def load(path: Path, repos_dir: Path, check_apply: bool = True) -> list[Instance
         else:
             instances.append(instance)
     if problems:
-        raise TaskFileError(path, problems)
+        raise InstanceFileError(path, problems)
     if not instances:
-        raise TaskFileError(path, [Problem(0, "no tasks in the file")])
+        raise InstanceFileError(path, [Problem(0, "no tasks in the file")])
     return instances
 
 

@@ -15,7 +15,7 @@ import pytest
 from anthropic.types import Message
 from openai.types.responses import Response
 
-from agentstream.gateway.adapters import ADAPTERS
+from agentstream.gateway.apis import ADAPTERS
 from agentstream.gateway.errors import GatewayError
 from samples.assembly import assemble
 from tests.support.gateway import STREAM_EVENTS, call_id, chat_completion, chunk, read_events, run_stream

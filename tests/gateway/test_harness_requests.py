@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from openai.types.responses import Response
 
-from agentstream.gateway.adapters import ADAPTERS
+from agentstream.gateway.apis import ADAPTERS
 from agentstream.gateway.errors import BadRequest
 from agentstream.schemas import CallEvent
 from tests.support.gateway import (

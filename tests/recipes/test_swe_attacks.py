@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from agentstream.recipes.swe.build import write
-from agentstream.recipes.swe.grade import GradeService, GradeSettings
+from agentstream.recipes.swe.grade_service import GradeService, GradeSettings
 from agentstream.recipes.swe.grader import Grader
 from agentstream.recipes.swe.instance import Instance
 from agentstream.sandbox.local import STATE_DIR

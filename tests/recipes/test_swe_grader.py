@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agentstream.recipes.swe.grade import GradeService, GradeSettings, reward_event
+from agentstream.recipes.swe.grade_service import GradeService, GradeSettings, reward_event
 from agentstream.recipes.swe.grader import REWARD_FN, Grader
 from agentstream.recipes.swe.instance import Instance
 from agentstream.sandbox.contract import SandboxSpec

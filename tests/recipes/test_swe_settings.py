@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agentstream.recipes.swe import repos
-from agentstream.recipes.swe.grade import GradeSettings
+from agentstream.recipes.swe.grade_service import GradeSettings
 from agentstream.recipes.swe.harness import HarnessSettings
 from agentstream.recipes.swe.regrade import grade_diff
 from agentstream.recipes.swe.settings import (

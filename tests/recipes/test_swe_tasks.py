@@ -22,7 +22,7 @@ from agentstream.recipes.swe.build import (
 from agentstream.recipes.swe.grader import Grader
 from agentstream.recipes.swe.instance import assign_splits, split_of
 from agentstream.recipes.swe.mutate import mutations
-from agentstream.recipes.swe.tasks import TaskFileError, load
+from agentstream.recipes.swe.tasks import InstanceFileError, load
 from tests.support.swe import LIMIT, built
 
 
@@ -94,7 +94,7 @@ def test_a_bad_file_is_refused_whole_with_each_line_and_reason(task_set, tmp_pat
     bad_tests = {**good, "instance_id": "x-5", "test_patch": _corrupt(good["test_patch"])}
     rows = [good, missing, "{not json", unknown, no_commit, bad_patch, bad_tests, [1, 2], good]
     path = _write_lines(tmp_path / "tasks.jsonl", rows)
-    with pytest.raises(TaskFileError) as caught:
+    with pytest.raises(InstanceFileError) as caught:
         load(path, repos_dir)
     reasons = {p.line: p.reason for p in caught.value.problems}
     assert set(reasons) == {2, 3, 4, 5, 6, 7, 8, 9}, reasons

@@ -79,7 +79,7 @@ def run_controller(kafka, gateway_url: str, tasks: Path, logs: Path, env: dict[s
 
 
 def grader_process(kafka, instances: Path, repos: Path, envs: Path, log: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "agentstream.recipes.swe.grade", "--bootstrap-servers", kafka.bootstrap_servers,
+    cmd = [sys.executable, "-m", "agentstream.recipes.swe.grade_service", "--bootstrap-servers", kafka.bootstrap_servers,
            "--topic-prefix", kafka.topic_prefix, "--tasks", str(instances), "--repos-dir", str(repos),
            "--envs-dir", str(envs)]
     return spawn(cmd, log, cwd=REPO)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from agentstream.trainer.batcher import Batcher, Sample, group_of, staleness
-from agentstream.trainer.grpo import Policy, compute_advantages, micro_batches, to_tensors, token_logprobs
+from agentstream.trainer.grpo import Policy, compute_advantages, micro_batches, to_tensors, token_logprobs, warm_up
 from agentstream.trainer.settings import TrainerSettings
 from tests.support.trainer import (
     arithmetic_groups,
@@ -368,3 +368,26 @@ def test_each_turns_tokens_are_scored_at_its_temperature():
     scaled, _ = token_logprobs(Fixed(), ids, torch.ones_like(ids), False, batch.temperatures)
     expected = torch.log_softmax(logits[:, :-1] / batch.temperatures.unsqueeze(-1), -1).gather(-1, ids[:, 1:, None])
     assert torch.allclose(scaled, expected[..., 0])
+
+
+def test_the_learning_rate_warms_up_over_adamws_own_steps_and_a_restart_goes_on():
+    settings = TrainerSettings.model_validate({"lr": 1e-3, "lr_warmup_steps": 4})
+    layer = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.AdamW(layer.parameters(), lr=settings.lr)
+    rates = []
+    for _ in range(3):
+        layer(torch.ones(1, 2)).sum().backward()
+        warm_up(optimizer, settings)
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+    assert rates == pytest.approx([2.5e-4, 5e-4, 7.5e-4])
+    restarted = torch.optim.AdamW(layer.parameters(), lr=settings.lr)
+    restarted.load_state_dict(optimizer.state_dict())
+    for expected in (1e-3, 1e-3):  # the fourth step reaches lr, and it stays there
+        warm_up(restarted, settings)
+        assert restarted.param_groups[0]["lr"] == pytest.approx(expected)
+        layer(torch.ones(1, 2)).sum().backward()
+        restarted.step()
+    untouched = torch.optim.AdamW(layer.parameters(), lr=settings.lr)
+    warm_up(untouched, TrainerSettings.model_validate({"lr": 1e-3}))
+    assert untouched.param_groups[0]["lr"] == 1e-3

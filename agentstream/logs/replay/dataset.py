@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import polars as pl
 
+from agentstream.schemas.conversation import BadConversation, anthropic_messages, responses_messages
 from agentstream.schemas.events import Call, TrajectoryEvent
 from agentstream.streams.rewards import answer_text
 
@@ -62,25 +63,29 @@ def rows(event: TrajectoryEvent, calls: dict[str, Call], messages_as_json: bool 
 def chat_messages(call: Call) -> list[dict[str, Any]] | None:
     """The conversation of one call as chat messages, ending with the model's answer.
 
-    Chat completions keep their messages as sent (tool calls and all); Responses and Anthropic
-    Messages requests are turned into the same role/content shape. A plain completion has no
-    conversation: None.
+    Chat completions keep their messages as sent (tool calls and all). Responses and Anthropic Messages
+    calls become chat messages by the gateway's own conversion (`schemas.conversation`), the request's
+    and the answer's alike: the messages the model was given, tool calls and reasoning included. A plain
+    completion has no conversation, nor has a call whose conversation is not one (the gateway refused
+    it): None.
     """
     request, response = call.request, call.response or {}
-    if call.api == "chat.completions":
-        choices = response.get("choices") or [{}]
-        answer = choices[0].get("message") or {"role": "assistant", "content": answer_text(call)}
-        return [*request.get("messages", []), answer]
-    if call.api == "messages":
-        system = request.get("system")
-        system = [{"role": "system", "content": system}] if system else []
-        return [*system, *request.get("messages", []),
-                {"role": "assistant", "content": response.get("content", answer_text(call))}]
-    if call.api == "responses":
-        given = request.get("input")
-        history = [{"role": "user", "content": given}] if isinstance(given, str) else [
-            item for item in given or [] if isinstance(item, dict) and "role" in item]
-        instructions = request.get("instructions")
-        system = [{"role": "system", "content": instructions}] if instructions else []
-        return [*system, *history, {"role": "assistant", "content": answer_text(call)}]
+    try:
+        if call.api == "chat.completions":
+            choices = response.get("choices") or [{}]
+            return [*request.get("messages", []), choices[0].get("message") or _plain_answer(call)]
+        if call.api == "messages":
+            answer = (anthropic_messages(None, [{"role": "assistant", "content": response["content"]}])
+                      if response.get("content") else [_plain_answer(call)])
+            return [*anthropic_messages(request.get("system"), request.get("messages")), *answer]
+        if call.api == "responses":
+            answer = responses_messages(None, response["output"]) if response.get("output") else []
+            return [*responses_messages(request.get("instructions"), request.get("input")),
+                    *(answer or [_plain_answer(call)])]
+    except BadConversation:
+        return None
     return None
+
+
+def _plain_answer(call: Call) -> dict[str, Any]:
+    return {"role": "assistant", "content": answer_text(call)}

@@ -1,4 +1,4 @@
-"""`python -m agentstream.recipes.swe.grade --tasks FILE` (also `agentstream grade`): the grader as a service.
+"""`python -m agentstream.recipes.swe.grade_service --tasks FILE` (also `agentstream grade`): the grader as a service.
 
 It reads `rollout.diff` events from the rollouts topic, grades each diff against its instance (from
 the service's own task file, by instance_id: the agent never held the patches or the hidden tests)
@@ -36,14 +36,14 @@ from agentstream.schemas.events import Event, Reward, RewardEvent, RolloutDiffEv
 from agentstream.schemas.ids import derived_id
 from agentstream.schemas.kafka import KafkaSettings, Publisher, ensure_topics, make_consumer, make_producer
 
-log = logging.getLogger("recipes.swe.grade")
+log = logging.getLogger("recipes.swe.grade_service")
 SOURCE = "grader"
 
 
 class GradeSettings(KafkaSettings):
     """Grade coding agents' diffs from the rollouts topic; publish rewards."""
 
-    model_config = SettingsConfigDict(cli_prog_name="python -m agentstream.recipes.swe.grade")
+    model_config = SettingsConfigDict(cli_prog_name="python -m agentstream.recipes.swe.grade_service")
 
     tasks: Path = Field(description="the task file (SWE-bench JSONL) the diffs answer")
     repos_dir: Path = Field(default_factory=repos.default_repos_dir, description="where the task repositories are")
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         instances = tasks.load(settings.tasks, settings.repos_dir)
-    except (OSError, tasks.TaskFileError) as exc:
+    except (OSError, tasks.InstanceFileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
