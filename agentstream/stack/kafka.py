@@ -19,6 +19,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -45,6 +46,8 @@ JVM_OPTIONS = ("-Xms256m", "-Xmx512m", "-XX:+UseSerialGC")
 marking, so at a live rate G1 costs several times the serial collector's CPU per event, and this
 small heap keeps the serial collector's young pauses short (the figures: streams/README.md, "The
 broker's share")"""
+Spawned = tuple[subprocess.Popen[bytes], int, int, int]
+"""a broker's process just started, its port and controller port, and where its log stood before"""
 CLUSTER_JVM_OPTIONS = ("-Xms128m", "-Xmx384m", "-XX:+UseSerialGC")
 """each node's of a cluster on one machine: three brokers in the memory of one and a half"""
 CONTROLLERS = 3
@@ -131,7 +134,7 @@ class LocalKafka:
     def _launch(self, libs: Path, port: int, controller_port: int, timeout: float) -> ServerState:
         return self._await(*self._spawn(libs, port, controller_port), timeout)
 
-    def _spawn(self, libs: Path, port: int, controller_port: int) -> tuple[subprocess.Popen[bytes], int, int, int]:
+    def _spawn(self, libs: Path, port: int, controller_port: int) -> Spawned:
         """The broker's process, started (not yet serving), with its ports and where its log stood."""
         config = self._write_config(port, controller_port)
         if not (self.data_dir / "kraft" / "meta.properties").exists():
@@ -366,11 +369,14 @@ class KafkaCluster:
         and wait until each serves; the bootstrap address."""
         libs = kafka_libs(self.home, say)
         layout = self.layout()
-        starting = [(node, node._spawn(libs, *self._free_ports(layout, node_id)))
-                    for node_id in sorted(layout.ports) if (node := self.node(node_id, layout)).state() is None]
+        stopped = [node for node_id in sorted(layout.ports) if (node := self.node(node_id, layout)).state() is None]
         try:
-            for node, spawned in starting:
-                node._await(*spawned, timeout)
+            # each node's first start formats its storage, a JVM of its own: side by side
+            with ThreadPoolExecutor(max_workers=max(len(stopped), 1)) as pool:
+                spawned: list[Spawned] = list(pool.map(
+                    lambda node: node._spawn(libs, *self._free_ports(layout, _id(node))), stopped))
+            for node, started in zip(stopped, spawned, strict=True):
+                node._await(*started, timeout)
         except StackError:
             self.stop(grace=0)
             raise
@@ -409,6 +415,11 @@ class KafkaCluster:
             raise StackError(f"Kafka node {node_id}'s port {taken[0]} is taken by another process: the other nodes "
                              "know it by that port; free it, or start the cluster anew in another --data-dir")
         return ports
+
+
+def _id(node: LocalKafka) -> int:
+    assert node.node is not None
+    return node.node.node_id
 
 
 def cluster_size(data_dir: Path) -> int | None:
