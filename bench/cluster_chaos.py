@@ -11,9 +11,9 @@ drains, and the run counts, from the topics and the agents' own notes:
 - calls: every call an agent saw answered is in the calls topic once (lost, doubled);
 - trajectories: every finished attempt is one trajectory (missing, more than one; records re-published with the
   same id, which readers drop by id, are counted apart);
-- training: every trajectory is in one weights event's lineage at most (twice), and every one that fills a group
-  of the trainer's is trained (what is left over of a group whose other attempt the controller's stop cut off
-  waits for a peer that never comes);
+- training: every trajectory is in one weights event's lineage at most (twice), and every finished one that fills
+  a group of the trainer's is trained (what is left over of a group whose other attempt the controller's stop cut
+  off waits for a peer that never comes; failed attempts are rerun, not trained);
 - the partitions: how long the surviving streams worker took to hold all of them; the rates: answered calls/s
   before each kill and in the second half of its phase.
 
@@ -268,19 +268,24 @@ def counts(loop: Loop) -> dict[str, object]:
                       for tid in event.data.lineage)
     # a group trains in whole groups of GROUP_SIZE: what is left over (a group whose other attempt was cut off when
     # the controller stopped) waits for a peer that never comes
-    groups = Counter(group_of(tid, trajectory) for tid, trajectory in distinct.items())
-    trainable = len(distinct) - sum(size % GROUP_SIZE for size in groups.values())
+    # the trainer learns from finished attempts (a failed one, cut off by a kill or by the controller's stop, is
+    # rerun), in whole groups
+    done = {tid: trajectory for tid, trajectory in distinct.items() if trajectory.status == "finished"}
+    groups = Counter(group_of(tid, trajectory) for tid, trajectory in done.items())
+    trainable = len(done) - sum(size % GROUP_SIZE for size in groups.values())
     return {
         "calls_answered": len(seen_ids), "calls_logged": sum(logged.values()),
         "calls_lost": sum(call_id not in logged for call_id in seen_ids),
         "calls_doubled": sum(times > 1 for times in logged.values()),
         "attempts_finished": len(finished),
-        "trajectories": len(distinct), "trajectory_records": len(topics["trajectories"]),
+        "trajectories": len(distinct), "trajectories_finished": len(done),
+        "trajectory_records": len(topics["trajectories"]),
         "trajectories_of_unfinished_attempts": len(trajectories.keys() - finished),
         "finished_without_trajectory": len(finished - trajectories.keys()),
         "attempts_with_two_trajectories": sum(len(ids) > 1 for ids in trajectories.values()),
         "trainable": trainable, "trained": len(trained), "trained_twice": sum(times > 1 for times in trained.values()),
-        "trainable_not_trained": max(0, trainable - len(trained.keys() & distinct.keys())),
+        "trainable_not_trained": max(0, trainable - len(trained.keys() & done.keys())),
+        "trained_unfinished": len(trained.keys() - done.keys()),
         "weight_versions": len(topics["weights"]),
     }
 

@@ -367,8 +367,8 @@ class KafkaCluster:
     def start(self, timeout: float = 180.0, say: Callable[[str], None] = print) -> str:
         """Start every node that is not running, all at once (a controller waits for a majority of the quorum),
         and wait until each serves; the bootstrap address."""
+        layout = self.layout()  # before the jars: a data directory that holds something else is refused first
         libs = kafka_libs(self.home, say)
-        layout = self.layout()
         stopped = [node for node_id in sorted(layout.ports) if (node := self.node(node_id, layout)).state() is None]
         try:
             # each node's first start formats its storage, a JVM of its own: side by side

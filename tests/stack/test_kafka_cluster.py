@@ -54,7 +54,8 @@ def test_a_cluster_node_is_a_voter_of_a_fixed_quorum_and_replicates_the_internal
                 if line)["process.roles"] == "broker,controller"
 
 
-def test_a_cluster_keeps_its_ports_and_refuses_a_data_dir_that_holds_something_else(tmp_path):
+def test_a_cluster_keeps_its_ports_and_refuses_a_data_dir_that_holds_something_else(tmp_path, monkeypatch):
+    monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)  # else the CLI leaves the local brokers alone
     cluster = KafkaCluster(tmp_path / "three", brokers=3)
     assert KafkaCluster(tmp_path / "three", brokers=3).bootstrap == cluster.bootstrap, "the layout is kept"
     runner = CliRunner()
