@@ -195,7 +195,7 @@ class Loop:
                 ready=lambda port=port: held_partitions(port) > 0)
         self._add("trainer", "agentstream.trainer", self._settings(
             TrainerSettings, model="tiny", base_model=model, checkpoint_dir=self.out / "checkpoints", group_size=GROUP_SIZE,
-            groups_per_batch=2, batch_timeout_s=5.0, consumer_group="chaos-trainer", max_staleness=1000))
+            groups_per_batch=1, batch_timeout_s=5.0, consumer_group="chaos-trainer", max_staleness=1000))
         tasks = self.out / "tasks.jsonl"
         tasks.write_text("".join(json.dumps({"id": f"t{n}", "input": {"prompt": f"task {n}"}}) + "\n" for n in range(50)))
         self._add("controller", "agentstream.controller", self._settings(

@@ -4,6 +4,7 @@ consumer group's committed offsets survive it, and the broker rejoins every part
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import Counter
 from pathlib import Path
@@ -93,13 +94,19 @@ async def test_a_broker_killed_under_acks_all_loses_no_acknowledged_record_and_d
     failed: list[str] = []
     try:
         async def write(count: int) -> None:
-            for n in range(len(acked) + len(failed), len(acked) + len(failed) + count):
-                value = f"record-{n}"
-                try:
-                    await producer.send_and_wait(kafka.topics.calls, value.encode(), key=f"rollout-{n % 16}".encode())
-                    acked.append(value)
-                except KafkaError:
+            """`count` records in flight at once (the idempotent producer keeps each partition's order), each
+            noted as acknowledged or refused."""
+            first = len(acked) + len(failed)
+            values = [f"record-{n}" for n in range(first, first + count)]
+            sent = [await producer.send(kafka.topics.calls, value.encode(), key=f"rollout-{n % 16}".encode())
+                    for n, value in enumerate(values, first)]
+            for value, result in zip(values, await asyncio.gather(*sent, return_exceptions=True), strict=True):
+                if isinstance(result, KafkaError):
                     failed.append(value)  # not acknowledged: the writer knows to send it again
+                elif isinstance(result, BaseException):
+                    raise result
+                else:
+                    acked.append(value)
 
         await write(200)
         await _commit_everything(kafka)
