@@ -31,6 +31,7 @@ BENCHMARKS = {
     "trainer_learning": "how fast the trainer's update teaches the tiny model the demo's task",
     "canary_sequential": "false promotions, false rollbacks and power of the canary rule over thousands of simulated canaries",
     "recipe_swe": "the coding recipe's rollouts per minute and where the time goes, vs. a scripted agent",
+    "cluster_chaos": "the loop on three brokers, one broker, gateway, streams worker and the trainer killed -9 in turn: lost, doubled",
 }
 
 

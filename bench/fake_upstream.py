@@ -4,7 +4,9 @@ It answers `/v1/chat/completions` and `/v1/completions` (streamed or not) with a
 of tokens, in vLLM's shapes: token ids and logprobs when asked (`return_token_ids`, `logprobs`),
 and the endpoints the gateway's health checks use. A raw ASGI app on uvicorn (uvloop, httptools).
 `--delay-ms` makes each answer take that long without using the CPU: a model's service time, so
-that clients call at the pace agents do rather than as fast as the machine allows.
+that clients call at the pace agents do rather than as fast as the machine allows. It takes a
+weight swap as vLLM's RL endpoints do (`/pause`, `/collective_rpc`, `/update_weight_version`,
+`/resume`; `/weight_info` reports the label), loading nothing: for runs with a trainer in the loop.
 
     python -m bench.fake_upstream --port 8001 [--delay-ms 20]
 """
@@ -22,6 +24,8 @@ JSON = [(b"content-type", b"application/json")]
 SSE = [(b"content-type", b"text/event-stream")]
 PROMPT_IDS = list(range(97, 97 + 21))
 DELAY_S = 0.0
+SWAP = {"version": "default", "paused": False}
+"""the weight swap's state: the version label, and whether the engine is paused"""
 
 
 async def _reply(send, status: int, body: bytes, headers=JSON) -> None:
@@ -52,6 +56,15 @@ def _choice(chat: bool, text: str, ids: list[int], request: dict, finish: str | 
     return choice
 
 
+SWAP_STEPS = {
+    "/pause": lambda body: SWAP.update(paused=True),
+    "/resume": lambda body: SWAP.update(paused=False),
+    "/collective_rpc": lambda body: None,
+    "/reset_prefix_cache": lambda body: None,
+    "/update_weight_version": lambda body: SWAP.update(version=str(body["new_version"])),
+}
+
+
 async def app(scope, receive, send) -> None:
     if scope["type"] == "lifespan":
         await receive()  # startup
@@ -64,7 +77,9 @@ async def app(scope, receive, send) -> None:
         if path == "/health":
             return await _reply(send, 200, b"")
         if path == "/weight_info":
-            return await _reply(send, 200, b'{"weight_version":"default"}')
+            return await _reply(send, 200, orjson.dumps({"weight_version": SWAP["version"]}))
+        if path == "/is_paused":
+            return await _reply(send, 200, orjson.dumps({"is_paused": SWAP["paused"]}))
         if path == "/v1/models":
             return await _reply(send, 200, b'{"object":"list","data":[{"id":"tiny","object":"model"}]}')
         return await _reply(send, 404, b'{"error":{"message":"not found"}}')
@@ -74,6 +89,9 @@ async def app(scope, receive, send) -> None:
         body += message.get("body", b"")
         if not message.get("more_body"):
             break
+    if path in SWAP_STEPS:
+        SWAP_STEPS[path](orjson.loads(body) if body.strip() else {})
+        return await _reply(send, 200, b'{"success":true}')
     if path not in ("/v1/chat/completions", "/v1/completions"):
         return await _reply(send, 404, b'{"error":{"message":"not found"}}')
     chat = path == "/v1/chat/completions"

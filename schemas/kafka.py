@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -40,7 +40,11 @@ class KafkaSettings(BaseSettings):
     )
     topic_prefix: str = Field("", description="prefix of every topic name, to run several experiments on one cluster")
     partitions: int = Field(4, description="partitions of the rollout-scoped topics when they are created")
-    replication_factor: int = Field(1, description="replication factor of topics when they are created")
+    replication_factor: int | None = Field(
+        None, description="replicas of each topic when it is created; default: the cluster's brokers, up to 3")
+    min_insync_replicas: int | None = Field(
+        None, description="min.insync.replicas of each topic when it is created: the replicas an acks=all write "
+        "waits for; default: one fewer than its replicas, at least 1 (2 of 3: a write survives one broker down)")
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
         "PLAINTEXT", description="how clients reach the brokers: SASL_SSL for SCRAM over TLS, SASL_PLAINTEXT for "
         "SCRAM inside a trusted network")
@@ -63,6 +67,33 @@ class KafkaSettings(BaseSettings):
     @property
     def topics(self) -> Topics:
         return Topics(self.topic_prefix)
+
+
+S = TypeVar("S", bound=KafkaSettings)
+MOST_REPLICAS = 3
+"""the replicas a topic gets by default on a cluster that has that many brokers or more"""
+
+
+def replicas_for(settings: KafkaSettings, brokers: int) -> tuple[int, int]:
+    """A topic's replication factor and min.insync.replicas: as set, else from the cluster's size."""
+    replicas = settings.replication_factor or min(MOST_REPLICAS, max(brokers, 1))
+    return replicas, settings.min_insync_replicas or max(1, replicas - 1)
+
+
+async def with_replicas(settings: S) -> S:
+    """The settings with their replication factor and min.insync.replicas decided (from the cluster's size
+    where unset): for a client that creates topics itself (Faust)."""
+    admin = make_admin(settings, request_timeout_ms=15_000)
+    await admin.start()
+    try:
+        replicas, min_isr = replicas_for(settings, await _brokers(admin))
+    finally:
+        await admin.close()
+    return settings.model_copy(update={"replication_factor": replicas, "min_insync_replicas": min_isr})
+
+
+async def _brokers(admin: AIOKafkaAdminClient) -> int:
+    return len((await admin.describe_cluster())["brokers"])
 
 
 def aiokafka_auth(settings: KafkaSettings) -> dict[str, Any]:
@@ -167,7 +198,8 @@ async def ensure_topics(settings: KafkaSettings, specs: Iterable[TopicSpec] | No
     """Create the topics that are missing; report those whose settings differ from the spec.
 
     Idempotent: running it again creates nothing. Mismatches are reported, never "fixed", because
-    changing a live topic's partition count moves rollouts between partitions.
+    changing a live topic's partition count moves rollouts between partitions. Topics are created with
+    `replicas_for` the cluster: on three brokers, three replicas of which two take each write.
     """
     specs = list(specs if specs is not None else topic_specs(settings.partitions))
     names = {settings.topics.name(s.base): s for s in specs}
@@ -178,8 +210,10 @@ async def ensure_topics(settings: KafkaSettings, specs: Iterable[TopicSpec] | No
         present = set(await admin.list_topics())
         missing = [name for name in names if name not in present]
         if missing:
+            replicas, min_isr = replicas_for(settings, await _brokers(admin))
             response = await admin.create_topics(
-                [NewTopic(name, names[name].partitions, settings.replication_factor, topic_configs=names[name].config)
+                [NewTopic(name, names[name].partitions, replicas,
+                          topic_configs={**names[name].config, "min.insync.replicas": str(min_isr)})
                  for name in missing]
             )
             for name, code, message in _topic_errors(response):

@@ -14,7 +14,7 @@ import uvloop
 
 from agentstream.schemas import collector
 from agentstream.schemas.flags import parse, refuse
-from agentstream.schemas.kafka import ensure_topics, partitions_of
+from agentstream.schemas.kafka import ensure_topics, partitions_of, with_replicas
 from agentstream.schemas.topics import topic_specs
 from agentstream.streams.app import changelog_specs, create_app
 from agentstream.streams.rewards import RewardError, load
@@ -41,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     asyncio.set_event_loop(loop)
     try:
         partitions = loop.run_until_complete(prepare_topics(settings))
+        # Faust creates topics of its own (its leader topic) with these: replicated as the cluster allows
+        settings = loop.run_until_complete(with_replicas(settings))
     except Exception as exc:
         print(f"error: cannot prepare the topics on {settings.bootstrap_servers} ({type(exc).__name__}: {exc}); "
               "start the local broker with `agentstream kafka start`, or set KAFKA_BOOTSTRAP_SERVERS", file=sys.stderr)

@@ -25,42 +25,62 @@ def _external_kafka() -> bool:
 
 def kafka_start(
     port: Annotated[int | None, typer.Option(
-        help="listener port; default: the previous one, else 9092 if free, else a free one")] = None,
+        help="listener port; default: the previous one, else 9092 if free, else a free one (one broker only: a "
+             "cluster's nodes take free ports once and keep them)")] = None,
+    brokers: Annotated[int | None, typer.Option(
+        min=1, help="brokers on this machine: 3 for a KRaft cluster whose topics have 3 replicas, 2 of them in sync "
+                    "(each node a controller and a broker, its own ports and data in DATA_DIR/node-N); default: "
+                    "what DATA_DIR holds, else 1")] = None,
     data_dir: DataDir = default_kafka_dir(),
 ) -> None:
-    """Start the broker (fetching its jars on first use) and wait until it serves."""
+    """Start the broker, or a cluster of them (fetching the jars on first use), and wait until it serves."""
     if _external_kafka():
         return
-    from agentstream.stack.kafka import LocalKafka
+    from agentstream.stack.kafka import KafkaCluster, LocalKafka, cluster_size
 
-    with console.status("Starting Kafka…"):
-        state = LocalKafka(data_dir).start(port=port, say=say)
-    console.print(f"Kafka is up at [bold]{state.url}[/bold] (pid {state.pid}, data in {data_dir})")
-    console.print(f"  export KAFKA_BOOTSTRAP_SERVERS={state.url}   # for tools outside agentstream")
+    brokers = brokers or cluster_size(data_dir) or 1
+    if brokers == 1 and not cluster_size(data_dir):
+        with console.status("Starting Kafka…"):
+            url = LocalKafka(data_dir).start(port=port, say=say).url
+        console.print(f"Kafka is up at [bold]{url}[/bold] (data in {data_dir})")
+    else:
+        if port is not None:
+            raise typer.BadParameter("a cluster's nodes take free ports once and keep them: omit it", param_hint="--port")
+        with console.status(f"Starting {brokers} Kafka brokers…"):
+            url = KafkaCluster(data_dir, brokers).start(say=say)
+        console.print(f"Kafka: {brokers} brokers are up at [bold]{url}[/bold] (data in {data_dir}/node-N)")
+    console.print(f"  export KAFKA_BOOTSTRAP_SERVERS={url}   # for tools outside agentstream")
 
 
 def kafka_stop(data_dir: DataDir = default_kafka_dir()) -> None:
-    """Stop the broker cleanly; its data stays."""
+    """Stop the broker, or every broker of the cluster, cleanly; the data stays."""
     if _external_kafka():
         return
-    from agentstream.stack.kafka import LocalKafka
+    from agentstream.stack.kafka import KafkaCluster, LocalKafka, cluster_size
 
     with console.status("Stopping Kafka…"):
-        stopped = LocalKafka(data_dir).stop()
+        brokers = cluster_size(data_dir)
+        stopped = KafkaCluster(data_dir, brokers).stop() if brokers else LocalKafka(data_dir).stop()
     console.print("Kafka stopped." if stopped else "Kafka was not running.")
 
 
 def kafka_status(data_dir: DataDir = default_kafka_dir()) -> None:
-    """Say whether the broker runs, and where."""
+    """Say whether the broker (or each broker of the cluster) runs, and where."""
     if _external_kafka():
         return
-    from agentstream.stack.kafka import LocalKafka
+    from agentstream.stack.kafka import KafkaCluster, LocalKafka, cluster_size
 
-    state = LocalKafka(data_dir).state()
-    if state is None:
+    brokers = cluster_size(data_dir)
+    states = KafkaCluster(data_dir, brokers).states() if brokers else {1: LocalKafka(data_dir).state()}
+    if not any(states.values()):
         console.print("Kafka is not running. Start it with `agentstream kafka start`.")
         raise typer.Exit(3)
-    console.print(f"Kafka runs at [bold]{state.url}[/bold] (pid {state.pid}); log: {state.log}")
+    for node_id, state in states.items():
+        name = f"Kafka node {node_id}" if brokers else "Kafka"
+        if state is None:
+            console.print(f"[yellow]{name} is not running[/yellow] (start it again: `agentstream kafka start`)")
+        else:
+            console.print(f"{name} runs at [bold]{state.url}[/bold] (pid {state.pid}); log: {state.log}")
 
 
 def vllm_start(
@@ -178,12 +198,16 @@ def topics_ensure(
     partitions: Annotated[int | None, typer.Option(
         help="partitions of rollout-scoped topics [env AGENTSTREAM_PARTITIONS; default 4]")] = None,
     replication_factor: Annotated[int | None, typer.Option(
-        help="replicas of each topic [env AGENTSTREAM_REPLICATION_FACTOR; default 1]")] = None,
+        help="replicas of each topic [env AGENTSTREAM_REPLICATION_FACTOR; default: the cluster's brokers, up to 3]")] = None,
+    min_insync_replicas: Annotated[int | None, typer.Option(
+        help="replicas an acks=all write waits for [env AGENTSTREAM_MIN_INSYNC_REPLICAS; default: one fewer than "
+             "the replicas, at least 1]")] = None,
 ) -> None:
     """Create the topics that are missing and report those that differ from their spec."""
     from agentstream.schemas.kafka import KafkaSettings, ensure_topics
 
-    given: dict[str, Any] = {"topic_prefix": topic_prefix, "partitions": partitions, "replication_factor": replication_factor}
+    given: dict[str, Any] = {"topic_prefix": topic_prefix, "partitions": partitions, "replication_factor": replication_factor,
+                             "min_insync_replicas": min_insync_replicas}
     settings = KafkaSettings(bootstrap_servers=bootstrap_servers(),
                              **{name: value for name, value in given.items() if value is not None})
     report = asyncio.run(ensure_topics(settings))

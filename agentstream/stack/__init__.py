@@ -22,11 +22,15 @@ def configured_kafka() -> str | None:
 
 
 def bootstrap_servers() -> str:
-    """KAFKA_BOOTSTRAP_SERVERS if set, else the running local broker's address."""
+    """KAFKA_BOOTSTRAP_SERVERS if set, else the running local broker's address (or the local cluster's)."""
     if configured := configured_kafka():
         return configured
-    from agentstream.stack.kafka import LocalKafka
+    from agentstream.stack.kafka import KafkaCluster, LocalKafka, cluster_size
 
+    if brokers := cluster_size(default_kafka_dir()):
+        cluster = KafkaCluster(default_kafka_dir(), brokers)
+        if any(cluster.states().values()):
+            return cluster.bootstrap
     state = LocalKafka(default_kafka_dir()).state()
     if state is None:
         raise StackError("no Kafka to talk to: start the local broker with `agentstream kafka start`, "
