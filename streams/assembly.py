@@ -353,6 +353,8 @@ class Assembly:
                 # trajectory was built from is held until the conversation is forgotten, for its revisions
                 held = {entry[0] for entry in sessions.pending(attempt)} | set(marker.get("built", {}).get("ids", ()))
                 done += [event_id for event_id in attempt["ids"] if event_id not in held]
+                for event_id in held:  # kept raw (on disk with --store rocksdb) for `--session-retention-s`, not
+                    self._decoded.pop(event_id, None)  # decoded in memory: a revision decodes them again
             else:
                 done += attempt["ids"]
         for attempt_id in settled.forgotten:

@@ -115,9 +115,12 @@ class AssemblyWorker(faust.Service):
         """what is alive at a batch end (the events held until they settle) kept out of the collector's passes"""
         self.lock = asyncio.Lock()
         """records, batch end, timer or rebalance at a time: each changes the state and stages writes"""
+        self.recoveries = 0
+        """times the table was recovered (at the start, and after each rebalance)"""
 
     async def recovered(self) -> None:
         self.assembly.reindex()
+        self.recoveries += 1
         disk = self.table.disk
         if disk is None:
             log.info("state recovered: %d keys", len(self.table))
@@ -519,8 +522,8 @@ class AssemblyWorker(faust.Service):
         disk = self.table.disk
         unwritten = self.rollouts.unwritten + self.events.unwritten + self.positions.unwritten
         if disk is None:
-            return {"store": "memory", "unwritten_changes": unwritten}
-        return {"store": "rocksdb", "unwritten_changes": unwritten, "restored_records": disk.restored.records,
+            return {"store": "memory", "recoveries": self.recoveries, "unwritten_changes": unwritten}
+        return {"store": "rocksdb", "recoveries": self.recoveries, "unwritten_changes": unwritten, "restored_records": disk.restored.records,
                 "restored_by_partition": disk.restored.by_partition, "memory_bytes": disk.budget.usage(),
                 "memory_budget_bytes": disk.budget.bytes, "held_changes": len(disk.held),
                 "changelog_offsets": {partition: disk.persisted_offset(TP(self.table.changelog_name, partition))
