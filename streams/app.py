@@ -209,6 +209,7 @@ def faust_settings(settings: StreamsSettings, partitions: int) -> dict[str, Any]
         broker_heartbeat_interval=2.0,
         topic_partitions=partitions,
         topic_replication_factor=settings.replication_factor,
+        table_standby_replicas=settings.standby_replicas,
         topic_allow_declare=True,
         web_bind=settings.web_host,
         web_host=settings.web_host,

@@ -54,6 +54,9 @@ NO_ATTEMPT = "-"
 """the attempt of events that name a rollout but no attempt, before any attempt is known"""
 DECODED_MAX = 20_000
 """events kept decoded between adding and settling (a worker settles most soon after their batch)"""
+DECODED_BYTES_MAX = 16 * 1024 * 1024
+"""and their raw size at most: decoded, a call's token ids and logprobs take ~6× their JSON (a worker catching up
+on sessions of 8 KiB calls held 20,000 of them in ~1 GiB, whatever its state's store)"""
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,9 @@ class Assembly:
         self._queue: dict[int, list[tuple[int, str]]] = defaultdict(list)
         """partition → heap of (due, rollout id); entries that no longer match `_due_at` are stale"""
         self._decoded: dict[str, Event] = {}
+        self._decoded_sizes: dict[str, int] = {}
+        """event id → its raw size, of the events in `_decoded`"""
+        self._decoded_bytes = 0
         """event id → the event as added, so settling soon after does not decode it again"""
         self.reindex()
 
@@ -179,13 +185,24 @@ class Assembly:
         self.counts["events"] += 1
         if not heartbeat:  # heartbeats only keep an attempt alive
             self.events[event.id] = raw
-            if len(self._decoded) >= DECODED_MAX:
-                self._decoded.clear()
-            self._decoded[event.id] = event
+            self._keep_decoded(event, raw)
         if event.attempt_id and (state["latest"] is None or type(event) is RolloutQueuedEvent):
             state["latest"] = event.attempt_id
         self._save(rollout_id, state)
         return None
+
+    def _keep_decoded(self, event: Event, raw: bytes) -> None:
+        if len(self._decoded) >= DECODED_MAX or self._decoded_bytes >= DECODED_BYTES_MAX:
+            self._decoded.clear()
+            self._decoded_sizes.clear()
+            self._decoded_bytes = 0
+        self._decoded[event.id] = event
+        self._decoded_sizes[event.id] = len(raw)
+        self._decoded_bytes += len(raw)
+
+    def _forget_decoded(self, event_id: str) -> None:
+        if self._decoded.pop(event_id, None) is not None:
+            self._decoded_bytes -= self._decoded_sizes.pop(event_id, 0)
 
     def decoded(self, event_id: str) -> Event | None:
         """An event held for an open attempt, decoded (once: kept from `add` while there is room)."""
@@ -353,6 +370,8 @@ class Assembly:
                 # trajectory was built from is held until the conversation is forgotten, for its revisions
                 held = {entry[0] for entry in sessions.pending(attempt)} | set(marker.get("built", {}).get("ids", ()))
                 done += [event_id for event_id in attempt["ids"] if event_id not in held]
+                for event_id in held:  # kept raw (on disk with --store rocksdb) for `--session-retention-s`, not
+                    self._forget_decoded(event_id)  # decoded in memory: a revision decodes them again
             else:
                 done += attempt["ids"]
         for attempt_id in settled.forgotten:
@@ -364,7 +383,7 @@ class Assembly:
             del self._due_at[settled.rollout_id]
         for event_id in done:  # after the state: a crash in between leaves events behind, never loses one
             self.events.pop(event_id, None)
-            self._decoded.pop(event_id, None)
+            self._forget_decoded(event_id)
         self.counts["trajectories"] += len(settled.trajectories)
         for trajectory in settled.trajectories:
             if trajectory.data.revision_of is not None:
@@ -441,9 +460,7 @@ class Assembly:
         state.setdefault("held", []).append(sessions.held_entry(event))
         self.counts["events"] += 1
         self.events[event.id] = raw
-        if len(self._decoded) >= DECODED_MAX:
-            self._decoded.clear()
-        self._decoded[event.id] = event
+        self._keep_decoded(event, raw)
         self._save(rollout_id, state)
         return None
 
@@ -475,7 +492,7 @@ class Assembly:
             elif reason := self._apply_session(state, event):
                 late.append((self.events[event_id], reason))
                 self.events.pop(event_id, None)
-                self._decoded.pop(event_id, None)
+                self._forget_decoded(event_id)
             taken += 1
         del held[:taken]
         if not held:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
@@ -59,6 +59,16 @@ class StreamsSettings(KafkaSettings):
     web_host: str = Field("127.0.0.1", description="address of the worker's web server (analytics as JSON)")
     web_port: int = Field(6066, description="port of the worker's web server")
     data_dir: Path = Field(Path(".streams"), description="the worker's local state folder")
+    store: Literal["memory", "rocksdb"] = Field("memory", description="where the assembly's table lives: in "
+                                                "memory (restored from its whole changelog at every start), or "
+                                                "on disk in --data-dir (RocksDB: the memory it takes is "
+                                                "--state-memory-mb whatever the retention, and a restart reads "
+                                                "its changelog's tail only); the deployed worker's is rocksdb")
+    state_memory_mb: int = Field(128, ge=8, description="with --store rocksdb: the memory of the table's "
+                                 "databases (one block cache, which their write buffers and index and filter "
+                                 "blocks are charged to)")
+    standby_replicas: int = Field(1, ge=0, description="other workers that keep a copy of each partition's table "
+                                  "up to date, so the one a rebalance moves it to does not rebuild it from zero")
     source: str = Field("streams", description="the `source` of the events this worker writes")
     log_level: str = Field("info", description="debug, info, warning or error")
 

@@ -6,29 +6,49 @@ changed in a batch is written once, at the end of it, and a key created and drop
 batch (the events of an attempt settled in the batch that brought them) is not written at all.
 
 Records stay in Faust's table format (JSON keys and values), so Faust restores the table as its own,
-whether it was written a batch at a time or one record per event.
+whether it was written a batch at a time or one record per event. A table given a memory `Budget` is on
+disk (disk.py: Faust's RocksDB store); else in memory (Faust's memory store).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 import faust
 import orjson
 from aiokafka.producer.message_accumulator import BatchBuilder
-from faust.types import AppT
+from faust.types import AppT, StoreT
 
+from agentstream.streams.disk import Budget, DiskStore
 from agentstream.streams.transport import Producer
 
 DROPPED = object()
 """a staged deletion"""
 
 
+@dataclass
+class Batch:
+    """A record batch of one changelog partition being filled, and its records as the store keeps them."""
+
+    builder: BatchBuilder
+    number: int
+    """its number in the disk store (disk.py), 0 in memory"""
+    records: list[tuple[bytes, bytes | None]] = field(default_factory=list)
+
+    def append(self, key: bytes, value: bytes | None) -> bool:
+        """Whether the record fits."""
+        if self.builder.append(key=key, value=value, timestamp=None) is None:
+            return False
+        self.records.append((key, value))
+        return True
+
+
 class StateTable(faust.Table[str, Any]):
-    """A table written by partition (`write`, `drop`), whose changes can be awaited until the broker has them.
+    """A table written by partition (`write`, `drop`, `write_all`), whose changes can be awaited until the broker has them.
 
     Written only through these two (not `table[key] = value`, which writes to the partition of
     Faust's current event).
@@ -39,10 +59,25 @@ class StateTable(faust.Table[str, Any]):
     their way, and a batch's decisions (what its trajectories are built from) before it publishes them.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, budget: Budget | None = None, **kwargs: Any) -> None:
+        self.budget = budget
+        """on disk within this memory (disk.py), or None: in memory"""
         super().__init__(*args, **kwargs)
         self._unacknowledged: list[asyncio.Future[Any]] = []
         self._records_unacknowledged = 0
+
+    def _new_store(self) -> StoreT[str, Any]:
+        if self.budget is None:
+            return super()._new_store()
+        return DiskStore("rocksdb://", self.app, self, table_name=self.name, key_type=self.key_type,
+                         key_serializer=self.key_serializer, value_serializer=self.value_serializer,
+                         value_type=self.value_type, loop=self.loop, options=self.options, budget=self.budget)
+
+    @property
+    def disk(self) -> DiskStore | None:
+        """The table's store when it is on disk."""
+        store = self.data
+        return store if isinstance(store, DiskStore) else None
 
     @cached_property
     def changelog_name(self) -> str:
@@ -55,14 +90,20 @@ class StateTable(faust.Table[str, Any]):
 
     async def write(self, partition: int, key: str, value: Any) -> asyncio.Future[Any]:
         """Write `key` to the table and its changelog; the broker's acknowledgement, to await."""
+        if self.budget is not None:  # on disk: written with its offset once acknowledged (a batch of one)
+            (acknowledged,) = await self.write_all([(partition, key, value)])
+            return acknowledged
         self.data[key] = value
-        return await self._send(partition, key, orjson.dumps(value))
+        return await self._send_one(partition, key, orjson.dumps(value))
 
     async def drop(self, partition: int, key: str) -> asyncio.Future[Any]:
+        if self.budget is not None:
+            (acknowledged,) = await self.write_all([(partition, key, DROPPED)])
+            return acknowledged
         self.data.pop(key, None)
-        return await self._send(partition, key, None)  # a tombstone, as Faust writes one
+        return await self._send_one(partition, key, None)  # a tombstone, as Faust writes one
 
-    async def _send(self, partition: int, key: str, value: bytes | None) -> asyncio.Future[Any]:
+    async def _send_one(self, partition: int, key: str, value: bytes | None) -> asyncio.Future[Any]:
         # to the producer itself, as records of Faust's table format: Faust's own path (`send_changelog`)
         # queues them in a buffer that hands on one record at a time, and its topic's `send` yields to
         # the event loop on every record. The order of a partition's records is the order of these calls.
@@ -82,31 +123,50 @@ class StateTable(faust.Table[str, Any]):
         A partition's batch waits for the one before it to go out (aiokafka's `add_batch`), so a
         batch end's changes of a partition go in one batch, not one per kind of key.
         """
-        producer = self.app.producer
-        if not isinstance(producer, Producer):
+        if not isinstance(self.app.producer, Producer):
             raise TypeError("the table writes record batches: run it with streams.transport.Transport")
-        topic, batches = self.changelog_name, dict[int, BatchBuilder]()
+        batches: dict[int, Batch] = {}
         sent = []
         for partition, key, value in changes:
-            if value is DROPPED:
-                self.data.pop(key, None)
-                raw = None  # a tombstone, as Faust writes one
-            else:
-                self.data[key] = value
-                raw = orjson.dumps(value)
-            batch, encoded = batches.get(partition), orjson.dumps(key)
-            if batch is None:
-                batch = batches[partition] = producer.create_batch()
-            if batch.append(key=encoded, value=raw, timestamp=None) is None:  # full: send it, start one
-                sent.append(await producer.send_batch(batch, topic, partition=partition))
-                batch = batches[partition] = producer.create_batch()
-                if batch.append(key=encoded, value=raw, timestamp=None) is None:
+            raw = None if value is DROPPED else orjson.dumps(value)  # None: a tombstone, as Faust writes one
+            encoded = orjson.dumps(key)
+            batch = batches.get(partition) or batches.setdefault(partition, self._new_batch())
+            if not batch.append(encoded, raw):  # full: send it, start one
+                sent.append(await self._send(batch, partition))
+                batch = batches[partition] = self._new_batch()
+                if not batch.append(encoded, raw):
                     raise ValueError(f"a change of {key} does not fit in a batch")
+            self._apply(key, value, batch)
             self._records_unacknowledged += 1
         for partition, batch in batches.items():
-            sent.append(await producer.send_batch(batch, topic, partition=partition))
+            sent.append(await self._send(batch, partition))
         self._unacknowledged += sent
         return sent
+
+    def _new_batch(self) -> Batch:
+        producer = self.app.producer
+        assert isinstance(producer, Producer)
+        disk = self.disk
+        return Batch(producer.create_batch(), disk.new_batch() if disk else 0)
+
+    def _apply(self, key: str, value: Any, batch: Batch) -> None:
+        """A change into the store now: the memory store's, or the disk store's held changes (disk.py)."""
+        disk = self.disk
+        if disk is not None:
+            disk.hold(batch.number, *batch.records[-1])
+        elif value is DROPPED:
+            self.data.pop(key, None)
+        else:
+            self.data[key] = value
+
+    async def _send(self, batch: Batch, partition: int) -> asyncio.Future[Any]:
+        producer = self.app.producer
+        assert isinstance(producer, Producer)
+        acknowledged: asyncio.Future[Any] = await producer.send_batch(batch.builder, self.changelog_name,
+                                                                      partition=partition)
+        if (disk := self.disk) is not None:
+            disk.sent_batch(partition, batch.number, batch.records, acknowledged)
+        return acknowledged
 
     def check(self) -> None:
         """Raise the error of a change on its way that the broker refused (the producer gave up on it)."""
@@ -184,12 +244,19 @@ class Staged(MutableMapping[str, Any]):
         self._keys_of.setdefault(self.partition, {})[key] = None
 
     def __iter__(self) -> Iterator[str]:
-        cut = len(self.prefix)
-        held = [key[cut:] for key in list(self.table.data.keys()) if key.startswith(self.prefix)]
+        cut, disk = len(self.prefix), self.table.disk
+        under = disk.keys_under(self.prefix) if disk else (key for key in list(self.table.data.keys())
+                                                               if key.startswith(self.prefix))
+        held = [key[cut:] for key in under]
         return (key for key in dict.fromkeys([*held, *self._staged]) if key in self)
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
+
+    @property
+    def unwritten(self) -> int:
+        """Keys whose change is staged and not written yet."""
+        return len(self._staged)
 
     def changes(self, keys: Iterable[str]) -> list[tuple[int, str, Any]]:
         """What is staged of `keys`, as (partition, table key, value or `DROPPED`), and no longer staged."""

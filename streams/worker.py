@@ -45,6 +45,7 @@ from agentstream.schemas.ids import derived_id, now_ms
 from agentstream.schemas.kafka import deadletter_event
 from agentstream.streams import policies
 from agentstream.streams.assembly import Assembly, Settled
+from agentstream.streams.disk import Budget
 from agentstream.streams.settings import StreamsSettings
 from agentstream.streams.tables import Staged, StateTable, registered
 from agentstream.streams.transport import Inbox
@@ -80,8 +81,9 @@ class AssemblyWorker(faust.Service):
         self.topic_of = {settings.topics.name(base): base for base in ASSEMBLED}
         """source topic → the base name of the events it holds"""
         # one table, so that a partition's state, its events and its positions share one ordered changelog
+        budget = Budget(settings.state_memory_mb) if settings.store == "rocksdb" else None
         self.table = registered(app, StateTable(app, name="assembly", partitions=partitions,
-                                                on_recover=self.recovered))
+                                                on_recover=self.recovered, budget=budget))
         self.rollouts = Staged(self.table, "r:")
         self.events = Staged(self.table, "e:", bytes.decode, str.encode)
         self.positions = Staged(self.table, "p:")
@@ -113,10 +115,18 @@ class AssemblyWorker(faust.Service):
         """what is alive at a batch end (the events held until they settle) kept out of the collector's passes"""
         self.lock = asyncio.Lock()
         """records, batch end, timer or rebalance at a time: each changes the state and stages writes"""
+        self.recoveries = 0
+        """times the table was recovered (at the start, and after each rebalance)"""
 
     async def recovered(self) -> None:
         self.assembly.reindex()
-        log.info("state recovered: %d keys", len(self.table))
+        self.recoveries += 1
+        disk = self.table.disk
+        if disk is None:
+            log.info("state recovered: %d keys", len(self.table))
+        else:  # (counting the keys on disk would read them all)
+            log.info("state recovered: %d changelog records read, about %d keys on disk", disk.restored.records,
+                     disk.estimated_keys())
 
     async def revoked(self, revoked: Iterable[TP]) -> None:
         # after the batch in hand (Faust waits for no record of the inbox: none is tracked as in a stream)
@@ -503,4 +513,18 @@ class AssemblyWorker(faust.Service):
         return {
             "assembly": {**self.assembly.counts, **self.counts, **extra, "partitions": actives},
             "sources": {f"{topic}:{p}": self.position(TP(topic, p)) for p in actives for topic in self.sources},
+            "state": self.describe_state(),
         }
+
+    def describe_state(self) -> dict[str, Any]:
+        """Where the table is and what it costs: with the disk store, the changelog records recovery read
+        (since the start), the changelog offset each partition's database holds up to, and their memory."""
+        disk = self.table.disk
+        unwritten = self.rollouts.unwritten + self.events.unwritten + self.positions.unwritten
+        if disk is None:
+            return {"store": "memory", "recoveries": self.recoveries, "unwritten_changes": unwritten}
+        return {"store": "rocksdb", "recoveries": self.recoveries, "unwritten_changes": unwritten, "restored_records": disk.restored.records,
+                "restored_by_partition": disk.restored.by_partition, "memory_bytes": disk.budget.usage(),
+                "memory_budget_bytes": disk.budget.bytes, "held_changes": len(disk.held),
+                "changelog_offsets": {partition: disk.persisted_offset(TP(self.table.changelog_name, partition))
+                                      for partition in sorted(self.active_partitions())}}

@@ -61,7 +61,8 @@ def compose_loop() -> Loop:
             **kafka, "host": "0.0.0.0", "port": 8080, "upstreams": [f"{MODEL}=http://inference:8000"],
             "token_secret": SECRET, "api_keys": [KEYS], "app_keys": [], "read_keys": [], "arm_secret": ""}),
         streams=StreamsSettings.model_validate({
-            **kafka, "web_host": "0.0.0.0", "data_dir": "/home/agentstream/streams"}),
+            **kafka, "web_host": "0.0.0.0", "data_dir": "/home/agentstream/streams", "store": "rocksdb",
+            "state_memory_mb": 256}),
         trainer=TrainerSettings.model_validate({
             **kafka, "model": "tiny", "base_model": f"/models/{MODEL}", "checkpoint_dir": "/checkpoints",
             "device": "cpu"}),

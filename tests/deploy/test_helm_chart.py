@@ -118,7 +118,15 @@ def test_the_services_get_their_settings(helm, tmp_path):
     assert env["AGENTSTREAM_UPSTREAMS"] == "tiny=http://vllm-0.vllm:8000,tiny=http://vllm-1.vllm:8000"
     assert env["KAFKA_BOOTSTRAP_SERVERS"] == VALUES["kafka"]["bootstrapServers"]
     assert env["AGENTSTREAM_POOL_SYNC"] == "true"
-    assert find(objects, "Deployment", f"{RELEASE}-streams")["spec"]["replicas"] == 4
+    streams = find(objects, "Deployment", f"{RELEASE}-streams")
+    assert streams["spec"]["replicas"] == 4
+    # the table on disk, in the pod's state volume (a container's restart reads it and the changelog's tail)
+    assert container_env(streams)["AGENTSTREAM_STORE"] == "rocksdb"
+    assert container_env(streams)["AGENTSTREAM_STATE_MEMORY_MB"] == "256"
+    mounts = {m["mountPath"]: m["name"] for m in streams["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in streams["spec"]["template"]["spec"]["volumes"]}
+    state = volumes[mounts[container_env(streams)["AGENTSTREAM_DATA_DIR"]]]
+    assert state["emptyDir"] == {"sizeLimit": "20Gi"}
     trainer = find(objects, "Deployment", f"{RELEASE}-trainer")
     assert trainer["spec"]["replicas"] == 1 and trainer["spec"]["strategy"]["type"] == "Recreate"
     assert container_env(trainer)["AGENTSTREAM_BASE_MODEL"] == "/checkpoints/tiny"

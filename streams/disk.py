@@ -1,0 +1,216 @@
+"""The assembly's table on disk: Faust's RocksDB store (the rocksdict driver), in one memory budget, holding
+exactly a prefix of its changelog.
+
+Faust's store writes a key to its database when the table is assigned it, and records the changelog offset
+it reached only as Faust's own path sends the change. The worker writes its changes as record batches
+(tables.py), and a change must not be in the database before it is in the changelog: a worker killed in
+between would restart from a state its changelog does not have, and write after it changes whose positions
+say that state was written (another worker restoring the changelog would lose it). So a change is held in
+memory (`held`, which reads see) until the broker acknowledges its batch; then the batch goes into the
+database together with its last offset, in one write. A restarted worker reads its database and the
+changelog from that offset on: the tail, not the whole log.
+
+Memory: every partition's database shares one block cache of `--state-memory-mb`, and their write buffers
+(memtables) are charged to it (a write buffer manager of half of it), as are the index and filter blocks:
+what the state takes in RAM is that budget whatever the retention; the rest is on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import rocksdict
+from faust.stores.rocksdb import RocksDBOptions
+from faust.stores.rocksdb import Store as RocksStore
+from faust.types import EventT
+
+MB = 1024 * 1024
+
+
+class Budget:
+    """The memory every partition's database of a table shares: one block cache, which their write buffers
+    and their index and filter blocks are charged to."""
+
+    def __init__(self, megabytes: int):
+        self.bytes = megabytes * MB
+        self.cache = rocksdict.Cache(self.bytes)
+        # memtables past half the budget are flushed to disk (no stall: a write never waits for a flush)
+        self.write_buffers = rocksdict.WriteBufferManager.new_write_buffer_manager_with_cache(
+            self.bytes // 2, False, self.cache)
+
+    def usage(self) -> int:
+        """Bytes of the cache in use (blocks read, memtables, index and filter blocks)."""
+        return int(self.cache.get_usage())
+
+
+class BoundedOptions(RocksDBOptions):
+    """Faust's RocksDB options, within a `Budget` shared by all the databases opened with them."""
+
+    def __init__(self, budget: Budget, max_open_files: int = 256):
+        super().__init__(max_open_files=max_open_files, use_rocksdict=True)
+        self.budget = budget
+
+    def open(self, path: Path, *, read_only: bool = False) -> rocksdict.Rdict:
+        db = rocksdict.Rdict(str(path), options=self.as_options(), access_type=rocksdict.AccessType.read_write())
+        db.set_read_options(rocksdict.ReadOptions())
+        return db
+
+    def as_options(self) -> rocksdict.Options:
+        options = rocksdict.Options(raw_mode=True)
+        options.create_if_missing(True)
+        options.set_max_open_files(self.max_open_files or -1)
+        # one memtable a database may fill before it is flushed: a quarter of the budget, at most 64 MiB;
+        # the write buffer manager flushes earlier when all of them together pass half of it
+        options.set_write_buffer_size(min(64 * MB, self.budget.bytes // 4))
+        options.set_max_write_buffer_number(2)
+        options.set_write_buffer_manager(self.budget.write_buffers)
+        table = rocksdict.BlockBasedOptions()
+        table.set_block_cache(self.budget.cache)
+        table.set_bloom_filter(10, False)  # a missing key is answered without reading a block
+        table.set_cache_index_and_filter_blocks(True)  # charged to the budget, not held beside it
+        table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+        options.set_block_based_table_factory(table)
+        return options
+
+
+@dataclass
+class OnItsWay:
+    """A batch of changes of one changelog partition, sent and not acknowledged yet."""
+
+    acknowledged: asyncio.Future[Any]
+    changes: list[tuple[bytes, bytes | None]]
+    number: int
+    """the order the batches were sent in (`held` keeps the number of the latest batch to change a key)"""
+
+
+@dataclass
+class Restored:
+    """What recovery read of the changelog, since the worker started."""
+
+    records: int = 0
+    by_partition: dict[int, int] = field(default_factory=dict)
+
+
+class DiskStore(RocksStore):
+    """Faust's RocksDB store whose writes come from the worker's record batches once the broker has them.
+
+    Keys and values are the changelog's bytes (JSON by orjson, as tables.py writes them), so what Faust's
+    recovery puts in the database and what the worker puts there are one format.
+    """
+
+    def __init__(self, *args: Any, budget: Budget, **kwargs: Any):
+        super().__init__(*args, driver="rocksdict", **kwargs)
+        self.rocksdb_options = BoundedOptions(budget)
+        self.budget = budget
+        self.held: dict[bytes, tuple[int, bytes | None]] = {}
+        """key → (number of the batch, value or None for a deletion): changes sent, not acknowledged yet"""
+        self.on_its_way: dict[int, deque[OnItsWay]] = {}
+        self.sent = 0
+        self.restored = Restored()
+
+    # --- the format: the changelog's bytes ----------------------------------------------------------
+
+    def _encode_key(self, key: Any) -> bytes:
+        return orjson.dumps(key)
+
+    def _encode_value(self, value: Any) -> bytes | None:
+        return None if value is None else orjson.dumps(value)
+
+    def _decode_key(self, key: bytes | None) -> Any:
+        return None if key is None else orjson.loads(key)
+
+    def _decode_value(self, value: bytes | None) -> Any:
+        return None if value is None else orjson.loads(value)
+
+    # --- writes: held until acknowledged, then into the database with their offset ------------------
+
+    def new_batch(self) -> int:
+        """The number of a record batch about to be filled (batches are numbered in the order they are begun)."""
+        self.sent += 1
+        return self.sent
+
+    def hold(self, number: int, key: bytes, value: bytes | None) -> None:
+        """A change going in batch `number`: read from `held` until the batch is acknowledged."""
+        self.held[key] = (number, value)
+
+    def sent_batch(self, partition: int, number: int, changes: list[tuple[bytes, bytes | None]],
+                   acknowledged: asyncio.Future[Any]) -> None:
+        """The held batch `number` was sent to `partition`: into the database once `acknowledged`."""
+        self.on_its_way.setdefault(partition, deque()).append(OnItsWay(acknowledged, changes, number))
+        acknowledged.add_done_callback(lambda _: self._store_acknowledged(partition))
+
+    def _store_acknowledged(self, partition: int) -> None:
+        """Write the acknowledged batches at the head of `partition`'s queue (in the order sent) to its
+        database, each with its last offset; a refused batch stops them (the worker stops: `check`)."""
+        queue = self.on_its_way.get(partition)
+        while queue and queue[0].acknowledged.done():
+            batch = queue[0]
+            if batch.acknowledged.cancelled() or batch.acknowledged.exception() is not None:
+                return
+            queue.popleft()
+            metadata = batch.acknowledged.result()
+            write = rocksdict.WriteBatch(raw_mode=True)
+            for key, value in batch.changes:
+                if value is None:
+                    write.delete(key)
+                else:
+                    write.put(key, value)
+            write.put(self.offset_key, str(metadata.offset + len(batch.changes) - 1).encode())
+            self._db_for_partition(partition).write(write)
+            for key, _ in batch.changes:
+                if self.held.get(key, (None,))[0] == batch.number:
+                    del self.held[key]
+
+    def apply_changelog_batch(self, batch: Iterable[EventT[Any]], to_key: Any, to_value: Any) -> None:
+        """Faust's recovery (and standby replicas): changelog records into the databases, counted."""
+        records = list(batch)
+        for event in records:
+            partition = event.message.partition
+            self.restored.by_partition[partition] = self.restored.by_partition.get(partition, 0) + 1
+        self.restored.records += len(records)
+        super().apply_changelog_batch(records, to_key, to_value)
+
+    # --- reads: what is held, else the databases --------------------------------------------------------
+
+    def _get(self, key: bytes) -> bytes | None:
+        held = self.held.get(key)
+        if held is not None:
+            return held[1]
+        value: bytes | None = super()._get(key)
+        return value
+
+    def _contains(self, key: bytes) -> bool:
+        held = self.held.get(key)
+        if held is not None:
+            return held[1] is not None
+        return bool(super()._contains(key))
+
+    def _iterkeys(self) -> Iterator[bytes]:
+        yield from self._keys_from(b"")
+
+    def keys_under(self, prefix: str) -> Iterator[str]:
+        """The keys starting with `prefix` (a seek in each database, not a scan of all keys)."""
+        for key in self._keys_from(orjson.dumps(prefix)[:-1]):  # the JSON string without its closing quote
+            yield orjson.loads(key)
+
+    def _keys_from(self, prefix: bytes) -> Iterator[bytes]:
+        held = {key for key in self.held if key.startswith(prefix)}
+        for db in list(self._dbs_for_actives()):
+            cursor = db.iter()
+            cursor.seek(prefix)
+            while cursor.valid() and (key := cursor.key()).startswith(prefix):
+                if key != self.offset_key and key not in held:
+                    yield key
+                cursor.next()
+        yield from (key for key in held if self.held[key][1] is not None)
+
+    def estimated_keys(self) -> int:
+        """RocksDB's estimate of the keys of the active partitions (counting them would read them all)."""
+        return sum(db.property_int_value("rocksdb.estimate-num-keys") or 0 for db in self._dbs_for_actives())
+
