@@ -119,8 +119,7 @@ def main(argv: list[str] | None = None) -> None:
                       f"{row['update_s'] / baseline['update_s']:>8.2f}{row['wall_s']:>9.1f}"
                       f"{row['wall_s'] / baseline['wall_s']:>8.2f}", flush=True)
     RESULTS.parent.mkdir(exist_ok=True)
-    out = RESULTS.with_name(f"tenant_trainers_{args.model}.json")
-    out.write_text(json.dumps(results, indent=1) + "\n")
+    RESULTS.write_text(json.dumps(results, indent=1) + "\n")
 
 
 if __name__ == "__main__":
