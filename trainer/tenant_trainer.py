@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,7 @@ import torch
 
 from agentstream.schemas.events import Trajectory, Weights, WeightsEvent
 from agentstream.schemas.ids import derived_id
+from agentstream.schemas.keys import TENANT_NAME
 from agentstream.trainer.adapters import TenantAdapters
 from agentstream.trainer.batcher import Batch, Batcher, Sample
 from agentstream.trainer.checkpoint import Checkpoint, CheckpointStore, TrainingState
@@ -108,6 +110,9 @@ class TenantTrainer(Trainer):
     def _latest_of_each(self) -> dict[str, Checkpoint]:
         root = self.store.root / TENANTS_DIR
         stores = {folder.name: CheckpointStore(folder) for folder in sorted(root.iterdir())} if root.is_dir() else {}
+        for store in stores.values():  # (the root's lock covers them: their partial writes are ours to clear)
+            for partial in store.root.glob(".tmp-*"):
+                shutil.rmtree(partial)
         return {tenant: latest for tenant, store in stores.items() if (latest := store.latest()) is not None}
 
     def _newest(self) -> Checkpoint | None:
@@ -133,6 +138,8 @@ class TenantTrainer(Trainer):
     def _unusable(self, trajectory: Trajectory) -> str | None:
         if trajectory.tenant is None:
             return "no_tenant"  # (the shared policy is another trainer's: one without --tenant-adapters)
+        if not TENANT_NAME.fullmatch(trajectory.tenant):
+            return "invalid_tenant"  # (it names a folder: `../x` written to the topic by hand lands nowhere)
         return super()._unusable(trajectory)
 
     async def _update(self, batch: Batch) -> None:

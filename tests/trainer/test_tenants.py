@@ -52,7 +52,8 @@ async def test_each_tenant_gets_its_own_adapter_versions_and_a_restart_trains_no
     first = {"agent-a": of("agent-a", arithmetic_groups(base, groups=2, group_size=4, prefix="a")),
              "agent-b": of("agent-b", arithmetic_groups(base, groups=2, group_size=4, prefix="b"))}
     shared = of(None, arithmetic_groups(base, groups=2, group_size=4, prefix="shared"))
-    await publish(kafka, [*shared, *first["agent-a"], *first["agent-b"]])
+    escaping = of("../../escaped", arithmetic_groups(base, groups=1, group_size=4, prefix="escaping"))  # by hand
+    await publish(kafka, [*shared, *escaping, *first["agent-a"], *first["agent-b"]])
     settings = trainer_settings(kafka, tmp_path / "ckpt", base, tenant_adapters=True, lora_rank=4, max_versions=2)
     events = await TenantTrainer(settings).run()
 
@@ -70,6 +71,8 @@ async def test_each_tenant_gets_its_own_adapter_versions_and_a_restart_trains_no
         assert any(name.endswith("lora_B.weight") and tensor.abs().sum() > 0 for name, tensor in tensors.items())
         PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), folder)
     assert sum(e.data.metrics.get("no_tenant_dropped", 0) for e in events) == len(shared)
+    assert sum(e.data.metrics.get("invalid_tenant_dropped", 0) for e in events) == len(escaping)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # nothing written beside the checkpoints
     assert sorted(await read_all(kafka, kafka.topics.weights), key=lambda e: e.id) == sorted(events, key=lambda e: e.id)
     committed, ends = await committed_and_end(kafka, settings.consumer_group)
     assert {p: committed[p] for p in ends if ends[p]} == {p: e for p, e in ends.items() if e}
