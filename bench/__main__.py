@@ -24,6 +24,8 @@ BENCHMARKS = {
     "trainer_signal": "an update's time when few groups have signal (rows with advantage 0 are not run) vs every group",
     "trainer_dtype": "the trainer's forward and backward under bfloat16 autocast vs float32 on this CPU",
     "trainer_memory": "the trainer's estimated peak memory (trainer/memory.py) vs its measured peak RSS of an update",
+    "tenant_trainers": "tenants' LoRA adapters: one trainer process with every adapter vs a process per tenant (memory, "
+                       "update time, 1 and 3 tenants)",
     "sandbox_overhead": "the local sandbox's start-up and per-command cost against a bare subprocess",
     "sandbox_limits": "the local sandbox's cgroup and workspace disk: start-up, per-command and close cost against rlimits alone",
     "swe_grading": "seconds per grading in a fresh sandbox vs. the bare test run; coding tasks built per minute",

@@ -95,6 +95,7 @@ class Dashboard:
         if placeholder:
             raise ValueError(placeholder)
         self.settings = settings
+        self.key_ring = settings.key_ring  # (a ValueError for a key of two tenants: the command says it, exit 2)
         self.keys = tuple(key.encode() for key in settings.keys)
         self.live = Live(settings)
         self.overview = OverviewCache(settings)
@@ -108,11 +109,25 @@ def dashboard(request: Request) -> Dashboard:
 Parts = Annotated[Dashboard, Depends(dashboard)]
 
 
-def operator(request: Request, parts: Parts) -> None:
+def operator(request: Request, parts: Parts) -> str | None:
+    """The viewer's tenant (a tenant's read key: its own trajectories only), None for an operator or a read key of
+    no tenant (every trajectory); 401 for any other key."""
     key = presented_key(request.headers)
     if key is None or not is_operator_key(key, parts.keys):
         raise ApiError(401, "the dashboard needs an operator key (one of the gateway's AGENTSTREAM_API_KEYS): "
                        "send 'Authorization: Bearer <key>'", "missing_api_key" if key is None else "invalid_api_key")
+    return parts.key_ring.tenant_of(key)
+
+
+Viewer = Annotated[str | None, Depends(operator)]
+"""the viewer's tenant, None: sees every tenant's"""
+
+
+def every_tenant(tenant: Viewer) -> None:
+    """The views over every tenant's traffic (overview, releases, comparisons, live events): not for a tenant."""
+    if tenant is not None:
+        raise ApiError(403, "a tenant's key reads its own tenant's rollouts (/api/rollouts) only: the overview, "
+                       "releases, comparisons and live events cover every tenant (an operator key's)", "key_scope")
 
 
 async def session(parts: Parts) -> Response:
@@ -127,6 +142,7 @@ async def overview(parts: Parts, since: str = "1h", until: str | None = None) ->
 
 async def list_rollouts(
     parts: Parts,
+    tenant: Viewer,
     q: Annotated[str | None, Query(description="text in the rollout, attempt, task or group id")] = None,
     task: str | None = None,
     status: Annotated[list[rollouts_.Status], Query()] = [],  # noqa: B006 (FastAPI copies it per request)
@@ -147,7 +163,7 @@ async def list_rollouts(
         raise ApiError(400, f"reward_min ({reward_min}) is above reward_max ({reward_max})", "invalid_filter")
     filters = rollouts_.Filters(text=q or None, task=task or None, statuses=tuple(status), split=split,
                                 reward_min=reward_min, reward_max=reward_max, version=version,
-                                where=(where or "").strip() or None)
+                                where=(where or "").strip() or None, tenant=tenant)
     started = time.perf_counter()
     page = await rollouts_.search(settings, filters, _time(since, "since"), _time(until, "until"), limit,
                                   rollouts_.Cursor.parse(cursor) if cursor else None)
@@ -155,11 +171,13 @@ async def list_rollouts(
                           "complete": page.complete, "took_ms": round((time.perf_counter() - started) * 1000, 1)})
 
 
-async def rollout(parts: Parts, rollout_id: str, partition: Annotated[int | None, Query(ge=0)] = None,
+async def rollout(parts: Parts, tenant: Viewer, rollout_id: str, partition: Annotated[int | None, Query(ge=0)] = None,
                   offset: Annotated[int | None, Query(ge=0)] = None, attempt: str | None = None) -> Response:
     settings, live = parts.settings, parts.live
     found, read = await rollouts_.find_trajectories(settings, rollout_id, partition, offset,
                                                     budget=settings.scan_records_max)
+    if tenant is not None:  # another tenant's rollout is one this viewer cannot tell from a missing one
+        found = [trajectory for trajectory in found if trajectory.data.tenant == tenant]
     if not found:
         where = f"at partition {partition}, offset {offset}" if offset is not None else \
             f"in the newest {read:,} records of its partition"
@@ -217,16 +235,18 @@ async def index() -> FileResponse:
     return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
 
 
-def _api(path: str, endpoint: Any) -> APIRoute:
-    """A GET under /api, for operators only."""
-    return APIRoute("/api" + path, endpoint, methods=["GET"], dependencies=[Depends(operator)])
+def _api(path: str, endpoint: Any, tenants: bool = False) -> APIRoute:
+    """A GET under /api, for keys the dashboard takes; `tenants`: a tenant's key too (the endpoint shows it its
+    own tenant's rows), else only the keys that see every tenant."""
+    check = operator if tenants else every_tenant
+    return APIRoute("/api" + path, endpoint, methods=["GET"], dependencies=[Depends(check)])
 
 
 routes: list[BaseRoute] = [
-    _api("/session", session),
+    _api("/session", session, tenants=True),
     _api("/overview", overview),
-    _api("/rollouts", list_rollouts),
-    _api("/rollouts/{rollout_id}", rollout),
+    _api("/rollouts", list_rollouts, tenants=True),
+    _api("/rollouts/{rollout_id}", rollout, tenants=True),
     _api("/releases", releases),
     _api("/compare", compare),
     _api("/events", events),

@@ -31,7 +31,7 @@ from agentstream.schemas.scan import Bounds, Record, resolve, scan
 LIST_COLUMNS = frozenset({
     "id", "rollout_id", "attempt_id", "time", "kafka_partition", "kafka_offset", "kafka_timestamp", "task_id",
     "group_id", "status", "split", "reward", "reward_missing", "weight_version_launch", "model", "finished_at",
-    "started_at", "duration_ms", "attempt_number", "epoch", "sample_index", "merge_mismatches"})
+    "started_at", "duration_ms", "attempt_number", "epoch", "sample_index", "merge_mismatches", "tenant"})
 FIRST_CHUNK = 256
 """records per partition read first; each further round reads four times as many"""
 
@@ -53,8 +53,12 @@ class Filters:
     version: int | None = None
     where: str | None = None
     """a polars SQL condition over the list's columns, for what the fields above cannot say"""
+    tenant: str | None = None
+    """the viewer's tenant: its rows only, applied before anything else (`where` included) sees the list"""
 
     def apply(self, df: pl.DataFrame) -> pl.DataFrame:
+        if self.tenant is not None:  # first: the SQL of `where` is given a table of this tenant's rows alone
+            df = df.filter((_col(df, "tenant") == self.tenant).fill_null(False))
         conditions = []
         if self.text:
             needle = self.text.lower()
@@ -77,19 +81,21 @@ class Filters:
             df = df.filter(condition.fill_null(False))
         if self.where and _READS_FILES.search(self.where):
             raise FilterError("where: a condition over the list's columns only; polars' read_* table functions "
-                              "(files on the server) are not allowed")
+                              "(files on the server) and subqueries are not allowed")
         if self.where and df.height:
             try:
-                df = pl.SQLContext({"trajectories": df}, eager=True).execute(
-                    f"SELECT * FROM trajectories WHERE {self.where}")
+                # parsed as one SQL expression, never pasted into a query: no UNION, no FROM, no table function
+                # (`"read_parquet"(…)` and `read_parquet/**/(…)` slip past any pattern), only this frame's columns
+                df = df.filter(pl.sql_expr(self.where))
             except Exception as exc:  # polars reports SQL errors with types of its own
                 raise FilterError(f"cannot apply where={self.where!r}: {_first_line(exc)}. Columns: "
                                   f"{', '.join(sorted(LIST_COLUMNS))}; e.g. where=reward > 0.5 AND status = 'finished'") from exc
         return df
 
 
-_READS_FILES = re.compile(r"\bread_\w+\s*\(|\bscan_\w+\s*\(", re.IGNORECASE)
-"""polars SQL's table functions (read_csv('/etc/passwd'), …): a filter reads the list, not the server's disk"""
+_READS_FILES = re.compile(r"\bread_\w+|\bscan_\w+|\bselect\b", re.IGNORECASE)
+"""polars SQL's table functions (read_csv('/etc/passwd'), …) and subqueries: a filter reads the list, not the
+server's disk (a second guard: the condition is parsed as an expression, which has no FROM)"""
 
 
 def _col(df: pl.DataFrame, name: str) -> pl.Expr:

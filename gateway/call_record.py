@@ -54,6 +54,7 @@ class CallRecord:
             logprobs=tokens.logprobs, finish_reason=tokens.finish_reason, extra_choices=tokens.extra_choices,
             usage=tokens.usage, status=status, error=error, started_at=self.started_at,
             latency_ms=round(self.elapsed_ms, 3), ttft_ms=ttft_ms, retry_count=self.retry_count,
+            tenant=self.attribution.tenant,
         )
         return CallEvent(id=self.id, source=source, rollout_id=self.attribution.rollout_id,
                          attempt_id=self.attribution.attempt_id, data=data)

@@ -23,9 +23,10 @@ async def serve(settings: TrainerSettings) -> None:
     from agentstream.schemas.errors import AgentstreamError
     from agentstream.trainer.memory import DoesNotFit
     from agentstream.trainer.service import Trainer  # imports torch and verl: after --help has had its chance
+    from agentstream.trainer.tenant_trainer import TenantTrainer
 
     hf_logging.disable_progress_bar()
-    trainer = Trainer(settings)
+    trainer = TenantTrainer(settings) if settings.tenant_adapters else Trainer(settings)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, trainer.stop)

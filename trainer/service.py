@@ -82,11 +82,11 @@ class Trainer:
         async with contextlib.AsyncExitStack() as cleanup:
             self.store.lock()
             cleanup.callback(self.store.unlock)
-            latest = self.store.latest()
+            latest = self._resume_point()
             self._load(latest)
             cleanup.callback(self._close_policy)
             self.ledger = Ledger(self.source.name, latest.state.ledger if latest else None, s.dedupe_window)
-            self.batcher = Batcher(s)
+            self.batcher = self._make_batcher()
             if not s.offline_file:
                 for problem in (await ensure_topics(s)).mismatches:
                     log.warning("topic %s", problem)
@@ -103,6 +103,13 @@ class Trainer:
         return self.published
 
     # --- start-up -----------------------------------------------------------------------------
+
+    def _resume_point(self) -> Checkpoint | None:
+        """The checkpoint whose ledger this trainer resumes from."""
+        return self.store.latest()
+
+    def _make_batcher(self) -> Batcher:
+        return Batcher(self.settings)
 
     def _load(self, latest: Checkpoint | None) -> None:
         s = self.settings
@@ -331,15 +338,20 @@ class Trainer:
             self._save_optimizer if s.save_optimizer else None)
         checkpoint_s = time.perf_counter() - started
         await self.publisher.publish(event)
-        try:
-            await self.source.commit(state.ledger.sources[self.source.name].watermarks)
-        except CommitFailedError as exc:  # a rebalance; the checkpoint holds the position, the next commit catches up
-            log.warning("offsets of version %d not committed (%s); the next version's commit covers them", version, exc)
+        await self._commit(state)
         self.version, self.model_dir = version, checkpoint.path
         self.published.append(event)
         self.dropped.clear()
         self.store.prune(s.keep_checkpoints)
         self._log_version(event, checkpoint_s)
+
+    async def _commit(self, state: TrainingState) -> None:
+        """Commit the consumer offsets to the checkpointed ledger's watermarks."""
+        try:
+            await self.source.commit(state.ledger.sources[self.source.name].watermarks)
+        except CommitFailedError as exc:  # a rebalance; the checkpoint holds the position, the next commit catches up
+            log.warning("offsets of version %d not committed (%s); the next version's commit covers them",
+                        state.version, exc)
 
     async def _train(self, batch: Batch) -> dict[str, float]:
         """Policy.update, retried on fresh ranks when a rank dies (nothing of the failed step is kept:

@@ -139,6 +139,10 @@ class TrainerSettings(KafkaSettings):
                                                 "0: full fine-tuning. Each version is published as full weights, "
                                                 "the adapters merged in, so servers reload it like any other")
     lora_alpha: float = Field(0.0, ge=0, description="LoRA scaling alpha; 0: twice the rank")
+    tenant_adapters: bool = Field(
+        False, description="train one LoRA adapter per tenant (a trajectory's `tenant`) over the frozen base, all in "
+        "this process; each version is published as that tenant's PEFT adapter folder (needs --lora-rank; "
+        "trajectories of no tenant are left to a trainer without this flag)")
     lora_target_modules: str = Field("all-linear", description="modules that get adapters: 'all-linear' or "
                                                                "comma-separated names (q_proj,v_proj)")
     seed: int = Field(0, description="torch seed")
@@ -223,6 +227,9 @@ class TrainerSettings(KafkaSettings):
                              "logprobs; give one of them")
         if self.ranks > 1 and self.loss == "sft":
             raise ValueError("--loss sft trains in one process only: give --ranks 1")
+        if self.tenant_adapters and (not self.lora_rank or self.ranks > 1 or self.loss == "sft"):
+            raise ValueError("--tenant-adapters trains LoRA adapters with GRPO in one process: give --lora-rank "
+                             "(e.g. 8), --ranks 1 and the default --loss")
         if self.ranks > 1 and self.lora_rank:
             raise ValueError("--lora-rank trains in one process only: give --ranks 1 (LoRA on sharded ranks is "
                              "not built yet)")
