@@ -87,8 +87,10 @@ class Calls:
         self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=options.connect_timeout_s,
                                              sock_read=options.upstream_timeout_s)
 
-    async def serve(self, request: Request, adapter: Adapter, attribution: Attribution) -> Response:
-        call = CallRecord(adapter, attribution, retry_count=retry_count_of(request.headers))
+    async def serve(self, request: Request, adapter: Adapter, attribution: Attribution,
+                    tenant: str | None = None) -> Response:
+        """Serve one call; a `tenant`'s goes to its current adapter (`gateway/lora.py`), if it has one."""
+        call = CallRecord(adapter, attribution, retry_count=retry_count_of(request.headers), tenant=tenant)
         try:
             body = self._parse(call, await request.body())
             adapter.check(body)  # a bad field is the agent's error: a 400 before anything goes upstream
@@ -96,6 +98,9 @@ class Calls:
             # before the upstream generates anything: a call that cannot be recorded is not served
             self.recorder.check_available()
             await self.pool.admit(call.model)
+            if tenant is not None:  # a new adapter holds no one: its tenant's calls go on to the version it finds
+                call.lora = self.pool.adapters.current(call.model, tenant, attribution.session_id
+                                                       or attribution.rollout_id)
             response, lease = await self._send(call, rewrite.body, adapter.upstream_path)
         except GatewayError as error:
             return await self._fail(call, error)
@@ -148,12 +153,16 @@ class Calls:
 
     async def _send(self, call: CallRecord, body: Body, path: str) -> tuple[aiohttp.ClientResponse, Lease]:
         """Send to the first server that takes the request; fail over only when one never got it."""
-        content = orjson.dumps(body)
+        lora = call.lora
+        content = orjson.dumps({**body, "model": lora.name} if lora else body)
         tried: list[str] = []
-        for upstream in self.pool.candidates(call.model, call.attribution.rollout_id or call.attribution.session_id):
+        for upstream in self.pool.candidates(call.model, call.attribution.rollout_id or call.attribution.session_id,
+                                             lora):
             if tried:
                 await self.pool.admit(call.model)  # a hold may have begun while the last server failed
             try:
+                if lora:  # loaded back on demand where it was unloaded (least recently used) or never loaded
+                    await self.pool.adapters.ensure(upstream.url, lora)
                 return await self._post(call, upstream, path, content)
             except _UNREACHABLE as exc:
                 self.pool.mark_down(upstream, describe(exc))
@@ -178,7 +187,7 @@ class Calls:
 
     async def _post_once(self, call: CallRecord, upstream: Upstream, path: str,
                          content: bytes) -> tuple[aiohttp.ClientResponse, Lease]:
-        lease = self.pool.lease(call.model, upstream)  # counted from now, so a weight update waits for it
+        lease = self.pool.lease(call.served_model, upstream)  # counted from now, so a weight update waits for it
         call.upstream, call.weight_version = upstream, upstream.weight_version
         try:
             response = await self.http.post(upstream.endpoint(path), data=content,
