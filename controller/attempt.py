@@ -38,6 +38,7 @@ class Gateway:
     url: str
     token_secret: str
     model: str | None = None
+    tenant: str | None = None
 
 
 def agent_env(gateway: Gateway, attempt: Attempt, task_path: str, timeout_s: float) -> dict[str, str]:
@@ -47,7 +48,7 @@ def agent_env(gateway: Gateway, attempt: Attempt, task_path: str, timeout_s: flo
     env = {
         "OPENAI_BASE_URL": f"{base}/rollouts/{rollout}/attempts/{attempt_id}/v1",
         "OPENAI_API_KEY": mint_rollout_token(gateway.token_secret, rollout, attempt_id, ttl_s=timeout_s + TOKEN_MARGIN_S,
-                                             graded=attempt.rollout.task.graded),
+                                             graded=attempt.rollout.task.graded, tenant=gateway.tenant),
         "AGENTSTREAM_ROLLOUT_ID": rollout,
         "AGENTSTREAM_ATTEMPT_ID": attempt_id,
         "AGENTSTREAM_TASK": task_path,

@@ -106,7 +106,7 @@ class Controller:
         self.run_id = settings.run_id or derive_run_id([settings.tasks, settings.validation_tasks], **planning)
         self.plan = plan_rollouts(self.run_id, tasks, **planning)
         self.history = RunHistory({r.rollout_id for r in self.plan})
-        self.gateway = Gateway(settings.gateway_url, settings.token_secret, settings.model)
+        self.gateway = Gateway(settings.gateway_url, settings.token_secret, settings.model, settings.tenant)
         self.launcher = launcher or make_launcher(settings, self.run_id)
         self.counts = Counts(total=len(self.plan))
         self.started_at = time.monotonic()

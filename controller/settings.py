@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from agentstream.schemas.kafka import KafkaSettings
+from agentstream.schemas.keys import TENANT_PATTERN
 
 
 class ControllerSettings(KafkaSettings):
@@ -50,6 +51,8 @@ class ControllerSettings(KafkaSettings):
                               "(env AGENTSTREAM_TOKEN_SECRET)")
     model: str | None = Field(None, description="served model name: passed to agents as AGENTSTREAM_MODEL, "
                               "recorded in each rollout, and the model whose weight versions are followed")
+    tenant: str | None = Field(None, pattern=TENANT_PATTERN, description="the tenant this run's agents act for: their rollout tokens carry "
+                               "it, so their calls are that tenant's and train its adapter (none: the shared policy)")
 
     # --- pacing (bounded staleness) -----------------------------------------------------------
     max_staleness: int | None = Field(

@@ -95,6 +95,7 @@ class Dashboard:
         if placeholder:
             raise ValueError(placeholder)
         self.settings = settings
+        self.key_ring = settings.key_ring  # (a ValueError for a key of two tenants: the command says it, exit 2)
         self.keys = tuple(key.encode() for key in settings.keys)
         self.live = Live(settings)
         self.overview = OverviewCache(settings)

@@ -24,7 +24,6 @@ from starlette.routing import BaseRoute, Route
 from agentstream.gateway import rollouts, sessions
 from agentstream.gateway.adapter import Adapter
 from agentstream.gateway.adapters import ADAPTERS
-from agentstream.gateway.auth import auth_headers
 from agentstream.gateway.errors import ErrorCode, GatewayError
 from agentstream.gateway.messages import Messages
 from agentstream.gateway.rollouts import json_response
@@ -46,12 +45,11 @@ class ModelCalls:
         gateway: Gateway = request.app.state.gateway
         params = request.path_params
         try:
-            principal = gateway.auth.principal(auth_headers(request.scope))
-            where = gateway.attribution(request, params.get("rollout_id"), params.get("attempt_id"), principal)
+            where = gateway.attribution(request, params.get("rollout_id"), params.get("attempt_id"))
         except GatewayError as error:  # 401/403 in the API's own error shape, so its SDK raises as usual
             return self.adapter.error_response(error)
         assert gateway.calls is not None  # set by the lifespan, before the first request
-        return await gateway.calls.serve(request, self.adapter, where, principal.tenant)
+        return await gateway.calls.serve(request, self.adapter, where)
 
 
 async def count_tokens(request: Request) -> Response:

@@ -56,6 +56,8 @@ class Attribution:
     rollout_id: str | None = None
     attempt_id: str | None = None
     session_id: str | None = None
+    tenant: str | None = None
+    """the caller's tenant (its key's, or its rollout token's claim): whose adapter the call is for"""
 
 
 class Authenticator:
@@ -80,7 +82,8 @@ class Authenticator:
                 raise Unauthorized("rollout tokens are not accepted: this gateway has no token secret "
                                    "(AGENTSTREAM_TOKEN_SECRET)")
             try:
-                return Principal("rollout", verify_rollout_token(self._secret, token))
+                claims = verify_rollout_token(self._secret, token)
+                return Principal("rollout", claims, tenant=claims.tenant)
             except InvalidToken as exc:
                 raise Unauthorized(f"invalid rollout token: {exc}") from None
         scope = self._keys.scope_of(token)
@@ -88,7 +91,7 @@ class Authenticator:
             raise Forbidden("a read-only key is for the dashboard and its SQL: model calls, rewards and feedback "
                             "need an app or operator key", ErrorCode.KEY_SCOPE)
         if scope is not None:
-            return Principal(scope, identity=key_identity(token))
+            return Principal(scope, identity=key_identity(token), tenant=self._keys.tenant_of(token))
         if self._anonymous:
             return Principal("anonymous")
         raise Unauthorized("invalid API key: not a gateway key or a rollout token")
@@ -103,16 +106,16 @@ class Authenticator:
                 if principal.kind == "app":
                     raise Forbidden(f"an app key acts for its own sessions only, not for rollout {rollout_id!r}: "
                                     "send no rollout id (agents use their rollout token)", ErrorCode.KEY_SCOPE)
-                return Attribution(rollout_id, attempt_id)
+                return Attribution(rollout_id, attempt_id, tenant=principal.tenant)
             session = session_of(session_id, principal)
-            return Attribution(session_rollout_id(session), None, session)
+            return Attribution(session_rollout_id(session), None, session, principal.tenant)
         if rollout_id is not None and rollout_id != claims.rollout_id:
             raise Forbidden(f"this token belongs to rollout {claims.rollout_id!r}, not {rollout_id!r}",
                             ErrorCode.WRONG_ROLLOUT)
         if attempt_id is not None and attempt_id != claims.attempt_id:
             raise Forbidden(f"this token belongs to attempt {claims.attempt_id!r} of rollout "
                                f"{claims.rollout_id!r}, not attempt {attempt_id!r}", ErrorCode.WRONG_ATTEMPT)
-        return Attribution(claims.rollout_id, claims.attempt_id)
+        return Attribution(claims.rollout_id, claims.attempt_id, tenant=principal.tenant)
 
 
 _KEY_SESSION = re.compile(r"(default:)?key:[0-9a-f]{16}(:|$)")

@@ -36,8 +36,6 @@ class CallRecord:
     upstream: Upstream | None = None
     weight_version: int | None = None
     retry_count: int | None = None
-    tenant: str | None = None
-    """the caller's tenant (`Principal.tenant`)"""
     lora: TenantAdapter | None = None
     """the tenant's adapter that serves the call (None: the base model)"""
 
@@ -58,12 +56,14 @@ class CallRecord:
               error: str | None = None, ttft_ms: float | None = None) -> CallEvent:
         data = Call(
             api=self.adapter.api, model=self.served_model, upstream=self.upstream.url if self.upstream else None,
-            weight_version=self.lora.version if self.lora else self.weight_version, streamed=self.streamed, session_id=self.attribution.session_id,
+            weight_version=self.lora.version if self.lora else self.weight_version, streamed=self.streamed,
+            session_id=self.attribution.session_id,
             request=_redacted(self.body or {}), response=response,
             prompt_token_ids=tokens.prompt_token_ids, completion_token_ids=tokens.completion_token_ids,
             logprobs=tokens.logprobs, finish_reason=tokens.finish_reason, extra_choices=tokens.extra_choices,
             usage=tokens.usage, status=status, error=error, started_at=self.started_at,
-            latency_ms=round(self.elapsed_ms, 3), ttft_ms=ttft_ms, retry_count=self.retry_count, tenant=self.tenant,
+            latency_ms=round(self.elapsed_ms, 3), ttft_ms=ttft_ms, retry_count=self.retry_count,
+            tenant=self.attribution.tenant,
         )
         return CallEvent(id=self.id, source=source, rollout_id=self.attribution.rollout_id,
                          attempt_id=self.attribution.attempt_id, data=data)

@@ -87,10 +87,9 @@ class Calls:
         self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=options.connect_timeout_s,
                                              sock_read=options.upstream_timeout_s)
 
-    async def serve(self, request: Request, adapter: Adapter, attribution: Attribution,
-                    tenant: str | None = None) -> Response:
-        """Serve one call; a `tenant`'s goes to its current adapter (`gateway/lora.py`), if it has one."""
-        call = CallRecord(adapter, attribution, retry_count=retry_count_of(request.headers), tenant=tenant)
+    async def serve(self, request: Request, adapter: Adapter, attribution: Attribution) -> Response:
+        """Serve one call; a tenant's goes to its current adapter (`gateway/lora.py`), if it has one."""
+        call = CallRecord(adapter, attribution, retry_count=retry_count_of(request.headers))
         try:
             body = self._parse(call, await request.body())
             adapter.check(body)  # a bad field is the agent's error: a 400 before anything goes upstream
@@ -98,9 +97,9 @@ class Calls:
             # before the upstream generates anything: a call that cannot be recorded is not served
             self.recorder.check_available()
             await self.pool.admit(call.model)
-            if tenant is not None:  # a new adapter holds no one: its tenant's calls go on to the version it finds
-                call.lora = self.pool.adapters.current(call.model, tenant, attribution.session_id
-                                                       or attribution.rollout_id)
+            if attribution.tenant is not None:  # a new adapter holds no one: calls go on to the version they find
+                call.lora = self.pool.adapters.current(call.model, attribution.tenant,
+                                                       attribution.rollout_id or attribution.session_id)
             response, lease = await self._send(call, rewrite.body, adapter.upstream_path)
         except GatewayError as error:
             return await self._fail(call, error)

@@ -10,7 +10,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from agentstream.schemas.kafka import KafkaSettings
-from agentstream.schemas.keys import KeyRing, OperatorKeys, secret_values, text_list
+from agentstream.schemas.keys import KeyRing, OperatorKeys, Tenants, secret_values, tenant_keys, text_list
 
 
 class GatewaySettings(KafkaSettings):
@@ -46,6 +46,10 @@ class GatewaySettings(KafkaSettings):
     read_keys: OperatorKeys = Field(
         default_factory=list, description="read-only keys, for the dashboard and its SQL (AGENTSTREAM_READ_KEYS): "
         "the gateway refuses them (403) on every route")
+    tenants: Tenants = Field(
+        default_factory=dict, description="which tenant each app or read key belongs to, a JSON object "
+        "'{\"<tenant>\": [\"<key>\", ...]}' (AGENTSTREAM_TENANTS): a tenant's calls are recorded as its own, for its "
+        "adapter; each key one tenant at most, each listed under the app or read keys too; operator keys: no tenant")
     arm_secret: SecretStr = Field(
         SecretStr(""), description="secret that keys which sessions a canary serves (HMAC of the session), so a "
         "client cannot choose its arm by choosing session ids; empty: the token secret. Every replica needs the same")
@@ -114,8 +118,9 @@ class GatewaySettings(KafkaSettings):
 
     @property
     def key_ring(self) -> KeyRing:
-        """Every key the gateway takes, by scope (ValueError for a key under two: `settings_problem` says so)."""
-        return KeyRing(self.keys, secret_values(self.app_keys), secret_values(self.read_keys))
+        """Every key the gateway takes, by scope and tenant (ValueError for a key under two scopes or two tenants, or
+        a tenant's key of no app or read scope: `settings_problem` says so)."""
+        return KeyRing(self.keys, secret_values(self.app_keys), secret_values(self.read_keys), tenant_keys(self.tenants))
 
     @property
     def arm_key(self) -> bytes:

@@ -40,6 +40,8 @@ class RolloutClaims:
     expires_at: float
     graded: bool = False
     """the attempt's reward comes from a grader or reward function, never from the agent (claim `g`)"""
+    tenant: str | None = None
+    """the tenant the controller launched the attempt for: its calls are that tenant's (claim `t`)"""
 
 
 def _b64(data: bytes) -> str:
@@ -55,13 +57,16 @@ def _sign(secret: str, body: str) -> str:
 
 
 def mint_rollout_token(secret: str, rollout_id: str, attempt_id: str, ttl_s: float = 7 * 24 * 3600,
-                       graded: bool = False) -> str:
-    """A token for one attempt; `graded`: its reward comes from a grader, so the gateway refuses the agent's."""
+                       graded: bool = False, tenant: str | None = None) -> str:
+    """A token for one attempt; `graded`: its reward comes from a grader, so the gateway refuses the agent's;
+    `tenant`: the attempt's calls are that tenant's."""
     if not secret:
         raise ValueError("a rollout token needs a non-empty secret (AGENTSTREAM_TOKEN_SECRET)")
     claims: dict[str, object] = {"r": rollout_id, "a": attempt_id, "exp": int(time.time() + ttl_s)}
     if graded:
         claims["g"] = 1  # (absent otherwise: a token minted before this claim reads the same)
+    if tenant is not None:
+        claims["t"] = tenant
     body = _b64(orjson.dumps(claims))
     return f"{PREFIX}.{body}.{_sign(secret, body)}"
 
@@ -82,7 +87,9 @@ def verify_rollout_token(secret: str, token: str) -> RolloutClaims:
         raise InvalidToken("rollout token signature does not match")
     try:
         claims = orjson.loads(_unb64(body))
-        parsed = RolloutClaims(str(claims["r"]), str(claims["a"]), float(claims["exp"]), bool(claims.get("g")))
+        tenant = claims.get("t")
+        parsed = RolloutClaims(str(claims["r"]), str(claims["a"]), float(claims["exp"]), bool(claims.get("g")),
+                               None if tenant is None else str(tenant))
     except (ValueError, KeyError, TypeError, AttributeError):
         raise InvalidToken("malformed rollout token claims") from None
     if parsed.expires_at < time.time():

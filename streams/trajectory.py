@@ -146,9 +146,17 @@ def build(rollout_id: str, attempt_id: str, events: Seq[Event], ending: Ending, 
         **_rewarded(events, turns, ending),
         **(_task_fields(queued) if queued else {}),
         **({"session_id": session_id} if session_id is not None else {}),
+        tenant=_tenant(calls),
     )
     return _made(TrajectoryEvent, id=trajectory_id(rollout_id, attempt_id), time=ending.finished_at,
                                            source=source, rollout_id=rollout_id, attempt_id=attempt_id, data=data)
+
+
+def _tenant(calls: list[CallEvent]) -> str | None:
+    """The tenant whose adapter the trajectory trains: its calls' (an operator's call in a tenant's conversation
+    names none and joins it), the first's in call order if two tenants' calls ever met in one attempt (only an
+    operator's rollout could mix them); None for calls of no tenant."""
+    return next((call.data.tenant for call in calls if call.data.tenant is not None), None)
 
 
 def with_reward(trajectory: TrajectoryEvent, events: Seq[Event], reward: RewardEvent,
