@@ -23,6 +23,7 @@ from agentstream.gateway.call import CallRecord, retry_count_of
 from agentstream.gateway.errors import BadRequest, ErrorCode, GatewayError, UpstreamFailed
 from agentstream.gateway.fields import model_of
 from agentstream.gateway.logs import fields
+from agentstream.gateway.lora import TenantAdapter
 from agentstream.gateway.messages import Messages
 from agentstream.gateway.metrics import Metrics
 from agentstream.gateway.pool import Lease, Pool, Upstream, no_server
@@ -161,7 +162,7 @@ class Calls:
                 await self.pool.admit(call.model)  # a hold may have begun while the last server failed
             try:
                 if lora:  # loaded back on demand where it was unloaded (least recently used) or never loaded
-                    await self.pool.adapters.ensure(upstream.url, lora)
+                    return await self._post_adapter(call, upstream, path, content, lora)
                 return await self._post(call, upstream, path, content)
             except _UNREACHABLE as exc:
                 self.pool.mark_down(upstream, describe(exc))
@@ -173,6 +174,20 @@ class Calls:
             raise no_server(call.model, self.pool.models())
         raise UpstreamFailed(f"no upstream serving {call.model!r} could be reached: {'; '.join(tried)}",
                              ErrorCode.UPSTREAM_UNREACHABLE)
+
+    async def _post_adapter(self, call: CallRecord, upstream: Upstream, path: str, content: bytes,
+                            lora: TenantAdapter) -> tuple[aiohttp.ClientResponse, Lease]:
+        """Send a tenant's call to its adapter; a 404 means the server no longer holds it (another replica unloaded
+        it, at its bound or after a swap): loaded again, and the call sent once more."""
+        await self.pool.adapters.ensure(upstream.url, lora)
+        response, lease = await self._post(call, upstream, path, content)
+        if response.status != 404:
+            return response, lease
+        lease.close()
+        response.release()
+        self.pool.adapters.forget(upstream.url, lora)
+        await self.pool.adapters.ensure(upstream.url, lora)
+        return await self._post(call, upstream, path, content)
 
     async def _post(self, call: CallRecord, upstream: Upstream, path: str,
                     content: bytes) -> tuple[aiohttp.ClientResponse, Lease]:

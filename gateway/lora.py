@@ -168,9 +168,13 @@ class Adapters:
             if not self.in_flight(name):
                 await self.unload(server, held[name])
 
+    def forget(self, server: str, adapter: TenantAdapter) -> None:
+        """`server` no longer holds `adapter` (it answered 404 for it: another replica unloaded it)."""
+        self.resident.get(server, OrderedDict()).pop(adapter.name, None)
+
     async def unload(self, server: str, adapter: TenantAdapter) -> None:
         """Unload `adapter` from `server` (one already gone is fine); requests still running on it finish."""
-        self.resident.get(server, OrderedDict()).pop(adapter.name, None)
+        self.forget(server, adapter)
         status, text = await self._post(server, "/v1/unload_lora_adapter", {"lora_name": adapter.name})
         if status not in (200, 404):
             log.warning("an adapter could not be unloaded", extra=fields(server=server, adapter=adapter.name,

@@ -198,6 +198,10 @@ async def test_past_the_bound_the_least_recently_used_adapter_goes_and_comes_bac
         assert {"agent-a@1", "agent-c@1"} <= served_models(lora_vllm)
         assert "agent-b@1" not in served_models(lora_vllm)
 
+        # another replica unloads agent-c's adapter behind this one's back: its call is still answered by it
+        assert httpx.post(f"{lora_vllm.url}/v1/unload_lora_adapter", json={"lora_name": "agent-c@1"}).status_code == 200
+        assert text_of(await complete(gw, KEYS["agent-c"])) == direct(lora_vllm, "agent-c@1")
+
 
 async def test_a_tenants_canary_serves_its_share_of_sessions_beside_the_stable_adapter(kafka, lora_vllm, adapter_dirs):
     settings = tenants_settings(kafka, lora_vllm, canary_share=0.5)
