@@ -21,6 +21,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -105,7 +106,7 @@ def full_reload(url: str, model_dir: Path, version: int) -> float:
     return (time.perf_counter() - started) * 1000
 
 
-def under_stream(url: str, model: str, operation) -> tuple[float, float]:
+def under_stream(url: str, model: str, operation: Callable[[], float]) -> tuple[float, float]:
     """Run `operation` while a stream of `model` generates: (the operation's ms, the stream's longest gap between
     chunks while it ran, ms)."""
     arrivals: list[float] = []
@@ -148,21 +149,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--swaps", type=int, default=5, help="adapter loads and full reloads (median reported)")
     parser.add_argument("--requests", type=int, default=32, help="requests per throughput run")
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--server", help="a running local vLLM (`agentstream vllm start ... --max-loras 16 "
+                        "--max-lora-rank 8 --name NAME`) of the model to use (and leave running) instead of starting one")
     args = parser.parse_args(argv)
 
     from agentstream.stack.vllm import LocalVLLM, Lora
 
-    report = Report(f"lora_serving_{args.model}")
+    report = Report("lora_serving")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        model_dir = model_folder(args.model, root)
+        server = LocalVLLM(name=args.server or f"bench-lora-{args.model}")
+        running = server.state() if args.server else None
+        if args.server and running is None:
+            raise SystemExit(f"no local vLLM server named {args.server!r} runs")
+        model_dir = Path(running.details["model"]) if running else model_folder(args.model, root)
+        base = running.details["served_name"] if running else "base"
         folders = make_adapters(model_dir, root, ADAPTERS + args.swaps)
-        server = LocalVLLM(name=f"bench-lora-{args.model}")
-        state = server.start(model_dir, served_name="base", timeout=1200,
-                             lora=Lora(max_loras=ADAPTERS, max_rank=RANK, max_cpu_loras=ADAPTERS + args.swaps))
+        state = running or server.start(model_dir, served_name=base, timeout=1200, lora=Lora(
+            max_loras=ADAPTERS, max_rank=RANK, max_cpu_loras=ADAPTERS + args.swaps))
         url = state.url
         try:
-            complete(url, "base", 4)
+            complete(url, base, 4)
             rss_before = rss_gib(state.pid)
             names = [f"tenant-{i}@1" for i in range(ADAPTERS)]
             for name, folder in zip(names, folders):
@@ -171,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
             rss_after = rss_gib(state.pid)
             folder_mib = sum(f.stat().st_size for f in folders[0].iterdir()) / 2**20
 
-            base_tps = throughput(url, ["base"], args.requests, args.concurrency)
+            base_tps = throughput(url, [base], args.requests, args.concurrency)
             runs = {count: throughput(url, names[:count], args.requests, args.concurrency) for count in (1, 4, 16)}
 
             adapter_swaps = [under_stream(url, names[0], lambda i=i: load(url, f"tenant-0@{i + 2}", folders[ADAPTERS + i]))
@@ -179,7 +186,8 @@ def main(argv: list[str] | None = None) -> None:
             reloads = [under_stream(url, names[0], lambda i=i: full_reload(url, model_dir, i + 1))
                        for i in range(args.swaps)]
         finally:
-            server.stop()
+            if not running:
+                server.stop()
 
     reload_ms = statistics.median(took for took, _ in reloads)
     reload_gap = statistics.median(gap for _, gap in reloads)

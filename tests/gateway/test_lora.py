@@ -21,7 +21,8 @@ from tests.support.gateway import OPERATOR_KEY, gateway_settings, read_events, r
 from tests.support.lora import make_adapter, start_lora_server
 from tests.support.wait import wait_for_async
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+# the first test also waits for the module's server to start: minutes on a loaded machine
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 KEYS = {"agent-a": "tenant-a-app-key", "agent-b": "tenant-b-app-key", "agent-c": "tenant-c-app-key"}
 MESSAGES = [{"role": "user", "content": "hello there"}]
@@ -29,13 +30,17 @@ MESSAGES = [{"role": "user", "content": "hello there"}]
 
 @pytest.fixture(scope="module")
 def lora_vllm(tiny_model_dirs) -> VLLMServer:
-    """The tiny model served with LoRA adapters loaded at run time (its own server: the session's has no LoRA)."""
-    name = f"pytest-lora-{os.getpid()}"
+    """The tiny model served with LoRA adapters loaded at run time (its own server: the session's has no LoRA).
+    AGENTSTREAM_TEST_LORA_SERVER names a local one to use (and leave running) instead, as `agentstream vllm start
+    --model DIR --served-name tiny --max-loras 4 --max-lora-rank 8 --name NAME` started it."""
+    reuse = os.environ.get("AGENTSTREAM_TEST_LORA_SERVER")
+    name = reuse or f"pytest-lora-{os.getpid()}"
     try:
         state = start_lora_server(name, tiny_model_dirs[0], "tiny", Lora(max_loras=4, max_rank=8, max_cpu_loras=8))
         yield VLLMServer(url=state.url, model="tiny", model_dir=tiny_model_dirs[0], other_checkpoint=None)
     finally:
-        LocalVLLM(name=name).stop(grace=2)
+        if not reuse:
+            LocalVLLM(name=name).stop(grace=2)
 
 
 @pytest.fixture(scope="module")
