@@ -10,6 +10,7 @@ from starlette.datastructures import Headers
 
 from agentstream.gateway.adapter import Adapter, Body, Tokens
 from agentstream.gateway.auth import Attribution
+from agentstream.gateway.lora import TenantAdapter
 from agentstream.gateway.pool import Upstream
 from agentstream.schemas.events import Call, CallEvent
 from agentstream.schemas.ids import new_id, now_ms
@@ -35,6 +36,13 @@ class CallRecord:
     upstream: Upstream | None = None
     weight_version: int | None = None
     retry_count: int | None = None
+    lora: TenantAdapter | None = None
+    """the tenant's adapter that serves the call (None: the base model)"""
+
+    @property
+    def served_model(self) -> str:
+        """The model the upstream is asked for and the event records: the tenant's adapter, else the model asked."""
+        return self.lora.name if self.lora else self.model
 
     @property
     def upstream_url(self) -> str:
@@ -47,8 +55,9 @@ class CallRecord:
     def event(self, source: str, status: int, *, response: Body | None = None, tokens: Tokens = _NO_TOKENS,
               error: str | None = None, ttft_ms: float | None = None) -> CallEvent:
         data = Call(
-            api=self.adapter.api, model=self.model, upstream=self.upstream.url if self.upstream else None,
-            weight_version=self.weight_version, streamed=self.streamed, session_id=self.attribution.session_id,
+            api=self.adapter.api, model=self.served_model, upstream=self.upstream.url if self.upstream else None,
+            weight_version=self.lora.version if self.lora else self.weight_version, streamed=self.streamed,
+            session_id=self.attribution.session_id,
             request=_redacted(self.body or {}), response=response,
             prompt_token_ids=tokens.prompt_token_ids, completion_token_ids=tokens.completion_token_ids,
             logprobs=tokens.logprobs, finish_reason=tokens.finish_reason, extra_choices=tokens.extra_choices,

@@ -23,6 +23,7 @@ from agentstream.gateway.call_record import CallRecord, retry_count_of
 from agentstream.gateway.errors import BadRequest, ErrorCode, GatewayError, UpstreamFailed
 from agentstream.gateway.fields import model_of
 from agentstream.gateway.logs import fields
+from agentstream.gateway.lora import TenantAdapter
 from agentstream.gateway.messages import Messages
 from agentstream.gateway.metrics import Metrics
 from agentstream.gateway.pool import Lease, Pool, Upstream, no_server
@@ -88,6 +89,7 @@ class Calls:
                                              sock_read=options.upstream_timeout_s)
 
     async def serve(self, request: Request, adapter: Adapter, attribution: Attribution) -> Response:
+        """Serve one call; a tenant's goes to its current adapter (`gateway/lora.py`), if it has one."""
         call = CallRecord(adapter, attribution, retry_count=retry_count_of(request.headers))
         try:
             body = self._parse(call, await request.body())
@@ -96,6 +98,9 @@ class Calls:
             # before the upstream generates anything: a call that cannot be recorded is not served
             self.recorder.check_available()
             await self.pool.admit(call.model)
+            if attribution.tenant is not None:  # a new adapter holds no one: calls go on to the version they find
+                call.lora = self.pool.adapters.current(call.model, attribution.tenant,
+                                                       attribution.rollout_id or attribution.session_id)
             response, lease = await self._send(call, rewrite.body, adapter.upstream_path)
         except GatewayError as error:
             return await self._fail(call, error)
@@ -148,12 +153,16 @@ class Calls:
 
     async def _send(self, call: CallRecord, body: Body, path: str) -> tuple[aiohttp.ClientResponse, Lease]:
         """Send to the first server that takes the request; fail over only when one never got it."""
-        content = orjson.dumps(body)
+        lora = call.lora
+        content = orjson.dumps({**body, "model": lora.name} if lora else body)
         tried: list[str] = []
-        for upstream in self.pool.candidates(call.model, call.attribution.rollout_id or call.attribution.session_id):
+        for upstream in self.pool.candidates(call.model, call.attribution.rollout_id or call.attribution.session_id,
+                                             lora):
             if tried:
                 await self.pool.admit(call.model)  # a hold may have begun while the last server failed
             try:
+                if lora:  # loaded back on demand where it was unloaded (least recently used) or never loaded
+                    return await self._post_adapter(call, upstream, path, content, lora)
                 return await self._post(call, upstream, path, content)
             except _UNREACHABLE as exc:
                 self.pool.mark_down(upstream, describe(exc))
@@ -165,6 +174,20 @@ class Calls:
             raise no_server(call.model, self.pool.models())
         raise UpstreamFailed(f"no upstream serving {call.model!r} could be reached: {'; '.join(tried)}",
                              ErrorCode.UPSTREAM_UNREACHABLE)
+
+    async def _post_adapter(self, call: CallRecord, upstream: Upstream, path: str, content: bytes,
+                            lora: TenantAdapter) -> tuple[aiohttp.ClientResponse, Lease]:
+        """Send a tenant's call to its adapter; a 404 means the server no longer holds it (another replica unloaded
+        it, at its bound or after a swap): loaded again, and the call sent once more."""
+        await self.pool.adapters.ensure(upstream.url, lora)
+        response, lease = await self._post(call, upstream, path, content)
+        if response.status != 404:
+            return response, lease
+        lease.close()
+        response.release()
+        self.pool.adapters.forget(upstream.url, lora)
+        await self.pool.adapters.ensure(upstream.url, lora)
+        return await self._post(call, upstream, path, content)
 
     async def _post(self, call: CallRecord, upstream: Upstream, path: str,
                     content: bytes) -> tuple[aiohttp.ClientResponse, Lease]:
@@ -178,7 +201,7 @@ class Calls:
 
     async def _post_once(self, call: CallRecord, upstream: Upstream, path: str,
                          content: bytes) -> tuple[aiohttp.ClientResponse, Lease]:
-        lease = self.pool.lease(call.model, upstream)  # counted from now, so a weight update waits for it
+        lease = self.pool.lease(call.served_model, upstream)  # counted from now, so a weight update waits for it
         call.upstream, call.weight_version = upstream, upstream.weight_version
         try:
             response = await self.http.post(upstream.endpoint(path), data=content,

@@ -46,6 +46,8 @@ class ErrorCode(StrEnum):
     WRONG_ATTEMPT = "wrong_attempt"
     NOT_FOUND = "not_found"
     MODEL_NOT_FOUND = "model_not_found"
+    ADAPTER_UNAVAILABLE = "adapter_unavailable"
+    """a tenant's LoRA adapter its server could not load (`gateway/lora.py`)"""
     DIFF_TOO_LARGE = "diff_too_large"
     INVALID_SESSION = "invalid_session"
     SESSION_FORBIDDEN = "session_forbidden"

@@ -8,6 +8,10 @@ up and down and read the weight version each one serves.
 While a model's weights are updated, its new requests wait in `admit` (bounded; then 503 with
 Retry-After) and `drain` reports when the ones in flight have finished. `pool_sync` decides when
 to hold and release; this module only keeps the state.
+
+Tenants' LoRA adapters ride on the base model's servers (`gateway/lora.py`, `Pool.adapters`): a tenant's call
+is counted under its adapter's name, `<tenant>@<version>`, so the old version's requests can drain; a new
+adapter holds no one.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from yarl import URL
 
 from agentstream.gateway.errors import ErrorCode, NotFound, Unavailable
 from agentstream.gateway.logs import fields
+from agentstream.gateway.lora import Adapters, TenantAdapter
 from agentstream.gateway.metrics import Metrics
 from agentstream.gateway.releases import arm_first
 from agentstream.schemas.releases import ReleaseState
@@ -116,7 +121,7 @@ class Lease:
 class Pool:
     def __init__(self, upstreams: list[Upstream], http: aiohttp.ClientSession, metrics: Metrics, *,
                  initial_version: int = 0, hold_timeout_s: float = 30.0, hold_max_s: float = 300.0,
-                 arm_key: bytes = b""):
+                 arm_key: bytes = b"", max_resident_adapters: int = 8, canary_share: float = 0.0):
         self.upstreams = {upstream.url: upstream for upstream in upstreams}
         self.arm_key = arm_key
         """the server secret that keys which sessions a canary serves (`schemas.releases.bucket`)"""
@@ -129,6 +134,9 @@ class Pool:
         self._in_flight: Counter[str] = Counter()
         self.releases: dict[str, ReleaseState] = {}
         """model -> its release (canary) state, as pool sync folds it from the `releases` topic"""
+        self.adapters = Adapters(http, self.in_flight, max_resident=max_resident_adapters, canary_share=canary_share,
+                                 arm_key=arm_key)
+        """the tenants' LoRA adapters: which serves each tenant, which each server holds"""
 
     # --- routing ----------------------------------------------------------------------------
 
@@ -138,15 +146,19 @@ class Pool:
     def servers(self, model: str) -> list[Upstream]:
         return [upstream for upstream in self.upstreams.values() if model in upstream.models]
 
-    def candidates(self, model: str, sticky_key: str | None) -> list[Upstream]:
-        """The model's servers in the order to try them: healthy first; the session's canary arm first
+    def candidates(self, model: str, sticky_key: str | None, adapter: TenantAdapter | None = None) -> list[Upstream]:
+        """The model's servers in the order to try them: healthy first; for a tenant's `adapter`, those that hold
+        it, then by its tenant (its calls gather where its adapter is); else the session's canary arm first
         (`gateway/releases.py`); by rollout, else least busy."""
         servers = self.servers(model)
-        if sticky_key:
-            servers.sort(key=lambda upstream: _score(sticky_key, upstream.url), reverse=True)
+        key = adapter.tenant if adapter else sticky_key
+        if key:
+            servers.sort(key=lambda upstream: _score(key, upstream.url), reverse=True)
         else:
             servers.sort(key=lambda upstream: upstream.in_flight)
         servers = arm_first(self.releases.get(model), sticky_key, servers, self.arm_key)
+        if adapter:
+            servers.sort(key=lambda upstream: not self.adapters.holds(upstream.url, adapter))
         servers.sort(key=lambda upstream: not upstream.healthy)
         return servers
 
@@ -317,7 +329,8 @@ class Pool:
 
     def describe(self) -> list[dict[str, Any]]:
         return [{"url": u.url, "models": sorted(u.models), "healthy": u.healthy, "weight_version": u.weight_version,
-                 "in_flight": u.in_flight, "problem": u.problem} for u in self.upstreams.values()]
+                 "in_flight": u.in_flight, "problem": u.problem,
+                 "adapters": list(self.adapters.resident.get(u.url, {}))} for u in self.upstreams.values()]
 
 
 def no_server(model: str, known: list[str]) -> NotFound:

