@@ -50,6 +50,9 @@ class Sample:
     """where the trajectory came from (rollout or session), as `source_of` tells"""
     source_weight: float = 1.0
     """the loss weight of its source (--source-weights)"""
+    teacher_logprobs: list[list[float]] | None = None
+    """per sequence, the distillation teacher's logprob of each token given those before it (0.0 at position 0),
+    aligned with the sequence's `token_ids`, as far as --max-seq-len (`trainer.distill`)"""
 
     @property
     def grouped(self) -> bool:

@@ -33,6 +33,13 @@ per-token weight is biased but keeps the variance bounded per token. The update 
 mean, the largest weight before truncation, the share truncated and the normalised effective sample
 size (Σw)² / (N·Σw²) over the weighted tokens.
 
+On-policy distillation (`distill_weight` w > 0). A teacher (trainer.distill, a vLLM server) has scored
+every token of the batch: log p_teacher(token t | tokens < t). On each generated token the reverse KL's
+one-sample estimate is log p_student − log p_teacher, the student's logprob being the one it sampled the
+token with (the recorded one); its negation is a dense advantage, positive where the teacher likes the
+student's token more than the student does. The advantage trained is (1 − w)·A_task + w·A_teacher, so
+w = 1 distils alone (no group needs a reward that differs) and the policy loss is unchanged.
+
 Per-sample loss weights multiply: staleness (`--stale-policy downweight`) × the source's weight
 (`source_weights`) × the importance weight.
 
@@ -103,15 +110,18 @@ class Tensors:
     rewards: torch.Tensor         # (B,) float: the trajectory's reward
     index: np.ndarray             # (B,) object: the group each row belongs to
     credit: list[Unit] = dataclasses.field(default_factory=list)  # what the advantages are computed for
+    teacher_logprobs: torch.Tensor | None = None  # (B, T-1) float: the teacher's logprob of token t+1, if scored
 
     @property
     def rows(self) -> int:
         return self.input_ids.shape[0]
 
     def to(self, device: str) -> Tensors:
-        return dataclasses.replace(self, **{name: getattr(self, name).to(device) for name in
-                                            ("input_ids", "attention_mask", "loss_mask", "old_logprobs",
-                                             "temperatures", "weights", "rewards")})
+        teacher = None if self.teacher_logprobs is None else self.teacher_logprobs.to(device)
+        return dataclasses.replace(self, teacher_logprobs=teacher, **{name: getattr(self, name).to(device) for name in
+                                                                      ("input_ids", "attention_mask", "loss_mask",
+                                                                       "old_logprobs", "temperatures", "weights",
+                                                                       "rewards")})
 
 
 def to_tensors(samples: list[Sample], max_len: int, turn_rewards: bool = False) -> Tensors:
@@ -126,6 +136,8 @@ def to_tensors(samples: list[Sample], max_len: int, turn_rewards: bool = False) 
     old_logprobs = torch.zeros(len(rows), width - 1)
     temperatures = torch.ones(len(rows), width - 1)
     weights = torch.zeros(len(rows), width - 1)
+    scored = all(sample.teacher_logprobs is not None for sample, _, _ in rows)
+    teacher = torch.zeros(len(rows), width - 1) if scored else None
     credit = []
     for row, (sample, number, seq) in enumerate(rows):
         n = min(len(seq.token_ids), max_len)
@@ -136,12 +148,15 @@ def to_tensors(samples: list[Sample], max_len: int, turn_rewards: bool = False) 
         for start, length, temperature in sampled_at(sample.trajectory, seq):
             temperatures[row, max(start - 1, 0): min(start - 1 + length, n - 1)] = temperature
         weights[row, : n - 1] = sample.weight * sample.source_weight
+        if teacher is not None and sample.teacher_logprobs is not None:
+            teacher[row, : n - 1] = torch.tensor(sample.teacher_logprobs[number][1:n], dtype=torch.float32)
         credit += units_of(sample, row, number, n, turn_rewards)
     return Tensors(
         input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask,
         old_logprobs=old_logprobs * loss_mask, temperatures=temperatures, weights=weights,
         rewards=torch.tensor([sample.reward for sample, _, _ in rows], dtype=torch.float32),
         index=np.array([sample.group for sample, _, _ in rows], dtype=object), credit=credit,
+        teacher_logprobs=None if teacher is None else teacher * loss_mask,
     )
 
 
@@ -223,6 +238,23 @@ def estimate(name: str, mask: torch.Tensor, rewards: torch.Tensor, index: np.nda
     advantages: torch.Tensor
     advantages, _returns = estimator(**{name: value for name, value in offered.items() if name in accepted})
     return advantages * mask
+
+
+def distillation_advantages(batch: Tensors) -> torch.Tensor:
+    """Per-token advantages (B, T-1) of on-policy distillation: −(log p_student − log p_teacher) on each
+    generated token, the student's logprob the one it sampled the token with."""
+    if batch.teacher_logprobs is None:
+        raise ValueError("distillation needs the teacher's logprobs of every sequence (trainer.distill scores them)")
+    return (batch.teacher_logprobs - batch.old_logprobs) * batch.loss_mask
+
+
+def mixed_advantages(batch: Tensors, settings: TrainerSettings) -> torch.Tensor:
+    """The task reward's advantages, with `distill_weight` of them replaced by the teacher's."""
+    task = compute_advantages(batch, settings)
+    w = settings.distill_weight
+    if not w:
+        return task
+    return (1 - w) * task + w * distillation_advantages(batch)
 
 
 GREEDY = 1e-5
@@ -514,7 +546,7 @@ class Policy:
         started = time.perf_counter()
         s = self.settings
         batch = to_tensors(samples, s.max_seq_len, s.turn_rewards).to(s.device)
-        advantages = compute_advantages(batch, s)
+        advantages = mixed_advantages(batch, s)
         self.model.train()
         corrected: dict[str, float] = {}
         if s.rollout_is != "off":
@@ -569,7 +601,11 @@ class Policy:
         rewards = torch.tensor([sample.reward for sample in samples], dtype=torch.float64)
         tokens = batch.loss_mask.sum().item()
         sources = Counter(sample.source for sample in samples)
+        distilled = {} if batch.teacher_logprobs is None else {
+            # the reverse KL student ‖ teacher, estimated on the student's own tokens (nats per token)
+            "distill_kl": -distillation_advantages(batch).sum().item() / max(tokens, 1)}
         return {
+            **distilled,
             **{f"samples_{source}": float(n) for source, n in sources.items()},
             "credit_units": float(len(batch.credit)),
             "samples": float(len(samples)),

@@ -42,6 +42,7 @@ from agentstream.schemas.kafka import Publisher, deadletter_event, ensure_topics
 from agentstream.schemas.scan import Bounds, resolve, scan
 from agentstream.trainer.batcher import Batch, Batcher, Sample, group_of, oldest_version, source_of, weigh
 from agentstream.trainer.checkpoint import Checkpoint, CheckpointStore, TrainingState
+from agentstream.trainer.distill import Teacher
 from agentstream.trainer.errors import RanksFailed, TrainerError
 from agentstream.trainer.grpo import Policy, compute_dtype, misplaced_turn
 from agentstream.trainer.ledger import Ledger
@@ -70,6 +71,8 @@ class Trainer:
         self.waiting: dict[str, Sample] = {}
         """a session's conversation → its sample in the batcher (see `_revise_waiting`)"""
         self._last_waiting_log = 0.0
+        self.teacher: Teacher | None = None
+        """with --distill-weight: the server that scores each batch's tokens before the update"""
 
     def stop(self) -> None:
         if not self.stopping.is_set():
@@ -85,6 +88,9 @@ class Trainer:
             latest = self._resume_point()
             self._load(latest)
             cleanup.callback(self._close_policy)
+            if s.distill_weight:
+                self.teacher = Teacher(s)
+                cleanup.push_async_callback(self.teacher.close)
             self.ledger = Ledger(self.source.name, latest.state.ledger if latest else None, s.dedupe_window)
             self.batcher = self._make_batcher()
             if not s.offline_file:
@@ -357,9 +363,11 @@ class Trainer:
         """Policy.update, retried on fresh ranks when a rank dies (nothing of the failed step is kept:
         the ledger is settled, the checkpoint written and the offsets committed only after a success)."""
         s = self.settings
+        teacher_s = await self.teacher.score_samples(batch.samples, s.max_seq_len) if self.teacher else None
         for attempt in range(s.rank_restarts + 1):
             try:
-                return await asyncio.to_thread(self.policy.update, batch.samples)
+                metrics = await asyncio.to_thread(self.policy.update, batch.samples)
+                return metrics if teacher_s is None else {**metrics, "teacher_s": teacher_s}
             except RanksFailed as exc:
                 if attempt == s.rank_restarts:
                     raise TrainerError(f"{exc}; gave up after {attempt} restarts of the ranks (--rank-restarts). "
@@ -392,8 +400,9 @@ class Trainer:
                  "| stale dropped %d | train %.2f s, checkpoint %.2f s%s",
                  event.data.version, event.data.base_version, m["samples"], m["groups"], m["reward_mean"],
                  m["loss"], m.get("kl", 0.0), m.get("clipfrac", 0.0), m["stale_dropped"], m["train_s"], checkpoint_s,
-                 f" | IS weight mean {m['is_weight_mean']:.3f} max {m['is_weight_max']:.3g} truncated "
-                 f"{m['is_truncated_share']:.1%} ESS {m['is_ess']:.3f}" if "is_weight_mean" in m else "")
+                 (f" | IS weight mean {m['is_weight_mean']:.3f} max {m['is_weight_max']:.3g} truncated "
+                  f"{m['is_truncated_share']:.1%} ESS {m['is_ess']:.3f}" if "is_weight_mean" in m else "")
+                 + (f" | teacher KL {m['distill_kl']:.4f} scored in {m['teacher_s']:.2f} s" if "distill_kl" in m else ""))
 
     def _log_waiting(self) -> None:
         now = time.monotonic()

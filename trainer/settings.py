@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from agentstream.schemas.kafka import KafkaSettings
 
@@ -107,6 +107,21 @@ class TrainerSettings(KafkaSettings):
         default_factory=dict, description="reward shaping, for training only: added to the reward of a trajectory "
         "whose end_reason is the key, as JSON, e.g. '{\"context_overflow\": -1, \"step_limit\": -0.2}'; the log, "
         "eval and pass rates keep the grader's reward")
+
+    # --- on-policy distillation (trainer/distill.py) -----------------------------------------
+    distill_weight: float = Field(0.0, ge=0, le=1, description="on-policy distillation: the share of each token's "
+                                  "advantage that is the teacher's, -(log p_student - log p_teacher) on the "
+                                  "student's own sampled tokens (the per-token reverse KL, negated), the rest the "
+                                  "task reward's: 1 distils alone, 0 (default) asks no teacher")
+    distill_teacher_url: str = Field("", description="the teacher's vLLM server (e.g. http://127.0.0.1:8001): it "
+                                     "scores each sequence's tokens with prompt_logprobs; needed with "
+                                     "--distill-weight > 0. The teacher shares the student's tokenizer")
+    distill_teacher_model: str = Field("", description="the teacher's served model name; empty: the first model "
+                                       "its /v1/models lists")
+    distill_teacher_api_key: SecretStr = Field(SecretStr(""), description="bearer token sent to the teacher, if it "
+                                               "asks for one (prefer the environment, "
+                                               "AGENTSTREAM_DISTILL_TEACHER_API_KEY, to a flag)")
+    distill_concurrency: int = Field(4, ge=1, description="sequences scored by the teacher at once")
 
     # --- optimization ------------------------------------------------------------------------
     lr: float = Field(1e-6, gt=0, description="AdamW learning rate; this default suits a full fine-tune of a "
@@ -230,6 +245,12 @@ class TrainerSettings(KafkaSettings):
         if self.tenant_adapters and (not self.lora_rank or self.ranks > 1 or self.loss == "sft"):
             raise ValueError("--tenant-adapters trains LoRA adapters with GRPO in one process: give --lora-rank "
                              "(e.g. 8), --ranks 1 and the default --loss")
+        if self.tenant_adapters and self.distill_weight:
+            raise ValueError("--tenant-adapters does not distill yet: give --distill-weight 0")
+        if self.distill_weight and not self.distill_teacher_url:
+            raise ValueError("--distill-weight needs the teacher that scores the tokens: give --distill-teacher-url")
+        if self.distill_weight and (self.ranks > 1 or self.loss == "sft"):
+            raise ValueError("--distill-weight trains with --loss grpo in one process: give --ranks 1")
         if self.ranks > 1 and self.lora_rank:
             raise ValueError("--lora-rank trains in one process only: give --ranks 1 (LoRA on sharded ranks is "
                              "not built yet)")

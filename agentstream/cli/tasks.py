@@ -113,14 +113,30 @@ def swe_demonstrate(
                                                       "name is the topic prefix")] = None,
     keep_stack: Annotated[bool, typer.Option(help="leave Kafka and vLLM running afterwards")] = False,
     base_model: StartingWeights = None,
+    teacher: Annotated[str, typer.Option(help="who demonstrates: expert (reads the gold patch; one-line fixes) or "
+                                              "MODEL=URL, a stronger model behind vLLM's OpenAI API whose graded, "
+                                              "filtered attempts the student then answers (recipes/swe/teacher.py)")]
+        = "expert",
+    teacher_key_env: Annotated[str | None, typer.Option(help="the environment variable holding the teacher's key "
+                                                             "(never the key itself)")] = None,
+    teacher_attempts: Annotated[int, typer.Option(help="the teacher's attempts per train task")] = 1,
+    keep_max_tokens: Annotated[int, typer.Option(help="leave out teacher attempts that generated more tokens; "
+                                                      "0: any")] = 0,
 ) -> None:
     """Record an expert's answers to the train tasks through the whole loop (the served model made to answer
     them, graded like any attempt): the trajectories an SFT warm start learns from (recipes/swe/expert.py)."""
-    from agentstream.recipes.swe.demonstrate import DemonstrateConfig, run_demonstrate
+    from agentstream.recipes.swe.demonstrate import DemonstrateConfig
+    from agentstream.recipes.swe.keep import parse_teacher
+    from agentstream.recipes.swe.teacher import run_demonstrations
 
+    try:
+        parse_teacher(teacher)
+    except ValueError as exc:
+        fail(str(exc))
     config = DemonstrateConfig(model=model, instances_file=tasks, concurrency=concurrency, keep_stack=keep_stack,
-                               base_model=base_model)
-    run_in(run_dir, config, run_demonstrate)
+                               base_model=base_model, teacher=teacher, teacher_key_env=teacher_key_env,
+                               teacher_attempts=teacher_attempts, keep_max_tokens=keep_max_tokens)
+    run_in(run_dir, config, run_demonstrations)
 
 
 def run_in(run_dir: Path | None, config: Config, run: Callable[[Config, Console], object]) -> None:

@@ -6,6 +6,9 @@ served model is made to answer the expert's answers (`AGENTSTREAM_SWE_DEMONSTRAT
 this run takes `vllm_xargs` (every other gateway refuses it). Each attempt is graded like any other: a
 demonstration whose diff does not pass the hidden tests gets its 0 and is not imitated.
 
+`--teacher MODEL=URL` puts another teacher in the expert's place: a stronger model's attempts on the train tasks,
+graded and filtered, whose kept answers the served model is then made to give (`recipes.swe.teacher`).
+
 The trajectories are the run's topic `<run folder name>.trajectories`; the SFT warm start learns from the
 graded ones: `agentstream train --offline-topic … --loss sft --sft-min-reward 1` (the command is printed).
 """
@@ -24,6 +27,7 @@ from agentstream.demo.progress import Progress
 from agentstream.demo.run import run_folder, run_to_summary
 from agentstream.gateway.settings import GatewaySettings
 from agentstream.recipes.swe.expert import write_demonstrations
+from agentstream.recipes.swe.keep import EXPERT, Keep
 from agentstream.recipes.swe.probe import Probe, ProbeConfig
 from agentstream.recipes.swe.recipe import Harness, RecipeLoop
 from agentstream.recipes.swe.repos import default_repos_dir
@@ -38,6 +42,22 @@ class DemonstrateConfig(ProbeConfig):
     """one attempt per task: the answers are the same every time"""
     out: Path = Field(default_factory=lambda: run_folder("demonstrate-swe"))
     vllm_name: str = "demonstrate-swe"
+    teacher: str = "expert"
+    """who demonstrates: `expert` (reads the gold patch: one-line fixes only) or `MODEL=URL`, a stronger model
+    whose graded, filtered attempts are demonstrated (`recipes.swe.teacher`)"""
+    teacher_key_env: str | None = None
+    """the environment variable that holds the teacher's key, if its server asks for one"""
+    teacher_attempts: int = 1
+    """the teacher's attempts per train task"""
+    keep_min_reward: float = 1.0
+    keep_flagged: bool = False
+    keep_max_tokens: int = 0
+    """the filter of the teacher's attempts (`recipes.swe.teacher.Keep`)"""
+    teacher_script: Path | None = None
+    """answers the teacher's served model is made to give (a demonstrations file): a scripted teacher, for tests"""
+
+    def keep(self) -> Keep:
+        return Keep(min_reward=self.keep_min_reward, flagged=self.keep_flagged, max_tokens=self.keep_max_tokens)
 
 
 class Demonstrate(Probe):
@@ -89,6 +109,9 @@ def default_refused_fields() -> list[str]:
 
 
 def run_demonstrate(config: DemonstrateConfig, console: Console | None = None) -> dict[str, Any]:
+    """Record the scripted expert's demonstrations through the loop (any teacher: `teacher.run_demonstrations`)."""
+    if config.teacher != EXPERT:
+        raise ValueError(f"the teacher {config.teacher!r} runs with recipes.swe.teacher.run_demonstrations")
     demonstrate = Demonstrate(config, console or Console())
 
     def summarize(_progress: Progress, _config: ProbeConfig, console: Console, elapsed_s: float) -> dict[str, Any]:
