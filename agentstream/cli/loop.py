@@ -114,7 +114,7 @@ def recipe_swe(
     chosen = tuple(stage.strip() for stage in stages.split(",") if stage.strip())
     if unknown := [stage for stage in chosen if stage not in STAGES]:
         fail(f"no stage {', '.join(unknown)}; the stages: {', '.join(STAGES)}")
-    config = RunConfig(model=model, stages=chosen, tasks_file=tasks, limit=limit, seed=seed, kinds=kinds.split(","),
+    config = RunConfig(model=model, stages=chosen, tasks_file=tasks.resolve() if tasks else None, limit=limit, seed=seed, kinds=kinds.split(","),
                        eval_samples=eval_samples, probe_k=probe_k, train_tasks=train_tasks, versions=versions,
                        group_size=group_size, groups_per_batch=groups_per_batch, step_limit=step_limit,
                        max_tokens=max_tokens, concurrency=concurrency, attempt_timeout_s=attempt_timeout_s,

@@ -34,6 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agentstream.demo.overrides import ServiceFlags, given, partial
+from agentstream.recipes.swe.instance import Instance
 from agentstream.recipes.swe.models import model_defaults
 from agentstream.recipes.swe.task_files import read_instances, select_train, write_task_files
 from agentstream.schemas.flags import read
@@ -297,10 +298,7 @@ def tasks_stage(run: Stages) -> dict[str, Any]:
 
         instances = load(config.tasks_file, default_repos_dir())
     else:
-        from agentstream.recipes.swe.build import TOOLZ, build
-
-        instances = build(TOOLZ, limit=config.limit, seed=config.seed, kinds=config.kinds,
-                          progress=lambda kept, tried, total: None).instances
+        instances = built_tasks(config, run.say)
     write_task_files(instances, folder)
     validation = [i for i in instances if i.split == "validation"]
     if not validation or len(validation) == len(instances):
@@ -308,6 +306,25 @@ def tasks_stage(run: Stages) -> dict[str, Any]:
                          "`agentstream tasks swe split`")
     return {"instances": str(folder / "instances.jsonl"), "train": len(instances) - len(validation),
             "validation": len(validation), "validation_files": sorted({f for i in validation for f in _files(i.patch)})}
+
+
+def built_tasks(config: RunConfig, say: Callable[[str], None]) -> list[Instance]:
+    """Bugs built into the pinned package, once per AGENTSTREAM_HOME for a kind, limit and seed: the same package,
+    seed and limit build the same tasks, ids, commits and split (recipes/swe/README.md)."""
+    from agentstream.recipes.swe.build import TOOLZ, build, write
+    from agentstream.settings import agentstream_home
+
+    cache = agentstream_home() / "swe" / f"recipe-{'+'.join(config.kinds)}-{config.limit}-seed{config.seed}.jsonl"
+    if cache.exists():
+        say(f"the task set built earlier: {cache}")
+        return read_instances(cache)
+    say(f"building {config.limit} tasks ({', '.join(config.kinds)}, seed {config.seed}): each bug checked by the real "
+        "grader")
+    instances = build(TOOLZ, limit=config.limit, seed=config.seed, kinds=config.kinds).instances
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    write(instances, cache.with_suffix(".partial"))
+    cache.with_suffix(".partial").replace(cache)  # whole, or not there
+    return instances
 
 
 def _files(patch: str) -> list[str]:
@@ -416,14 +433,16 @@ def rl_stage(run: Stages) -> dict[str, Any]:
 
     config, folder = run.config, run.attempt("rl")
     instances = read_instances(Path(run.need("tasks")["instances"]))
+    train = [i for i in instances if i.split == "train"][:config.train_tasks]
     if probed := run.result("probe"):
-        train = select_train(read_instances(Path(probed["probed_file"]))).tasks[:config.train_tasks]
-    else:
-        train = [i for i in instances if i.split == "train"][:config.train_tasks]
+        selection = select_train(read_instances(Path(probed["probed_file"])))
+        run.say(f"the probe: {selection.summary()}")
+        if selection.tasks:
+            train = selection.tasks[:config.train_tasks]
+        else:  # every group's advantages will be 0: the versions are published, nothing moves
+            run.console.print("[yellow]the probe found no train task with mixed results: GRPO has no signal on "
+                              "these (probe with a larger --probe-k, or a stronger warm start)[/yellow]")
     validation = [i for i in instances if i.split == "validation"]
-    if not train:
-        raise StackError("the probe found no train task with mixed results: GRPO would have no signal "
-                         "(probe with a larger --probe-k, or train longer in the warm start)")
     train_file, validation_file, instances_file = write_task_files(train + validation, folder / "tasks")
     services = tuple(name for name in RecipeLoop.settings_types())
     recipe = RecipeConfig(**config.common(), tasks=train_file, validation_tasks_file=validation_file,
