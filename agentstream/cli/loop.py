@@ -72,54 +72,58 @@ def _production_demo(ctx: typer.Context, model: str, versions: int | None, sessi
 def recipe_swe(
     ctx: typer.Context,
     model: Annotated[str, typer.Option(help="base model: qwen-coder-0.5b, qwen-coder-1.5b, smollm2 (real, from PyPI) "
-                                            "or tiny (plumbing only)")] = "smollm2",
-    train_tasks: Annotated[int, typer.Option(help="train tasks to build")] = 4,
-    validation_tasks: Annotated[int, typer.Option(help="validation tasks to build")] = 2,
-    tasks: Annotated[Path | None, typer.Option(help="train task file to use instead of building tasks")] = None,
-    validation_tasks_file: Annotated[Path | None, typer.Option("--validation-tasks-file",
-                                                                  help="validation task file (with --tasks)")] = None,
-    instances: Annotated[Path | None, typer.Option(
-        help="the instances with hidden tests the grader reads (with --tasks)")] = None,
-    probed: Annotated[Path | None, typer.Option(help="a task file from `agentstream tasks swe probe`: train on the "
-                                                        "tasks the starting model solved sometimes (plus "
-                                                        "--unsolved-share never-solved ones)")] = None,
-    unsolved_share: Annotated[float, typer.Option(help="with --probed: share of the train tasks that may be "
-                                                       "never-solved ones")] = 0.25,
-    versions: Annotated[int, typer.Option(help="weight versions to train")] = 1,
+                                            "or tiny (plumbing only)")] = "qwen-coder-0.5b",
+    stages: Annotated[str, typer.Option(help="the stages to run, comma-separated, in this order: "
+                                             "tasks,baseline,demonstrate,sft,probe,rl (done ones are skipped)")]
+        = "tasks,baseline,demonstrate,sft,probe,rl",
+    tasks: Annotated[Path | None, typer.Option(help="a SWE-bench task file to use (its `split` fields name the "
+                                                    "validation tasks) instead of building tasks")] = None,
+    limit: Annotated[int, typer.Option(help="tasks to build (without --tasks)")] = 60,
+    seed: Annotated[int, typer.Option(help="the order candidate bugs are tried in (without --tasks)")] = 0,
+    kinds: Annotated[str, typer.Option(help="the kinds of bug to build, comma-separated (recipes/swe/mutate.py)")]
+        = "misspell_name",
+    eval_samples: Annotated[int, typer.Option("--eval-samples", "-k", help="samples per validation task "
+                                                                           "(pass@k)")] = 1,
+    probe_k: Annotated[int, typer.Option(help="the probe's attempts per train task")] = 2,
+    train_tasks: Annotated[int, typer.Option(help="RL's train tasks (the probe's mixed results first)")] = 8,
+    versions: Annotated[int, typer.Option(help="RL weight versions to train")] = 1,
     group_size: Annotated[int | None, typer.Option(help="attempts per train task and version (one GRPO group); "
                                                       "default: the model's (recipes/swe/models.py)")] = None,
-    groups_per_batch: Annotated[int, typer.Option(help="train tasks per version")] = 2,
-    eval_samples: Annotated[int, typer.Option("--eval-samples", "-k", help="samples per validation task (pass@k)")] = 1,
+    groups_per_batch: Annotated[int, typer.Option(help="train tasks per RL version")] = 2,
     step_limit: Annotated[int | None, typer.Option(help="mini-swe-agent's step limit (model calls per attempt); "
                                                       "default: the model's")] = None,
     max_tokens: Annotated[int | None, typer.Option(help="tokens per model answer; default: the model's")] = None,
-    concurrency: Annotated[int, typer.Option(help="agents running at once (train and eval each)")] = 2,
+    concurrency: Annotated[int, typer.Option(help="agents running at once")] = 2,
     attempt_timeout_s: Annotated[float | None, typer.Option(help="seconds an attempt may run; default: the "
                                                                 "model's")] = None,
-    out: Annotated[Path | None, typer.Option(help="output folder (default: runs/recipe-swe-TIME)")] = None,
-    keep_stack: KeepStack = False,
+    out: Annotated[Path | None, typer.Option(help="the run folder (default: one under AGENTSTREAM_HOME/runs named "
+                                                  "after these settings: the same command resumes it)")] = None,
     base_model: StartingWeights = None,
 ) -> None:
-    """The coding-agent loop here: tasks → mini-swe-agent in sandboxes through the gateway → grading →
-    trajectories → trainer → swap → eval; train reward and validation pass rate per version, and a plot.
+    """The coding recipe, every stage: tasks, the base model's validation pass@1, an expert's demonstrations, the
+    SFT warm start, a probe of it, GRPO with validation pass@1 by version. Each stage's result goes into the run
+    folder; the same command again skips what is done and resumes what was interrupted.
 
-    Any setting of a service it runs, as --SERVICE.SETTING VALUE, over the model's (recipes/swe/models.py):
-    --trainer.lr 1e-4, --trainer.lora-rank 16, --trainer.max-seq-len 8192, --grader.workers 4, …
+    Any setting of a service, as --SERVICE.SETTING VALUE: the warm start's trainer as --sft.lr 1e-4, RL's as
+    --trainer.lr 1e-4 (over the model's, recipes/swe/models.py), --grader.workers 4, --streams.settle-s 1, …
     """
-    from agentstream.recipes.swe.recipe import RecipeConfig, RecipeLoop, run_recipe
+    from agentstream.recipes.swe.recipe import RecipeLoop
+    from agentstream.recipes.swe.stages import STAGES, RunConfig, run_stages
+    from agentstream.trainer.settings import TrainerSettings
 
-    config = RecipeConfig(model=model, train_tasks=train_tasks, validation_tasks=validation_tasks, tasks=tasks,
-                          validation_tasks_file=validation_tasks_file, instances=instances, probed=probed,
-                          unsolved_share=unsolved_share, versions=versions,
-                          group_size=group_size, groups_per_batch=groups_per_batch, eval_samples=eval_samples,
-                          step_limit=step_limit, max_tokens=max_tokens, concurrency=concurrency,
-                          attempt_timeout_s=attempt_timeout_s, keep_stack=keep_stack, base_model=base_model,
-                          flags=service_flags(ctx, RecipeLoop))
-    if out is not None:
-        config.out = out
-    result = run_recipe(config, console)
-    if any(row["validation_pass_at_1"] is None for row in result["per_version"].values()):
-        raise typer.Exit(1)
+    chosen = tuple(stage.strip() for stage in stages.split(",") if stage.strip())
+    if unknown := [stage for stage in chosen if stage not in STAGES]:
+        fail(f"no stage {', '.join(unknown)}; the stages: {', '.join(STAGES)}")
+    config = RunConfig(model=model, stages=chosen, tasks_file=tasks.resolve() if tasks else None, limit=limit, seed=seed, kinds=kinds.split(","),
+                       eval_samples=eval_samples, probe_k=probe_k, train_tasks=train_tasks, versions=versions,
+                       group_size=group_size, groups_per_batch=groups_per_batch, step_limit=step_limit,
+                       max_tokens=max_tokens, concurrency=concurrency, attempt_timeout_s=attempt_timeout_s,
+                       out=out, base_model=base_model,
+                       flags=service_flags(ctx, RecipeLoop, extra={"sft": TrainerSettings}))
+    try:
+        run_stages(config, console)
+    except (RuntimeError, TimeoutError) as exc:
+        fail(str(exc))
 
 
 def eval_versions(

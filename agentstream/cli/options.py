@@ -17,6 +17,8 @@ from agentstream.cli.output import fail
 from agentstream.stack import bootstrap_servers
 
 if TYPE_CHECKING:
+    from pydantic_settings import BaseSettings
+
     from agentstream.demo.loop import Loop
     from agentstream.demo.overrides import ServiceFlags
     from agentstream.schemas.kafka import KafkaSettings
@@ -66,16 +68,17 @@ StartingWeights = Annotated[Path | None, typer.Option(
                          "--model still names it and sets the defaults")]
 
 
-def service_flags(ctx: typer.Context, loop: type[Loop]) -> ServiceFlags:
-    """A preset's `--<service>.<field> VALUE` arguments by service, checked by the services' own parsers; a bad one
-    is one line naming it, exit 2."""
+def service_flags(ctx: typer.Context, loop: type[Loop], extra: dict[str, type[BaseSettings]] | None = None) \
+        -> ServiceFlags:
+    """A preset's `--<service>.<field> VALUE` arguments by service (the loop's, and `extra` ones a preset runs
+    besides), checked by the services' own parsers; a bad one is one line naming it, exit 2."""
     from agentstream.demo.overrides import split
     from agentstream.schemas.flags import BadSetting, refuse
 
     args = [PRESET_OLD_NAMES.get(flag, flag) + equals + value
             for flag, equals, value in (arg.partition("=") for arg in ctx.args)]
     try:
-        return split(args, loop.settings_types())
+        return split(args, {**loop.settings_types(), **(extra or {})})
     except BadSetting as exc:
         refuse(str(exc))
 

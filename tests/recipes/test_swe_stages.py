@@ -1,0 +1,107 @@
+"""`agentstream recipe swe`, the one command (recipes/swe/stages.py): its run folder, what a rerun skips and
+resumes, the memory check before a trainer stage, and every stage end to end on the tiny model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from agentstream.recipes.swe import stages
+from agentstream.recipes.swe.stages import SFT, RunConfig, Stages, check_memory, run_stages
+from agentstream.stack import StackError
+from agentstream.trainer.settings import TrainerSettings
+
+QWEN_05B = {"hidden_size": 896, "num_attention_heads": 14, "num_key_value_heads": 2, "num_hidden_layers": 24,
+            "intermediate_size": 4864, "vocab_size": 151936, "model_type": "qwen2", "tie_word_embeddings": False}
+"""Qwen2.5-Coder-0.5B's shape (config.json): what the memory estimate reads"""
+
+
+def test_the_same_command_finds_the_same_run_folder_under_agentstream_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENTSTREAM_HOME", str(tmp_path))
+    folder = RunConfig(seed=11).run_folder()
+    assert folder.parent == tmp_path / "runs" and folder.name.startswith("recipe-swe-qwen-coder-0.5b-")
+    assert RunConfig(seed=11, stages=("rl",), concurrency=8).run_folder() == folder, "stages and pace name no run"
+    assert RunConfig(seed=12).run_folder() != folder
+    assert RunConfig(seed=11, flags={"sft": ["--lr", "1e-4"]}).run_folder() != folder, "other settings, another run"
+    assert RunConfig(out=tmp_path / "mine").run_folder() == tmp_path / "mine"
+
+
+def test_a_rerun_skips_the_stages_done_and_runs_the_interrupted_one_again_in_a_fresh_attempt(tmp_path, monkeypatch):
+    """The stage glue alone (each stage's own work is the e2e test's): a stage is done when its result is written;
+    one interrupted leaves none, and the rerun runs it in attempt 2, whose name (its topic prefix) is new."""
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1")  # a configured broker: the glue starts none
+    calls: list[tuple[str, Path]] = []
+
+    def stage(name: str, interrupt: list[bool]) -> Any:
+        def run(run: Stages) -> dict[str, Any]:
+            folder = run.attempt(name)
+            folder.mkdir()
+            calls.append((name, folder))
+            if interrupt and interrupt.pop():
+                raise KeyboardInterrupt
+            return {"attempts": 3, "pass_at_1": 0.5, "pass_at_1_interval_95": [0.1, 0.9], "folder": folder.name}
+        return run
+
+    interrupt_once = [True]
+    monkeypatch.setattr(stages, "STAGE_RUNS", {"baseline": stage("baseline", []),
+                                               "probe": stage("probe", interrupt_once)})
+    config = RunConfig(model="tiny", stages=("baseline", "probe"), out=tmp_path / "run", vllm_name="stages-unit")
+    with pytest.raises(KeyboardInterrupt):
+        run_stages(config, Console(width=120))
+    assert json.loads((tmp_path / "run" / "baseline.json").read_text())["folder"] == "run-baseline-1"
+    assert not (tmp_path / "run" / "probe.json").exists(), "an interrupted stage wrote no result"
+
+    summary = run_stages(config, Console(width=120))
+    assert [(name, folder.name) for name, folder in calls] == [
+        ("baseline", "run-baseline-1"), ("probe", "run-probe-1"), ("probe", "run-probe-2")]
+    assert summary["stages"]["baseline"] and summary["stages"]["probe"]
+    assert summary["pass_at_1_by_version"][0]["version"] == "base"
+
+
+def test_a_trainer_stage_that_cannot_fit_is_refused_before_it_starts_naming_the_recipes_flag(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(QWEN_05B))
+    warm = {**SFT.model_dump(include=SFT.model_fields_set), "memory_limit_gib": 10.0, "groups_per_batch": 48}
+    with pytest.raises(StackError) as refused:  # 4 rows of 2,048 tokens at once: 23 GiB of logits alone
+        check_memory(TrainerSettings.model_validate({**warm, "micro_batch_size": 4}), tmp_path, "sft")
+    said = str(refused.value)
+    assert "peak estimate" in said and "available 10.0 GiB" in said
+    assert "try --sft.gradient-checkpointing --sft.micro-batch-size 1" in said and "(--sft.no-memory-check" in said
+    # left free, the same settings fit: the trainer picks the micro-batch and the checkpointing itself (9.6 GiB)
+    check_memory(TrainerSettings.model_validate(warm), tmp_path, "sft")
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.timeout(2400)
+def test_every_stage_on_smollm2_then_a_rerun_skips_them_all(kafka_bootstrap, tmp_path, monkeypatch):
+    """Tasks built, the base model measured, the expert's demonstrations recorded and graded, the SFT warm start,
+    one GRPO version from it, pass@1 by version; then the same command again runs nothing. SmolLM2, not the tiny
+    model: the tiny model's context (its tokens are characters) cannot hold a demonstration's prompt."""
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)
+    config = RunConfig(model="smollm2", stages=("tasks", "baseline", "demonstrate", "sft", "rl"), limit=4, seed=0,
+                       train_tasks=1, groups_per_batch=1, versions=1, step_limit=3, attempt_timeout_s=240,
+                       concurrency=2, out=tmp_path / "run", vllm_name="stages-ci")
+    summary = run_stages(config, Console(width=160))
+    root = tmp_path / "run"
+
+    tasks = json.loads((root / "tasks.json").read_text())
+    assert tasks["train"] >= 1 and tasks["validation"] >= 1
+    demonstrated = json.loads((root / "demonstrate.json").read_text())
+    assert demonstrated["rewarded"] >= 1, "the expert's one-line fixes pass the hidden tests"
+    sft = json.loads((root / "sft.json").read_text())
+    assert Path(sft["checkpoint"]).is_dir() and sft["version"] == 1 and sft["demonstrations"] == demonstrated["rewarded"]
+    assert sft["settings"]["lora_rank"] == "32" and sft["settings"]["loss"] == "sft"
+    versions = [row["version"] for row in summary["pass_at_1_by_version"]]
+    assert versions == ["base", 0, 1]
+    assert all(row["pass_at_1"] is not None and row["samples"] for row in summary["pass_at_1_by_version"])
+    rl = json.loads((root / "rl.json").read_text())
+    assert rl["per_version"]["1"]["trained_on"] >= 1
+
+    before = {path: path.stat().st_mtime_ns for path in root.glob("*.json") if path.name != "summary.json"}
+    again = run_stages(config, Console(width=160))
+    assert {path: path.stat().st_mtime_ns for path in before} == before, "a rerun runs no stage again"
+    assert again["pass_at_1_by_version"] == summary["pass_at_1_by_version"]
