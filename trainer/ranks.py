@@ -367,22 +367,29 @@ class LocalRay:
         return None
 
     def _pids(self) -> list[int]:
-        """The processes of this node: the `ray start` process group (its raylet, agents and workers)."""
+        """The processes of this node: the `ray start` process and its descendants (its raylet, agents, and
+        the workers the raylet starts, which are not in its process group)."""
         if self.process is None:
             return []
-        pids = []
+        children: dict[int, list[int]] = {}
         for entry in Path("/proc").iterdir():
             with contextlib.suppress(OSError, ValueError):
-                if os.getpgid(int(entry.name)) == self.process.pid:
-                    pids.append(int(entry.name))
+                parent = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+                children.setdefault(parent, []).append(int(entry.name))
+        pids, frontier = [], [self.process.pid]
+        while frontier:
+            pid = frontier.pop()
+            pids.append(pid)
+            frontier += children.get(pid, [])
         return pids
 
     def kill(self) -> list[int]:
         """SIGKILL every process of this node at once, as when its machine is lost; their pids."""
         assert self.process is not None, "not started"
         pids = self._pids()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         self.process.wait()
         self.process = None
         return pids
