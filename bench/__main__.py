@@ -34,6 +34,8 @@ BENCHMARKS = {
     "ranks": "the trainer's update on 1 vs 2 Ray ranks (FSDP2/gloo): samples/s, share in collectives, memory",
     "trainer_learning": "how fast the trainer's update teaches the tiny model the demo's task",
     "canary_sequential": "false promotions, false rollbacks and power of the canary rule over thousands of simulated canaries",
+    "capacity": "per-process rates (gateway, streams worker, grader, trainer rank) rerun quickly, and the processes, "
+                "partitions, brokers and GPUs 1,000 and 10,000 agents need (docs/scaling.md)",
     "recipe_swe": "the coding recipe's rollouts per minute and where the time goes, vs. a scripted agent",
     "cluster_chaos": "the loop on three brokers, one broker, gateway, streams worker and the trainer killed -9 in turn: lost, doubled",
 }

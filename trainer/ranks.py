@@ -269,17 +269,20 @@ class Rank:
 
 
 class LocalRay:
-    """A one-node Ray cluster on 127.0.0.1 run as a child process (`ray start --head --block`), with
-    only the CPUs/GPUs the ranks need, no dashboard, and its agents' ports chosen here: the raylet
-    otherwise waits a fixed 15 s for the agents to report ports they pick themselves, which a busy
-    machine misses (Ray then fails to start). `stop()` ends every process of it (SIGTERM to the
-    `ray start` process, which stops its children)."""
+    """A Ray node on 127.0.0.1 run as a child process (`ray start --block`): the head of a cluster of
+    its own, or with `head` (the head's address) one more node of that cluster, with a temp dir of
+    its own, as a second machine would be. Only the CPUs/GPUs the ranks need, no dashboard, and its
+    agents' ports chosen here: the raylet otherwise waits a fixed 15 s for the agents to report ports
+    they pick themselves, which a busy machine misses (Ray then fails to start). `stop()` ends every
+    process of it (SIGTERM to the `ray start` process, which stops its children); `kill()` SIGKILLs
+    them all at once, as a lost machine."""
 
     PORTS = ("port", "node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
              "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port")
 
-    def __init__(self, cpus: int, gpus: int = 0, object_store_mb: int = 512, temp_dir: Path | None = None):
-        self.cpus, self.gpus, self.object_store_mb = cpus, gpus, object_store_mb
+    def __init__(self, cpus: int, gpus: int = 0, object_store_mb: int = 512, temp_dir: Path | None = None,
+                 head: str = ""):
+        self.cpus, self.gpus, self.object_store_mb, self.head = cpus, gpus, object_store_mb, head
         self.temp_dir = temp_dir or Path(tempfile.mkdtemp(prefix="agentstream-ray-"))
         self.process: subprocess.Popen[bytes] | None = None
         self.address = ""
@@ -308,18 +311,19 @@ class LocalRay:
                                f"{made.stderr[-2000:]} — set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH to a token of your own")
 
     def _start_once(self, timeout: float = 180) -> str:
-        ports = {name: _free_port() for name in self.PORTS}
+        ports = {name: _free_port() for name in self.PORTS if name != "port" or not self.head}
         self.temp_dir.mkdir(parents=True, exist_ok=True)
-        command = [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block",
+        role = ["--address", self.head] if self.head else ["--head", "--include-dashboard", "false"]
+        command = [str(Path(sys.executable).with_name("ray")), "start", *role, "--block",
                    "--node-ip-address", "127.0.0.1", "--num-cpus", str(self.cpus), "--num-gpus", str(self.gpus),
-                   "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", str(self.temp_dir),
+                   "--disable-usage-stats", "--temp-dir", str(self.temp_dir),
                    "--object-store-memory", str(self.object_store_mb * 2**20),
                    *[arg for name, port in ports.items() for arg in (f"--{name}", str(port))]]
         self.log = self.temp_dir / "ray-start.log"
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=ray_env(),
                                             start_new_session=True, preexec_fn=_child_setup)
-        self.address = f"127.0.0.1:{ports['port']}"
+        self.address = self.head or f"127.0.0.1:{ports['port']}"
         deadline = time.monotonic() + timeout
         while b"Ray runtime started" not in self.log.read_bytes():
             self._report_agent_ports(ports)
@@ -340,15 +344,55 @@ class LocalRay:
     def _report_agent_ports(self, ports: dict[str, int]) -> None:
         """Write the port files the raylet waits for (at most 15 s, fixed) on the agents' behalf: the
         ports were chosen here, so their content is known before the agents, slow to import on a busy
-        machine, write the same."""
-        for known in self.temp_dir.glob("session_*/gcs_server_port_*"):
-            node_id = known.name.removeprefix("gcs_server_port_")
+        machine, write the same. They are named by the node's id, which the raylet is given."""
+        node_id = self._raylet_node_id()
+        if node_id is None:
+            return
+        for session in self.temp_dir.glob("session_*/"):
             for name, flag in self.AGENT_PORT_FILES.items():
-                target = known.with_name(f"{name}_{node_id}")
+                target = session / f"{name}_{node_id}"
                 if not target.exists():
                     partial = target.with_name(f".{target.name}.tmp")
                     partial.write_text(str(ports[flag]))
                     partial.rename(target)
+
+    def _raylet_node_id(self) -> str | None:
+        """The `--node_id` of this node's raylet, once it runs (a process of the `ray start` group)."""
+        for pid in self._pids():
+            with contextlib.suppress(OSError):
+                args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                if args[0].endswith(b"/raylet"):
+                    return next((arg.partition(b"=")[2].decode() for arg in args if arg.startswith(b"--node_id=")),
+                                None)
+        return None
+
+    def _pids(self) -> list[int]:
+        """The processes of this node: the `ray start` process and its descendants (its raylet, agents, and
+        the workers the raylet starts, which are not in its process group)."""
+        if self.process is None:
+            return []
+        children: dict[int, list[int]] = {}
+        for entry in Path("/proc").iterdir():
+            with contextlib.suppress(OSError, ValueError):
+                parent = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+                children.setdefault(parent, []).append(int(entry.name))
+        pids, frontier = [], [self.process.pid]
+        while frontier:
+            pid = frontier.pop()
+            pids.append(pid)
+            frontier += children.get(pid, [])
+        return pids
+
+    def kill(self) -> list[int]:
+        """SIGKILL every process of this node at once, as when its machine is lost; their pids."""
+        assert self.process is not None, "not started"
+        pids = self._pids()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.process.wait()
+        self.process = None
+        return pids
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -392,7 +436,7 @@ def join_with_token() -> None:
 
 def _child_setup() -> None:
     """In the `ray start` child: die with the trainer (SIGTERM when its parent dies, even by SIGKILL:
-    no Ray is left behind); and as Ray's start-up races a fixed timeout, take the CPU first where we
+    no Ray is left behind; the parent is the thread that started it, which must outlive it); and as Ray's start-up races a fixed timeout, take the CPU first where we
     may (root) until it is up."""
     import ctypes
 
@@ -432,27 +476,53 @@ def connect(settings: TrainerSettings) -> LocalRay | None:
     return local
 
 
+def place(ranks: int, cuda: bool, settings: TrainerSettings) -> Any:
+    """A placement group of one bundle per rank (a CPU, and a GPU on CUDA), placed by
+    `--rank-placement` (STRICT_SPREAD: one rank per node), once the cluster has room for all of it.
+    Waits up to `--rank-placement-timeout-s` (a node being replaced comes back meanwhile)."""
+    import ray
+    from ray.exceptions import GetTimeoutError
+    from ray.util.placement_group import placement_group
+
+    bundle = {"CPU": 1.0, **({"GPU": 1.0} if cuda else {})}
+    group = placement_group([bundle] * ranks, strategy=settings.rank_placement)
+    try:
+        ray.get(group.ready(), timeout=settings.rank_placement_timeout_s)
+    except GetTimeoutError:
+        ray.util.remove_placement_group(group)
+        nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+        raise RanksFailed(f"the Ray cluster has no room for {ranks} ranks of {bundle} placed {settings.rank_placement} "
+                          f"after {settings.rank_placement_timeout_s:g} s (its live nodes: {nodes}); check `ray status`, "
+                          "--ranks and --rank-placement") from None
+    return group
+
+
 class RankedPolicy:
     """`grpo.Policy`'s interface over `--ranks` rank actors."""
 
     rank_class: ClassVar[type[Rank]] = Rank
     """what each rank's actor runs: a subclass of `Rank` extends every rank (e.g. measures its steps)"""
 
-    def __init__(self, settings: TrainerSettings, ranks: list[Any], pids: list[int], local: LocalRay | None):
-        """`ranks`: Ray actor handles of `Rank` (Any: Ray's annotations do not describe a method's `.remote`)"""
-        self.settings, self.ranks, self.pids, self.local = settings, ranks, pids, local
+    def __init__(self, settings: TrainerSettings, ranks: list[Any], pids: list[int], local: LocalRay | None,
+                 group: Any = None):
+        """`ranks`: Ray actor handles of `Rank` (Any: Ray's annotations do not describe a method's `.remote`);
+        `group`: the placement group they run in (removed with them)"""
+        self.settings, self.ranks, self.pids, self.local, self.group = settings, ranks, pids, local, group
 
     @classmethod
     def load(cls, folder: Path, settings: TrainerSettings, optimizer_file: Path | None = None) -> RankedPolicy:
         import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         local = connect(settings)
         n, cuda = settings.ranks, settings.device.startswith("cuda")
+        group = place(n, cuda, settings)
         env = {"PYTORCH_CUDA_ALLOC_CONF": settings.cuda_alloc_conf} if cuda and settings.cuda_alloc_conf else {}
-        actor = ray.remote(cls.rank_class).options(num_cpus=1, num_gpus=1 if cuda else 0, max_restarts=0,
-                                         runtime_env={"env_vars": env} if env else None)
-        ranks: list[Any] = [actor.remote(rank, n, settings) for rank in range(n)]
-        policy = cls(settings, ranks, [], local)
+        ranks: list[Any] = [ray.remote(cls.rank_class).options(
+            num_cpus=1, num_gpus=1 if cuda else 0, max_restarts=0, runtime_env={"env_vars": env} if env else None,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank),
+        ).remote(rank, n, settings) for rank in range(n)]
+        policy = cls(settings, ranks, [], local, group)
         try:
             master = policy._all([ranks[0].endpoint.remote()], "meet")[0]
             policy.pids = policy._all([r.start.remote(master, str(folder), optimizer_file and str(optimizer_file))
@@ -492,9 +562,21 @@ class RankedPolicy:
                   "gather the optimizer state")
 
     def restart(self, folder: Path, optimizer_file: Path | None, settings: TrainerSettings) -> RankedPolicy:
-        """Fresh ranks loaded from `folder` (on the same Ray; these are killed)."""
+        """Fresh ranks loaded from `folder` (on the same Ray; these are killed). Fresh ranks that die as they
+        start are placed again (up to `--rank-placement-timeout-s`): Ray marks a lost node dead only after
+        missing its heartbeats for a while, and until then may place a rank on it."""
+        from ray.exceptions import RayActorError
+
         self.close(keep_ray=True)
-        fresh = RankedPolicy.load(folder, settings, optimizer_file)
+        deadline = time.monotonic() + settings.rank_placement_timeout_s
+        while True:
+            try:
+                fresh = RankedPolicy.load(folder, settings, optimizer_file)
+                break
+            except RanksFailed as exc:
+                if not isinstance(exc.__cause__, RayActorError) or time.monotonic() > deadline:
+                    raise
+                log.warning("%s: placing fresh ranks again (a lost node is not marked dead yet)", exc)
         fresh.local, self.local = self.local, None
         return fresh
 
@@ -504,6 +586,9 @@ class RankedPolicy:
         for rank in self.ranks:
             ray.kill(rank, no_restart=True)
         self.ranks = []
+        if self.group is not None:
+            ray.util.remove_placement_group(self.group)
+            self.group = None
         if self.local is not None and not keep_ray:
             ray.shutdown()
             self.local.stop()
@@ -513,14 +598,14 @@ class RankedPolicy:
         """The results of every rank, or RanksFailed as soon as one rank fails: the others are then
         killed (they would wait in a collective for the dead one)."""
         import ray
-        from ray.exceptions import RayActorError, RayTaskError
+        from ray.exceptions import OutOfMemoryError, RayActorError, RayTaskError
 
         pending, failure = list(refs), None
         while pending and failure is None:
             done, pending = ray.wait(pending, num_returns=1)
             try:
                 ray.get(done)
-            except (RayActorError, RayTaskError) as exc:
+            except (RayActorError, RayTaskError, OutOfMemoryError) as exc:  # the last: Ray's memory monitor killed it
                 failure = exc
         if failure is not None:
             for rank in self.ranks:

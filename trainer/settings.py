@@ -173,6 +173,12 @@ class TrainerSettings(KafkaSettings):
                                              "ranks need")
     rank_restarts: int = Field(2, ge=0, description="times one batch is retried on fresh ranks after a rank died "
                                                     "mid-step, before the trainer gives up")
+    rank_placement: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK", description="how Ray places the ranks on its nodes (a placement group): PACK fills a node first; "
+                            "STRICT_SPREAD puts each rank on a node of its own")
+    rank_placement_timeout_s: float = Field(600.0, gt=0, description="how long the ranks wait for the Ray cluster "
+                                                                     "to have room for all of them (e.g. a lost "
+                                                                     "node's replacement) before the step fails")
     ray_object_store_mb: int = Field(512, ge=80, description="object store of a locally started Ray (batches pass "
                                                              "through it; weights do not)")
     fsdp_cpu_offload: bool = Field(False, description="with --ranks > 1: keep the sharded parameters, gradients "
