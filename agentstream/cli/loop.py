@@ -99,6 +99,13 @@ def recipe_swe(
     out: Annotated[Path | None, typer.Option(help="the run folder (default: one under AGENTSTREAM_HOME/runs named "
                                                   "after these settings: the same command resumes it)")] = None,
     base_model: StartingWeights = None,
+    teacher: Annotated[str, typer.Option(help="who demonstrates for the warm start: expert (reads the gold patch; "
+                                              "one-line fixes) or MODEL=URL, a stronger model whose graded, filtered "
+                                              "attempts the student then answers (recipes/swe/teacher.py)")]
+        = "expert",
+    teacher_key_env: Annotated[str | None, typer.Option(help="the environment variable holding the teacher's key "
+                                                             "(never the key itself)")] = None,
+    teacher_attempts: Annotated[int, typer.Option(help="the teacher's attempts per train task")] = 1,
 ) -> None:
     """The coding recipe, every stage: tasks, the base model's validation pass@1, an expert's demonstrations, the
     SFT warm start, a probe of it, GRPO with validation pass@1 by version. Each stage's result goes into the run
@@ -107,6 +114,7 @@ def recipe_swe(
     Any setting of a service, as --SERVICE.SETTING VALUE: the warm start's trainer as --sft.lr 1e-4, RL's as
     --trainer.lr 1e-4 (over the model's, recipes/swe/models.py), --grader.workers 4, --streams.settle-s 1, …
     """
+    from agentstream.recipes.swe.keep import parse_teacher
     from agentstream.recipes.swe.recipe import RecipeLoop
     from agentstream.recipes.swe.stages import STAGES, RunConfig, run_stages
     from agentstream.trainer.settings import TrainerSettings
@@ -114,12 +122,16 @@ def recipe_swe(
     chosen = tuple(stage.strip() for stage in stages.split(",") if stage.strip())
     if unknown := [stage for stage in chosen if stage not in STAGES]:
         fail(f"no stage {', '.join(unknown)}; the stages: {', '.join(STAGES)}")
+    try:
+        parse_teacher(teacher)
+    except ValueError as exc:
+        fail(str(exc))
     config = RunConfig(model=model, stages=chosen, tasks_file=tasks.resolve() if tasks else None, limit=limit, seed=seed, kinds=kinds.split(","),
                        eval_samples=eval_samples, probe_k=probe_k, train_tasks=train_tasks, versions=versions,
                        group_size=group_size, groups_per_batch=groups_per_batch, step_limit=step_limit,
                        max_tokens=max_tokens, concurrency=concurrency, attempt_timeout_s=attempt_timeout_s,
-                       out=out, base_model=base_model,
-                       flags=service_flags(ctx, RecipeLoop, extra={"sft": TrainerSettings}))
+                       out=out, base_model=base_model, teacher=teacher, teacher_key_env=teacher_key_env,
+                       teacher_attempts=teacher_attempts, flags=service_flags(ctx, RecipeLoop, extra={"sft": TrainerSettings}))
     try:
         run_stages(config, console)
     except (RuntimeError, TimeoutError) as exc:

@@ -89,6 +89,11 @@ class RunConfig(BaseModel):
     attempt_timeout_s: float | None = None
     base_model: Path | None = None
     """the starting weights (default: the model's folder under AGENTSTREAM_HOME, `agentstream model NAME`)"""
+    teacher: str = "expert"
+    """who demonstrates for the warm start: `expert` (the gold patch) or `MODEL=URL` (recipes/swe/teacher.py)"""
+    teacher_key_env: str | None = None
+    """the environment variable holding the teacher's key (its name only: the key never reaches the run folder)"""
+    teacher_attempts: int = 1
     concurrency: int = 2
     stages: tuple[str, ...] = STAGES
     flags: ServiceFlags = Field(default_factory=dict)
@@ -220,7 +225,7 @@ class Stages:
         n = self.counts()
         return {"tasks": f"{n['tasks']} tasks" if self.config.tasks_file is None else f"from {self.config.tasks_file}",
                 "baseline": f"{n['baseline']} validation attempts of the base model",
-                "demonstrate": f"{n['demonstrate']} expert demonstrations",
+                "demonstrate": f"{n['demonstrate']} demonstrations by {self.config.teacher.partition('=')[0]}",
                 "sft": f"SFT on {n['sft']} demonstrations",
                 "probe": f"{n['probe']} attempts of the warm start on train tasks",
                 "rl": f"{self.config.versions} versions: {n['rl']} attempts"}[stage]
@@ -345,14 +350,17 @@ def baseline_stage(run: Stages) -> dict[str, Any]:
 
 
 def demonstrate_stage(run: Stages) -> dict[str, Any]:
-    """The expert's answers to the train tasks, recorded through the loop and graded (recipes.swe.demonstrate)."""
-    from agentstream.recipes.swe.demonstrate import DemonstrateConfig, run_demonstrate
+    """The teacher's answers to the train tasks (the expert's, or a stronger model's kept attempts), recorded through
+    the loop and graded (recipes.swe.demonstrate, recipes.swe.teacher)."""
+    from agentstream.recipes.swe.demonstrate import DemonstrateConfig
+    from agentstream.recipes.swe.teacher import run_demonstrations
 
     config = run.config
     demonstrate = DemonstrateConfig(**config.common(), instances_file=Path(run.need("tasks")["instances"]),
                                     base_model=run.base_model(), out=run.attempt("demonstrate"),
-                                    flags=config.stage_flags(GRADING))
-    result = run_demonstrate(demonstrate, run.console)
+                                    flags=config.stage_flags(GRADING), teacher=config.teacher,
+                                    teacher_key_env=config.teacher_key_env, teacher_attempts=config.teacher_attempts)
+    result = run_demonstrations(demonstrate, run.console)
     run.measured(result)
     result["rewarded"] = round((result["pass_at_1"] or 0.0) * result["attempts"])
     if not result["rewarded"]:

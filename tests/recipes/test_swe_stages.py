@@ -28,6 +28,18 @@ def test_the_same_command_finds_the_same_run_folder_under_agentstream_home(tmp_p
     assert RunConfig(seed=12).run_folder() != folder
     assert RunConfig(seed=11, flags={"sft": ["--lr", "1e-4"]}).run_folder() != folder, "other settings, another run"
     assert RunConfig(out=tmp_path / "mine").run_folder() == tmp_path / "mine"
+    assert RunConfig(seed=11, teacher="big=http://127.0.0.1:8001").run_folder() != folder, "another teacher's run"
+
+
+def test_a_teacher_that_is_not_one_stops_the_command_before_anything_starts(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from agentstream.cli import app
+
+    monkeypatch.setenv("AGENTSTREAM_HOME", str(tmp_path))
+    result = CliRunner().invoke(app, ["recipe", "swe", "--teacher", "gpt-5", "--stages", "tasks"])
+    assert result.exit_code == 1 and "--teacher takes 'expert' or 'MODEL=URL'" in result.output
+    assert not (tmp_path / "runs").exists(), "no run folder for a command refused"
 
 
 def test_a_rerun_skips_the_stages_done_and_runs_the_interrupted_one_again_in_a_fresh_attempt(tmp_path, monkeypatch):
