@@ -28,6 +28,7 @@ from pathlib import Path
 import httpx
 
 from bench.report import Report
+from bench.smollm2 import server_memory_gib
 
 RANK = 8
 ADAPTERS = 16
@@ -68,17 +69,7 @@ def make_adapters(base: Path, root: Path, count: int) -> list[Path]:
 
 def rss_gib(pid: int) -> float:
     """VmRSS of the server and its children (engine core, worker), added up."""
-    total, pids = 0, [pid]
-    while pids:
-        current = pids.pop()
-        try:
-            status = Path(f"/proc/{current}/status").read_text()
-            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
-        except OSError:
-            continue
-        total += next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS"))
-        pids += [int(child) for child in children]
-    return total / 2**20
+    return server_memory_gib(pid, "VmRSS")
 
 
 def complete(url: str, model: str, max_tokens: int = 32) -> int:

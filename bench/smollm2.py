@@ -86,10 +86,10 @@ def trainer_figures(mode: str, repeats: int) -> dict:
             "threads": torch.get_num_threads()}
 
 
-def vllm_peak_gib(pid: int) -> float:
-    """VmHWM of the server and its children (engine core, worker), added up."""
-    total = 0
-    pids = [pid]
+def server_memory_gib(pid: int, field: str = "VmHWM") -> float:
+    """A /proc status memory field (VmHWM the peak resident, VmRSS the current) of the server and its children
+    (engine core, worker), added up."""
+    total, pids = 0, [pid]
     while pids:
         current = pids.pop()
         try:
@@ -97,7 +97,7 @@ def vllm_peak_gib(pid: int) -> float:
             children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
         except OSError:
             continue
-        total += next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM"))
+        total += next(int(line.split()[1]) for line in status.splitlines() if line.startswith(field))
         pids += [int(child) for child in children]
     return total / 2**20
 
@@ -122,7 +122,7 @@ def swap_pauses(model_dir: Path, served: str, swaps: int) -> tuple[list[float], 
             httpx.post(f"{url}/resume", timeout=60).raise_for_status()
             pauses.append((time.perf_counter() - started) * 1000)
         httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300).raise_for_status()
-        return pauses, vllm_peak_gib(state.pid)
+        return pauses, server_memory_gib(state.pid)
     finally:
         server.stop()
 

@@ -8,7 +8,16 @@ from typing import Annotated
 
 import typer
 
-from agentstream.cli.options import ModelName, StartingWeights, TopicPrefix, kafka_settings, service_flags
+from agentstream.cli.options import (
+    ModelName,
+    StartingWeights,
+    Teacher,
+    TeacherAttempts,
+    TeacherKeyEnv,
+    TopicPrefix,
+    kafka_settings,
+    service_flags,
+)
 from agentstream.cli.output import console, fail, say
 
 Concurrency = Annotated[int, typer.Option(help="agents running at once")]
@@ -99,13 +108,9 @@ def recipe_swe(
     out: Annotated[Path | None, typer.Option(help="the run folder (default: one under AGENTSTREAM_HOME/runs named "
                                                   "after these settings: the same command resumes it)")] = None,
     base_model: StartingWeights = None,
-    teacher: Annotated[str, typer.Option(help="who demonstrates for the warm start: expert (reads the gold patch; "
-                                              "one-line fixes) or MODEL=URL, a stronger model whose graded, filtered "
-                                              "attempts the student then answers (recipes/swe/teacher.py)")]
-        = "expert",
-    teacher_key_env: Annotated[str | None, typer.Option(help="the environment variable holding the teacher's key "
-                                                             "(never the key itself)")] = None,
-    teacher_attempts: Annotated[int, typer.Option(help="the teacher's attempts per train task")] = 1,
+    teacher: Teacher = "expert",
+    teacher_key_env: TeacherKeyEnv = None,
+    teacher_attempts: TeacherAttempts = 1,
 ) -> None:
     """The coding recipe, every stage: tasks, the base model's validation pass@1, an expert's demonstrations, the
     SFT warm start, a probe of it, GRPO with validation pass@1 by version. Each stage's result goes into the run

@@ -66,6 +66,12 @@ ModelName = Annotated[str, typer.Option(help="the served model name")]
 StartingWeights = Annotated[Path | None, typer.Option(
     "--base-model", help="a model folder to serve and start from instead of --model's (e.g. an SFT checkpoint); "
                          "--model still names it and sets the defaults")]
+Teacher = Annotated[str, typer.Option(help="who demonstrates: expert (reads the gold patch; one-line fixes) or "
+                                           "MODEL=URL, a stronger model behind vLLM's OpenAI API whose graded, "
+                                           "filtered attempts the student then answers (recipes/swe/teacher.py)")]
+TeacherKeyEnv = Annotated[str | None, typer.Option(help="the environment variable holding the teacher's key (never "
+                                                        "the key itself)")]
+TeacherAttempts = Annotated[int, typer.Option(help="the teacher's attempts per train task")]
 
 
 def service_flags(ctx: typer.Context, loop: type[Loop], extra: dict[str, type[BaseSettings]] | None = None) \

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, TypeVar
 import typer
 from rich.console import Console
 
-from agentstream.cli.options import StartingWeights, service_flags
+from agentstream.cli.options import StartingWeights, Teacher, TeacherAttempts, TeacherKeyEnv, service_flags
 from agentstream.cli.output import console, fail
 from agentstream.recipes.swe.mutate import EASY_KINDS, KINDS
 
@@ -113,13 +113,9 @@ def swe_demonstrate(
                                                       "name is the topic prefix")] = None,
     keep_stack: Annotated[bool, typer.Option(help="leave Kafka and vLLM running afterwards")] = False,
     base_model: StartingWeights = None,
-    teacher: Annotated[str, typer.Option(help="who demonstrates: expert (reads the gold patch; one-line fixes) or "
-                                              "MODEL=URL, a stronger model behind vLLM's OpenAI API whose graded, "
-                                              "filtered attempts the student then answers (recipes/swe/teacher.py)")]
-        = "expert",
-    teacher_key_env: Annotated[str | None, typer.Option(help="the environment variable holding the teacher's key "
-                                                             "(never the key itself)")] = None,
-    teacher_attempts: Annotated[int, typer.Option(help="the teacher's attempts per train task")] = 1,
+    teacher: Teacher = "expert",
+    teacher_key_env: TeacherKeyEnv = None,
+    teacher_attempts: TeacherAttempts = 1,
     keep_max_tokens: Annotated[int, typer.Option(help="leave out teacher attempts that generated more tokens; "
                                                       "0: any")] = 0,
 ) -> None:
