@@ -1,5 +1,6 @@
 """`agentstream recipe swe`, the one command (recipes/swe/stages.py): its run folder, what a rerun skips and
-resumes, the memory check before a trainer stage, and every stage end to end on the tiny model."""
+resumes, the memory check before a trainer stage, and every stage end to end on SmolLM2 (`make heavy`: ~5 min on
+an idle machine; the tiny model's context does not hold a demonstration)."""
 
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ def test_a_trainer_stage_that_cannot_fit_is_refused_before_it_starts_naming_the_
     check_memory(TrainerSettings.model_validate(warm), tmp_path, "sft")
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # every stage of a real model, ~5 min idle: in `make heavy`, so `make test` stays near 25 min
 @pytest.mark.vllm
 @pytest.mark.timeout(2400)
 def test_every_stage_on_smollm2_then_a_rerun_skips_them_all(kafka_bootstrap, tmp_path, monkeypatch):
