@@ -22,17 +22,24 @@ ending, timings); `events` maps an event id to its encoded value, for the events
 built from. The trajectory and any computed reward get ids derived from the attempt, so a worker
 that settles an attempt twice (it died before committing) emits the same events again, and
 consumers drop the repeats by id.
+
+A session's conversation stays `session_retention_ms` after it settled, for feedback that comes later: a revision
+of its trajectory is built from the same events. Its call events (prompt, token ids, logprobs: most of a
+session's bytes) are not kept for that: where `add` was given a call's offset (the worker's), the state keeps
+that reference (`sessions.call_offsets`), and a revision reads the calls back from the calls topic (`wanted`,
+then `recalled`; `rounds` with a `recall` function). Calls the log no longer holds (its retention shorter than
+the sessions') make no revision: the feedback goes to the deadletter topic with why (`Settled.unrevised`).
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentstream.schemas.codec import decode, encode
+from agentstream.schemas.codec import DecodeError, decode, encode
 from agentstream.schemas.events import (
     TERMINAL_TYPES,
     CallEvent,
@@ -57,6 +64,12 @@ DECODED_MAX = 20_000
 DECODED_BYTES_MAX = 16 * 1024 * 1024
 """and their raw size at most: decoded, a call's token ids and logprobs take ~6× their JSON (a worker catching up
 on sessions of 8 KiB calls held 20,000 of them in ~1 GiB, whatever its state's store)"""
+
+
+CallRef = tuple[int, int, str]
+"""a call event in the calls topic: (partition, offset, event id)"""
+Recall = Callable[[list[CallRef]], dict[str, bytes]]
+"""call events read back by reference: event id → the record's value, for those the log still holds"""
 
 
 @dataclass(frozen=True)
@@ -91,6 +104,8 @@ class Settled:
     """attempt id → what its trajectory was built from (`Assembly.decide` records it before publishing)"""
     forgotten: list[str] = field(default_factory=list)
     """attempts settled longer ago than the retention"""
+    unrevised: list[tuple[bytes, str]] = field(default_factory=list)
+    """(encoded feedback, reason): later feedback whose revision could not be built (its calls gone from the log)"""
 
     def extend(self, other: Settled) -> None:
         self.trajectories += other.trajectories
@@ -100,6 +115,7 @@ class Settled:
         self.attempts.update(other.attempts)
         self.decided.update(other.decided)
         self.forgotten += other.forgotten
+        self.unrevised += other.unrevised
 
 
 def finalize_at(attempt: dict[str, Any], timing: Timing) -> int:
@@ -122,13 +138,18 @@ def finalize_at(attempt: dict[str, Any], timing: Timing) -> int:
 
 class Assembly:
     def __init__(self, rollouts: MutableMapping[str, dict[str, Any]], events: MutableMapping[str, bytes],
-                 timing: Timing = Timing(), source: str = "streams", policy: str = policies.DEFAULT_POLICY):
+                 timing: Timing = Timing(), source: str = "streams", policy: str = policies.DEFAULT_POLICY,
+                 recall: Recall | None = None):
         self.rollouts = rollouts
         self.events = events
         self.timing = timing
         self.source = source
         self.policy = policy
         """the reward policy (`module:function`) that turns sessions' feedback into rewards"""
+        self.recall = recall
+        """how `rounds` reads back the calls a revision is built from (the worker reads them itself: `wanted`)"""
+        self.recalled: dict[str, bytes] = {}
+        """event id → a call event read back from the log for a revision about to be built (until recorded)"""
         self.counts: Counter[str] = Counter()
         """events, duplicates, late, trajectories, rewards_computed, reward_failures (since start)"""
         self._due_at: dict[str, int] = {}
@@ -157,13 +178,14 @@ class Assembly:
 
     # --- adding events ---------------------------------------------------------------------------
 
-    def add(self, event: Event, raw: bytes, partition: int) -> str | None:
-        """Take one event; return why it is late (for the deadletter topic), or None."""
+    def add(self, event: Event, raw: bytes, partition: int, offset: int | None = None) -> str | None:
+        """Take one event (read at `offset` of its topic's `partition`, where known); return why it is late (for
+        the deadletter topic), or None."""
         rollout_id = event.rollout_id
         if rollout_id is None:
             raise ValueError(f"a {event.type} event without a rollout_id belongs to no attempt")
         if is_session_rollout(rollout_id):
-            return self._add_session(event, raw, partition)
+            return self._add_session(event, raw, partition, offset)
         state = self.rollouts.get(rollout_id) or {"partition": partition, "latest": None, "attempts": {}}
         attempt_id = event.attempt_id or state["latest"] or NO_ATTEMPT
         attempt = state["attempts"].get(attempt_id)
@@ -205,10 +227,18 @@ class Assembly:
             self._decoded_bytes -= self._decoded_sizes.pop(event_id, 0)
 
     def decoded(self, event_id: str) -> Event | None:
-        """An event held for an open attempt, decoded (once: kept from `add` while there is room)."""
+        """An event held for an open attempt, decoded (once: kept from `add` while there is room), or a call read
+        back for a revision."""
         event = self._decoded.get(event_id)
         if event is None and (raw := self.events.get(event_id)) is not None:
             event = decode(raw)
+        if event is None and (raw := self.recalled.get(event_id)) is not None:
+            try:
+                event = decode(raw)
+            except DecodeError:
+                return None
+            if event.id != event_id:  # a record that is not the call referred to (a topic made again): none
+                return None
         return event
 
     @staticmethod
@@ -328,12 +358,31 @@ class Assembly:
         that settles nothing (only held events were due) is not yielded: there is nothing to record."""
         while True:
             late += self.release(rollout_id, now_ms)
+            if self.recall is not None and (refs := self.wanted(rollout_id, now_ms)):
+                self.recalled.update(self.recall(refs))
             settled = self.settle(rollout_id, now_ms)
             if not (settled.attempts or settled.forgotten or settled.trajectories or settled.late):
                 return
             yield settled
             if not self.releasable(rollout_id, now_ms):
                 return
+
+    def wanted(self, rollout_id: str, now_ms: int) -> list[CallRef]:
+        """The calls that settling the rollout by `now_ms` may build a revision from and that the state holds by
+        reference only: to read back from the calls topic (into `recalled`) before `settle`."""
+        state = self.rollouts.get(rollout_id)
+        if state is None:
+            return []
+        refs: list[CallRef] = []
+        for attempt in state["attempts"].values():
+            marker = attempt.get("settled")
+            built = marker.get("built") if marker and "session" in attempt else None
+            if built is None or self._due(attempt) > now_ms or not sessions.pending(attempt):
+                continue
+            offsets = sessions.call_offsets(attempt)
+            refs += [(state["partition"], offsets[event_id], event_id) for event_id in built["ids"]
+                     if event_id in offsets and event_id not in self.events and event_id not in self.recalled]
+        return refs
 
     def decide(self, settled: Settled) -> None:
         """Record what the attempts' trajectories are built from, before they are published.
@@ -367,9 +416,14 @@ class Assembly:
             attempt["settled"] = marker
             attempt["ids"] += [reward.id for reward in settled.rewards if reward.attempt_id == attempt_id]
             if "session" in attempt:  # feedback timed after the settling waits, held, to be scored; what the
-                # trajectory was built from is held until the conversation is forgotten, for its revisions
-                held = {entry[0] for entry in sessions.pending(attempt)} | set(marker.get("built", {}).get("ids", ()))
+                # trajectory was built from is held until the conversation is forgotten, for its revisions: its
+                # calls as their offsets in the calls topic where those are known, read back for a revision
+                built = marker.get("built", {}).get("ids", ())
+                referred = sessions.call_offsets(attempt)
+                held = {entry[0] for entry in sessions.pending(attempt)} | {i for i in built if i not in referred}
                 done += [event_id for event_id in attempt["ids"] if event_id not in held]
+                for event_id in built:
+                    self.recalled.pop(event_id, None)
                 for event_id in held:  # kept raw (on disk with --store rocksdb) for `--session-retention-s`, not
                     self._forget_decoded(event_id)  # decoded in memory: a revision decodes them again
             else:
@@ -393,6 +447,7 @@ class Assembly:
         self.counts["late_feedback_rewards"] += sum(reward.data.trajectory_id is not None for reward in settled.rewards)
         self.counts["rewards_computed"] += len(settled.rewards)
         self.counts["reward_failures"] += len(settled.unscored)
+        self.counts["revisions_unavailable"] += len(settled.unrevised)
         self.counts["late"] += len(settled.late)
 
     def _settle(self, out: Settled, attempt_id: str, attempt: dict[str, Any], now_ms: int) -> None:
@@ -435,7 +490,7 @@ class Assembly:
 
     # --- sessions (streams/sessions.py) ----------------------------------------------------------
 
-    def _add_session(self, event: Event, raw: bytes, partition: int) -> str | None:
+    def _add_session(self, event: Event, raw: bytes, partition: int, offset: int | None) -> str | None:
         """Take one event of a session: held (`release` folds it into its conversation once its time is reached)."""
         rollout_id = str(event.rollout_id)
         state = self.rollouts.get(rollout_id) or sessions.new_state(partition)
@@ -457,7 +512,7 @@ class Assembly:
                     entry[0] == event.id for entry in sessions.pending(holder)):
                 self.events.setdefault(event.id, raw)  # (as in `add`: a worker that died between state and event)
             return None
-        state.setdefault("held", []).append(sessions.held_entry(event))
+        state.setdefault("held", []).append(sessions.held_entry(event, offset if type(event) is CallEvent else None))
         self.counts["events"] += 1
         self.events[event.id] = raw
         self._keep_decoded(event, raw)
@@ -489,7 +544,7 @@ class Assembly:
                 if now_ms <= time + self.timing.idle_timeout_ms:
                     break
                 self.counts["session_events_lost"] += 1
-            elif reason := self._apply_session(state, event):
+            elif reason := self._apply_session(state, event, sessions.held_offset(entry)):
                 late.append((self.events[event_id], reason))
                 self.events.pop(event_id, None)
                 self._forget_decoded(event_id)
@@ -512,7 +567,7 @@ class Assembly:
     def _attempts_due(self, state: dict[str, Any]) -> int:
         return min(map(self._due, state["attempts"].values()), default=sessions.FOREVER_MS)
 
-    def _apply_session(self, state: dict[str, Any], event: Event) -> str | None:
+    def _apply_session(self, state: dict[str, Any], event: Event, offset: int | None) -> str | None:
         """Fold one held event of a session into the conversation (segment) it belongs to; why it is late, or None."""
         attempts, kind = state["attempts"], type(event)
         session_id = self._session_id(event, state)
@@ -530,7 +585,7 @@ class Assembly:
         attempt["ids"].append(event.id)
         attempt["last"] = max(attempt["last"], event.time)
         if kind is CallEvent:
-            attempt["calls"].append([event.id, event.time])
+            attempt["calls"].append([event.id, event.time] if offset is None else [event.id, event.time, offset])
             attempt["call_last"] = max(attempt["call_last"] or event.time, event.time)
             sessions.joined(state, attempt, attempt["calls"][-1])
         elif kind is FeedbackEvent or kind is RewardEvent:  # (a reward posted for the session: its first word too)
@@ -620,18 +675,32 @@ class Assembly:
                                          derived_id("reward", marker["trajectory"], self.policy, newest.id),
                                          newest.time, marker["trajectory"])
             if reward is not None:
-                self._revise(out, attempt_id, attempt, reward)
+                self._revise(out, attempt_id, attempt, reward, newest)
         out.attempts[attempt_id] = {**marker, "feedback": [*marker["feedback"], *(
             [e.id, e.time, self.events[e.id].decode()] for e in fresh if e.id in self.events)]}
 
-    def _revise(self, out: Settled, attempt_id: str, attempt: dict[str, Any], reward: RewardEvent) -> None:
+    def _revise(self, out: Settled, attempt_id: str, attempt: dict[str, Any], reward: RewardEvent,
+                feedback: Event) -> None:
         """The conversation's trajectory again, built from the same events, with the reward of its later feedback:
-        a revision (`revised`), so the trainer, which reads trajectories only, learns from that feedback too."""
+        a revision (`revised`), so the trainer, which reads trajectories only, learns from that feedback too.
+        Without all of those events (calls the log no longer holds), no revision: the feedback is deadlettered."""
         marker = attempt["settled"]
         built = marker.get("built")
-        events = [event for event_id in (built or {"ids": ()})["ids"] if (event := self.decoded(event_id)) is not None]
-        if built is None or len(events) != len(built["ids"]):
+        if built is None:
             self.counts["revisions_unavailable"] += 1  # (settled by a worker that kept no events for revisions)
+            return
+        events = [event for event_id in built["ids"] if (event := self.decoded(event_id)) is not None]
+        if len(events) != len(built["ids"]):
+            found = {event.id for event in events}
+            offsets = sessions.call_offsets(attempt)
+            missing = [f"{offsets[i]}" if i in offsets else i for i in built["ids"] if i not in found]
+            out.unrevised.append((self.events.get(feedback.id) or encode(feedback), (
+                f"no revision of trajectory {marker['trajectory']} (conversation {attempt_id} of session "
+                f"{attempt['session']}) with this feedback's reward {reward.id}: {len(missing)} of the "
+                f"{len(built['ids'])} events it was built from are gone (calls topic partition "
+                f"{(self.rollouts.get(out.rollout_id) or {}).get('partition')}, offsets {', '.join(missing[:5])}"
+                f"{', …' if len(missing) > 5 else ''}): the calls topic keeps its records for less than "
+                "--session-retention-s")))
             return
         ending = Ending("finished", built["ended_at"], reward_expected=True, reason=built["reason"])
         trajectory = build(out.rollout_id, attempt_id, events, ending, self.source, session_id=attempt["session"])

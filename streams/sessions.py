@@ -2,7 +2,8 @@
 
 A session's events carry its rollout id and no attempt (`schemas.sessions`). The fold numbers its
 conversations `segment-0`, `segment-1`, … and decides from event times alone, so a replay splits and
-settles them as the live worker did. An event read is held (`held`: [id, time, topic rank]) until the
+settles them as the live worker did. An event read is held (`held`: [id, time, topic rank], and a call's offset
+in the calls topic where it is known) until the
 watermark (every source topic read up to that time) is `settle_ms` past its time; then the held events are
 folded in (time, topic, id) order, each before any settling due at or after its time (`Assembly.release`).
 Whatever order the rollouts, calls and rewards topics were read in (a worker catching up fetches them side
@@ -21,8 +22,9 @@ by side), or written in within `settle_ms` (an end ahead of its calls), the fold
   the trajectory); a settled segment is forgotten `session_retention_ms` after it settled.
 
 The state of a segment is an attempt's (`ids`, `last`, `end`, `reward_at`, ...) plus `session` (its
-id), `first` (its first call's time), `calls` ([id, time] in the order folded), `call_last` and `fb`
-([id, time, call id or None] of its feedback). The rules below still take events in any order (a call
+id), `first` (its first call's time), `calls` ([id, time, offset] in the order folded: the offset in the
+calls topic, where the worker read it, so that a settled conversation keeps that reference and not the call,
+`call_offsets`), `call_last` and `fb` ([id, time, call id or None] of its feedback). The rules below still take events in any order (a call
 written later than `settle_ms` after its time is folded after what came before it).
 """
 
@@ -64,9 +66,20 @@ def new_segment(state: dict[str, Any], session_id: str, time: int) -> str:
     return attempt_id
 
 
-def held_entry(event: Event) -> list[Any]:
-    """A session's event read and not folded yet: [id, time, its topic's rank in `SOURCES`]."""
-    return [event.id, event.time, SOURCES.index(event.topic)]
+def held_entry(event: Event, offset: int | None = None) -> list[Any]:
+    """A session's event read and not folded yet: [id, time, its topic's rank in `SOURCES`], and the offset it
+    was read at where known (a call's: its reference once its conversation settled)."""
+    entry = [event.id, event.time, SOURCES.index(event.topic)]
+    return entry if offset is None else [*entry, offset]
+
+
+def held_offset(entry: list[Any]) -> int | None:
+    return int(entry[3]) if len(entry) > 3 else None
+
+
+def call_offsets(attempt: dict[str, Any]) -> dict[str, int]:
+    """Call id → its offset in the calls topic, of the conversation's calls whose offset is known."""
+    return {entry[0]: int(entry[2]) for entry in attempt["calls"] if len(entry) > 2}
 
 
 def held_order(entry: list[Any]) -> tuple[int, int, str]:

@@ -35,6 +35,11 @@ class StreamsSettings(KafkaSettings):
                                      "sessions_without_feedback); later feedback becomes reward events")
     session_retention_s: float = Field(30 * 24 * 3600.0, gt=0, description="how long a settled conversation is "
                                        "kept for feedback that comes later")
+    session_calls: Literal["offsets", "whole"] = Field("offsets", description="how a settled conversation keeps "
+                                                      "the calls a revision (later feedback) is built from: their "
+                                                      "offsets, read back from the calls topic for a revision, or "
+                                                      "whole in the worker's state (where the calls topic keeps "
+                                                      "its records for less than --session-retention-s)")
     reward_policy: str = Field(DEFAULT_POLICY, description="module:function that turns a session's feedback into "
                                "rewards (streams/policies.py)")
     tick_s: float = Field(0.1, gt=0, description="how often the worker looks for attempts due to settle, at "

@@ -46,6 +46,7 @@ from agentstream.schemas.kafka import deadletter_event
 from agentstream.streams import policies
 from agentstream.streams.assembly import Assembly, Settled
 from agentstream.streams.disk import Budget
+from agentstream.streams.recall import CallLog, retention_ms
 from agentstream.streams.settings import StreamsSettings
 from agentstream.streams.tables import Staged, StateTable, registered
 from agentstream.streams.transport import Inbox
@@ -89,6 +90,10 @@ class AssemblyWorker(faust.Service):
         self.positions = Staged(self.table, "p:")
         """'topic:partition' → the next offset of that source partition to handle"""
         self.assembly = Assembly(self.rollouts, self.events, settings.timing, settings.source, settings.reward_policy)
+        self.calls_log = CallLog(settings)
+        """where a revision's calls are read back from (a settled session keeps their offsets, not them)"""
+        self.calls_retention_ms: int | None = None
+        """the calls topic's retention as the worker found it at its start (-1: forever)"""
         self.counts: Counter[str] = Counter()
         """what the worker itself dropped, deadlettered or read again (the assembly counts the rest)"""
         self.last_time: dict[TP, int] = {}
@@ -117,6 +122,18 @@ class AssemblyWorker(faust.Service):
         """records, batch end, timer or rebalance at a time: each changes the state and stages writes"""
         self.recoveries = 0
         """times the table was recovered (at the start, and after each rebalance)"""
+
+    async def on_start(self) -> None:
+        self.calls_retention_ms = found = await retention_ms(self.settings)
+        referred = self.settings.session_calls == "offsets"
+        if referred and found is not None and 0 <= found < self.settings.timing.session_retention_ms:
+            log.warning("the calls topic keeps its records %.1f days, --session-retention-s %.1f: feedback on a "
+                        "conversation whose calls are gone makes no revision (it goes to the deadletter topic); "
+                        "--session-calls whole keeps them in the state", found / 86_400_000,
+                        self.settings.session_retention_s / 86_400)
+
+    async def on_stop(self) -> None:
+        await self.calls_log.stop()
 
     async def recovered(self) -> None:
         self.assembly.reindex()
@@ -281,7 +298,8 @@ class AssemblyWorker(faust.Service):
                 self.counts["session_calls"] += 1  # traffic outside any rollout: analytics count it
                 return
             return await self._deadletter(message, "unattributed", f"a {event.type} event needs a rollout_id")
-        late = self.assembly.add(event, raw, message.partition)
+        offset = message.offset if self.settings.session_calls == "offsets" else None  # (None: kept whole)
+        late = self.assembly.add(event, raw, message.partition, offset)
         if late:
             await self._deadletter(message, None, late)  # the assembly counted it
 
@@ -302,6 +320,7 @@ class AssemblyWorker(faust.Service):
         """Settle the due attempts of these partitions (sessions' held events folded in first, `release`);
         publish what that yields, together; again for the rollouts whose settling let more held events through
         (a session's feedback timed after its conversation settled: a revision, as a rebuild makes it)."""
+        self.assembly.recalled.clear()  # (what a failed settling read back)
         marks = {partition: self.watermark(partition) for partition in partitions}
         due = {partition: self.assembly.due(now, [partition]) for partition, now in marks.items()}
         while due:
@@ -313,7 +332,11 @@ class AssemblyWorker(faust.Service):
                 for rollout_id in rollout_ids:
                     try:
                         late += self.assembly.release(rollout_id, now)
+                        if refs := self.assembly.wanted(rollout_id, now):  # a revision's calls, from the log
+                            self.assembly.recalled.update(await self.calls_log.read(refs))
                         settled.append(self.assembly.settle(rollout_id, now))
+                    except (TimeoutError, KafkaError):  # the calls not read back: tried again at the next tick
+                        log.warning("reading back the calls of rollout %s failed", rollout_id, exc_info=True)
                     except Exception:  # a bug: the attempt stays due and is tried again
                         log.exception("settling rollout %s failed", rollout_id)
             if late:  # acknowledged before any state without them is written
@@ -356,7 +379,7 @@ class AssemblyWorker(faust.Service):
         for one in settled:
             sent += [await self.publish("rewards", reward) for reward in one.rewards]
             sent += [await self.publish("trajectories", trajectory) for trajectory in one.trajectories]
-            for raw_event, reason in one.late + one.unscored:
+            for raw_event, reason in one.late + one.unscored + one.unrevised:
                 sent.append(await self.publish("deadletter", self._late_deadletter(raw_event, reason)))
         return sent
 
@@ -521,9 +544,11 @@ class AssemblyWorker(faust.Service):
         (since the start), the changelog offset each partition's database holds up to, and their memory."""
         disk = self.table.disk
         unwritten = self.rollouts.unwritten + self.events.unwritten + self.positions.unwritten
+        calls = {"calls_retention_ms": self.calls_retention_ms, "calls_read_back": self.calls_log.reads}
         if disk is None:
-            return {"store": "memory", "recoveries": self.recoveries, "unwritten_changes": unwritten}
-        return {"store": "rocksdb", "recoveries": self.recoveries, "unwritten_changes": unwritten, "restored_records": disk.restored.records,
+            return {"store": "memory", "recoveries": self.recoveries, "unwritten_changes": unwritten, **calls}
+        return {"store": "rocksdb", "recoveries": self.recoveries, "unwritten_changes": unwritten, **calls,
+                "restored_records": disk.restored.records,
                 "restored_by_partition": disk.restored.by_partition, "memory_bytes": disk.budget.usage(),
                 "memory_budget_bytes": disk.budget.bytes, "held_changes": len(disk.held),
                 "changelog_offsets": {partition: disk.persisted_offset(TP(self.table.changelog_name, partition))

@@ -309,6 +309,11 @@ async def test_sessions_written_out_of_order_with_the_worker_killed_rebuild_to_t
             await publish(later + third)
             await watch.until(lambda seen: len({e.id for e in seen}) >= 4 * len(session_ids), timeout=120,
                               what="a revision and a third trajectory of every session")
+            # the revisions were built from the calls read back from the calls topic by offset: the settled
+            # conversations kept their references, not the calls
+            view = worker.analytics()
+            assert view is not None and view["state"]["calls_read_back"] >= 2 * len(session_ids), view["state"]
+            assert view["assembly"]["revisions_unavailable"] == 0, view["assembly"]
     finally:
         worker.stop()
         await producer.stop()

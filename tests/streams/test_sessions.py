@@ -18,15 +18,16 @@ TIMING = Timing(settle_ms=100, session_idle_ms=10_000, feedback_window_ms=5_000,
 
 
 def fold(events: Seq[s.Event], now: int, policy: str = "streams.policies:latest",
-         assembly: Assembly | None = None) -> tuple[Assembly, Settled]:
-    """Add the events in this order, settling whatever is due before each one's time (as a watermark would)."""
+         assembly: Assembly | None = None, offsets: dict[str, int] | None = None) -> tuple[Assembly, Settled]:
+    """Add the events in this order, settling whatever is due before each one's time (as a watermark would);
+    with `offsets`, each event's offset in its topic (as the worker gives them)."""
     assembly = assembly or Assembly({}, {}, TIMING, policy=policy)
     out = Settled("all")
     for event in [*events, None]:
         at = now if event is None else event.time - 1
         out.extend(assembly.settle_due(at))
         if event is not None:
-            assert assembly.add(event, encode(event), 0) is None
+            assert assembly.add(event, encode(event), 0, (offsets or {}).get(event.id)) is None
     return assembly, out
 
 
@@ -257,3 +258,50 @@ def test_the_policys_rewards_read_back_twice_are_no_input_to_another_policy():
     assert trajectory.data.reward == -1.0 and reward.id not in trajectory.data.lineage
     assert {r.reward_fn for r in trajectory.data.rewards} == {"streams.policies:signed_thumbs"}
     assert assembly.counts["duplicates"] == 1
+
+
+def test_a_settled_conversation_keeps_its_calls_offsets_and_a_revision_reads_the_calls_back():
+    """Given the calls' offsets (as the worker reads them), a settled conversation's state holds references, not
+    its calls; later feedback's revision reads them back by offset and is the same bytes as one built from calls
+    kept whole. A log that no longer holds them (or holds another event there) makes no revision: the reward is
+    still published, the feedback deadlettered with why, and counted. Never a revision from other calls."""
+    session = Session("chat-lean")
+    calls = [session.call(1_000, [1, 2], [3]), session.call(2_000, [1, 2, 3, 4], [5, 6])]
+    early = [*calls, session.end(3_000), session.feedback(3_500, thumbs="up")]
+    later = session.feedback(40_000, score=0.25)
+    offsets = {call.id: offset for offset, call in enumerate(calls, start=100)}  # in the calls topic's partition 0
+    log = {offset: encode(call) for offset, call in enumerate(calls, start=100)}
+    now = session.start + 60_000
+    _, whole = fold([*early, later], now)  # no offsets: the calls kept whole (as a rebuild keeps them)
+    assert len(whole.trajectories) == 2 and whole.trajectories[1].data.revision_of == whole.trajectories[0].id
+
+    def lean(log: dict[int, bytes]) -> tuple[Assembly, list[list], Settled]:
+        asked: list[list] = []
+
+        def recall(refs: list) -> dict[str, bytes]:
+            asked.append(refs)
+            return {event_id: log[offset] for _, offset, event_id in refs if offset in log}
+        assembly, settled = fold(early, session.start + 30_000, assembly=Assembly({}, {}, TIMING, recall=recall),
+                                 offsets=offsets)
+        (attempt,) = assembly.rollouts[session.rollout_id]["attempts"].values()
+        assert attempt["settled"]["trajectory"] == whole.trajectories[0].id
+        assert [entry[2] for entry in attempt["calls"]] == [100, 101]
+        assert not any(call.id in assembly.events for call in calls), "a settled conversation kept its calls"
+        assert asked == []  # nothing read back for the first trajectory
+        _, out = fold([later], now, assembly=assembly)
+        settled.extend(out)
+        return assembly, asked, settled
+
+    assembly, asked, settled = lean(log)
+    assert asked == [[(0, 100, calls[0].id), (0, 101, calls[1].id)]]
+    assert [encode(t) for t in settled.trajectories] == [encode(t) for t in whole.trajectories]
+    assert settled.unrevised == [] and assembly.recalled == {}
+
+    for gone in ({}, {100: log[100], 101: encode(session.call(2_500, [7], [8]))}):  # deleted; another event there
+        assembly, asked, settled = lean(gone)
+        assert len(asked) == 1 and [t.id for t in settled.trajectories] == [whole.trajectories[0].id]
+        assert [r.id for r in settled.rewards] == [r.id for r in whole.rewards]  # the reward names the trajectory
+        ((raw, reason),) = settled.unrevised
+        assert decode(raw).id == later.id and assembly.counts["revisions_unavailable"] == 1
+        assert f"no revision of trajectory {whole.trajectories[0].id}" in reason
+        assert ("offsets 100, 101" if not gone else "offsets 101") in reason and "--session-retention-s" in reason

@@ -5,9 +5,13 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from aiokafka.admin import RecordsToDelete
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
+import agentstream.schemas as s
+from agentstream.schemas.kafka import make_admin, partitions_of
 from tests.streams.test_worker import assert_once_each, trajectories_by_rollout, worker_factory  # noqa: F401
-from tests.support.streams import Rollout, StreamsWorker, TopicWatch, live, publish
+from tests.support.streams import Rollout, Session, StreamsWorker, TopicWatch, live, publish
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]  # two worker starts, each recovering its table
@@ -59,3 +63,44 @@ async def test_killed_it_restarts_from_its_disk_and_the_changelog_tail(kafka, wo
     assert 0 < state["memory_bytes"] <= state["memory_budget_bytes"] == 8 * 1024 * 1024
     assert view["assembly"]["trajectories"] == len(second)  # what this run settled: the second rollouts only
     assert list(worker.data_dir.rglob("*.sst")) or list(worker.data_dir.rglob("*.log")), "no database on disk"
+
+
+async def test_late_feedback_whose_calls_the_log_no_longer_holds_is_deadlettered_not_revised(kafka, worker_factory):
+    """A settled conversation keeps its calls' offsets, not its calls. The calls topic set to keep a day, less than
+    --session-retention-s: the worker says so at its start. Its records then deleted (as retention would): feedback
+    after the conversation settled is still rewarded (a reward naming the trajectory), but no revision is made
+    from calls that are gone: the feedback goes to the deadletter topic with why, counted."""
+    admin = make_admin(kafka)
+    await admin.start()
+    try:
+        await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, kafka.topics.calls,
+                                                  {"retention.ms": str(24 * 3_600_000)})])
+        worker = worker_factory("lean", *DISK, "--session-idle-s", "3", "--feedback-window-s", "1").start()
+        sessions = [Session(f"chat-gone-{i}", s.now_ms()) for i in range(4)]
+        async with TopicWatch(kafka, "trajectories", "rewards", "deadletter") as watch:
+            await publish(kafka, [event for session in sessions for event in (
+                session.call(0, [1, 2], [3]), session.call(200, [1, 2, 3, 4], [5]), session.end(400))])
+            await watch.until(lambda seen: len([e for e in seen if e.type == "trajectory"]) == len(sessions),
+                              timeout=120, what="each conversation's trajectory")
+            wait_for(lambda: quiet(worker), timeout=60, what="the settled conversations written")
+            calls = await partitions_of(kafka, kafka.topics.calls)
+            ends = {tp: offset for tp, (_, offset) in (worker.analytics() or {})["sources"].items()}
+            await admin.delete_records({tp: RecordsToDelete(ends[f"{tp.topic}:{tp.partition}"]) for tp in calls})
+            later = [session.feedback(s.now_ms() - session.start, score=0.5) for session in sessions]
+            await publish(kafka, later)
+            gone = lambda seen: [e for e in seen if e.type == "deadletter" and "no revision" in e.data.reason]  # noqa: E731
+            await watch.until(lambda seen: len(gone(seen)) == len(sessions), timeout=120,
+                              what="the later feedback deadlettered")
+        trajectories = watch.of_type("trajectory")
+        assert [t for t in trajectories if t.data.revision_of is not None] == []
+        assert {s.decode(d.data.value.encode()).id for d in gone(watch.events)} == {f.id for f in later}
+        assert all("--session-retention-s" in d.data.reason for d in gone(watch.events))
+        naming = {r.data.trajectory_id for r in watch.of_type("reward") if r.data.trajectory_id is not None}
+        assert naming == {t.id for t in trajectories}  # the feedback is still rewarded
+        view = worker.analytics()
+        assert view is not None
+        assert view["assembly"]["revisions_unavailable"] == len(sessions)
+        assert view["state"]["calls_retention_ms"] == 24 * 3_600_000 and view["state"]["calls_read_back"] == 0
+        assert "feedback on a conversation whose calls are gone makes no revision" in worker.log.read_text()
+    finally:
+        await admin.close()

@@ -310,7 +310,9 @@ class Rebuild:
         self.counts["rewards_computed"] += len(settled.rewards)
         self.counts["reward_failures"] += len(settled.unscored)
         self.counts["late"] += len(settled.late)
-        for _, reason in settled.unscored + settled.late:
+        if settled.unrevised:  # (none here: a rebuild reads every call it folds)
+            self.counts["revisions_unavailable"] += len(settled.unrevised)
+        for _, reason in settled.unscored + settled.late + settled.unrevised:
             self._reason(reason)
 
     def _reason(self, reason: str) -> None:
