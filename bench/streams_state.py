@@ -1,16 +1,19 @@
 """The streams worker's state against days of sessions: its memory and its recovery after kill -9, with the
-table in memory (`--store memory`, the baseline) and on disk (`--store rocksdb`), in the same run.
+table in memory (`--store memory`) and on disk (`--store rocksdb`), and settled conversations keeping their
+calls whole (`--session-calls whole`, the old layout, the baseline) or their offsets in the calls topic
+(`offsets`), the four in the same run.
 
 For each `--days` D, the log gets D days of synthetic sessions (`--sessions-per-day`, each three calls of
 about `--call-kb` KiB (prompt and completion token ids, logprobs), feedback about the last one, the
-client's end), timed over the D days before now: what a worker holds for revisions under the default 30-day
-`--session-retention-s`. Then each store's worker (an app id of its own, so a changelog of its own) reads it
-all (every session settles into a trajectory); once its state is written, its resident memory is read,
-it is killed -9 and started again, and the time until its table is recovered (from the spawn: the process's
-start too) and its resident memory then (and its peak, VmHWM) are read.
+client's end; every `--late-every`-th also feedback two hours later, a revision), timed over the D days
+before now: what a worker holds for revisions under the default 30-day `--session-retention-s`. Then each
+worker (an app id of its own, so a changelog of its own) reads it all (every session settles into a
+trajectory, every revision is made: with offsets, from calls read back from the log); once its state is
+written, its resident memory is read, it is killed -9 and started again, and the time until its table is
+recovered (from the spawn: the process's start too) and its resident memory then (and its peak, VmHWM) are read.
 
     uv run python -m bench.streams_state [--days 1 3 10 30] [--sessions-per-day 100] [--call-kb 8]
-        [--state-memory-mb 64]
+        [--late-every 10] [--state-memory-mb 64]
 """
 
 from __future__ import annotations
@@ -36,10 +39,13 @@ from bench.streams_assembly import ROOT, fresh_topics, kafka_broker
 console = Console()
 DAY_MS = 24 * 3600 * 1000
 STORES = ("memory", "rocksdb")
+LAYOUTS = ("whole", "offsets")
+"""--session-calls: a settled conversation's calls kept whole in the state (the old layout), or their offsets"""
 
 
-def conversation(i: int, start: int, call_kb: int) -> list[s.Event]:
-    """A session of three calls (~`call_kb` KiB each), feedback about the last, and the client's end."""
+def conversation(i: int, start: int, call_kb: int, late: bool = False) -> list[s.Event]:
+    """A session of three calls (~`call_kb` KiB each), feedback about the last, and the client's end; `late`: a
+    score two hours later too (a revision of its trajectory)."""
     session_id = f"chat-{i}"
     ids = dict(rollout_id=session_rollout_id(session_id), source="bench")
     prompt = [(i + n) % 50_000 for n in range(call_kb * 1024 // 8)]  # ~6 bytes a token id in JSON, 8 with logprobs
@@ -55,19 +61,23 @@ def conversation(i: int, start: int, call_kb: int) -> list[s.Event]:
         session_id=session_id, call_id=calls[-1].id, sender="key:bench", thumbs="up"))
     end = s.SessionEndedEvent(**ids, time=start + 210_000, data=s.SessionEnded(session_id=session_id,
                                                                                sender="key:bench"))
-    return [*calls, feedback, end]
+    later = [s.FeedbackEvent(**ids, time=start + 2 * 3_600_000, data=s.Feedback(
+        session_id=session_id, sender="key:bench", score=0.5))] if late else []
+    return [*calls, feedback, end, *later]
 
 
-def sessions(days: int, per_day: int, call_kb: int) -> list[s.Event]:
-    """`days` × `per_day` sessions, evenly over the `days` days before now (the last ending an hour ago)."""
+def sessions(days: int, per_day: int, call_kb: int, late_every: int) -> list[s.Event]:
+    """`days` × `per_day` sessions, evenly over the `days` days before now (the last ending three hours ago);
+    every `late_every`-th with feedback two hours after it ended."""
     count = days * per_day
     first = s.now_ms() - days * DAY_MS
-    step = (days * DAY_MS - 3_600_000) // count
-    return [event for i in range(count) for event in conversation(i, first + i * step, call_kb)]
+    step = (days * DAY_MS - 3 * 3_600_000) // count
+    return [event for i in range(count)
+            for event in conversation(i, first + i * step, call_kb, late=late_every > 0 and i % late_every == 0)]
 
 
 async def publish(kafka: KafkaSettings, events: list[s.Event]) -> int:
-    producer = make_producer(kafka, linger_ms=20)
+    producer = make_producer(kafka, linger_ms=20, request_timeout_ms=120_000)  # (a loaded machine: not 10 s)
     await producer.start()
     size = 0
     try:
@@ -85,14 +95,15 @@ async def publish(kafka: KafkaSettings, events: list[s.Event]) -> int:
 class Worker:
     """A streams worker with one store, its own app id and state folder: started, killed, started again."""
 
-    def __init__(self, kafka: KafkaSettings, workdir: Path, store: str, memory_mb: int):
+    def __init__(self, kafka: KafkaSettings, workdir: Path, store: str, layout: str, memory_mb: int):
         self.port = free_port()
-        self.log = workdir / f"{store}.log"
-        self.data_dir = workdir / store
+        self.log = workdir / f"{store}-{layout}.log"
+        self.data_dir = workdir / f"{store}-{layout}"
         self.cmd = [sys.executable, "-m", "agentstream.streams", "worker", "--bootstrap-servers", kafka.bootstrap_servers,
-                    "--topic-prefix", kafka.topic_prefix, "--app-id", f"state-{store}", "--web-port", str(self.port),
-                    "--data-dir", str(self.data_dir), "--store", store, "--state-memory-mb", str(memory_mb),
-                    "--settle-s", "1", "--log-level", "warning"]
+                    "--topic-prefix", kafka.topic_prefix, "--app-id", f"state-{store}-{layout}",
+                    "--web-port", str(self.port), "--data-dir", str(self.data_dir), "--store", store,
+                    "--session-calls", layout, "--state-memory-mb", str(memory_mb), "--settle-s", "1",
+                    "--log-level", "warning"]
         self.process: subprocess.Popen | None = None
 
     @property
@@ -137,10 +148,11 @@ class Worker:
         return sum(path.stat().st_size for path in self.data_dir.rglob("*") if path.is_file())
 
 
-def settled_all(count: int):
+def settled_all(count: int, revisions: int):
     def check(view: dict) -> bool:
         state, counts = view["state"], view["assembly"]
-        return (counts.get("sessions", 0) >= count and state["unwritten_changes"] == 0
+        return (counts.get("sessions", 0) >= count and counts.get("revisions", 0) >= revisions
+                and state["unwritten_changes"] == 0
                 and state.get("held_changes", 0) == 0)
     return check
 
@@ -149,11 +161,12 @@ def recovered(view: dict) -> bool:
     return view["state"]["recoveries"] > 0 and bool(view["assembly"]["partitions"])
 
 
-def measure(kafka: KafkaSettings, workdir: Path, store: str, count: int, memory_mb: int) -> dict:
-    worker = Worker(kafka, workdir, store, memory_mb)
+def measure(kafka: KafkaSettings, workdir: Path, store: str, layout: str, count: int, revisions: int,
+            memory_mb: int) -> dict:
+    worker = Worker(kafka, workdir, store, layout, memory_mb)
     began = worker.start()
     try:
-        worker.until(settled_all(count), timeout=1800, what=f"{count} sessions settled ({store})")
+        read = worker.until(settled_all(count, revisions), timeout=1800, what=f"{count} sessions settled ({store})")
         read_s = time.monotonic() - began
         holding = worker.memory()
         worker.kill()
@@ -161,7 +174,8 @@ def measure(kafka: KafkaSettings, workdir: Path, store: str, count: int, memory_
         view = worker.until(recovered, timeout=1800, what=f"the table recovered ({store})")
         recovery_s = time.monotonic() - began
         after = worker.memory()
-        return {"read_s": read_s, "rss_holding": holding["rss"], "peak_holding": holding["peak"],
+        return {"read_s": read_s, "calls_read_back": read["state"]["calls_read_back"],
+                "rss_holding": holding["rss"], "peak_holding": holding["peak"],
                 "recovery_s": recovery_s, "rss_recovered": after["rss"], "peak_recovering": after["peak"],
                 "restored_records": view["state"].get("restored_records"), "disk_bytes": worker.disk_bytes(),
                 "state_memory_bytes": view["state"].get("memory_bytes")}
@@ -174,39 +188,55 @@ def main() -> None:
     parser.add_argument("--days", type=int, nargs="+", default=[1, 3, 10, 30])
     parser.add_argument("--sessions-per-day", type=int, default=100)
     parser.add_argument("--call-kb", type=int, default=8)
+    parser.add_argument("--late-every", type=int, default=10, help="every N-th session gets feedback after it "
+                        "settled (a revision); 0: none")
     parser.add_argument("--state-memory-mb", type=int, default=64)
     args = parser.parse_args()
     report = Report("streams_state", details={**vars(args), "runs": {}})
-    mb = 1024 * 1024
     with tempfile.TemporaryDirectory() as folder, kafka_broker(Path(folder) / "kafka") as (bootstrap, _):
         for days in args.days:
             kafka = asyncio.run(fresh_topics(bootstrap))
-            events = sessions(days, args.sessions_per_day, args.call_kb)
+            events = sessions(days, args.sessions_per_day, args.call_kb, args.late_every)
             with console.status(f"{days} days: publishing {len(events):,} events…"):
                 size = asyncio.run(publish(kafka, events))
             count = days * args.sessions_per_day
+            revisions = -(-count // args.late_every) if args.late_every else 0
             runs = {}
             for store in STORES:
-                workdir = Path(folder) / f"{days}d"
-                workdir.mkdir(exist_ok=True)
-                with console.status(f"{days} days: the {store} store's worker…"):
-                    runs[store] = measure(kafka, workdir, store, count, args.state_memory_mb)
-                console.print(f"{days} days, {store}: {runs[store]}")
+                for layout in LAYOUTS:
+                    workdir = Path(folder) / f"{days}d"
+                    workdir.mkdir(exist_ok=True)
+                    name = f"{store}/{layout}"
+                    with console.status(f"{days} days: the {name} worker…"):
+                        runs[name] = measure(kafka, workdir, store, layout, count, revisions, args.state_memory_mb)
+                    console.print(f"{days} days, {name}: {runs[name]}")
             report.details["runs"][days] = {"events": len(events), "log_bytes": size, **runs}
-            memory, disk = runs["memory"], runs["rocksdb"]
-            report.add(f"{days} d ({count:,} sessions, {size / mb:,.0f} MiB of events): RSS holding them, "
-                       "memory → rocksdb (ratio: memory / rocksdb)",
-                       f"{memory['rss_holding'] / mb:,.0f} → {disk['rss_holding'] / mb:,.0f} MiB",
-                       memory["rss_holding"] / disk["rss_holding"])
-            report.add(f"{days} d: recovery after kill -9 (spawn → table recovered), memory → rocksdb",
-                       f"{memory['recovery_s']:.1f} → {disk['recovery_s']:.1f} s",
-                       memory["recovery_s"] / disk["recovery_s"])
-            report.add(f"{days} d: peak RSS recovering, memory → rocksdb; changelog records read",
-                       f"{memory['peak_recovering'] / mb:,.0f} → {disk['peak_recovering'] / mb:,.0f} MiB; "
-                       f"all → {disk['restored_records']}", memory["peak_recovering"] / disk["peak_recovering"])
-            report.add(f"{days} d: rocksdb on disk; its databases' memory (budget {args.state_memory_mb} MiB)",
-                       f"{disk['disk_bytes'] / mb:,.0f} MiB; {(disk['state_memory_bytes'] or 0) / mb:,.1f} MiB")
-    report.print("ratio: memory store / rocksdb store, same run")
+            add_figures(report, days, count, size, runs)
+    report.print("ratio: the first figure / the second, same run (whole: calls kept in the state, the old layout)")
+
+
+def add_figures(report: Report, days: int, count: int, size: int, runs: dict[str, dict]) -> None:
+    mb = 1024 * 1024
+    old, new = runs["memory/whole"], runs["rocksdb/offsets"]
+    report.add(f"{days} d ({count:,} sessions, {size / mb:,.0f} MiB of events): recovery after kill -9 (spawn → "
+               "table recovered), memory/whole → rocksdb/offsets", f"{old['recovery_s']:.1f} → "
+               f"{new['recovery_s']:.1f} s", old["recovery_s"] / new["recovery_s"])
+    for store in STORES:
+        whole, offsets = runs[f"{store}/whole"], runs[f"{store}/offsets"]
+        report.add(f"{days} d, {store}: RSS after the restart, whole → offsets",
+                   f"{whole['rss_recovered'] / mb:,.0f} → {offsets['rss_recovered'] / mb:,.0f} MiB",
+                   whole["rss_recovered"] / offsets["rss_recovered"])
+        report.add(f"{days} d, {store}: peak RSS recovering, whole → offsets",
+                   f"{whole['peak_recovering'] / mb:,.0f} → {offsets['peak_recovering'] / mb:,.0f} MiB",
+                   whole["peak_recovering"] / offsets["peak_recovering"])
+        report.add(f"{days} d, {store}: reading the log (spawn → every session settled), whole → offsets; calls "
+                   "read back", f"{whole['read_s']:.1f} → {offsets['read_s']:.1f} s; {offsets['calls_read_back']}",
+                   whole["read_s"] / offsets["read_s"])
+    whole, offsets = runs["rocksdb/whole"], runs["rocksdb/offsets"]
+    report.add(f"{days} d, rocksdb: on disk, whole → offsets", f"{whole['disk_bytes'] / mb:,.1f} → "
+               f"{offsets['disk_bytes'] / mb:,.1f} MiB", whole["disk_bytes"] / max(1, offsets["disk_bytes"]))
+    report.add(f"{days} d, rocksdb/offsets: RSS after the restart, of it the databases' memory (the budget's)",
+               f"{offsets['rss_recovered'] / mb:,.0f} MiB, {(offsets['state_memory_bytes'] or 0) / mb:,.1f} MiB")
 
 
 if __name__ == "__main__":

@@ -167,7 +167,7 @@ class Assembly:
         """Rebuild the due index from `rollouts` (after a worker restored or took over a table)."""
         self._due_at.clear()
         self._queue.clear()
-        for rollout_id, state in list(self.rollouts.items()):
+        for rollout_id, state in self.rollouts.items():  # (one state decoded at a time, not all of them at once)
             self._index(rollout_id, state)
 
     def _index(self, rollout_id: str, state: dict[str, Any]) -> None:

@@ -74,6 +74,9 @@ class StreamsSettings(KafkaSettings):
                                  "blocks are charged to)")
     standby_replicas: int = Field(1, ge=0, description="other workers that keep a copy of each partition's table "
                                   "up to date, so the one a rebalance moves it to does not rebuild it from zero")
+    standby_batch: int = Field(1000, ge=1, description="changelog records a standby copy takes before it writes "
+                               "them to its database (Faust's standby buffer): a takeover reads at most this many "
+                               "per partition again")
     source: str = Field("streams", description="the `source` of the events this worker writes")
     log_level: str = Field("info", description="debug, info, warning or error")
 

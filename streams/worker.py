@@ -84,7 +84,8 @@ class AssemblyWorker(faust.Service):
         # one table, so that a partition's state, its events and its positions share one ordered changelog
         budget = Budget(settings.state_memory_mb) if settings.store == "rocksdb" else None
         self.table = registered(app, StateTable(app, name="assembly", partitions=partitions,
-                                                on_recover=self.recovered, budget=budget))
+                                                on_recover=self.recovered, budget=budget,
+                                                standby_buffer_size=settings.standby_batch))
         self.rollouts = Staged(self.table, "r:")
         self.events = Staged(self.table, "e:", bytes.decode, str.encode)
         self.positions = Staged(self.table, "p:")

@@ -104,3 +104,63 @@ async def test_late_feedback_whose_calls_the_log_no_longer_holds_is_deadlettered
         assert "feedback on a conversation whose calls are gone makes no revision" in worker.log.read_text()
     finally:
         await admin.close()
+
+
+BATCH = 10
+"""--standby-batch of the standby test: what a standby copy takes before writing to its database"""
+
+
+def counted(worker: StreamsWorker) -> tuple[set[int], dict[int, int], dict[int, int], int]:
+    """(its active partitions, the changelog offset its databases hold per active partition, the changelog
+    records it applied per partition (recovery and standby copies), their sum)."""
+    view = worker.analytics()
+    assert view is not None
+    state = view["state"]
+    return (set(view["assembly"]["partitions"]), {int(p): o for p, o in state["changelog_offsets"].items()},
+            {int(p): n for p, n in state["restored_by_partition"].items()}, state["restored_records"])
+
+
+async def test_a_partition_moves_onto_its_standby_which_reads_only_the_changelog_tail(kafka, worker_factory):
+    """Two workers with the disk store and a standby replica each: each keeps the other's partitions' tables up
+    to date. One is killed -9 with attempts open; the other takes its partitions over from its standby copies,
+    reading only what the changelog got since (not the partitions' whole changelog), and every attempt still
+    gives exactly one trajectory."""
+    one, two = (worker_factory(name, *DISK, "--standby-replicas", "1", "--standby-batch", str(BATCH)).start()
+                for name in ("one", "two"))
+
+    def split() -> bool:
+        mine, theirs = counted(one)[0], counted(two)[0]
+        return bool(mine) and bool(theirs) and not mine & theirs and mine | theirs == set(range(kafka.partitions))
+
+    wait_for(split, timeout=90, what="the two workers to split the partitions")
+    before = [live(Rollout(f"r-standby-{i}")) for i in range(40)]
+    open_ones = [live(Rollout(f"r-standby-open-{i}")) for i in range(20)]
+    halves = [rollout.two_turns() for rollout in open_ones]
+    async with TopicWatch(kafka, "trajectories") as watch:
+        await publish(kafka, [event for rollout in before for event in rollout.two_turns()])
+        await publish(kafka, [event for events in halves for event in events[:2]])  # queued and a call: open
+        await watch.until(lambda seen: len(trajectories_by_rollout(seen)) == len(before), timeout=120,
+                          what="the first rollouts' trajectories")
+        moving, held, _, _ = counted(one)
+
+        def copied() -> bool:  # the standby's databases hold what the first one's do, but for its last batch
+            copies = counted(two)[2]
+            return quiet(one) and quiet(two) and all(copies.get(p, 0) > held[p] - BATCH for p in moving)
+
+        wait_for(copied, timeout=60, what="the standby copies of the first worker's partitions")
+        _, held, _, _ = counted(one)
+        _, _, copies, applied = counted(two)
+        one.kill()
+        await publish(kafka, [event for events in halves for event in events[2:]])  # their ends, on the open ones
+        ids = {rollout.rollout_id for rollout in before + open_ones}
+        await watch.until(lambda seen: set(trajectories_by_rollout(seen)) == ids, timeout=120,
+                          what="every rollout's trajectory, after the first worker was killed")
+        assert_once_each(watch.events, ids)
+    partitions, offsets, _, now_applied = counted(two)
+    assert partitions == set(range(kafka.partitions))
+    assert all(offsets[p] > held[p] for p in moving)  # it wrote on from where the killed one's state ended
+    # what it applied at the takeover: its standby's last batch not written yet, and the changelog's tail from
+    # where its databases were (at most a batch per partition), not the moved partitions' whole changelog
+    whole = sum(held[p] + 1 for p in moving)
+    read = now_applied - applied
+    assert whole > 100 and read <= len(moving) * (2 * BATCH + 1) < whole / 2, (read, whole, copies, held)
