@@ -100,7 +100,7 @@ async def retention_ms(settings: KafkaSettings) -> int | None:
     try:
         await admin.start()
         (response,) = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, settings.topics.calls)])
-    except KafkaError:
+    except (KafkaError, OSError, TimeoutError):
         return None
     finally:
         await admin.close()

@@ -124,7 +124,10 @@ class AssemblyWorker(faust.Service):
         self.recoveries = 0
         """times the table was recovered (at the start, and after each rebalance)"""
 
-    async def on_start(self) -> None:
+    @faust.Service.task
+    async def _check_calls_retention(self) -> None:
+        """Warn when the calls topic forgets calls before the settled conversations that refer to them (beside the
+        worker's start, not in its way: a slow broker delays nothing)."""
         self.calls_retention_ms = found = await retention_ms(self.settings)
         referred = self.settings.session_calls == "offsets"
         if referred and found is not None and 0 <= found < self.settings.timing.session_retention_ms:
@@ -327,19 +330,20 @@ class AssemblyWorker(faust.Service):
         while due:
             settled: list[Settled] = []
             late: list[tuple[bytes, str]] = []
+            released: dict[str, int] = {}
             for partition, rollout_ids in due.items():
-                now = marks[partition]
                 self._point_at(partition)
                 for rollout_id in rollout_ids:
                     try:
-                        late += self.assembly.release(rollout_id, now)
-                        if refs := self.assembly.wanted(rollout_id, now):  # a revision's calls, from the log
-                            self.assembly.recalled.update(await self.calls_log.read(refs))
-                        settled.append(self.assembly.settle(rollout_id, now))
-                    except (TimeoutError, KafkaError):  # the calls not read back: tried again at the next tick
-                        log.warning("reading back the calls of rollout %s failed", rollout_id, exc_info=True)
+                        late += self.assembly.release(rollout_id, marks[partition])
+                        released[rollout_id] = partition
                     except Exception:  # a bug: the attempt stays due and is tried again
-                        log.exception("settling rollout %s failed", rollout_id)
+                        log.exception("releasing the held events of rollout %s failed", rollout_id)
+            for rollout_id in await self._read_back(released, marks):
+                try:
+                    settled.append(self.assembly.settle(rollout_id, marks[released[rollout_id]]))
+                except Exception:  # a bug: the attempt stays due and is tried again
+                    log.exception("settling rollout %s failed", rollout_id)
             if late:  # acknowledged before any state without them is written
                 await asyncio.gather(*[await self.publish("deadletter", self._late_deadletter(raw_event, reason))
                                        for raw_event, reason in late])
@@ -352,6 +356,20 @@ class AssemblyWorker(faust.Service):
                 partition = self.rollouts_partition(one.rollout_id)
                 if self.assembly.releasable(one.rollout_id, marks[partition]):
                     due.setdefault(partition, []).append(one.rollout_id)
+
+    async def _read_back(self, released: dict[str, int], marks: dict[int, int]) -> list[str]:
+        """Read back from the calls topic, in one go, the calls the revisions of these rollouts are built from
+        (`Assembly.wanted`); the rollouts to settle now: all, or those that need none if the read failed (the
+        others stay due, and are tried again at the next tick)."""
+        wanted = {rollout_id: refs for rollout_id, partition in released.items()
+                  if (refs := self.assembly.wanted(rollout_id, marks[partition]))}
+        if wanted:
+            try:
+                self.assembly.recalled.update(await self.calls_log.read([r for refs in wanted.values() for r in refs]))
+            except (TimeoutError, KafkaError):
+                log.warning("reading back the calls of %d rollouts failed", len(wanted), exc_info=True)
+                return [rollout_id for rollout_id in released if rollout_id not in wanted]
+        return list(released)
 
     async def _emit(self, settled: list[Settled]) -> None:
         """Publish what settling yielded, acknowledged, before the state says the attempts are settled.
