@@ -30,7 +30,7 @@ from agentstream.dashboard.live import Live
 from agentstream.dashboard.settings import DashboardSettings
 from agentstream.schemas.api_errors import ApiError
 from agentstream.schemas.keys import is_operator_key, placeholder_secret, presented_key, secret_values
-from agentstream.schemas.releases import summary
+from agentstream.schemas.releases import ordered, summary
 from agentstream.schemas.scan import parse_time
 
 STATIC = Path(__file__).parent / "static"
@@ -124,10 +124,10 @@ Viewer = Annotated[str | None, Depends(operator)]
 
 
 def every_tenant(tenant: Viewer) -> None:
-    """The views over every tenant's traffic (overview, releases, comparisons, live events): not for a tenant."""
+    """The views over every tenant's traffic (overview, comparisons, live events): not for a tenant."""
     if tenant is not None:
-        raise ApiError(403, "a tenant's key reads its own tenant's rollouts (/api/rollouts) only: the overview, "
-                       "releases, comparisons and live events cover every tenant (an operator key's)", "key_scope")
+        raise ApiError(403, "a tenant's key reads its own tenant's rollouts, releases and export only: the overview, "
+                       "comparisons and live events cover every tenant (an operator key's)", "key_scope")
 
 
 async def session(parts: Parts) -> Response:
@@ -196,9 +196,12 @@ async def rollout(parts: Parts, tenant: Viewer, rollout_id: str, partition: Anno
     })
 
 
-async def releases(parts: Parts) -> Response:
-    """Each model's canary release, live: arms, sessions, mean reward, p-value, decision."""
-    return json_response({"releases": [summary(state) for _, state in sorted(parts.live.releases.items())]})
+async def releases(parts: Parts, tenant: Viewer) -> Response:
+    """Each model's canary release and each tenant's adapter's, live: arms, sessions, mean reward, p-value,
+    decision. A tenant's key: its own tenant's only."""
+    states = ordered(parts.live.releases)
+    return json_response({"releases": [summary(state) for state in states
+                                       if tenant is None or state.current.tenant == tenant]})
 
 
 async def compare(parts: Parts, a: int, b: int, since: str | None = "1h", until: str | None = None,
@@ -247,7 +250,7 @@ routes: list[BaseRoute] = [
     _api("/overview", overview),
     _api("/rollouts", list_rollouts, tenants=True),
     _api("/rollouts/{rollout_id}", rollout, tenants=True),
-    _api("/releases", releases),
+    _api("/releases", releases, tenants=True),
     _api("/compare", compare),
     _api("/events", events),
     APIRoute("/healthz", healthz, methods=["GET"], include_in_schema=False),
