@@ -338,7 +338,7 @@ class PoolSync:
             if state is None or state.current != event.data:
                 continue  # a decision about a canary that was replaced or decided before
             if event.data.tenant is not None:
-                self._unload_later(TenantAdapter.loser(event.data))
+                self._unload_later(TenantAdapter.loser(event.data), event.data.servers)
             elif event.data.action == "promote":
                 await self.apply(_weights_of(event.data), claim=claim)
             else:
@@ -390,7 +390,7 @@ class PoolSync:
         await self.recorder.publish(event)
         self.observe_release(event)
         if release.tenant is not None:
-            self._unload_later(TenantAdapter.loser(release))
+            self._unload_later(TenantAdapter.loser(release), release.servers)
         else:
             await self.apply(_weights_of(release), claim=claim)
 
@@ -504,9 +504,9 @@ class PoolSync:
         await self.recorder.publish(event)
         self.observe_release(event)
 
-    def _unload_later(self, adapter: TenantAdapter) -> None:
+    def _unload_later(self, adapter: TenantAdapter, servers: Iterable[str] = ()) -> None:
         """Unload `adapter` once its requests drained, without holding up the applier."""
-        task = asyncio.create_task(self._unload_when_drained(adapter))
+        task = asyncio.create_task(self._unload_when_drained(adapter, servers))
         self._unloads.add(task)
         task.add_done_callback(self._unloads.discard)
 
@@ -516,11 +516,13 @@ class PoolSync:
                           pause_ms=0.0, load_ms=load_ms, held_ms=0.0, error=error,
                           applied_by=self.settings.replica_id, tenant=adapter.tenant)
 
-    async def _unload_when_drained(self, adapter: TenantAdapter) -> None:
+    async def _unload_when_drained(self, adapter: TenantAdapter, servers: Iterable[str] = ()) -> None:
+        """Unload from the servers this replica knows hold it, and from `servers` (a canary's, as its release
+        names them: this replica may have started after they loaded it)."""
         if not await self.pool.adapters.drain(adapter, self.settings.drain_timeout_s):
             log.warning("requests still on a replaced adapter after the drain timeout: unloading it anyway (the "
                         "server finishes them)", extra=fields(adapter=adapter.name))
-        for url in self.pool.adapters.holders(adapter):
+        for url in dict.fromkeys([*self.pool.adapters.holders(adapter), *servers]):
             await self.pool.adapters.unload(url, adapter)
 
     async def _served_version(self, server: Upstream) -> int | None:
