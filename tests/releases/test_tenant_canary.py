@@ -81,7 +81,7 @@ async def test_each_tenants_canary_is_decided_on_its_own_sessions_only(kafka, ju
     started_at = now_ms() - 1000
     async with TopicWatch(kafka, "releases") as watch:
         await publish(kafka, [canary_of("agent-a", started_at), canary_of("agent-b", started_at),
-                              canary_of("agent-c", started_at)])
+                              canary_of("agent-c", started_at), canary_of(None, started_at)])
         await publish(kafka, [
             # agent-a's users rate its canary far higher
             *sessions("agent-a", {STABLE: spread(0.2, 6), CANARY: spread(0.8, 6)}),
@@ -89,13 +89,13 @@ async def test_each_tenants_canary_is_decided_on_its_own_sessions_only(kafka, ju
             *sessions("agent-b", {STABLE: spread(0.5, 6), CANARY: spread(0.5, 6)}),
             # agent-c's rate its canary far lower
             *sessions("agent-c", {STABLE: spread(0.8, 6), CANARY: spread(0.2, 6)}),
-            # the base model's sessions (no tenant) and a fourth tenant without a canary, on versions 1 and 2 too:
-            # if they counted for agent-b, its canary would be promoted
+            # the base model's sessions (no tenant; its own canary of version 2) and a fourth tenant's without a
+            # canary, on versions 1 and 2 too: if they counted for agent-b, its canary would be promoted
             *sessions(None, {STABLE: spread(0.0, 12), CANARY: spread(0.9, 12)}),
             *sessions("agent-d", {STABLE: spread(0.0, 12), CANARY: spread(0.9, 12)}),
         ])
         judge()
-        await watch.until(lambda _: decisions(watch, "agent-a") and decisions(watch, "agent-c")
+        await watch.until(lambda _: decisions(watch, "agent-a") and decisions(watch, "agent-c") and decisions(watch, None)
                           and [m for m in measured(watch, "agent-b") if m.arms[1].sessions == 6],
                           timeout=120, what="agent-a's and agent-c's decisions, agent-b's measure of every session")
 
@@ -111,11 +111,14 @@ async def test_each_tenants_canary_is_decided_on_its_own_sessions_only(kafka, ju
     assert not decisions(watch, "agent-b")
     assert [(arm.sessions, round(arm.mean_reward, 6)) for arm in measured(watch, "agent-b")[-1].arms] == [
         (6, 0.6), (6, 0.6)]
-    # no release of the base model or of agent-d was made up from their traffic
-    assert {event.data.tenant for event in watch.of_type("release")} == {"agent-a", "agent-b", "agent-c"}
+    # the base's canary: its own sessions alone (the tenants' adapters at versions 1 and 2 are not the base's)
+    [base] = decisions(watch, None)
+    assert base.action == "promote" and [arm.sessions for arm in base.arms] == [12, 12]
+    # no release of agent-d was made up from its traffic
+    assert {event.data.tenant for event in watch.of_type("release")} == {None, "agent-a", "agent-b", "agent-c"}
     # a decision's id is the one any publisher of it derives (the event names the tenant)
     ids = {event.id for event in watch.of_type("release") if event.data.action == "promote"}
-    assert ids == {decision_id(promoted)}
+    assert ids == {decision_id(promoted), decision_id(base)} and len(ids) == 2
 
 
 async def test_a_restart_of_the_decision_service_mid_way_decides_the_same(kafka, judge):
