@@ -9,6 +9,7 @@ One table of routes; each endpoint reads the process's parts (`Dashboard`) from 
 from __future__ import annotations
 
 import asyncio
+import io
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import orjson
+import polars as pl
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, Response, StreamingResponse
@@ -28,9 +30,10 @@ from agentstream.dashboard import overview as overview_
 from agentstream.dashboard import rollouts as rollouts_
 from agentstream.dashboard.live import Live
 from agentstream.dashboard.settings import DashboardSettings
+from agentstream.logs.remote import NEXT_CURSOR
 from agentstream.schemas.api_errors import ApiError
 from agentstream.schemas.keys import is_operator_key, placeholder_secret, presented_key, secret_values
-from agentstream.schemas.releases import summary
+from agentstream.schemas.releases import ordered, summary
 from agentstream.schemas.scan import parse_time
 
 STATIC = Path(__file__).parent / "static"
@@ -124,10 +127,10 @@ Viewer = Annotated[str | None, Depends(operator)]
 
 
 def every_tenant(tenant: Viewer) -> None:
-    """The views over every tenant's traffic (overview, releases, comparisons, live events): not for a tenant."""
+    """The views over every tenant's traffic (overview, comparisons, live events): not for a tenant."""
     if tenant is not None:
-        raise ApiError(403, "a tenant's key reads its own tenant's rollouts (/api/rollouts) only: the overview, "
-                       "releases, comparisons and live events cover every tenant (an operator key's)", "key_scope")
+        raise ApiError(403, "a tenant's key reads its own tenant's rollouts, releases and export only: the overview, "
+                       "comparisons and live events cover every tenant (an operator key's)", "key_scope")
 
 
 async def session(parts: Parts) -> Response:
@@ -171,6 +174,45 @@ async def list_rollouts(
                           "complete": page.complete, "took_ms": round((time.perf_counter() - started) * 1000, 1)})
 
 
+EXPORT_TYPES = {"jsonl": "application/x-ndjson", "parquet": "application/vnd.apache.parquet"}
+
+
+async def export(
+    parts: Parts,
+    tenant: Viewer,
+    format: Literal["jsonl", "parquet"] = "jsonl",
+    of_tenant: Annotated[str | None, Query(alias="tenant", description="an operator's choice of one tenant")] = None,
+    where: Annotated[str | None, Query(description="a SQL condition over the trajectories' columns")] = None,
+    since: str | None = None,
+    until: str | None = None,
+    limit: Annotated[int, Query(ge=1)] = 100,
+    cursor: str | None = None,
+) -> Response:
+    """A page of whole trajectories (the `trajectories` table of `agentstream sql`, every column), newest first, as
+    JSON lines or Parquet; the next page's cursor in a header. A tenant's key: its own tenant's rows only, filtered
+    before `where` sees any (`agentstream sql --dashboard` and `agentstream export` read this)."""
+    settings = parts.settings
+    if tenant is not None and of_tenant not in (None, tenant):
+        raise ApiError(403, "a tenant's key exports its own tenant's trajectories only (leave out tenant=)",
+                       "key_scope")
+    if limit > settings.page_size_max:
+        raise ApiError(400, f"limit: at most {settings.page_size_max} rows a page", "invalid_limit")
+    filters = rollouts_.Filters(where=(where or "").strip() or None, tenant=tenant or of_tenant)
+    page = await rollouts_.search(settings, filters, _time(since, "since"), _time(until, "until"), limit,
+                                  rollouts_.Cursor.parse(cursor) if cursor else None, columns=None)
+    headers = {"x-agentstream-rows": str(page.frame.height), "x-agentstream-complete": str(page.complete).lower(),
+               **({NEXT_CURSOR: page.next_cursor} if page.next_cursor else {})}
+    return Response(_export_body(page.frame, format), headers=headers, media_type=EXPORT_TYPES[format])
+
+
+def _export_body(frame: pl.DataFrame, format: Literal["jsonl", "parquet"]) -> bytes:
+    if format == "jsonl":
+        return frame.write_ndjson().encode() if frame.height else b""
+    buffer = io.BytesIO()
+    frame.write_parquet(buffer, compression="zstd")
+    return buffer.getvalue()
+
+
 async def rollout(parts: Parts, tenant: Viewer, rollout_id: str, partition: Annotated[int | None, Query(ge=0)] = None,
                   offset: Annotated[int | None, Query(ge=0)] = None, attempt: str | None = None) -> Response:
     settings, live = parts.settings, parts.live
@@ -196,9 +238,12 @@ async def rollout(parts: Parts, tenant: Viewer, rollout_id: str, partition: Anno
     })
 
 
-async def releases(parts: Parts) -> Response:
-    """Each model's canary release, live: arms, sessions, mean reward, p-value, decision."""
-    return json_response({"releases": [summary(state) for _, state in sorted(parts.live.releases.items())]})
+async def releases(parts: Parts, tenant: Viewer) -> Response:
+    """Each model's canary release and each tenant's adapter's, live: arms, sessions, mean reward, p-value,
+    decision. A tenant's key: its own tenant's only."""
+    states = ordered(parts.live.releases)
+    return json_response({"releases": [summary(state) for state in states
+                                       if tenant is None or state.current.tenant == tenant]})
 
 
 async def compare(parts: Parts, a: int, b: int, since: str | None = "1h", until: str | None = None,
@@ -247,7 +292,8 @@ routes: list[BaseRoute] = [
     _api("/overview", overview),
     _api("/rollouts", list_rollouts, tenants=True),
     _api("/rollouts/{rollout_id}", rollout, tenants=True),
-    _api("/releases", releases),
+    _api("/releases", releases, tenants=True),
+    _api("/export", export, tenants=True),
     _api("/compare", compare),
     _api("/events", events),
     APIRoute("/healthz", healthz, methods=["GET"], include_in_schema=False),

@@ -29,7 +29,7 @@ from agentstream.schemas.events import (
     WeightsEvent,
 )
 from agentstream.schemas.kafka import KafkaSettings, make_consumer, partitions_of
-from agentstream.schemas.releases import ReleaseState, fold
+from agentstream.schemas.releases import ReleaseKey, ReleaseState, fold
 from agentstream.schemas.scan import Bounds, Record, resolve, scan
 
 log = logging.getLogger("dashboard.live")
@@ -47,8 +47,8 @@ class Live:
         self.versions: dict[int, dict[str, Any]] = {}
         self.seconds: deque[tuple[int, dict[str, int]]] = deque(maxlen=RATE_WINDOW_S + 1)
         self.ready = asyncio.Event()
-        self.releases: dict[str, ReleaseState] = {}
-        """model -> its canary release, folded from the `releases` topic (history, then live)"""
+        self.releases: dict[ReleaseKey, ReleaseState] = {}
+        """(model, tenant) -> its canary release, folded from the `releases` topic (history, then live)"""
         self.error: str | None = None
         self._task: asyncio.Task[None] | None = None
 

@@ -134,6 +134,8 @@ class Page:
     scanned: int
     complete: bool = field(default=True)
     """False when the scan budget ran out before a page of matches was found"""
+    frame: pl.DataFrame = field(default_factory=pl.DataFrame)
+    """the rows as read (the export's Parquet keeps their types)"""
 
 
 ORDER = ["kafka_timestamp", "kafka_partition", "kafka_offset"]
@@ -141,7 +143,9 @@ ORDER = ["kafka_timestamp", "kafka_partition", "kafka_offset"]
 
 async def search(settings: KafkaSettings, filters: Filters, since_ms: int | None, until_ms: int | None,
                  limit: int, cursor: Cursor | None = None, budget: int = 2_000_000,
-                 first_chunk: int = FIRST_CHUNK) -> Page:
+                 first_chunk: int = FIRST_CHUNK, columns: frozenset[str] | None = LIST_COLUMNS) -> Page:
+    """A page of the trajectories `filters` match, newest first, below `cursor`; `columns`: the list's (None: every
+    column of the `trajectories` table, as `agentstream sql` has it)."""
     if cursor is not None:
         until_ms = min(until_ms, cursor.timestamp + 1) if until_ms is not None else cursor.timestamp + 1
     ranges = await resolve(settings, settings.topics.trajectories, Bounds(since_ms=since_ms, until_ms=until_ms))
@@ -152,7 +156,7 @@ async def search(settings: KafkaSettings, filters: Filters, since_ms: int | None
     while True:
         starts = {p: max(first, lows[p] - chunk) for p, (first, _) in ranges.items()}
         part, _ = await load_table(settings, "trajectories", Bounds(start_offsets=starts, end_offsets=dict(lows)),
-                                   columns=LIST_COLUMNS)
+                                   columns=columns)
         scanned += part.height
         lows = starts
         if part.height:
@@ -170,12 +174,13 @@ async def search(settings: KafkaSettings, filters: Filters, since_ms: int | None
         if ready.height >= limit or not open_ or scanned >= budget:
             break
         chunk *= 4
-    rows = ready.sort(ORDER, descending=True).head(limit).to_dicts() if ready.height else []
+    frame = ready.sort(ORDER, descending=True).head(limit) if ready.height else pl.DataFrame()
+    rows = frame.to_dicts()
     more = len(rows) == limit or bool(open_)
     last = rows[-1] if rows else None
     next_cursor = str(Cursor(last["kafka_timestamp"], last["kafka_partition"], last["kafka_offset"])) \
         if last and more else None
-    return Page(rows, next_cursor, scanned, complete=len(rows) >= limit or not open_)
+    return Page(rows, next_cursor, scanned, complete=len(rows) >= limit or not open_, frame=frame)
 
 
 def _before(cursor: Cursor) -> pl.Expr:

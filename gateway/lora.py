@@ -14,7 +14,9 @@ loaded back on demand when its tenant calls again.
 
 Canaries per tenant (`canary_share` > 0): a new version of a tenant that has one serves beside the stable one
 on the same server, the session's arm picked by the keyed bucket canaries of the base use
-(`schemas.releases.in_canary`); the next version replaces the canary.
+(`schemas.releases.in_canary`). Its `release` events carry the tenant: the decision service measures it on the
+tenant's sessions alone, and its decision (`decide`) makes the canary the tenant's stable adapter or drops it;
+either way the loser is unloaded once drained (`gateway/pool_sync.py`). A newer version replaces the canary.
 """
 
 from __future__ import annotations
@@ -30,17 +32,12 @@ import aiohttp
 
 from agentstream.gateway.errors import ErrorCode, UpstreamFailed
 from agentstream.gateway.logs import fields
-from agentstream.schemas.events import Weights
-from agentstream.schemas.releases import BUCKETS, in_canary
+from agentstream.schemas.events import Release, Weights
+from agentstream.schemas.releases import BUCKETS, adapter_name, in_canary
 
 log = logging.getLogger("gateway.lora")
 
 LOAD_TIMEOUT = aiohttp.ClientTimeout(total=60.0)
-
-
-def adapter_name(tenant: str, version: int) -> str:
-    """The model name a tenant's adapter is served and recorded as."""
-    return f"{tenant}@{version}"
 
 
 @dataclass(frozen=True)
@@ -64,6 +61,15 @@ class TenantAdapter:
     def of(cls, weights: Weights) -> TenantAdapter:
         assert weights.tenant is not None
         return cls(weights.model, weights.tenant, weights.version, weights.uri)
+
+    @classmethod
+    def loser(cls, release: Release) -> TenantAdapter:
+        """The adapter a tenant's canary decision leaves unused: the old stable one after a promotion, else the
+        canary."""
+        assert release.tenant is not None
+        if release.action == "promote":
+            return cls(release.model, release.tenant, release.stable_version, release.stable_uri)
+        return cls(release.model, release.tenant, release.version, release.uri)
 
 
 @dataclass
@@ -93,6 +99,9 @@ class Adapters:
         self.published_uris: dict[tuple[str, str, int], str] = {}
         """(model, tenant, version) -> the folder its `weights` event named, until a server loaded it"""
         self._loading: dict[tuple[str, str], asyncio.Task[float]] = {}
+        self.decided: dict[tuple[str, str, int], str] = {}
+        """(model, tenant, version) -> `promote` or `rollback`: its canary's decision, kept for a version whose
+        `weights` event is folded after the decision (the two topics' histories are read in no set order)"""
 
     # --- which adapter ------------------------------------------------------------------------
 
@@ -110,15 +119,33 @@ class Adapters:
         canary beside it. Returns the adapter it replaced, whose requests drain before it is unloaded."""
         key = (adapter.model, adapter.tenant)
         state = self.tenants.get(key)
+        decided = self.decided.get((*key, adapter.version))
+        if decided == "rollback":
+            return None  # a canary rolled back already: never served again
         if state is None:
             self.tenants[key] = TenantState(adapter)
             return None
         if adapter.version <= max(state.stable.version, state.canary.version if state.canary else 0):
             return None  # an old or repeated version
-        if self.share_bp > 0:
+        if self.share_bp > 0 and decided is None:
             replaced, state.canary, state.share_bp = state.canary, adapter, self.share_bp
             return replaced
         replaced, state.stable, state.canary = state.stable, adapter, None
+        return replaced
+
+    def decide(self, release: Release) -> TenantAdapter | None:
+        """A tenant's canary decided: promoted, it serves every session of the tenant; rolled back, none. Returns
+        the adapter no session goes to any more (None if this canary does not serve here, or was decided)."""
+        assert release.tenant is not None and release.action in ("promote", "rollback")
+        key = (release.model, release.tenant)
+        self.decided[(*key, release.version)] = release.action
+        state = self.tenants.get(key)
+        if state is None or state.canary is None or state.canary.version != release.version:
+            return None
+        replaced = state.stable if release.action == "promote" else state.canary
+        if release.action == "promote":
+            state.stable = state.canary
+        state.canary = None
         return replaced
 
     # --- where ---------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from agentstream.gateway.logs import fields
 from agentstream.gateway.lora import Adapters, TenantAdapter
 from agentstream.gateway.metrics import Metrics
 from agentstream.gateway.releases import arm_first
-from agentstream.schemas.releases import ReleaseState
+from agentstream.schemas.releases import ReleaseKey, ReleaseState
 
 log = logging.getLogger("gateway.pool")
 
@@ -132,8 +132,8 @@ class Pool:
         self.hold_max_s = hold_max_s
         self.holds: dict[str, Hold] = {}
         self._in_flight: Counter[str] = Counter()
-        self.releases: dict[str, ReleaseState] = {}
-        """model -> its release (canary) state, as pool sync folds it from the `releases` topic"""
+        self.releases: dict[ReleaseKey, ReleaseState] = {}
+        """(model, tenant) -> its release (canary) state, as pool sync folds it from the `releases` topic"""
         self.adapters = Adapters(http, self.in_flight, max_resident=max_resident_adapters, canary_share=canary_share,
                                  arm_key=arm_key)
         """the tenants' LoRA adapters: which serves each tenant, which each server holds"""
@@ -156,7 +156,7 @@ class Pool:
             servers.sort(key=lambda upstream: _score(key, upstream.url), reverse=True)
         else:
             servers.sort(key=lambda upstream: upstream.in_flight)
-        servers = arm_first(self.releases.get(model), sticky_key, servers, self.arm_key)
+        servers = arm_first(self.releases.get((model, None)), sticky_key, servers, self.arm_key)
         if adapter:
             servers.sort(key=lambda upstream: not self.adapters.holds(upstream.url, adapter))
         servers.sort(key=lambda upstream: not upstream.healthy)

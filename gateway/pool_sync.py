@@ -28,6 +28,12 @@ service or a human publishes `promote` (the applier loads it on every server) or
 loads the stable checkpoint on the canary's servers again). Every replica folds the `releases`
 topic from its beginning (`schemas.releases`), so each routes a session to the same arm
 (`gateway/releases.py`), before and after a restart.
+
+A tenant's canary (`gateway/lora.py`) is its new adapter beside its stable one on the same servers: the applier
+publishes its `canary` release event (with the tenant) once a server loaded it. Its decision moves every
+replica's routing of that tenant alone (no hold, no pause, no other tenant's or the base's state touched), and the
+applier unloads the adapter it left unused (the old stable after a promotion, the canary after a rollback) once
+its requests drained. A newer version replaces a running canary, promoted first if it led (`successor`).
 """
 
 from __future__ import annotations
@@ -58,7 +64,7 @@ from agentstream.schemas.errors import ServiceError
 from agentstream.schemas.events import Event, PoolUpdate, PoolUpdateEvent, Release, ReleaseEvent, Weights, WeightsEvent
 from agentstream.schemas.ids import derived_id, now_ms
 from agentstream.schemas.kafka import deadletter_event, make_consumer, partitions_of
-from agentstream.schemas.releases import BUCKETS, canary_servers, fold, stable_of, successor
+from agentstream.schemas.releases import BUCKETS, canary_servers, decision_id, fold, key_of, stable_of, successor
 from agentstream.schemas.scan import resolve
 
 log = logging.getLogger("gateway.pool_sync")
@@ -188,9 +194,12 @@ class PoolSync:
         requests until its servers serve the version (a rollback needs no hold: routing avoids the canary's
         servers until they serve the stable version again)."""
         state = fold(self.pool.releases, event)
+        release = event.data
+        if state is not None and release.tenant is not None:
+            self.observe_tenant_release(release, live)
+            return
         if state is None or not live:
             return
-        release = event.data
         if release.action == "canary":
             log.info("canary started", extra=fields(model=release.model, version=release.version,
                                                    share_bp=release.share_bp, servers=release.servers))
@@ -200,6 +209,16 @@ class PoolSync:
                                                           decided_by=release.decided_by, reason=release.reason))
             if release.action == "promote":
                 self.pool.hold(release.model, release.version, [server.url for server in self.pool.servers(release.model)])
+
+    def observe_tenant_release(self, release: Release, live: bool) -> None:
+        """A tenant's canary started (its adapter serves from its `pool` event) or was decided: the tenant's
+        sessions go to the winner from now on (from the history too: routing is the fold of both topics)."""
+        if release.action in ("promote", "rollback"):
+            self.pool.adapters.decide(release)
+        if live and release.action != "measure":
+            log.info(f"tenant canary {release.action}", extra=fields(
+                model=release.model, tenant=release.tenant, version=release.version,
+                decided_by=release.decided_by, reason=release.reason))
 
     def observe_adapter(self, weights: Weights, live: bool) -> None:
         """A tenant's new adapter: from the history it serves at once (loaded on demand where a call needs it);
@@ -222,7 +241,7 @@ class PoolSync:
 
     def _rolled_back(self, update: PoolUpdate) -> None:
         """A canary server loaded the stable weights again: it serves that (lower) version now."""
-        state = self.pool.releases.get(update.model)
+        state = self.pool.releases.get((update.model, None))
         upstream = self.pool.upstreams.get(update.server)
         if (state is not None and upstream is not None and update.status == "ok" and state.current.action == "rollback"
                 and update.version == state.current.stable_version and update.server in state.current.servers):
@@ -315,10 +334,12 @@ class PoolSync:
             if not isinstance(event, ReleaseEvent) or event.data.action not in ("promote", "rollback"):
                 continue
             self.observe_release(event, live=False)  # this replica's follower may not have seen it yet
-            state = self.pool.releases.get(event.data.model)
+            state = self.pool.releases.get(key_of(event.data))
             if state is None or state.current != event.data:
                 continue  # a decision about a canary that was replaced or decided before
-            if event.data.action == "promote":
+            if event.data.tenant is not None:
+                self._unload_later(TenantAdapter.loser(event.data), event.data.servers)
+            elif event.data.action == "promote":
                 await self.apply(_weights_of(event.data), claim=claim)
             else:
                 await self.roll_back(event.data, claim)
@@ -328,7 +349,7 @@ class PoolSync:
         weights = event.data
         servers = self.pool.servers(weights.model)
         chosen = canary_servers([server.url for server in servers], self.settings.canary_servers)
-        state = self.pool.releases.get(weights.model)
+        state = self.pool.releases.get((weights.model, None))
         if state is not None and state.current.version == weights.version:  # delivered again after its start
             if state.active:
                 await self.apply(event, [server for server in servers if server.url in state.current.servers], claim)
@@ -338,7 +359,7 @@ class PoolSync:
         if (state is not None and weights.version > state.current.version
                 and (promotion := successor(state)) is not None):  # it replaces a canary that led
             await self._promote_replaced(promotion, claim)
-            state = self.pool.releases.get(weights.model)
+            state = self.pool.releases.get((weights.model, None))
         stable = stable_of(state) or await self._base(weights.model, servers, chosen)
         if stable is not None and weights.version <= stable[0]:
             return  # older than what everyone is served: nothing to try
@@ -361,14 +382,17 @@ class PoolSync:
 
     async def _promote_replaced(self, release: Release, claim: Claim | None) -> None:
         """Promote a canary that a newer version replaces while it leads (`schemas.releases.successor`): every
-        server loads it, and the newer canary is measured against it. The id is the rule's for the same
-        promotion, so the decision service's and this one are one event."""
-        event = ReleaseEvent(id=derived_id("release", "promote", release.model, str(release.version),
-                                           str(release.started_at)), source=self.settings.source, data=release)
+        server loads it (a tenant's: it becomes the tenant's stable adapter), and the newer canary is measured
+        against it. The id is the rule's for the same promotion, so the decision service's and this one are one
+        event."""
+        event = ReleaseEvent(id=decision_id(release), source=self.settings.source, data=release)
         await _check(claim, "promoting a replaced canary")
         await self.recorder.publish(event)
         self.observe_release(event)
-        await self.apply(_weights_of(release), claim=claim)
+        if release.tenant is not None:
+            self._unload_later(TenantAdapter.loser(release), release.servers)
+        else:
+            await self.apply(_weights_of(release), claim=claim)
 
     async def _base(self, model: str, servers: list[Upstream], chosen: list[str]) -> tuple[int, str] | None:
         """The stable version before any release: what the servers outside the canary serve, from the folder
@@ -433,6 +457,10 @@ class PoolSync:
         serve it, and unload the version it replaced once that one's requests drained."""
         adapter = TenantAdapter.of(event.data)
         adapters = self.pool.adapters
+        release = self.pool.releases.get((adapter.model, adapter.tenant))
+        if (release is not None and adapter.version > release.current.version
+                and (promotion := successor(release)) is not None):  # it replaces a tenant's canary that led
+            await self._promote_replaced(promotion, claim)
         state = adapters.tenants.get((adapter.model, adapter.tenant))
         held = {url for old in ((state.stable, state.canary) if state else ()) if old for url in adapters.holders(old)}
         servers = ([server for server in self.pool.servers(adapter.model) if server.url in held]
@@ -452,10 +480,35 @@ class PoolSync:
             adapters.published_uris.pop((adapter.model, adapter.tenant, adapter.version), None)
             replaced = adapters.serve(adapter)
             if replaced is not None:
-                task = asyncio.create_task(self._unload_when_drained(replaced))
-                self._unloads.add(task)
-                task.add_done_callback(self._unloads.discard)
+                self._unload_later(replaced)
+            state = adapters.tenants[(adapter.model, adapter.tenant)]
+            if state.canary == adapter:
+                await self._start_tenant_canary(state.stable, adapter,
+                                                [update.server for update in updates if update.status == "ok"], claim)
         return updates
+
+    async def _start_tenant_canary(self, stable: TenantAdapter, canary: TenantAdapter, servers: list[str],
+                                   claim: Claim | None) -> None:
+        """Publish the `canary` release event of a tenant's adapter beside its stable one (once: a re-delivered
+        `weights` event finds it in the fold), which the decision service measures on the tenant's sessions."""
+        state = self.pool.releases.get((canary.model, canary.tenant))
+        if state is not None and state.current.version == canary.version:
+            return
+        release = Release(model=canary.model, tenant=canary.tenant, action="canary", version=canary.version,
+                          uri=canary.uri, stable_version=stable.version, stable_uri=stable.uri,
+                          share_bp=self.pool.adapters.share_bp, servers=servers, started_at=now_ms(),
+                          decided_by=self.settings.replica_id, reason="a new adapter version")
+        event = ReleaseEvent(id=derived_id("release.canary", canary.model, canary.tenant, str(canary.version)),
+                             source=self.settings.source, data=release)
+        await _check(claim, "starting a tenant's canary")
+        await self.recorder.publish(event)
+        self.observe_release(event)
+
+    def _unload_later(self, adapter: TenantAdapter, servers: Iterable[str] = ()) -> None:
+        """Unload `adapter` once its requests drained, without holding up the applier."""
+        task = asyncio.create_task(self._unload_when_drained(adapter, servers))
+        self._unloads.add(task)
+        task.add_done_callback(self._unloads.discard)
 
     def _adapter_update(self, adapter: TenantAdapter, server: Upstream, status: Literal["ok", "failed"],
                         load_ms: float | None = None, error: str | None = None) -> PoolUpdate:
@@ -463,11 +516,13 @@ class PoolSync:
                           pause_ms=0.0, load_ms=load_ms, held_ms=0.0, error=error,
                           applied_by=self.settings.replica_id, tenant=adapter.tenant)
 
-    async def _unload_when_drained(self, adapter: TenantAdapter) -> None:
+    async def _unload_when_drained(self, adapter: TenantAdapter, servers: Iterable[str] = ()) -> None:
+        """Unload from the servers this replica knows hold it, and from `servers` (a canary's, as its release
+        names them: this replica may have started after they loaded it)."""
         if not await self.pool.adapters.drain(adapter, self.settings.drain_timeout_s):
             log.warning("requests still on a replaced adapter after the drain timeout: unloading it anyway (the "
                         "server finishes them)", extra=fields(adapter=adapter.name))
-        for url in self.pool.adapters.holders(adapter):
+        for url in dict.fromkeys([*self.pool.adapters.holders(adapter), *servers]):
             await self.pool.adapters.unload(url, adapter)
 
     async def _served_version(self, server: Upstream) -> int | None:

@@ -7,6 +7,10 @@ served its calls (`Turn.weight_version`); its reward is the mean of its conversa
 streams worker's reward policy; a later `reward` event of a conversation replaces its trajectory's).
 Every `interval_s` it publishes a `measure` event per canary whose numbers changed, and once the rule
 decides (`releases/rule.py`), a `promote` or `rollback` event with them: pool sync acts on it.
+
+A tenant's canary (its release names the tenant: two adapters of the tenant on the same servers) is tallied from
+that tenant's calls and sessions alone, those its two adapters (`<tenant>@<version>`) served; the base's from
+the base model's. Each is decided apart: another tenant's rewards never move it.
 """
 
 from __future__ import annotations
@@ -23,9 +27,8 @@ from agentstream.releases.rule import Arm, Verdict, decide
 from agentstream.releases.settings import ReleasesSettings
 from agentstream.schemas.codec import DecodeError, decode
 from agentstream.schemas.events import CallEvent, Event, Release, ReleaseEvent, RewardEvent, TrajectoryEvent
-from agentstream.schemas.ids import derived_id
 from agentstream.schemas.kafka import Publisher, make_consumer, make_producer, partitions_of
-from agentstream.schemas.releases import ReleaseState, fold
+from agentstream.schemas.releases import ReleaseKey, ReleaseState, adapter_name, decision_id, fold, key_of
 from agentstream.schemas.scan import resolve
 
 log = logging.getLogger("releases")
@@ -51,10 +54,19 @@ class Tally:
     def arm(self, version: int | None) -> Arm | None:
         return self.canary if version == self.canary.version else self.stable if version == self.stable.version else None
 
+    def served(self, model: str | None, tenant: str | None) -> bool:
+        """Whether a call (or conversation) of `model` for `tenant` is this canary's to count: the base model's for
+        the base's canary (a tenant served by the base included), the tenant's own two adapters' for a tenant's."""
+        release = self.release
+        if release.tenant is None:
+            return model in (None, release.model)
+        return tenant == release.tenant and model in (
+            None, adapter_name(release.tenant, release.version), adapter_name(release.tenant, release.stable_version))
+
     def call(self, event: CallEvent) -> None:
         call = event.data
         arm = self.arm(call.weight_version)
-        if arm is None or call.model != self.release.model or call.started_at < self.release.started_at:
+        if arm is None or not self.served(call.model, call.tenant) or call.started_at < self.release.started_at:
             return
         arm.calls += 1
         if call.status >= 500:
@@ -68,7 +80,7 @@ class Tally:
         if trajectory.revision_of is not None:
             return  # its reward is the `reward` event published with it (`reward`): read in one order, not two
         versions = {turn.weight_version for turn in trajectory.turns}
-        if (trajectory.session_id is None or trajectory.model not in (None, self.release.model) or len(versions) != 1
+        if (trajectory.session_id is None or not self.served(trajectory.model, trajectory.tenant) or len(versions) != 1
                 or (trajectory.started_at or trajectory.finished_at) < self.release.started_at):
             return  # not a session, another model, two versions in one conversation, or from before the canary
         version = versions.pop()
@@ -96,8 +108,8 @@ class Tally:
 class Judge:
     def __init__(self, settings: ReleasesSettings):
         self.settings = settings
-        self.states: dict[str, ReleaseState] = {}
-        self.tallies: dict[tuple[str, int, int], Tally] = {}
+        self.states: dict[ReleaseKey, ReleaseState] = {}
+        self.tallies: dict[tuple[ReleaseKey, int, int], Tally] = {}
         self.publisher: Publisher | None = None
 
     async def run(self) -> None:
@@ -158,13 +170,13 @@ class Judge:
             state = fold(self.states, event)
             if state is not None:
                 release = state.current
-                key = (release.model, release.version, release.started_at)
+                key = (key_of(release), release.version, release.started_at)
                 if state.active:
                     self.tallies.setdefault(key, Tally.of(release))
                 else:
                     self.tallies.pop(key, None)
-                    # a replaced canary is not decided any more
-                for other in [k for k in self.tallies if k[0] == release.model and k != key]:
+                    # a replaced canary is not decided any more (another model's or tenant's is not touched)
+                for other in [k for k in self.tallies if k[0] == key_of(release) and k != key]:
                     del self.tallies[other]
             return
         for tally in self.tallies.values():
@@ -183,7 +195,9 @@ class Judge:
             verdict = decide(tally.stable, tally.canary, self.settings)
             await self.publish(tally, verdict)
             if verdict.action is not None:
-                log.info("canary of %s version %d: %s (%s)", key[0], key[1], verdict.action, verdict.reason)
+                (model, tenant), version, _ = key
+                log.info("canary of %s%s version %d: %s (%s)", model, f" (tenant {tenant})" if tenant else "", version,
+                         verdict.action, verdict.reason)
 
     async def publish(self, tally: Tally, verdict: Verdict) -> None:
         release = tally.release
@@ -191,9 +205,7 @@ class Judge:
         data = release.model_copy(update=dict(
             action=action, decided_by="rule", reason=verdict.reason, p_value=verdict.p_value, numbers=verdict.numbers,
             arms=[tally.stable.numbers(), tally.canary.numbers()]))
-        event_id = derived_id("release", action, release.model, str(release.version), str(release.started_at)) \
-            if verdict.action else None
-        event = ReleaseEvent(source=self.settings.source, data=data, **({"id": event_id} if event_id else {}))
+        event = ReleaseEvent(source=self.settings.source, data=data, **({"id": decision_id(data)} if verdict.action else {}))
         assert self.publisher is not None
         await self.publisher.publish(event)
 

@@ -15,7 +15,7 @@ from agentstream.schemas.codec import DecodeError, decode
 from agentstream.schemas.errors import ConfigurationError
 from agentstream.schemas.events import ReleaseEvent
 from agentstream.schemas.kafka import KafkaSettings, Publisher, make_consumer, make_producer
-from agentstream.schemas.releases import ReleaseState, fold
+from agentstream.schemas.releases import ReleaseKey, ReleaseState, fold
 from agentstream.schemas.scan import resolve
 
 
@@ -23,11 +23,11 @@ class NoCanary(ConfigurationError):
     """A promote or rollback of a model with no canary running: the model named cannot work as given."""
 
 
-async def release_states(settings: KafkaSettings) -> dict[str, ReleaseState]:
-    """Every model's release state: the `releases` topic folded from its beginning to its end now."""
+async def release_states(settings: KafkaSettings) -> dict[ReleaseKey, ReleaseState]:
+    """Every model's (and tenant's) release state: the `releases` topic folded from its beginning to its end now."""
     topic = settings.topics.releases
     ends = {TopicPartition(topic, number): end for number, (_, end) in (await resolve(settings, topic)).items()}
-    states: dict[str, ReleaseState] = {}
+    states: dict[ReleaseKey, ReleaseState] = {}
     if not any(ends.values()):
         return states
     consumer = make_consumer(settings, group_id=None)
@@ -50,12 +50,14 @@ async def release_states(settings: KafkaSettings) -> dict[str, ReleaseState]:
 
 
 async def decide(settings: KafkaSettings, model: str, action: Literal["promote", "rollback"], reason: str,
-                 who: str | None = None) -> ReleaseEvent:
-    """Publish a human's decision about `model`'s running canary; NoCanary if none runs."""
-    state = (await release_states(settings)).get(model)
+                 who: str | None = None, tenant: str | None = None) -> ReleaseEvent:
+    """Publish a human's decision about `model`'s running canary (`tenant`'s adapter's, if given); NoCanary if none
+    runs."""
+    state = (await release_states(settings)).get((model, tenant))
     if state is None or not state.active:
         where = f"its last release was {state.phase} (version {state.current.version})" if state else "none in the log"
-        raise NoCanary(f"model {model!r} has no running canary ({where}); `agentstream canary status` lists them")
+        whose = f"model {model!r}" + (f" for tenant {tenant!r}" if tenant else "")
+        raise NoCanary(f"{whose} has no running canary ({where}); `agentstream canary status` lists them")
     base = state.measured or state.current
     event = ReleaseEvent(source="agentstream.cli", data=base.model_copy(update=dict(
         action=action, decided_by=f"cli:{who or getpass.getuser()}", reason=reason or f"{action} by hand")))

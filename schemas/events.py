@@ -468,6 +468,8 @@ class Release(Payload):
     `share_bp` (basis points), on `servers`; the others stay on `stable_version`. `measure`: the
     decision service's numbers so far (no change of routing). `promote`: every server loads `version`,
     which becomes the stable one. `rollback`: the canary's servers load `stable_version` again.
+    With `tenant` set, the two versions are the tenant's LoRA adapters side by side on the same servers: a
+    promotion makes the canary adapter the tenant's stable one, a rollback unloads it; nothing else moves.
     """
 
     model: str
@@ -486,6 +488,8 @@ class Release(Payload):
     arms: list[ArmNumbers] = Field(default_factory=list, description="stable first, then canary")
     p_value: float | None = Field(None, description="one-sided: the canary's mean reward is not above the stable's")
     numbers: dict[str, float] = Field(default_factory=dict, description="the rule's settings and statistics")
+    tenant: str | None = Field(None, description="set for a tenant's adapter: `version` and `stable_version` are "
+                               "its adapters `<tenant>@<version>`, both on `servers`; None: the model's full weights")
 
 
 class ReleaseEvent(Event):

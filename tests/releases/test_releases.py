@@ -47,10 +47,10 @@ def test_the_fold_takes_the_first_decision_and_ignores_stale_and_repeated_events
     assert fold(states, release("promote")).phase == "promoted"
     assert fold(states, release("rollback")) is None  # decided already: the first decision stands
     assert fold(states, started) is None  # the canary's event read again changes nothing
-    assert stable_of(states["tiny"]) == (2, "/ckpt/2")
+    assert stable_of(states[("tiny", None)]) == (2, "/ckpt/2")
     fold(states, release("canary", version=3, started_at=2000))
-    assert states["tiny"].active and fold(states, release("rollback", version=3, started_at=2000)).phase == "rolled back"
-    assert stable_of(states["tiny"]) == (1, "/ckpt/1")
+    assert states[("tiny", None)].active and fold(states, release("rollback", version=3, started_at=2000)).phase == "rolled back"
+    assert stable_of(states[("tiny", None)]) == (1, "/ckpt/1")
 
 
 def test_a_replaced_canary_that_led_becomes_the_stable_version():
@@ -62,21 +62,21 @@ def test_a_replaced_canary_that_led_becomes_the_stable_version():
         fold(states, release("measure", arms=arms, numbers={"min_sessions": 30}))
         return states
 
-    promotion = successor(measured(0.5, 0.6)["tiny"])
+    promotion = successor(measured(0.5, 0.6)[("tiny", None)])
     assert promotion is not None and (promotion.action, promotion.decided_by) == ("promote", "replaced")
     assert promotion.version == 2 and "leading" in promotion.reason
     states = measured(0.5, 0.6)
     fold(states, ReleaseEvent(source="gateway", data=promotion))
-    assert stable_of(states["tiny"]) == (2, "/ckpt/2")  # the next canary starts from it
-    assert successor(measured(0.6, 0.5)["tiny"]) is None  # behind: the stable version stays
-    assert successor(measured(0.5, 0.5)["tiny"]) is None  # level: no reason to move
-    assert successor(measured(0.5, 0.9, sessions=29)["tiny"]) is None  # an arm short of the rule's minimum
-    assert successor(measured(None, 0.9)["tiny"]) is None
+    assert stable_of(states[("tiny", None)]) == (2, "/ckpt/2")  # the next canary starts from it
+    assert successor(measured(0.6, 0.5)[("tiny", None)]) is None  # behind: the stable version stays
+    assert successor(measured(0.5, 0.5)[("tiny", None)]) is None  # level: no reason to move
+    assert successor(measured(0.5, 0.9, sessions=29)[("tiny", None)]) is None  # an arm short of the rule's minimum
+    assert successor(measured(None, 0.9)[("tiny", None)]) is None
     states = {}
     fold(states, release("canary"))
-    assert successor(states["tiny"]) is None  # never measured
+    assert successor(states[("tiny", None)]) is None  # never measured
     fold(states, release("rollback"))
-    assert successor(states["tiny"]) is None  # decided already
+    assert successor(states[("tiny", None)]) is None  # decided already
 
 
 def test_release_events_round_trip():
@@ -94,7 +94,7 @@ def test_sessions_go_to_their_arm_first_and_fail_over_to_the_other():
     a, b, c = Server("http://a", 1), Server("http://b", 2), Server("http://c", 1)
     states: dict = {}
     fold(states, release("canary"))
-    state = states["tiny"]
+    state = states[("tiny", None)]
     keys = [session_rollout_id(f"chat-{n}") for n in range(200)]
     for key in keys:
         order = arm_first(state, key, [a, b, c])
@@ -104,9 +104,9 @@ def test_sessions_go_to_their_arm_first_and_fail_over_to_the_other():
             assert order[:2] == [a, c]  # the stable arm keeps the rendezvous order
     assert arm_first(state, None, [a, b, c])[-1] is b
     fold(states, release("rollback"))
-    assert arm_first(states["tiny"], keys[0], [b, a, c]) == [a, c, b]  # b still serves the canary's version
+    assert arm_first(states[("tiny", None)], keys[0], [b, a, c]) == [a, c, b]  # b still serves the canary's version
     b.weight_version = 1
-    assert arm_first(states["tiny"], keys[0], [b, a, c]) == [b, a, c]
+    assert arm_first(states[("tiny", None)], keys[0], [b, a, c]) == [b, a, c]
 
 
 SETTINGS = ReleasesSettings(min_sessions=5, alpha=0.05, min_calls=10, max_error_rate_increase=0.05,
