@@ -136,6 +136,12 @@ class Grader:
     penalties: frozenset[str] = DEFAULT_PENALTIES
 
     def grade(self, instance: Instance, diff: str, truncated: bool = False) -> GradeResult:
+        from agentstream.recipes.swe.harbor import harbor_spec
+
+        if (harbor := harbor_spec(instance)) is not None:  # a Harbor task: its own tests/test.sh says the reward
+            from agentstream.recipes.swe.harbor_grade import grade_harbor
+
+            return grade_harbor(self, instance, harbor, diff, truncated)
         started = time.monotonic()
         repo = repos.repo_path(self.repos_dir, instance.repo)
         if not repos.has_commit(repo, instance.base_commit):
