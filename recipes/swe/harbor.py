@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentstream.recipes.swe.instance import Instance, assign_splits
 from agentstream.recipes.swe.repos import FIXED, git, has_commit, repo_path
-from agentstream.recipes.swe.tasks import InstanceFileError
+from agentstream.recipes.swe.task_errors import InstanceFileError
 from agentstream.sandbox.contract import WORKSPACE_MOUNT
 from agentstream.schemas.errors import ConfigurationError
 

@@ -27,18 +27,17 @@ import math
 import secrets
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agentstream.recipes.swe import repos, testrun
 from agentstream.recipes.swe.harbor import HarborSpec
 from agentstream.recipes.swe.instance import Instance
 from agentstream.recipes.swe.workspace import GIT, TaskInput, checkout
 from agentstream.sandbox import hostfs
-from agentstream.sandbox.contract import WORKSPACE_MOUNT, Limits, Network, SandboxSpec
-
-if TYPE_CHECKING:
-    from agentstream.recipes.swe.grader import Grader, GradeResult
+from agentstream.sandbox.contract import WORKSPACE_MOUNT, Limits, Network, Sandbox, SandboxSpec
+from agentstream.schemas.errors import ServiceError
 
 TESTS_MOUNT = Path("/tests")
 LOGS_MOUNT = Path("/logs")
@@ -47,21 +46,25 @@ REWARD_BYTES = 65536
 OUTPUT_TAIL = 2000
 
 
+class HarborGradeError(ServiceError):
+    """The task itself is broken (its environment's commit or its test.sh missing): not the agent's fault."""
+
+
 class _Zero(Exception):
     """This diff scores 0, for the reason given."""
 
 
-def grade_harbor(grader: Grader, instance: Instance, spec: HarborSpec, diff: str, truncated: bool) -> GradeResult:
-    from agentstream.recipes.swe.grader import GradeError
-
+def grade_harbor(instance: Instance, spec: HarborSpec, diff: str, truncated: bool, repos_dir: Path, envs_dir: Path,
+                 sandbox: Callable[[SandboxSpec], Sandbox]) -> tuple[float, dict[str, Any]]:
+    """(the reward test.sh wrote, details); a diff's failure in any step is reward 0 with the reason."""
     started = time.monotonic()
-    repo = repos.repo_path(grader.repos_dir, instance.repo)
+    repo = repos.repo_path(repos_dir, instance.repo)
     if not repos.has_commit(repo, instance.base_commit):
-        raise GradeError(f"{instance.instance_id}: base_commit {instance.base_commit} is not in {repo}: load the "
+        raise HarborGradeError(f"{instance.instance_id}: base_commit {instance.base_commit} is not in {repo}: load the "
                          f"Harbor task folder {spec.task_dir} again")
     if not (spec.tests / "test.sh").is_file():
-        raise GradeError(f"{instance.instance_id}: {spec.tests / 'test.sh'} is missing")
-    env = testrun.ensure_env(grader.envs_dir / repos.slug(instance.repo))
+        raise HarborGradeError(f"{instance.instance_id}: {spec.tests / 'test.sh'} is missing")
+    env = testrun.ensure_env(envs_dir / repos.slug(instance.repo))
     details: dict[str, Any] = {"instance_id": instance.instance_id, "base_commit": instance.base_commit,
                                "diff_bytes": len(diff.encode(errors="replace")), "timings_s": {}, "refused": [],
                                "flags": [], "findings": [], "flagged": False, "harbor": {"task_dir": spec.task_dir}}
@@ -69,7 +72,7 @@ def grade_harbor(grader: Grader, instance: Instance, spec: HarborSpec, diff: str
     try:
         if truncated:
             raise _Zero("the diff was truncated on its way to the log: it cannot be applied whole")
-        graded = _grade(grader, instance, spec, diff, repo, env, scratch, details)
+        graded = _grade(instance, spec, diff, repos_dir, env, scratch, details, sandbox)
     except _Zero as zero:
         details.update(resolved=False, error=str(zero))
         graded = 0.0
@@ -81,23 +84,21 @@ def grade_harbor(grader: Grader, instance: Instance, spec: HarborSpec, diff: str
             details["cleanup_problems"] = problems[:5]
     details.setdefault("applied", False)
     details["timings_s"]["total"] = round(time.monotonic() - started, 3)
-    return grader._policy(graded, details)
+    return graded, details
 
 
-def _grade(grader: Grader, instance: Instance, spec: HarborSpec, diff: str, repo: Path, env: Path, scratch: Path,
-           details: dict[str, Any]) -> float:
-    from agentstream.recipes.swe.grader import CLEANUP
-
+def _grade(instance: Instance, spec: HarborSpec, diff: str, repos_dir: Path, env: Path, scratch: Path,
+           details: dict[str, Any], sandbox: Callable[[SandboxSpec], Sandbox]) -> float:
     workspace = scratch / "workspace"
-    checkout(TaskInput(instance_id=instance.instance_id, problem_statement="", repo=str(repo),
-                       base_commit=instance.base_commit), workspace, grader.repos_dir)
+    checkout(TaskInput(instance_id=instance.instance_id, problem_statement="", repo=instance.repo,
+                       base_commit=instance.base_commit), workspace, repos_dir)
     patch = f".agentstream-{secrets.token_hex(8)}.diff"
     (workspace / patch).write_bytes(diff.encode(errors="replace"))
     verifier = WORKSPACE_MOUNT / f".agentstream-verifier-{secrets.token_hex(8)}"
     logs = scratch / "logs"
     logs.mkdir()
     (logs / "verifier").symlink_to(verifier)
-    box = grader.sandbox(_spec(spec, workspace, env, logs))
+    box = sandbox(_spec(spec, workspace, env, logs))
     try:
         applied = box.run(f"{GIT} apply --whitespace=nowarn {patch}; status=$?; rm -f {patch}; exit $status"
                           if diff.strip() else f"rm -f {patch}", timeout_s=60)
@@ -114,7 +115,7 @@ def _grade(grader: Grader, instance: Instance, spec: HarborSpec, diff: str, repo
                        timeout_s=60)
     finally:
         try:
-            box.run(CLEANUP, timeout_s=60)
+            box.run(testrun.CLEANUP, timeout_s=60)
         finally:
             box.close()
     name, value = _reward(read.output)

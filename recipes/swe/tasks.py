@@ -11,35 +11,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from agentstream.recipes.swe.instance import Instance
+from agentstream.recipes.swe.task_errors import InstanceFileError, Problem
+
+__all__ = ["InstanceFileError", "Problem", "by_id", "load"]
 from agentstream.recipes.swe.repos import check_patches, has_commit, repo_path, slug
-from agentstream.schemas.errors import ConfigurationError
-
-
-@dataclass(frozen=True)
-class Problem:
-    line: int
-    reason: str
-
-    def __str__(self) -> str:
-        return f"line {self.line}: {self.reason}"
-
-
-class InstanceFileError(ConfigurationError):
-    """An SWE-bench instance file with bad lines; `problems` names each line and why."""
-
-    def __init__(self, path: Path, problems: list[Problem]):
-        self.path = path
-        self.problems = problems
-        shown = "\n  ".join(map(str, problems[:20]))
-        more = f"\n  … and {len(problems) - 20} more" if len(problems) > 20 else ""
-        super().__init__(f"{path}: {len(problems)} bad line(s), nothing was run:\n  {shown}{more}")
 
 
 def load(path: Path, repos_dir: Path, check_apply: bool = True) -> list[Instance]:
