@@ -1,11 +1,14 @@
 """Harbor-format tasks (tests/data/harbor: two tasks in Harbor's real layout) load like an SWE-bench file and are
-graded by their own tests/test.sh in the real bubblewrap sandbox: a correct scripted agent scores 1, a wrong one 0
+graded by their own tests/test.sh in the real bubblewrap sandbox (also through the controller, the gateway and the
+grader service, given the folder itself): a correct scripted agent scores 1, a wrong one 0
 (or the partial credit reward.json says), an agent hunting for the hidden tests finds nothing, and code that
 writes a reward of its own while the tests run does not get it."""
 
 from __future__ import annotations
 
+import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,11 @@ from agentstream.recipes.swe.repos import default_envs_dir
 from agentstream.recipes.swe.task_files import read_instances, write_task_files
 from agentstream.recipes.swe.tasks import InstanceFileError, by_id, load
 from agentstream.recipes.swe.workspace import TaskInput, checkout, final_diff
+from agentstream.schemas.events import RewardEvent, TrajectoryEvent
+from agentstream.stack.process import stop_pid, tail
+from tests.support.gateway import gateway_settings, running_gateway
+from tests.support.streams import StreamsWorker, TopicWatch
+from tests.support.swe import await_exit, grader_process, run_controller
 
 TASKS = Path(__file__).resolve().parents[1] / "data" / "harbor"
 FIX_ADD = "sed -i 's/return a - b/return a + b/' calc.py"
@@ -181,3 +189,36 @@ def test_an_agent_hunting_for_the_hidden_tests_finds_nothing_and_cannot_plant_a_
     diff, _ = attempt(tmp_path, fix, [cheat])
     graded = Grader(repos_dir=tmp_path / "repos", envs_dir=default_envs_dir()).grade(fix, diff)
     assert graded.details["applied"] and graded.reward == 0.0, graded.details
+
+
+@pytest.mark.slow  # a broker, the gateway, the controller, the harness and the grader service as processes
+async def test_the_controller_runs_a_harbor_task_and_the_grader_service_scores_it_from_the_folder(kafka, tmp_path):
+    """The grader service is given the Harbor folder itself (`--tasks DIR`); the controller the task rows and the
+    harness the public index written from it: a scripted mini-swe-agent fixes the bug in one attempt (reward 1
+    from test.sh's reward.txt) and breaks it differently in another (0)."""
+    repos = tmp_path / "repos"
+    fix = by_id(load(TASKS / "fix-add", repos))["fix-add"]
+    write_task_files([fix.model_copy(update={"split": "train"})], tmp_path / "tasks")
+    worker = StreamsWorker(kafka, tmp_path / "streams", tmp_path / "streams.log", args=("--reward-grace-s", "120")).start()
+    grader = grader_process(kafka, TASKS / "fix-add", repos, default_envs_dir(), tmp_path / "grader.log")
+    submit = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+    try:
+        async with running_gateway(gateway_settings(kafka, ["tiny=http://127.0.0.1:9"])) as gw:
+            for run, script in (("right", [FIX_ADD, submit]), ("wrong", ["sed -i 's/a - b/b - a/' calc.py", submit])):
+                env = {"AGENTSTREAM_SWE_REPOS": str(repos), "AGENTSTREAM_SWE_INDEX": str(tmp_path / "tasks" / "index.jsonl"),
+                       "AGENTSTREAM_SWE_SCRIPT": json.dumps(script), "AGENTSTREAM_SWE_WORKSPACE": str(tmp_path / "ws")}
+                controller = run_controller(kafka, gw.url, tmp_path / "tasks" / "train.jsonl", tmp_path / run, env,
+                                            "--run-id", f"harbor-{run}", agent=f"{sys.executable} -m agentstream.recipes.swe.harness")
+                assert await await_exit(controller) == 0, tail(tmp_path / run / "controller.log")
+            async with TopicWatch(kafka, "rollouts", "rewards", "trajectories") as watch:
+                events = await watch.until(lambda es: sum(isinstance(e, TrajectoryEvent) for e in es) == 2,
+                                           timeout=240, what="the two trajectories, graded")
+    finally:
+        worker.stop()
+        stop_pid(grader.pid, grace=10)
+    assert "grading 1 tasks" in (tmp_path / "grader.log").read_text(), tail(tmp_path / "grader.log")
+    rewards = sorted(e.data.value for e in events if isinstance(e, RewardEvent))
+    trajectories = sorted(e.data.reward or 0.0 for e in events if isinstance(e, TrajectoryEvent))
+    assert rewards == trajectories == [0.0, 1.0], tail(tmp_path / "grader.log")
+    [paid] = [e for e in events if isinstance(e, RewardEvent) and e.data.value == 1.0]
+    assert paid.data.details["harbor"]["reward_file"] == "reward.txt" and paid.data.reward_fn == "recipes.swe.grader"
