@@ -196,3 +196,29 @@ def _readable(path: Path) -> bool:
     except OSError:
         return False
     return True
+
+
+def test_opencodes_config_points_its_one_provider_at_the_attempt_and_holds_no_credential(tmp_path: Path, monkeypatch):
+    """The token reaches opencode only as OPENAI_API_KEY (its config names the variable), the gateway is its one
+    provider at the address the sandbox's relay answers, and AGENTSTREAM_OPENCODE_CONFIG is merged key by key."""
+    from agentstream.recipes.swe.harness import HarnessSettings
+    from agentstream.recipes.swe.settings import AttemptSettings, SweSettings
+    from agentstream.recipes.swe.whole_harness import HARNESSES, opencode_run
+
+    token = "rk-attempt-token"
+    settings = HarnessSettings(base_url="http://10.0.0.5:8080/rollouts/r1/attempts/a1/v1", api_key=token,
+                               model="tiny", task=tmp_path / "task.json", swe=SweSettings(), attempt=AttemptSettings())
+    monkeypatch.setenv("AGENTSTREAM_OPENCODE_CONFIG", json.dumps({"tools": {"read": False},
+                                                                  "provider": {"agentstream": {"options": {"timeout": 5}}}}))
+    binary = tmp_path / "prefix" / "node_modules" / "opencode-linux-x64" / "bin" / "opencode"
+    run = opencode_run(binary, settings, "fix add()", [])
+    config = json.loads(run.env["OPENCODE_CONFIG_CONTENT"])
+    options = config["provider"]["agentstream"]["options"]
+    assert options == {"baseURL": "http://127.0.0.1:8080/rollouts/r1/attempts/a1/v1", "apiKey": "{env:OPENAI_API_KEY}",
+                       "timeout": 5}, "the relay's address, the key by name, the override merged in"
+    assert config["enabled_providers"] == ["agentstream"] and config["model"] == "agentstream/tiny"
+    assert config["tools"] == {"read": False} and config["permission"]["webfetch"] == "deny"
+    assert [name for name, value in run.env.items() if token in value] == ["OPENAI_API_KEY"]
+    assert token not in run.command and "--title" in run.command, "no title request: the model is asked the task only"
+    assert run.binds == [(tmp_path / "prefix", tmp_path / "prefix")], "the npm prefix, read-only at its own path"
+    assert "opencode" in HARNESSES
