@@ -93,9 +93,7 @@ NOT_PENALIZED = frozenset({"dunder-override", "refused:test-file", "refused:test
 ALL_FLAGS = frozenset(scan.FLAGS) | {f"refused:{rule}" for rule in diffs.RULES} | set(OUTCOME_FLAGS)
 DEFAULT_PENALTIES = ALL_FLAGS - NOT_PENALIZED
 """flags that zero the reward by default: everything but a plain dunder and the refusals of test edits"""
-CLEANUP = "chmod -R u+rwX /workspace 2>/dev/null; rm -rf /workspace/* /workspace/.[!.]* /workspace/..?* 2>/dev/null; true"
-"""run inside, as the sandbox's uid, before it is closed: whatever the tests left (however deep) goes
-there, not by a recursive walk on the host"""
+CLEANUP = testrun.CLEANUP
 
 
 class GradeError(ServiceError):
@@ -136,6 +134,17 @@ class Grader:
     penalties: frozenset[str] = DEFAULT_PENALTIES
 
     def grade(self, instance: Instance, diff: str, truncated: bool = False) -> GradeResult:
+        from agentstream.recipes.swe.harbor import harbor_spec
+
+        if (harbor := harbor_spec(instance)) is not None:  # a Harbor task: its own tests/test.sh says the reward
+            from agentstream.recipes.swe.harbor_grade import HarborGradeError, grade_harbor
+
+            try:
+                reward, found = grade_harbor(instance, harbor, diff, truncated, self.repos_dir, self.envs_dir,
+                                             self.sandbox)
+            except HarborGradeError as exc:
+                raise GradeError(str(exc)) from exc
+            return self._policy(reward, found)
         started = time.monotonic()
         repo = repos.repo_path(self.repos_dir, instance.repo)
         if not repos.has_commit(repo, instance.base_commit):

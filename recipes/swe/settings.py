@@ -11,7 +11,7 @@ empty variable counts as unset.
     AttemptSettings       AGENTSTREAM_SWE_* of the harness: how it runs an attempt (its own model, so a
                           bad value there never stops the grader or the builder)
     AgentEnvironment      what the controller gives every agent (controller/README.md)
-    WholeHarnessSettings  the installed CLI agents (AGENTSTREAM_CODEX, AGENTSTREAM_CLAUDE_CODE) and
+    WholeHarnessSettings  the installed CLI agents (AGENTSTREAM_CODEX, AGENTSTREAM_CLAUDE_CODE, AGENTSTREAM_OPENCODE) and
                           their own extra arguments (AGENTSTREAM_WHOLE_ARGS)
 """
 
@@ -78,6 +78,9 @@ class WholeHarnessSettings(BaseSettings):
     codex: str | None = Field(None, description="the `codex` command: bin/codex.js of the pinned npm package "
                                                 "(scripts/codex.sh prints it)")
     claude_code: str | None = Field(None, description="the `claude` binary (scripts/claude-code.sh prints it)")
+    opencode: str | None = Field(None, description="the `opencode` binary (scripts/opencode.sh prints it)")
+    opencode_config: dict[str, Any] = Field(default_factory=dict, description="a JSON object merged over the "
+                                                                               "opencode config the harness makes")
     whole_args: list[str] = Field(default_factory=list, description="a JSON list of extra arguments for the "
                                                                     "harness (its own config)")
 

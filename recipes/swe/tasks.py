@@ -11,39 +11,28 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from agentstream.recipes.swe.instance import Instance
+from agentstream.recipes.swe.task_errors import InstanceFileError, Problem
+
+__all__ = ["InstanceFileError", "Problem", "by_id", "load"]
 from agentstream.recipes.swe.repos import check_patches, has_commit, repo_path, slug
-from agentstream.schemas.errors import ConfigurationError
-
-
-@dataclass(frozen=True)
-class Problem:
-    line: int
-    reason: str
-
-    def __str__(self) -> str:
-        return f"line {self.line}: {self.reason}"
-
-
-class InstanceFileError(ConfigurationError):
-    """An SWE-bench instance file with bad lines; `problems` names each line and why."""
-
-    def __init__(self, path: Path, problems: list[Problem]):
-        self.path = path
-        self.problems = problems
-        shown = "\n  ".join(map(str, problems[:20]))
-        more = f"\n  … and {len(problems) - 20} more" if len(problems) > 20 else ""
-        super().__init__(f"{path}: {len(problems)} bad line(s), nothing was run:\n  {shown}{more}")
 
 
 def load(path: Path, repos_dir: Path, check_apply: bool = True) -> list[Instance]:
-    """Every instance of the file, or InstanceFileError naming every bad line."""
+    """Every instance of the file, or InstanceFileError naming every bad line. A Harbor task folder (or a
+    folder of them) loads too (`recipes.swe.harbor`): its environment is committed under `repos_dir`."""
+    from agentstream.recipes.swe.harbor import is_harbor_dir, load_harbor
+
+    if path.is_dir():
+        if not is_harbor_dir(path):
+            raise InstanceFileError(path, [Problem(0, "a folder, but no task.toml in it nor in a folder inside it: "
+                                                      "neither an SWE-bench file nor a Harbor task folder")])
+        return load_harbor(path, repos_dir)
     instances: list[Instance] = []
     problems: list[Problem] = []
     seen: dict[str, int] = {}
@@ -91,6 +80,15 @@ def _field_error(error: ErrorDetails) -> str:
 
 
 def _check(instance: Instance, repos_dir: Path, check_apply: bool) -> str | None:
+    from agentstream.recipes.swe.harbor import harbor_spec
+
+    if (harbor := harbor_spec(instance)) is not None:  # a Harbor task loaded earlier (an instances file)
+        if not (harbor.tests / "test.sh").is_file():
+            return f"harbor.task_dir: {harbor.tests / 'test.sh'} is missing (the task folder moved?)"
+        if not has_commit(repo_path(repos_dir, instance.repo), instance.base_commit):
+            return (f"base_commit {instance.base_commit} is not in {repo_path(repos_dir, instance.repo)}: load the "
+                    f"Harbor task folder {harbor.task_dir} again")
+        return None
     if not instance.FAIL_TO_PASS:
         return "FAIL_TO_PASS is empty: a task needs at least one test the fix makes pass"
     repo = repo_path(repos_dir, instance.repo)

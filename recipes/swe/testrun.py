@@ -28,6 +28,9 @@ STATUSES = ("PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL", "XPASS")
 PASSING = frozenset({"PASSED", "XFAIL"})
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
 _env_lock = threading.Lock()
+CLEANUP = "chmod -R u+rwX /workspace 2>/dev/null; rm -rf /workspace/* /workspace/.[!.]* /workspace/..?* 2>/dev/null; true"
+"""run inside, as the sandbox's uid, before a grading sandbox is closed: whatever the tests left (however deep)
+goes there, not by a recursive walk on the host"""
 
 
 class EnvError(ServiceError):

@@ -1,6 +1,6 @@
-"""Whole-harness mode: an unchanged CLI coding agent (Codex CLI, Claude Code) inside the sandbox on one task.
+"""Whole-harness mode: an unchanged CLI coding agent (Codex CLI, Claude Code, opencode) inside the sandbox on one task.
 
-`python -m agentstream.recipes.swe.whole_harness codex|claude`, launched by the controller as any agent is (it reads
+`python -m agentstream.recipes.swe.whole_harness codex|claude|opencode`, launched by the controller as any agent is (it reads
 AGENTSTREAM_TASK, OPENAI_BASE_URL, OPENAI_API_KEY, AGENTSTREAM_MODEL). Unlike `recipes.swe.harness`
 (mini-swe-agent outside, each command in a tools-only sandbox), the harness itself runs inside one
 sandbox (`Network.GATEWAY`) as one long command:
@@ -8,7 +8,9 @@ sandbox (`Network.GATEWAY`) as one long command:
 1. the task's repository is checked out at its base commit into a fresh workspace (mounted at /workspace);
 2. the harness runs there, non-interactively, its own sandboxing and approvals off (ours wraps it):
    `codex exec` speaks the Responses API, streamed, to the attempt's gateway URL; `claude -p` speaks
-   Anthropic Messages to the same attempt's URL. Its install (and Node.js, from /usr) is visible
+   Anthropic Messages to the same attempt's URL; `opencode run` speaks Chat Completions, streamed, to it through
+   its bundled OpenAI-compatible provider (its config inline in OPENCODE_CONFIG_CONTENT: no file, no model
+   list, update, plugin, LSP or share fetched). Its install (and Node.js, from /usr) is visible
    read-only; HOME is the sandbox's private /tmp; its only network is the gateway (`sandbox.relay`); the
    one credential inside is the attempt's rollout token;
 3. the workspace's diff against the base commit is taken inside the sandbox (`workspace.final_diff`) and
@@ -22,6 +24,8 @@ and no diff is posted.
 
 Settings (environment, `recipes.swe.settings`): AGENTSTREAM_CODEX (the `codex` command: bin/codex.js of the pinned npm package,
 printed by scripts/codex.sh), AGENTSTREAM_CLAUDE_CODE (the `claude` binary, printed by scripts/claude-code.sh),
+AGENTSTREAM_OPENCODE (the `opencode` binary, printed by scripts/opencode.sh), AGENTSTREAM_OPENCODE_CONFIG (a JSON
+object merged over the opencode config made here: e.g. `{"tools": {"webfetch": false}}`),
 AGENTSTREAM_WHOLE_ARGS (a JSON list of extra arguments for the harness: its own config, e.g. Codex's
 `-c`/`--disable` or Claude Code's `--tools`), AGENTSTREAM_SWE_ATTEMPT_TIMEOUT_S, AGENTSTREAM_SWE_REPOS,
 AGENTSTREAM_SWE_INDEX, AGENTSTREAM_SWE_WORKSPACE.
@@ -29,6 +33,7 @@ AGENTSTREAM_SWE_INDEX, AGENTSTREAM_SWE_WORKSPACE.
 
 from __future__ import annotations
 
+import json
 import logging
 import shlex
 import sys
@@ -63,6 +68,14 @@ QUIET_CLAUDE = {  # nothing but the model calls: no update check, telemetry, err
     "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_TELEMETRY": "1",
     "DISABLE_ERROR_REPORTING": "1", "DISABLE_BUG_COMMAND": "1",
 }
+OPENCODE_HOME = "/tmp"
+QUIET_OPENCODE = {  # nothing but the model calls: no model list from models.dev, update, plugin, LSP download or share
+    "OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1", "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+    "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1", "OPENCODE_DISABLE_SHARE": "1", "OPENCODE_DISABLE_CLAUDE_CODE": "1",
+    "OPENCODE_DISABLE_EXTERNAL_SKILLS": "1",
+}
+OPENCODE_PROVIDER = "agentstream"
+SCRIPTS = {"codex": "scripts/codex.sh", "claude": "scripts/claude-code.sh", "opencode": "scripts/opencode.sh"}
 
 
 @dataclass(frozen=True)
@@ -87,7 +100,7 @@ class Harness:
     def installed(self, settings: WholeHarnessSettings) -> Path:
         value = self.install(settings)
         if not value or not Path(value).is_file():
-            script = "scripts/codex.sh" if self.name == "codex" else "scripts/claude-code.sh"
+            script = SCRIPTS.get(self.name, "its install script")
             raise SystemExit(f"whole_harness: {self.install_env} must name the installed {self.name} command: "
                              f"export {self.install_env}=$({script})")
         return Path(value).resolve()
@@ -117,9 +130,49 @@ def claude_run(command: Path, settings: HarnessSettings, prompt: str, extra: lis
     return Run(f"exec {shlex.join(argv)} </dev/null", env, [(package, package)])
 
 
+def opencode_config(settings: HarnessSettings, overrides: dict[str, object]) -> dict[str, object]:
+    """opencode's config: one provider, the gateway (`@ai-sdk/openai-compatible`, bundled in the binary), the
+    rollout token its key (read from the environment, so it is in no file), every tool allowed (ours is the
+    sandbox) but fetching the web; `overrides` (AGENTSTREAM_OPENCODE_CONFIG) merged over it, key by key."""
+    model = settings.model
+    config: dict[str, object] = {
+        "$schema": "https://opencode.ai/config.json", "autoupdate": False, "share": "disabled",
+        "model": f"{OPENCODE_PROVIDER}/{model}", "small_model": f"{OPENCODE_PROVIDER}/{model}",
+        "enabled_providers": [OPENCODE_PROVIDER],
+        "provider": {OPENCODE_PROVIDER: {
+            "npm": "@ai-sdk/openai-compatible", "name": OPENCODE_PROVIDER,
+            "options": {"baseURL": inside_gateway_url(settings.base_url), "apiKey": "{env:OPENAI_API_KEY}"},
+            "models": {model: {"name": model, "limit": {"context": 32768, "output": settings.attempt.max_tokens}}},
+        }},
+        "permission": {"edit": "allow", "bash": "allow", "webfetch": "deny"},
+    }
+    return _merged(config, overrides)
+
+
+def _merged(base: dict[str, object], over: dict[str, object]) -> dict[str, object]:
+    out = dict(base)
+    for key, value in over.items():
+        old = out.get(key)
+        out[key] = _merged(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
+    return out
+
+
+def opencode_run(command: Path, settings: HarnessSettings, prompt: str, extra: list[str]) -> Run:
+    """`opencode run`, its one provider the attempt's gateway URL (Chat Completions), the rollout token its key; a
+    title given, so it asks the model for nothing but the task."""
+    package = package_root(command, "node_modules")
+    overrides = from_environment(WholeHarnessSettings).opencode_config
+    argv = [str(command), "run", "--pure", "--auto", "--dir", str(WORKSPACE_MOUNT), "--title", "agentstream attempt",
+            "--model", f"{OPENCODE_PROVIDER}/{settings.model}", *extra, "--", prompt]
+    env = {**QUIET_OPENCODE, "OPENAI_API_KEY": settings.api_key, "HOME": OPENCODE_HOME,
+           "OPENCODE_CONFIG_CONTENT": json.dumps(opencode_config(settings, overrides))}
+    return Run(f"exec {shlex.join(argv)} </dev/null", env, [(package, package)])
+
+
 HARNESSES = {harness.name: harness for harness in (
     Harness("codex", "AGENTSTREAM_CODEX", lambda settings: settings.codex, codex_run),
     Harness("claude", "AGENTSTREAM_CLAUDE_CODE", lambda settings: settings.claude_code, claude_run),
+    Harness("opencode", "AGENTSTREAM_OPENCODE", lambda settings: settings.opencode, opencode_run),
 )}
 
 

@@ -1,7 +1,8 @@
-"""Whole-harness mode: Codex CLI and Claude Code, the pinned npm packages unchanged, run by the controller inside
+"""Whole-harness mode: Codex CLI, Claude Code and opencode, the pinned npm packages unchanged, run by the controller inside
 the bubblewrap sandbox on a coding task (`recipes.swe.whole_harness`), their only network the gateway.
 
-Each harness makes its calls (Codex: Responses, streamed; Claude Code: Messages, streamed) to the attempt's
+Each harness makes its calls (Codex: Responses, streamed; Claude Code: Messages, streamed; opencode: Chat
+Completions, streamed) to the attempt's
 gateway URL with the attempt's token; the tiny model's answer to the first is a tool call that fixes the bug
 (scripted by `<script>` in the task's text, tests/support/scripted_turns.py: the tiny model cannot choose one),
 the harness runs it in the workspace, sends the result back, and ends on the model's next answer. Then
@@ -10,9 +11,10 @@ trajectory, with every call's token ids, is in the log.
 
 The harnesses run with their own configuration trimmed to fit the tiny model's 32 K byte-tokens: Codex
 without its multi-agent and goal tools (its base instructions and the hosted web_search kept: the
-gateway leaves web_search out), Claude Code with only its Bash tool (its default system prompt kept).
-Skipped when the binary is not installed: export AGENTSTREAM_CODEX=$(scripts/codex.sh) and
-AGENTSTREAM_CLAUDE_CODE=$(scripts/claude-code.sh).
+gateway leaves web_search out), Claude Code with only its Bash tool (its default system prompt kept), opencode
+with its bash, edit and write tools (the others off in its config; its system prompt kept: 17.7 KB a request).
+Skipped when the binary is not installed: export AGENTSTREAM_CODEX=$(scripts/codex.sh),
+AGENTSTREAM_CLAUDE_CODE=$(scripts/claude-code.sh) and AGENTSTREAM_OPENCODE=$(scripts/opencode.sh).
 """
 
 from __future__ import annotations
@@ -49,6 +51,14 @@ HARNESSES = {
         "call": {"name": "Bash", "arguments": {"command": "{command}", "description": "Fix add"}},
         "args": ["--tools", "Bash"],
     },
+    "opencode": {
+        "install": "AGENTSTREAM_OPENCODE", "script": "scripts/opencode.sh", "api": "chat.completions",
+        "key": "OPENAI_API_KEY",
+        "call": {"name": "bash", "arguments": {"command": "{command}", "description": "Fix add"}},
+        "args": [],
+        "env": {"AGENTSTREAM_OPENCODE_CONFIG": json.dumps({"tools": {tool: False for tool in (
+            "read", "glob", "grep", "task", "todowrite", "webfetch", "skill")}})},
+    },
 }
 
 
@@ -84,7 +94,8 @@ async def test_an_unchanged_harness_in_the_sandbox_edits_the_task_is_graded_and_
     repos = tmp_path / "repos"
     commit = make_repo(repos)
     env = {"AGENTSTREAM_SWE_REPOS": str(repos), "AGENTSTREAM_SWE_WORKSPACE": str(tmp_path / "ws"),
-           "AGENTSTREAM_SWE_ATTEMPT_TIMEOUT_S": "240", "AGENTSTREAM_WHOLE_ARGS": json.dumps(spec["args"])}
+           "AGENTSTREAM_SWE_ATTEMPT_TIMEOUT_S": "240", "AGENTSTREAM_WHOLE_ARGS": json.dumps(spec["args"]),
+           **spec.get("env", {})}
     kafka_port = kafka.bootstrap_servers.rsplit(":", 1)[1]
     worker = StreamsWorker(kafka, tmp_path / "streams", tmp_path / "streams.log",
                            args=("--reward-grace-s", "120")).start()
@@ -185,3 +196,29 @@ def _readable(path: Path) -> bool:
     except OSError:
         return False
     return True
+
+
+def test_opencodes_config_points_its_one_provider_at_the_attempt_and_holds_no_credential(tmp_path: Path, monkeypatch):
+    """The token reaches opencode only as OPENAI_API_KEY (its config names the variable), the gateway is its one
+    provider at the address the sandbox's relay answers, and AGENTSTREAM_OPENCODE_CONFIG is merged key by key."""
+    from agentstream.recipes.swe.harness import HarnessSettings
+    from agentstream.recipes.swe.settings import AttemptSettings, SweSettings
+    from agentstream.recipes.swe.whole_harness import HARNESSES, opencode_run
+
+    token = "rk-attempt-token"
+    settings = HarnessSettings(base_url="http://10.0.0.5:8080/rollouts/r1/attempts/a1/v1", api_key=token,
+                               model="tiny", task=tmp_path / "task.json", swe=SweSettings(), attempt=AttemptSettings())
+    monkeypatch.setenv("AGENTSTREAM_OPENCODE_CONFIG", json.dumps({"tools": {"read": False},
+                                                                  "provider": {"agentstream": {"options": {"timeout": 5}}}}))
+    binary = tmp_path / "prefix" / "node_modules" / "opencode-linux-x64" / "bin" / "opencode"
+    run = opencode_run(binary, settings, "fix add()", [])
+    config = json.loads(run.env["OPENCODE_CONFIG_CONTENT"])
+    options = config["provider"]["agentstream"]["options"]
+    assert options == {"baseURL": "http://127.0.0.1:8080/rollouts/r1/attempts/a1/v1", "apiKey": "{env:OPENAI_API_KEY}",
+                       "timeout": 5}, "the relay's address, the key by name, the override merged in"
+    assert config["enabled_providers"] == ["agentstream"] and config["model"] == "agentstream/tiny"
+    assert config["tools"] == {"read": False} and config["permission"]["webfetch"] == "deny"
+    assert [name for name, value in run.env.items() if token in value] == ["OPENAI_API_KEY"]
+    assert token not in run.command and "--title" in run.command, "no title request: the model is asked the task only"
+    assert run.binds == [(tmp_path / "prefix", tmp_path / "prefix")], "the npm prefix, read-only at its own path"
+    assert "opencode" in HARNESSES
