@@ -34,6 +34,11 @@ async def run(settings: ControllerSettings, console: Console) -> int:
     return summary.exit_code
 
 
+FAILED = 3
+"""the exit code of a run an error stopped (Kafka stopped acknowledging, …): not 1, which says every rollout
+ended and some were given up, so that no reader (the eval) takes a broken run for a finished one"""
+
+
 def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=True, soft_wrap=True)  # messages whole, for logs and greps
     settings = parse(ControllerSettings, argv)
@@ -52,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(cause, KafkaConnectionError):
                 console.print(f"  Kafka at {settings.bootstrap_servers} is unreachable: start the local broker with "
                               "`agentstream kafka start`, or set KAFKA_BOOTSTRAP_SERVERS")
-        return 1
+        return FAILED
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:

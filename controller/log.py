@@ -8,6 +8,7 @@ position, so reading the same topic again does not deadletter them twice.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Iterable
 
@@ -38,8 +39,16 @@ class TopicReader:
         self.consumer: AIOKafkaConsumer | None = None
 
     async def stop(self) -> None:
-        if self.consumer is not None:
+        if self.consumer is None:
+            return
+        try:
             await self.consumer.stop()
+        except asyncio.CancelledError:
+            # aiokafka's fetcher, stopped while it backs off from a broker that is gone, lets the cancellation of
+            # its own fetch task out of stop() (and a failed task group has left this task `cancelling()` anyway,
+            # so the two cannot be told apart). stop() is a last step: passing it on would turn the error that
+            # stopped the run into an uncaught traceback and the wrong exit code.
+            log.warning("the %s reader stopped with its fetcher cancelled (the broker is gone)", self.topic)
 
     async def catch_up(self, handle: Handler) -> int:
         """Hand every record up to the topic's current end to `handle`; return how many."""

@@ -11,7 +11,9 @@ acknowledged: a crash grades the rest again, and a reward's id is derived from t
 so the repeat is the same event and consumers drop it. A diff for an unknown instance, or a task whose
 test patch does not apply, goes to the deadletter topic with the reason. Nothing a diff does stalls a
 partition: the grader turns any failure of a grading into reward 0 with the reason, and should anything
-still escape it, the diff is deadlettered with that reason and its offset done like any other.
+still escape it, the diff is deadlettered with that reason and its offset done like any other. A commit the
+group refuses (this member paused past its session and was dropped) is logged and the service goes on: it
+rejoins, and the diffs since the last commit are graded again.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.errors import CommitFailedError
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import CliApp, SettingsConfigDict
 
@@ -181,9 +184,19 @@ class GradeService:
         assigned = consumer.assignment()
         offsets = {tp: offset for tp, offset in self.offsets.committable().items()
                    if tp in assigned and self._committed.get(tp) != offset}
-        if offsets:
+        if not offsets:
+            return
+        try:
             await consumer.commit(offsets)
-            self._committed.update(offsets)
+        except CommitFailedError as exc:
+            # The group went on without this member (a pause past its session timeout: a stalled machine, a
+            # long GC): it rejoins at its next fetch, and whoever holds the partitions then reads from the last
+            # commit and grades those diffs again; their rewards are the same events, which readers keep once.
+            log.warning("offsets %s not committed (%s); the diffs after the last commit are graded again",
+                        {f"{tp.topic}:{tp.partition}": o for tp, o in offsets.items()}, exc)
+            self._committed.clear()
+            return
+        self._committed.update(offsets)
 
 
 def main(argv: list[str] | None = None) -> int:

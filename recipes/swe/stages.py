@@ -213,13 +213,14 @@ class Stages:
         tasks = self.result("tasks") or {}
         train, validation = tasks.get("train", self.config.limit * 4 // 5), tasks.get("validation", self.config.limit // 5)
         demonstrated = (self.result("demonstrate") or {}).get("attempts", train)
+        rewarded = (self.result("demonstrate") or {}).get("rewarded", demonstrated)
         rl_train = min(self.config.train_tasks, train)
         group = self.config.group_size or model_defaults(self.config.model).group_size
         return {"baseline": validation * self.config.eval_samples, "demonstrate": demonstrated,
                 "probe": train * self.config.probe_k,
                 "rl": self.config.versions * (self.config.groups_per_batch * group)
                       + (self.config.versions + 1) * validation * self.config.eval_samples,
-                "sft": demonstrated, "tasks": self.config.limit, "_rl_train": rl_train}
+                "sft": rewarded, "tasks": self.config.limit, "_rl_train": rl_train}
 
     def plan(self, stage: str) -> str:
         n = self.counts()
@@ -373,7 +374,7 @@ def sft_settings(run: Stages, model_dir: Path) -> TrainerSettings:
     """`SFT` on this run's demonstrations, with `--sft.*` over it."""
     config, demonstrated = run.config, run.need("demonstrate")
     here = {"bootstrap_servers": run.bootstrap_servers, "offline_topic": demonstrated["topic"], "model": config.model, "base_model": model_dir,
-            "checkpoint_dir": run.root / "sft" / "checkpoints", "groups_per_batch": max(1, demonstrated["attempts"])}
+            "checkpoint_dir": run.root / "sft" / "checkpoints", "groups_per_batch": max(1, demonstrated["rewarded"])}
     return read(TrainerSettings, config.flags.get("sft", []), "sft.", {**given(SFT), **here})
 
 
