@@ -36,8 +36,12 @@ def test_a_service_flag_goes_over_the_presets_and_the_models_values(tmp_path, mo
     assert loop.gateway == derived.gateway, "a service given no flag is as the preset made it"
 
 
-def test_a_model_default_is_a_partial_of_the_services_own_settings():
+def test_a_model_default_is_a_partial_of_the_services_own_settings(monkeypatch):
     assert DEMO_MODELS["smollm2"].trainer.model_fields_set == {"lr", "micro_batch_tokens"}
+    # the shell's settings are not the preset's: a demo on KAFKA_BOOTSTRAP_SERVERS gave the trainer it twice
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:19092")
+    from agentstream.demo.overrides import given, partial
+    assert given(partial(TrainerSettings, lr=3e-3)) == {"lr": 3e-3}
     assert TrainerSettings.model_fields["lr"].default == 1e-6
     with pytest.raises(ValueError, match="no setting learning_rate"):
         from agentstream.demo.overrides import partial
