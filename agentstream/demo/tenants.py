@@ -64,6 +64,9 @@ TASKS = (
     TenantTask("vowels", "aeiou", ("Reply with vowels only.", "Sing a vowel.", "Only a, e, i, o, u:")),
     TenantTask("capitals", "ABCDEFGHIJKLMNOPQRSTUVWXYZ", ("SHOUT IT.", "Reply in capitals.", "Initials only:")),
 )
+BATCH_TIMEOUT_S = 600.0
+"""how long a tenant's group waits for its last answers: N tenants' agents share the machine, so a group fills N
+times slower than the demo's; at the trainer's 30 s a loaded machine trained versions on 2-5 answers"""
 LORA_RANK = 8
 LORA_LR = {"tiny": 2e-2, "smollm2": 2e-4}
 """an adapter's step: larger than the full fine-tune's (`DEMO_MODELS`), it moves only a few weights"""
@@ -137,7 +140,7 @@ class TenantDemoConfig(DemoConfig):
             trainer=stack.settings(
                 TrainerSettings, model=model, base_model=stack.model_dir, checkpoint_dir=out / "checkpoints",
                 group_size=self.samples, groups_per_batch=self.tasks, max_staleness=self.max_staleness,
-                max_versions=self.versions * self.tenants, seed=self.seed,
+                max_versions=self.versions * self.tenants, seed=self.seed, batch_timeout_s=BATCH_TIMEOUT_S,
                 **{**given(spec.trainer), "lr": LORA_LR[model]}, tenant_adapters=True, lora_rank=LORA_RANK),
             tenants={tenant: stack.controller(
                 tasks=self.tasks_file(out, tenant), agent=AGENT, samples=self.samples, epochs=self.versions + 3,
