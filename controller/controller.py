@@ -133,7 +133,7 @@ class Controller:
         self.publisher = Publisher(producer, self.settings.topics)
         topics = self.settings.topics
         self.weights = WeightsFollower(TopicReader(self.settings, topics.weights, self.publisher, SOURCE),
-                                       self.settings.model)
+                                       self.settings.model, self.settings.tenant)
         try:
             await self._recover(TopicReader(self.settings, topics.rollouts, self.publisher, SOURCE))
             await self.weights.start()

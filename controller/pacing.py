@@ -28,17 +28,20 @@ log = logging.getLogger(__name__)
 
 
 class WeightsFollower:
-    """The newest weight version on the `weights` topic (of one model, or of any when unset)."""
+    """The newest weight version on the `weights` topic (of one model, or of any when unset) for one tenant's
+    adapter, or for the shared policy (`tenant` None): another tenant's versions pace no one else's rollouts."""
 
-    def __init__(self, reader: TopicReader, model: str | None):
+    def __init__(self, reader: TopicReader, model: str | None, tenant: str | None = None):
         self.reader = reader
         self.model = model
+        self.tenant = tenant
         self.version: int | None = None
         self.changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
 
     def _apply(self, event: Event) -> None:
-        if not isinstance(event, WeightsEvent) or (self.model and event.data.model != self.model):
+        if not isinstance(event, WeightsEvent) or (self.model and event.data.model != self.model) \
+                or event.data.tenant != self.tenant:
             return
         if self.version is None or event.data.version > self.version:
             self.version = event.data.version

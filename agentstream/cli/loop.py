@@ -29,7 +29,7 @@ def demo(
     model: Annotated[str, typer.Option(help="tiny (the toy model, ~12 min) or smollm2 (SmolLM2-135M-Instruct "
                                             "from PyPI, ~30 min)")] = "tiny",
     versions: Annotated[int | None, typer.Option(help="weight versions to train (default 12; 3 with "
-                                                         "--production)")] = None,
+                                                         "--production; 6 per tenant with --tenants)")] = None,
     samples: Annotated[int, typer.Option(help="answers per prompt and version (one GRPO group)")] = 8,
     tasks: Annotated[int, typer.Option(help="prompts (groups) per version")] = 4,
     seed: Annotated[int, typer.Option(help="seed of the trainer (the agents' sampling is not seeded)")] = 0,
@@ -41,6 +41,9 @@ def demo(
         "sessions through /v1 and their late feedback, off-policy training, each version a canary that the "
         "decision service promotes or rolls back (docs/canary.md)")] = False,
     sessions: Annotated[int, typer.Option(help="with --production: rated sessions per version")] = 64,
+    tenants: Annotated[int, typer.Option(help="agents, each a tenant with its own task, key and LoRA adapter on "
+                                              "the one server (1-3; agentstream/demo/tenants.py); 0: one agent, "
+                                              "one shared policy")] = 0,
 ) -> None:
     """The whole loop on this machine: an unmodified agent improves while it runs.
 
@@ -53,6 +56,9 @@ def demo(
     if production:
         _production_demo(ctx, model, versions, sessions, concurrency, seed, out, keep_stack)
         return
+    if tenants:
+        _tenant_demo(ctx, model, tenants, versions, samples, tasks, concurrency, seed, out, keep_stack)
+        return
     from agentstream.demo import DemoConfig, run_demo
     from agentstream.demo.loop import Loop
 
@@ -62,6 +68,22 @@ def demo(
     config.spec  # noqa: B018 (names a known model)
     result = run_demo(config, console)
     if result["reward_start"] is None or result["reward_end"] is None:
+        raise typer.Exit(1)
+
+
+def _tenant_demo(ctx: typer.Context, model: str, tenants: int, versions: int | None, samples: int, tasks: int,
+                 concurrency: int, seed: int, out: Path | None, keep_stack: bool) -> None:
+    from agentstream.demo.tenants import TASKS, TenantDemoConfig, TenantLoop, run_tenant_demo
+
+    if tenants > len(TASKS) or tenants < 0:
+        fail(f"--tenants: the demo has a task for each of 1 to {len(TASKS)} tenants, not {tenants}")
+    config = TenantDemoConfig(model=model, tenants=tenants, samples=samples, tasks=tasks, seed=seed,
+                              concurrency=concurrency, keep_stack=keep_stack, flags=service_flags(ctx, TenantLoop))
+    config.versions = versions or config.versions
+    config.out = out or config.out
+    config.spec  # noqa: B018 (names a known model)
+    result = run_tenant_demo(config, console)
+    if any(numbers["reward_end"] is None for numbers in result["per_tenant"].values()):
         raise typer.Exit(1)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from types import UnionType
-from typing import Any, TypeVar, get_args
+from typing import Any, Self, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings
@@ -89,7 +89,7 @@ class Loop(BaseModel):
                     types[name] = kind
         return types
 
-    def overridden(self, flags: ServiceFlags) -> Loop:
+    def overridden(self, flags: ServiceFlags) -> Self:
         """This loop with the user's flags over each service's settings (`demo.overrides`)."""
         update: dict[str, BaseSettings] = {}
         for name, given in flags.items():

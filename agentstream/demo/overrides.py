@@ -72,7 +72,10 @@ def partial(kind: type[Model], **fields: Any) -> Model:
     name the service does not have is refused."""
     if unknown := sorted(set(fields) - set(kind.model_fields)):
         raise ValueError(f"{kind.__name__} has no setting {', '.join(unknown)}")
-    return kind.model_validate(fields)  # (not the constructor: a settings model's would read the environment)
+    # checked by validation, which reads the environment as a settings model's constructor does; built from the
+    # given fields alone, so that KAFKA_BOOTSTRAP_SERVERS in the shell is not a field the preset "gives"
+    checked = kind.model_validate(fields)
+    return kind.model_construct(_fields_set=set(fields), **{name: getattr(checked, name) for name in fields})
 
 
 def given(settings: BaseModel) -> dict[str, Any]:

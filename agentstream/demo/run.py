@@ -28,7 +28,7 @@ from agentstream.stack.exits import how_it_ended, oom_kills
 from agentstream.stack.kafka import LocalKafka
 from agentstream.stack.process import ServerState, free_port, spawn, stop_pid, tail
 from agentstream.stack.service import Service
-from agentstream.stack.vllm import LocalVLLM
+from agentstream.stack.vllm import LocalVLLM, Lora
 
 QUIET_S = 15.0
 STOP_GRACE_S = 20.0
@@ -113,16 +113,18 @@ class Demo:
         """The servers the gateway routes to, serving the starting weights."""
         return [self.serve(model_dir, self.vllm)]
 
-    def serve(self, model_dir: Path, server: LocalVLLM) -> ServerState:
-        """`server` with the starting weights: one left by an earlier run (--keep-stack) that serves this model is
-        reset to them (seconds) instead of started again (a minute or more)."""
+    def serve(self, model_dir: Path, server: LocalVLLM, lora: Lora | None = None) -> ServerState:
+        """`server` with the starting weights (and LoRA adapters loaded at run time, given `lora`): one left by an
+        earlier run (--keep-stack) that serves this model so is reset to them (seconds) instead of started again
+        (a minute or more)."""
         running = server.state()
         if running and running.details.get("model") == str(model_dir.resolve()) \
-                and running.details.get("served_name") == self.config.model and reset_weights(running.url, model_dir):
+                and running.details.get("served_name") == self.config.model \
+                and running.details.get("lora", False) == (lora is not None) and reset_weights(running.url, model_dir):
             self.say(f"Reusing the vLLM server at {running.url}, reset to the starting weights")
             return running
         server.stop()  # serves another model, or could not be reset
-        return server.start(model_dir, served_name=self.config.model, say=self.say, timeout=1800)
+        return server.start(model_dir, served_name=self.config.model, say=self.say, timeout=1800, lora=lora)
 
     def start(self, service: Service) -> Running:
         log = self.out / "logs" / f"{service.name}.log"

@@ -183,7 +183,8 @@ class LocalVLLM:
         say(f"Starting vLLM ({served_name} from {model}) on {url}; this takes about a minute…")
         await_ready("vLLM", proc, lambda: healthy(url), self.log, timeout)
         state = ServerState.of_process(proc.pid, url, str(self.log),
-                                       details={"model": str(model), "served_name": served_name, "max_model_len": max_model_len})
+                                       details={"model": str(model), "served_name": served_name, "max_model_len": max_model_len,
+                                                "lora": lora is not None})
         state.save(self.state_file)
         return state
 
