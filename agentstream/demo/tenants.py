@@ -35,9 +35,9 @@ from agentstream.demo.overrides import ServiceFlags, given, overridden
 from agentstream.demo.preset import AGENT, DemoConfig, Task
 from agentstream.demo.progress import Progress, VersionRow, plot_by_version
 from agentstream.demo.run import QUIET_S, Demo, run_folder, run_to_summary
-from agentstream.gateway.lora import adapter_name
 from agentstream.schemas.events import CallEvent, Event, PoolUpdateEvent, TrajectoryEvent, WeightsEvent
 from agentstream.schemas.kafka import KafkaSettings
+from agentstream.schemas.releases import adapter_name
 from agentstream.stack.process import ServerState, free_port
 from agentstream.stack.service import Service
 from agentstream.stack.vllm import Lora
