@@ -75,7 +75,12 @@ def test_a_rerun_skips_the_stages_done_and_runs_the_interrupted_one_again_in_a_f
     assert summary["pass_at_1_by_version"][0]["version"] == "base"
 
 
-def test_a_trainer_stage_that_cannot_fit_is_refused_before_it_starts_naming_the_recipes_flag(tmp_path):
+def test_a_trainer_stage_that_cannot_fit_is_refused_before_it_starts_naming_the_recipes_flag(tmp_path, monkeypatch):
+    from agentstream.trainer import memory
+
+    # the machine as the figures assume it, whatever else runs here now (MemAvailable caps the given limit)
+    monkeypatch.setattr(memory, "available_memory", lambda limit_gib: memory.Available(int(limit_gib * memory.GIB),
+                                                                                      "--memory-limit-gib"))
     (tmp_path / "config.json").write_text(json.dumps(QWEN_05B))
     warm = {**SFT.model_dump(include=SFT.model_fields_set), "memory_limit_gib": 10.0, "groups_per_batch": 48}
     with pytest.raises(StackError) as refused:  # 4 rows of 2,048 tokens at once: 23 GiB of logits alone
