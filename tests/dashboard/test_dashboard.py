@@ -14,7 +14,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 from typer.testing import CliRunner
 
 import agentstream.schemas as s
@@ -23,28 +22,16 @@ from agentstream.dashboard.app import create_app
 from agentstream.dashboard.settings import DashboardSettings
 from agentstream.logs.query import NAMED_QUERIES
 from agentstream.schemas.tokens import mint_rollout_token
-from agentstream.stack.process import free_port
 from samples.publish import publish_all
-from tests.support.dashboard import generated_tokens, known_events, rollout
-from tests.support.wait import wait_for_async
+from tests.support.dashboard import generated_tokens, known_events, rollout, serving
 
 KEY = "op-key-dashboard"
 ARTIFACTS = Path(__file__).parents[2] / "runs" / "test-artifacts" / "dashboard"
 
 
-@contextlib.asynccontextmanager
-async def serve(kafka):
-    settings = DashboardSettings(bootstrap_servers=kafka.bootstrap_servers, topic_prefix=kafka.topic_prefix,
-                                 api_keys=[KEY], overview_cache_s=0.5)
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=free_port(),
-                                           log_level="warning", lifespan="on"))
-    task = asyncio.create_task(server.serve())
-    await wait_for_async(lambda: server.started, timeout=30, what="the dashboard to start")
-    try:
-        yield f"http://127.0.0.1:{server.config.port}"
-    finally:
-        server.should_exit = True
-        await task
+def serve(kafka) -> contextlib.AbstractAsyncContextManager[str]:
+    return serving(DashboardSettings(bootstrap_servers=kafka.bootstrap_servers, topic_prefix=kafka.topic_prefix,
+                                     api_keys=[KEY], overview_cache_s=0.5))
 
 
 async def sql(kafka, query: str) -> list[dict]:

@@ -6,7 +6,6 @@ by any parameter (tenant, where, cursor, range, format); `agentstream sql --dash
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
 import json
 from pathlib import Path
@@ -14,17 +13,15 @@ from pathlib import Path
 import httpx
 import polars as pl
 import pytest
-import uvicorn
 from typer.testing import CliRunner
 
 from agentstream.cli import app as cli
 from agentstream.dashboard.app import create_app
 from agentstream.dashboard.settings import DashboardSettings
 from agentstream.logs.remote import NEXT_CURSOR
-from agentstream.stack.process import free_port
 from samples.publish import publish_all
 from tests.dashboard.test_tenants import OPERATOR, READ_A, READ_B, as_, trajectories
-from tests.support.wait import wait_for_async
+from tests.support.dashboard import serving
 
 APP_KEY = "app-key-of-agent-a"
 OWN = {"agent-a": 5, "agent-b": 3, None: 1}
@@ -117,17 +114,6 @@ async def test_a_tenants_export_holds_its_own_trajectories_only_whatever_it_asks
         assert answer.status_code == 401 and answer.json()["error"]["code"] == code
 
 
-@contextlib.asynccontextmanager
-async def serving(kafka):
-    server = uvicorn.Server(uvicorn.Config(create_app(settings_of(kafka)), host="127.0.0.1", port=free_port(),
-                                           log_level="warning", lifespan="on"))
-    task = asyncio.create_task(server.serve())
-    await wait_for_async(lambda: server.started, timeout=30, what="the dashboard to start")
-    try:
-        yield f"http://127.0.0.1:{server.config.port}"
-    finally:
-        server.should_exit = True
-        await task
 
 
 async def run_cli(key: str, *args: str):
@@ -138,7 +124,7 @@ async def run_cli(key: str, *args: str):
 
 @pytest.mark.slow
 async def test_sql_and_export_read_through_the_dashboard_with_the_keys_view(kafka, published, tmp_path: Path):
-    async with serving(kafka) as url:
+    async with serving(settings_of(kafka)) as url:
         async def sql(key: str, query: str) -> list[dict]:
             result = await run_cli(key, "sql", query, "--dashboard", url, "--format", "json")
             assert result.exit_code == 0, result.output

@@ -4,8 +4,32 @@ trajectories (with token sequences), the weights that trained on them and the po
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import uvicorn
+
 import agentstream.schemas as s
+from agentstream.dashboard.app import create_app
+from agentstream.dashboard.settings import DashboardSettings
+from agentstream.stack.process import free_port
 from samples.events import TASKS, UPSTREAMS, VERSIONS, prompt, rollout  # noqa: F401 (the tests' names)
+from tests.support.wait import wait_for_async
+
+
+@contextlib.asynccontextmanager
+async def serving(settings: DashboardSettings) -> AsyncIterator[str]:
+    """The dashboard in this process on a free port; its base URL."""
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=free_port(),
+                                           log_level="warning", lifespan="on"))
+    task = asyncio.create_task(server.serve())
+    await wait_for_async(lambda: server.started, timeout=30, what="the dashboard to start")
+    try:
+        yield f"http://127.0.0.1:{server.config.port}"
+    finally:
+        server.should_exit = True
+        await task
 
 
 def generated_tokens(trajectory: s.TrajectoryEvent) -> int:
