@@ -31,6 +31,8 @@ BENCHMARKS = {
     "swe_grading": "seconds per grading in a fresh sandbox vs. the bare test run; coding tasks built per minute",
     "smollm2": "SmolLM2-135M trainer tokens/s (full, LoRA) vs a supervised step; its swap pause vs the tiny model's",
     "lora_serving": "a tenant's adapter loaded at run time vs a full weight reload; memory per adapter; throughput with 1/4/16 adapters vs the base",
+    "partial_rollouts": "rollout throughput and weight-update latency with --partial-rollouts vs holding the update, "
+                        "same run, same server",
     "ranks": "the trainer's update on 1 vs 2 Ray ranks (FSDP2/gloo): samples/s, share in collectives, memory",
     "trainer_learning": "how fast the trainer's update teaches the tiny model the demo's task",
     "canary_sequential": "false promotions, false rollbacks and power of the canary rule over thousands of simulated canaries",

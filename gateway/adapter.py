@@ -188,6 +188,11 @@ class StreamAssembler(ABC):
     def tokens(self) -> Tokens:
         return tokens_of(self._prompt, self._choices, self._usage)
 
+    def generated(self) -> int:
+        """Completion tokens of the first choice that have passed so far."""
+        first = self._choices.get(0)
+        return len(first.ids) if first else 0
+
     @property
     def _agent_usage(self) -> Body | None:
         """Usage as the agent saw it: none if it did not ask for the usage chunk."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,7 +13,7 @@ from agentstream.gateway.adapter import Adapter, Body, Tokens
 from agentstream.gateway.auth import Attribution
 from agentstream.gateway.lora import TenantAdapter
 from agentstream.gateway.pool import Upstream
-from agentstream.schemas.events import Call, CallEvent
+from agentstream.schemas.events import Call, CallEvent, WeightSegment
 from agentstream.schemas.ids import new_id, now_ms
 
 RETRY_HEADERS = ("x-stainless-retry-count", "x-retry-count")
@@ -21,9 +22,10 @@ _SECRET_FIELDS = frozenset({"api_key", "apikey", "authorization", "password", "s
 _NO_TOKENS = Tokens()
 
 
-@dataclass
+@dataclass(eq=False)
 class CallRecord:
-    """What is known about one call so far; becomes its event."""
+    """What is known about one call so far; becomes its event. (Compared by identity: a followed call is kept in
+    a set, `gateway/pool.py`.)"""
 
     adapter: Adapter
     attribution: Attribution
@@ -38,6 +40,29 @@ class CallRecord:
     retry_count: int | None = None
     lora: TenantAdapter | None = None
     """the tenant's adapter that serves the call (None: the base model)"""
+    generated: Callable[[], int] | None = None
+    """how many completion tokens have passed so far (a followed stream's, `gateway/pool.py` `Lease.follow`)"""
+    switches: list[WeightSegment] = field(default_factory=list)
+    """where its server began serving newer weights while it ran (partial rollouts)"""
+
+    def switched(self, version: int) -> None:
+        """Its server serves `version` from the next token on: a new segment starts at the tokens seen so far."""
+        current = self.switches[-1].version if self.switches else self.weight_version
+        if self.generated is not None and (current is None or version > current):
+            self.switches.append(WeightSegment(version=version, start=self.generated()))
+
+    def segments(self, completion_tokens: int) -> list[WeightSegment]:
+        """The call's versions by token, from its first: a switch before the first token is the version of every
+        token, one after the last is of none."""
+        segments = [WeightSegment(version=self.weight_version, start=0)]
+        for switch in self.switches:
+            if switch.start >= completion_tokens:
+                break
+            if switch.start == segments[-1].start:
+                segments[-1] = switch
+            else:
+                segments.append(switch)
+        return segments
 
     @property
     def served_model(self) -> str:
@@ -54,9 +79,12 @@ class CallRecord:
 
     def event(self, source: str, status: int, *, response: Body | None = None, tokens: Tokens = _NO_TOKENS,
               error: str | None = None, ttft_ms: float | None = None) -> CallEvent:
+        segments = self.segments(len(tokens.completion_token_ids or ()))
         data = Call(
             api=self.adapter.api, model=self.served_model, upstream=self.upstream.url if self.upstream else None,
-            weight_version=self.lora.version if self.lora else self.weight_version, streamed=self.streamed,
+            weight_version=self.lora.version if self.lora else segments[0].version,
+            weight_segments=segments if len(segments) > 1 else [],
+            streamed=self.streamed,
             session_id=self.attribution.session_id,
             request=_redacted(self.body or {}), response=response,
             prompt_token_ids=tokens.prompt_token_ids, completion_token_ids=tokens.completion_token_ids,

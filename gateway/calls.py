@@ -69,6 +69,8 @@ class CallOptions:
     upstream_timeout_s: float = 600.0
     refused_fields: frozenset[str] = frozenset()
     access_log: bool = False
+    partial_rollouts: bool = False
+    """streamed calls go on across a weight update, their tokens counted as they pass (`gateway/pool.py`)"""
 
 
 class Calls:
@@ -81,6 +83,9 @@ class Calls:
         self.training = options.training
         self.source = options.source
         self.access_log = options.access_log
+        # the switch is found by counting token ids, which only training mode asks for; an adapter's call is not
+        # paused by an update of its base
+        self.follow_streams = options.partial_rollouts and options.training
         self.refused = options.refused_fields
         self.headers = {"content-type": "application/json"}
         if options.upstream_api_key:
@@ -290,6 +295,9 @@ class Calls:
                       lease: Lease) -> AsyncIterator[bytes]:
         assembler = call.adapter.assembler(rewrite)
         relay = Relay(call, assembler, durable=self.recorder.durable)
+        if self.follow_streams and call.lora is None:
+            call.generated = assembler.generated
+            lease.follow(call)
         try:
             async for line in relay.forward(response):
                 yield line

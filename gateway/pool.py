@@ -7,7 +7,9 @@ up and down and read the weight version each one serves.
 
 While a model's weights are updated, its new requests wait in `admit` (bounded; then 503 with
 Retry-After) and `drain` reports when the ones in flight have finished. `pool_sync` decides when
-to hold and release; this module only keeps the state.
+to hold and release; this module only keeps the state. With partial rollouts, a streamed call is
+`followed` while it runs (its tokens are counted as they pass): the drain does not wait for it, and
+`switched` tells it at which of its tokens a server began serving new weights.
 
 Tenants' LoRA adapters ride on the base model's servers (`gateway/lora.py`, `Pool.adapters`): a tenant's call
 is counted under its adapter's name, `<tenant>@<version>`, so the old version's requests can drain; a new
@@ -22,7 +24,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -99,16 +101,31 @@ class Hold:
     expiry: asyncio.TimerHandle | None = None
 
 
+class Followed(Protocol):
+    """A call whose completion tokens are counted as they stream: it can go on across a weight update."""
+
+    def switched(self, version: int) -> None:
+        """Its server serves `version` from the next token on."""
+
+
 class Lease:
     """One request's use of a server: counted while it runs, so updates can drain."""
 
-    __slots__ = ("_open", "model", "pool", "upstream")
+    __slots__ = ("_open", "followed", "model", "pool", "upstream")
 
     def __init__(self, pool: Pool, model: str, upstream: Upstream):
         self.pool, self.model, self.upstream, self._open = pool, model, upstream, True
+        self.followed: Followed | None = None
         upstream.in_flight += 1
         pool._in_flight[model] += 1
         pool.metrics.in_flight.inc()
+
+    def follow(self, call: Followed) -> None:
+        """From now on a weight update need not wait for this request: `call` learns where it switched."""
+        if self._open and self.followed is None:
+            self.followed = call
+            self.pool.followed.setdefault(self.upstream.url, set()).add(call)
+            self.pool._followed[self.model] += 1
 
     def close(self) -> None:
         if self._open:
@@ -116,6 +133,9 @@ class Lease:
             self.upstream.in_flight -= 1
             self.pool._in_flight[self.model] -= 1
             self.pool.metrics.in_flight.dec()
+            if self.followed is not None:
+                self.pool.followed[self.upstream.url].discard(self.followed)
+                self.pool._followed[self.model] -= 1
 
 
 class Pool:
@@ -132,6 +152,9 @@ class Pool:
         self.hold_max_s = hold_max_s
         self.holds: dict[str, Hold] = {}
         self._in_flight: Counter[str] = Counter()
+        self._followed: Counter[str] = Counter()
+        self.followed: dict[str, set[Followed]] = {}
+        """server url -> its calls in flight that can go on across a weight update (`Lease.follow`)"""
         self.releases: dict[ReleaseKey, ReleaseState] = {}
         """(model, tenant) -> its release (canary) state, as pool sync folds it from the `releases` topic"""
         self.adapters = Adapters(http, self.in_flight, max_resident=max_resident_adapters, canary_share=canary_share,
@@ -246,15 +269,24 @@ class Pool:
                                                    hold_max_s=self.hold_max_s))
         self._release(model, hold)
 
-    async def drain(self, model: str, servers: list[Upstream], timeout: float) -> bool:
-        """Wait until no request of `model` runs here or on `servers` (other replicas' too); False at timeout."""
+    async def drain(self, model: str, servers: list[Upstream], timeout: float, followed_go_on: bool = False) -> bool:
+        """Wait until no request of `model` runs here or on `servers` (other replicas' too); False at timeout.
+        `followed_go_on`: wait only for this replica's requests that are not followed (the servers' own
+        counts cannot tell a followed request from another)."""
         deadline = time.monotonic() + timeout
         while True:
+            if followed_go_on and self.in_flight(model) == self._followed[model]:
+                return True
             if self.in_flight(model) == 0 and all(await asyncio.gather(*(self._idle(s) for s in servers))):
                 return True
             if time.monotonic() > deadline:
                 return False
             await asyncio.sleep(0.02)
+
+    def switched(self, server: str, version: int) -> None:
+        """`server` serves `version` from its next step on: each followed call on it marks where that is."""
+        for call in self.followed.get(server, ()):
+            call.switched(version)
 
     async def _idle(self, upstream: Upstream) -> bool:
         try:

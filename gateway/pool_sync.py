@@ -11,7 +11,16 @@ For each server of the model it waits for requests in flight to drain (bounded),
 reload_weights(uri) → reset_prefix_cache → update_weight_version → resume, proving before each step that
 it still owns the partition, and publishes a `pool` event with the pause duration. The version label comes
 from the same event as the weights, after they loaded, so a server reports the version it serves. Offsets are
-committed after the pool events are acknowledged. A re-delivered event (the applier died or lost the
+committed after the pool events are acknowledged.
+
+Partial rollouts (`--partial-rollouts`): the drain waits only for calls that are not followed (not
+streamed); a streamed call stays in vLLM's scheduler through the pause ("keep" freezes it; the prefix
+cache reset makes it recompute its keys and values under the new weights) and goes on with the new
+weights after the resume. Just before the resume, with the engine still paused, every followed call on
+the server marks its count of tokens so far as the start of the new version's segment: no token is
+sampled while paused, and those sampled before the pause have had the whole reload to reach the
+gateway. Other replicas mark it when the `pool` event reaches them (later: a few of the new version's
+tokens may be counted as the old one's). A re-delivered event (the applier died or lost the
 partition mid-way) is finished, not repeated: a server whose /weight_info already shows the version is not
 paused again (resumed if the applier stopped before resuming it), one behind loads the event's weights again,
 and the pool event's id is derived from (model, version, server, status), so consumers drop the repeat.
@@ -185,6 +194,8 @@ class PoolSync:
                 self.adapter_loaded(update)
                 return
             self._rolled_back(update)
+            if self.settings.partial_rollouts and update.status == "ok":
+                self.pool.switched(update.server, update.version)  # the applier's calls have marked it already
             self.pool.applied(update.model, update.version, update.server, ok=update.status == "ok")
         elif isinstance(event, ReleaseEvent):
             self.observe_release(event, live)
@@ -441,7 +452,8 @@ class PoolSync:
         if behind:
             log.info("applying weights", extra=fields(model=weights.model, version=weights.version, uri=weights.uri,
                                                       servers=[server.url for server in behind]))
-            if not await self.pool.drain(weights.model, behind, self.settings.drain_timeout_s):
+            if not await self.pool.drain(weights.model, behind, self.settings.drain_timeout_s,
+                                         followed_go_on=self.settings.partial_rollouts):
                 log.warning("requests still in flight after the drain timeout: pausing anyway (they resume after)",
                             extra=fields(model=weights.model, drain_timeout_s=self.settings.drain_timeout_s))
         updates = await _each(self._update(server, weights.model, weights.version, weights.uri, held_since,
@@ -569,6 +581,8 @@ class PoolSync:
             await self._reset_prefix_cache(server)
             await _check(claim, "labelling the version")  # after the weights loaded, from the same event
             await self._post(server, "/update_weight_version", json={"new_version": str(version)})
+            if self.settings.partial_rollouts:  # still paused: every token counted so far is the old weights'
+                self.pool.switched(server.url, version)
         except (aiohttp.ClientError, TimeoutError, UpdateFailed) as exc:
             error = f"{type(exc).__name__}: {exc}"
         await _check(claim, "resuming")  # a fenced writer leaves the resume to the one that finishes the update

@@ -113,7 +113,7 @@ def call_options(settings: GatewaySettings) -> CallOptions:
         training=settings.mode == "training", source=settings.source,
         upstream_api_key=settings.upstream_api_key.get_secret_value(), connect_timeout_s=settings.connect_timeout_s,
         upstream_timeout_s=settings.upstream_timeout_s, refused_fields=frozenset(settings.refused_fields),
-        access_log=settings.access_log)
+        access_log=settings.access_log, partial_rollouts=settings.partial_rollouts)
 
 
 def settings_problem(settings: GatewaySettings) -> str | None:

@@ -69,6 +69,10 @@ class GatewaySettings(KafkaSettings):
         30.0, description="longest a request waits while its model's weights update; then 503 with Retry-After")
     drain_timeout_s: float = Field(
         30.0, description="longest an update waits for in-flight requests to finish before pausing a server")
+    partial_rollouts: bool = Field(
+        False, description="at a weight update, streamed calls in flight go on with the new weights instead of the "
+        "update waiting for them to finish; their call events record which version sampled which tokens "
+        "(`weight_segments`). Calls that are not streamed are still waited for (up to --drain-timeout-s)")
     hold_max_s: float = Field(
         300.0, description="longest a replica holds a model for an update it never sees applied")
     initial_weight_version: int = Field(

@@ -15,7 +15,9 @@ Versions: 1, the first; 2, `Call.retry_count` (the agent's SDK retried the reque
 traffic, `schemas.sessions`): the `session.ended` and `feedback` events, `Trajectory.session_id`,
 `Turn.completion_start` (a turn's token span, for per-turn rewards) and `Reward.trajectory_id` (a reward
 computed after its trajectory was published); 4, `Trajectory.revision_of` (a session's trajectory published
-again with the reward of feedback that came after it) and `Turn.logprobs_missing` (its call recorded none).
+again with the reward of feedback that came after it) and `Turn.logprobs_missing` (its call recorded none); 5,
+`Call.weight_segments` and `Turn.weight_segments` (a completion that went on across a weight update: which
+version sampled which of its tokens, `--partial-rollouts`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentstream.schemas.ids import new_id, now_ms
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 class Payload(BaseModel):
@@ -246,11 +248,33 @@ class ChoiceTokens(Payload):
     finish_reason: str | None = None
 
 
+class WeightSegment(Payload):
+    """Completion tokens from `start` on (to the next segment's start) were sampled by weights `version`."""
+
+    version: int | None
+    start: int = Field(ge=0, description="index of the segment's first completion token")
+
+
+def token_versions(version: int | None, segments: list[WeightSegment], length: int) -> list[int | None]:
+    """The version that sampled each of `length` completion tokens: `version` for all, unless `segments` say."""
+    if not segments:
+        return [version] * length
+    versions: list[int | None] = []
+    for segment, following in zip(segments, [*segments[1:], None]):
+        end = length if following is None else min(following.start, length)
+        versions += [segment.version] * max(0, end - len(versions))
+    return versions + [segments[-1].version] * (length - len(versions))
+
+
 class Call(Payload):
     api: Literal["chat.completions", "completions", "responses", "messages"]
     model: str
     upstream: str | None = Field(None, description="base URL of the server that answered")
-    weight_version: int | None = Field(None, description="the weights that produced the completion")
+    weight_version: int | None = Field(None, description="the weights that produced the completion (with "
+                                       "`weight_segments`: its first tokens; the oldest of them)")
+    weight_segments: list[WeightSegment] = Field(default_factory=list, description="set when the completion went on "
+                                                 "across a weight update (`--partial-rollouts`): each version and its "
+                                                 "first token, in order; empty: every token is `weight_version`'s")
     streamed: bool = False
     session_id: str | None = Field(None, description="the session of a call made outside any rollout (its "
                                    "`rollout_id` is then the session's, `schemas.sessions.session_rollout_id`)")
@@ -331,6 +355,8 @@ class Turn(Payload):
                                       "distribution it scales (processed logprobs), and the trainer scales by it too")
     logprobs_missing: bool = Field(False, description="its call recorded no logprobs (or not one per completion "
                                    "token): `logprobs` are 0.0 placeholders, not the sampling policy's")
+    weight_segments: list[WeightSegment] = Field(default_factory=list, description="its call's: which version "
+                                                 "sampled which completion tokens (empty: all `weight_version`'s)")
 
 
 class Sequence(Payload):

@@ -48,6 +48,7 @@ from agentstream.schemas.events import (
     Trajectory,
     TrajectoryEvent,
     Turn,
+    token_versions,
 )
 from agentstream.schemas.ids import derived_id
 
@@ -245,10 +246,11 @@ def _turn(call_id: str, call: Call) -> Turn:
     temperature = call.request.get("temperature")
     sampled = {"temperature": float(temperature)} if isinstance(temperature, (int, float)) \
         and not isinstance(temperature, bool) else {}
+    segments = {"weight_segments": call.weight_segments} if call.weight_segments else {}
     return _made(Turn, call_id=call_id, sequence=0, prompt_token_ids=call.prompt_token_ids or [],
                                 completion_token_ids=ids, logprobs=call.logprobs if recorded else [0.0] * len(ids),
                                 weight_version=call.weight_version, finish_reason=call.finish_reason,
-                                latency_ms=call.latency_ms, **missing, **sampled)
+                                latency_ms=call.latency_ms, **missing, **sampled, **segments)
 
 
 def superseded(turns: list[Turn], retry_counts: list[int]) -> set[int]:
@@ -301,7 +303,7 @@ def merge(turns: list[Turn]) -> tuple[list[Sequence], int]:
         current["logprobs"] += [0.0] * between
         current["logprobs"] += turn.logprobs
         current["weight_versions"] += [None] * between
-        current["weight_versions"] += [turn.weight_version] * len(completion)
+        current["weight_versions"] += token_versions(turn.weight_version, turn.weight_segments, len(completion))
         current["turns"].append(index)
         turn.sequence = len(built) - 1
     sequences = [_made(Sequence, prompt_length=length, **lists) for lists, length in zip(built, prompt_lengths)]

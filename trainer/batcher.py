@@ -50,6 +50,9 @@ class Sample:
     """where the trajectory came from (rollout or session), as `source_of` tells"""
     source_weight: float = 1.0
     """the loss weight of its source (--source-weights)"""
+    token_weights: list[list[float]] | None = None
+    """per sequence, each token's staleness weight, when its tokens came from versions weighed differently (a
+    completion that went on across a weight update, `--partial-rollouts`); None: `weight` for every token"""
     teacher_logprobs: list[list[float]] | None = None
     """per sequence, the distillation teacher's logprob of each token given those before it (0.0 at position 0),
     aligned with the sequence's `token_ids`, as far as --max-seq-len (`trainer.distill`)"""
@@ -98,8 +101,10 @@ def oldest_version(trajectory: Trajectory, initial_version: int) -> int | None:
 
 
 def weigh(sample: Sample, version: int, settings: TrainerSettings) -> bool:
-    """Set the sample's staleness and loss weight; False when it is to be dropped."""
+    """Set the sample's staleness and loss weight; False when it is to be dropped. Staleness is the oldest
+    token's; a down-weighted sample whose tokens came from several versions weighs each token by its own."""
     sample.staleness = staleness(sample.trajectory, version, settings.initial_version)
+    sample.token_weights = None
     over = sample.staleness - settings.max_staleness
     if over <= 0:
         sample.weight = 1.0
@@ -107,7 +112,21 @@ def weigh(sample: Sample, version: int, settings: TrainerSettings) -> bool:
     if settings.stale_policy == "drop":
         return False
     sample.weight = settings.stale_decay ** over
+    sample.token_weights = token_weights(sample.trajectory, version, settings)
     return True
+
+
+def token_weights(trajectory: Trajectory, version: int, settings: TrainerSettings) -> list[list[float]] | None:
+    """Each token's down-weight by the version that sampled it (decay ** versions past --max-staleness), per
+    sequence; None when every generated token weighs the same."""
+    def weight(sampled_by: int | None) -> float:
+        behind = version - (settings.initial_version if sampled_by is None else sampled_by)
+        return float(settings.stale_decay ** max(0, behind - settings.max_staleness))
+
+    weights = [[weight(v) if m else 0.0 for v, m in zip(seq.weight_versions, seq.mask)]
+               for seq in trajectory.sequences]
+    distinct = {w for seq, row in zip(trajectory.sequences, weights) for w, m in zip(row, seq.mask) if m}
+    return weights if len(distinct) > 1 else None
 
 
 @dataclass

@@ -43,6 +43,13 @@ w = 1 distils alone (no group needs a reward that differs) and the policy loss i
 Per-sample loss weights multiply: staleness (`--stale-policy downweight`) × the source's weight
 (`source_weights`) × the importance weight.
 
+Partial rollouts (the gateway's `--partial-rollouts`): a completion that went on across a weight update has
+tokens from two or more versions, each recorded with the logprob of the version that sampled it, so the
+behaviour policy of the ratio (and of `rollout_is`'s weights) is each token's own. Staleness is per token
+too: the sample's is its oldest token's (what `--max-staleness` drops), and a down-weighted sample weighs each
+token by its own version's distance (`trainer.batcher.token_weights`): the tokens sampled after the update
+are fresher than those before.
+
 Memory: the rows of a mini-batch are packed, longest first, into micro-batches of at most
 `micro_batch_tokens` padded tokens (each cut to its own longest row), whose gradients add up to
 the mini-batch's; activations can be recomputed in the backward pass (gradient checkpointing);
@@ -147,7 +154,10 @@ def to_tensors(samples: list[Sample], max_len: int, turn_rewards: bool = False) 
         old_logprobs[row, : n - 1] = torch.tensor(seq.logprobs[1:n], dtype=torch.float32)
         for start, length, temperature in sampled_at(sample.trajectory, seq):
             temperatures[row, max(start - 1, 0): min(start - 1 + length, n - 1)] = temperature
-        weights[row, : n - 1] = sample.weight * sample.source_weight
+        if sample.token_weights is None:
+            weights[row, : n - 1] = sample.weight * sample.source_weight
+        else:  # position t scores token t+1: its own version's staleness weight
+            weights[row, : n - 1] = torch.tensor(sample.token_weights[number][1:n]) * sample.source_weight
         if teacher is not None and sample.teacher_logprobs is not None:
             teacher[row, : n - 1] = torch.tensor(sample.teacher_logprobs[number][1:n], dtype=torch.float32)
         credit += units_of(sample, row, number, n, turn_rewards)

@@ -41,6 +41,26 @@ def test_turns_that_extend_each_other_merge_into_one_masked_sequence():
     assert data.finished_at == events[-1].time and data.started_at == events[0].time
 
 
+def test_a_completion_that_went_on_across_a_weight_update_records_each_tokens_version():
+    """Partial rollouts: the second turn's first token was sampled by version 0, the second by version 1."""
+    rollout = Rollout("r-partial")
+    events = rollout.two_turns(merged=True, reward=0.5)
+    events[2].data.weight_segments = [s.WeightSegment(version=0, start=0), s.WeightSegment(version=1, start=1)]
+    (trajectory,) = assemble(events, TIMING)
+    (sequence,) = trajectory.data.sequences
+    assert sequence.weight_versions == [None, None, None, 0, 0, None, None, 0, 1]
+    assert trajectory.data.turns[1].weight_segments == events[2].data.weight_segments
+    assert trajectory.data.turns[0].weight_segments == []
+
+
+def test_token_versions_spread_segments_over_the_completion():
+    segments = [s.WeightSegment(version=2, start=0), s.WeightSegment(version=3, start=2),
+                s.WeightSegment(version=5, start=4)]
+    assert s.token_versions(2, segments, 6) == [2, 2, 3, 3, 5, 5]
+    assert s.token_versions(2, segments, 3) == [2, 2, 3]
+    assert s.token_versions(7, [], 3) == [7, 7, 7]
+
+
 def test_a_turn_that_rewrites_history_starts_a_new_sequence_and_counts_as_a_mismatch():
     (trajectory,) = assemble(Rollout("r-split").two_turns(merged=False), TIMING)
     data = trajectory.data

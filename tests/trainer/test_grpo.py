@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from agentstream.trainer.batcher import Batcher, Sample, group_of, staleness
+from agentstream.trainer.batcher import Batcher, Sample, group_of, staleness, weigh
 from agentstream.trainer.grpo import Policy, compute_advantages, micro_batches, to_tensors, token_logprobs, warm_up
 from agentstream.trainer.settings import TrainerSettings
 from tests.support.trainer import (
@@ -301,6 +301,28 @@ def test_downweight_keeps_stale_samples_with_a_smaller_weight():
     batch = b.take(now=0, version=5)
     weights = {s.group: s.weight for s in batch.samples}
     assert weights == {"a": 0.5 ** 4, "b": 1.0}  # None counts as the initial version 0: 5 behind
+
+
+def test_downweight_weighs_each_token_by_the_version_that_sampled_it():
+    """A completion that went on across updates (partial rollouts): its tokens from version 1 are 4 behind the
+    trainer's 5, those from version 4 one behind: with --max-staleness 1 the first weigh 0.5 ** 3, the others 1."""
+    b = batcher(max_staleness=1, stale_policy="downweight", stale_decay=0.5)
+    for i in range(4):
+        event = trajectory(chat_prompt("q"), ids("abc"), 1.0, "a", i, version=1)
+        mixed = Sample(event.id, 0, i, event.data, group_of(event.id, event.data))
+        mixed.trajectory.sequences[0].weight_versions[-1] = 4
+        b.add(mixed)
+    batch = b.take(now=0, version=5, flush=True)
+    assert len(batch.samples) == 4 and all(s.staleness == 4 and s.weight == 0.5 ** 3 for s in batch.samples)
+    seq = batch.samples[0].trajectory.sequences[0]
+    generated = [w for w, m in zip(batch.samples[0].token_weights[0], seq.mask) if m]
+    assert generated == [0.5 ** 3] * (len(generated) - 1) + [1.0]
+    tensors = to_tensors(batch.samples[:1], max_len=64)
+    scored = tensors.weights[0][tensors.loss_mask[0] > 0].tolist()
+    assert scored == generated, "each scored position carries its own token's weight"
+    # one version for all: the sample's weight on every token, as before
+    same = sample("b", 0, version=1)
+    assert weigh(same, 5, b.settings) and same.token_weights is None and same.weight == 0.5 ** 3
 
 
 def test_a_retried_attempt_replaces_the_earlier_one():
