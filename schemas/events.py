@@ -252,7 +252,9 @@ class WeightSegment(Payload):
     """Completion tokens from `start` on (to the next segment's start) were sampled by weights `version`."""
 
     version: int | None
-    start: int = Field(ge=0, description="index of the segment's first completion token")
+    # no ge=0: an event's native form checks types only (schemas/shapes.py); token_versions reads a bad start as
+    # an empty segment
+    start: int = Field(description="index of the segment's first completion token")
 
 
 def token_versions(version: int | None, segments: list[WeightSegment], length: int) -> list[int | None]:
