@@ -1,15 +1,29 @@
 """The teacher's side of demonstrations (recipes/swe/keep.py, teacher.py): who `--teacher` names, which graded
-attempts are kept, and the answers a kept attempt gives the student."""
+attempts are kept, the answers a kept attempt gives the student; and the whole path with a teacher on a second vLLM
+server and with a teacher at a provider (a stand-in), its key reaching no event and no file of the run."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+
 import pytest
+from rich.console import Console
 
 import agentstream.schemas as s
+from agentstream.recipes.swe.demonstrate import DemonstrateConfig
+from agentstream.recipes.swe.expert import answers, write_demonstrations
 from agentstream.recipes.swe.keep import Attempt, Keep, Upstream, parse_teacher
-from agentstream.recipes.swe.teacher import attempt_of
+from agentstream.recipes.swe.teacher import attempt_of, run_demonstrations
+from agentstream.schemas.events import CallEvent, TrajectoryEvent
+from agentstream.schemas.kafka import KafkaSettings
 from agentstream.stack import StackError
+from agentstream.stack.vllm import LocalVLLM
 from samples.events import trajectory
+from tests.support.gateway import read_events
+from tests.support.provider import KNOWN_FIELDS, running_provider
+from tests.support.swe import SHORT_CONFIG, calc_instance, make_repo
 
 
 def test_the_teacher_is_the_expert_or_a_model_at_a_url():
@@ -58,3 +72,117 @@ def test_an_attempts_answers_are_its_answered_calls_texts_in_order_with_the_prov
     assert kept.generated_tokens == 14 and kept.reward == 1.0
     with pytest.raises(StackError, match="answered no text"):
         attempt_of(data, False, {"c1": call("c1", None)})
+
+
+# --- the whole path: the teacher's attempts through the gateway and the grader, the student's replay ------------
+# The tiny model (its tokens are characters, 2,048 of them) holds an attempt in the short harness config; the teacher
+# is a second server: the tiny architecture with other weights on vLLM, made to answer the expert's fix (a teacher that
+# answers the gold fix: a plumbing test), or a provider stand-in that answers it. The student is the run's own vLLM.
+
+TEACHER_KEY = "sk-teacher-key-for-tests-9876543210"
+
+
+def calc_task_set(tmp_path, monkeypatch):
+    """The calc task as a train instance, its repository, and the expert's answers to it."""
+    repos = tmp_path / "repos"
+    instance = calc_instance(make_repo(repos), "add(1, 2) == 3")
+    (instances := tmp_path / "instances.jsonl").write_text(instance.model_dump_json() + "\n")
+    (config := tmp_path / "short.yaml").write_text(SHORT_CONFIG)
+    script = tmp_path / "teacher-script.jsonl"
+    assert write_demonstrations([instance], repos, script) == (1, {})
+    for name, value in {"AGENTSTREAM_SWE_REPOS": repos, "AGENTSTREAM_SWE_ENVS": tmp_path / "envs",
+                        "AGENTSTREAM_SWE_CONFIG": config, "TEACHER_KEY": TEACHER_KEY}.items():
+        monkeypatch.setenv(name, str(value))
+    return instances, script, answers(instance, repos)
+
+
+def demonstrate(tmp_path, instances, teacher: str, student_dir, **extra) -> tuple[DemonstrateConfig, dict]:
+    config = DemonstrateConfig(model="tiny", base_model=student_dir, instances_file=instances, teacher=teacher,
+                               teacher_key_env="TEACHER_KEY", step_limit=4, max_tokens=400, concurrency=1,
+                               attempt_timeout_s=240, out=tmp_path / "run", vllm_name=f"teacher-student-{os.getpid()}",
+                               **extra)
+    return config, run_demonstrations(config, Console(width=160))
+
+
+async def run_events(kafka_bootstrap: str, out) -> list:
+    kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic_prefix=f"{out.name}.")
+    return [event for topic in (kafka.topics.calls, kafka.topics.rollouts, kafka.topics.rewards,
+                                kafka.topics.trajectories) for event in await read_events(kafka, topic)]
+
+
+def assert_replayed_in_the_students_tokens(events, expert: list[str], tokenizer) -> None:
+    """The student's trajectory: graded 1, each turn the expert's answer in the student's own token ids."""
+    students = [e.data for e in events if isinstance(e, TrajectoryEvent) and e.data.model == "tiny"]
+    [student] = [t for t in students if t.reward is not None]
+    assert student.reward == 1.0 and len(student.turns) == 3
+    for turn, answer in zip(student.turns, expert, strict=True):
+        assert turn.completion_token_ids == [*tokenizer.encode(answer, add_special_tokens=False),
+                                             tokenizer.eos_token_id]
+
+
+def assert_the_key_is_nowhere(events, out) -> None:
+    assert not any(TEACHER_KEY in event.model_dump_json() for event in events), "the key is in an event"
+    leaked = [path for path in out.rglob("*") if path.is_file() and TEACHER_KEY.encode() in path.read_bytes()]
+    assert not leaked, f"the key is in the run folder: {leaked}"
+
+
+@pytest.fixture
+def teacher_server(tiny_model_dirs):
+    """A second vLLM server: the tiny architecture with other weights, served as "teacher", wanting its key."""
+    server = LocalVLLM(name=f"pytest-teacher-{os.getpid()}")
+    state = server.start(tiny_model_dirs[1], served_name="teacher", timeout=420, extra_args=["--api-key", TEACHER_KEY])
+    try:
+        yield state.url
+    finally:
+        server.stop(grace=2)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow  # two vLLM servers, a local stack, two graded attempts: minutes
+@pytest.mark.timeout(1800)
+async def test_a_teacher_on_a_second_vllm_server_is_graded_kept_and_replayed_in_the_students_tokens(
+        kafka_bootstrap, tiny_model_dirs, teacher_server, tokenizer_of_tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)
+    instances, script, expert = calc_task_set(tmp_path, monkeypatch)
+    config, summary = await asyncio.to_thread(demonstrate, tmp_path, instances, f"teacher={teacher_server}",
+                                              tiny_model_dirs[0], teacher_script=script)
+
+    assert (summary["teacher_attempts"], summary["teacher_kept"]) == (1, 1)
+    [decision] = json.loads((config.out / "teacher.json").read_text())
+    assert decision["kept"] and decision["reward"] == 1.0 and decision["calls"] == 3
+    events = await run_events(kafka_bootstrap, config.out)
+    teachers = [e.data for e in events if isinstance(e, CallEvent) and e.data.model == "teacher"]
+    assert len(teachers) == 3 and all(call.upstream == teacher_server and call.status == 200 for call in teachers)
+    assert all(call.completion_token_ids is None for call in teachers), "a teacher is asked for no token ids"
+    assert [call.response["choices"][0]["message"]["content"] for call in teachers] == expert
+    assert_replayed_in_the_students_tokens(events, expert, tokenizer_of_tiny)
+    assert_the_key_is_nowhere(events, config.out)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow  # a local stack and two graded attempts: minutes
+@pytest.mark.timeout(1800)
+async def test_a_teacher_at_a_provider_gets_its_key_and_no_vllm_field_and_its_answers_are_replayed(
+        kafka_bootstrap, tiny_model_dirs, tokenizer_of_tiny, tmp_path, monkeypatch):
+    """The provider is a stand-in (tests/support/provider.py; OpenAI or Anthropic cannot run here): it refuses a
+    wrong key and any field it does not know, as they do."""
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)
+    instances, _, expert = calc_task_set(tmp_path, monkeypatch)
+    with running_provider(TEACHER_KEY, expert) as provider:
+        config, summary = await asyncio.to_thread(demonstrate, tmp_path, instances, f"gpt-teacher={provider.url}",
+                                                  tiny_model_dirs[0])
+
+    assert (summary["teacher_attempts"], summary["teacher_kept"]) == (1, 1)
+    assert len(provider.requests) == 3
+    assert all(r["headers"]["authorization"] == f"Bearer {TEACHER_KEY}" for r in provider.requests)
+    assert all(set(r["body"]) <= KNOWN_FIELDS for r in provider.requests), "no vLLM field reached the provider"
+    events = await run_events(kafka_bootstrap, config.out)
+    assert_replayed_in_the_students_tokens(events, expert, tokenizer_of_tiny)
+    assert_the_key_is_nowhere(events, config.out)
+
+
+@pytest.fixture
+def tokenizer_of_tiny(tiny_model_dirs):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dirs[0])
