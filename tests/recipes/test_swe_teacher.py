@@ -130,7 +130,7 @@ def assert_the_key_is_nowhere(events, out) -> None:
 def teacher_server(tiny_model_dirs):
     """A second vLLM server: the tiny architecture with other weights, served as "teacher", wanting its key."""
     server = LocalVLLM(name=f"pytest-teacher-{os.getpid()}")
-    state = server.start(tiny_model_dirs[1], served_name="teacher", timeout=420, extra_args=["--api-key", TEACHER_KEY])
+    state = server.start(tiny_model_dirs[1], served_name="teacher", timeout=900, extra_args=["--api-key", TEACHER_KEY])
     try:
         yield state.url
     finally:
