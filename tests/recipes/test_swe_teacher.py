@@ -97,9 +97,10 @@ def calc_task_set(tmp_path, monkeypatch):
 
 
 def demonstrate(tmp_path, instances, teacher: str, student_dir, **extra) -> tuple[DemonstrateConfig, dict]:
+    """The run, its folder named as its test's (the folder's name prefixes its topics on the session's broker)."""
     config = DemonstrateConfig(model="tiny", base_model=student_dir, instances_file=instances, teacher=teacher,
                                teacher_key_env="TEACHER_KEY", step_limit=4, max_tokens=400, concurrency=1,
-                               attempt_timeout_s=240, out=tmp_path / "run", vllm_name=f"teacher-student-{os.getpid()}",
+                               attempt_timeout_s=240, out=tmp_path / tmp_path.name, vllm_name=f"teacher-student-{os.getpid()}",
                                **extra)
     return config, run_demonstrations(config, Console(width=160))
 
