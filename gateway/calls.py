@@ -65,6 +65,7 @@ class CallOptions:
     training: bool
     source: str
     upstream_api_key: str = ""
+    provider_api_key: str = ""
     connect_timeout_s: float = 2.0
     upstream_timeout_s: float = 600.0
     refused_fields: frozenset[str] = frozenset()
@@ -87,9 +88,10 @@ class Calls:
         # paused by an update of its base
         self.follow_streams = options.partial_rollouts and options.training
         self.refused = options.refused_fields
-        self.headers = {"content-type": "application/json"}
-        if options.upstream_api_key:
-            self.headers["authorization"] = f"Bearer {options.upstream_api_key}"
+        # each key goes to its own servers only: a provider's key never reaches this platform's servers, nor theirs it
+        self.headers = _headers(options.upstream_api_key)
+        self.provider_headers = _headers(options.provider_api_key)
+        self.provider_key = options.provider_api_key.encode()
         self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=options.connect_timeout_s,
                                              sock_read=options.upstream_timeout_s)
 
@@ -99,7 +101,8 @@ class Calls:
         try:
             body = self._parse(call, await request.body())
             adapter.check(body)  # a bad field is the agent's error: a 400 before anything goes upstream
-            rewrite = adapter.rewrite(body, self.training)
+            # a provider's answer has no token ids, and asking it for them would be refused as an unknown field
+            rewrite = adapter.rewrite(body, self.training and not self.pool.provided(call.model))
             # before the upstream generates anything: a call that cannot be recorded is not served
             self.recorder.check_available()
             await self.pool.admit(call.model)
@@ -210,7 +213,8 @@ class Calls:
         call.upstream, call.weight_version = upstream, upstream.weight_version
         try:
             response = await self.http.post(upstream.endpoint(path), data=content,
-                                            headers=self.headers, timeout=self.timeout)
+                                            headers=self.provider_headers if upstream.provider else self.headers,
+                                            timeout=self.timeout)
         except BaseException:
             lease.close()
             raise
@@ -247,6 +251,9 @@ class Calls:
             raw = await body_of(response, lease)
         except TRANSPORT:
             raw = b""
+        if call.upstream is not None and call.upstream.provider and self.provider_key:
+            # a provider's 401 may quote the key it was sent: neither the agent nor the log gets it
+            raw = raw.replace(self.provider_key, b"[the provider key]")
         payload = json_of(raw)
         status = response.status
         message = f"upstream {call.upstream_url} answered {status}: {error_message(payload, raw)}"
@@ -329,3 +336,5 @@ class Calls:
             yield line
 
 
+def _headers(key: str) -> dict[str, str]:
+    return {"content-type": "application/json", **({"authorization": f"Bearer {key}"} if key else {})}

@@ -23,6 +23,7 @@ import hashlib
 import logging
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -50,6 +51,9 @@ class Upstream:
     models: set[str]
     discover: bool = False
     """models come from the server's /v1/models (it was configured as a bare URL)"""
+    provider: bool = False
+    """a server that is not this platform's (a teacher at an OpenAI-compatible provider): calls are forwarded as they
+    are, with no token ids or logprobs asked, the provider's key and no other; no health or weight checks"""
     healthy: bool = True
     weight_version: int | None = None
     in_flight: int = 0
@@ -65,20 +69,33 @@ class Upstream:
         return endpoint
 
 
-def parse_upstreams(entries: list[str]) -> list[Upstream]:
-    """`MODEL=URL` or bare `URL` entries; several models on one URL make one server."""
+def parse_upstreams(entries: Sequence[str], providers: Sequence[str] = ()) -> list[Upstream]:
+    """`MODEL=URL` or bare `URL` entries; several models on one URL make one server. `providers`: `MODEL=URL` entries
+    of servers that are not vLLM (`Upstream.provider`); a URL may not be both."""
+    servers = _servers(entries, provider=False)
+    for url, server in _servers(providers, provider=True).items():
+        if server.discover:
+            raise ValueError(f"provider {url!r}: name its model, MODEL=URL (a provider's /v1/models lists models "
+                             "this gateway must not route to it)")
+        if url in servers:
+            raise ValueError(f"{url} is both an upstream and a provider: it is one or the other")
+        servers[url] = server
+    return list(servers.values())
+
+
+def _servers(entries: Sequence[str], provider: bool) -> dict[str, Upstream]:
     servers: dict[str, Upstream] = {}
     for entry in entries:
         model, url = ("", entry) if entry.startswith(("http://", "https://")) else entry.partition("=")[::2]
         url = normalize_url(url)
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"upstream {entry!r}: expected MODEL=URL or URL, e.g. tiny=http://127.0.0.1:8000")
-        server = servers.setdefault(url, Upstream(url, set()))
+        server = servers.setdefault(url, Upstream(url, set(), provider=provider))
         if model:
             server.models.add(model)
         else:
             server.discover = True
-    return list(servers.values())
+    return servers
 
 
 def normalize_url(url: str) -> str:
@@ -165,6 +182,10 @@ class Pool:
 
     def models(self) -> list[str]:
         return sorted({model for upstream in self.upstreams.values() for model in upstream.models})
+
+    def provided(self, model: str) -> bool:
+        """Whether `model` is served by a provider (`Upstream.provider`): its calls are forwarded as they are."""
+        return any(upstream.provider for upstream in self.servers(model))
 
     def servers(self, model: str) -> list[Upstream]:
         return [upstream for upstream in self.upstreams.values() if model in upstream.models]
@@ -318,6 +339,8 @@ class Pool:
             return None
 
     async def check(self, upstream: Upstream) -> None:
+        if upstream.provider:  # no /health, no /weight_info, and its /v1/models is not this pool's business
+            return
         try:
             await self._get(upstream, "/health")
             if upstream.discover:

@@ -38,7 +38,7 @@ class Gateway:
         self.settings = settings
         self.metrics = Metrics()
         self.auth = Authenticator(settings.key_ring, settings.token_secret.get_secret_value(), settings.allow_anonymous)
-        self.upstreams = parse_upstreams(settings.upstreams)
+        self.upstreams = parse_upstreams(settings.upstreams, settings.providers)
         self.recorder = Recorder(settings, self.metrics, durable=settings.durability == "ack",
                                  timeout_s=settings.publish_timeout_s, linger_ms=settings.publish_linger_ms)
         self.http: aiohttp.ClientSession | None = None
@@ -111,7 +111,8 @@ class Gateway:
 def call_options(settings: GatewaySettings) -> CallOptions:
     return CallOptions(
         training=settings.mode == "training", source=settings.source,
-        upstream_api_key=settings.upstream_api_key.get_secret_value(), connect_timeout_s=settings.connect_timeout_s,
+        upstream_api_key=settings.upstream_api_key.get_secret_value(),
+        provider_api_key=settings.provider_api_key.get_secret_value(), connect_timeout_s=settings.connect_timeout_s,
         upstream_timeout_s=settings.upstream_timeout_s, refused_fields=frozenset(settings.refused_fields),
         access_log=settings.access_log, partial_rollouts=settings.partial_rollouts)
 
@@ -130,7 +131,7 @@ def settings_problem(settings: GatewaySettings) -> str | None:
     if default:
         return default
     try:
-        parse_upstreams(settings.upstreams)
+        parse_upstreams(settings.upstreams, settings.providers)
     except ValueError as exc:
         return str(exc)
     low, high = settings.feedback_score_min, settings.feedback_score_max

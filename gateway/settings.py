@@ -23,6 +23,13 @@ class GatewaySettings(KafkaSettings):
         description="inference servers, each 'MODEL=URL' (e.g. tiny=http://127.0.0.1:8000) or a bare URL whose "
         "models are read from its /v1/models; repeat the flag or pass a JSON list for several",
     )
+    providers: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="servers that are not vLLM, each 'MODEL=URL' (an OpenAI-compatible provider: a teacher's model at "
+        "OpenAI, Anthropic's OpenAI-compatible endpoint, another vLLM not of this platform): their calls are forwarded "
+        "as in passthrough mode (no token ids or logprobs asked; recorded, but no training turns), they get "
+        "--provider-api-key and no other key, and no health or weight checks",
+    )
     mode: Literal["training", "passthrough"] = Field(
         "training",
         description="training: ask upstreams (vLLM) for token ids and logprobs and record them, the agent gets "
@@ -60,7 +67,11 @@ class GatewaySettings(KafkaSettings):
     allow_anonymous: bool = Field(
         False, description="accept requests without a key (local experiments only; calls are session traffic)")
     upstream_api_key: SecretStr = Field(
-        SecretStr(""), description="bearer token the gateway sends to upstreams (agents' keys are never forwarded)")
+        SecretStr(""), description="bearer token the gateway sends to upstreams, not to providers (agents' keys are "
+        "never forwarded)")
+    provider_api_key: SecretStr = Field(
+        SecretStr(""), description="bearer token the gateway sends to providers (--providers) and to nothing else "
+        "(prefer the environment, AGENTSTREAM_PROVIDER_API_KEY, to a flag)")
     connect_timeout_s: float = Field(2.0, description="upstream connect timeout; a refused connection fails over")
     upstream_timeout_s: float = Field(600.0, description="upstream read timeout per response chunk")
     max_connections: int = Field(512, description="open connections per upstream server")
@@ -110,7 +121,7 @@ class GatewaySettings(KafkaSettings):
         "text), which only a gateway recording demonstrations takes (`tasks swe demonstrate`). Pass '[]' to take "
         "every field")
 
-    @field_validator("upstreams", "api_keys", "refused_fields", "base_weights", mode="before")
+    @field_validator("upstreams", "providers", "api_keys", "refused_fields", "base_weights", mode="before")
     @classmethod
     def _list_from_text(cls, value: object) -> object:
         return text_list(value)  # a JSON list, or `a=http://x,a=http://y`, which is easier to type

@@ -67,10 +67,11 @@ StartingWeights = Annotated[Path | None, typer.Option(
     "--base-model", help="a model folder to serve and start from instead of --model's (e.g. an SFT checkpoint); "
                          "--model still names it and sets the defaults")]
 Teacher = Annotated[str, typer.Option(help="who demonstrates: expert (reads the gold patch; one-line fixes) or "
-                                           "MODEL=URL, a stronger model behind vLLM's OpenAI API whose graded, "
-                                           "filtered attempts the student then answers (recipes/swe/teacher.py)")]
+                                           "MODEL=URL, a stronger model behind OpenAI's chat completions (vLLM, "
+                                           "OpenAI, Anthropic's OpenAI-compatible endpoint) whose graded, filtered "
+                                           "attempts the student then answers (recipes/swe/teacher.py)")]
 TeacherKeyEnv = Annotated[str | None, typer.Option(help="the environment variable holding the teacher's key (never "
-                                                        "the key itself)")]
+                                                        "the key itself); sent to the teacher's server only")]
 TeacherAttempts = Annotated[int, typer.Option(help="the teacher's attempts per train task")]
 
 

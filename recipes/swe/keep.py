@@ -7,15 +7,14 @@ import re
 
 from pydantic import BaseModel
 
-from agentstream.schemas.events import Trajectory
-
 EXPERT = "expert"
 _UPSTREAM = re.compile(r"^(?P<model>[A-Za-z0-9][\w.:/-]*)=(?P<url>https?://[^\s@]+)$")
 
 
 @dataclasses.dataclass(frozen=True)
 class Upstream:
-    """A teacher served behind an OpenAI-compatible URL: the gateway routes `model` there."""
+    """A teacher served behind an OpenAI-compatible URL (vLLM, or a provider: OpenAI, Anthropic's OpenAI-compatible
+    endpoint): the gateway routes `model` there as a provider, forwarding its calls as they are."""
 
     model: str
     url: str
@@ -27,9 +26,22 @@ def parse_teacher(text: str) -> Upstream | None:
         return None
     if match := _UPSTREAM.match(text.strip()):
         return Upstream(match["model"], match["url"].rstrip("/"))
-    raise ValueError(f"--teacher takes 'expert' or 'MODEL=URL' (a server speaking vLLM's OpenAI API, e.g. "
-                     f"big=http://127.0.0.1:8001; its key in an environment variable named by --teacher-key-env, "
-                     f"never in the URL), not {text!r}")
+    raise ValueError(f"--teacher takes 'expert' or 'MODEL=URL' (a server speaking OpenAI's chat completions, e.g. "
+                     f"big=http://127.0.0.1:8001 or gpt-4.1=https://api.openai.com; its key in an environment variable "
+                     f"named by --teacher-key-env, never in the URL), not {text!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """What the filter reads of one of the teacher's graded attempts."""
+
+    reward: float | None
+    flagged: bool
+    """the grader flagged its diff (tests or git history touched)"""
+    answers: list[str]
+    """the text of each of its model calls that was answered, in order"""
+    generated_tokens: int
+    """as its server counted them (usage), or its token ids where the gateway recorded them"""
 
 
 class Keep(BaseModel):
@@ -41,17 +53,16 @@ class Keep(BaseModel):
     max_tokens: int = 0
     """the most tokens its answers may hold together; 0: any"""
 
-    def verdict(self, trajectory: Trajectory, flagged: bool) -> str | None:
+    def verdict(self, attempt: Attempt) -> str | None:
         """Why the attempt is left out, or None when it is kept."""
-        generated = sum(len(turn.completion_token_ids) for turn in trajectory.turns)
-        if trajectory.reward is None:
+        if attempt.reward is None:
             return "ungraded"
-        if trajectory.reward < self.min_reward:
-            return f"reward {trajectory.reward:g} below {self.min_reward:g}"
-        if flagged and not self.flagged:
+        if attempt.reward < self.min_reward:
+            return f"reward {attempt.reward:g} below {self.min_reward:g}"
+        if attempt.flagged and not self.flagged:
             return "flagged by the grader"
-        if self.max_tokens and generated > self.max_tokens:
-            return f"{generated} generated tokens, more than {self.max_tokens}"
-        if not trajectory.turns:
+        if self.max_tokens and attempt.generated_tokens > self.max_tokens:
+            return f"{attempt.generated_tokens} generated tokens, more than {self.max_tokens}"
+        if not attempt.answers:
             return "no model call"
         return None

@@ -4,14 +4,18 @@ Rejection-sampling SFT, as SWE-smith, SkyRL and rLLM warm-start: a teacher tries
 the grader passes are kept, the student imitates them. Here in two phases on one stack (`recipes.swe.demonstrate`'s:
 gateway, mini-swe-agent in sandboxes, grader, streams worker):
 
-1. the teacher's attempts. The gateway routes the teacher's model name to its server (`MODEL=URL`: a bigger model
-   on a second vLLM, or any server that speaks vLLM's OpenAI API; its key, if it needs one, from the environment
-   variable `--teacher-key-env` names, handed to the gateway in its environment: never on a command line or in an
-   event). Each attempt is recorded, graded and assembled like any rollout: trajectories of the teacher's model in
-   the run's topic, which the student's trainer leaves out (`other_model`);
+1. the teacher's attempts. The gateway routes the teacher's model name to its server (`MODEL=URL`: any server that
+   speaks OpenAI's chat completions: a bigger model on a second vLLM, OpenAI, Anthropic's OpenAI-compatible
+   endpoint) as a provider (`GatewaySettings.providers`): its calls are forwarded as they are, with no token ids or
+   logprobs asked (the student replays the answers' text in its own tokens, so none are needed), and its key, from the
+   environment variable `--teacher-key-env` names, is handed to the gateway in its environment as the provider key,
+   sent to the teacher's server and to no other (never on a command line or in an event). Each attempt is recorded,
+   graded and assembled like any rollout: trajectories of the teacher's model in the run's topic (without training
+   turns: its calls carry no token ids), its calls in the calls topic;
 2. the filter (`Keep`): reward at least `keep_min_reward`, no grader flag (an attempt that touched the tests or git
-   history is not imitated, whatever its reward), at most `keep_max_tokens` generated tokens. Each kept attempt's
-   answers (the text of its model calls, from the call events) become a task's demonstration;
+   history is not imitated, whatever its reward), at most `keep_max_tokens` generated tokens (as the server counted
+   them). Each kept attempt's answers (the text of its answered model calls, from the call events its trajectory's
+   lineage names) become a task's demonstration;
 3. the student answers them (`recipes.swe.demonstrate`: the served model made to answer each text in its own
    tokens) through the same loop, graded again: the SFT set is those trajectories with reward 1, in the run's topic,
    trained on by the command `demonstrate` prints. The student's tokenizer need not be the teacher's.
@@ -38,7 +42,7 @@ from agentstream.demo.progress import Progress
 from agentstream.demo.run import run_to_summary
 from agentstream.eval import EvalSettings, Evaluator
 from agentstream.recipes.swe.demonstrate import Demonstrate, DemonstrateConfig, run_demonstrate
-from agentstream.recipes.swe.keep import EXPERT, parse_teacher
+from agentstream.recipes.swe.keep import EXPERT, Attempt, parse_teacher
 from agentstream.recipes.swe.recipe import HARNESS, Harness, Recipe, RecipeLoop
 from agentstream.recipes.swe.task_files import write_task_files
 from agentstream.schemas.codec import DecodeError, decode
@@ -48,29 +52,42 @@ from agentstream.schemas.scan import scan
 from agentstream.stack import StackError
 from agentstream.stack.service import Service
 
-UPSTREAM_KEY_ENV = "AGENTSTREAM_UPSTREAM_API_KEY"
-"""the gateway's upstream key, as its environment holds it"""
+PROVIDER_KEY_ENV = "AGENTSTREAM_PROVIDER_API_KEY"
+"""the gateway's provider key, as its environment holds it: sent to the teacher's server only"""
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def answers_of(trajectory: Trajectory, calls: dict[str, CallEvent]) -> list[str]:
-    """The text of each of the attempt's model calls, in turn order (chat completions' message content)."""
-    answers = []
-    for turn in trajectory.turns:
-        call = calls.get(turn.call_id)
-        if call is None or call.data.response is None:
-            raise StackError(f"the call {turn.call_id} of a kept attempt is not in the log")
-        choices = call.data.response.get("choices") or [{}]
-        content = (choices[0].get("message") or {}).get("content")
-        if not isinstance(content, str):
-            raise StackError(f"the call {turn.call_id} answered no text (a {call.data.api} call): only chat "
-                             "completions' text answers can be demonstrated")
-        answers.append(content)
-    return answers
+def attempt_of(trajectory: Trajectory, flagged: bool, calls: dict[str, CallEvent]) -> Attempt:
+    """What the filter reads of an attempt: its answered calls (those its lineage names), in the order made."""
+    answered = sorted((calls[event_id] for event_id in trajectory.lineage
+                       if event_id in calls and calls[event_id].data.status == 200),
+                      key=lambda call: (call.data.started_at, call.id))
+    return Attempt(reward=trajectory.reward, flagged=flagged, answers=[_text(call) for call in answered],
+                   generated_tokens=sum(map(_generated, answered)))
+
+
+def _text(call: CallEvent) -> str:
+    """The answer of a chat completions call (its message's content)."""
+    choices = (call.data.response or {}).get("choices") or [{}]
+    content = (choices[0].get("message") or {}).get("content")
+    if not isinstance(content, str):
+        raise StackError(f"the call {call.id} answered no text (a {call.data.api} call): only chat "
+                         "completions' text answers can be demonstrated")
+    return content
+
+
+def _generated(call: CallEvent) -> int:
+    if call.data.completion_token_ids:
+        return len(call.data.completion_token_ids)
+    if call.data.usage is not None:
+        return call.data.usage.completion_tokens
+    usage = (call.data.response or {}).get("usage") or {}
+    return int(usage.get("completion_tokens") or 0)
 
 
 class TeacherLoop(RecipeLoop):
-    """The demonstrations' loop, its gateway given the teacher's key from the environment (never a flag)."""
+    """The demonstrations' loop, its gateway given the teacher's key from the environment (never a flag), as the
+    provider key: the student's server is never sent it."""
 
     upstream_key_env: str | None = None
 
@@ -81,8 +98,7 @@ class TeacherLoop(RecipeLoop):
         key = os.environ.get(self.upstream_key_env)
         if not key:
             raise StackError(f"--teacher-key-env names {self.upstream_key_env}, which is not set")
-        # the one upstream key of a gateway: the student's own server is sent it too, and ignores it
-        return [dataclasses.replace(gateway, env={**gateway.env, UPSTREAM_KEY_ENV: key}), *rest]
+        return [dataclasses.replace(gateway, env={**gateway.env, PROVIDER_KEY_ENV: key}), *rest]
 
 
 class TeacherDemonstrate(Demonstrate):
@@ -112,8 +128,8 @@ class TeacherDemonstrate(Demonstrate):
 
     def loop(self, stack: Stack) -> RecipeLoop:
         loop = super().loop(stack)
-        upstreams = [*loop.gateway.upstreams, f"{self.upstream.model}={self.upstream.url}"]
-        gateway = loop.gateway.model_copy(update={"upstreams": upstreams})
+        providers = [*loop.gateway.providers, f"{self.upstream.model}={self.upstream.url}"]
+        gateway = loop.gateway.model_copy(update={"providers": providers})
         return TeacherLoop(**{**dict(loop), "gateway": gateway}, upstream_key_env=self.config.teacher_key_env)
 
     def harness(self, stack: Stack) -> Harness:
@@ -125,15 +141,17 @@ class TeacherDemonstrate(Demonstrate):
         """The teacher's attempts, the filter, then the student's answers of the kept ones (`Probe.follow`)."""
         trajectories = await self.teacher_attempts(kafka)
         flagged = await flagged_rollouts(kafka, set(trajectories))
-        calls = await calls_by_id(kafka, {turn.call_id for t in trajectories.values() for turn in t.data.turns})
+        calls = await calls_by_id(kafka, {event_id for t in trajectories.values() for event_id in t.data.lineage})
         kept: dict[str, list[str]] = {}
         for rollout, event in sorted(trajectories.items()):
-            why = self.config.keep().verdict(event.data, flagged.get(rollout, False))
+            attempt = attempt_of(event.data, flagged.get(rollout, False), calls)
+            why = self.config.keep().verdict(attempt)
             task = event.data.task_id or ""
-            self.decisions.append({"rollout_id": rollout, "task_id": task, "reward": event.data.reward,
-                                   "flagged": flagged.get(rollout, False), "kept": why is None, "why_not": why})
+            self.decisions.append({"rollout_id": rollout, "task_id": task, "reward": attempt.reward,
+                                   "flagged": attempt.flagged, "calls": len(attempt.answers),
+                                   "generated_tokens": attempt.generated_tokens, "kept": why is None, "why_not": why})
             if why is None and task not in kept:
-                kept[task] = answers_of(event.data, calls)
+                kept[task] = attempt.answers
         (self.out / "teacher.json").write_text(json.dumps(self.decisions, indent=2) + "\n")
         if not kept:
             reasons = sorted({d["why_not"] for d in self.decisions})

@@ -23,7 +23,15 @@ from agentstream.schemas.events import CallEvent, RolloutDiffEvent, RolloutFaile
 from agentstream.stack.process import stop_pid, tail
 from tests.support.gateway import gateway_settings, running_gateway
 from tests.support.streams import StreamsWorker, TopicWatch
-from tests.support.swe import HONEST, await_exit, calc_instance, grader_process, make_repo, run_controller
+from tests.support.swe import (
+    HONEST,
+    SHORT_CONFIG,
+    await_exit,
+    calc_instance,
+    grader_process,
+    make_repo,
+    run_controller,
+)
 
 pytestmark = [pytest.mark.timeout(600)]
 
@@ -250,20 +258,8 @@ def pod_stand_in(workspace: Path) -> str:
     return shlex.join(argv)
 
 
-
-
 # --- an expert's demonstration: the served model made to give the expert's answers, graded --------------
 
-SHORT_CONFIG = """\
-agent:
-  system_template: "One command per answer."
-  instance_template: "{{task}}"
-model:
-  model_class: litellm_textbased
-  observation_template: "{{output.returncode}} {{output.output[:300]}}"
-  format_error_template: "One block."
-"""
-"""prompts short enough for the tiny model's context (2,048 characters) over the three answers"""
 
 
 @pytest.mark.vllm

@@ -50,6 +50,18 @@ def make_repo(repos: Path, name: str = "demo/calc") -> str:
     return subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
 
 
+SHORT_CONFIG = """\
+agent:
+  system_template: "One command per answer."
+  instance_template: "{{task}}"
+model:
+  model_class: litellm_textbased
+  observation_template: "{{output.returncode}} {{output.output[:300]}}"
+  format_error_template: "One block."
+"""
+"""prompts short enough for the tiny model's context (2,048 characters) over the three answers"""
+
+
 def hidden_tests(*checks: str) -> str:
     """A test file asserting `checks`, as the diff that adds it (an instance's test_patch)."""
     body = "from calc import add\n\n\ndef test_add():\n" + "".join(f"    assert {c}\n" for c in checks)
