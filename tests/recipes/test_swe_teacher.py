@@ -139,7 +139,8 @@ def teacher_server(tiny_model_dirs):
 
 
 @pytest.mark.vllm
-@pytest.mark.slow  # two vLLM servers, a local stack, two graded attempts: minutes
+@pytest.mark.heavy  # two vLLM servers, a local stack, two graded attempts: ~4 min idle, in `make heavy` (the
+# provider teacher below, one server, stays in `make test`)
 @pytest.mark.timeout(1800)
 async def test_a_teacher_on_a_second_vllm_server_is_graded_kept_and_replayed_in_the_students_tokens(
         kafka_bootstrap, tiny_model_dirs, teacher_server, tokenizer_of_tiny, tmp_path, monkeypatch):
