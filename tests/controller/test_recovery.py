@@ -117,7 +117,7 @@ async def test_sigterm_hands_running_attempts_back_for_the_next_controller(kafka
         await wait_for_async(lambda: len(runs_log(tmp_path)) == 3, timeout=60, what="three agents to start")
         # the same run started twice on one machine: the second refuses, touching nothing
         twin = start_controller(kafka, tasks, tmp_path)
-        assert twin.wait(30) == 1
+        assert twin.wait(30) == 3, "refused: an error, not a run"
         assert "already being run by another controller" in (tmp_path / "controller-1.log").read_text()
     finally:
         controller.send_signal(signal.SIGTERM)
