@@ -38,10 +38,9 @@ from agentstream.schemas.kafka import (
     KafkaSettings,
     Publisher,
     ensure_topics,
-    make_consumer,
     make_producer,
-    partitions_of,
 )
+from agentstream.schemas.scan import Bounds, resolve, scan
 from agentstream.stack.process import free_port, spawn, stop_pid
 from bench.gateway_overhead import KEY, await_http, kafka_broker
 from bench.report import Report
@@ -194,22 +193,10 @@ async def outcome(kafka: KafkaSettings, phases: list[Phase]) -> dict[str, Any]:
 
 
 async def read_events_of(kafka: KafkaSettings, topic: str) -> list[Event]:
-    """Every event of `topic`, from its beginning to its end now."""
-    consumer = make_consumer(kafka, group_id=None)
-    await consumer.start()
-    events: list[Event] = []
-    try:
-        partitions = await partitions_of(kafka, topic)
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        ends = await consumer.end_offsets(partitions)
-        for partition in partitions:
-            while await consumer.position(partition) < ends[partition]:
-                batch = await consumer.getmany(partition, timeout_ms=1000)
-                events += [decode(record.value) for records in batch.values() for record in records]
-    finally:
-        await consumer.stop()
-    return events
+    """Every event of `topic`, from its beginning to its end now (the one bounded reader, `schemas.scan`)."""
+    log = await resolve(kafka, topic)
+    return [decode(record.value) async for records in scan(kafka, topic, Bounds.exactly(log, sorted(log)))
+            for record in records if record.value is not None]
 
 
 def main(argv: list[str] | None = None) -> None:
