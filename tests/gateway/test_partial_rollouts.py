@@ -13,7 +13,9 @@ import pytest
 from tests.gateway.test_pool_sync import weights
 from tests.support.gateway import gateway_settings, read_events, running_gateway
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1500)]
+# heavy, not in `make test`: whether the update lands inside the answer depends on the machine's speed (it passed
+# at load 50 and idle, and failed in a clean-clone run): a deterministic form is owed (#47)
+pytestmark = [pytest.mark.vllm, pytest.mark.heavy, pytest.mark.timeout(1500)]
 
 ANSWER_TOKENS = 1900
 """long enough that the update (a pause, the tiny model's reload, a resume) lands while it streams: the tiny

@@ -163,4 +163,4 @@ async def test_a_partition_moves_onto_its_standby_which_reads_only_the_changelog
     # where its databases were (at most a batch per partition), not the moved partitions' whole changelog
     whole = sum(held[p] + 1 for p in moving)
     read = now_applied - applied
-    assert whole > 100 and read <= len(moving) * (2 * BATCH + 1) < whole / 2, (read, whole, copies, held)
+    assert read <= len(moving) * (2 * BATCH + 1) < whole / 2, (read, whole, copies, held)
