@@ -144,6 +144,7 @@ def recipe_swe(
     from agentstream.recipes.swe.keep import parse_teacher
     from agentstream.recipes.swe.recipe import RecipeLoop
     from agentstream.recipes.swe.stages import STAGES, RunConfig, run_stages
+    from agentstream.stack.process import Stopped
     from agentstream.trainer.settings import TrainerSettings
 
     chosen = tuple(stage.strip() for stage in stages.split(",") if stage.strip())
@@ -163,6 +164,8 @@ def recipe_swe(
         run_stages(config, console)
     except (RuntimeError, TimeoutError) as exc:
         fail(str(exc))
+    except Stopped as stopped:  # its services stopped on the way out: the shell's code for the signal
+        raise typer.Exit(128 + stopped.signum) from None
 
 
 def eval_versions(

@@ -102,7 +102,8 @@ class Loop(BaseModel):
     def services(self) -> list[Service]:
         """The processes started at once, in order."""
         started = [Service("gateway", "agentstream.gateway", self.gateway),
-                   Service("streams", "agentstream.streams", self.streams, command=("worker",))]
+                   # its state is its changelog and its sources' committed offsets: a restart reads on from there
+                   Service("streams", "agentstream.streams", self.streams, command=("worker",), restartable=True)]
         if self.trainer is not None:
             started.append(Service("trainer", "agentstream.trainer", self.trainer))
         if self.releases is not None:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
@@ -26,13 +26,22 @@ from agentstream.schemas.kafka import KafkaSettings, ensure_topics, make_consume
 from agentstream.stack import StackError, configured_kafka, default_kafka_dir
 from agentstream.stack.exits import how_it_ended, oom_kills
 from agentstream.stack.kafka import LocalKafka
-from agentstream.stack.process import ServerState, free_port, spawn, stop_pid, tail
+from agentstream.stack.process import ServerState, free_port, spawn, spawned, stop_pid, tail
 from agentstream.stack.service import Service
-from agentstream.stack.vllm import LocalVLLM, Lora
+from agentstream.stack.vllm import LocalVLLM, Lora, healthy
+
+T = TypeVar("T")
 
 QUIET_S = 15.0
 STOP_GRACE_S = 20.0
 """each service's time to stop (SIGTERM) before it is killed: its own shutdown must fit in it"""
+RESTARTS = 3
+"""times a restartable service (`Service.restartable`) is started again in one run before its deaths end the run"""
+HEALTH_EVERY_S = 5.0
+UNHEALTHY_S = 30.0
+"""an inference server whose process lives but that has not answered /health for this long is taken for dead: its
+engine died and left the API process behind; a busy server may be slow to answer, not for this long"""
+SUPERVISE_EVERY_S = 1.0
 
 
 def run_folder(name: str) -> Path:
@@ -80,6 +89,9 @@ class Running:
     log: Path
     oom_kills: int | None = None
     """the kernel's out-of-memory kills when it started (`stack.exits`)"""
+    service: Service | None = None
+    """what started it, to start it again if it dies and is `restartable`"""
+    restarts: int = 0
 
 
 class Demo:
@@ -92,6 +104,10 @@ class Demo:
         self.console = console
         self.out = config.out.resolve()
         self.running: list[Running] = []
+        self.servers: list[ServerState] = []
+        """the inference servers the gateway routes to, watched with the services (`check_alive`)"""
+        self.unhealthy_since: dict[str, float] = {}
+        self.health_checked = 0.0
         self.started_kafka: LocalKafka | None = None
         self.vllm = LocalVLLM(config.vllm_name)
         self.progress = Progress()
@@ -128,17 +144,73 @@ class Demo:
 
     def start(self, service: Service) -> Running:
         log = self.out / "logs" / f"{service.name}.log"
-        running = Running(service.name, spawn(service.argv(), log, env=service.env), log, oom_kills())
+        running = Running(service.name, spawn(service.argv(), log, env=service.env), log, oom_kills(), service)
         self.running.append(running)
         return running
 
     def check_alive(self) -> None:
-        """Fail on a service that died; one that finished its work (exit 0: the trainer's last
-        version, the controller's last rollout) is done, not dead."""
+        """The run's supervisor, called every second or less while it waits: a service that died is started again
+        if it is `restartable` (up to RESTARTS times), else the run fails saying which died, how (`stack.exits`),
+        and the end of its log; so does an inference server that died or stopped answering. A service that
+        finished its work (exit 0: the trainer's last version, the controller's last rollout) is done, not dead."""
         for service in self.running:
-            if (code := service.process.poll()) not in (None, 0):
-                ended = how_it_ended(code, service.log, service.oom_kills)
-                raise StackError(f"the {service.name} {ended}. Its log ({service.log}):\n{tail(service.log)}")
+            if (code := service.process.poll()) in (None, 0):
+                continue
+            ended = how_it_ended(code, service.log, service.oom_kills)
+            if service.service is None or not service.service.restartable or service.restarts >= RESTARTS:
+                again = f" (after {service.restarts} restarts)" if service.restarts else ""
+                raise StackError(f"the {service.name} {ended}{again}. Its log ({service.log}):\n{tail(service.log)}")
+            self.restart(service, ended)
+        self.check_servers()
+
+    def restart(self, service: Running, ended: str) -> None:
+        assert service.service is not None  # check_alive: restartable
+        service.restarts += 1
+        self.console.print(f"[yellow]the {service.name} {ended}; starting it again ({service.restarts} of "
+                           f"{RESTARTS}): it reads on from its committed offsets. Its log ({service.log}):\n"
+                           f"{tail(service.log, 10)}[/yellow]")
+        with open(service.log, "a") as log:
+            log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} the run starts it again: it {ended} ---\n")
+        service.process = spawn(service.service.argv(), service.log, env=service.service.env)
+        service.oom_kills = oom_kills()
+
+    def check_servers(self) -> None:
+        """Fail on an inference server whose process ended (said as a service's is, when this process started it),
+        or that has not answered /health for UNHEALTHY_S (checked every HEALTH_EVERY_S)."""
+        for server in self.servers:
+            log = Path(server.log)
+            started = spawned(server.pid)
+            if started is not None and (code := started.poll()) is not None:
+                ended = how_it_ended(code, log, server.details.get("oom_kills"))
+                raise StackError(f"the vLLM server at {server.url} {ended}. Its log ({log}):\n{tail(log)}")
+            if not server.alive:
+                raise StackError(f"the vLLM server at {server.url} (pid {server.pid}) is gone. Its log ({log}):\n"
+                                 f"{tail(log)}")
+        now = time.monotonic()
+        if now - self.health_checked < HEALTH_EVERY_S:
+            return
+        self.health_checked = now
+        for server in self.servers:
+            if healthy(server.url):
+                self.unhealthy_since.pop(server.url, None)
+            elif now - self.unhealthy_since.setdefault(server.url, now) > UNHEALTHY_S:
+                raise StackError(f"the vLLM server at {server.url} (pid {server.pid}) has not answered /health for "
+                                 f"{UNHEALTHY_S:.0f} s: its engine died? Its log ({server.log}):\n{tail(Path(server.log))}")
+
+    async def supervised(self, work: Awaitable[T]) -> T:
+        """`work`'s result, the services checked (`check_alive`) every SUPERVISE_EVERY_S meanwhile: a death that
+        ends the run cancels `work` at once instead of leaving it to wait for what will never come."""
+        task = asyncio.ensure_future(work)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=SUPERVISE_EVERY_S)
+                if done:
+                    return task.result()
+                self.check_alive()
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
     def stop_all(self) -> None:
         for service in reversed(self.running):  # the traffic first: no new agents
@@ -157,7 +229,7 @@ class Demo:
             kafka = await self.topics()
             self.prepare()
             model_dir = self.config.base_model or self.base_model()
-            servers = self.inference(model_dir)
+            servers = self.servers = self.inference(model_dir)
         stack = Stack(kafka=kafka, model_dir=model_dir, servers=servers, gateway_port=free_port(),
                       token_secret=secrets.token_urlsafe(24), api_key=secrets.token_urlsafe(24), out=self.out)
         self.say(f"Kafka {kafka.bootstrap_servers}, topics {kafka.topic_prefix}*, vLLM {servers[0].url} "

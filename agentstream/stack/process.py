@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -131,6 +132,48 @@ def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None, cwd: Pat
         )
     _SPAWNED.append(proc)
     return proc
+
+
+def spawned(pid: int) -> subprocess.Popen[bytes] | None:
+    """The handle of the server `pid` if this process spawned it: only its parent can read how it ended."""
+    return next((proc for proc in _SPAWNED if proc.pid == pid), None)
+
+
+class Stopped(KeyboardInterrupt):
+    """The run was told to stop (SIGTERM, or Ctrl-C): raised in the main thread so that every `finally` on the way
+    out stops what it started. A KeyboardInterrupt, so asyncio and the code that lets Ctrl-C through pass it on."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def stopping_on_signals() -> Iterator[None]:
+    """Within: the first SIGTERM or SIGINT raises `Stopped`, later ones are ignored, so the stopping is not cut short.
+
+    Python ends a process at once on SIGTERM, running no `finally`: the servers a run started, each in a session of
+    its own (`spawn`), would run on with nobody to stop them. Outside the main thread (a test's worker thread)
+    there is no signal to take, and nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signums = (signal.SIGTERM, signal.SIGINT)
+    previous = {signum: signal.getsignal(signum) for signum in signums}
+    told: list[int] = []
+
+    def stop(signum: int, _frame: object) -> None:
+        if not told:
+            told.append(signum)
+            raise Stopped(signum)
+
+    for signum in signums:
+        signal.signal(signum, stop)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def tail(path: Path, lines: int = 30) -> str:

@@ -30,6 +30,10 @@ class Service:
     """the module's subcommand, before the flags (`worker` for the streams)"""
     env: dict[str, str] = field(default_factory=dict)
     """environment added to the inherited one: what the service hands on to the agents it launches"""
+    restartable: bool = False
+    """whether a run may start it again when it dies: a consumer that reads on from its committed offsets (the
+    streams worker, the grader) loses nothing; a server with callers in flight (the gateway) or its own progress
+    (the trainer, the controller) is not"""
 
     def argv(self) -> list[str]:
         return [sys.executable, "-m", self.module, *self.command, *cli_args(self.settings)]

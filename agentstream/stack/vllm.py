@@ -27,6 +27,7 @@ import httpx
 
 from agentstream.settings import StackSettings, agentstream_home
 from agentstream.stack.chat_template import TOOL_CALL_PARSER, renders_tools
+from agentstream.stack.exits import oom_kills
 from agentstream.stack.process import (
     ServerState,
     StackError,
@@ -178,13 +179,18 @@ class LocalVLLM:
         self.log.unlink(missing_ok=True)
         cmd = [str(python), *server_args(model, served_name, port, max_model_len, logits_processors),
                *_tool_args(model, tool_parser, say), *(lora.args() if lora else []), *(extra_args or [])]
+        kills = oom_kills()
         proc = spawn(cmd, self.log, env={**server_env(model, max_model_len), **(lora.env() if lora else {})})
         url = f"http://127.0.0.1:{port}"
         say(f"Starting vLLM ({served_name} from {model}) on {url}; this takes about a minute…")
-        await_ready("vLLM", proc, lambda: healthy(url), self.log, timeout)
+        try:
+            await_ready("vLLM", proc, lambda: healthy(url), self.log, timeout)
+        except BaseException:  # a Ctrl-C or SIGTERM meanwhile too: no state file names it yet, so `stop` could not
+            stop_pid(proc.pid, grace=5)
+            raise
         state = ServerState.of_process(proc.pid, url, str(self.log),
                                        details={"model": str(model), "served_name": served_name, "max_model_len": max_model_len,
-                                                "lora": lora is not None})
+                                                "lora": lora is not None, "oom_kills": kills})
         state.save(self.state_file)
         return state
 

@@ -93,7 +93,7 @@ class Probe(Recipe):
         evaluator = Evaluator(kafka, evaluation, say=self.say)
         started = time.monotonic()
         try:
-            event = await evaluator.evaluate(0)
+            event = await self.supervised(evaluator.evaluate(0))  # a dead grader restarted, a dead gateway said
         finally:
             evaluator.stop()
         self.result = {"event": event, "seconds": time.monotonic() - started,

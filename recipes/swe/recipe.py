@@ -129,7 +129,9 @@ class RecipeLoop(Loop):
 
     def services(self) -> list[Service]:
         gateway, streams, *rest = super().services()
-        return [gateway, streams, Service("grader", "agentstream.recipes.swe.grade_service", self.grader), *rest]
+        # the grader commits a diff's offset once its reward is acknowledged: a restart grades the rest again
+        grader = Service("grader", "agentstream.recipes.swe.grade_service", self.grader, restartable=True)
+        return [gateway, streams, grader, *rest]
 
     def traffic(self) -> list[Service]:
         measure = [] if self.eval is None else [Service("eval", "agentstream.eval", self.eval)]

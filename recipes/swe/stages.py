@@ -41,7 +41,7 @@ from agentstream.schemas.flags import read
 from agentstream.stack import StackError, configured_kafka, default_kafka_dir
 from agentstream.stack.exits import how_it_ended, oom_kills
 from agentstream.stack.kafka import LocalKafka
-from agentstream.stack.process import spawn, stop_pid, tail
+from agentstream.stack.process import Stopped, spawn, stop_pid, stopping_on_signals, tail
 from agentstream.stack.service import Service
 from agentstream.stack.vllm import LocalVLLM
 from agentstream.trainer.settings import TrainerSettings
@@ -166,18 +166,31 @@ class Stages:
         self.root.mkdir(parents=True, exist_ok=True)
         self.console.print(f"Run folder: [bold]{self.root}[/bold] (the same command resumes it)")
         chosen = [s for s in STAGES if s in self.config.stages]
-        with self.shared():
+        # a SIGTERM as a Ctrl-C: every service a stage started is stopped on the way out, the run folder resumable
+        with stopping_on_signals(), self.shared():
             for n, stage in enumerate(chosen, start=1):
                 if (done := self.result(stage)) is not None:
                     self.console.print(f"[{n}/{len(chosen)}] {stage}: done earlier ({describe(stage, done)}), skipped")
                     continue
                 self.console.rule(f"[{n}/{len(chosen)}] {stage} · {self.plan(stage)} · {self.eta(chosen[n - 1:])}")
                 began = time.monotonic()
-                result = STAGE_RUNS[stage](self)
+                result = self.run_stage(stage)
                 result["stage_s"] = round(time.monotonic() - began, 1)
                 self.save(stage, result)
                 self.console.print(f"[{n}/{len(chosen)}] {stage}: {describe(stage, result)} in {result['stage_s']:.0f} s")
         return self.report()
+
+    def run_stage(self, stage: str) -> dict[str, Any]:
+        """The stage's result; a stage that fails or is stopped says so, and that the same command resumes the run."""
+        try:
+            return STAGE_RUNS[stage](self)
+        except StackError as exc:
+            raise StackError(f"the {stage} stage stopped: {exc}\nThe run folder keeps what was done: the same "
+                             "command resumes it.") from exc
+        except Stopped:
+            self.console.print(f"[yellow]Stopping the {stage} stage and everything it started; the same command "
+                               f"resumes the run ({self.root}).[/yellow]")
+            raise
 
     @contextmanager
     def shared(self) -> Iterator[None]:

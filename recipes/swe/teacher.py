@@ -177,7 +177,7 @@ class TeacherDemonstrate(Demonstrate):
                                   split="train", settle_timeout_s=config.attempt_timeout_s + 300)
         evaluator = Evaluator(kafka, evaluation, say=self.say)
         try:
-            await evaluator.evaluate(0)
+            await self.supervised(evaluator.evaluate(0))
         finally:
             evaluator.stop()
         return dict(evaluator.last_trajectories)
