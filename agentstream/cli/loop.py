@@ -133,6 +133,8 @@ def recipe_swe(
     teacher: Teacher = "expert",
     teacher_key_env: TeacherKeyEnv = None,
     teacher_attempts: TeacherAttempts = 1,
+    vllm_name: Annotated[str, typer.Option(help="the local vLLM server's name (one server per name): another name "
+                                                "for a second run beside one running")] = "recipe-swe",
 ) -> None:
     """The coding recipe, every stage: tasks, the base model's validation pass@1, an expert's demonstrations, the
     SFT warm start, a probe of it, GRPO with validation pass@1 by version. Each stage's result goes into the run
@@ -159,7 +161,8 @@ def recipe_swe(
                        group_size=group_size, groups_per_batch=groups_per_batch, step_limit=step_limit,
                        max_tokens=max_tokens, concurrency=concurrency, attempt_timeout_s=attempt_timeout_s,
                        out=out, base_model=base_model, teacher=teacher, teacher_key_env=teacher_key_env,
-                       teacher_attempts=teacher_attempts, flags=service_flags(ctx, RecipeLoop, extra={"sft": TrainerSettings}))
+                       teacher_attempts=teacher_attempts, vllm_name=vllm_name,
+                       flags=service_flags(ctx, RecipeLoop, extra={"sft": TrainerSettings}))
     try:
         run_stages(config, console)
     except (RuntimeError, TimeoutError) as exc:

@@ -187,19 +187,23 @@ def await_ready(
     name: str, proc: subprocess.Popen[bytes], ready: Callable[[], bool], log: Path, timeout: float,
     on_wait: Callable[[float], None] | None = None,
 ) -> None:
-    """Poll `ready()` until it holds; fail with the log's tail if the process dies or time runs out."""
+    """Poll `ready()` until it holds; fail with the log's tail if the process dies or time runs out. However the
+    wait ends without it ready (a Ctrl-C or SIGTERM too), the process is stopped: no state file names it yet."""
     start = time.monotonic()
-    while not ready():
-        elapsed = time.monotonic() - start
-        if proc.poll() is not None:
-            ended = how_it_ended(proc.returncode, log, None)
-            raise StackError(f"{name} {ended} while starting. Log ({log}):\n{tail(log)}")
-        if elapsed > timeout:
-            stop_pid(proc.pid, grace=5)
-            raise StackError(f"{name} was not ready after {timeout:.0f} s. Log ({log}):\n{tail(log)}")
-        if on_wait:
-            on_wait(elapsed)
-        time.sleep(0.25)
+    try:
+        while not ready():
+            elapsed = time.monotonic() - start
+            if proc.poll() is not None:
+                ended = how_it_ended(proc.returncode, log, None)
+                raise StackError(f"{name} {ended} while starting. Log ({log}):\n{tail(log)}")
+            if elapsed > timeout:
+                raise StackError(f"{name} was not ready after {timeout:.0f} s. Log ({log}):\n{tail(log)}")
+            if on_wait:
+                on_wait(elapsed)
+            time.sleep(0.25)
+    except BaseException:
+        stop_pid(proc.pid, grace=5)
+        raise
 
 
 def stop_pid(pid: int, grace: float = 30.0) -> bool:

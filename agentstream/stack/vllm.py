@@ -183,11 +183,7 @@ class LocalVLLM:
         proc = spawn(cmd, self.log, env={**server_env(model, max_model_len), **(lora.env() if lora else {})})
         url = f"http://127.0.0.1:{port}"
         say(f"Starting vLLM ({served_name} from {model}) on {url}; this takes about a minute…")
-        try:
-            await_ready("vLLM", proc, lambda: healthy(url), self.log, timeout)
-        except BaseException:  # a Ctrl-C or SIGTERM meanwhile too: no state file names it yet, so `stop` could not
-            stop_pid(proc.pid, grace=5)
-            raise
+        await_ready("vLLM", proc, lambda: healthy(url), self.log, timeout)
         state = ServerState.of_process(proc.pid, url, str(self.log),
                                        details={"model": str(model), "served_name": served_name, "max_model_len": max_model_len,
                                                 "lora": lora is not None, "oom_kills": kills})

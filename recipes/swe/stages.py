@@ -11,7 +11,9 @@ command finds the same folder. A stage that ended wrote `<stage>.json` there and
 interrupted stage runs again in a fresh attempt folder (its topics a fresh prefix, so nothing of the interrupted
 attempt is counted twice), except the SFT, whose trainer resumes from its last checkpoint (its ledger skips what it
 trained on). The stage glue starts what the stages share and stops it at the end: the local Kafka broker (unless
-KAFKA_BOOTSTRAP_SERVERS names one) and one vLLM server, reset between stages that serve the same weights.
+KAFKA_BOOTSTRAP_SERVERS names one) and one vLLM server, reset between stages that serve the same weights. A service
+that dies mid-stage is started again if it resumes by itself (the grader, the streams worker), else ends the stage
+at once saying how (`Demo.check_alive`); a SIGTERM or Ctrl-C stops everything the run started (`stopping_on_signals`).
 
 The trainers (SFT, RL) fit their micro-batch and gradient checkpointing to the memory there is (trainer/memory.py):
 the recipe leaves both free unless given, checks before a stage starts, and refuses with the estimate and the

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import psutil
 import pytest
@@ -59,7 +58,7 @@ def test_a_restartable_service_that_dies_is_started_again_until_its_restarts_are
         assert grader.process is not first and grader.process.poll() is None, "started again"
         assert grader.restarts == restart
     seen = demo.console.export_text()
-    assert f"the grader was killed by SIGKILL" in seen and f"starting it again (1 of {RESTARTS})" in seen
+    assert "the grader was killed by SIGKILL" in seen and f"starting it again (1 of {RESTARTS})" in seen
     assert str(grader.log) in seen, "the log's path is said"
     assert grader.log.read_text().count("the run starts it again") == RESTARTS  # the log marks each life
 
@@ -67,7 +66,7 @@ def test_a_restartable_service_that_dies_is_started_again_until_its_restarts_are
     with pytest.raises(StackError) as failed:
         demo.check_alive()
     message = str(failed.value)
-    assert message.startswith(f"the grader was killed by SIGKILL") and f"(after {RESTARTS} restarts)" in message
+    assert message.startswith("the grader was killed by SIGKILL") and f"(after {RESTARTS} restarts)" in message
     assert f"Its log ({grader.log})" in message
 
 
