@@ -241,9 +241,12 @@ class Evaluator:
         consumer = make_consumer(self.kafka, group_id=None)
         await consumer.start()
         try:
-            partitions = [*await partitions_of(self.kafka, topics.rollouts),
-                          *await partitions_of(self.kafka, topics.trajectories)]
+            queued = await partitions_of(self.kafka, topics.rollouts)
+            partitions = [*queued, *await partitions_of(self.kafka, topics.trajectories)]
             await _seek_to_time(consumer, partitions, since_ms)
+            # the controller has ended: every rollout of the run is queued below these offsets. Until they are read,
+            # the rollouts seen are not all: a fetch may bring one rollout and its trajectory before another's queuing
+            queued_ends = await consumer.end_offsets(queued)
             task_of: dict[str, str] = {}
             last_attempt: dict[str, tuple[int, str | None]] = {}
             trajectories: dict[tuple[str | None, str | None], TrajectoryEvent] = {}
@@ -260,7 +263,7 @@ class Evaluator:
                         trajectories[event.rollout_id, event.attempt_id] = event
                 final = {rollout: trajectories.get((rollout, attempt)) for rollout, (_, attempt) in last_attempt.items()}
                 found = {rollout: event for rollout, event in final.items() if event is not None}
-                if final and len(found) == len(final):
+                if final and len(found) == len(final) and await _read_to(consumer, queued_ends):
                     return found, task_of
                 if time.monotonic() > deadline:
                     missing = sorted(rollout for rollout, found in final.items() if found is None)
@@ -307,6 +310,14 @@ def _events(records: Iterable[Any]) -> Iterator[Event]:
             yield decode(record.value)
         except DecodeError:
             continue
+
+
+async def _read_to(consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int]) -> bool:
+    """Whether the consumer has read every partition of `ends` up to its offset there."""
+    for tp, end in ends.items():
+        if await consumer.position(tp) < end:
+            return False
+    return True
 
 
 async def _followed(consumer: AIOKafkaConsumer) -> AsyncIterator[list[Event]]:

@@ -38,7 +38,7 @@ STOP_GRACE_S = 20.0
 RESTARTS = 3
 """times a restartable service (`Service.restartable`) is started again in one run before its deaths end the run"""
 HEALTH_EVERY_S = 5.0
-UNHEALTHY_S = 30.0
+UNHEALTHY_S = 60.0
 """an inference server whose process lives but that has not answered /health for this long is taken for dead: its
 engine died and left the API process behind; a busy server may be slow to answer, not for this long"""
 SUPERVISE_EVERY_S = 1.0

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +37,14 @@ def probe_of(vllm_server: Any, tmp_path: Path) -> Probe:
     name = next(n for n, state in running_servers().items() if state.url == vllm_server.url)
     config = ProbeConfig(model="tiny", base_model=vllm_server.model_dir, vllm_name=name, keep_stack=True, k=2,
                          train_tasks=1, validation_tasks=1, step_limit=2, max_tokens=16, concurrency=2,
-                         attempt_timeout_s=ATTEMPT_TIMEOUT_S, out=tmp_path / "probe-ci",
+                         attempt_timeout_s=ATTEMPT_TIMEOUT_S, out=tmp_path / unique("supervised"),
                          probed_out=tmp_path / "probed.jsonl")
     return Probe(config, Console(record=True, width=200))
+
+
+def unique(name: str) -> str:
+    """A run folder's name, its topics' prefix: no other test's on the session's broker."""
+    return f"{name}-{uuid.uuid4().hex[:8]}"
 
 
 def run_probe(probe: Probe) -> dict[str, Any]:
@@ -65,25 +71,27 @@ async def kill_when_attempting(probe: Probe, name: str) -> float:
 
 @pytest.mark.vllm
 @pytest.mark.timeout(1200)
-async def test_the_grader_killed_mid_probe_is_started_again_within_seconds_and_grades_every_attempt(
-        vllm_server, kafka_bootstrap, tmp_path, monkeypatch):
+@pytest.mark.parametrize("name", ["grader", "streams"])
+async def test_a_consumer_killed_mid_probe_is_started_again_within_seconds_and_every_attempt_is_graded(
+        vllm_server, kafka_bootstrap, tmp_path, monkeypatch, name):
+    """The grader and the streams worker resume from their committed offsets: a restart loses no attempt."""
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)
     probe = probe_of(vllm_server, tmp_path)
     running = asyncio.create_task(asyncio.to_thread(run_probe, probe))
-    killed = await kill_when_attempting(probe, "grader")
-    await until(lambda: probe.service("grader").restarts == 1, "restart", timeout=60)
+    killed = await kill_when_attempting(probe, name)
+    await until(lambda: probe.service(name).restarts == 1, "restart", timeout=60)
     noticed = time.monotonic() - killed
     result = await running
     ended = time.monotonic() - killed
 
-    assert noticed < 5 * SUPERVISE_EVERY_S + 5, f"the grader's death noticed after {noticed:.1f} s"
+    assert noticed < 5 * SUPERVISE_EVERY_S + 5, f"the {name}'s death noticed after {noticed:.1f} s"
     seen = probe.console.export_text()
-    grader_log = probe.service("grader").log
-    assert "the grader was killed by SIGKILL" in seen and f"starting it again (1 of {RESTARTS})" in seen
-    assert str(grader_log) in seen.replace("\n", "")
+    log = probe.service(name).log
+    assert f"the {name} was killed by SIGKILL" in seen and f"starting it again (1 of {RESTARTS})" in seen
+    assert str(log) in seen.replace("\n", "")
     assert result["attempts"] == 2 * result["tasks"] and not result["unscored"], result
     assert ended < ATTEMPT_TIMEOUT_S / 2, f"every attempt graded {ended:.0f} s after the kill"
-    assert "the run starts it again" in grader_log.read_text()
+    assert "the run starts it again" in log.read_text()
 
 
 @pytest.mark.vllm
@@ -107,13 +115,14 @@ async def test_the_gateway_killed_mid_probe_ends_it_within_seconds_saying_so_and
     assert LocalVLLM(probe.config.vllm_name).state() is not None, "the kept vLLM server (keep_stack) was stopped"
 
 
+@pytest.mark.heavy  # a vLLM server of the recipe's own beside the session's, ~3 min: in `make heavy`
 @pytest.mark.timeout(1200)
 def test_sigterm_to_the_recipe_stops_every_process_it_started_and_the_same_command_resumes(
         kafka_bootstrap, tiny_model_dirs, tmp_path):
     """The tiny model on a vLLM server of the recipe's own, the baseline stage's services and attempts: all gone
     after one SIGTERM, the recipe's exit the shell's for it, the run folder resumable."""
     name = f"recipeops-sigterm-{os.getpid()}"
-    out = tmp_path / "run"
+    out = tmp_path / unique("sigterm")
     command = [sys.executable, "-m", "agentstream", "recipe", "swe", "--model", "tiny", "--stages", "tasks,baseline",
                "--limit", "4", "--seed", "0", "--step-limit", "2", "--max-tokens", "16", "--attempt-timeout-s",
                str(ATTEMPT_TIMEOUT_S), "--base-model", str(tiny_model_dirs[0]), "--out", str(out),
