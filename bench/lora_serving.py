@@ -9,9 +9,10 @@ and 16 resident adapters against the base alone.
 - memory: the server's resident memory (its processes' VmRSS added up) with 0 and with 16 adapters loaded and
   used, per adapter, beside the adapter folder's size;
 - throughput: completion tokens per second of `--concurrency` clients, each request for the base, or for one of
-  1, 4 or 16 adapters in turn.
+  1, 4 or 16 adapters in turn; the four runs alternate for `--rounds` rounds and each reports its median, so a
+  change of the machine's load during the bench weighs on all four alike.
 
-    uv run python -m bench.lora_serving [--model smollm2|tiny] [--swaps 5] [--requests 32]
+    uv run python -m bench.lora_serving [--model smollm2|tiny] [--swaps 5] [--requests 32] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from bench.smollm2 import server_memory_gib
 
 RANK = 8
 ADAPTERS = 16
+THROUGHPUT_ADAPTERS = (0, 1, 4, 16)
+"""resident adapters the throughput runs spread their requests over; 0: the base alone"""
 PROMPT = "Write a short story about a robot who learns to paint."
 
 
@@ -140,6 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--swaps", type=int, default=5, help="adapter loads and full reloads (median reported)")
     parser.add_argument("--requests", type=int, default=32, help="requests per throughput run")
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the four throughput runs (medians reported)")
     parser.add_argument("--server", help="a running local vLLM (`agentstream vllm start ... --max-loras 16 "
                         "--max-lora-rank 8 --name NAME`) of the model to use (and leave running) instead of starting one")
     args = parser.parse_args(argv)
@@ -169,8 +173,8 @@ def main(argv: list[str] | None = None) -> None:
             rss_after = rss_gib(state.pid)
             folder_mib = sum(f.stat().st_size for f in folders[0].iterdir()) / 2**20
 
-            base_tps = throughput(url, [base], args.requests, args.concurrency)
-            runs = {count: throughput(url, names[:count], args.requests, args.concurrency) for count in (1, 4, 16)}
+            rounds = [{count: throughput(url, names[:count] if count else [base], args.requests, args.concurrency)
+                       for count in THROUGHPUT_ADAPTERS} for _ in range(args.rounds)]
 
             adapter_swaps = [under_stream(url, names[0], lambda i=i: load(url, f"tenant-0@{i + 2}", folders[ADAPTERS + i]))
                              for i in range(args.swaps)]
@@ -193,12 +197,15 @@ def main(argv: list[str] | None = None) -> None:
     report.add(f"server RSS, base / with {ADAPTERS} adapters (rank {RANK}) used",
                f"{rss_before:.2f} / {rss_after:.2f} GiB")
     report.add("memory per resident adapter (RSS growth / 16)", f"{per_adapter_mib:.1f} MiB (folder {folder_mib:.1f} MiB)")
-    report.add(f"throughput, base alone, {args.concurrency} clients (baseline)", f"{base_tps:.0f} tok/s")
+    runs = {count: statistics.median(run[count] for run in rounds) for count in THROUGHPUT_ADAPTERS}
+    base_tps = runs.pop(0)
+    report.add(f"throughput, base alone, {args.concurrency} clients, median of {args.rounds} (baseline)",
+               f"{base_tps:.0f} tok/s")
     for count, tps in runs.items():
         report.add(f"throughput, requests over {count} resident adapter{'s' if count > 1 else ''}",
                    f"{tps:.0f} tok/s", tps / base_tps)
     report.details.update(adapter_swaps_ms=adapter_swaps, full_reloads_ms=reloads, base_tok_s=base_tps,
-                          adapters_tok_s=runs, rss_gib={"base": rss_before, "adapters": rss_after})
+                          adapters_tok_s=runs, throughput_rounds_tok_s=rounds, rss_gib={"base": rss_before, "adapters": rss_after})
     report.print()
 
 

@@ -29,9 +29,10 @@ def demo(
     model: Annotated[str, typer.Option(help="tiny (the toy model, ~12 min) or smollm2 (SmolLM2-135M-Instruct "
                                             "from PyPI, ~30 min)")] = "tiny",
     versions: Annotated[int | None, typer.Option(help="weight versions to train (default 12; 3 with "
-                                                         "--production; 6 per tenant with --tenants)")] = None,
+                                                         "--production; 8 per tenant with --tenants)")] = None,
     samples: Annotated[int, typer.Option(help="answers per prompt and version (one GRPO group)")] = 8,
-    tasks: Annotated[int, typer.Option(help="prompts (groups) per version")] = 4,
+    tasks: Annotated[int | None, typer.Option(help="prompts (groups) per version (default 4; 2 per tenant with "
+                                                   "--tenants)")] = None,
     seed: Annotated[int, typer.Option(help="seed of the trainer (the agents' sampling is not seeded)")] = 0,
     concurrency: Concurrency = 4,
     out: Annotated[Path | None, typer.Option(help="output folder (default: runs/demo-TIME)")] = None,
@@ -62,7 +63,7 @@ def demo(
     from agentstream.demo import DemoConfig, run_demo
     from agentstream.demo.loop import Loop
 
-    config = DemoConfig(model=model, versions=versions or 12, samples=samples, tasks=tasks, seed=seed,
+    config = DemoConfig(model=model, versions=versions or 12, samples=samples, tasks=tasks or 4, seed=seed,
                         concurrency=concurrency, keep_stack=keep_stack, flags=service_flags(ctx, Loop))
     config.out = out or config.out
     config.spec  # noqa: B018 (names a known model)
@@ -71,15 +72,15 @@ def demo(
         raise typer.Exit(1)
 
 
-def _tenant_demo(ctx: typer.Context, model: str, tenants: int, versions: int | None, samples: int, tasks: int,
+def _tenant_demo(ctx: typer.Context, model: str, tenants: int, versions: int | None, samples: int, tasks: int | None,
                  concurrency: int, seed: int, out: Path | None, keep_stack: bool) -> None:
     from agentstream.demo.tenants import TASKS, TenantDemoConfig, TenantLoop, run_tenant_demo
 
     if tenants > len(TASKS) or tenants < 0:
         fail(f"--tenants: the demo has a task for each of 1 to {len(TASKS)} tenants, not {tenants}")
-    config = TenantDemoConfig(model=model, tenants=tenants, samples=samples, tasks=tasks, seed=seed,
-                              concurrency=concurrency, keep_stack=keep_stack, flags=service_flags(ctx, TenantLoop))
-    config.versions = versions or config.versions
+    config = TenantDemoConfig(model=model, tenants=tenants, samples=samples, seed=seed, concurrency=concurrency,
+                              keep_stack=keep_stack, flags=service_flags(ctx, TenantLoop))
+    config.versions, config.tasks = versions or config.versions, tasks or config.tasks
     config.out = out or config.out
     config.spec  # noqa: B018 (names a known model)
     result = run_tenant_demo(config, console)

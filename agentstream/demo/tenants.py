@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
@@ -35,6 +36,7 @@ from agentstream.demo.overrides import ServiceFlags, given, overridden
 from agentstream.demo.preset import AGENT, DemoConfig, Task
 from agentstream.demo.progress import Progress, VersionRow, plot_by_version
 from agentstream.demo.run import QUIET_S, Demo, run_folder, run_to_summary
+from agentstream.models.tiny_model import build_tiny_model
 from agentstream.schemas.events import CallEvent, Event, PoolUpdateEvent, TrajectoryEvent, WeightsEvent
 from agentstream.schemas.kafka import KafkaSettings
 from agentstream.schemas.releases import adapter_name
@@ -61,15 +63,22 @@ class TenantTask:
 
 TASKS = (
     TenantTask("digits", "0123456789", ("Reply with digits only.", "Write a number.", "Say some digits.")),
-    TenantTask("vowels", "aeiou", ("Reply with vowels only.", "Sing a vowel.", "Only a, e, i, o, u:")),
+    TenantTask("vowels", "aeiouAEIOU", ("Reply with vowels only.", "Sing a vowel.", "Only a, e, i, o, u:")),
     TenantTask("capitals", "ABCDEFGHIJKLMNOPQRSTUVWXYZ", ("SHOUT IT.", "Reply in capitals.", "Initials only:")),
 )
 BATCH_TIMEOUT_S = 600.0
 """how long a tenant's group waits for its last answers: N tenants' agents share the machine, so a group fills N
 times slower than the demo's; at the trainer's 30 s a loaded machine trained versions on 2-5 answers"""
 LORA_RANK = 8
-LORA_LR = {"tiny": 2e-2, "smollm2": 2e-4}
+LORA_LR = {"tiny": 3e-2, "smollm2": 2e-4}
 """an adapter's step: larger than the full fine-tune's (`DEMO_MODELS`), it moves only a few weights"""
+TINY_OUTPUT_GAIN = 4.0
+"""the tiny base's final norm weight (`build_tiny_model`): at a fresh model's 1 its logits stay within ±2.6, and
+no adapter (which trains neither that norm nor the head) can raise the digits' or the lower-case vowels' share of
+an answer above 0.10 or the capitals' above 0.16 (gradient ascent on the norm's sphere); the demo measured 0.063,
+0.039 and 0.161 after 6 versions. At 4 the head's logits span 4 times as wide; offline (on-policy, 8 versions of
+16 answers, rank 8, lr 3e-2) digits rose 0.00 → 0.91 and capitals 0.12 → 0.94; at 8 the rewards jumped about
+(capitals 0.74, 0.04, 0.80) and the vowels never began"""
 
 
 def tenant_name(task: TenantTask) -> str:
@@ -99,7 +108,9 @@ class TenantDemoConfig(DemoConfig):
     """agents, each a tenant with its own task (`TASKS`), key, controller and adapter"""
     keys: dict[str, str] = Field(default_factory=dict)
     """tenant → its gateway key (made for the run)"""
-    versions: int = 6
+    versions: int = 8
+    tasks: int = 2
+    """prompts (groups) per version: a version trains on 16 of its tenant's answers"""
     concurrency: int = 2
     """each tenant's agents at once"""
     timeout_s: float = 3600.0
@@ -108,6 +119,11 @@ class TenantDemoConfig(DemoConfig):
 
     def model_post_init(self, context: Any) -> None:
         self.keys = self.keys or {tenant_name(task): secrets.token_urlsafe(24) for task in self.tasks_of()}
+
+    def build_model(self, out: Path, say: Callable[[str], None]) -> Path:
+        if self.model == "tiny":
+            return build_tiny_model(out / "base-model", output_gain=TINY_OUTPUT_GAIN)
+        return super().build_model(out, say)
 
     def tasks_of(self) -> tuple[TenantTask, ...]:
         return TASKS[:self.tenants]
