@@ -23,8 +23,8 @@ posted, the sandbox closed). Those exit 0: the attempt is data. A crash of this 
 and no diff is posted.
 
 Settings (environment, `recipes.swe.settings`): AGENTSTREAM_CODEX (the `codex` command: bin/codex.js of the pinned npm package,
-printed by scripts/codex.sh), AGENTSTREAM_CLAUDE_CODE (the `claude` binary, printed by scripts/claude-code.sh),
-AGENTSTREAM_OPENCODE (the `opencode` binary, printed by scripts/opencode.sh), AGENTSTREAM_OPENCODE_CONFIG (a JSON
+printed by `scripts/npm-tool.sh codex`), AGENTSTREAM_CLAUDE_CODE (the `claude` binary, printed by `scripts/npm-tool.sh
+claude-code`), AGENTSTREAM_OPENCODE (the `opencode` binary, printed by `scripts/npm-tool.sh opencode`), AGENTSTREAM_OPENCODE_CONFIG (a JSON
 object merged over the opencode config made here: e.g. `{"tools": {"webfetch": false}}`),
 AGENTSTREAM_WHOLE_ARGS (a JSON list of extra arguments for the harness: its own config, e.g. Codex's
 `-c`/`--disable` or Claude Code's `--tools`), AGENTSTREAM_SWE_ATTEMPT_TIMEOUT_S, AGENTSTREAM_SWE_REPOS,
@@ -71,8 +71,9 @@ QUIET_CLAUDE = {  # nothing but the model calls: no update check, telemetry, err
 OPENCODE_HOME = "/tmp"
 OPENCODE_GLOBAL_CONFIG = f"{OPENCODE_HOME}/.config/opencode"
 """opencode installs its plugin SDK (`@opencode-ai/plugin`) from the npm registry into every config folder it
-may write, at each start; this one, its global one, is made read-only (holding the .gitignore it would write)
-before it runs, so it tries no install the sandbox cannot reach (npm's retries cost ~12 s a run)"""
+may write, at each start, in the background (seen outside the sandbox: the registry asked, the package fetched);
+this one, its global one, is made read-only (holding the .gitignore it would write) before it runs, so that its
+only traffic is the model calls, not requests the sandbox refuses and npm retries"""
 BUN_ADDRESS_SPACE = 256 << 30
 """opencode is a Bun binary: it reserves ~135 GB of address space at start (JavaScriptCore's heap cages) and
 uses ~0.6 GB; under the sandbox's default RLIMIT_AS (4 GiB) it aborts at a later allocation"""
@@ -82,7 +83,8 @@ QUIET_OPENCODE = {  # nothing but the model calls: no model list from models.dev
     "OPENCODE_DISABLE_EXTERNAL_SKILLS": "1",
 }
 OPENCODE_PROVIDER = "agentstream"
-SCRIPTS = {"codex": "scripts/codex.sh", "claude": "scripts/claude-code.sh", "opencode": "scripts/opencode.sh"}
+INSTALLS = {"codex": "scripts/npm-tool.sh codex", "claude": "scripts/npm-tool.sh claude-code",
+            "opencode": "scripts/npm-tool.sh opencode"}
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,7 @@ class Harness:
     def installed(self, settings: WholeHarnessSettings) -> Path:
         value = self.install(settings)
         if not value or not Path(value).is_file():
-            script = SCRIPTS.get(self.name, "its install script")
+            script = INSTALLS.get(self.name, "its install script")
             raise SystemExit(f"whole_harness: {self.install_env} must name the installed {self.name} command: "
                              f"export {self.install_env}=$({script})")
         return Path(value).resolve()
