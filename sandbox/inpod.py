@@ -127,7 +127,7 @@ class InPodSandbox:
 
     def _limit_self(self) -> None:  # in the child, before exec
         limits = self.spec.limits
-        for kind, value in ((resource.RLIMIT_CPU, limits.cpu_seconds), (resource.RLIMIT_AS, limits.memory_bytes),
+        for kind, value in ((resource.RLIMIT_CPU, limits.cpu_seconds), (resource.RLIMIT_AS, limits.address_space),
                             (resource.RLIMIT_NPROC, limits.processes), (resource.RLIMIT_FSIZE, limits.file_size_bytes),
                             (resource.RLIMIT_CORE, 0)):
             hard = value + 1 if kind == resource.RLIMIT_CPU else value

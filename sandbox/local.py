@@ -243,7 +243,7 @@ class LocalSandbox:
         limits = self.spec.limits
         argv = [*ns.nsenter(), f"--setuid={self.uid}", f"--setgid={self.uid}", "--",
                 _tool("prlimit"), f"--cpu={limits.cpu_seconds}:{limits.cpu_seconds + 1}",
-                f"--as={limits.memory_bytes}",
+                f"--as={limits.address_space}",
                 f"--nproc={limits.processes + (NPROC_MARGIN if self._cgroup else 0)}",
                 f"--fsize={limits.file_size_bytes}", "--core=0", "--",
                 _tool("bwrap"), "--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-ipc",

@@ -76,9 +76,9 @@ class WholeHarnessSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AGENTSTREAM_", env_ignore_empty=True, extra="ignore")
 
     codex: str | None = Field(None, description="the `codex` command: bin/codex.js of the pinned npm package "
-                                                "(scripts/codex.sh prints it)")
-    claude_code: str | None = Field(None, description="the `claude` binary (scripts/claude-code.sh prints it)")
-    opencode: str | None = Field(None, description="the `opencode` binary (scripts/opencode.sh prints it)")
+                                                "(scripts/npm-tool.sh codex prints it)")
+    claude_code: str | None = Field(None, description="the `claude` binary (scripts/npm-tool.sh claude-code prints it)")
+    opencode: str | None = Field(None, description="the `opencode` binary (scripts/npm-tool.sh opencode prints it)")
     opencode_config: dict[str, Any] = Field(default_factory=dict, description="a JSON object merged over the "
                                                                                "opencode config the harness makes")
     whole_args: list[str] = Field(default_factory=list, description="a JSON list of extra arguments for the "

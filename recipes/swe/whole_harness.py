@@ -23,8 +23,8 @@ posted, the sandbox closed). Those exit 0: the attempt is data. A crash of this 
 and no diff is posted.
 
 Settings (environment, `recipes.swe.settings`): AGENTSTREAM_CODEX (the `codex` command: bin/codex.js of the pinned npm package,
-printed by scripts/codex.sh), AGENTSTREAM_CLAUDE_CODE (the `claude` binary, printed by scripts/claude-code.sh),
-AGENTSTREAM_OPENCODE (the `opencode` binary, printed by scripts/opencode.sh), AGENTSTREAM_OPENCODE_CONFIG (a JSON
+printed by `scripts/npm-tool.sh codex`), AGENTSTREAM_CLAUDE_CODE (the `claude` binary, printed by `scripts/npm-tool.sh
+claude-code`), AGENTSTREAM_OPENCODE (the `opencode` binary, printed by `scripts/npm-tool.sh opencode`), AGENTSTREAM_OPENCODE_CONFIG (a JSON
 object merged over the opencode config made here: e.g. `{"tools": {"webfetch": false}}`),
 AGENTSTREAM_WHOLE_ARGS (a JSON list of extra arguments for the harness: its own config, e.g. Codex's
 `-c`/`--disable` or Claude Code's `--tools`), AGENTSTREAM_SWE_ATTEMPT_TIMEOUT_S, AGENTSTREAM_SWE_REPOS,
@@ -69,13 +69,22 @@ QUIET_CLAUDE = {  # nothing but the model calls: no update check, telemetry, err
     "DISABLE_ERROR_REPORTING": "1", "DISABLE_BUG_COMMAND": "1",
 }
 OPENCODE_HOME = "/tmp"
+OPENCODE_GLOBAL_CONFIG = f"{OPENCODE_HOME}/.config/opencode"
+"""opencode installs its plugin SDK (`@opencode-ai/plugin`) from the npm registry into every config folder it
+may write, at each start, in the background (seen outside the sandbox: the registry asked, the package fetched);
+this one, its global one, is made read-only (holding the .gitignore it would write) before it runs, so that its
+only traffic is the model calls, not requests the sandbox refuses and npm retries"""
+BUN_ADDRESS_SPACE = 256 << 30
+"""opencode is a Bun binary: it reserves ~135 GB of address space at start (JavaScriptCore's heap cages) and
+uses ~0.6 GB; under the sandbox's default RLIMIT_AS (4 GiB) it aborts at a later allocation"""
 QUIET_OPENCODE = {  # nothing but the model calls: no model list from models.dev, update, plugin, LSP download or share
     "OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1", "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
     "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1", "OPENCODE_DISABLE_SHARE": "1", "OPENCODE_DISABLE_CLAUDE_CODE": "1",
     "OPENCODE_DISABLE_EXTERNAL_SKILLS": "1",
 }
 OPENCODE_PROVIDER = "agentstream"
-SCRIPTS = {"codex": "scripts/codex.sh", "claude": "scripts/claude-code.sh", "opencode": "scripts/opencode.sh"}
+INSTALLS = {"codex": "scripts/npm-tool.sh codex", "claude": "scripts/npm-tool.sh claude-code",
+            "opencode": "scripts/npm-tool.sh opencode"}
 
 
 @dataclass(frozen=True)
@@ -85,6 +94,9 @@ class Run:
     command: str
     env: dict[str, str]
     binds: list[tuple[Path, Path]]
+    address_space_bytes: int | None = None
+    """its processes' RLIMIT_AS where the sandbox's default (its memory limit) is too small for the runtime's
+    reservations (the memory cgroup bounds what it uses either way)"""
 
 
 @dataclass(frozen=True)
@@ -100,7 +112,7 @@ class Harness:
     def installed(self, settings: WholeHarnessSettings) -> Path:
         value = self.install(settings)
         if not value or not Path(value).is_file():
-            script = SCRIPTS.get(self.name, "its install script")
+            script = INSTALLS.get(self.name, "its install script")
             raise SystemExit(f"whole_harness: {self.install_env} must name the installed {self.name} command: "
                              f"export {self.install_env}=$({script})")
         return Path(value).resolve()
@@ -163,10 +175,13 @@ def opencode_run(command: Path, settings: HarnessSettings, prompt: str, extra: l
     package = package_root(command, "node_modules")
     overrides = from_environment(WholeHarnessSettings).opencode_config
     argv = [str(command), "run", "--pure", "--auto", "--dir", str(WORKSPACE_MOUNT), "--title", "agentstream attempt",
-            "--model", f"{OPENCODE_PROVIDER}/{settings.model}", *extra, "--", prompt]
+            "--model", f"{OPENCODE_PROVIDER}/{settings.model}", *extra]
     env = {**QUIET_OPENCODE, "OPENAI_API_KEY": settings.api_key, "HOME": OPENCODE_HOME,
            "OPENCODE_CONFIG_CONTENT": json.dumps(opencode_config(settings, overrides))}
-    return Run(f"exec {shlex.join(argv)} </dev/null", env, [(package, package)])
+    no_install = f"mkdir -p {OPENCODE_GLOBAL_CONFIG} && touch {OPENCODE_GLOBAL_CONFIG}/.gitignore && " \
+                 f"chmod a-w {OPENCODE_GLOBAL_CONFIG}"
+    return Run(f"{no_install} && exec {shlex.join(argv)} <<< {shlex.quote(prompt)}", env, [(package, package)],
+               address_space_bytes=BUN_ADDRESS_SPACE)
 
 
 HARNESSES = {harness.name: harness for harness in (
@@ -190,7 +205,8 @@ def run_harness(harness: Harness, settings: HarnessSettings, task: TaskInput, wo
     """The harness, to its end, in a whole-harness sandbox; (outcome, details, the sandbox)."""
     run = harness.run(harness.installed(whole), settings, task.problem_statement, whole.whole_args)
     timeout_s = settings.attempt.attempt_timeout_s
-    limits = Limits(command_timeout_s=timeout_s, attempt_timeout_s=timeout_s + 120, cpu_seconds=timeout_s)
+    limits = Limits(command_timeout_s=timeout_s, attempt_timeout_s=timeout_s + 120, cpu_seconds=timeout_s,
+                    address_space_bytes=run.address_space_bytes)
     spec = SandboxSpec(workspace=workspace, limits=limits, network=Network.GATEWAY, binds=run.binds, env=run.env,
                        gateway_url=settings.base_url)
     box = LocalSandbox(spec)

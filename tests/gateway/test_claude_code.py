@@ -1,4 +1,4 @@
-"""Claude Code, the real CLI (`scripts/claude-code.sh` installs the pinned npm package), as an agent of the gateway.
+"""Claude Code, the real CLI (`scripts/npm-tool.sh claude-code` installs the pinned npm package), as an agent of the gateway.
 
 It is pointed at an attempt's scoped URL with that attempt's rollout token (`ANTHROPIC_BASE_URL`,
 `ANTHROPIC_API_KEY`, which it sends as x-api-key), and runs one `claude -p` turn: its Messages requests,
@@ -9,7 +9,7 @@ The gateway fronts the harness server (the tiny model with a 32 K window): what 
 the weights and the tests before, and a third call of Claude Code's can outgrow the 2048 byte-tokens of the
 plain tiny server. The turn still carries a short system prompt and one MCP tool with a short description
 (tests/gateway/claude_code_mcp.py) instead of the built-in tools (kilobytes each), so it stays quick.
-Skipped when AGENTSTREAM_CLAUDE_CODE (the binary's path, printed by scripts/claude-code.sh) is not set: `make test`
+Skipped when AGENTSTREAM_CLAUDE_CODE (the binary's path, printed by `scripts/npm-tool.sh claude-code`) is not set: `make test`
 sets it.
 """
 
@@ -35,7 +35,7 @@ QUIET = {  # nothing but the model calls: no update check, telemetry, error repo
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not CLAUDE or not Path(CLAUDE).is_file(),
-                                 reason="Claude Code is not installed: export AGENTSTREAM_CLAUDE_CODE=$(scripts/claude-code.sh), as `make test` does")]
+                                 reason="Claude Code is not installed: export AGENTSTREAM_CLAUDE_CODE=$(scripts/npm-tool.sh claude-code), as `make test` does")]
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """What the pinned coding harnesses actually send, through the gateway: Codex CLI 0.171.0's first Responses
 request and Claude Code 2.1.332's first Messages request, recorded from the real binaries (pointed at a
 local recorder; the versions are in the files' names, tests/data/harness_requests/, and pinned by
-scripts/codex.sh and scripts/claude-code.sh).
+scripts/npm-tool.sh).
 
 Codex groups its multi-agent tools as a `namespace` tool and adds the hosted `web_search`: the gateway
 flattens the namespace (`multi_agent_v1__spawn_agent` to the model), maps the model's call back to the
@@ -48,8 +48,9 @@ def codex_request() -> dict:
 
 
 def test_the_recorded_requests_are_the_pinned_versions():
-    for script, version in (("scripts/codex.sh", CODEX_VERSION), ("scripts/claude-code.sh", CLAUDE_CODE_VERSION)):
-        assert f"version={version}\n" in (Path(__file__).parents[2] / script).read_text(), script
+    installer = (Path(__file__).parents[2] / "scripts" / "npm-tool.sh").read_text()
+    for package, version in (("@openai/codex", CODEX_VERSION), ("@anthropic-ai/claude-code", CLAUDE_CODE_VERSION)):
+        assert f"package={package} version={version}\n" in installer, package
     metadata = json.loads(codex_request()["client_metadata"]["x-codex-turn-metadata"])
     assert metadata["model"] == "tiny"
     assert recorded(f"claude-code-{CLAUDE_CODE_VERSION}.messages.json")["model"] == "tiny"

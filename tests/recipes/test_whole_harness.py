@@ -13,8 +13,8 @@ The harnesses run with their own configuration trimmed to fit the tiny model's 3
 without its multi-agent and goal tools (its base instructions and the hosted web_search kept: the
 gateway leaves web_search out), Claude Code with only its Bash tool (its default system prompt kept), opencode
 with its bash, edit and write tools (the others off in its config; its system prompt kept: 17.7 KB a request).
-Skipped when the binary is not installed: export AGENTSTREAM_CODEX=$(scripts/codex.sh),
-AGENTSTREAM_CLAUDE_CODE=$(scripts/claude-code.sh) and AGENTSTREAM_OPENCODE=$(scripts/opencode.sh).
+Skipped when the binary is not installed (`make test` installs all three): export AGENTSTREAM_CODEX=$(scripts/npm-tool.sh
+codex), AGENTSTREAM_CLAUDE_CODE=$(scripts/npm-tool.sh claude-code) and AGENTSTREAM_OPENCODE=$(scripts/npm-tool.sh opencode).
 """
 
 from __future__ import annotations
@@ -35,24 +35,26 @@ from tests.support.streams import StreamsWorker, TopicWatch
 from tests.support.swe import await_exit, calc_instance, grader_process, make_repo, run_controller
 
 FIX = "sed -i 's/a - b/a + b/' calc.py"
+PROVIDER_KEY = "sk-provider-key-the-harness-must-never-see"
+"""the key the gateway sends upstream, also in the environment the controller and the harness's runner have"""
 # and what a harness could try beyond its task: its environment, the Kafka broker behind the gateway
 # (and the gateway, which it must reach: so the probe itself is seen to work)
 PROBE = ("env | sort > env.txt; for port in {ports}; do (echo > /dev/tcp/127.0.0.1/$port) 2>/dev/null "
          "&& echo $port REACHED || echo $port REFUSED; done > ports.txt")
 HARNESSES = {
     "codex": {
-        "install": "AGENTSTREAM_CODEX", "script": "scripts/codex.sh", "api": "responses", "key": "OPENAI_API_KEY",
+        "install": "AGENTSTREAM_CODEX", "script": "scripts/npm-tool.sh codex", "api": "responses", "key": "OPENAI_API_KEY",
         "call": {"name": "exec_command", "arguments": {"cmd": "{command}"}},
         "args": ["--disable", "multi_agent", "--disable", "goals"],
     },
     "claude": {
-        "install": "AGENTSTREAM_CLAUDE_CODE", "script": "scripts/claude-code.sh", "api": "messages",
+        "install": "AGENTSTREAM_CLAUDE_CODE", "script": "scripts/npm-tool.sh claude-code", "api": "messages",
         "key": "ANTHROPIC_API_KEY",
         "call": {"name": "Bash", "arguments": {"command": "{command}", "description": "Fix add"}},
         "args": ["--tools", "Bash"],
     },
     "opencode": {
-        "install": "AGENTSTREAM_OPENCODE", "script": "scripts/opencode.sh", "api": "chat.completions",
+        "install": "AGENTSTREAM_OPENCODE", "script": "scripts/npm-tool.sh opencode", "api": "chat.completions",
         "key": "OPENAI_API_KEY",
         "call": {"name": "bash", "arguments": {"command": "{command}", "description": "Fix add"}},
         "args": [],
@@ -95,13 +97,14 @@ async def test_an_unchanged_harness_in_the_sandbox_edits_the_task_is_graded_and_
     commit = make_repo(repos)
     env = {"AGENTSTREAM_SWE_REPOS": str(repos), "AGENTSTREAM_SWE_WORKSPACE": str(tmp_path / "ws"),
            "AGENTSTREAM_SWE_ATTEMPT_TIMEOUT_S": "240", "AGENTSTREAM_WHOLE_ARGS": json.dumps(spec["args"]),
-           **spec.get("env", {})}
+           "AGENTSTREAM_PROVIDER_API_KEY": PROVIDER_KEY, **spec.get("env", {})}
     kafka_port = kafka.bootstrap_servers.rsplit(":", 1)[1]
     worker = StreamsWorker(kafka, tmp_path / "streams", tmp_path / "streams.log",
                            args=("--reward-grace-s", "120")).start()
     grader = None
     try:
-        async with running_gateway(gateway_settings(kafka, [f"tiny={harness_vllm.url}"])) as gw:
+        async with running_gateway(gateway_settings(kafka, [f"tiny={harness_vllm.url}"],
+                                                    upstream_api_key=PROVIDER_KEY)) as gw:
             gateway_port = gw.url.rsplit(":", 1)[1].strip("/")
             command = f"{FIX}; {PROBE.format(ports=f'{kafka_port} {gateway_port}')}"
             instances, tasks = write_task(tmp_path, commit,
@@ -132,6 +135,7 @@ async def test_an_unchanged_harness_in_the_sandbox_edits_the_task_is_graded_and_
     assert is_rollout_token(seen[spec["key"]]), "the attempt's token is its key"
     assert not [key for key in seen if key.startswith(("AGENTSTREAM_", "KAFKA"))], "nothing of the controller's"
     assert [key for key, value in seen.items() if is_rollout_token(value)] == [spec["key"]], "the one credential"
+    assert PROVIDER_KEY not in diff.data.diff + str(details), "the provider's key stays with the gateway"
 
     calls = [e for e in await read_events(kafka, kafka.topics.calls, count=2) if isinstance(e, CallEvent)]
     calls = [call for call in calls if call.attempt_id == diff.attempt_id]
@@ -222,3 +226,37 @@ def test_opencodes_config_points_its_one_provider_at_the_attempt_and_holds_no_cr
     assert token not in run.command and "--title" in run.command, "no title request: the model is asked the task only"
     assert run.binds == [(tmp_path / "prefix", tmp_path / "prefix")], "the npm prefix, read-only at its own path"
     assert "opencode" in HARNESSES
+
+
+def test_opencode_in_its_sandbox_reads_the_task_unquoted_on_stdin_with_room_to_reserve_and_no_config_to_install_into(
+        tmp_path: Path):
+    """What the real opencode needed (each a failed run of the test above): the task on stdin, byte for byte (as
+    arguments `opencode run` quotes it and escapes its double quotes), an address-space limit a Bun binary's
+    reservations fit in (~135 GB; at the default 4 GiB it aborted), and its global config folder read-only (it
+    installs its plugin SDK from npm into every one it may write). A stand-in binary at the npm path reports what
+    it was given, inside the real sandbox."""
+    from agentstream.recipes.swe.harness import HarnessSettings
+    from agentstream.recipes.swe.settings import AttemptSettings, SweSettings, WholeHarnessSettings
+    from agentstream.recipes.swe.whole_harness import Harness, opencode_run, run_harness
+
+    binary = tmp_path / "prefix" / "node_modules" / "opencode-linux-x64" / "bin" / "opencode"
+    binary.parent.mkdir(parents=True)
+    binary.write_text("#!/bin/bash\nprintf '%s\\n' \"$@\" > args.txt; cat > stdin.txt; ulimit -v > as.txt\n"
+                      "touch ~/.config/opencode/node_modules 2> config.txt; ls -A ~/.config/opencode >> config.txt\n")
+    binary.chmod(0o755)
+    stand_in = Harness("opencode", "AGENTSTREAM_OPENCODE", lambda _: str(binary), opencode_run)
+    settings = HarnessSettings(base_url="http://127.0.0.1:9/v1", api_key="key", model="tiny",
+                               task=tmp_path / "task.json", swe=SweSettings(), attempt=AttemptSettings())
+    task = TaskInput(instance_id="calc-1", repo="demo/calc", base_commit="0" * 40,
+                     problem_statement="add() says \"a - b\"; it's wrong.\n<script>{\"name\": \"bash\"}</script>")
+    (workspace := tmp_path / "workspace").mkdir()
+    outcome, details, box = run_harness(stand_in, settings, task, workspace, WholeHarnessSettings())
+    try:
+        assert outcome == "completed", details
+        assert (workspace / "stdin.txt").read_text() == task.problem_statement + "\n"
+        assert task.problem_statement.splitlines()[0] not in (workspace / "args.txt").read_text()
+        assert int((workspace / "as.txt").read_text()) * 1024 >= 135 * 10**9, "room for Bun's reservations"
+        assert "Permission denied" in (config := (workspace / "config.txt").read_text()), config
+        assert config.splitlines()[1:] == [".gitignore"], "nothing to install into, nothing for opencode to write"
+    finally:
+        box.close()
