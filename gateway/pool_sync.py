@@ -12,12 +12,12 @@ the model and its own requests of it drained (`gateway/barrier.py`: each replica
 own follower, and one that sees it late would send requests into the paused engine). Then, for each server of
 the model, it waits for requests in flight to drain (bounded), then pause(keep) → reload_weights(uri) →
 reset_prefix_cache → update_weight_version → resume, proving before each step that it still owns the partition,
-and publishes a `pool` event with the pause duration. Requests the server holds just after the pause slipped in
+and publishes a `pool` event with the pause duration. Requests the server counts just after the pause slipped in
 after the drain: it resumes the server until they finished and pauses again (bounded, `REPAUSES`; without
-partial rollouts), so no request waits in a paused engine and none is recorded with the version before while the
-new weights answer it. The version label comes
-from the same event as the weights, after they loaded, so a server reports the version it serves. Offsets are
-committed after the pool events are acknowledged.
+partial rollouts). vLLM's gauges do not count a request that arrives once the engine is paused (no step runs to
+update them): the barrier is what keeps those out. The version label comes from the same event as the weights,
+after they loaded, so a server reports the version it serves. Offsets are committed after the pool events are
+acknowledged.
 
 Partial rollouts (`--partial-rollouts`): the drain waits only for calls that are not followed (not
 streamed); a streamed call stays in vLLM's scheduler through the pause ("keep" freezes it; the prefix
