@@ -31,7 +31,8 @@ QUERIES: dict[str, str] = {
     "servers": """SELECT server, model, MAX(version) AS version, MAX(time) AS updated_ms
                   FROM pool WHERE status = 'ok' GROUP BY server, model ORDER BY server""",
     "swaps": """SELECT time, model, version, server, status, pause_ms, load_ms, held_ms, error
-                FROM pool WHERE time >= {since} AND time < {until} ORDER BY time DESC LIMIT 500""",
+                FROM pool WHERE type = 'pool.update' AND time >= {since} AND time < {until}
+                ORDER BY time DESC LIMIT 500""",
     "versions": "SELECT version, base_version, step, time FROM weights ORDER BY version",
     "reward": f"""SELECT weight_version_launch AS weight_version, split, COUNT(*) AS trajectories,
                   AVG(reward) AS reward_mean, AVG({PASSED}) AS pass_rate,

@@ -298,7 +298,7 @@ class Pool:
         while True:
             if followed_go_on and self.in_flight(model) == self._followed[model]:
                 return True
-            if self.in_flight(model) == 0 and all(await asyncio.gather(*(self._idle(s) for s in servers))):
+            if self.in_flight(model) == 0 and all(await asyncio.gather(*(self.idle(s) for s in servers))):
                 return True
             if time.monotonic() > deadline:
                 return False
@@ -309,7 +309,8 @@ class Pool:
         for call in self.followed.get(server, ()):
             call.switched(version)
 
-    async def _idle(self, upstream: Upstream) -> bool:
+    async def idle(self, upstream: Upstream) -> bool:
+        """Whether `upstream` holds no request (vLLM's busy gauges are 0; True when it cannot tell)."""
         try:
             async with self.http.get(f"{upstream.url}/metrics", timeout=CHECK_TIMEOUT) as response:
                 if response.status != 200:

@@ -7,11 +7,17 @@ the hold once every server of the model serves the new version (or `hold_max_s` 
 
 Exactly one replica applies each `weights` and `releases` event: the member of a consumer group over
 both topics that owns their partition (`gateway/ownership.py`, which also fences a writer that lost it).
-For each server of the model it waits for requests in flight to drain (bounded), then pause(keep) →
-reload_weights(uri) → reset_prefix_cache → update_weight_version → resume, proving before each step that
-it still owns the partition, and publishes a `pool` event with the pause duration. The version label comes
-from the same event as the weights, after they loaded, so a server reports the version it serves. Offsets are
-committed after the pool events are acknowledged.
+It first waits (bounded) until every other member of the group said, with a `pool.held` event, that it holds
+the model and its own requests of it drained (`gateway/barrier.py`: each replica holds when the event reaches its
+own follower, and one that sees it late would send requests into the paused engine). Then, for each server of
+the model, it waits for requests in flight to drain (bounded), then pause(keep) → reload_weights(uri) →
+reset_prefix_cache → update_weight_version → resume, proving before each step that it still owns the partition,
+and publishes a `pool` event with the pause duration. Requests the server counts just after the pause slipped in
+after the drain: it resumes the server until they finished and pauses again (bounded, `REPAUSES`; without
+partial rollouts). vLLM's gauges do not count a request that arrives once the engine is paused (no step runs to
+update them): the barrier is what keeps those out. The version label comes from the same event as the weights,
+after they loaded, so a server reports the version it serves. Offsets are committed after the pool events are
+acknowledged.
 
 Partial rollouts (`--partial-rollouts`): the drain waits only for calls that are not followed (not
 streamed); a streamed call stays in vLLM's scheduler through the pause ("keep" freezes it; the prefix
@@ -60,6 +66,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import KafkaError
 
+from agentstream.gateway.barrier import Barrier, client_id
 from agentstream.gateway.errors import GatewayError, UpstreamFailed
 from agentstream.gateway.logs import fields
 from agentstream.gateway.lora import TenantAdapter
@@ -70,7 +77,16 @@ from agentstream.gateway.recorder import Recorder
 from agentstream.gateway.settings import GatewaySettings
 from agentstream.schemas.codec import DecodeError, decode
 from agentstream.schemas.errors import ServiceError
-from agentstream.schemas.events import Event, PoolUpdate, PoolUpdateEvent, Release, ReleaseEvent, Weights, WeightsEvent
+from agentstream.schemas.events import (
+    Event,
+    PoolHeldEvent,
+    PoolUpdate,
+    PoolUpdateEvent,
+    Release,
+    ReleaseEvent,
+    Weights,
+    WeightsEvent,
+)
 from agentstream.schemas.ids import derived_id, now_ms
 from agentstream.schemas.kafka import deadletter_event, make_consumer, partitions_of
 from agentstream.schemas.releases import BUCKETS, canary_servers, decision_id, fold, key_of, stable_of, successor
@@ -81,6 +97,9 @@ log = logging.getLogger("gateway.pool_sync")
 
 RELEASES_WAIT_S = 30.0
 """how long a starting replica waits to read the `releases` topic before serving"""
+
+REPAUSES = 3
+"""times an update resumes a server it paused with requests in it, lets them finish and pauses it again"""
 
 
 class UpdateFailed(ServiceError):
@@ -104,6 +123,7 @@ class PoolSync:
         self.following = asyncio.Event()
         """set once this replica follows the topics (it holds for every update published after)"""
         self.ownership = Ownership()
+        self.barrier = Barrier(settings, pool, recorder)
 
     async def start(self) -> None:
         """Follow (and apply); with canaries on, return once the release history is folded, so that the first
@@ -123,6 +143,7 @@ class PoolSync:
         for task in [*self._tasks, *self._unloads]:
             task.cancel()
         await asyncio.gather(*self._tasks, *self._unloads, return_exceptions=True)
+        await self.barrier.stop()
 
     async def _run(self, name: str, loop: Callable[[], Awaitable[None]]) -> None:
         """Run a consumer loop; when Kafka fails under it, start it again."""
@@ -186,8 +207,12 @@ class PoolSync:
                 return
             servers = [upstream.url for upstream in self.pool.servers(event.data.model)]
             # a canary holds when its release event comes; the history is folded for tenants only
-            if live and servers and not self.canaries(event.data.model):
-                self.pool.hold(event.data.model, event.data.version, servers)
+            if live and not self.canaries(event.data.model):
+                if servers:
+                    self.pool.hold(event.data.model, event.data.version, servers)
+                self.barrier.held(event.id, event.data.model, event.data.version)
+        elif isinstance(event, PoolHeldEvent):
+            self.barrier.observe(event.data)
         elif isinstance(event, PoolUpdateEvent):
             update = event.data
             if update.tenant is not None:
@@ -215,11 +240,13 @@ class PoolSync:
             log.info("canary started", extra=fields(model=release.model, version=release.version,
                                                    share_bp=release.share_bp, servers=release.servers))
             self.pool.hold(release.model, release.version, release.servers)
+            self.barrier.held(event.id, release.model, release.version)
         elif release.action in ("promote", "rollback"):
             log.info(f"canary {state.phase}", extra=fields(model=release.model, version=release.version,
                                                           decided_by=release.decided_by, reason=release.reason))
             if release.action == "promote":
                 self.pool.hold(release.model, release.version, [server.url for server in self.pool.servers(release.model)])
+                self.barrier.held(event.id, release.model, release.version)
 
     def observe_tenant_release(self, release: Release, live: bool) -> None:
         """A tenant's canary started (its adapter serves from its `pool` event) or was decided: the tenant's
@@ -269,8 +296,10 @@ class PoolSync:
         topics = self.settings.topics
         # the longest step (a drain, then a reload) must not cost the partition: the group waits that long for
         # this loop to poll again
-        step_ms = round((self.settings.drain_timeout_s + self.settings.upstream_timeout_s + 60) * 1000)
+        step_ms = round((self.settings.barrier_timeout_s + self.settings.drain_timeout_s
+                         + self.settings.upstream_timeout_s + 60) * 1000)
         consumer = make_consumer(self.settings, group_id=self.settings.pool_group,
+                                 client_id=client_id(self.settings.replica_id),  # the barrier's list of replicas
                                  partition_assignment_strategy=(RangePartitionAssignor,),
                                  rebalance_timeout_ms=step_ms, max_poll_interval_ms=step_ms)
         consumer.subscribe([topics.weights, topics.releases], listener=self.ownership)
@@ -337,7 +366,7 @@ class PoolSync:
             elif self.canaries(event.data.model):
                 await self.start_canary(event, claim)
             else:
-                await self.apply(event, claim=claim)
+                await self.apply(event, claim=claim, cause=event.id)
 
     async def _apply_releases(self, records: list[ConsumerRecord], claim: Claim) -> None:
         for record in records:
@@ -351,7 +380,7 @@ class PoolSync:
             if event.data.tenant is not None:
                 self._unload_later(TenantAdapter.loser(event.data), event.data.servers)
             elif event.data.action == "promote":
-                await self.apply(_weights_of(event.data), claim=claim)
+                await self.apply(_weights_of(event.data), claim=claim, cause=event.id)
             else:
                 await self.roll_back(event.data, claim)
 
@@ -363,7 +392,8 @@ class PoolSync:
         state = self.pool.releases.get((weights.model, None))
         if state is not None and state.current.version == weights.version:  # delivered again after its start
             if state.active:
-                await self.apply(event, [server for server in servers if server.url in state.current.servers], claim)
+                await self.apply(event, [server for server in servers if server.url in state.current.servers], claim,
+                                 cause=_canary_id(weights))
             elif state.current.action == "promote":
                 await self.apply(event, claim=claim)
             return
@@ -384,12 +414,11 @@ class PoolSync:
                           stable_version=stable[0], stable_uri=stable[1],
                           share_bp=round(self.settings.canary_share * BUCKETS), servers=chosen, started_at=now_ms(),
                           decided_by=self.settings.replica_id, reason="a new version")
-        canary = ReleaseEvent(id=derived_id("release.canary", weights.model, str(weights.version)),
-                              source=self.settings.source, data=release)
+        canary = ReleaseEvent(id=_canary_id(weights), source=self.settings.source, data=release)
         await _check(claim, "starting a canary")
         await self.recorder.publish(canary)
         self.observe_release(canary)
-        await self.apply(event, [server for server in servers if server.url in chosen], claim)
+        await self.apply(event, [server for server in servers if server.url in chosen], claim, cause=canary.id)
 
     async def _promote_replaced(self, release: Release, claim: Claim | None) -> None:
         """Promote a canary that a newer version replaces while it leads (`schemas.releases.successor`): every
@@ -403,7 +432,7 @@ class PoolSync:
         if release.tenant is not None:
             self._unload_later(TenantAdapter.loser(release), release.servers)
         else:
-            await self.apply(_weights_of(release), claim=claim)
+            await self.apply(_weights_of(release), claim=claim, cause=event.id)
 
     async def _base(self, model: str, servers: list[Upstream], chosen: list[str]) -> tuple[int, str] | None:
         """The stable version before any release: what the servers outside the canary serve, from the folder
@@ -438,9 +467,10 @@ class PoolSync:
         self.metrics.pool_updates.labels(update.status).inc()
 
     async def apply(self, event: WeightsEvent, servers: list[Upstream] | None = None,
-                    claim: Claim | None = None) -> list[PoolUpdate]:
+                    claim: Claim | None = None, cause: str | None = None) -> list[PoolUpdate]:
         """Apply one update to `servers` (default: every server of its model) while `claim` holds (None: no
-        group, as when called by hand); publish and return one `PoolUpdate` each."""
+        group, as when called by hand); publish and return one `PoolUpdate` each. `cause`: the id of the event
+        every replica holds for (with a claim, the other live replicas are waited for, `gateway/barrier.py`)."""
         weights = event.data
         servers = self.pool.servers(weights.model) if servers is None else servers
         if not servers:
@@ -452,6 +482,8 @@ class PoolSync:
         if behind:
             log.info("applying weights", extra=fields(model=weights.model, version=weights.version, uri=weights.uri,
                                                       servers=[server.url for server in behind]))
+            if cause is not None and claim is not None:
+                await self.barrier.wait(cause, weights.model, weights.version)
             if not await self.pool.drain(weights.model, behind, self.settings.drain_timeout_s,
                                          followed_go_on=self.settings.partial_rollouts):
                 log.warning("requests still in flight after the drain timeout: pausing anyway (they resume after)",
@@ -572,6 +604,8 @@ class PoolSync:
         try:
             await _check(claim, "pausing")
             await self._post(server, "/pause", params={"mode": "keep"})
+            if not self.settings.partial_rollouts:
+                await self._paused_empty(server, model, claim)
             paused = time.monotonic()
             await _check(claim, "reloading")
             await self._post(server, "/collective_rpc", timeout=self.settings.upstream_timeout_s,
@@ -598,6 +632,24 @@ class PoolSync:
             return update("failed", pause_ms, load_ms, error)
         log.info("weights applied", extra=fields(server=server.url, version=version, pause_ms=pause_ms, load_ms=load_ms))
         return update("ok", pause_ms, load_ms)
+
+    async def _paused_empty(self, server: Upstream, model: str, claim: Claim | None) -> None:
+        """A server just paused holds no request, or gets the chance to finish them first: a request that reached
+        it after the drain (from a replica that held late) would wait through the reload, and be recorded with the
+        version before while the new weights answer it."""
+        for _ in range(REPAUSES):
+            if await self.pool.idle(server):
+                return
+            log.warning("requests reached the server between the drain and the pause: resuming it until they finish",
+                        extra=fields(server=server.url, model=model))
+            await _check(claim, "resuming for requests that came after the drain")
+            await self._post(server, "/resume")
+            await self.pool.drain(model, [server], self.settings.drain_timeout_s)
+            await _check(claim, "pausing again")
+            await self._post(server, "/pause", params={"mode": "keep"})
+        if not await self.pool.idle(server):
+            log.warning("requests still in the paused server: they go on with the new weights",
+                        extra=fields(server=server.url, model=model, tries=REPAUSES))
 
     async def _finish(self, server: Upstream, claim: Claim | None,
                       update: Callable[..., PoolUpdate]) -> PoolUpdate:
@@ -629,6 +681,11 @@ class PoolSync:
             body = await response.read()
             answer: dict[str, Any] | None = orjson.loads(body) if body.strip().startswith(b"{") else None
             return answer
+
+
+def _canary_id(weights: Weights) -> str:
+    """The id of the release event that starts `weights` as a canary (every replica holds for it)."""
+    return derived_id("release.canary", weights.model, str(weights.version))
 
 
 def _weights_of(release: Release) -> WeightsEvent:

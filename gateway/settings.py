@@ -80,6 +80,10 @@ class GatewaySettings(KafkaSettings):
         30.0, description="longest a request waits while its model's weights update; then 503 with Retry-After")
     drain_timeout_s: float = Field(
         30.0, description="longest an update waits for in-flight requests to finish before pausing a server")
+    barrier_timeout_s: float = Field(
+        45.0, ge=0.0, description="longest an update waits for every other live gateway replica (the members of the "
+        "pool-sync group) to say it holds the model's new requests and its own in flight drained, before pausing a "
+        "server; past it the update pauses anyway, with a warning naming the replicas that did not answer")
     partial_rollouts: bool = Field(
         False, description="at a weight update, streamed calls in flight go on with the new weights instead of the "
         "update waiting for them to finish; their call events record which version sampled which tokens "

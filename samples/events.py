@@ -161,6 +161,8 @@ def sample_events() -> list[s.Event]:
                                                         metrics={"loss": 0.1}, lineage=["tr-1"])),
         s.PoolUpdateEvent(source="gateway", data=s.PoolUpdate(model="tiny", version=4, server="http://x",
                                                               status="ok", pause_ms=150.0, applied_by="gw-1")),
+        s.PoolHeldEvent(source="gateway", data=s.PoolHeld(model="tiny", version=4, cause="0190e7a0-weights",
+                                                          replica="gw-2")),
         s.ReleaseEvent(source="releases", data=s.Release(
             model="tiny", action="promote", version=5, uri="/ckpt/v5", stable_version=4, stable_uri="/ckpt/v4",
             share_bp=1000, servers=["http://y"], started_at=1, decided_by="rule", reason="mean reward higher",

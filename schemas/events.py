@@ -17,7 +17,9 @@ traffic, `schemas.sessions`): the `session.ended` and `feedback` events, `Trajec
 computed after its trajectory was published); 4, `Trajectory.revision_of` (a session's trajectory published
 again with the reward of feedback that came after it) and `Turn.logprobs_missing` (its call recorded none); 5,
 `Call.weight_segments` and `Turn.weight_segments` (a completion that went on across a weight update: which
-version sampled which of its tokens, `--partial-rollouts`).
+version sampled which of its tokens, `--partial-rollouts`); 6, the `pool.held` event (a gateway replica holds a
+model's new requests for an update, and its own in flight drained: the applier pauses the servers after every live
+replica said so).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentstream.schemas.ids import new_id, now_ms
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 class Payload(BaseModel):
@@ -474,6 +476,26 @@ class PoolUpdateEvent(Event):
         return self.data.model.encode()
 
 
+class PoolHeld(Payload):
+    model: str
+    version: int
+    cause: str = Field(description="id of the event that made the replica hold (a `weights` or `releases` event)")
+    replica: str = Field(description="the gateway replica that holds")
+
+
+class PoolHeldEvent(Event):
+    """A gateway replica holds `model`'s new requests for an update and its own requests of it drained (the
+    streamed ones excepted, with partial rollouts): the applier pauses a server once every live replica said so."""
+
+    topic: ClassVar[str] = "pool"
+    type: Literal["pool.held"] = "pool.held"
+    data: PoolHeld
+
+    @property
+    def key(self) -> bytes:
+        return self.data.model.encode()
+
+
 # --- releases: canaries of new weights (topic: releases; see schemas.releases) -----------------
 
 
@@ -615,6 +637,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     TrajectoryEvent,
     WeightsEvent,
     PoolUpdateEvent,
+    PoolHeldEvent,
     ReleaseEvent,
     DeadletterEvent,
     MetricsEvent,

@@ -484,5 +484,5 @@ NAMED_QUERIES: dict[str, str] = {
         FROM trajectories GROUP BY weight_version_launch ORDER BY weight_version""",
     "pool-pauses": """
         SELECT time, model, version, server, status, pause_ms, load_ms, held_ms, error
-        FROM pool ORDER BY time""",
+        FROM pool WHERE type = 'pool.update' ORDER BY time""",
 }

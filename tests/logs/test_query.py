@@ -143,6 +143,8 @@ def graded(rollout: str, task: str, split: str, version: int, reward: float, dur
 async def test_questions_people_ask(kafka):
     pool = [s.PoolUpdateEvent(source="test", time=1000 * v, data=s.PoolUpdate(
         model="tiny", version=v, server="http://a", status="ok", pause_ms=100.0 * v, applied_by="g")) for v in (2, 1)]
+    pool.append(s.PoolHeldEvent(source="test", time=1500, data=s.PoolHeld(model="tiny", version=2, cause="w2",
+                                                                          replica="g")))  # no swap: not a pause
     retried = call("r5", "http://a", 15.0)
     retried.data.retry_count = 1  # the agent's SDK sent it again
     split = s.TrajectoryEvent(source="test", rollout_id="r5", attempt_id="a", data=s.Trajectory(

@@ -3,7 +3,8 @@ patching one of its functions to SIGKILL the process at a chosen point.
 
     python tests/support/faults.py FAULT MODULE ARGS…      e.g.  python tests/support/faults.py replay.after_output:3 agentstream replay …
 
-FAULT is `part.point` or `part.point:N` (the Nth time the point is reached), or a fault that kills nothing:
+FAULT is `part.point` or `part.point:N` (the Nth time the point is reached), or a fault that kills nothing; several
+faults are separated by commas:
 - trainer.after_checkpoint   a version's checkpoint is written, its weights event not yet published
 - trainer.after_publish      a weights event is acknowledged, the offsets not yet committed
 - replay.after_output:N      the Nth checkpoint that wrote output made it durable, its state not yet saved
@@ -13,6 +14,10 @@ FAULT is `part.point` or `part.point:N` (the Nth time the point is reached), or 
 - gateway.after_label        a server loaded and labelled new weights, not yet resumed
   (gateway faults fire in one process only when several run them: the first to create the file named by
   AGENTSTREAM_FAULT_ONCE, if set)
+- gateway.late_weights:N     every live `weights` event reaches the replica's follower (its hold) N seconds late;
+                             kills nothing
+- gateway.slow_reload:N      a server's reload by this replica takes N seconds longer (as a large model's does);
+                             kills nothing
 - streams.drop_calls:N       a streams worker is handed none of the records of the calls partition of the Nth calls
                              record it fetched, from that one on, the first time each is fetched (faust-streaming
                              0.15.3 drops records around a restart): that partition stalls unless read again
@@ -160,6 +165,45 @@ def gateway_after_label(countdown: Countdown) -> None:
     _gateway_after("/update_weight_version", countdown)
 
 
+def gateway_late_weights(countdown: Countdown) -> None:
+    import asyncio
+
+    from aiokafka import TopicPartition
+
+    from agentstream.gateway.pool_sync import PoolSync
+
+    observe = PoolSync.observe
+    delay_s = countdown.left
+
+    @functools.wraps(observe)
+    def late(self, record):
+        live = record.offset >= self._history.get(TopicPartition(record.topic, record.partition), 0)
+        if record.topic == self.settings.topics.weights and live:
+            asyncio.get_running_loop().call_later(delay_s, observe, self, record)
+        else:
+            observe(self, record)
+
+    PoolSync.observe = late
+
+
+def gateway_slow_reload(countdown: Countdown) -> None:
+    import asyncio
+
+    from agentstream.gateway.pool_sync import PoolSync
+
+    post = PoolSync._post
+    delay_s = countdown.left
+
+    @functools.wraps(post)
+    async def slow(self, server, step, *args, **kwargs):
+        answer = await post(self, server, step, *args, **kwargs)
+        if step == "/collective_rpc":
+            await asyncio.sleep(delay_s)
+        return answer
+
+    PoolSync._post = slow
+
+
 def streams_drop_calls(countdown: Countdown) -> None:
     from agentstream.streams.transport import Inbox
 
@@ -190,17 +234,20 @@ FAULTS = {
     "archive.after_files": archive_after_files,
     "gateway.after_reload": gateway_after_reload,
     "gateway.after_label": gateway_after_label,
+    "gateway.late_weights": gateway_late_weights,
+    "gateway.slow_reload": gateway_slow_reload,
     "streams.drop_calls": streams_drop_calls,
 }
 
 
 def main() -> None:
-    fault, module, *args = sys.argv[1:]
-    name, _, times = fault.partition(":")
-    if name not in FAULTS:
-        raise SystemExit(f"unknown fault {name!r}: use one of {', '.join(FAULTS)}")
+    faults, module, *args = sys.argv[1:]
     sys.path[0] = os.getcwd()  # as `python -m` has it, not this file's folder
-    FAULTS[name](Countdown(int(times or 1)))
+    for fault in faults.split(","):
+        name, _, times = fault.partition(":")
+        if name not in FAULTS:
+            raise SystemExit(f"unknown fault {name!r}: use one of {', '.join(FAULTS)}")
+        FAULTS[name](Countdown(int(times or 1)))
     sys.argv = [module, *args]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 

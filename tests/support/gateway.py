@@ -26,7 +26,7 @@ from agentstream.gateway.app import create_app
 from agentstream.gateway.service import Gateway
 from agentstream.gateway.settings import GatewaySettings
 from agentstream.schemas import Event, decode
-from agentstream.schemas.kafka import KafkaSettings, make_consumer, partitions_of
+from agentstream.schemas.kafka import KafkaSettings, make_admin, make_consumer, partitions_of
 from agentstream.schemas.tokens import mint_rollout_token
 from agentstream.stack.process import free_port, stop_pid
 from tests.support import faults
@@ -100,6 +100,23 @@ async def running_gateway(settings: GatewaySettings) -> AsyncIterator[RunningGat
             await client.close()
         server.should_exit = True
         await asyncio.wait_for(task, 60)
+
+
+async def pool_group_is(kafka: KafkaSettings, replicas: set[str]) -> bool:
+    """Whether the gateways' pool-sync group holds `replicas` (as an applier asks the broker, `gateway/barrier.py`)
+    and is done rebalancing (a rebalance during an update fences its writer, and the update starts again)."""
+    from agentstream.gateway.barrier import Barrier
+
+    settings = gateway_settings(kafka, [])
+    admin = make_admin(kafka)
+    await admin.start()
+    try:
+        [response] = await admin.describe_consumer_groups([settings.pool_group])
+    finally:
+        await admin.close()
+    [group] = response.to_object()["groups"]
+    members = await Barrier(settings, None, None).members()  # type: ignore[arg-type]  # it only asks the broker
+    return group["state"] == "Stable" and members == replicas
 
 
 async def read_events(kafka: KafkaSettings, topic: str, count: int | None = None, timeout: float = 20.0,
