@@ -45,6 +45,8 @@ from bench.streams_assembly import ROOT, checkout, fresh_topics, kafka_broker
 console = Console()
 DAY_MS = 24 * 3600 * 1000
 MIB = 1024 * 1024
+BEFORE = "-before"
+"""the label of the runs of the --baseline commit's workers (in names, app ids and topic names)"""
 STORES = ("memory", "rocksdb")
 LAYOUTS = ("whole", "offsets")
 """--session-calls: a settled conversation's calls kept whole in the state (the old layout), or their offsets"""
@@ -135,7 +137,7 @@ class Worker:
     def until(self, condition, timeout: float, what: str) -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not Path(f"/proc/{self.pid}").exists():
+            if self.process is not None and self.process.poll() is not None:  # (exited: its /proc stays, a zombie)
                 raise SystemExit(f"the {what}: the worker exited; log ({self.log}):\n{tail(self.log)}")
             view = self.view()
             if view is not None and condition(view):
@@ -207,9 +209,9 @@ def main() -> None:
     args = parser.parse_args()
     report = Report("streams_state", details={**vars(args), "runs": {}})
     with tempfile.TemporaryDirectory() as folder, kafka_broker(Path(folder) / "kafka") as (bootstrap, _):
-        trees = {"": ROOT}
+        trees = {"": ROOT}  # the label of a run's name → the tree its worker runs
         if args.baseline:
-            trees[f"@{args.baseline}"] = checkout(args.baseline, Path(folder) / "baseline")[0]
+            trees[BEFORE] = checkout(args.baseline, Path(folder) / "baseline")[0]
         empty = Path(folder) / "empty"
         empty.mkdir()
         with console.status("the Python baseline: a disk-store worker over an empty log…"):
@@ -255,7 +257,7 @@ def add_bound(report: Report, days: int, runs: dict[str, dict], python_rss: int,
         within = "within" if over <= memory_mb else "OVER"
         report.add(f"{days} d, rocksdb/{layout}: RSS after the restart over the Python baseline ({within} "
                    f"{memory_mb} MiB); {after['disk_bytes'] / MIB:,.1f} MiB on disk", f"{over:+,.1f} MiB")
-        before = runs.get(f"rocksdb/{layout}@{baseline}")
+        before = runs.get(f"rocksdb/{layout}{BEFORE}")
         if before is not None:
             report.add(f"{days} d, rocksdb/{layout}: RSS after the restart, {baseline} → this tree",
                        f"{before['rss_recovered'] / MIB:,.0f} → {after['rss_recovered'] / MIB:,.0f} MiB (over the "
