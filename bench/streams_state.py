@@ -12,8 +12,14 @@ trajectory, every revision is made: with offsets, from calls read back from the 
 written, its resident memory is read, it is killed -9 and started again, and the time until its table is
 recovered (from the spawn: the process's start too) and its resident memory then (and its peak, VmHWM) are read.
 
+The bound: a disk-store worker's RSS after the restart is at most `--state-memory-mb` over the Python baseline,
+the RSS after a restart of the same worker over an empty log (measured first, in the same run), whatever the
+days. With `--baseline REV` the disk-store workers of commit REV (its tree by `git archive`) are measured too,
+on the same log: before → after, as ratios.
+
     uv run python -m bench.streams_state [--days 1 3 10 30] [--sessions-per-day 100] [--call-kb 8]
-        [--late-every 10] [--state-memory-mb 64]
+        [--late-every 10] [--state-memory-mb 64] [--stores memory rocksdb] [--layouts whole offsets]
+        [--baseline REV]
 """
 
 from __future__ import annotations
@@ -34,10 +40,13 @@ from agentstream.schemas.kafka import KafkaSettings, make_producer
 from agentstream.schemas.sessions import session_rollout_id
 from agentstream.stack.process import free_port, spawn, tail
 from bench.report import Report
-from bench.streams_assembly import ROOT, fresh_topics, kafka_broker
+from bench.streams_assembly import ROOT, checkout, fresh_topics, kafka_broker
 
 console = Console()
 DAY_MS = 24 * 3600 * 1000
+MIB = 1024 * 1024
+BEFORE = "-before"
+"""the label of the runs of the --baseline commit's workers (in names, app ids and topic names)"""
 STORES = ("memory", "rocksdb")
 LAYOUTS = ("whole", "offsets")
 """--session-calls: a settled conversation's calls kept whole in the state (the old layout), or their offsets"""
@@ -95,12 +104,15 @@ async def publish(kafka: KafkaSettings, events: list[s.Event]) -> int:
 class Worker:
     """A streams worker with one store, its own app id and state folder: started, killed, started again."""
 
-    def __init__(self, kafka: KafkaSettings, workdir: Path, store: str, layout: str, memory_mb: int):
+    def __init__(self, kafka: KafkaSettings, workdir: Path, store: str, layout: str, memory_mb: int,
+                 root: Path = ROOT, label: str = ""):
         self.port = free_port()
-        self.log = workdir / f"{store}-{layout}.log"
-        self.data_dir = workdir / f"{store}-{layout}"
+        self.root = root
+        name = f"{store}-{layout}{label}"
+        self.log = workdir / f"{name}.log"
+        self.data_dir = workdir / name
         self.cmd = [sys.executable, "-m", "agentstream.streams", "worker", "--bootstrap-servers", kafka.bootstrap_servers,
-                    "--topic-prefix", kafka.topic_prefix, "--app-id", f"state-{store}-{layout}",
+                    "--topic-prefix", kafka.topic_prefix, "--app-id", f"state-{name}",
                     "--web-port", str(self.port), "--data-dir", str(self.data_dir), "--store", store,
                     "--session-calls", layout, "--state-memory-mb", str(memory_mb), "--settle-s", "1",
                     "--log-level", "warning"]
@@ -112,7 +124,7 @@ class Worker:
         return self.process.pid
 
     def start(self) -> float:
-        self.process = spawn(self.cmd, self.log, cwd=ROOT)
+        self.process = spawn(self.cmd, self.log, cwd=self.root)
         return time.monotonic()
 
     def view(self) -> dict | None:
@@ -125,7 +137,7 @@ class Worker:
     def until(self, condition, timeout: float, what: str) -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not Path(f"/proc/{self.pid}").exists():
+            if self.process is not None and self.process.poll() is not None:  # (exited: its /proc stays, a zombie)
                 raise SystemExit(f"the {what}: the worker exited; log ({self.log}):\n{tail(self.log)}")
             view = self.view()
             if view is not None and condition(view):
@@ -162,8 +174,8 @@ def recovered(view: dict) -> bool:
 
 
 def measure(kafka: KafkaSettings, workdir: Path, store: str, layout: str, count: int, revisions: int,
-            memory_mb: int) -> dict:
-    worker = Worker(kafka, workdir, store, layout, memory_mb)
+            memory_mb: int, root: Path = ROOT, label: str = "") -> dict:
+    worker = Worker(kafka, workdir, store, layout, memory_mb, root, label)
     began = worker.start()
     try:
         read = worker.until(settled_all(count, revisions), timeout=1800, what=f"{count} sessions settled ({store})")
@@ -178,7 +190,7 @@ def measure(kafka: KafkaSettings, workdir: Path, store: str, layout: str, count:
                 "rss_holding": holding["rss"], "peak_holding": holding["peak"],
                 "recovery_s": recovery_s, "rss_recovered": after["rss"], "peak_recovering": after["peak"],
                 "restored_records": view["state"].get("restored_records"), "disk_bytes": worker.disk_bytes(),
-                "state_memory_bytes": view["state"].get("memory_bytes")}
+                "state_memory_bytes": view["state"].get("memory_bytes"), "rocksdb": view["state"].get("rocksdb")}
     finally:
         worker.kill()
 
@@ -191,9 +203,24 @@ def main() -> None:
     parser.add_argument("--late-every", type=int, default=10, help="every N-th session gets feedback after it "
                         "settled (a revision); 0: none")
     parser.add_argument("--state-memory-mb", type=int, default=64)
+    parser.add_argument("--stores", nargs="+", choices=STORES, default=list(STORES))
+    parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS))
+    parser.add_argument("--baseline", metavar="REV", help="also measure the disk-store workers of this commit (before)")
     args = parser.parse_args()
     report = Report("streams_state", details={**vars(args), "runs": {}})
     with tempfile.TemporaryDirectory() as folder, kafka_broker(Path(folder) / "kafka") as (bootstrap, _):
+        trees = {"": ROOT}  # the label of a run's name → the tree its worker runs
+        if args.baseline:
+            trees[BEFORE] = checkout(args.baseline, Path(folder) / "baseline")[0]
+        empty = Path(folder) / "empty"
+        empty.mkdir()
+        with console.status("the Python baseline: a disk-store worker over an empty log…"):
+            python = measure(asyncio.run(fresh_topics(bootstrap)), empty, "rocksdb", "offsets", 0, 0,
+                             args.state_memory_mb)
+        console.print(f"the Python baseline: {python}")
+        report.details["python_baseline"] = python
+        report.add("Python baseline: RSS after a restart over an empty log (rocksdb)",
+                   f"{python['rss_recovered'] / MIB:,.0f} MiB; the bound: + {args.state_memory_mb} MiB")
         for days in args.days:
             kafka = asyncio.run(fresh_topics(bootstrap))
             events = sessions(days, args.sessions_per_day, args.call_kb, args.late_every)
@@ -202,21 +229,49 @@ def main() -> None:
             count = days * args.sessions_per_day
             revisions = -(-count // args.late_every) if args.late_every else 0
             runs = {}
-            for store in STORES:
-                for layout in LAYOUTS:
-                    workdir = Path(folder) / f"{days}d"
-                    workdir.mkdir(exist_ok=True)
-                    name = f"{store}/{layout}"
-                    with console.status(f"{days} days: the {name} worker…"):
-                        runs[name] = measure(kafka, workdir, store, layout, count, revisions, args.state_memory_mb)
-                    console.print(f"{days} days, {name}: {runs[name]}")
+            for store in args.stores:
+                for layout in args.layouts:
+                    for label, root in trees.items() if store == "rocksdb" else [("", ROOT)]:
+                        workdir = Path(folder) / f"{days}d"
+                        workdir.mkdir(exist_ok=True)
+                        name = f"{store}/{layout}{label}"
+                        with console.status(f"{days} days: the {name} worker…"):
+                            runs[name] = measure(kafka, workdir, store, layout, count, revisions, args.state_memory_mb,
+                                                 root, label)
+                        console.print(f"{days} days, {name}: {runs[name]}")
             report.details["runs"][days] = {"events": len(events), "log_bytes": size, **runs}
             add_figures(report, days, count, size, runs)
+            add_bound(report, days, runs, python["rss_recovered"], args.state_memory_mb, args.baseline)
     report.print("ratio: the first figure / the second, same run (whole: calls kept in the state, the old layout)")
 
 
+def add_bound(report: Report, days: int, runs: dict[str, dict], python_rss: int, memory_mb: int,
+              baseline: str | None) -> None:
+    """Each disk-store worker's RSS after the restart over the Python baseline, against the budget; with a
+    baseline commit, its worker's → this tree's."""
+    for layout in LAYOUTS:
+        after = runs.get(f"rocksdb/{layout}")
+        if after is None:
+            continue
+        over = (after["rss_recovered"] - python_rss) / MIB
+        within = "within" if over <= memory_mb else "OVER"
+        report.add(f"{days} d, rocksdb/{layout}: RSS after the restart over the Python baseline ({within} "
+                   f"{memory_mb} MiB); {after['disk_bytes'] / MIB:,.1f} MiB on disk", f"{over:+,.1f} MiB")
+        before = runs.get(f"rocksdb/{layout}{BEFORE}")
+        if before is not None:
+            report.add(f"{days} d, rocksdb/{layout}: RSS after the restart, {baseline} → this tree",
+                       f"{before['rss_recovered'] / MIB:,.0f} → {after['rss_recovered'] / MIB:,.0f} MiB (over the "
+                       f"baseline: {(before['rss_recovered'] - python_rss) / MIB:+,.1f} → {over:+,.1f})",
+                       before["rss_recovered"] / after["rss_recovered"])
+            report.add(f"{days} d, rocksdb/{layout}: recovery after kill -9, {baseline} → this tree",
+                       f"{before['recovery_s']:.1f} → {after['recovery_s']:.1f} s",
+                       before["recovery_s"] / after["recovery_s"])
+
+
 def add_figures(report: Report, days: int, count: int, size: int, runs: dict[str, dict]) -> None:
-    mb = 1024 * 1024
+    if not all(f"{store}/{layout}" in runs for store in STORES for layout in LAYOUTS):
+        return  # (the store and layout comparisons need all four)
+    mb = MIB
     old, new = runs["memory/whole"], runs["rocksdb/offsets"]
     report.add(f"{days} d ({count:,} sessions, {size / mb:,.0f} MiB of events): recovery after kill -9 (spawn → "
                "table recovered), memory/whole → rocksdb/offsets", f"{old['recovery_s']:.1f} → "

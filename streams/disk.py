@@ -31,6 +31,12 @@ from faust.stores.rocksdb import Store as RocksStore
 from faust.types import EventT
 
 MB = 1024 * 1024
+MEMORY_PROPERTIES = {
+    "rocksdb.estimate-table-readers-mem": "table_readers",  # index and filter blocks held outside the cache
+    "rocksdb.cur-size-all-mem-tables": "memtables",
+    "rocksdb.total-sst-files-size": "files",
+    "rocksdb.num-live-versions": "live_versions",
+}
 
 
 class Budget:
@@ -57,7 +63,12 @@ class BoundedOptions(RocksDBOptions):
         self.budget = budget
 
     def open(self, path: Path, *, read_only: bool = False) -> rocksdict.Rdict:
-        db = rocksdict.Rdict(str(path), options=self.as_options(), access_type=rocksdict.AccessType.read_write())
+        options = self.as_options()
+        # the column family's options named too: given only `options`, rocksdict reopens an existing database with
+        # its column families' options read back from its OPTIONS file, where the shared cache and the bloom filter
+        # are not kept (a cache of its own, 8 MiB, per database, outside the budget; no filter)
+        db = rocksdict.Rdict(str(path), options=options, column_families={"default": options},
+                             access_type=rocksdict.AccessType.read_write())
         db.set_read_options(rocksdict.ReadOptions())
         return db
 
@@ -209,6 +220,15 @@ class DiskStore(RocksStore):
                     yield key
                 cursor.next()
         yield from (key for key in held if self.held[key][1] is not None)
+
+    def memory(self) -> dict[str, int]:
+        """Where RocksDB's memory is, summed over the active partitions' databases (bytes)."""
+        totals = dict.fromkeys(MEMORY_PROPERTIES.values(), 0)
+        for db in self._dbs_for_actives():
+            for prop, name in MEMORY_PROPERTIES.items():
+                totals[name] += db.property_int_value(prop) or 0
+        return {"cache_usage": self.budget.usage(), "cache_pinned": int(self.budget.cache.get_pinned_usage()),
+                **totals}
 
     def estimated_keys(self) -> int:
         """RocksDB's estimate of the keys of the active partitions (counting them would read them all)."""

@@ -568,7 +568,7 @@ class AssemblyWorker(faust.Service):
             return {"store": "memory", "recoveries": self.recoveries, "unwritten_changes": unwritten, **calls}
         return {"store": "rocksdb", "recoveries": self.recoveries, "unwritten_changes": unwritten, **calls,
                 "restored_records": disk.restored.records,
-                "restored_by_partition": disk.restored.by_partition, "memory_bytes": disk.budget.usage(),
+                "restored_by_partition": disk.restored.by_partition, "memory_bytes": disk.budget.usage(), "rocksdb": disk.memory(),
                 "memory_budget_bytes": disk.budget.bytes, "held_changes": len(disk.held),
                 "changelog_offsets": {partition: disk.persisted_offset(TP(self.table.changelog_name, partition))
                                       for partition in sorted(self.active_partitions())}}
