@@ -171,8 +171,9 @@ async def test_a_partition_moves_onto_its_standby_which_reads_only_the_changelog
 
 
 MIB = 1024 * 1024
-REMAINDER = 4 * MIB
-"""what a restarted worker's RSS holds beside its budget and the Python baseline, not growing with the state"""
+REMAINDER = 6 * MIB
+"""what a restarted worker's RSS holds beside its budget and the Python baseline, not growing with the state: 1.2 MiB
+measured; 6 leaves room for the allocator's noise on a loaded machine and still fails the 13.8 of the unfixed store"""
 
 
 def resident(worker: StreamsWorker) -> int:
