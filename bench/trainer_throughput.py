@@ -86,7 +86,7 @@ async def service_rate(bootstrap: str, model_dir: Path, shape, versions: int, wo
     await producer.start()
     try:
         publisher = Publisher(producer, kafka.topics)
-        await asyncio.gather(*[await publisher.send(event) for event in events])
+        await publisher.publish_all(events)
     finally:
         await producer.stop()
     settings = TrainerSettings(

@@ -163,6 +163,10 @@ class Publisher:
         """Send and wait for the broker's acknowledgement."""
         return await (await self.send(event))
 
+    async def publish_all(self, events: Iterable[Event]) -> list[RecordMetadata]:
+        """Send in order and wait for the acknowledgements together (not one round trip each)."""
+        return list(await asyncio.gather(*[await self.send(event) for event in events]))
+
     async def send(self, event: Event) -> asyncio.Future[RecordMetadata]:
         """Queue the record; the returned future resolves when the broker acknowledges it."""
         sent: asyncio.Future[RecordMetadata] = await self.producer.send(self.topics.name(event.topic), encode(event),

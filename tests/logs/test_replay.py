@@ -277,7 +277,7 @@ async def test_sessions_written_out_of_order_with_the_worker_killed_rebuild_to_t
     publisher = Publisher(producer, kafka.topics)
 
     async def publish(events: list[s.Event]) -> None:  # (at once: all within --settle-s of their times)
-        await asyncio.gather(*[await publisher.send(event) for event in events])
+        await publisher.publish_all(events)
 
     try:
         async with TopicWatch(kafka, "trajectories") as watch:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import os
 from collections import Counter
@@ -208,7 +207,7 @@ async def publish_all(kafka, events: list[s.Event]) -> None:
     await producer.start()
     try:
         publisher = Publisher(producer, kafka.topics)
-        await asyncio.gather(*[await publisher.send(event) for event in events])
+        await publisher.publish_all(events)
     finally:
         await producer.stop()
 
