@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,15 @@ from agentstream.stack.process import stop_pid, tail
 from tests.support.gateway import gateway_settings, read_events, running_gateway
 from tests.support.streams import StreamsWorker, TopicWatch
 from tests.support.swe import await_exit, calc_instance, grader_process, make_repo, run_controller
+
+
+@pytest.fixture(autouse=True)
+def sigterm_kept() -> Iterator[None]:
+    """`run_harness` in this process sets SIGTERM to ignored (the harness's finish, `finish_on_sigterm`); an ignored
+    signal is inherited through exec, so every process the rest of the suite starts would ignore SIGTERM."""
+    previous = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, previous)
 
 FIX = "sed -i 's/a - b/a + b/' calc.py"
 PROVIDER_KEY = "sk-provider-key-the-harness-must-never-see"
