@@ -40,7 +40,29 @@ build() {  # <target> <tag> <log>: all of the build's output in the log, its ste
   "$engine" build --target "$1" "${build_args[@]}" -t "$2" . 2>&1 | tee -a "$3" | steps
 }
 
+# A build that retags an image leaves the image it replaced untagged: with every dependency change the
+# trainer's 7.7 GB stayed behind, and a machine's disk filled after a few runs (a CI run ended in "no
+# space left on device"). Untagged images go before and after building; the tagged dependency stages
+# keep the layers that spare a code change its reinstall.
+prune() { "$engine" image prune -f >/dev/null 2>&1 || echo "   (could not remove untagged images: $engine image prune)" >&2; }
+NEED_GIB=16  # a rebuilt trainer's dependencies are written twice while committed (temporary blob, then store)
+free_gib() { df -P --block-size=1G "$1" 2>/dev/null | awk 'NR==2 {print $4}'; }
+check_space() {
+  local store tmp
+  store="$("$engine" info --format '{{.Store.GraphRoot}}' 2>/dev/null || echo /var/lib)"
+  tmp="${TMPDIR:-/var/tmp}"
+  for dir in "$store" "$tmp"; do
+    local free; free="$(free_gib "$dir")"
+    if [[ -n $free ]] && ((free < NEED_GIB)); then
+      echo "warning: $free GiB free on $dir; a build that reinstalls the trainer's dependencies needs up to" \
+           "$NEED_GIB GiB there (\`$engine system prune\` removes every image no container uses)" >&2
+    fi
+  done
+}
+
 started=$SECONDS
+prune
+check_space
 for target in "${targets[@]}"; do
   echo "── building agentstream:$target (FROM $base)…"
   at=$SECONDS
@@ -49,6 +71,10 @@ for target in "${targets[@]}"; do
   stage="${deps_stage[$target]:-}"
   if { [[ -n $stage ]] && ! build "$stage" "agentstream-build:$stage" "$log"; } \
       || ! build "$target" "agentstream:$target" "$log"; then
+    if grep -q "no space left on device" "$log"; then
+      echo "building agentstream:$target ran out of disk: free space ($engine system prune removes every image" \
+           "no container uses), then rerun; see the end of $log" >&2; exit 1
+    fi
     echo "building agentstream:$target failed: see the end of $log" >&2; exit 1
   fi
   size="$("$engine" image inspect --format '{{.Size}}' "agentstream:$target")"
@@ -56,4 +82,5 @@ for target in "${targets[@]}"; do
   printf '   agentstream:%s built in %ds, %s MB (load average %s)\n' "$target" $((SECONDS - at)) $((size / 1000000)) \
     "$(cut -d' ' -f1-3 /proc/loadavg)"
 done
-echo "images built in $((SECONDS - started))s"
+prune
+echo "images built in $((SECONDS - started))s ($(free_gib /) GiB free on /)"
