@@ -65,6 +65,9 @@ async def test_killed_it_restarts_from_its_disk_and_the_changelog_tail(kafka, wo
     assert state["restored_records"] <= len(state["restored_by_partition"]) <= 4, (state, written)
     assert 0 < state["memory_bytes"] <= state["memory_budget_bytes"] == 8 * 1024 * 1024
     assert view["assembly"]["trajectories"] == len(second)  # what this run settled: the second rollouts only
+    # the 60 settled rollouts are kept --retention-s (6 h) against repeats: due then, past the index's hour
+    # (--due-horizon-s), so the worker holds none of them in memory; its passes over the table will find them
+    assert view["assembly"]["due_indexed"] == 0 and view["assembly"]["due_index_passes"] >= 1
     assert list(worker.data_dir.rglob("*.sst")) or list(worker.data_dir.rglob("*.log")), "no database on disk"
 
 
