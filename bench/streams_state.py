@@ -12,6 +12,11 @@ trajectory, every revision is made: with offsets, from calls read back from the 
 written, its resident memory is read, it is killed -9 and started again, and the time until its table is
 recovered (from the spawn: the process's start too) and its resident memory then (and its peak, VmHWM) are read.
 
+The due index (when each rollout is next due, in Python: streams/assembly.py) is measured beside, in-process: the
+same sessions folded over dicts, then the index rebuilt as after a restart, by tracemalloc, with every rollout in
+it (the old index) and with `--due-horizon-s` (what is due within it); and the time of one pass over the state.
+`--index-only` measures that alone (no broker).
+
 The bound: a disk-store worker's RSS after the restart is at most `--state-memory-mb` over the Python baseline,
 the RSS after a restart of the same worker over an empty log (measured first, in the same run), whatever the
 days. With `--baseline REV` the disk-store workers of commit REV (its tree by `git archive`) are measured too,
@@ -19,7 +24,7 @@ on the same log: before → after, as ratios.
 
     uv run python -m bench.streams_state [--days 1 3 10 30] [--sessions-per-day 100] [--call-kb 8]
         [--late-every 10] [--state-memory-mb 64] [--stores memory rocksdb] [--layouts whole offsets]
-        [--baseline REV]
+        [--baseline REV] [--index-only] [--due-horizon-s 3600]
 """
 
 from __future__ import annotations
@@ -30,15 +35,18 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 
 import httpx
+import orjson
 from rich.console import Console
 
 import agentstream.schemas as s
 from agentstream.schemas.kafka import KafkaSettings, make_producer
 from agentstream.schemas.sessions import session_rollout_id
 from agentstream.stack.process import free_port, spawn, tail
+from agentstream.streams.assembly import Assembly, Timing
 from bench.report import Report
 from bench.streams_assembly import ROOT, checkout, fresh_topics, kafka_broker
 
@@ -190,9 +198,55 @@ def measure(kafka: KafkaSettings, workdir: Path, store: str, layout: str, count:
                 "rss_holding": holding["rss"], "peak_holding": holding["peak"],
                 "recovery_s": recovery_s, "rss_recovered": after["rss"], "peak_recovering": after["peak"],
                 "restored_records": view["state"].get("restored_records"), "disk_bytes": worker.disk_bytes(),
-                "state_memory_bytes": view["state"].get("memory_bytes"), "rocksdb": view["state"].get("rocksdb")}
+                "state_memory_bytes": view["state"].get("memory_bytes"), "rocksdb": view["state"].get("rocksdb"),
+                "due_indexed": view["assembly"].get("due_indexed")}
     finally:
         worker.kill()
+
+
+class Stored(dict):
+    """Rollouts as the worker's table gives them: each key a string of its own, read from its database (the index
+    holds it; in a dict the index would share the dict's)."""
+
+    def items(self):
+        return ((orjson.loads(orjson.dumps(key)), value) for key, value in super().items())
+
+
+def due_index(days: int, per_day: int, late_every: int, horizon_s: float) -> dict[str, float]:
+    """The due index after a restart over `days` days of sessions (calls of 1 KiB: the index does not see them),
+    folded in-process over dicts: its bytes by tracemalloc with every rollout in it and with the horizon, and the
+    seconds of one pass over the state (what the worker does once a horizon)."""
+    events = sorted(sessions(days, per_day, 1, late_every), key=lambda event: (event.time, event.id))
+    timing = Timing(settle_ms=1000)
+    folded = Assembly({}, {}, timing)
+    for event in events:
+        folded.settle_due(event.time - 1)
+        folded.add(event, s.encode(event), 0)
+    now = s.now_ms()
+    folded.settle_due(now)
+    figures: dict[str, float] = {"rollouts": len(folded.rollouts)}
+    stored = Stored(folded.rollouts)
+    for name, horizon_ms in (("every", None), ("horizon", int(horizon_s * 1000))):
+        tracemalloc.start()
+        index = Assembly(stored, folded.events, timing, horizon_ms=horizon_ms)
+        index.reindex(now)
+        figures[f"{name}_bytes"] = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        figures[f"{name}_indexed"] = index.indexed()
+        began = time.perf_counter()
+        index.reindex(now)
+        figures[f"{name}_pass_s"] = time.perf_counter() - began
+    return figures
+
+
+def add_due_index(report: Report, days: int, figures: dict[str, float], horizon_s: float) -> None:
+    every, bounded = figures["every_bytes"], figures["horizon_bytes"]
+    report.add(f"{days} d ({figures['rollouts']:,.0f} sessions held): the due index after a restart, every rollout → "
+               f"those due within --due-horizon-s {horizon_s:g} (tracemalloc; entries)",
+               f"{every / 1024:,.1f} → {bounded / 1024:,.1f} KiB ({figures['every_indexed']:,.0f} → "
+               f"{figures['horizon_indexed']:,.0f})", every / max(1, bounded))
+    report.add(f"{days} d: one pass over the state (dicts; the worker: once a horizon)",
+               f"{figures['horizon_pass_s'] * 1000:,.2f} ms")
 
 
 def main() -> None:
@@ -206,8 +260,18 @@ def main() -> None:
     parser.add_argument("--stores", nargs="+", choices=STORES, default=list(STORES))
     parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS))
     parser.add_argument("--baseline", metavar="REV", help="also measure the disk-store workers of this commit (before)")
+    parser.add_argument("--due-horizon-s", type=float, default=3600.0, help="the due index's horizon to measure")
+    parser.add_argument("--index-only", action="store_true", help="measure the due index alone (in-process)")
     args = parser.parse_args()
-    report = Report("streams_state", details={**vars(args), "runs": {}})
+    report = Report("streams_state", details={**vars(args), "runs": {}, "due_index": {}})
+    for days in args.days:
+        figures = report.details["due_index"][days] = due_index(days, args.sessions_per_day, args.late_every,
+                                                                args.due_horizon_s)
+        console.print(f"{days} days, the due index: {figures}")
+        add_due_index(report, days, figures, args.due_horizon_s)
+    if args.index_only:
+        report.print("ratio: the first figure / the second, same run")
+        return
     with tempfile.TemporaryDirectory() as folder, kafka_broker(Path(folder) / "kafka") as (bootstrap, _):
         trees = {"": ROOT}  # the label of a run's name → the tree its worker runs
         if args.baseline:

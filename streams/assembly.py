@@ -139,7 +139,7 @@ def finalize_at(attempt: dict[str, Any], timing: Timing) -> int:
 class Assembly:
     def __init__(self, rollouts: MutableMapping[str, dict[str, Any]], events: MutableMapping[str, bytes],
                  timing: Timing = Timing(), source: str = "streams", policy: str = policies.DEFAULT_POLICY,
-                 recall: Recall | None = None):
+                 recall: Recall | None = None, horizon_ms: int | None = None):
         self.rollouts = rollouts
         self.events = events
         self.timing = timing
@@ -152,6 +152,14 @@ class Assembly:
         """event id → a call event read back from the log for a revision about to be built (until recorded)"""
         self.counts: Counter[str] = Counter()
         """events, duplicates, late, trajectories, rewards_computed, reward_failures (since start)"""
+        self.horizon_ms = horizon_ms
+        """how far past the time last asked about (`due`) the due index reaches (None: every rollout, forever)"""
+        self._horizon = sessions.FOREVER_MS
+        """every rollout due by then is in the index; the others are found by a pass over `rollouts` once the time
+        asked about passes it (`_look_ahead`): the index holds the open work, not the retained"""
+        self._later: dict[int, int] = {}
+        """partition → a time before which none of its rollouts outside the index is due (their first due, or
+        earlier where one changed since the pass: never later)"""
         self._due_at: dict[str, int] = {}
         """rollout id → when it is next due: an index of `rollouts`, so finding due work is not a scan"""
         self._queue: dict[int, list[tuple[int, str]]] = defaultdict(list)
@@ -163,16 +171,30 @@ class Assembly:
         """event id → the event as added, so settling soon after does not decode it again"""
         self.reindex()
 
-    def reindex(self) -> None:
-        """Rebuild the due index from `rollouts` (after a worker restored or took over a table)."""
+    def reindex(self, now_ms: int = 0) -> None:
+        """Rebuild the due index from `rollouts` (after a worker restored or took over a table), up to `horizon_ms`
+        past `now_ms`."""
         self._due_at.clear()
         self._queue.clear()
+        self._look_ahead(now_ms)
+
+    def _look_ahead(self, now_ms: int) -> None:
+        """Index the rollouts due by `horizon_ms` past `now_ms`, and note when the others are first due: one pass
+        over `rollouts` (on disk in the worker), once a horizon."""
+        if self.horizon_ms is not None:
+            self._horizon = now_ms + self.horizon_ms
+            self.counts["due_index_passes"] += 1
+        self._later.clear()
         for rollout_id, state in self.rollouts.items():  # (one state decoded at a time, not all of them at once)
             self._index(rollout_id, state)
 
     def _index(self, rollout_id: str, state: dict[str, Any]) -> None:
         due = state["due"]
-        if self._due_at.get(rollout_id) != due:
+        if due > self._horizon:  # (a heap entry it had is stale now)
+            self._due_at.pop(rollout_id, None)
+            partition = state["partition"]
+            self._later[partition] = min(due, self._later.get(partition, due))
+        elif self._due_at.get(rollout_id) != due:
             self._due_at[rollout_id] = due
             heapq.heappush(self._queue[state["partition"]], (due, rollout_id))
 
@@ -276,7 +298,8 @@ class Assembly:
     # --- settling ----------------------------------------------------------------------------------
 
     def next_due(self, partitions: Iterable[int]) -> int | None:
-        """When the first rollout of these partitions is due.
+        """When the first rollout of these partitions is due (beyond the index's horizon: when the first was due
+        at the last pass, or earlier where one changed since; never later).
 
         Stale entries at the heads are dropped first: `due` leaves the rollouts it found in the heap,
         and settling them re-indexes them, so a stale head in the past would read as "something is
@@ -290,15 +313,25 @@ class Assembly:
                 heapq.heappop(heap)
             if heap:
                 heads.append(heap[0][0])
+            if partition in self._later:
+                heads.append(self._later[partition])
         return min(heads) if heads else None
 
     def any_due(self, now_ms: int, partition: int) -> bool:
         """Whether `due(now_ms, [partition])` may find a rollout (its first entry is due, if stale maybe)."""
         heap = self._queue.get(partition)
-        return heap is not None and len(heap) > 0 and heap[0][0] <= now_ms
+        if heap and heap[0][0] <= now_ms:
+            return True
+        return partition in self._later and self._later[partition] <= now_ms  # (`due` passes over the table first)
+
+    def indexed(self) -> int:
+        """Rollouts in the due index (those due within its horizon)."""
+        return len(self._due_at)
 
     def due(self, now_ms: int, partitions: Iterable[int] | None = None) -> list[str]:
         """Rollouts of these partitions with an attempt to settle or to forget by `now_ms`."""
+        if now_ms > self._horizon:
+            self._look_ahead(now_ms)
         found: dict[str, None] = {}
         for partition in self._queue if partitions is None else partitions:
             heap = self._queue.get(partition) or []
@@ -434,7 +467,7 @@ class Assembly:
             self._save(settled.rollout_id, state)
         else:
             del self.rollouts[settled.rollout_id]
-            del self._due_at[settled.rollout_id]
+            self._due_at.pop(settled.rollout_id, None)
         for event_id in done:  # after the state: a crash in between leaves events behind, never loses one
             self.events.pop(event_id, None)
             self._forget_decoded(event_id)

@@ -244,11 +244,16 @@ class Staged(MutableMapping[str, Any]):
         self._keys_of.setdefault(self.partition, {})[key] = None
 
     def __iter__(self) -> Iterator[str]:
+        """The table's keys one at a time (on disk, 30 days of them are not listed in memory), then the staged
+        ones it does not hold."""
         cut, disk = len(self.prefix), self.table.disk
         under = disk.keys_under(self.prefix) if disk else (key for key in list(self.table.data.keys())
                                                                if key.startswith(self.prefix))
-        held = [key[cut:] for key in under]
-        return (key for key in dict.fromkeys([*held, *self._staged]) if key in self)
+        for key in under:
+            staged = self._staged.get(key[cut:])
+            if staged is None or staged[1] is not DROPPED:
+                yield key[cut:]
+        yield from [key for key in self._staged if key in self._new]
 
     def __len__(self) -> int:
         return sum(1 for _ in self)

@@ -90,7 +90,8 @@ class AssemblyWorker(faust.Service):
         self.events = Staged(self.table, "e:", bytes.decode, str.encode)
         self.positions = Staged(self.table, "p:")
         """'topic:partition' → the next offset of that source partition to handle"""
-        self.assembly = Assembly(self.rollouts, self.events, settings.timing, settings.source, settings.reward_policy)
+        self.assembly = Assembly(self.rollouts, self.events, settings.timing, settings.source, settings.reward_policy,
+                                 horizon_ms=int(settings.due_horizon_s * 1000))
         self.calls_log = CallLog(settings)
         """where a revision's calls are read back from (a settled session keeps their offsets, not them)"""
         self.calls_retention_ms: int | None = None
@@ -140,7 +141,7 @@ class AssemblyWorker(faust.Service):
         await self.calls_log.stop()
 
     async def recovered(self) -> None:
-        self.assembly.reindex()
+        self.assembly.reindex(now_ms())
         self.recoveries += 1
         disk = self.table.disk
         if disk is None:
@@ -553,7 +554,8 @@ class AssemblyWorker(faust.Service):
         actives = sorted(self.active_partitions())
         extra = {"open_attempts": self.assembly.open_attempts()} if open_attempts else {}
         return {
-            "assembly": {**self.assembly.counts, **self.counts, **extra, "partitions": actives},
+            "assembly": {**self.assembly.counts, **self.counts, **extra, "partitions": actives,
+                         "due_indexed": self.assembly.indexed()},
             "sources": {f"{topic}:{p}": self.position(TP(topic, p)) for p in actives for topic in self.sources},
             "state": self.describe_state(),
         }

@@ -96,12 +96,12 @@ def test_the_same_trajectories_and_rewards_whatever_order_the_topics_are_read_in
     assert len(expected[0]) == 3  # two conversations, and the first one's revision with its late feedback
 
 
-def read_side_by_side(events: Seq[s.Event], now: int, rng: random.Random) -> Settled:
+def read_side_by_side(events: Seq[s.Event], now: int, rng: random.Random, horizon_ms: int | None = None) -> Settled:
     """As a worker catching up reads them: each topic in its own order, the topics in a random interleaving, and
     whatever is due by the watermark (the time read up to on every topic not read to its end) settled between."""
     by_topic = {topic: [e for e in events if e.topic == topic] for topic in ("calls", "rollouts", "rewards")}
     read_up_to = dict.fromkeys(by_topic, 0)
-    assembly, out = Assembly({}, {}, TIMING), Settled("all")
+    assembly, out = Assembly({}, {}, TIMING, horizon_ms=horizon_ms), Settled("all")
     while any(by_topic.values()):
         topic = rng.choice([t for t, queue in by_topic.items() if queue])
         event = by_topic[topic].pop(0)
@@ -135,8 +135,8 @@ def test_the_outcome_is_the_event_times_not_the_order_the_topics_were_read_in():
     assert revision.data.revision_of == ended_too.id and revision.data.reward == 0.75
     expected = sorted(encode(t) for t in by_time.trajectories)
     rng = random.Random(46)
-    for _ in range(40):
-        got = read_side_by_side(events, now, rng)
+    for n in range(40):  # (half of them with a due index of 5 s ahead: the rest found by passes over the state)
+        got = read_side_by_side(events, now, rng, horizon_ms=5_000 if n % 2 else None)
         assert sorted(encode(t) for t in got.trajectories) == expected
         assert got.late == []
 
@@ -305,3 +305,53 @@ def test_a_settled_conversation_keeps_its_calls_offsets_and_a_revision_reads_the
         assert decode(raw).id == later.id and assembly.counts["revisions_unavailable"] == 1
         assert f"no revision of trajectory {whole.trajectories[0].id}" in reason
         assert ("offsets 100, 101" if not gone else "offsets 101") in reason and "--session-retention-s" in reason
+
+
+HOUR = 3_600_000
+
+
+def test_the_due_index_holds_the_open_conversations_not_the_ones_kept_for_later_feedback():
+    """5,000 settled conversations kept for --session-retention-s (30 days) and 10 open ones: with a horizon of an
+    hour, the index of when each is due holds the open ones only (the kept ones are due in 30 days: a pass over
+    the state finds them once a horizon), and the fold decides as one that indexes them all."""
+    kept = Timing(**{**TIMING.__dict__, "session_retention_ms": 30 * 24 * HOUR})
+    start, events = 1_700_000_000_000, []
+    for i in range(5_000):
+        session = Session(f"chat-kept-{i}", start + 10 * i)
+        events += [session.call(1_000, [1], [2]), session.end(2_000)]
+    opened = [Session(f"chat-open-{i}", start + 60_000) for i in range(10)]
+    events += [session.call(1_000, [1], [2]) for session in opened]
+    now = start + 70_000  # every kept conversation settled (ended + the feedback window), none of the open ones
+    bounded, out = fold(events, now, assembly=Assembly({}, {}, kept, horizon_ms=HOUR))
+    everything, expected = fold(events, now, assembly=Assembly({}, {}, kept))
+    assert bounded.counts["sessions"] == 5_000 and len(bounded.rollouts) == 5_010
+    assert (bounded.indexed(), everything.indexed()) == (10, 5_010)
+    assert [encode(t) for t in out.trajectories] == [encode(t) for t in expected.trajectories]
+    assert bounded.next_due([0]) == everything.next_due([0]) == start + 60_000 + 1_000 + 10_000 + 5_000
+
+
+def test_what_is_due_beyond_the_horizon_settles_on_time():
+    """Later feedback two hours after its conversation settled, and the conversation forgotten three hours after:
+    both past an index of one hour ahead, found by its passes over the state, at the times an index of everything
+    finds them (`next_due` says when, exactly, for the worker's timer)."""
+    kept = Timing(**{**TIMING.__dict__, "session_retention_ms": 3 * HOUR})
+    session, other = Session("chat-beyond"), Session("chat-beyond-other")
+    call = session.call(1_000, [1], [2])
+    early = [call, session.end(2_000), other.call(1_500, [3], [4]), other.end(2_500)]
+    late = session.feedback(2 * HOUR, call, thumbs="up")
+    settled_at = session.start + 2_000 + TIMING.feedback_window_ms
+    forgotten_at = settled_at + 3 * HOUR
+    for horizon_ms in (HOUR, None):
+        assembly, out = fold(early, session.start + 60_000, assembly=Assembly({}, {}, kept, horizon_ms=horizon_ms))
+        assert len(out.trajectories) == 2 and assembly.indexed() == (0 if horizon_ms else 2)
+        assert assembly.next_due([0]) == settled_at + 3 * HOUR  # the first to be forgotten, beyond the horizon
+        _, revised = fold([late], late.time + TIMING.settle_ms, assembly=assembly)  # 2 h on: a pass found it
+        (revision,) = revised.trajectories
+        (first,) = [t for t in out.trajectories if t.rollout_id == session.rollout_id]
+        assert revision.data.revision_of == first.id and revision.data.reward == 1.0
+        assert assembly.next_due([0]) == forgotten_at  # (kept from its first settling, whatever came later)
+        assert assembly.settle_due(forgotten_at - 1).forgotten == []
+        assert assembly.settle_due(forgotten_at).forgotten == ["segment-0"]
+        assert assembly.rollouts[session.rollout_id]["attempts"] == {}  # (its numbering kept: never due again)
+        assert assembly.settle_due(forgotten_at + 500).forgotten == ["segment-0"]  # the other one's
+        assert assembly.counts["due_index_passes"] == (4 if horizon_ms else 0)  # at the start, 2 h, 3 h, 3 h + 7 s

@@ -32,7 +32,8 @@ def quiet(worker: StreamsWorker) -> bool:
 
 
 async def test_killed_it_restarts_from_its_disk_and_the_changelog_tail(kafka, worker_factory):
-    worker = worker_factory("disk", *DISK).start()
+    # a due index of 1 s ahead: a pass over the table (on disk, among the changes staged and held) every second
+    worker = worker_factory("disk", *DISK, "--due-horizon-s", "1").start()
     first = [live(Rollout(f"r-disk-{i}", reward_fn="streams.rewards:numeric_answer", metadata={"answer": 89}))
              for i in range(40)]
     second = [live(Rollout(f"r-disk-late-{i}")) for i in range(20)]
@@ -44,6 +45,8 @@ async def test_killed_it_restarts_from_its_disk_and_the_changelog_tail(kafka, wo
         view = worker.analytics()
         assert view is not None
         written = sum(view["state"]["changelog_offsets"].values())  # what its databases hold, up to the kill
+        # passes over the table as the time settled up to went on (beside the two at its start and recovery)
+        assert view["assembly"]["due_index_passes"] > 2 and view["assembly"]["due_indexed"] == 0, view["assembly"]
         worker.kill()
         await publish(kafka, [event for rollout in second for event in rollout.two_turns()])
         worker.start()
@@ -65,6 +68,9 @@ async def test_killed_it_restarts_from_its_disk_and_the_changelog_tail(kafka, wo
     assert state["restored_records"] <= len(state["restored_by_partition"]) <= 4, (state, written)
     assert 0 < state["memory_bytes"] <= state["memory_budget_bytes"] == 8 * 1024 * 1024
     assert view["assembly"]["trajectories"] == len(second)  # what this run settled: the second rollouts only
+    # the 60 settled rollouts are kept --retention-s (6 h) against repeats: due then, past the index's horizon
+    # (--due-horizon-s), so the worker holds none of them in memory; its passes over the table will find them
+    assert view["assembly"]["due_indexed"] == 0
     assert list(worker.data_dir.rglob("*.sst")) or list(worker.data_dir.rglob("*.log")), "no database on disk"
 
 
