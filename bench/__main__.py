@@ -35,6 +35,8 @@ BENCHMARKS = {
                         "same run, same server",
     "ranks": "the trainer's update on 1 vs 2 Ray ranks (FSDP2/gloo): samples/s, share in collectives, memory",
     "trainer_learning": "how fast the trainer's update teaches the tiny model the demo's task",
+    "distill": "on-policy distillation (a vLLM teacher's logprobs) vs plain GRPO from the same tiny student, same "
+                "wall time, sparse reward: held-out pass@1 by version",
     "canary_sequential": "false promotions, false rollbacks and power of the canary rule over thousands of simulated canaries",
     "capacity": "per-process rates (gateway, streams worker, grader, trainer rank) rerun quickly, and the processes, "
                 "partitions, brokers and GPUs 1,000 and 10,000 agents need (docs/scaling.md)",

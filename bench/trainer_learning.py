@@ -31,22 +31,31 @@ def digit_share(tokens: list[int]) -> float:
     return sum(48 <= t < 58 for t in tokens) / MAX_TOKENS
 
 
-def sample_batch(policy: Policy, prompt: list[int], version: int) -> tuple[list[Sample], float]:
-    model = policy.model
+def sample(model: torch.nn.Module, prompt: list[int], n: int, max_tokens: int = MAX_TOKENS
+           ) -> list[tuple[list[int], list[float]]]:
+    """`n` completions of ≤ `max_tokens` from `model` at temperature 1, each cut after its IM_END, with the
+    logprob it sampled each token with (as vLLM records them)."""
     model.eval()
-    ids = torch.tensor([prompt] * (GROUPS * GROUP_SIZE))
+    ids = torch.tensor([prompt] * n)
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0,
-                             top_p=1.0, max_new_tokens=MAX_TOKENS, eos_token_id=IM_END, pad_token_id=PAD)
+                             top_p=1.0, max_new_tokens=max_tokens, eos_token_id=IM_END, pad_token_id=PAD)
         completions = out[:, len(prompt):]
         logits = model(input_ids=out).logits[:, len(prompt) - 1:-1]
         logprobs = torch.log_softmax(logits, -1).gather(-1, completions[..., None])[..., 0]
-    samples, rewards = [], []
+    cut = []
     for row, tokens in enumerate(completions.tolist()):
-        n = tokens.index(IM_END) + 1 if IM_END in tokens else len(tokens)
-        reward = digit_share(tokens[:n])
-        event = trajectory(prompt, tokens[:n], reward, f"v{version}g{row // GROUP_SIZE}", row % GROUP_SIZE,
-                           logprobs[row, :n].tolist(), version)
+        n_kept = tokens.index(IM_END) + 1 if IM_END in tokens else len(tokens)
+        cut.append((tokens[:n_kept], logprobs[row, :n_kept].tolist()))
+    return cut
+
+
+def sample_batch(policy: Policy, prompt: list[int], version: int) -> tuple[list[Sample], float]:
+    samples, rewards = [], []
+    for row, (tokens, logprobs) in enumerate(sample(policy.model, prompt, GROUPS * GROUP_SIZE)):
+        reward = digit_share(tokens)
+        event = trajectory(prompt, tokens, reward, f"v{version}g{row // GROUP_SIZE}", row % GROUP_SIZE, logprobs,
+                           version)
         samples.append(Sample(event.id, 0, row, event.data, group_of(event.id, event.data)))
         rewards.append(reward)
     return samples, sum(rewards) / len(rewards)
