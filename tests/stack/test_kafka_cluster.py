@@ -61,10 +61,11 @@ def test_a_cluster_keeps_its_ports_and_refuses_a_data_dir_that_holds_something_e
     assert KafkaCluster(tmp_path / "three", brokers=3).bootstrap == cluster.bootstrap, "the layout is kept"
     runner = CliRunner()
     refused = runner.invoke(cli, ["kafka", "start", "--brokers", "1", "--data-dir", str(tmp_path / "three")])
-    assert refused.exit_code == 1 and "holds a cluster of 3 brokers, not 1" in refused.output
+    # the error is wrapped to the terminal's width, where the temp folder's name decides the break
+    assert refused.exit_code == 1 and "holds a cluster of 3 brokers, not 1" in " ".join(refused.output.split())
     (tmp_path / "single" / "kraft").mkdir(parents=True)
     refused = runner.invoke(cli, ["kafka", "start", "--brokers", "3", "--data-dir", str(tmp_path / "single")])
-    assert refused.exit_code == 1 and "holds a single broker's data" in refused.output
+    assert refused.exit_code == 1 and "holds a single broker's data" in " ".join(refused.output.split())
     refused = runner.invoke(cli, ["kafka", "start", "--port", "9", "--data-dir", str(tmp_path / "three")])
     assert refused.exit_code == 2 and "--port" in refused.output
 
