@@ -36,6 +36,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import IO
 
 from bench.report import RESULTS, Report
 
@@ -89,13 +90,24 @@ class Workload:
 
 
 def child(args: list[str], timeout: float = 900) -> str:
+    """`python ARGS`'s standard output, once it has exited. Its output goes to files, not pipes: reading a pipe to its
+    end waits for every process that holds it, and a child leaves some behind holding its stderr (the sandbox's
+    warden keeps it by design until it has cleaned up after its host; a server a failed benchmark did not stop)."""
     started = time.monotonic()
     print(f"$ python {' '.join(args)}", flush=True)
-    done = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout)
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        done = subprocess.run([sys.executable, *args], stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                              timeout=timeout)
+        stdout, stderr = read_from_start(out), read_from_start(err)
     if done.returncode:
-        raise SystemExit(f"`{' '.join(args)}` failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+        raise SystemExit(f"`{' '.join(args)}` failed ({done.returncode}):\n{stdout[-2000:]}\n{stderr[-3000:]}")
     print(f"  done in {time.monotonic() - started:.0f} s", flush=True)
-    return done.stdout
+    return stdout
+
+
+def read_from_start(file: IO[str]) -> str:
+    file.seek(0)
+    return file.read()
 
 
 def gateway_rates(work: Path) -> tuple[float, float]:

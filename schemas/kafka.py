@@ -9,6 +9,7 @@ Every client authenticates as the settings say (SASL/SCRAM, TLS): `aiokafka_auth
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
@@ -72,6 +73,9 @@ class KafkaSettings(BaseSettings):
 S = TypeVar("S", bound=KafkaSettings)
 MOST_REPLICAS = 3
 """the replicas a topic gets by default on a cluster that has that many brokers or more"""
+DESCRIBE_S = 10.0
+NOT_YET_KNOWN = (3, 5)
+"""UNKNOWN_TOPIC_OR_PARTITION, LEADER_NOT_AVAILABLE: what a broker answers for a topic created a moment ago"""
 
 
 def replicas_for(settings: KafkaSettings, brokers: int) -> tuple[int, int]:
@@ -203,7 +207,9 @@ async def ensure_topics(settings: KafkaSettings, specs: Iterable[TopicSpec] | No
 
     Idempotent: running it again creates nothing. Mismatches are reported, never "fixed", because
     changing a live topic's partition count moves rollouts between partitions. Topics are created with
-    `replicas_for` the cluster: on three brokers, three replicas of which two take each write.
+    `replicas_for` the cluster: on three brokers, three replicas of which two take each write. A topic with
+    fewer replicas than that (made on one broker, the cluster grown since) is a mismatch too, as is one whose
+    replicas differ from a replication factor that is set.
     """
     specs = list(specs if specs is not None else topic_specs(settings.partitions))
     names = {settings.topics.name(s.base): s for s in specs}
@@ -213,8 +219,8 @@ async def ensure_topics(settings: KafkaSettings, specs: Iterable[TopicSpec] | No
     try:
         present = set(await admin.list_topics())
         missing = [name for name in names if name not in present]
+        replicas, min_isr = replicas_for(settings, await _brokers(admin))
         if missing:
-            replicas, min_isr = replicas_for(settings, await _brokers(admin))
             response = await admin.create_topics(
                 [NewTopic(name, names[name].partitions, replicas,
                           topic_configs={**names[name].config, "min.insync.replicas": str(min_isr)})
@@ -229,7 +235,8 @@ async def ensure_topics(settings: KafkaSettings, specs: Iterable[TopicSpec] | No
                     report.mismatches.append(f"{name}: could not be created ({message or f'error {code}'})")
         report.existing = [name for name in names if name in present]
         if report.existing:
-            report.mismatches += await _compare(admin, {name: names[name] for name in report.existing})
+            report.mismatches += await _compare(admin, {name: names[name] for name in report.existing},
+                                                replicas, exact=settings.replication_factor is not None)
     finally:
         await admin.close()
     return report
@@ -244,13 +251,20 @@ def _topic_errors(response: Any) -> list[tuple[str, int, str | None]]:
     return out
 
 
-async def _compare(admin: AIOKafkaAdminClient, specs: dict[str, TopicSpec]) -> list[str]:
+async def _compare(admin: AIOKafkaAdminClient, specs: dict[str, TopicSpec], replicas: int, exact: bool) -> list[str]:
+    """What differs from the specs, and from `replicas` per partition: any difference when the replication factor is
+    set (`exact`), else fewer (one taken from the brokers up now, so a broker down is not a mismatch)."""
     mismatches = []
-    for topic in await admin.describe_topics(list(specs)):
+    for topic in await _described(admin, list(specs)):
         spec = specs[topic["topic"]]
         actual = len(topic["partitions"])
         if actual != spec.partitions:
             mismatches.append(f"{topic['topic']}: {actual} partitions, expected {spec.partitions}")
+        factor = min((len(partition["replicas"]) for partition in topic["partitions"]), default=replicas)
+        if factor < replicas or (exact and factor != replicas):
+            mismatches.append(f"{topic['topic']}: replication factor {factor}, expected {replicas}; it is not changed "
+                              "here: raise it with kafka-reassign-partitions (each partition's new replica list), or "
+                              "delete the topic and have it created again (its events are lost)")
     resources = [ConfigResource(ConfigResourceType.TOPIC, name, None) for name in specs]
     for response in await admin.describe_configs(resources):
         for resource in response.resources:
@@ -260,6 +274,18 @@ async def _compare(admin: AIOKafkaAdminClient, specs: dict[str, TopicSpec]) -> l
                 if configured.get(key) != wanted:
                     mismatches.append(f"{name}: {key}={configured.get(key)}, expected {wanted}")
     return mismatches
+
+
+async def _described(admin: AIOKafkaAdminClient, topics: list[str]) -> list[dict[str, Any]]:
+    """The topics as the broker describes them. One just created (here or by another process) can be unknown to the
+    broker for a moment, its metadata not yet handed on by the controller: "0 partitions" then is no mismatch, so it
+    is asked again, for up to DESCRIBE_S."""
+    deadline = time.monotonic() + DESCRIBE_S
+    while True:
+        described: list[dict[str, Any]] = await admin.describe_topics(topics)
+        if not any(topic["error_code"] in NOT_YET_KNOWN for topic in described) or time.monotonic() > deadline:
+            return described
+        await asyncio.sleep(0.1)
 
 
 async def partitions_of(settings: KafkaSettings, topic: str) -> list[TopicPartition]:

@@ -54,12 +54,24 @@ def demo(
 
     Any setting of its services as --SERVICE.SETTING VALUE: --trainer.lr 1e-4 (`agentstream train --help`, …).
     """
-    if production:
-        _production_demo(ctx, model, versions, sessions, concurrency, seed, out, keep_stack)
-        return
-    if tenants:
-        _tenant_demo(ctx, model, tenants, versions, samples, tasks, concurrency, seed, out, keep_stack)
-        return
+    from agentstream.stack.process import Stopped, stopping_on_signals
+
+    try:
+        # a SIGTERM as a Ctrl-C: each service runs in a session of its own, so only the run's finally stops it
+        with stopping_on_signals():
+            if production:
+                _production_demo(ctx, model, versions, sessions, concurrency, seed, out, keep_stack)
+            elif tenants:
+                _tenant_demo(ctx, model, tenants, versions, samples, tasks, concurrency, seed, out, keep_stack)
+            else:
+                _default_demo(ctx, model, versions, samples, tasks, concurrency, seed, out, keep_stack)
+    except Stopped as stopped:  # its services stopped on the way out: the shell's code for the signal
+        say(f"Stopped by {stopped}: the services the demo started are stopped")
+        raise typer.Exit(128 + stopped.signum) from None
+
+
+def _default_demo(ctx: typer.Context, model: str, versions: int | None, samples: int, tasks: int | None,
+                  concurrency: int, seed: int, out: Path | None, keep_stack: bool) -> None:
     from agentstream.demo import DemoConfig, run_demo
     from agentstream.demo.loop import Loop
 

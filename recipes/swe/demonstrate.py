@@ -32,6 +32,7 @@ from agentstream.recipes.swe.probe import Probe, ProbeConfig
 from agentstream.recipes.swe.recipe import Harness, RecipeLoop
 from agentstream.recipes.swe.repos import default_repos_dir
 from agentstream.recipes.swe.task_files import read_instances, write_task_files
+from agentstream.schemas.events import Eval
 from agentstream.stack import StackError
 
 FORCING_FIELD = "vllm_xargs"
@@ -92,15 +93,21 @@ class Demonstrate(Probe):
     def summary(self, console: Console, elapsed_s: float) -> dict[str, Any]:
         result = self.measures(elapsed_s)
         topic = f"{self.out.name}.trajectories"
-        result.update(demonstrations=str(self.demonstrations), topic=topic)
+        result.update(demonstrations=str(self.demonstrations), topic=topic, rewarded=rewarded(self.result["event"].data))
         (self.out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
-        rewarded = round((result["pass_at_1"] or 0.0) * result["attempts"])
-        console.print(f"{rewarded} of {result['attempts']} demonstrations passed the hidden tests (ends: "
+        console.print(f"{result['rewarded']} of {result['attempts']} demonstrations passed the hidden tests (ends: "
                       f"{result['end_reasons']}); their trajectories are in {topic}. Warm-start from them:\n"
                       f"  agentstream train --offline-topic {topic} --loss sft --sft-min-reward 1 --group-size 1 "
                       f"--min-group-size 1 --base-model {self.stack.model_dir} --model {self.config.model} "
                       "--checkpoint-dir runs/sft")
         return result
+
+
+def rewarded(data: Eval) -> int:
+    """The attempts whose reward reached the threshold (1: the hidden tests passed), what the warm start learns from:
+    counted, since pass@1 × attempts is that count only when every task had as many attempts."""
+    return sum(1 for rewards in data.per_task.values() for reward in rewards
+               if reward is not None and reward >= data.threshold)
 
 
 def default_refused_fields() -> list[str]:

@@ -379,8 +379,7 @@ def demonstrate_stage(run: Stages) -> dict[str, Any]:
                                     teacher_key_env=config.teacher_key_env, teacher_attempts=config.teacher_attempts)
     result = run_demonstrations(demonstrate, run.console)
     run.measured(result)
-    result["rewarded"] = round((result["pass_at_1"] or 0.0) * result["attempts"])
-    if not result["rewarded"]:
+    if not result["rewarded"]:  # counted by the demonstration run (`demonstrate.rewarded`)
         raise StackError(f"no demonstration passed the hidden tests: nothing to warm-start from "
                          f"(see {demonstrate.out})")
     return result

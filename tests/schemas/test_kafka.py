@@ -77,6 +77,17 @@ async def test_ensure_topics_is_idempotent_and_reports_mismatch(kafka):
     assert f"{kafka.topics.calls}: 4 partitions, expected 6" in wrong.mismatches
 
 
+async def test_ensure_topics_reports_a_replication_factor_other_than_the_one_asked_for(kafka):
+    """The topics were made with one replica (one broker); a user who now asks for three is told, per topic, with
+    the fix, instead of keeping one replica without a word (a grown cluster: tests/stack/test_kafka_cluster)."""
+    report = await ensure_topics(kafka.model_copy(update={"replication_factor": 3}))
+    assert report.created == [] and not report.ok
+    calls = next(problem for problem in report.mismatches if problem.startswith(f"{kafka.topics.calls}: "))
+    assert calls.startswith(f"{kafka.topics.calls}: replication factor 1, expected 3; "), report.mismatches
+    assert "kafka-reassign-partitions" in calls and "created again" in calls
+    assert len(report.mismatches) == len(report.existing), "one for each topic"
+
+
 async def test_broker_restart_keeps_every_record(own_broker):
     broker = own_broker
     state = broker.start()

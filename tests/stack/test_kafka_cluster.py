@@ -1,6 +1,7 @@
-"""The local three-broker cluster: topics made on it have three replicas of which two must take a write, and a
-broker killed (-9) while a producer writes with acks=all loses no acknowledged record and doubles none; the
-consumer group's committed offsets survive it, and the broker rejoins every partition's in-sync replicas."""
+"""The local three-broker cluster: topics made on it have three replicas of which two must take a write (those made
+with fewer, as on one broker, are reported), and a broker killed (-9) while a producer writes with acks=all loses no
+acknowledged record and doubles none; the consumer group's committed offsets survive it, and the broker rejoins every
+partition's in-sync replicas."""
 
 from __future__ import annotations
 
@@ -88,6 +89,12 @@ async def test_a_broker_killed_under_acks_all_loses_no_acknowledged_record_and_d
     kafka = KafkaSettings(bootstrap_servers=cluster.bootstrap, topic_prefix="chaos.", partitions=4)
     assert (await ensure_topics(kafka)).ok
     assert await _replication(kafka, kafka.topics.calls) == {"replicas": {3}, "min.insync.replicas": "2"}
+    # topics made with one replica (as on one broker), the cluster grown since: said, not kept silently
+    grown = KafkaSettings(bootstrap_servers=cluster.bootstrap, topic_prefix="grown.", partitions=4)
+    assert (await ensure_topics(grown.model_copy(update={"replication_factor": 1}))).ok
+    report = await ensure_topics(grown)
+    assert f"{grown.topics.calls}: replication factor 1, expected 3; " in "\n".join(report.mismatches), \
+        report.mismatches
 
     producer = make_producer(kafka)
     await producer.start()
@@ -117,6 +124,8 @@ async def test_a_broker_killed_under_acks_all_loses_no_acknowledged_record_and_d
         await write(400)  # the partitions that broker led move to another replica meanwhile
         moved = await _leader(kafka, kafka.topics.calls, 0)
         assert moved != leader
+        # two brokers up, three replicas as asked when they were made: no mismatch
+        assert (await ensure_topics(kafka)).ok
         assert len(acked) - written_before >= 390, f"the cluster took too few writes with a broker down: {failed[:3]}"
 
         read = Counter(await _read_all(kafka, kafka.topics.calls))
@@ -139,6 +148,12 @@ async def test_a_broker_killed_under_acks_all_loses_no_acknowledged_record_and_d
 
 
 async def _replication(kafka: KafkaSettings, topic: str) -> dict:
+    """Its replicas per partition and min.insync.replicas, once the broker asked knows the topic: under load, a moment
+    after it was created, it may not yet (no partitions, no configs)."""
+    return await wait_for_async(lambda: _replication_now(kafka, topic), timeout=30, what=f"{topic} described")
+
+
+async def _replication_now(kafka: KafkaSettings, topic: str) -> dict | None:
     admin = make_admin(kafka)
     await admin.start()
     try:
@@ -147,6 +162,8 @@ async def _replication(kafka: KafkaSettings, topic: str) -> dict:
     finally:
         await admin.close()
     configs = {entry[0]: entry[1] for resource in response.resources for entry in resource[4]}
+    if described["error_code"] or "min.insync.replicas" not in configs:
+        return None
     return {"replicas": {len(p["replicas"]) for p in described["partitions"]},
             "min.insync.replicas": configs["min.insync.replicas"]}
 

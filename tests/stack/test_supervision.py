@@ -1,6 +1,6 @@
 """The run's supervisor on real processes: a consumer that resumes by itself is started again when it dies, a service
 that does not ends the run within a second with how it ended and its log, so does an inference server; and a
-SIGTERM stops what a run started instead of leaving it running."""
+SIGTERM stops what a run started instead of leaving it running (`agentstream demo`'s too)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from rich.console import Console
 from agentstream.demo import run as demo_run
 from agentstream.demo.run import RESTARTS, Demo, StackConfig
 from agentstream.stack import StackError
+from agentstream.stack.kafka import LocalKafka, kafka_libs
 from agentstream.stack.process import ServerState, free_port, pid_alive, spawn, stop_pid
 from agentstream.stack.service import Service
 
@@ -147,3 +148,45 @@ def test_a_signal_stops_what_the_run_started_in_a_session_of_its_own(tmp_path, s
     out, _ = run.communicate(timeout=60)
     assert "stopped" in out and run.returncode != 0
     assert not pid_alive(child), "the child outlived the run"
+
+
+@pytest.mark.slow  # a broker of the demo's own started (~10-30 s): the demo's first service
+@pytest.mark.timeout(600)
+def test_a_sigterm_to_the_demo_stops_the_services_it_started(tmp_path):
+    """Each service of `agentstream demo` runs in a session of its own: before, a SIGTERM ended the demo's Python
+    at once and its broker (and every later service) ran on. Here the demo's own broker, under a home of the
+    test's own, is up when the demo is told to stop. One mode: --production and --tenants take the same way out
+    (cli/loop.py), each another 30 s here."""
+    home = tmp_path / "home"
+    libs = kafka_libs()  # the shared jars: a fresh home would fetch them
+    (home / "kafka").mkdir(parents=True)
+    (home / "kafka" / libs.name).symlink_to(libs)
+    # a broker that ran before on free ports, which its next start keeps: not Kafka's usual 9092, maybe another's
+    broker = LocalKafka(home / "kafka" / "data")
+    ServerState(pid=os.getpid(), url=f"127.0.0.1:{free_port()}", log="", details={"controller_port": free_port()},
+                started=0.0).save(broker.state_file)
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("AGENTSTREAM_", "KAFKA_"))}
+    log = tmp_path / "demo.log"
+    with open(log, "w") as out:
+        run = subprocess.Popen([sys.executable, "-m", "agentstream", "demo", "--out", str(tmp_path / "run")],
+                               stdout=out, stderr=subprocess.STDOUT, env={**env, "AGENTSTREAM_HOME": str(home)})
+    started: list[int] = []
+    try:
+        deadline = time.monotonic() + 300
+        while (state := broker.state()) is None:
+            assert run.poll() is None, f"the demo ended before its broker was up:\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"the demo's broker was not up after 300 s:\n{log.read_text()[-3000:]}"
+            time.sleep(0.2)
+        started = [state.pid, *(p.pid for p in psutil.Process(run.pid).children(recursive=True))]
+        run.send_signal(signal.SIGTERM)
+        run.wait(timeout=120)
+        assert run.returncode == 128 + signal.SIGTERM, log.read_text()[-3000:]
+        assert "Stopped by SIGTERM" in log.read_text()
+        left = [pid for pid in started if pid_alive(pid)]
+        assert not left, f"left running: {[' '.join(psutil.Process(pid).cmdline()[:4]) for pid in left]}"
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait(timeout=30)
+        for pid in started:
+            stop_pid(pid, grace=5)
