@@ -16,6 +16,7 @@ image's blocks go back to the host with it.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import os
@@ -41,6 +42,8 @@ inode tables: the image stays sparse"""
 MOUNT_OPTIONS = "noinit_itable"
 LOOP_MAJOR = 7
 MNT_DETACH, UMOUNT_NOFOLLOW = 2, 8
+MAX_STACKED = 8
+"""the most disks `take_off` takes off one folder (a dead sandbox leaves one)"""
 EXT4_ROOT_INODE = 2
 HOST_MODE_MASK = 0o755
 """modes of what the workspace copy brings back to the host: no set-id bit, nothing group- or world-writable"""
@@ -109,6 +112,42 @@ def unmount(folder: Path) -> None:
     _check(_libc.umount2(os.fsencode(str(folder)), MNT_DETACH | UMOUNT_NOFOLLOW), f"umount {folder}")
 
 
+def detach(root: int) -> bool:
+    """Detach the very mount whose root `root` is (lazily), wherever it sits in the stack over its folder;
+    False if it was detached already. A path names whatever is mounted on top by the time umount runs: between
+    a check and an unmount by path, another process may take this disk off and the next sandbox mount its own
+    there, and that would be the one taken off. /proc/self/fd/N resolves to this descriptor's own mount."""
+    if _libc.umount2(os.fsencode(f"/proc/self/fd/{root}"), MNT_DETACH) == 0:
+        return True
+    error = ctypes.get_errno()
+    if error == errno.EINVAL:  # not a mount (of this namespace) any more
+        return False
+    raise OSError(error, f"umount the disk's root: {os.strerror(error)}")
+
+
+def take_off(workspace: Path, folder: int, images: Path) -> list[str]:
+    """Detach every sandbox disk still mounted over `workspace` above `folder` (the workspace's own directory,
+    claimed): one whose sandbox died before it could say it had mounted it (its warden got no descriptor of
+    its root), or a mount left by an interrupted set-up. Only the holder of the folder's lock may call this: a
+    disk over a claimed folder is nobody else's. Any other mount there is left alone; what could not be done."""
+    beneath = os.fstat(folder)
+    for _ in range(MAX_STACKED):
+        try:
+            top = hostfs.open_dir(workspace)
+        except OSError as error:
+            return [f"open {workspace}: {error}"]
+        try:
+            here = os.fstat(top)
+            if (here.st_dev, here.st_ino) == (beneath.st_dev, beneath.st_ino) or not is_sandbox_disk(top, images):
+                return []
+            detach(top)
+        except OSError as error:
+            return [f"unmount a disk left over {workspace}: {error}"]
+        finally:
+            os.close(top)
+    return [f"more than {MAX_STACKED} disks mounted over {workspace}"]
+
+
 def is_sandbox_disk(fd: int, images: Path) -> bool:
     """Whether directory `fd` is the root of a sandbox's workspace disk (an ext4 root on a loop device whose
     image was made under `images`); any other filesystem is the caller's."""
@@ -138,11 +177,10 @@ def give_back(workspace: Path, folder: int, root: int, uid: int, gid: int, *,
             problems += [f"workspace: {problem}" for problem in copied.problems]
             os.fchown(folder, uid, gid)  # its mode stays the caller's
     finally:
-        ours = os.fstat(root).st_dev
-        os.close(root)
         try:
-            if os.stat(workspace, follow_symlinks=False).st_dev == ours:  # not unmounted already
-                unmount(workspace)
+            detach(root)  # False: taken off already (by the next sandbox, if its warden was too slow)
         except OSError as error:
             problems.append(f"unmount {workspace}: {error}")
+        finally:
+            os.close(root)
     return problems

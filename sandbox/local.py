@@ -192,8 +192,9 @@ class LocalSandbox:
         """What the warden must undo if this process dies with the sandbox open (`sandbox.warden`)."""
         group = {"dirs": {k: str(v) for k, v in self._cgroup.dirs.items()}, "version": self._cgroup.version} \
             if self._cgroup else None
+        bound = disk.available() is not None
         warden.tell({"op": "hold", "id": self._warden_id, "workspace": str(self.workspace), "owner": self._owner,
-                     "cgroup": group, "bound": disk.available() is not None, "fds": ["lease", "folder"]},
+                     "cgroup": group, "bound": bound, "disks": "" if bound else str(DISKS), "fds": ["lease", "folder"]},
                     [self._lease.fd, self._folder])
         self._watched = True
 
@@ -389,6 +390,8 @@ class LocalSandbox:
             return
         if self._disk is not None:
             problems += self._disk.unmount(*self._owner)
+        elif disk.available() is None:  # a set-up interrupted between mounting the disk and keeping it
+            problems += disk.take_off(self.workspace, self._folder, DISKS)
         else:
             problems += hostfs.chown_tree(self.workspace, *self._owner)
 
@@ -476,10 +479,12 @@ def claim_workspace(workspace: Path, wait_s: float = WORKSPACE_WAIT_S) -> int:
         fd = hostfs.open_dir(workspace)
         locked = _try_lock(fd)
         if locked and disk.is_sandbox_disk(fd, DISKS):
-            os.close(fd)
-            disk.unmount(workspace)
-            log.warning("sandbox: %s had the disk of a sandbox whose process (and warden) died mounted over it; "
-                        "unmounted, its changes are lost", workspace)
+            try:  # this disk, not what is on top by now: its warden may have just taken it off, and a sandbox
+                if disk.detach(fd):  # waiting beside this one mounted its own
+                    log.warning("sandbox: %s had the disk of a sandbox whose process (and warden) died mounted over "
+                                "it; unmounted, its changes are lost", workspace)
+            finally:
+                os.close(fd)
             continue
         if locked:
             return fd

@@ -17,7 +17,9 @@ every sandbox not done what `close` would have: kills what is left in the cgroup
 tree back into the folder as its owner (the dead sandbox's writes are kept, as a close keeps them),
 unmounts the disk (its loop device detaches itself), removes the cgroups, and only then closes its
 copies of the lease and of the folder's lock, so no new sandbox takes that uid or that folder half
-cleaned. Then it exits. It costs one process per host process, started once (not per sandbox), idle
+cleaned. A disk the host mounted but died before telling of (killed between the mount and the `disk`
+message) is taken off too: while the warden holds the folder's lock, a sandbox disk over the folder is the
+dead one's (`disk.take_off`); nothing of the agent's is on it yet. Then it exits. It costs one process per host process, started once (not per sandbox), idle
 on a poll until then.
 
 The descriptors it holds share their open file with the sandbox's, and so the flocks: the uid's lease
@@ -125,6 +127,9 @@ class Held:
     """no disk: the workspace was chowned to the sandbox's uid (to chown back)"""
     cgroup: dict[str, Any] | None
     """{"dirs": {controller: path}, "version": 1|2}"""
+    disks: str = ""
+    """where its disk's image was made (`local.DISKS`): a disk over the folder from there is the sandbox's; "" if
+    it has none (bound)"""
     fds: dict[str, int] = field(default_factory=dict)
     """"lease", "folder", "root" (the disk's): copies of the sandbox's own descriptors"""
 
@@ -149,6 +154,8 @@ def clean(held: Held) -> list[str]:
         problems += disk.give_back(Path(held.workspace), held.fds["folder"], held.fds.pop("root"), *held.owner)
     elif held.bound:
         problems += hostfs.chown_tree(Path(held.workspace), *held.owner)
+    if "folder" in held.fds and held.disks:  # a disk it mounted but died before telling of (nothing copied onto it)
+        problems += disk.take_off(Path(held.workspace), held.fds["folder"], Path(held.disks))
     if group is not None:
         problems += group.remove()
     held.close_fds()  # the lease and the folder's lock go last
@@ -193,7 +200,7 @@ def _receive(channel: socket.socket, held: dict[int, Held]) -> bool:
     number, op = int(message["id"]), message["op"]
     if op == "hold":
         held[number] = Held(message["workspace"], (message["owner"][0], message["owner"][1]), message["bound"],
-                            message.get("cgroup"), dict(zip(message["fds"], fds)))
+                            message.get("cgroup"), message.get("disks", ""), dict(zip(message["fds"], fds)))
     elif op == "disk" and number in held:
         held[number].fds.update(zip(message["fds"], fds))
     elif op == "done" and number in held:

@@ -20,6 +20,7 @@ import pytest
 from agentstream.sandbox import cgroups
 from agentstream.sandbox.contract import SandboxError, SandboxSpec
 from agentstream.sandbox.local import DISKS, LocalSandbox, UidLease, claim_workspace, processes_of
+from tests.support.sandbox_host import alive, loop_images, mounted
 from tests.support.wait import wait_for
 
 REPO = Path(__file__).parents[2]
@@ -58,29 +59,6 @@ def hold(workspaces: list[Path]) -> tuple[subprocess.Popen[str], dict]:
     return holder, said
 
 
-def mounted(folder: Path) -> bool:
-    return any(line.split()[4] == str(folder) for line in Path("/proc/self/mountinfo").read_text().splitlines())
-
-
-def loop_images() -> list[str]:
-    """The backing file of every bound loop device."""
-    found = []
-    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
-        try:
-            found.append(backing.read_text().strip())
-        except OSError:
-            pass
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return not Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
-
-
 def folders(tmp_path: Path, count: int) -> list[Path]:
     made = []
     for n in range(count):
@@ -95,7 +73,7 @@ def assert_nothing_left(workspaces: list[Path], uids: list[int]) -> None:
     for folder in workspaces:
         assert not mounted(folder), f"a disk is still mounted over {folder}"
     images = [f"{DISKS}/{uid}.img" for uid in uids]
-    wait_for(lambda: not [i for i in loop_images() if i.startswith(tuple(images))], timeout=20,
+    wait_for(lambda: not [i for i in loop_images().values() if i.startswith(tuple(images))], timeout=20,
              what="the dead sandboxes' loop devices to detach")
     assert not set(map(str, uids)) & set(cgroups.leftovers()), "a dead sandbox's cgroup is left"
     for uid in uids:
@@ -171,3 +149,37 @@ os.kill(os.getpid(), signal.SIGKILL)
         with LocalSandbox(SandboxSpec(folder)) as box:
             assert box.run("cat early.txt").output == "early\n", "the dead sandbox's write is kept"
         assert not mounted(folder)
+
+
+@pytest.mark.slow  # a sandbox opened and killed, its warden's clean-up waited for: seconds
+def test_a_disk_mounted_just_before_its_holder_died_is_taken_off_by_the_warden(tmp_path: Path):
+    """Killed between mounting the disk over the folder and handing the warden the disk's root: the warden has
+    the folder (and its lock) but no word of the disk. Nothing else comes to that folder after, so what the
+    warden leaves there stays on the host."""
+    [workspace] = folders(tmp_path, 1)
+    holder = subprocess.run([sys.executable, "-c", f"""
+import json, os, signal
+from pathlib import Path
+from agentstream.sandbox import disk
+from agentstream.sandbox.contract import SandboxSpec
+from agentstream.sandbox.local import LocalSandbox
+from tests.support.sandbox_host import wardens
+mount_over = disk.mount_over
+def mount_and_die(device, folder):
+    mount_over(device, folder)
+    [warden] = [pid for pid, holder in wardens().items() if holder == os.getpid()]
+    image = Path(f"/sys/block/{{Path(device).name}}/loop/backing_file").read_text().strip()
+    print(json.dumps({{"warden": warden, "device": Path(device).name, "image": image}}), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+disk.mount_over = mount_and_die
+LocalSandbox(SandboxSpec(Path({str(workspace)!r})))
+"""], cwd=REPO, stdout=subprocess.PIPE, text=True, check=False)
+    assert holder.returncode == -signal.SIGKILL, holder
+    said = json.loads(holder.stdout)
+    wait_for(lambda: not alive(said["warden"]), timeout=30, what="the warden to clean up and exit")
+    assert not mounted(workspace), "the disk stays mounted over the folder"
+    wait_for(lambda: loop_images().get(said["device"]) != said["image"], timeout=20,
+             what="the dead sandbox's loop device to detach")
+    with LocalSandbox(SandboxSpec(workspace)) as box:
+        assert box.run("cat before.txt").output == "before\n"
+    assert not mounted(workspace)
