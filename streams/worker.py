@@ -142,9 +142,10 @@ class AssemblyWorker(faust.Service):
 
     async def recovered(self) -> None:
         # the due index rebuilt from the table in slices, the loop free in between (heartbeats, fetches)
-        self.assembly.restart(now_ms())
-        while self.assembly.look_ahead(now_ms(), SLICE):
-            await asyncio.sleep(0)
+        async with self.lock:
+            self.assembly.restart(now_ms())
+        while (await self._look_ahead_slice())[0]:
+            await asyncio.sleep(0)  # (taking a free lock does not yield)
         self.recoveries += 1
         disk = self.table.disk
         if disk is None:
@@ -529,11 +530,17 @@ class AssemblyWorker(faust.Service):
         while not self.should_stop:
             pause = self.settings.tick_s
             if not self.app.rebalancing:  # (the table's recovery restarts the pass: `recovered`)
-                async with self.lock:
-                    began = time.monotonic()
-                    if self.assembly.look_ahead(now_ms(), SLICE):
-                        pause = time.monotonic() - began
+                under_way, took = await self._look_ahead_slice()
+                pause = took if under_way else pause
             await self.sleep(pause)
+
+    async def _look_ahead_slice(self) -> tuple[bool, float]:
+        """A slice of the pass, between batches: not while a batch's changes are being written, when a key is in
+        neither the staged changes nor the table; (whether the pass is still under way, the slice's seconds)."""
+        async with self.lock:
+            began = time.monotonic()
+            under_way = self.assembly.look_ahead(now_ms(), SLICE)
+            return under_way, time.monotonic() - began
 
     @faust.Service.timer(STALL_S / 2)
     async def _watchdog(self) -> None:
