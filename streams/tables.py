@@ -265,13 +265,14 @@ class Staged(MutableMapping[str, Any]):
         resumed from the last key it read, whatever was written or dropped in between."""
         cut, disk = len(self.prefix), self.table.disk
         start = None if after is None else self.prefix + after
+        beyond = None if start is None else orjson.dumps(start)
         if disk:
             under: Iterable[str] = disk.keys_under(self.prefix, start)
-        else:
+        else:  # (the memory store: tests, development)
             under = sorted((key for key in self.table.data if key.startswith(self.prefix)
-                            and (start is None or orjson.dumps(key) > orjson.dumps(start))), key=orjson.dumps)
-        new = sorted((self.prefix + key for key in self._new
-                      if after is None or orjson.dumps(self.prefix + key) > orjson.dumps(start)), key=orjson.dumps)
+                            and (beyond is None or orjson.dumps(key) > beyond)), key=orjson.dumps)
+        new = sorted((key for key in (self.prefix + key for key in self._new)
+                      if beyond is None or orjson.dumps(key) > beyond), key=orjson.dumps)
         found: list[str] = []
         for key in heapq.merge(under, new, key=orjson.dumps):
             staged = self._staged.get(key[cut:])
