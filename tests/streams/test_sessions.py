@@ -443,3 +443,26 @@ def test_a_state_changed_while_a_pass_is_under_way_is_still_settled_on_time():
         assert [encode(t) for t in got.trajectories] == [encode(t) for t in expected.trajectories], seed
         assert [encode(r) for r in got.rewards] == [encode(r) for r in expected.rewards]
         assert slices > 20 and bounded.indexed() < everything.indexed()
+
+
+def test_a_rebalance_mid_pass_restarts_the_index_from_nothing():
+    """A worker's recovery (after every rebalance) restarts the index, whatever pass was under way: until its own
+    pass is done nothing is known, so asking what is next due finishes it first, never answers from half an index."""
+    kept = Timing(**{**TIMING.__dict__, "session_retention_ms": 30 * 24 * HOUR})
+    start, events = 1_700_000_000_000, []
+    for i in range(50):
+        session = Session(f"chat-rebalance-{i}", start + 10 * i)
+        events += [session.call(1_000, [1], [2]), session.end(2_000)]
+    opened = Session("chat-rebalance-open", start + 60_000)
+    events.append(opened.call(1_000, [1], [2]))
+    now = start + 70_000
+    assembly, _ = fold(events, now, assembly=Assembly({}, {}, kept, horizon_ms=HOUR))
+    at_once = Assembly(dict(assembly.rollouts), {}, kept, horizon_ms=HOUR)
+    at_once.reindex(now)
+    assembly.reindex(now - HOUR // 2)
+    assert assembly.look_ahead(now, 7) and assembly.look_ahead(now, 7)  # a pass under way
+    assembly.restart(now)
+    assert assembly.indexed() == 0
+    assert assembly.look_ahead(now, 7)  # the rebuild under way: 7 of 51 read
+    assert assembly.next_due([0]) == at_once.next_due([0]) == start + 60_000 + 1_000 + 10_000 + 5_000
+    assert assembly.indexed() == at_once.indexed() == 1 and not assembly.look_ahead(now, 7)
