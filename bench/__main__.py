@@ -18,6 +18,7 @@ BENCHMARKS = {
     "dashboard": "time to first render of the dashboard's views on a million events, against `agentstream sql`",
     "session_fold": "CPU per session event in the fold against a scored attempt's (with --baseline REV: before/after)",
     "streams_state": "a streams worker's RSS and recovery after kill -9 against days of sessions, memory vs disk store",
+    "due_pass": "the streams worker's pass over its state from RocksDB (the due index): the loop held at once vs in slices",
     "replay": "raw events per second a replay rebuilds into trajectories (topic, Parquet, new reward; from the archive)",
     "controller_launch": "how fast the controller launches attempts",
     "trainer_throughput": "trainer samples per second, and the update's share of its time",

@@ -37,7 +37,7 @@ import heapq
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from agentstream.schemas.codec import DecodeError, decode, encode
 from agentstream.schemas.events import (
@@ -64,6 +64,10 @@ DECODED_MAX = 20_000
 DECODED_BYTES_MAX = 16 * 1024 * 1024
 """and their raw size at most: decoded, a call's token ids and logprobs take ~6× their JSON (a worker catching up
 on sessions of 8 KiB calls held 20,000 of them in ~1 GiB, whatever its state's store)"""
+SLICE = 1_000
+"""states a slice of the worker's pass over `rollouts` reads (~15-25 ms from RocksDB): what one holds its loop"""
+UNBUILT = -1
+"""the due index's horizon while it is rebuilt from nothing (`Assembly.restart`)"""
 
 
 CallRef = tuple[int, int, str]
@@ -136,6 +140,32 @@ def finalize_at(attempt: dict[str, Any], timing: Timing) -> int:
     return ended + max(timing.reward_grace_ms, timing.settle_ms)
 
 
+@runtime_checkable
+class Sliced(Protocol):
+    """A mapping that lists its keys in an order of its own, from a key on (the worker's table: `Staged`)."""
+
+    def keys_after(self, after: str | None, limit: int) -> list[str]: ...
+
+
+def keys_after(rollouts: MutableMapping[str, Any], after: str | None, limit: int) -> list[str]:
+    """The first `limit` keys after `after` (None: from the first) in the mapping's order; a dict's (replay,
+    tests) by the keys' own order."""
+    if isinstance(rollouts, Sliced):
+        return rollouts.keys_after(after, limit)
+    return heapq.nsmallest(limit, (key for key in rollouts if after is None or key > after))
+
+
+@dataclass
+class Pass:
+    """A pass over `rollouts` under way: it indexes what is due by `horizon`, a slice of keys at a time."""
+
+    horizon: int
+    after: str | None = None
+    """the last key read: the next slice reads the keys after it (no cursor kept: keys come and go in between)"""
+    later: dict[int, int] = field(default_factory=dict)
+    """partition → the first due beyond `horizon` of the states read, or saved, since the pass began"""
+
+
 class Assembly:
     def __init__(self, rollouts: MutableMapping[str, dict[str, Any]], events: MutableMapping[str, bytes],
                  timing: Timing = Timing(), source: str = "streams", policy: str = policies.DEFAULT_POLICY,
@@ -153,13 +183,15 @@ class Assembly:
         self.counts: Counter[str] = Counter()
         """events, duplicates, late, trajectories, rewards_computed, reward_failures (since start)"""
         self.horizon_ms = horizon_ms
-        """how far past the time last asked about (`due`) the due index reaches (None: every rollout, forever)"""
+        """how far ahead of the time asked about a pass extends the due index (None: every rollout, forever)"""
         self._horizon = sessions.FOREVER_MS
-        """every rollout due by then is in the index; the others are found by a pass over `rollouts` once the time
-        asked about passes it (`_look_ahead`): the index holds the open work, not the retained"""
+        """every rollout due by then is in the index; the others are found by a pass over `rollouts` once a horizon
+        (`look_ahead`): the index holds the open work, not the retained (`UNBUILT`: nothing known yet)"""
         self._later: dict[int, int] = {}
         """partition → a time before which none of its rollouts outside the index is due (their first due, or
         earlier where one changed since the pass: never later)"""
+        self._pass: Pass | None = None
+        """the pass under way, if any (it extends the index a slice at a time)"""
         self._due_at: dict[str, int] = {}
         """rollout id → when it is next due: an index of `rollouts`, so finding due work is not a scan"""
         self._queue: dict[int, list[tuple[int, str]]] = defaultdict(list)
@@ -172,28 +204,78 @@ class Assembly:
         self.reindex()
 
     def reindex(self, now_ms: int = 0) -> None:
-        """Rebuild the due index from `rollouts` (after a worker restored or took over a table), up to `horizon_ms`
-        past `now_ms`."""
+        """Rebuild the due index from `rollouts`, up to `horizon_ms` past `now_ms`, at once."""
+        self.restart(now_ms)
+        self._finish()
+
+    def restart(self, now_ms: int) -> None:
+        """Empty the due index and begin the pass that rebuilds it up to `horizon_ms` past `now_ms` (after a worker
+        restored or took over a table): the caller runs it in slices (`look_ahead`); asked what is due before it
+        is done, the index finishes it first (nothing is known until then)."""
         self._due_at.clear()
         self._queue.clear()
-        self._look_ahead(now_ms)
-
-    def _look_ahead(self, now_ms: int) -> None:
-        """Index the rollouts due by `horizon_ms` past `now_ms`, and note when the others are first due: one pass
-        over `rollouts` (on disk in the worker), once a horizon."""
-        if self.horizon_ms is not None:
-            self._horizon = now_ms + self.horizon_ms
-            self.counts["due_index_passes"] += 1
         self._later.clear()
-        for rollout_id, state in self.rollouts.items():  # (one state decoded at a time, not all of them at once)
-            self._index(rollout_id, state)
+        self._horizon = UNBUILT
+        self._begin(now_ms)
+
+    def look_ahead(self, now_ms: int, limit: int) -> bool:
+        """A slice of the pass over `rollouts` (at most `limit` states); whether a pass is still under way.
+
+        A pass begins half a horizon before the index runs out and extends it by a horizon, so slices between
+        a worker's batches finish it in time; one that did not (or a fold that never calls this) is finished
+        at once by `due`. It reads the keys after the last one it read, in the table's order, each slice anew:
+        a rollout changed or added in between, ahead of it or behind it, was indexed as it was saved (`_index`
+        reaches as far as the pass does), one removed needs nothing."""
+        if self._pass is None and self.horizon_ms is not None and now_ms >= self._horizon - self.horizon_ms // 2:
+            self._begin(max(self._horizon, now_ms))
+        if self._pass is not None:
+            self._step(limit)
+        return self._pass is not None
+
+    def _begin(self, now_ms: int) -> None:
+        if self.horizon_ms is None:
+            self._pass = Pass(sessions.FOREVER_MS)
+        else:
+            self._pass = Pass(now_ms + self.horizon_ms)
+            self.counts["due_index_passes"] += 1
+
+    def _step(self, limit: int) -> None:
+        """Index the next `limit` states of the pass; at its end, the index reaches its horizon."""
+        under_way = self._pass
+        assert under_way is not None
+        keys = keys_after(self.rollouts, under_way.after, limit)
+        for rollout_id in keys:
+            self._index(rollout_id, self.rollouts[rollout_id])
+        if len(keys) == limit:
+            under_way.after = keys[-1]
+        else:
+            self._horizon, self._later, self._pass = under_way.horizon, under_way.later, None
+
+    def _finish(self) -> None:
+        """The pass under way done at once: every state read in the mapping's own order, from the first (again,
+        for those a slice read: a dict lists no keys from a key on without going over all of them)."""
+        under_way = self._pass
+        if under_way is not None:
+            for rollout_id, state in self.rollouts.items():  # (one state decoded at a time, not all of them at once)
+                self._index(rollout_id, state)
+            self._horizon, self._later, self._pass = under_way.horizon, under_way.later, None
+
+    def _catch_up(self, now_ms: int) -> None:
+        """The index complete up to `now_ms` (or built, after `restart`): the pass under way finished at once, and
+        another begun and finished if that is not enough."""
+        while now_ms > self._horizon:
+            if self._pass is None:
+                self._begin(now_ms)
+            self._finish()
 
     def _index(self, rollout_id: str, state: dict[str, Any]) -> None:
-        due = state["due"]
-        if due > self._horizon:  # (a heap entry it had is stale now)
+        due, under_way = state["due"], self._pass
+        if due > (self._horizon if under_way is None else under_way.horizon):  # (a heap entry it had is stale now)
             self._due_at.pop(rollout_id, None)
             partition = state["partition"]
             self._later[partition] = min(due, self._later.get(partition, due))
+            if under_way is not None:  # (what `_later` will be once the pass is done)
+                under_way.later[partition] = min(due, under_way.later.get(partition, due))
         elif self._due_at.get(rollout_id) != due:
             self._due_at[rollout_id] = due
             heapq.heappush(self._queue[state["partition"]], (due, rollout_id))
@@ -306,6 +388,8 @@ class Assembly:
         due now, held back" and the worker's timer would wait a whole tick instead of until the
         next attempt is due, adding that wait to every trajectory's delay.
         """
+        if self._horizon == UNBUILT:
+            self._finish()
         heads = []
         for partition in partitions:
             heap = self._queue.get(partition)
@@ -319,6 +403,8 @@ class Assembly:
 
     def any_due(self, now_ms: int, partition: int) -> bool:
         """Whether `due(now_ms, [partition])` may find a rollout (its first entry is due, if stale maybe)."""
+        if self._horizon == UNBUILT:
+            self._finish()
         heap = self._queue.get(partition)
         if heap and heap[0][0] <= now_ms:
             return True
@@ -330,8 +416,7 @@ class Assembly:
 
     def due(self, now_ms: int, partitions: Iterable[int] | None = None) -> list[str]:
         """Rollouts of these partitions with an attempt to settle or to forget by `now_ms`."""
-        if now_ms > self._horizon:
-            self._look_ahead(now_ms)
+        self._catch_up(now_ms)
         found: dict[str, None] = {}
         for partition in self._queue if partitions is None else partitions:
             heap = self._queue.get(partition) or []

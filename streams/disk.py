@@ -18,6 +18,7 @@ what the state takes in RAM is that budget whatever the retention; the rest is o
 from __future__ import annotations
 
 import asyncio
+import heapq
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -106,6 +107,25 @@ class Restored:
 
     records: int = 0
     by_partition: dict[int, int] = field(default_factory=dict)
+
+
+def ordered_keys(dbs: list[rocksdict.Rdict], prefix: bytes, after: bytes | None,
+                 held: dict[bytes, tuple[int, bytes | None]], skipped: bytes) -> Iterator[bytes]:
+    """The keys starting with `prefix` and after `after`, in order: the databases' (one cursor each, merged),
+    where `held` has no change of them, and `held`'s (those it does not delete); `skipped` left out."""
+    changed = {key for key in held if key.startswith(prefix)}
+    stored = [_keys_of(db, prefix, after, changed | {skipped}) for db in dbs]
+    kept = sorted(key for key in changed if held[key][1] is not None and (after is None or key > after))
+    return heapq.merge(*stored, kept)
+
+
+def _keys_of(db: rocksdict.Rdict, prefix: bytes, after: bytes | None, skipped: set[bytes]) -> Iterator[bytes]:
+    cursor = db.iter()
+    cursor.seek(prefix if after is None else after)
+    while cursor.valid() and (key := cursor.key()).startswith(prefix):
+        if key != after and key not in skipped:
+            yield key
+        cursor.next()
 
 
 class DiskStore(RocksStore):
@@ -205,21 +225,15 @@ class DiskStore(RocksStore):
     def _iterkeys(self) -> Iterator[bytes]:
         yield from self._keys_from(b"")
 
-    def keys_under(self, prefix: str) -> Iterator[str]:
-        """The keys starting with `prefix` (a seek in each database, not a scan of all keys)."""
-        for key in self._keys_from(orjson.dumps(prefix)[:-1]):  # the JSON string without its closing quote
+    def keys_under(self, prefix: str, after: str | None = None) -> Iterator[str]:
+        """The keys starting with `prefix` (and after `after`), in the order of their bytes in the changelog,
+        across the partitions' databases (a seek in each, not a scan of all keys)."""
+        start = None if after is None else orjson.dumps(after)
+        for key in self._keys_from(orjson.dumps(prefix)[:-1], start):  # the JSON string without its closing quote
             yield orjson.loads(key)
 
-    def _keys_from(self, prefix: bytes) -> Iterator[bytes]:
-        held = {key for key in self.held if key.startswith(prefix)}
-        for db in list(self._dbs_for_actives()):
-            cursor = db.iter()
-            cursor.seek(prefix)
-            while cursor.valid() and (key := cursor.key()).startswith(prefix):
-                if key != self.offset_key and key not in held:
-                    yield key
-                cursor.next()
-        yield from (key for key in held if self.held[key][1] is not None)
+    def _keys_from(self, prefix: bytes, after: bytes | None = None) -> Iterator[bytes]:
+        return ordered_keys(list(self._dbs_for_actives()), prefix, after, self.held, self.offset_key)
 
     def memory(self) -> dict[str, int]:
         """Where RocksDB's memory is, summed over the active partitions' databases (bytes)."""

@@ -13,6 +13,7 @@ disk (disk.py: Faust's RocksDB store); else in memory (Faust's memory store).
 from __future__ import annotations
 
 import asyncio
+import heapq
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -257,6 +258,29 @@ class Staged(MutableMapping[str, Any]):
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
+
+    def keys_after(self, after: str | None, limit: int) -> list[str]:
+        """Up to `limit` keys after `after` (None: from the first), in the order of their bytes in the changelog
+        (the disk store's), the staged ones among them: a pass over the keys a slice at a time, each slice
+        resumed from the last key it read, whatever was written or dropped in between."""
+        cut, disk = len(self.prefix), self.table.disk
+        start = None if after is None else self.prefix + after
+        beyond = None if start is None else orjson.dumps(start)
+        if disk:
+            under: Iterable[str] = disk.keys_under(self.prefix, start)
+        else:  # (the memory store: tests, development)
+            under = sorted((key for key in self.table.data if key.startswith(self.prefix)
+                            and (beyond is None or orjson.dumps(key) > beyond)), key=orjson.dumps)
+        new = sorted((key for key in (self.prefix + key for key in self._new)
+                      if beyond is None or orjson.dumps(key) > beyond), key=orjson.dumps)
+        found: list[str] = []
+        for key in heapq.merge(under, new, key=orjson.dumps):
+            staged = self._staged.get(key[cut:])
+            if staged is None or staged[1] is not DROPPED:
+                found.append(key[cut:])
+                if len(found) == limit:
+                    break
+        return found
 
     @property
     def unwritten(self) -> int:

@@ -44,7 +44,7 @@ from agentstream.schemas.events import CallEvent, Deadletter, DeadletterEvent, E
 from agentstream.schemas.ids import derived_id, now_ms
 from agentstream.schemas.kafka import deadletter_event
 from agentstream.streams import policies
-from agentstream.streams.assembly import Assembly, Settled
+from agentstream.streams.assembly import SLICE, Assembly, Settled
 from agentstream.streams.disk import Budget
 from agentstream.streams.recall import CallLog, retention_ms
 from agentstream.streams.settings import StreamsSettings
@@ -141,7 +141,11 @@ class AssemblyWorker(faust.Service):
         await self.calls_log.stop()
 
     async def recovered(self) -> None:
-        self.assembly.reindex(now_ms())
+        # the due index rebuilt from the table in slices, the loop free in between (heartbeats, fetches)
+        async with self.lock:
+            self.assembly.restart(now_ms())
+        while (await self._look_ahead_slice())[0]:
+            await asyncio.sleep(0)  # (taking a free lock does not yield)
         self.recoveries += 1
         disk = self.table.disk
         if disk is None:
@@ -517,6 +521,26 @@ class AssemblyWorker(faust.Service):
             # else a batch settles it once its partition's records in flight are handled (`_held_back`)
         self.overdue = overdue
         return max(0.001, wait)
+
+    @faust.Service.task
+    async def _look_ahead(self) -> None:
+        """The pass over the table that extends the due index (`Assembly.look_ahead`, once a horizon), a slice at a
+        time between batches, each followed by a pause as long: the loop is held for a slice, never for the pass
+        (13 M states: ~5 min), and the pass takes at most half the worker's time while it runs."""
+        while not self.should_stop:
+            pause = self.settings.tick_s
+            if not self.app.rebalancing:  # (the table's recovery restarts the pass: `recovered`)
+                under_way, took = await self._look_ahead_slice()
+                pause = took if under_way else pause
+            await self.sleep(pause)
+
+    async def _look_ahead_slice(self) -> tuple[bool, float]:
+        """A slice of the pass, between batches: not while a batch's changes are being written, when a key is in
+        neither the staged changes nor the table; (whether the pass is still under way, the slice's seconds)."""
+        async with self.lock:
+            began = time.monotonic()
+            under_way = self.assembly.look_ahead(now_ms(), SLICE)
+            return under_way, time.monotonic() - began
 
     @faust.Service.timer(STALL_S / 2)
     async def _watchdog(self) -> None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import rocksdict
 
-from agentstream.streams.disk import MB, BoundedOptions, Budget
+from agentstream.streams.disk import MB, BoundedOptions, Budget, ordered_keys
 
 
 def fill(options: BoundedOptions, path: Path, megabytes: int) -> None:
@@ -44,3 +45,29 @@ def test_reopened_databases_share_the_budgets_cache_not_one_each(tmp_path):
     usages = {db.property_int_value("rocksdb.block-cache-usage") for db in dbs}
     assert usages == {budget.usage()}, "each database reports the one shared cache"
     assert 8 * MB < budget.usage() <= 16 * MB + MB  # more than a cache of its own held (24 MiB read), within the budget
+
+
+def test_the_keys_in_order_from_a_key_on_across_the_databases_and_the_held_changes(tmp_path):
+    """A pass over the table's keys a slice at a time (`ordered_keys`): each slice seeks every partition's database
+    to the last key read and merges them with the changes held (not acknowledged yet), in the changelog's byte
+    order; what changed between two slices, ahead of the last key, is read, and every key once."""
+    options = BoundedOptions(Budget(8))
+    dbs = [options.open(tmp_path / f"assembly-{n}.db") for n in range(2)]
+    for i in range(20):
+        dbs[i % 2].put(f'"r:{i:02d}"'.encode(), b"{}")
+    dbs[0].put(b'"e:00"', b"{}")  # another prefix
+    dbs[1].put(b"__offset__", b"7")
+    held = {b'"r:03"': (1, None), b'"r:04"': (1, b"{}"), b'"r:045"': (1, b"{}")}  # dropped, changed, added
+    read: list[bytes] = []
+    after = None
+    while True:
+        found = list(itertools.islice(ordered_keys(dbs, b'"r:', after, held, b"__offset__"), 3))
+        read += found
+        if len(found) < 3:
+            break
+        after = found[-1]
+        if len(read) == 6:  # between two slices: one added ahead of the last key read, one behind it
+            dbs[1].put(b'"r:99"', b"{}")
+            held[b'"r:00a"'] = (2, b"{}")
+    expected = sorted([f'"r:{i:02d}"'.encode() for i in range(20) if i != 3] + [b'"r:045"', b'"r:99"'])
+    assert read == expected

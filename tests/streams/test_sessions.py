@@ -355,3 +355,114 @@ def test_what_is_due_beyond_the_horizon_settles_on_time():
         assert assembly.rollouts[session.rollout_id]["attempts"] == {}  # (its numbering kept: never due again)
         assert assembly.settle_due(forgotten_at + 500).forgotten == ["segment-0"]  # the other one's
         assert assembly.counts["due_index_passes"] == (4 if horizon_ms else 0)  # at the start, 2 h, 3 h, 3 h + 7 s
+
+
+class Read(dict):
+    """The rollouts' states, counting those read by key (a pass reads each so)."""
+
+    reads = 0
+
+    def __getitem__(self, key):
+        self.reads += 1
+        return super().__getitem__(key)
+
+
+def test_the_pass_over_the_state_runs_in_slices_no_larger_than_asked():
+    """The pass that extends the index begins half a horizon before the index runs out and reads at most `limit`
+    states a call (between a worker's batches), resuming after the last key it read; done, the index is what one
+    pass at once makes of it."""
+    kept = Timing(**{**TIMING.__dict__, "session_retention_ms": 30 * 24 * HOUR})
+    start, events = 1_700_000_000_000, []
+    for i in range(2_500):
+        session = Session(f"chat-slices-{i}", start + 10 * i)
+        events += [session.call(1_000, [1], [2]), session.end(2_000)]
+    rollouts = Read()
+    now = start + 70_000
+    assembly, _ = fold(events, now, assembly=Assembly(rollouts, {}, kept, horizon_ms=HOUR))
+    assembly.reindex(now)  # (the index reaches an hour past now)
+    passes = assembly.counts["due_index_passes"]
+    rollouts.reads = 0
+    assert not assembly.look_ahead(now + HOUR // 2 - 1, 300) and rollouts.reads == 0  # not begun yet
+    slices = []
+    while True:
+        rollouts.reads = 0
+        under_way = assembly.look_ahead(now + HOUR // 2, 300)
+        slices.append(rollouts.reads)
+        if not under_way:
+            break
+    assert slices == [300] * 8 + [100] and assembly.counts["due_index_passes"] == passes + 1
+    at_once = Assembly(dict(rollouts), {}, kept, horizon_ms=HOUR)
+    at_once.reindex(now + HOUR // 2)
+    assert assembly.indexed() == at_once.indexed() == 0
+    assert assembly.next_due([0]) == at_once.next_due([0]) == start + 2_000 + TIMING.feedback_window_ms + 30 * 24 * HOUR
+    assert not assembly.look_ahead(now + HOUR, 300)  # the next one begins half a horizon before 2 h past now
+
+
+def sessions_over_a_minute(rng: random.Random) -> list[s.Event]:
+    """Twelve sessions' calls, ends and feedback (some after their conversation settled: a revision) over a
+    minute, in time order."""
+    events = []
+    for i in range(12):
+        session = Session(f"chat-mid-pass-{i}", 1_700_000_000_000 + rng.randrange(20_000))
+        at = 0
+        for _ in range(rng.randrange(1, 4)):
+            at += rng.randrange(500, 12_000)
+            call = session.call(at, [1], [2])
+            events.append(call)
+            if rng.random() < 0.5:
+                events.append(session.feedback(at + rng.choice([300, 8_000, 25_000]), call, thumbs="up"))
+        if rng.random() < 0.6:
+            events.append(session.end(at + rng.randrange(100, 3_000)))
+    return sorted(events, key=lambda e: (e.time, e.id))
+
+
+def test_a_state_changed_while_a_pass_is_under_way_is_still_settled_on_time():
+    """Passes of slices of one or two states run between the events (a horizon of 5 s, so each spans several
+    events; three partitions): rollouts are added and changed ahead of a pass and behind it, nearer than its horizon and beyond it.
+    At every step the bounded index finds due exactly what an index of everything finds, its `next_due` is never
+    later than the truth, and the trajectories are the same bytes."""
+    for seed in range(20):
+        rng = random.Random(seed)
+        events = sessions_over_a_minute(rng)
+        bounded, everything = Assembly({}, {}, TIMING, horizon_ms=5_000), Assembly({}, {}, TIMING)
+        got, expected, slices = Settled("all"), Settled("all"), 0
+        for event in [*events, None]:
+            at = events[-1].time + 200_000 if event is None else event.time - 1
+            while rng.random() < 0.7:
+                slices += bounded.look_ahead(at, rng.choice([1, 2]))
+            for partition in range(3):
+                truth, found = everything.next_due([partition]), bounded.next_due([partition])
+                assert (found is None) == (truth is None) and (truth is None or found <= truth), seed
+            assert bounded.due(at) == everything.due(at), seed
+            got.extend(bounded.settle_due(at))
+            expected.extend(everything.settle_due(at))
+            if event is not None:
+                partition = int(event.rollout_id[-1], 16) % 3
+                assert bounded.add(event, encode(event), partition) is None
+                assert everything.add(event, encode(event), partition) is None
+        assert [encode(t) for t in got.trajectories] == [encode(t) for t in expected.trajectories], seed
+        assert [encode(r) for r in got.rewards] == [encode(r) for r in expected.rewards]
+        assert slices > 20 and bounded.indexed() < everything.indexed()
+
+
+def test_a_rebalance_mid_pass_restarts_the_index_from_nothing():
+    """A worker's recovery (after every rebalance) restarts the index, whatever pass was under way: until its own
+    pass is done nothing is known, so asking what is next due finishes it first, never answers from half an index."""
+    kept = Timing(**{**TIMING.__dict__, "session_retention_ms": 30 * 24 * HOUR})
+    start, events = 1_700_000_000_000, []
+    for i in range(50):
+        session = Session(f"chat-rebalance-{i}", start + 10 * i)
+        events += [session.call(1_000, [1], [2]), session.end(2_000)]
+    opened = Session("chat-rebalance-open", start + 60_000)
+    events.append(opened.call(1_000, [1], [2]))
+    now = start + 70_000
+    assembly, _ = fold(events, now, assembly=Assembly({}, {}, kept, horizon_ms=HOUR))
+    at_once = Assembly(dict(assembly.rollouts), {}, kept, horizon_ms=HOUR)
+    at_once.reindex(now)
+    assembly.reindex(now - HOUR // 2)
+    assert assembly.look_ahead(now, 7) and assembly.look_ahead(now, 7)  # a pass under way
+    assembly.restart(now)
+    assert assembly.indexed() == 0
+    assert assembly.look_ahead(now, 7)  # the rebuild under way: 7 of 51 read
+    assert assembly.next_due([0]) == at_once.next_due([0]) == start + 60_000 + 1_000 + 10_000 + 5_000
+    assert assembly.indexed() == at_once.indexed() == 1 and not assembly.look_ahead(now, 7)
