@@ -30,6 +30,7 @@ from __future__ import annotations
 import ast
 import difflib
 import io
+import posixpath
 import tokenize
 from collections import Counter
 
@@ -92,7 +93,9 @@ _NAMES = {  # qualified names (and everything under them)
     "sys.addaudithook": "frame", "sys.last_traceback": "frame", "threading.settrace": "frame",
     "threading.setprofile": "frame", "threading._active": "frame", "inspect.stack": "frame",
     "inspect.currentframe": "frame", "inspect.trace": "frame", "inspect.getouterframes": "frame",
-    "inspect.getinnerframes": "frame", "inspect.getmembers": "reflection", "sys.__dict__": "reflection",
+    "inspect.getinnerframes": "frame", "traceback.extract_stack": "frame", "traceback.format_stack": "frame",
+    "traceback.print_stack": "frame", "traceback.walk_stack": "frame", "traceback.StackSummary": "frame",
+    "logging.currentframe": "frame", "inspect.getmembers": "reflection", "sys.__dict__": "reflection",
     "os.__dict__": "reflection", "sys.argv": "runner-env", "sys.orig_argv": "runner-env",
     "os.environb": "runner-env", "os.getenvb": "runner-env", "os.putenv": "runner-env",
     "os.unsetenv": "runner-env", "base64.b64decode": "dynamic-code", "base64.b32decode": "dynamic-code",
@@ -319,6 +322,8 @@ class _Visitor:
                 name = fold(key) if key is not None else None
                 if name in _DUNDERS:
                     self._dunder(name, node, value)
+        elif isinstance(node, ast.keyword) and node.arg in _DUNDERS:  # locals().update(__eq__=…), dict(__eq__=…)
+            self._dunder(node.arg, node, node.value)
         elif isinstance(node, ast.Call):
             self._call(node)
         folded = fold(node) if isinstance(node, (ast.Constant, ast.BinOp, ast.JoinedStr, ast.Call, ast.Subscript)) else None
@@ -460,6 +465,9 @@ def fold(node: ast.AST | None, depth: int = 0) -> str | None:
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
         left, right = fold(node.left, depth + 1), fold(node.right, depth + 1)
         return left + right if left is not None and right is not None else None
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):  # Path("/") / "proc"
+        left, right = fold(node.left, depth + 1), fold(node.right, depth + 1)
+        return posixpath.join(left, right) if left is not None and right is not None else None
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
         left = fold(node.left, depth + 1)
         return left if left is not None and "%" in left else None  # the constant part is what names things
@@ -479,6 +487,10 @@ def _fold_call(node: ast.Call, depth: int) -> str | None:
         return chr(arg.value) if isinstance(arg, ast.Constant) and isinstance(arg.value, int) and 0 <= arg.value < 0x110000 else None
     if isinstance(node.func, ast.Name) and node.func.id == "str" and len(node.args) == 1:
         return fold(node.args[0], depth + 1)
+    if _names_a_path_join(node.func) or (isinstance(node.func, (ast.Name, ast.Attribute)) and node.args and
+                                         (node.func.id if isinstance(node.func, ast.Name) else node.func.attr) in _PATHS):
+        parts = [fold(a, depth + 1) for a in node.args]
+        return posixpath.join(*parts) if parts and all(p is not None for p in parts) else None  # type: ignore[arg-type]
     if not isinstance(node.func, ast.Attribute):
         return None
     owner = fold(node.func.value, depth + 1)
@@ -498,6 +510,18 @@ def _fold_call(node: ast.Call, depth: int) -> str | None:
         except (TypeError, ValueError):
             return None
     return None
+
+
+_PATHS = {"Path", "PurePath", "PosixPath", "PurePosixPath"}
+
+
+def _names_a_path_join(func: ast.AST) -> bool:
+    """`os.path.join`, `path.join`, `posixpath.join` (however os was imported: a join of path parts)."""
+    if not (isinstance(func, ast.Attribute) and func.attr == "join"):
+        return False
+    owner = func.value
+    return (isinstance(owner, ast.Attribute) and owner.attr == "path") or \
+        (isinstance(owner, ast.Name) and owner.id in ("path", "posixpath", "osp"))
 
 
 def _fold_slice(node: ast.Subscript, depth: int) -> str | None:
