@@ -116,7 +116,7 @@ def hours_until(segments: list[dict[str, Any]], when: float | None) -> float | N
     between sessions."""
     if when is None or not segments:
         return None
-    return sum(max(0.0, min(s["end_s"], when) - s["start_s"]) for s in segments) / 3600
+    return sum(max(0.0, min(float(s["end_s"]), when) - float(s["start_s"])) for s in segments) / 3600
 
 
 def arm_rows(run: Path) -> list[dict[str, Any]]:

@@ -301,11 +301,11 @@ class Resumed:
 
 async def measured_versions(kafka: KafkaSettings, model: str) -> frozenset[int]:
     """The versions of `model` the run's eval measured (its `eval-…` runs: a probe writes `probe-…` ones)."""
-    measured = set()
+    measured: set[int] = set()
     async for batch in scan(kafka, kafka.topics.metrics):
         for record in batch:
             try:
-                event = decode(record.value)
+                event: Event = decode(record.value or b"")
             except DecodeError:
                 continue
             if isinstance(event, EvalEvent) and event.data.model == model and event.data.run_id.startswith("eval-"):
@@ -349,10 +349,17 @@ class Recipe(Demo):
 
     def start(self, service: Service) -> Running:
         running = super().start(service)
+        self.record_services()
+        return running
+
+    def restart(self, service: Running, ended: str) -> None:
+        super().restart(service, ended)
+        self.record_services()
+
+    def record_services(self) -> None:
         path = self.out / "logs" / SERVICES_FILE
         entries = [{"name": s.name, "pid": s.process.pid, "started": start_time(s.process.pid)} for s in self.running]
         path.write_text(json.dumps(entries) + "\n")
-        return running
 
     def inference(self, model_dir: Path) -> list[ServerState]:
         """The starting weights, or a resumed run's newest checkpoint under its own version (the pool applied it,

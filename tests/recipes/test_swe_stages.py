@@ -166,38 +166,38 @@ def test_what_a_resumed_run_measures_and_what_it_reports_lost():
 @pytest.mark.slow  # two runs of the RL stage on the tiny model: ~3-6 min at load 10
 @pytest.mark.vllm
 @pytest.mark.timeout(1800)
-def test_rl_stopped_by_sigterm_resumes_its_attempt_and_versions_on_the_rerun(vllm_server, kafka_bootstrap, tmp_path,
-                                                                              monkeypatch):
+def test_rl_stopped_by_sigterm_resumes_its_attempt_and_versions_on_the_rerun(tiny_model_dirs, kafka_bootstrap,
+                                                                              tmp_path, monkeypatch):
     """The RL stage on the tiny model, SIGTERM'd once two versions are measured; the same command then goes on in the
     same attempt folder and topics: the trainer from its checkpoint (each trajectory trained once), the versions
-    measured before kept (none measured twice), the rest run to --versions. The session's tiny server serves it
-    (the glue would stop a server it reuses at the end: kept here for the next tests)."""
+    measured before kept (none measured twice), the rest run to --versions. The first run starts the vLLM server
+    (with the glue's patient timeout: a loaded machine takes minutes) and the glue's stop at its end is held back,
+    so that the rerun reuses it, reset, as a rerun of a command killed -9 would; the test stops it."""
     import asyncio
     import os
     import signal
     import threading
     import time
 
-    from agentstream.demo import reset_weights
     from agentstream.recipes.swe.task_files import build_recipe_tasks
     from agentstream.schemas.codec import decode
     from agentstream.schemas.events import EvalEvent, WeightsEvent
     from agentstream.schemas.kafka import KafkaSettings
     from agentstream.schemas.scan import scan
     from agentstream.stack.process import Stopped
-    from agentstream.stack.vllm import LocalVLLM, running_servers
+    from agentstream.stack.vllm import LocalVLLM
 
     class KeptServer(LocalVLLM):
-        def stop(self) -> bool:
+        def stop(self, grace: float = 20.0) -> bool:
             return False
 
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)
     monkeypatch.setattr(stages, "LocalVLLM", KeptServer)
-    name = next(n for n, state in running_servers().items() if state.url == vllm_server.url)
+    name = f"rlresume-{os.getpid()}"
     instances = build_recipe_tasks(tmp_path / "built", 1, 1, say=lambda _: None)[2]
     config = RunConfig(model="tiny", tasks_file=instances, stages=("tasks", "rl"), train_tasks=1, groups_per_batch=1,
                        versions=3, step_limit=2, max_tokens=16, attempt_timeout_s=180, concurrency=2,
-                       base_model=vllm_server.model_dir, out=tmp_path / "run", vllm_name=name)
+                       base_model=tiny_model_dirs[0], out=tmp_path / "run", vllm_name=name)
     attempt = tmp_path / "run" / "rl" / "run-rl-1"
 
     def measured() -> dict[str, Any]:
@@ -222,7 +222,7 @@ def test_rl_stopped_by_sigterm_resumes_its_attempt_and_versions_on_the_rerun(vll
 
         summary = run_stages(config, Console(width=160))
     finally:
-        assert reset_weights(vllm_server.url, vllm_server.model_dir)
+        LocalVLLM(name).stop()
 
     assert sorted(p.name for p in (tmp_path / "run" / "rl").iterdir() if p.is_dir()) == ["run-rl-1"], "no new attempt"
     rl = json.loads((tmp_path / "run" / "rl.json").read_text())
@@ -250,3 +250,29 @@ def test_rl_stopped_by_sigterm_resumes_its_attempt_and_versions_on_the_rerun(vll
     assert all(lineages) and len(set().union(*lineages)) == sum(map(len, lineages)), "a trajectory trained twice"
     evals = [e.data.weight_version for e in found if isinstance(e, EvalEvent)]
     assert len(evals) == len(set(evals)) and set(evals) == set(range(4)) - lost, "a version measured twice, or not"
+
+
+def test_a_rerun_stops_the_services_a_killed_command_left_running_and_no_other_process(tmp_path):
+    """A `kill -9` of the command leaves its services running (each in a session of its own): the rerun stops those
+    its services file names, and not a process that merely has a recorded pid (another start time)."""
+    import subprocess
+    import sys
+
+    from agentstream.recipes.swe.recipe import SERVICES_FILE, Recipe, RecipeConfig
+    from agentstream.stack.process import pid_alive, start_time
+
+    left = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    try:
+        recipe = Recipe(RecipeConfig(model="tiny", out=tmp_path / "attempt"), Console(width=120))
+        (recipe.out / "logs").mkdir(parents=True)
+        (recipe.out / "logs" / SERVICES_FILE).write_text(json.dumps([
+            {"name": "trainer", "pid": left.pid, "started": start_time(left.pid)},
+            {"name": "gateway", "pid": other.pid, "started": (start_time(other.pid) or 0) - 5}]))  # a reused pid
+        recipe.stop_leftovers()
+        assert left.wait(timeout=30) is not None and pid_alive(other.pid)
+        assert not (recipe.out / "logs" / SERVICES_FILE).exists()
+    finally:
+        for process in (left, other):
+            process.kill()
+            process.wait()
