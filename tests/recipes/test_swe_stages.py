@@ -163,7 +163,7 @@ def test_what_a_resumed_run_measures_and_what_it_reports_lost():
     assert cut_short.summary() == {"from_version": 3, "measured_before": [0, 1], "not_measured": [2]}
 
 
-@pytest.mark.slow  # two runs of the RL stage on the tiny model: ~3-6 min at load 10
+@pytest.mark.slow  # its own tiny vLLM server and two runs of the RL stage: 17 min at load 10-13, 10 of them the start
 @pytest.mark.vllm
 @pytest.mark.timeout(1800)
 def test_rl_stopped_by_sigterm_resumes_its_attempt_and_versions_on_the_rerun(tiny_model_dirs, kafka_bootstrap,
