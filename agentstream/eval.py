@@ -75,6 +75,8 @@ class EvalSettings(KafkaSettings):
     follow: bool = Field(False, description="evaluate the version serving now, then each new one as the pool "
                          "loads it")
     max_versions: int | None = Field(None, ge=1, description="with --follow: stop after this many versions")
+    from_version: int = Field(0, ge=0, description="with --follow: measure no version before this one (a resumed "
+                              "run's: those before it were measured, or are served no more)")
 
     @model_validator(mode="after")
     def _one_version_or_follow(self) -> EvalSettings:
@@ -327,8 +329,10 @@ async def _followed(consumer: AIOKafkaConsumer) -> AsyncIterator[list[Event]]:
         yield [event for records in batches.values() for event in _events(records)]
 
 
-async def follow_versions(kafka: KafkaSettings, model: str, wait_for_pool: bool = True) -> AsyncIterator[int]:
-    """Each weight version of `model` once the pool serves it: the current one first, then each new one."""
+async def follow_versions(kafka: KafkaSettings, model: str, wait_for_pool: bool = True,
+                          since: int = 0) -> AsyncIterator[int]:
+    """Each weight version of `model` once the pool serves it: the current one first (unless older than `since`),
+    then each new one."""
     topics = kafka.topics
     consumer = make_consumer(kafka, topics.weights, topics.pool, group_id=None)
     await consumer.start()
@@ -336,6 +340,7 @@ async def follow_versions(kafka: KafkaSettings, model: str, wait_for_pool: bool 
         published: set[int] = {0}
         served: set[int] = {0}
         done: set[int] = set()
+        caught_up = False
         caught_up_at = time.monotonic() + 2.0  # read the history first: evaluate only the latest served version
         async for events in _followed(consumer):
             for event in events:
@@ -346,8 +351,9 @@ async def follow_versions(kafka: KafkaSettings, model: str, wait_for_pool: bool 
             if time.monotonic() < caught_up_at:
                 continue
             ready = served if wait_for_pool else published
-            if not done:
-                done |= {v for v in ready if v < max(ready)}
+            if not caught_up:
+                caught_up = True
+                done |= {v for v in ready if v < max(ready) or v < since}
             for version in sorted(ready - done):
                 done.add(version)
                 yield version
@@ -364,7 +370,7 @@ async def run_eval(kafka: KafkaSettings, config: EvalSettings, version: int | No
             if version is None:
                 version = await current_version(kafka, config.model)
             return [await evaluator.evaluate(version)]
-        async for served in follow_versions(kafka, config.model):
+        async for served in follow_versions(kafka, config.model, since=config.from_version):
             results.append(await evaluator.evaluate(served))
             if max_versions is not None and len(results) >= max_versions:
                 break

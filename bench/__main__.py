@@ -44,13 +44,22 @@ BENCHMARKS = {
     "recipe_swe": "the coding recipe's rollouts per minute and where the time goes, vs. a scripted agent",
     "cluster_chaos": "the loop on three brokers, one broker, gateway, streams worker and the trainer killed -9 in turn: lost, doubled",
 }
+ON_DEMAND = {
+    "recipe_long": "the coding recipe's long run: the one command for --hours, stopped cleanly, a ledger of segments "
+                   "in its run folder; --plot: validation pass@1 by version with its interval, per arm",
+}
+"""run only when named, with their own arguments (`python -m bench recipe_long --hours 2.5 -- …`): hours, not a
+measurement `make bench` repeats"""
 
 
 def main(argv: list[str]) -> int:
+    if argv and argv[0] in ON_DEMAND:
+        print(f"== bench.{argv[0]}: {ON_DEMAND[argv[0]]}", flush=True)
+        return subprocess.run([sys.executable, "-m", f"bench.{argv[0]}", *argv[1:]]).returncode
     names = argv or list(BENCHMARKS)
     unknown = [name for name in names if name not in BENCHMARKS]
     if unknown:
-        print(f"unknown benchmark(s) {unknown}; choose from: {', '.join(BENCHMARKS)}", file=sys.stderr)
+        print(f"unknown benchmark(s) {unknown}; choose from: {', '.join([*BENCHMARKS, *ON_DEMAND])}", file=sys.stderr)
         return 2
     failed = []
     for name in names:

@@ -79,11 +79,17 @@ class Progress:
         return table
 
 
+Interval = Sequence[float] | None
+"""(low, high) of a value, or None where it has none"""
+
+
 def plot_by_version(path: Path, title: str, versions: list[int], lines: Mapping[str, Sequence[float | None]],
                     ylabel: str | None = None, ylim: tuple[float, float] = (-0.05, 1.05),
-                    decorate: Callable[[Any], None] | None = None) -> None:
-    """One line per entry of `lines` (label → a value per version; unlabelled: no legend) into a PNG;
-    `decorate(axis)` adds to the axes last (markers, its own legend)."""
+                    decorate: Callable[[Any], None] | None = None,
+                    intervals: Mapping[str, Sequence[Interval]] | None = None) -> None:
+    """One line per entry of `lines` (label → a value per version; unlabelled: no legend) into a PNG, each with its
+    band where `intervals` gives one (label → a (low, high) per version, e.g. a 95 % interval); `decorate(axis)`
+    adds to the axes last (markers, its own legend)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -91,8 +97,12 @@ def plot_by_version(path: Path, title: str, versions: list[int], lines: Mapping[
 
     figure, axis = plt.subplots(figsize=(7, 4))
     for (label, values), marker in zip(lines.items(), "os^v"):
-        axis.plot(versions, [float("nan") if value is None else value for value in values], marker=marker,
-                  label=label or None)
+        [line] = axis.plot(versions, [float("nan") if value is None else value for value in values], marker=marker,
+                           label=label or None)
+        if bands := (intervals or {}).get(label):
+            low = [float("nan") if band is None else band[0] for band in bands]
+            high = [float("nan") if band is None else band[1] for band in bands]
+            axis.fill_between(versions, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
     axis.set_xlabel("weight version")
     if ylabel:
         axis.set_ylabel(ylabel)

@@ -326,13 +326,14 @@ class Demo:
         return bool(last and last.published_at is not None and len(last.rewards) >= self.config.batch)
 
 
-def reset_weights(url: str, model_dir: Path) -> bool:
-    """Load the folder's weights into a running server as version 0; False if the server refuses."""
+def reset_weights(url: str, model_dir: Path, version: int = 0) -> bool:
+    """Load the folder's weights into a running server as `version` (0: the starting weights; a resumed run's
+    latest checkpoint: its own); False if the server refuses."""
     steps: list[tuple[str, dict[str, Any]]] = [
         ("/pause", {"params": {"mode": "keep"}}),
         ("/collective_rpc", {"json": {"method": "reload_weights", "kwargs": {"weights_path": str(model_dir)}}}),
         ("/reset_prefix_cache", {}),
-        ("/update_weight_version", {"json": {"new_version": "0"}}),
+        ("/update_weight_version", {"json": {"new_version": str(version)}}),
         ("/resume", {})]
     try:
         with httpx.Client(base_url=url, timeout=600) as client:

@@ -34,17 +34,20 @@ from agentstream.demo.loop import Loop, Stack
 from agentstream.demo.overrides import given, overridden
 from agentstream.demo.progress import Progress as DemoProgress
 from agentstream.demo.progress import VersionRow, plot_by_version
-from agentstream.demo.run import Demo, StackConfig, run_folder, run_to_summary
+from agentstream.demo.run import STOP_GRACE_S, Demo, Running, StackConfig, reset_weights, run_folder, run_to_summary
 from agentstream.eval import EvalSettings, pass_at_1_interval
 from agentstream.recipes.swe.grade_service import GradeSettings
 from agentstream.recipes.swe.models import SweModel, build_base_model, model_defaults
 from agentstream.recipes.swe.task_files import build_recipe_tasks, probed_task_files
+from agentstream.schemas.codec import DecodeError, decode
 from agentstream.schemas.events import EvalEvent, Event, PoolUpdateEvent, RewardEvent, TrajectoryEvent, WeightsEvent
 from agentstream.schemas.kafka import KafkaSettings
+from agentstream.schemas.scan import scan
 from agentstream.stack import StackError
-from agentstream.stack.process import free_port
+from agentstream.stack.process import ServerState, free_port, start_time, stop_pid
 from agentstream.stack.service import Service
 from agentstream.streams.settings import StreamsSettings
+from agentstream.trainer.checkpoint import Checkpoint, CheckpointStore
 from agentstream.trainer.settings import TrainerSettings
 
 HARNESS = f"{sys.executable} -m agentstream.recipes.swe.harness"
@@ -159,6 +162,8 @@ class RecipeRow(VersionRow):
     pass_at_k: float | None = None
     eval_samples: int | None = None
     eval_unscored: dict[str, int] = field(default_factory=dict)
+    measured_at: float | None = None
+    """when its eval event was written (seconds since the epoch): the long run's hours by version"""
 
     @property
     def signal_share(self) -> float | None:
@@ -202,6 +207,7 @@ class Progress(DemoProgress):
             row.pass_at_1, row.pass_at_k = event.data.pass_at_1, event.data.pass_at_k
             row.pass_at_1_interval = pass_at_1_interval(event.data.per_task, event.data.threshold)
             row.eval_samples, row.eval_unscored = event.data.samples, event.data.unscored
+            row.measured_at = event.time / 1000
 
     def take_trajectory(self, event: TrajectoryEvent) -> None:
         data, rollout = event.data, event.rollout_id or event.id
@@ -256,11 +262,63 @@ def _with_interval(value: float | None, interval: tuple[float, float] | None) ->
 # --- tasks -------------------------------------------------------------------------------------
 
 
+# --- resuming: what an interrupted run left in its folder and on its topics ---------------------
+
+
+SERVICES_FILE = "services.json"
+"""the run's service processes (name, pid, start time), in its logs folder: a rerun after a kill -9 of the command,
+whose services outlived it, stops them before it starts its own"""
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """Where a run in the same folder (its topic prefix) stopped. The trainer resumes from its newest checkpoint
+    (weights, optimizer state, and its ledger of the trajectories it trained on); the pool serves that version
+    again; the controller reads its rollouts topic and launches what was not done; the eval measures the versions
+    not measured yet. A version the trainer had replaced while its eval was cut short is served no more: it stays
+    unmeasured (`lost`). A fresh folder: version 0, nothing measured."""
+
+    checkpoint: Checkpoint | None = None
+    measured: frozenset[int] = frozenset()
+    """the versions with an eval event on the run's metrics topic"""
+
+    @property
+    def version(self) -> int:
+        return self.checkpoint.version if self.checkpoint else 0
+
+    @property
+    def from_version(self) -> int:
+        """the first version the eval measures: the served one unless measured already"""
+        return self.version + 1 if self.version in self.measured else self.version
+
+    @property
+    def lost(self) -> list[int]:
+        return [v for v in range(self.from_version) if v not in self.measured]
+
+    def summary(self) -> dict[str, Any]:
+        return {"from_version": self.version, "measured_before": sorted(self.measured), "not_measured": self.lost}
+
+
+async def measured_versions(kafka: KafkaSettings, model: str) -> frozenset[int]:
+    """The versions of `model` the run's eval measured (its `eval-…` runs: a probe writes `probe-…` ones)."""
+    measured: set[int] = set()
+    async for batch in scan(kafka, kafka.topics.metrics):
+        for record in batch:
+            try:
+                event: Event = decode(record.value or b"")
+            except DecodeError:
+                continue
+            if isinstance(event, EvalEvent) and event.data.model == model and event.data.run_id.startswith("eval-"):
+                measured.add(event.data.weight_version)
+    return frozenset(measured)
+
+
 # --- the run ----------------------------------------------------------------------------------
 
 
 class Recipe(Demo):
-    """The demo's stack and process handling, with the coding recipe's services."""
+    """The demo's stack and process handling, with the coding recipe's services; a run in a folder that holds an
+    interrupted one resumes it (`Resumed`)."""
 
     config: RecipeConfig
     starting = "Starting the local stack and building tasks…"
@@ -269,9 +327,70 @@ class Recipe(Demo):
         super().__init__(config, console)
         self.progress: Progress = Progress(config)
         self.served = config.model
+        self.resumed = Resumed()
+        self.measured_count = 0
 
     def prepare(self) -> None:
+        self.stop_leftovers()
         self.tasks = self.task_files()
+        self.resumed = Resumed(CheckpointStore(self.out / "checkpoints").latest())
+
+    # --- resuming
+
+    def stop_leftovers(self) -> None:
+        """Services of an earlier run in this folder still running (its command was killed -9): stopped, or they
+        would train and launch on beside this run's (one is the same process if its start time is)."""
+        path = self.out / "logs" / SERVICES_FILE
+        for entry in json.loads(path.read_text()) if path.exists() else []:
+            if start_time(entry["pid"]) == entry["started"]:
+                self.say(f"stopping the {entry['name']} (pid {entry['pid']}) an earlier run left running")
+                stop_pid(entry["pid"], grace=STOP_GRACE_S)
+        path.unlink(missing_ok=True)
+
+    def start(self, service: Service) -> Running:
+        running = super().start(service)
+        self.record_services()
+        return running
+
+    def restart(self, service: Running, ended: str) -> None:
+        super().restart(service, ended)
+        self.record_services()
+
+    def record_services(self) -> None:
+        path = self.out / "logs" / SERVICES_FILE
+        entries = [{"name": s.name, "pid": s.process.pid, "started": start_time(s.process.pid)} for s in self.running]
+        path.write_text(json.dumps(entries) + "\n")
+
+    def inference(self, model_dir: Path) -> list[ServerState]:
+        """The starting weights, or a resumed run's newest checkpoint under its own version (the pool applied it,
+        or will find it served when the trainer announces it)."""
+        servers = super().inference(model_dir)
+        if (checkpoint := self.resumed.checkpoint) is not None:
+            self.say(f"resuming {self.out.name} from its checkpoint v{checkpoint.version} ({checkpoint.path})")
+            if not reset_weights(servers[0].url, Path(checkpoint.event.data.uri), checkpoint.version):
+                raise StackError(f"the vLLM server at {servers[0].url} did not load {checkpoint.event.data.uri}")
+        return servers
+
+    async def launch(self, stack: Stack) -> None:
+        measured = await measured_versions(stack.kafka, self.served)
+        self.resumed = resumed = Resumed(self.resumed.checkpoint, measured)
+        if measured or resumed.checkpoint is not None:
+            self.say(f"resumed: trainer at v{resumed.version}, versions measured before {sorted(measured)}, the eval "
+                     f"goes on from v{resumed.from_version}" + (f"; {resumed.lost} were replaced before their eval "
+                                                                 "ended: not measured" if resumed.lost else ""))
+        if not self.training_left() and "trainer" in self.config.flags:  # no trainer to take them
+            self.config = self.config.model_copy(update={"flags": {
+                name: flags for name, flags in self.config.flags.items() if name != "trainer"}})
+        await super().launch(stack)
+
+    def training_left(self) -> int:
+        return max(0, self.config.versions - self.resumed.version)
+
+    def run_id(self) -> str | None:
+        """The controller's run to resume: the one its attempt logs are under (a larger --versions plans more epochs
+        of the same run: its rollouts done so far stay done); None for a fresh run."""
+        runs = sorted(path.name for path in (self.out / "attempts").glob("run-*") if path.is_dir())
+        return runs[0] if len(runs) == 1 else None
 
     def task_files(self) -> tuple[Path, Path, Path]:
         """(train tasks, validation tasks, instances for the grader): given, or built."""
@@ -313,31 +432,38 @@ class Recipe(Demo):
     def loop(self, stack: Stack) -> RecipeLoop:
         config, out, (train, validation, _) = self.config, stack.out, self.tasks
         harness, grading = self.harness(stack).env(), self.grading(stack)
+        resumed, to_measure = self.resumed, config.versions + 1 - self.resumed.from_version
+        # a resumed trainer publishes the versions left (`max_versions` counts this process's); none left: no trainer
+        trainer = stack.settings(
+            TrainerSettings, model=self.served, base_model=stack.model_dir, checkpoint_dir=out / "checkpoints",
+            group_size=config.group_size, groups_per_batch=config.groups_per_batch, min_group_size=1,
+            max_staleness=1, max_versions=self.training_left(), keep_checkpoints=2,
+            **given(config.spec.trainer)) if self.training_left() else None
         return RecipeLoop(
-            gateway=grading.gateway, streams=grading.streams, grader=grading.grader,
-            trainer=stack.settings(
-                TrainerSettings, model=self.served, base_model=stack.model_dir, checkpoint_dir=out / "checkpoints",
-                group_size=config.group_size, groups_per_batch=config.groups_per_batch, min_group_size=1,
-                max_staleness=1, max_versions=config.versions, keep_checkpoints=2,
-                **given(config.spec.trainer)),
+            gateway=grading.gateway, streams=grading.streams, grader=grading.grader, trainer=trainer,
             eval=stack.settings(
-                EvalSettings, tasks=validation, agent=HARNESS, follow=True, max_versions=config.versions + 1,
-                samples=config.eval_samples, out=out / "eval", gateway_url=stack.gateway_url,
-                token_secret=stack.token_secret, model=self.served, timeout_s=config.attempt_timeout_s,
-                concurrency=config.concurrency, agent_env=harness),
+                EvalSettings, tasks=validation, agent=HARNESS, follow=True, max_versions=to_measure,
+                from_version=resumed.from_version, samples=config.eval_samples, out=out / "eval",
+                gateway_url=stack.gateway_url, token_secret=stack.token_secret, model=self.served,
+                timeout_s=config.attempt_timeout_s, concurrency=config.concurrency,
+                agent_env=harness) if to_measure > 0 else None,
             controller=stack.controller(
                 tasks=train, agent=HARNESS, samples=config.group_size, epochs=config.versions, shuffle=False,
                 max_staleness=0, train_batch_size=config.batch, max_attempts=1, logs_dir=out / "attempts",
-                model=self.served, timeout_s=config.attempt_timeout_s, concurrency=config.concurrency),
+                run_id=self.run_id(), model=self.served, timeout_s=config.attempt_timeout_s,
+                concurrency=config.concurrency),
             agent_env=harness)
 
     async def follow(self, kafka: KafkaSettings) -> None:
-        """Until every version has its eval."""
-        wanted = set(range(self.config.versions + 1))
+        """Until every version has its eval (a resumed run's: every version from the one it resumed measuring);
+        each version measured is written to the run folder as it comes (`write_versions`)."""
+        wanted = set(range(self.resumed.from_version, self.config.versions + 1))
         eval_ended: float | None = None
 
         async def done(fetched: bool) -> bool:
             nonlocal eval_ended
+            if len(self.progress.evaluated()) != self.measured_count:
+                self.write_versions()
             if wanted <= self.progress.evaluated():
                 return True
             if self.service_done("eval"):
@@ -351,30 +477,45 @@ class Recipe(Demo):
         await self.watch(kafka, [topics.trajectories, topics.weights, topics.pool, topics.metrics, topics.rewards],
                          done, refresh_per_second=1)
 
+    def write_versions(self) -> None:
+        """The rows by version so far into `versions.json`: what a run stopped before its summary measured."""
+        self.measured_count = len(self.progress.evaluated())
+        rows = per_version(self.progress, self.config)
+        path = self.out / "versions.json"
+        path.with_suffix(".partial").write_text(json.dumps(rows, indent=2) + "\n")
+        path.with_suffix(".partial").replace(path)
+
 
 # --- the summary ----------------------------------------------------------------------------
 
 
-def summary(progress: Progress, config: RecipeConfig, console: Console, elapsed_s: float) -> dict[str, Any]:
-    per_version = {}
+def per_version(progress: Progress, config: RecipeConfig) -> dict[int, dict[str, Any]]:
+    rows = {}
     for version, row in progress.recipe_rows().items():
         mean = sum(row.train_rewards) / len(row.train_rewards) if row.train_rewards else None
-        per_version[version] = {"train_rollouts": len(row.train_rewards) + row.train_unscored,
-                                "train_reward_mean": mean, "train_unscored": row.train_unscored,
-                                "trained_on": row.trained_on, "swap_pause_ms": row.pause_ms,
-                                "train_groups": len(row.groups), "train_groups_with_signal_share": row.signal_share,
-                                "end_reasons": dict(row.end_reasons.most_common()), "graded": row.graded,
-                                "flagged_share": row.flagged_share,
-                                "validation_pass_at_1": row.pass_at_1,
-                                "validation_pass_at_1_interval_95": row.pass_at_1_interval,
-                                f"validation_pass_at_{config.eval_samples}": row.pass_at_k,
-                                "validation_samples": row.eval_samples, "validation_unscored": row.eval_unscored}
+        rows[version] = {"train_rollouts": len(row.train_rewards) + row.train_unscored,
+                         "train_reward_mean": mean, "train_unscored": row.train_unscored,
+                         "trained_on": row.trained_on, "swap_pause_ms": row.pause_ms,
+                         "train_groups": len(row.groups), "train_groups_with_signal_share": row.signal_share,
+                         "end_reasons": dict(row.end_reasons.most_common()), "graded": row.graded,
+                         "flagged_share": row.flagged_share,
+                         "validation_pass_at_1": row.pass_at_1,
+                         "validation_pass_at_1_interval_95": row.pass_at_1_interval,
+                         f"validation_pass_at_{config.eval_samples}": row.pass_at_k,
+                         "validation_samples": row.eval_samples, "validation_unscored": row.eval_unscored,
+                         "validation_measured_at": row.measured_at}
+    return rows
+
+
+def summary(progress: Progress, config: RecipeConfig, console: Console, elapsed_s: float,
+            resumed: Resumed | None = None) -> dict[str, Any]:
     trainer = progress.loop.trainer if progress.loop and progress.loop.trainer else config.trainer()
     result = {"model": config.model, "versions": config.versions, "train_tasks": config.train_tasks,
               "validation_tasks": config.validation_tasks, "group_size": config.group_size,
               "batch": config.batch, "step_limit": config.step_limit, "max_tokens": config.max_tokens,
               "max_seq_len": trainer.max_seq_len, "lora_rank": trainer.lora_rank, "lr": trainer.lr,
-              "wall_time_s": round(elapsed_s, 1), "per_version": per_version}
+              "wall_time_s": round(elapsed_s, 1), "per_version": per_version(progress, config),
+              "attempt": config.out.resolve().name, "resumed": (resumed or Resumed()).summary()}
     out = config.out.resolve()
     (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
     plot(progress, out / "recipe.png")
@@ -393,4 +534,7 @@ def plot(progress: Progress, path: Path) -> None:
 
 
 def run_recipe(config: RecipeConfig, console: Console | None = None) -> dict[str, Any]:
-    return run_to_summary(Recipe(config, console or Console()), summary)
+    """The run, or the rest of an interrupted one in the same folder (`Resumed`), then its summary."""
+    recipe = Recipe(config, console or Console())
+    return run_to_summary(recipe, lambda progress, config, console, elapsed: summary(
+        progress, config, console, elapsed, recipe.resumed))

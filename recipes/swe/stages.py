@@ -10,7 +10,9 @@ The run folder is a default under AGENTSTREAM_HOME named after the command's set
 command finds the same folder. A stage that ended wrote `<stage>.json` there and is skipped on a rerun; an
 interrupted stage runs again in a fresh attempt folder (its topics a fresh prefix, so nothing of the interrupted
 attempt is counted twice), except the SFT, whose trainer resumes from its last checkpoint (its ledger skips what it
-trained on). The stage glue starts what the stages share and stops it at the end: the local Kafka broker (unless
+trained on), and RL, which goes on in its attempt folder (`recipe.Resumed`: the trainer from its checkpoint, the
+versions measured kept, the rest run to `--versions`); a finished RL stage with fewer versions than `--versions`
+(rl.json's `versions`) goes on the same way: a long run grows its horizon from one session to the next. The stage glue starts what the stages share and stops it at the end: the local Kafka broker (unless
 KAFKA_BOOTSTRAP_SERVERS names one) and one vLLM server, reset between stages that serve the same weights. A service
 that dies mid-stage is started again if it resumes by itself (the grader, the streams worker), else ends the stage
 at once saying how (`Demo.check_alive`); a SIGTERM or Ctrl-C stops everything the run started (`stopping_on_signals`).
@@ -163,6 +165,23 @@ class Stages:
         n = 1 + sum(1 for _ in folder.glob(f"{self.root.name}-{stage}-*"))
         return folder / f"{self.root.name}-{stage}-{n}"
 
+    def last_attempt(self, stage: str) -> Path | None:
+        """The newest attempt folder at `stage`, if one was made."""
+        attempts = [(int(m.group(1)), path) for path in (self.root / stage).glob(f"{self.root.name}-{stage}-*")
+                    if path.is_dir() and (m := re.fullmatch(rf"{re.escape(self.root.name)}-{stage}-(\d+)", path.name))]
+        return max(attempts)[1] if attempts else None
+
+    def rl_attempt(self) -> Path:
+        """RL's folder: the interrupted (or shorter) attempt's, which it resumes (`recipe.Resumed`), else a fresh one."""
+        return self.last_attempt("rl") or self.attempt("rl")
+
+    def done(self, stage: str) -> dict[str, Any] | None:
+        """The stage's result if it is done: RL is not while it measured fewer versions than `--versions` asks."""
+        found = self.result(stage)
+        if stage == "rl" and found is not None and int(found.get("versions", 0)) < self.config.versions:
+            return None
+        return found
+
     # --- the run --------------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
@@ -172,7 +191,7 @@ class Stages:
         # a SIGTERM as a Ctrl-C: every service a stage started is stopped on the way out, the run folder resumable
         with stopping_on_signals(), self.shared():
             for n, stage in enumerate(chosen, start=1):
-                if (done := self.result(stage)) is not None:
+                if (done := self.done(stage)) is not None:
                     self.console.print(f"[{n}/{len(chosen)}] {stage}: done earlier ({describe(stage, done)}), skipped")
                     continue
                 self.console.rule(f"[{n}/{len(chosen)}] {stage} · {self.plan(stage)} · {self.eta(chosen[n - 1:])}")
@@ -232,10 +251,11 @@ class Stages:
         rewarded = (self.result("demonstrate") or {}).get("rewarded", demonstrated)
         rl_train = min(self.config.train_tasks, train)
         group = self.config.group_size or model_defaults(self.config.model).group_size
+        trained, measured = self.rl_progress()
         return {"baseline": validation * self.config.eval_samples, "demonstrate": demonstrated,
                 "probe": train * self.config.probe_k,
-                "rl": self.config.versions * (self.config.groups_per_batch * group)
-                      + (self.config.versions + 1) * validation * self.config.eval_samples,
+                "rl": max(0, self.config.versions - trained) * (self.config.groups_per_batch * group)
+                      + max(0, self.config.versions + 1 - measured) * validation * self.config.eval_samples,
                 "sft": rewarded, "tasks": self.config.limit, "_rl_train": rl_train}
 
     def plan(self, stage: str) -> str:
@@ -245,7 +265,35 @@ class Stages:
                 "demonstrate": f"{n['demonstrate']} demonstrations by {self.config.teacher.partition('=')[0]}",
                 "sft": f"SFT on {n['sft']} demonstrations",
                 "probe": f"{n['probe']} attempts of the warm start on train tasks",
-                "rl": f"{self.config.versions} versions: {n['rl']} attempts"}[stage]
+                "rl": self.rl_plan(n["rl"])}[stage]
+
+    def rl_progress(self) -> tuple[int, int]:
+        """(the version RL's trainer checkpointed, the versions measured) in the attempt RL resumes; (0, 0) fresh."""
+        from agentstream.trainer.checkpoint import CheckpointStore
+
+        folder = self.last_attempt("rl")
+        if folder is None:
+            return 0, 0
+        latest = CheckpointStore(folder / "checkpoints").latest()
+        trained = latest.version if latest else 0
+        versions = folder / "versions.json"  # written as each version is measured (older attempts have none)
+        if versions.exists():
+            rows = json.loads(versions.read_text())
+        elif finished := self.result("rl"):
+            rows = finished["per_version"]
+        else:  # the eval measures right behind the trainer: every version before its newest, as far as the plan says
+            return trained, trained
+        return trained, sum(1 for row in rows.values() if row["validation_pass_at_1"] is not None)
+
+    def rl_plan(self, attempts: int) -> str:
+        wanted, folder = self.config.versions, self.last_attempt("rl")
+        if folder is None:
+            return f"{wanted} versions: {attempts} attempts"
+        trained, measured = self.rl_progress()
+        why = ("interrupted" if self.result("rl") is None
+               else f"rl.json has {(self.result('rl') or {}).get('versions')} versions < --versions {wanted}")
+        return (f"continuing {folder.name} ({why}) from its checkpoint v{trained}, {measured} versions measured: "
+                f"{max(0, wanted - trained)} more to v{wanted}, {attempts} attempts")
 
     def eta(self, stages: list[str]) -> str:
         """Seconds left: each remaining stage's attempts (or demonstrations trained on) at this run's measured
@@ -302,7 +350,8 @@ def describe(stage: str, result: dict[str, Any]) -> str:
     if stage == "sft":
         return f"checkpoint {result['checkpoint']} from {result['demonstrations']} demonstrations"
     if stage == "rl":
-        return f"{len(result['per_version'])} versions measured"
+        measured = sum(1 for row in result["per_version"].values() if row["validation_pass_at_1"] is not None)
+        return f"{measured} versions measured"
     interval = result.get("pass_at_1_interval_95") or (0.0, 0.0)
     return (f"pass@1 {result['pass_at_1']:.3f} [{interval[0]:.2f}, {interval[1]:.2f}] over {result['attempts']} "
             "attempts")
@@ -455,7 +504,7 @@ def rl_stage(run: Stages) -> dict[str, Any]:
     """GRPO from the warm start, each version (v0: the warm start) measured on every validation task."""
     from agentstream.recipes.swe.recipe import RecipeConfig, RecipeLoop, run_recipe
 
-    config, folder = run.config, run.attempt("rl")
+    config, folder = run.config, run.rl_attempt()
     instances = read_instances(Path(run.need("tasks")["instances"]))
     train = [i for i in instances if i.split == "train"][:config.train_tasks]
     if probed := run.result("probe"):
@@ -467,7 +516,7 @@ def rl_stage(run: Stages) -> dict[str, Any]:
             run.console.print("[yellow]the probe found no train task with mixed results: GRPO has no signal on "
                               "these (probe with a larger --probe-k, or a stronger warm start)[/yellow]")
     validation = [i for i in instances if i.split == "validation"]
-    train_file, validation_file, instances_file = write_task_files(train + validation, folder / "tasks")
+    train_file, validation_file, instances_file = attempt_tasks(folder / "tasks", train + validation)
     services = tuple(name for name in RecipeLoop.settings_types())
     recipe = RecipeConfig(**config.common(), tasks=train_file, validation_tasks_file=validation_file,
                           instances=instances_file, train_tasks=len(train), validation_tasks=len(validation),
@@ -478,9 +527,20 @@ def rl_stage(run: Stages) -> dict[str, Any]:
                                                   "groups_per_batch": recipe.groups_per_batch})
     check_memory(trainer, warm_start(run), "trainer")
     result = run_recipe(recipe, run.console)
-    if any(row["validation_pass_at_1"] is None for row in result["per_version"].values()):
+    lost = set(result["resumed"]["not_measured"])  # replaced while an interrupted eval measured them: said, not failed
+    if any(row["validation_pass_at_1"] is None and int(version) not in lost
+           for version, row in result["per_version"].items()):
         raise StackError(f"a version was not measured on the validation tasks (see {folder})")
     return result
+
+
+def attempt_tasks(folder: Path, chosen: list[Instance]) -> tuple[Path, Path, Path]:
+    """The attempt's task files: those a resumed attempt wrote (its controller's run is named after their bytes),
+    else the chosen tasks'."""
+    files = folder / "train.jsonl", folder / "validation.jsonl", folder / "instances.jsonl"
+    if all(path.exists() for path in files) and (folder / "index.jsonl").exists():
+        return files
+    return write_task_files(chosen, folder)
 
 
 STAGE_RUNS: dict[str, Callable[[Stages], dict[str, Any]]] = {

@@ -123,3 +123,156 @@ def test_every_stage_on_smollm2_then_a_rerun_skips_them_all(kafka_bootstrap, tmp
     again = run_stages(config, Console(width=160))
     assert {path: path.stat().st_mtime_ns for path in before} == before, "a rerun runs no stage again"
     assert again["pass_at_1_by_version"] == summary["pass_at_1_by_version"]
+
+
+def test_rl_goes_on_in_its_attempt_folder_when_interrupted_or_asked_for_more_versions(tmp_path):
+    """The glue alone: RL resumes its newest attempt (not a fresh one) unless none was made, and a finished RL stage
+    with fewer versions than --versions is not done; the plan line says which and from where."""
+    config = RunConfig(model="tiny", versions=4, out=tmp_path / "run")
+    run = Stages(config, Console(width=120))
+    assert run.rl_attempt().name == "run-rl-1" and run.done("rl") is None
+    assert run.plan("rl").startswith("4 versions:"), "a fresh RL stage continues nothing"
+
+    for n in (1, 2, 10):  # attempts sort by number, not by name
+        (tmp_path / "run" / "rl" / f"run-rl-{n}").mkdir(parents=True)
+    assert run.rl_attempt().name == "run-rl-10"
+    assert run.plan("rl").startswith("continuing run-rl-10 (interrupted) from its checkpoint v0, 0 versions measured:")
+
+    (tmp_path / "run" / "rl" / "run-rl-10" / "versions.json").write_text(json.dumps({
+        "0": {"validation_pass_at_1": 0.5}, "1": {"validation_pass_at_1": None}}))
+    run.save("rl", {"versions": 2, "per_version": {}})
+    assert run.done("rl") is None, "2 versions of 4: the long run grows its horizon"
+    assert "(rl.json has 2 versions < --versions 4)" in run.plan("rl") and "1 versions measured" in run.plan("rl")
+    assert Stages(config.model_copy(update={"versions": 2}), Console()).done("rl") == {"versions": 2, "per_version": {}}
+
+
+def test_what_a_resumed_run_measures_and_what_it_reports_lost():
+    from agentstream.recipes.swe.recipe import Resumed
+
+    fresh = Resumed()
+    assert (fresh.version, fresh.from_version, fresh.lost) == (0, 0, [])
+
+    class Latest:  # a checkpoint's version is all `Resumed` reads of it
+        version = 3
+
+    measured_the_last = Resumed(Latest(), frozenset({0, 1, 2, 3}))  # type: ignore[arg-type]
+    assert (measured_the_last.from_version, measured_the_last.lost) == (4, [])
+    # v2 was being measured when v3 replaced it on the server: v3 is measured next, v2 never can be
+    cut_short = Resumed(Latest(), frozenset({0, 1}))  # type: ignore[arg-type]
+    assert (cut_short.from_version, cut_short.lost) == (3, [2])
+    assert cut_short.summary() == {"from_version": 3, "measured_before": [0, 1], "not_measured": [2]}
+
+
+@pytest.mark.slow  # its own tiny vLLM server and two runs of the RL stage: 17 min at load 10-13, 10 of them the start
+@pytest.mark.vllm
+@pytest.mark.timeout(1800)
+def test_rl_stopped_by_sigterm_resumes_its_attempt_and_versions_on_the_rerun(tiny_model_dirs, kafka_bootstrap,
+                                                                              tmp_path, monkeypatch):
+    """The RL stage on the tiny model, SIGTERM'd once two versions are measured; the same command then goes on in the
+    same attempt folder and topics: the trainer from its checkpoint (each trajectory trained once), the versions
+    measured before kept (none measured twice), the rest run to --versions. The first run starts the vLLM server
+    (with the glue's patient timeout: a loaded machine takes minutes) and the glue's stop at its end is held back,
+    so that the rerun reuses it, reset, as a rerun of a command killed -9 would; the test stops it."""
+    import asyncio
+    import os
+    import signal
+    import threading
+    import time
+
+    from agentstream.recipes.swe.task_files import build_recipe_tasks
+    from agentstream.schemas.codec import decode
+    from agentstream.schemas.events import EvalEvent, WeightsEvent
+    from agentstream.schemas.kafka import KafkaSettings
+    from agentstream.schemas.scan import scan
+    from agentstream.stack.process import Stopped
+    from agentstream.stack.vllm import LocalVLLM
+
+    class KeptServer(LocalVLLM):
+        def stop(self, grace: float = 20.0) -> bool:
+            return False
+
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)
+    monkeypatch.setattr(stages, "LocalVLLM", KeptServer)
+    name = f"rlresume-{os.getpid()}"
+    instances = build_recipe_tasks(tmp_path / "built", 1, 1, say=lambda _: None)[2]
+    config = RunConfig(model="tiny", tasks_file=instances, stages=("tasks", "rl"), train_tasks=1, groups_per_batch=1,
+                       versions=3, step_limit=2, max_tokens=16, attempt_timeout_s=180, concurrency=2,
+                       base_model=tiny_model_dirs[0], out=tmp_path / "run", vllm_name=name)
+    attempt = tmp_path / "run" / "rl" / "run-rl-1"
+
+    def measured() -> dict[str, Any]:
+        path = attempt / "versions.json"
+        rows = json.loads(path.read_text()) if path.exists() else {}
+        return {v: row for v, row in rows.items() if row["validation_pass_at_1"] is not None}
+
+    def stop_after_two_versions() -> None:
+        deadline = time.monotonic() + 1200
+        while len(measured()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)  # polling a file another process writes: the condition, with a deadline
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    watcher = threading.Thread(target=stop_after_two_versions, daemon=True)
+    watcher.start()
+    try:
+        with pytest.raises(Stopped):
+            run_stages(config, Console(width=160))
+        watcher.join()
+        before = measured()
+        assert len(before) >= 2 and not (tmp_path / "run" / "rl.json").exists(), "stopped before the stage ended"
+
+        summary = run_stages(config, Console(width=160))
+    finally:
+        LocalVLLM(name).stop()
+
+    assert sorted(p.name for p in (tmp_path / "run" / "rl").iterdir() if p.is_dir()) == ["run-rl-1"], "no new attempt"
+    rl = json.loads((tmp_path / "run" / "rl.json").read_text())
+    assert rl["attempt"] == "run-rl-1" and rl["resumed"]["from_version"] >= 1, rl["resumed"]
+    lost = set(rl["resumed"]["not_measured"])
+    assert set(rl["per_version"]) >= {"0", "1", "2", "3"}
+    for version, row in before.items():  # measured once, before the stop: the same figures, the same time
+        assert rl["per_version"][version]["validation_measured_at"] == row["validation_measured_at"]
+        assert rl["per_version"][version]["validation_pass_at_1"] == row["validation_pass_at_1"]
+    assert all(rl["per_version"][str(v)]["validation_pass_at_1"] is not None for v in range(4) if v not in lost)
+    assert [row["version"] for row in summary["pass_at_1_by_version"]] == [0, 1, 2, 3]
+
+    async def events() -> list[Any]:
+        kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic_prefix="run-rl-1.")
+        found = []
+        for topic in (kafka.topics.weights, kafka.topics.metrics):
+            async for batch in scan(kafka, topic):
+                found += [decode(record.value) for record in batch]
+        return found
+
+    found = asyncio.run(events())
+    weights = {e.id: e for e in found if isinstance(e, WeightsEvent)}  # a checkpoint announced again: one id
+    assert sorted(e.data.version for e in weights.values()) == [1, 2, 3], "each version trained once"
+    lineages = [set(e.data.lineage) for e in weights.values()]
+    assert all(lineages) and len(set().union(*lineages)) == sum(map(len, lineages)), "a trajectory trained twice"
+    evals = [e.data.weight_version for e in found if isinstance(e, EvalEvent)]
+    assert len(evals) == len(set(evals)) and set(evals) == set(range(4)) - lost, "a version measured twice, or not"
+
+
+def test_a_rerun_stops_the_services_a_killed_command_left_running_and_no_other_process(tmp_path):
+    """A `kill -9` of the command leaves its services running (each in a session of its own): the rerun stops those
+    its services file names, and not a process that merely has a recorded pid (another start time)."""
+    import subprocess
+    import sys
+
+    from agentstream.recipes.swe.recipe import SERVICES_FILE, Recipe, RecipeConfig
+    from agentstream.stack.process import pid_alive, start_time
+
+    left = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    try:
+        recipe = Recipe(RecipeConfig(model="tiny", out=tmp_path / "attempt"), Console(width=120))
+        (recipe.out / "logs").mkdir(parents=True)
+        (recipe.out / "logs" / SERVICES_FILE).write_text(json.dumps([
+            {"name": "trainer", "pid": left.pid, "started": start_time(left.pid)},
+            {"name": "gateway", "pid": other.pid, "started": (start_time(other.pid) or 0) - 5}]))  # a reused pid
+        recipe.stop_leftovers()
+        assert left.wait(timeout=30) is not None and pid_alive(other.pid)
+        assert not (recipe.out / "logs" / SERVICES_FILE).exists()
+    finally:
+        for process in (left, other):
+            process.kill()
+            process.wait()
