@@ -163,7 +163,9 @@ def test_what_a_resumed_run_measures_and_what_it_reports_lost():
     assert cut_short.summary() == {"from_version": 3, "measured_before": [0, 1], "not_measured": [2]}
 
 
-@pytest.mark.slow  # its own tiny vLLM server and two runs of the RL stage: 17 min at load 10-13, 10 of them the start
+# its own tiny vLLM server (kept across the two runs of the RL stage, so not the session's): 17 min at load 10-13, 10
+# of them the start; `make heavy`, not `make test`, keeps CI's budget
+@pytest.mark.heavy
 @pytest.mark.vllm
 @pytest.mark.timeout(1800)
 def test_rl_stopped_by_sigterm_resumes_its_attempt_and_versions_on_the_rerun(tiny_model_dirs, kafka_bootstrap,
