@@ -10,7 +10,8 @@ before now: what a worker holds for revisions under the default 30-day `--sessio
 worker (an app id of its own, so a changelog of its own) reads it all (every session settles into a
 trajectory, every revision is made: with offsets, from calls read back from the log); once its state is
 written, its resident memory is read, it is killed -9 and started again, and the time until its table is
-recovered (from the spawn: the process's start too) and its resident memory then (and its peak, VmHWM) are read.
+recovered (from the spawn: the process's start too) and its resident memory then (and its peak, VmHWM; of it the
+anonymous pages and the files', and the source records it read again) are read.
 
 The due index (when each rollout is next due, in Python: streams/assembly.py) is measured beside, in-process: the
 same sessions folded over dicts, then the index rebuilt as after a restart, by tracemalloc, with every rollout in
@@ -154,9 +155,11 @@ class Worker:
         raise SystemExit(f"timed out after {timeout:.0f} s waiting for {what}; log: {self.log}")
 
     def memory(self) -> dict[str, int]:
-        """Resident memory now and its peak (VmRSS, VmHWM), bytes."""
+        """Resident memory now and its peak (VmRSS, VmHWM), and of it the anonymous pages (the heap, malloc's and
+        Python's) and the files' (the libraries' code), bytes."""
         status = dict(line.split(":", 1) for line in Path(f"/proc/{self.pid}/status").read_text().splitlines())
-        return {name: int(status[field].split()[0]) * 1024 for name, field in (("rss", "VmRSS"), ("peak", "VmHWM"))}
+        return {name: int(status[field].split()[0]) * 1024
+                for name, field in (("rss", "VmRSS"), ("peak", "VmHWM"), ("anon", "RssAnon"), ("file", "RssFile"))}
 
     def kill(self) -> None:
         """kill -9"""
@@ -197,9 +200,13 @@ def measure(kafka: KafkaSettings, workdir: Path, store: str, layout: str, count:
         return {"read_s": read_s, "calls_read_back": read["state"]["calls_read_back"],
                 "rss_holding": holding["rss"], "peak_holding": holding["peak"],
                 "recovery_s": recovery_s, "rss_recovered": after["rss"], "peak_recovering": after["peak"],
+                "anon_recovered": after["anon"], "file_recovered": after["file"],
                 "restored_records": view["state"].get("restored_records"), "disk_bytes": worker.disk_bytes(),
                 "state_memory_bytes": view["state"].get("memory_bytes"), "rocksdb": view["state"].get("rocksdb"),
-                "due_indexed": view["assembly"].get("due_indexed")}
+                "due_indexed": view["assembly"].get("due_indexed"),
+                # source records read again after the restart (the consumer group's commits behind the table's
+                # positions): fetched, then skipped; what the allocator keeps of them is in the RSS after it
+                "redelivered": view["assembly"].get("redelivered", 0)}
     finally:
         worker.kill()
 

@@ -244,6 +244,7 @@ class Assembly:
         under_way = self._pass
         assert under_way is not None
         keys = keys_after(self.rollouts, under_way.after, limit)
+        self.counts["due_index_slices"] += 1
         for rollout_id in keys:
             self._index(rollout_id, self.rollouts[rollout_id])
         if len(keys) == limit:

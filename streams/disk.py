@@ -40,6 +40,13 @@ MEMORY_PROPERTIES = {
 }
 
 
+def dumps(value: Any) -> bytes:
+    """`value`'s JSON as orjson writes it, in bytes of their own size: orjson's bytes keep the whole buffer it wrote
+    them in (4 KiB at least), so each key Faust's key index holds (1,000) took 4 KiB, not its ~40 bytes: 4 MiB
+    outside the budget once the state had 1,000 keys (tracemalloc, a restarted worker at 30 days)."""
+    return bytes(memoryview(orjson.dumps(value)))
+
+
 class Budget:
     """The memory every partition's database of a table shares: one block cache, which their write buffers
     and their index and filter blocks are charged to."""
@@ -148,10 +155,10 @@ class DiskStore(RocksStore):
     # --- the format: the changelog's bytes ----------------------------------------------------------
 
     def _encode_key(self, key: Any) -> bytes:
-        return orjson.dumps(key)
+        return dumps(key)
 
     def _encode_value(self, value: Any) -> bytes | None:
-        return None if value is None else orjson.dumps(value)
+        return None if value is None else dumps(value)
 
     def _decode_key(self, key: bytes | None) -> Any:
         return None if key is None else orjson.loads(key)

@@ -24,7 +24,7 @@ import orjson
 from aiokafka.producer.message_accumulator import BatchBuilder
 from faust.types import AppT, StoreT
 
-from agentstream.streams.disk import Budget, DiskStore
+from agentstream.streams.disk import Budget, DiskStore, dumps
 from agentstream.streams.transport import Producer
 
 DROPPED = object()
@@ -129,8 +129,9 @@ class StateTable(faust.Table[str, Any]):
         batches: dict[int, Batch] = {}
         sent = []
         for partition, key, value in changes:
-            raw = None if value is DROPPED else orjson.dumps(value)  # None: a tombstone, as Faust writes one
-            encoded = orjson.dumps(key)
+            # (held until acknowledged: bytes of their own size, not orjson's buffer: disk.dumps)
+            raw = None if value is DROPPED else dumps(value)  # None: a tombstone, as Faust writes one
+            encoded = dumps(key)
             batch = batches.get(partition) or batches.setdefault(partition, self._new_batch())
             if not batch.append(encoded, raw):  # full: send it, start one
                 sent.append(await self._send(batch, partition))

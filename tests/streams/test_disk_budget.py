@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import itertools
+import tracemalloc
 from pathlib import Path
 
+import faust
+import orjson
 import rocksdict
 
 from agentstream.streams.disk import MB, BoundedOptions, Budget, ordered_keys
+from agentstream.streams.tables import StateTable
 
 
 def fill(options: BoundedOptions, path: Path, megabytes: int) -> None:
@@ -71,3 +75,28 @@ def test_the_keys_in_order_from_a_key_on_across_the_databases_and_the_held_chang
             held[b'"r:00a"'] = (2, b"{}")
     expected = sorted([f'"r:{i:02d}"'.encode() for i in range(20) if i != 3] + [b'"r:045"', b'"r:99"'])
     assert read == expected
+
+
+def test_the_key_index_holds_keys_of_their_own_size_not_orjsons_buffers(tmp_path):
+    """Faust's store keeps the last 1,000 keys read (its key index: key → partition), as the store encodes them.
+    orjson's bytes keep the whole buffer they were written in (4 KiB): 1,000 keys held 4 MiB outside the budget.
+    Read through the disk store, 1,000 keys of ~15 bytes cost the index their size."""
+    app = faust.App("test-key-index", broker="kafka://127.0.0.1:1", datadir=str(tmp_path))
+    table = StateTable(app, name="assembly", partitions=1, budget=Budget(8))
+    store = table.disk
+    assert store is not None
+    db = store._db_for_partition(0)
+    keys = [f"r:chat-{i}" for i in range(1000)]
+    for key in keys:
+        db.put(orjson.dumps(key), b"{}")
+    assert store[keys[0]] == {}  # (the modules' and the index's first allocations, before measuring)
+    tracemalloc.start()
+    try:
+        for key in keys[1:]:
+            assert store[key] == {}
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert len(store._key_index) == 1000
+    assert held < 512 * 1024, f"{held / MB:.1f} MiB for 1,000 keys"
+    db.close()

@@ -380,7 +380,7 @@ def test_the_pass_over_the_state_runs_in_slices_no_larger_than_asked():
     now = start + 70_000
     assembly, _ = fold(events, now, assembly=Assembly(rollouts, {}, kept, horizon_ms=HOUR))
     assembly.reindex(now)  # (the index reaches an hour past now)
-    passes = assembly.counts["due_index_passes"]
+    passes, sliced = assembly.counts["due_index_passes"], assembly.counts["due_index_slices"]
     rollouts.reads = 0
     assert not assembly.look_ahead(now + HOUR // 2 - 1, 300) and rollouts.reads == 0  # not begun yet
     slices = []
@@ -391,6 +391,7 @@ def test_the_pass_over_the_state_runs_in_slices_no_larger_than_asked():
         if not under_way:
             break
     assert slices == [300] * 8 + [100] and assembly.counts["due_index_passes"] == passes + 1
+    assert assembly.counts["due_index_slices"] == sliced + 9  # (what /analytics shows: assembly.due_index_slices)
     at_once = Assembly(dict(rollouts), {}, kept, horizon_ms=HOUR)
     at_once.reindex(now + HOUR // 2)
     assert assembly.indexed() == at_once.indexed() == 0

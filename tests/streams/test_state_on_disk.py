@@ -47,6 +47,7 @@ async def test_killed_it_restarts_from_its_disk_and_the_changelog_tail(kafka, wo
         written = sum(view["state"]["changelog_offsets"].values())  # what its databases hold, up to the kill
         # passes over the table as the time settled up to went on (beside the two at its start and recovery)
         assert view["assembly"]["due_index_passes"] > 2 and view["assembly"]["due_indexed"] == 0, view["assembly"]
+        assert view["assembly"]["due_index_slices"] >= 2, "the passes ran in slices between the batches"
         worker.kill()
         await publish(kafka, [event for rollout in second for event in rollout.two_turns()])
         worker.start()
