@@ -71,6 +71,13 @@ class Demonstrate(Probe):
 
     config: DemonstrateConfig
 
+    def __init__(self, config: DemonstrateConfig, console: Console):
+        super().__init__(config, console)
+        self.not_demonstrated: dict[str, int] = {}
+        """the task file's tasks not demonstrated, by reason (`NotDemonstrable.reason`)"""
+        self.kinds: dict[str, str] = {}
+        """train task → its kind of bug (`kind_of`)"""
+
     def task_files(self) -> tuple[Path, Path, Path]:
         """The demonstrable train tasks only, and the expert's answers for each."""
         if self.config.instances_file is None:
@@ -104,11 +111,12 @@ class Demonstrate(Probe):
         topic = f"{self.out.name}.trajectories"
         data = self.result["event"].data
         result.update(demonstrations=str(self.demonstrations), topic=topic, rewarded=rewarded(data),
-                      not_demonstrated=getattr(self, "not_demonstrated", {}),
-                      by_kind=by_kind(getattr(self, "kinds", {}), data))
+                      not_demonstrated=self.not_demonstrated, by_kind=by_kind(self.kinds, data))
         (self.out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+        kinds = ", ".join(f"{kind} {row['rewarded']}/{row['demonstrated']}" for kind, row in result["by_kind"].items())
         console.print(f"{result['rewarded']} of {result['attempts']} demonstrations passed the hidden tests (ends: "
-                      f"{result['end_reasons']}); their trajectories are in {topic}. Warm-start from them:\n"
+                      f"{result['end_reasons']}; by kind: {kinds or 'none'}; not demonstrated: "
+                      f"{self.not_demonstrated or 'none'}); their trajectories are in {topic}. Warm-start from them:\n"
                       f"  agentstream train --offline-topic {topic} --loss sft --sft-min-reward 1 --group-size 1 "
                       f"--min-group-size 1 --base-model {self.stack.model_dir} --model {self.config.model} "
                       "--checkpoint-dir runs/sft")
