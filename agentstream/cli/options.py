@@ -66,7 +66,7 @@ ModelName = Annotated[str, typer.Option(help="the served model name")]
 StartingWeights = Annotated[Path | None, typer.Option(
     "--base-model", help="a model folder to serve and start from instead of --model's (e.g. an SFT checkpoint); "
                          "--model still names it and sets the defaults")]
-Teacher = Annotated[str, typer.Option(help="who demonstrates: expert (reads the gold patch; one-line fixes) or "
+Teacher = Annotated[str, typer.Option(help="who demonstrates: expert (reads the gold patch; any text patch) or "
                                            "MODEL=URL, a stronger model behind OpenAI's chat completions (vLLM, "
                                            "OpenAI, Anthropic's OpenAI-compatible endpoint) whose graded, filtered "
                                            "attempts the student then answers (recipes/swe/teacher.py)")]

@@ -105,7 +105,7 @@ def swe_probe(
 
 def swe_demonstrate(
     tasks: Annotated[Path, typer.Option(help="the SWE-bench task file (e.g. from `tasks swe build`): its train "
-                                             "tasks with one-line fixes are demonstrated")],
+                                             "tasks are demonstrated (the expert: any text patch that fits)")],
     model: Annotated[str, typer.Option(help="the model that answers: qwen-coder-0.5b, qwen-coder-1.5b, smollm2 "
                                             "or tiny")] = "qwen-coder-0.5b",
     concurrency: Annotated[int, typer.Option(help="agents running at once")] = 2,
@@ -118,6 +118,8 @@ def swe_demonstrate(
     teacher_attempts: TeacherAttempts = 1,
     keep_max_tokens: Annotated[int, typer.Option(help="leave out teacher attempts that generated more tokens; "
                                                       "0: any")] = 0,
+    max_tokens: Annotated[int | None, typer.Option(help="tokens per answer (default: the model's); a task whose "
+                                                        "answers do not fit is not demonstrated")] = None,
 ) -> None:
     """Record an expert's answers to the train tasks through the whole loop (the served model made to answer
     them, graded like any attempt): the trajectories an SFT warm start learns from (recipes/swe/expert.py)."""
@@ -131,7 +133,8 @@ def swe_demonstrate(
         fail(str(exc))
     config = DemonstrateConfig(model=model, instances_file=tasks, concurrency=concurrency, keep_stack=keep_stack,
                                base_model=base_model, teacher=teacher, teacher_key_env=teacher_key_env,
-                               teacher_attempts=teacher_attempts, keep_max_tokens=keep_max_tokens)
+                               teacher_attempts=teacher_attempts, keep_max_tokens=keep_max_tokens,
+                               max_tokens=max_tokens)
     run_in(run_dir, config, run_demonstrations)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 
 from agentstream.demo.loop import Stack
-from agentstream.recipes.swe.demonstrate import Demonstrate, DemonstrateConfig
+from agentstream.recipes.swe.demonstrate import Demonstrate, DemonstrateConfig, by_kind, kind_of
 from agentstream.schemas.events import Eval, EvalEvent
 from agentstream.schemas.kafka import KafkaSettings
 
@@ -31,3 +31,16 @@ def test_the_demonstrations_that_passed_are_counted_not_derived_from_pass_at_1(t
 
     assert result["rewarded"] == 2
     assert "2 of 4 demonstrations passed the hidden tests" in console.export_text()
+
+
+def test_the_demonstrations_are_counted_by_kind_of_bug():
+    """The stage's per-kind figure: train tasks, those attempted (a reward list, even an unscored one), those graded 1."""
+    kinds = {"pypi__toolz-1.2.0.drop_branch__0a1b2c3d": "drop_branch", "pypi__toolz-1.2.0.drop_branch__4e5f6a7b": "drop_branch",
+             "pypi__toolz-1.2.0.flip_operator__8c9d0e1f": "flip_operator"}
+    data = Eval(weight_version=0, run_id="demonstrate", tasks=2, k=1, samples=2, pass_at_1=0.5, pass_at_k=0.5,
+                solved_tasks=1, per_task={"pypi__toolz-1.2.0.drop_branch__0a1b2c3d": [1.0],
+                                          "pypi__toolz-1.2.0.flip_operator__8c9d0e1f": [None]})
+    assert by_kind(kinds, data) == {"drop_branch": {"train": 2, "demonstrated": 1, "rewarded": 1},
+                                    "flip_operator": {"train": 1, "demonstrated": 1, "rewarded": 0}}
+    assert [kind_of(task) for task in ("pypi__toolz-1.2.0.drop_branch__0a1b2c3d", "calc-1", "django__django-11099")] == \
+        ["drop_branch", "other", "other"]
