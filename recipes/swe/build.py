@@ -52,6 +52,17 @@ PRISTINE_REF = "refs/heads/main"
 JUNIT = ".agentstream-junit.xml"
 
 
+def task_id(prefix: str, mutation: Mutation) -> str:
+    """A built task's id: the package, the kind of bug and the edit's key (`pypi__toolz-1.2.0.drop_branch__0a1b2c3d`)."""
+    return f"{prefix}.{mutation.kind}__{mutation.key}"
+
+
+def kind_of(instance_id: str) -> str:
+    """The kind of bug a built task's id names (`task_id`); `other` for any other id."""
+    built = re.search(r"\.([a-z_]+)__[0-9a-f]{8}$", instance_id)
+    return built.group(1) if built else "other"
+
+
 @dataclass(frozen=True)
 class Package:
     name: str
@@ -261,7 +272,7 @@ class Builder:
         return self._task(mutation, original, failing, run)
 
     def _task(self, mutation: Mutation, original: str, failing: list[str], run: SuiteRun) -> Instance | str:
-        instance_id = f"{self.package.id_prefix}.{mutation.kind}__{mutation.key}"
+        instance_id = task_id(self.package.id_prefix, mutation)
         by_file: dict[str, set[str]] = {}
         for test in failing:
             path, *names = test.split("::")

@@ -19,7 +19,6 @@ graded ones: `agentstream train --offline-topic … --loss sft --sft-min-reward 
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from agentstream.demo.loop import Stack
 from agentstream.demo.progress import Progress
 from agentstream.demo.run import run_folder, run_to_summary
 from agentstream.gateway.settings import GatewaySettings
+from agentstream.recipes.swe.build import kind_of
 from agentstream.recipes.swe.expert import Budget, write_demonstrations
 from agentstream.recipes.swe.keep import EXPERT, Keep
 from agentstream.recipes.swe.probe import Probe, ProbeConfig
@@ -128,12 +128,6 @@ def rewarded(data: Eval) -> int:
     counted, since pass@1 × attempts is that count only when every task had as many attempts."""
     return sum(1 for rewards in data.per_task.values() for reward in rewards
                if reward is not None and reward >= data.threshold)
-
-
-def kind_of(instance_id: str) -> str:
-    """The kind of bug a built task's id names (`pypi__toolz-1.2.0.drop_branch__…`); `other` for any other id."""
-    built = re.search(r"\.([a-z_]+)__[0-9a-f]{8}$", instance_id)
-    return built.group(1) if built else "other"
 
 
 def by_kind(kinds: dict[str, str], data: Eval) -> dict[str, dict[str, int]]:

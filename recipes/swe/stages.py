@@ -162,7 +162,8 @@ class Stages:
         """A fresh folder for one attempt at `stage`; its name is the attempt's topic prefix, unique to the run."""
         folder = self.root / stage
         folder.mkdir(parents=True, exist_ok=True)
-        n = 1 + sum(1 for _ in folder.glob(f"{self.root.name}-{stage}-*"))
+        last = self.last_attempt(stage)
+        n = 1 + (0 if last is None else int(last.name.rsplit("-", 1)[1]))
         return folder / f"{self.root.name}-{stage}-{n}"
 
     def last_attempt(self, stage: str) -> Path | None:
