@@ -494,7 +494,7 @@ def probe_stage(run: Stages) -> dict[str, Any]:
 
     config, folder = run.config, run.attempt("probe")
     probe = ProbeConfig(**config.common(), instances_file=Path(run.need("tasks")["instances"]), k=config.probe_k,
-                        base_model=warm_start(run), out=folder, probed_out=folder.with_suffix(".probed.jsonl"),
+                        base_model=warm_start(run), out=folder, probed_out=folder.parent / f"{folder.name}.probed.jsonl",
                         flags=config.stage_flags(GRADING))
     result = run_probe(probe, run.console)
     run.measured(result)
