@@ -32,6 +32,7 @@ from agentstream.controller.settings import ControllerSettings
 from agentstream.controller.tasks import TaskFileError, load_tasks
 from agentstream.schemas.codec import DecodeError, decode
 from agentstream.schemas.events import (
+    VALIDATION_RUN,
     Eval,
     EvalEvent,
     Event,
@@ -187,7 +188,8 @@ class Evaluator:
     async def evaluate(self, version: int) -> EvalEvent:
         """Run the validation tasks at `version` (the one serving now) and publish its eval event."""
         config = self.config
-        run_id = f"{'eval' if config.split == 'validation' else 'probe'}-{config.model}-v{version}-{int(time.time())}"
+        prefix = VALIDATION_RUN if config.split == "validation" else "probe-"
+        run_id = f"{prefix}{config.model}-v{version}-{int(time.time())}"
         started_ms = int(time.time() * 1000)
         tasks = self.validation_file()
         self.say(f"eval: version {version}, {config.samples} sample(s) of each task in {config.tasks} (run {run_id})")

@@ -612,6 +612,16 @@ class Eval(Payload):
     lineage: list[str] = Field(default_factory=list, description="ids of the trajectories measured")
 
 
+    @property
+    def validation(self) -> bool:
+        """a measurement of the version on the validation split: `agentstream eval` names those runs `eval-…`, and
+        its probes of the train tasks `probe-…`"""
+        return self.run_id.startswith(VALIDATION_RUN)
+
+
+VALIDATION_RUN = "eval-"
+
+
 class EvalEvent(Event):
     topic: ClassVar[str] = "metrics"
     type: Literal["eval"] = "eval"

@@ -15,7 +15,8 @@ with a loss weight of `stale_decay ** (staleness - max_staleness)`. A group that
 `min_group_size` that way is dropped whole (`incomplete`): group-relative advantages need peers.
 
 A retried attempt (same group and sample index, higher attempt number) replaces the earlier one
-(`superseded`).
+(`superseded`). A sample of a planned group (`group_id`) already taken into a batch, a straggler after
+`batch_timeout_s`, is not buffered: alone it has no peers (`taken`; the trainer drops it as `group_trained`).
 
 Samples without a task group (sessions: one sample per prompt; rollouts launched without a task) need
 no peers: they fill ungrouped batches-in-waiting of `group_size` samples, in arrival order, which
@@ -25,6 +26,7 @@ baseline gives their advantages, `grpo.compute_advantages`).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from agentstream.schemas.events import Trajectory
@@ -76,6 +78,8 @@ class Sample:
 
 
 ALONE = "alone:"
+TAKEN_REMEMBERED = 10_000
+"""task groups the batcher remembers having taken (a straggler comes minutes after its group, not days)"""
 
 
 def group_of(event_id: str, trajectory: Trajectory) -> str:
@@ -157,6 +161,12 @@ class Batcher:
         self.settings = settings
         self.groups: dict[str, Group] = {}  # in order of first arrival
         self._ungrouped = 0  # the number of the ungrouped group being filled
+        self._taken: OrderedDict[str, None] = OrderedDict()
+        """task groups taken into a batch, oldest first"""
+
+    def taken(self, group: str) -> bool:
+        """Whether the planned group (`group_id`) was taken into a batch already (since this batcher began)."""
+        return group in self._taken
 
     def __len__(self) -> int:
         return sum(len(group.samples) for group in self.groups.values())
@@ -219,6 +229,7 @@ class Batcher:
             return batch
         for group in chosen:
             del self.groups[group.key]
+            self._remember(group)
             fresh: list[Sample] = []
             stale: list[Sample] = []
             for sample in group.samples:
@@ -229,6 +240,15 @@ class Batcher:
             else:
                 batch.samples += fresh
         return batch
+
+    def _remember(self, group: Group) -> None:
+        # only a planned group (the controller's `group_id`: one task, one epoch) is over once taken; a task
+        # without one may be attempted again later, in a group that is new
+        if group.ungrouped or group.samples[0].trajectory.group_id is None:
+            return
+        self._taken[group.key] = None
+        while len(self._taken) > TAKEN_REMEMBERED:
+            self._taken.popitem(last=False)
 
     def forget(self, partitions: set[int]) -> int:
         """Drop buffered samples of partitions this trainer no longer owns (their new owner reads them)."""

@@ -44,6 +44,7 @@ from agentstream.trainer.batcher import Batch, Batcher, Sample, group_of, oldest
 from agentstream.trainer.checkpoint import Checkpoint, CheckpointStore, TrainingState
 from agentstream.trainer.distill import Teacher
 from agentstream.trainer.errors import RanksFailed, TrainerError
+from agentstream.trainer.eval_hold import EvalHold
 from agentstream.trainer.grpo import Policy, compute_dtype, misplaced_turn
 from agentstream.trainer.ledger import Ledger
 from agentstream.trainer.memory import fit_to_memory
@@ -73,6 +74,8 @@ class Trainer:
         self._last_waiting_log = 0.0
         self.teacher: Teacher | None = None
         """with --distill-weight: the server that scores each batch's tokens before the update"""
+        self.hold: EvalHold | None = None
+        """with --hold-for-eval: the versions the eval measured"""
 
     def stop(self) -> None:
         if not self.stopping.is_set():
@@ -102,6 +105,10 @@ class Trainer:
             self.publisher = Publisher(producer, s.topics)
             if latest is not None:
                 await self._announce_if_missing(latest)
+            if s.hold_for_eval:
+                self.hold = EvalHold(s, s.model)
+                await self.hold.start()
+                cleanup.push_async_callback(self.hold.stop)
             cleanup.push_async_callback(self.source.stop)
             await self.source.start(self.ledger.watermarks, self._revoked)
             log.info("reading %s", self.source.name)
@@ -208,6 +215,8 @@ class Trainer:
             for record in await self.source.poll(POLL_S):
                 await self._admit(record)
             while True:
+                if self.hold is not None and await self.hold.holds(self.version):
+                    break  # (samples are still read: the consumer stays in its group)
                 batch = self.batcher.take(time.monotonic(), self.version, flush=self.source.exhausted)
                 self._settle_dropped(batch)
                 if not batch.samples:
@@ -241,6 +250,9 @@ class Trainer:
             return self._drop(record.partition, record.offset, event.id, "malformed")
         if reason := self._unusable(event.data):
             return self._drop(record.partition, record.offset, event.id, reason)
+        if event.data.group_id is not None and self.batcher.taken(event.data.group_id):
+            # a straggler of a group trained without it (--batch-timeout-s): alone it has no peers to compare with
+            return self._drop(record.partition, record.offset, event.id, "group_trained")
         source = source_of(event.data)
         source_weight = self.settings.source_weights.get(source, 1.0)
         if source_weight == 0:

@@ -190,6 +190,10 @@ class TrainerSettings(KafkaSettings):
     # --- running -----------------------------------------------------------------------------
     max_versions: int = Field(0, ge=0, description="stop after publishing this many versions; 0: run until "
                                                    "SIGTERM (live) or the end of the offline range")
+    hold_for_eval: bool = Field(False, description="train no version past one `agentstream eval --follow` has not "
+                                                   "measured yet (its eval event on the metrics topic): each version "
+                                                   "is measured while it alone serves. Samples keep being read while "
+                                                   "held; the eval must run, or the trainer waits for ever")
     dedupe_window: int = Field(100_000, ge=0, description="trajectory ids remembered (across restarts) to drop "
                                                           "late re-deliveries")
     memory_check: bool = Field(True, description="estimate the peak memory before loading the model (trainer/"

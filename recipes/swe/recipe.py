@@ -162,6 +162,8 @@ class RecipeRow(VersionRow):
     pass_at_k: float | None = None
     eval_samples: int | None = None
     eval_unscored: dict[str, int] = field(default_factory=dict)
+    served_versions: list[int] = field(default_factory=list)
+    """the versions that generated its eval's tokens: this one alone, unless the pool moved during the eval"""
     measured_at: float | None = None
     """when its eval event was written (seconds since the epoch): the long run's hours by version"""
 
@@ -207,6 +209,7 @@ class Progress(DemoProgress):
             row.pass_at_1, row.pass_at_k = event.data.pass_at_1, event.data.pass_at_k
             row.pass_at_1_interval = pass_at_1_interval(event.data.per_task, event.data.threshold)
             row.eval_samples, row.eval_unscored = event.data.samples, event.data.unscored
+            row.served_versions = event.data.served_versions
             row.measured_at = event.time / 1000
 
     def take_trajectory(self, event: TrajectoryEvent) -> None:
@@ -308,7 +311,7 @@ async def measured_versions(kafka: KafkaSettings, model: str) -> frozenset[int]:
                 event: Event = decode(record.value or b"")
             except DecodeError:
                 continue
-            if isinstance(event, EvalEvent) and event.data.model == model and event.data.run_id.startswith("eval-"):
+            if isinstance(event, EvalEvent) and event.data.model == model and event.data.validation:
                 measured.add(event.data.weight_version)
     return frozenset(measured)
 
@@ -433,11 +436,13 @@ class Recipe(Demo):
         config, out, (train, validation, _) = self.config, stack.out, self.tasks
         harness, grading = self.harness(stack).env(), self.grading(stack)
         resumed, to_measure = self.resumed, config.versions + 1 - self.resumed.from_version
-        # a resumed trainer publishes the versions left (`max_versions` counts this process's); none left: no trainer
+        # a resumed trainer publishes the versions left (`max_versions` counts this process's); none left: no trainer.
+        # It holds each version until the eval has measured it: an eval's attempts take longer than a version here,
+        # and the pool must not move under them (`trainer.eval_hold`)
         trainer = stack.settings(
             TrainerSettings, model=self.served, base_model=stack.model_dir, checkpoint_dir=out / "checkpoints",
             group_size=config.group_size, groups_per_batch=config.groups_per_batch, min_group_size=1,
-            max_staleness=1, max_versions=self.training_left(), keep_checkpoints=2,
+            max_staleness=1, max_versions=self.training_left(), keep_checkpoints=2, hold_for_eval=to_measure > 0,
             **given(config.spec.trainer)) if self.training_left() else None
         return RecipeLoop(
             gateway=grading.gateway, streams=grading.streams, grader=grading.grader, trainer=trainer,
@@ -503,6 +508,7 @@ def per_version(progress: Progress, config: RecipeConfig) -> dict[int, dict[str,
                          "validation_pass_at_1_interval_95": row.pass_at_1_interval,
                          f"validation_pass_at_{config.eval_samples}": row.pass_at_k,
                          "validation_samples": row.eval_samples, "validation_unscored": row.eval_unscored,
+                         "validation_served_versions": row.served_versions,
                          "validation_measured_at": row.measured_at}
     return rows
 

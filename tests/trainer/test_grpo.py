@@ -262,6 +262,23 @@ def test_partial_groups_after_the_batch_timeout_and_dropped_after_the_group_time
     assert [s.group for s in batch.dropped["incomplete"]] == ["lonely"] and not len(b)
 
 
+def test_a_planned_group_taken_partial_is_remembered_so_its_straggler_is_not_trained_alone():
+    """The straggler that arrives after its group was trained at the batch timeout has no peers: the batcher says
+    its group was taken (the trainer drops it as group_trained) instead of training it alone later."""
+    b = batcher(min_group_size=1)
+    for i in range(3):
+        b.add(sample("a", i, t=0))
+    assert [s.group for s in b.take(now=10, version=0).samples] == ["a"] * 3
+    straggler = sample("a", 3, t=20)
+    assert straggler.trajectory.group_id == "a" and b.taken("a")
+    assert not b.taken("b"), "a group never taken"
+    # a task attempted without a planned group may come again later: its group is new, not taken
+    unplanned = sample("x", 0)
+    unplanned.trajectory.group_id, unplanned.group = None, "task:x"
+    b.add(unplanned)
+    assert b.take(now=30, version=0).samples == [unplanned] and not b.taken("task:x")
+
+
 def test_flush_trains_what_can_be_trained_and_drops_the_rest():
     b = batcher()
     for i in range(3):
