@@ -103,8 +103,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Marks the unit tier. Modules that need no vLLM server run first, then the tiny server's, the second tiny
     server's, the harness server's, SmolLM2's last (stable: file order within each), so that each server starts in
     the background (`ServerStarts`) while the tests before it run, instead of holding up the first test that needs
-    it for a minute or more, and stops once its tier is done. A module runs whole, in the tier of its test that needs the most: one split across tiers had its
-    module-scoped fixtures (a teacher vLLM server, a Ray cluster) set up twice, once per part."""
+    it for a minute or more, and stops once its tier is done. A module runs whole, in the tier of its test that
+    needs the most: one split across tiers had its module-scoped fixtures (a teacher vLLM server, a Ray cluster)
+    set up twice, once per part."""
     for item in items:
         if is_unit(item):
             item.add_marker(pytest.mark.unit)
@@ -274,7 +275,8 @@ def last_users(request) -> dict[str, str]:
 def servers_stopped_after_their_last_test(request, server_starts, last_users):
     """A session server is stopped once the last test that needs it is done (the tiers run one after another),
     instead of holding its memory through the later tiers' servers and trainers."""
-    if stopped := [name for name in SERVERS if STARTS[name] in server_starts.released and name in _fixtures(request.node)]:
+    needs = _fixtures(request.node)
+    if stopped := [name for name in SERVERS if STARTS[name] in server_starts.released and name in needs]:
         pytest.fail(f"{stopped} stopped after what was to be their last test: the tests ran in another order than "
                     "they were collected in (tests/conftest.py)")
     yield
