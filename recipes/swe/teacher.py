@@ -41,6 +41,7 @@ from agentstream.demo.loop import Stack
 from agentstream.demo.progress import Progress
 from agentstream.demo.run import run_to_summary
 from agentstream.eval import EvalSettings, Evaluator
+from agentstream.recipes.swe.build import kind_of
 from agentstream.recipes.swe.demonstrate import Demonstrate, DemonstrateConfig, run_demonstrate
 from agentstream.recipes.swe.keep import EXPERT, Attempt, parse_teacher
 from agentstream.recipes.swe.recipe import HARNESS, Harness, Recipe, RecipeLoop
@@ -123,6 +124,7 @@ class TeacherDemonstrate(Demonstrate):
         self.instances = [i for i in read_instances(self.config.instances_file) if i.split == "train"]
         if not self.instances:
             raise StackError(f"{self.config.instances_file} holds no train task")
+        self.kinds = {i.instance_id: kind_of(i.instance_id) for i in self.instances}
         self.out.mkdir(parents=True, exist_ok=True)
         return write_task_files(self.instances, self.out / "tasks")
 

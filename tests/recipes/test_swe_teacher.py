@@ -180,6 +180,7 @@ async def test_a_teacher_at_a_provider_gets_its_key_and_no_vllm_field_and_its_an
     assert kept is not None and kept.url == vllm_server.url, "the run stopped a server it did not start"
 
     assert (summary["teacher_attempts"], summary["teacher_kept"]) == (1, 1)
+    assert summary["by_kind"] == {"other": {"train": 1, "demonstrated": 1, "rewarded": 1}}, "counted as the expert's"
     assert len(provider.requests) == 3
     assert all(r["headers"]["authorization"] == f"Bearer {TEACHER_KEY}" for r in provider.requests)
     assert all(set(r["body"]) <= KNOWN_FIELDS for r in provider.requests), "no vLLM field reached the provider"
