@@ -210,8 +210,6 @@ def measure(kafka: KafkaSettings, workdir: Path, store: str, layout: str, count:
                 "peak_settled": worker.memory()["peak"],
                 "restored_records": view["state"].get("restored_records"), "disk_bytes": worker.disk_bytes(),
                 "state_memory_bytes": view["state"].get("memory_bytes"), "rocksdb": view["state"].get("rocksdb"),
-                # what the allocator gave back at the end of the recovery (malloc_trim; None before it did)
-                "trimmed": view["state"].get("trimmed_bytes"),
                 "due_indexed": view["assembly"].get("due_indexed"),
                 # source records read again after the restart (the consumer group's commits behind the table's
                 # positions): fetched, then skipped; what the allocator keeps of them is in the RSS after it

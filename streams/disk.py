@@ -18,10 +18,7 @@ what the state takes in RAM is that budget whatever the retention; the rest is o
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import heapq
-import os
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -48,29 +45,6 @@ def dumps(value: Any) -> bytes:
     them in (4 KiB at least), so each key Faust's key index holds (1,000) took 4 KiB, not its ~40 bytes: 4 MiB
     outside the budget once the state had 1,000 keys (tracemalloc, a restarted worker at 30 days)."""
     return bytes(memoryview(orjson.dumps(value)))
-
-
-def trim_heap() -> int | None:
-    """Give the pages the allocator holds free back to the system (glibc's `malloc_trim`, every arena: RocksDB's
-    threads allocate in arenas of their own); the resident bytes that gave back, or None on another libc. After a
-    recovery's one-off work (a pass over every state, its blocks read through cursors whose read-ahead buffers are
-    outside the cache), glibc kept pages free but resident past the budget (streams/README.md)."""
-    name = ctypes.util.find_library("c")
-    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
-    if trim is None:
-        return None
-    before = resident_bytes()
-    trim(0)
-    return before - resident_bytes()
-
-
-def resident_bytes() -> int:
-    """This process's resident memory (Linux's /proc; 0 elsewhere)."""
-    try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
-    return pages * os.sysconf("SC_PAGE_SIZE")
 
 
 class Budget:

@@ -47,7 +47,7 @@ from agentstream.schemas.ids import derived_id, now_ms
 from agentstream.schemas.kafka import deadletter_event
 from agentstream.streams import policies
 from agentstream.streams.assembly import SLICE, Assembly, Settled
-from agentstream.streams.disk import Budget, trim_heap
+from agentstream.streams.disk import Budget
 from agentstream.streams.recall import CallLog, retention_ms
 from agentstream.streams.settings import StreamsSettings
 from agentstream.streams.tables import Staged, StateTable, registered
@@ -127,8 +127,6 @@ class AssemblyWorker(faust.Service):
         """records, batch end, timer or rebalance at a time: each changes the state and stages writes"""
         self.recoveries = 0
         """times the table was recovered (at the start, and after each rebalance)"""
-        self.trimmed: int | None = None
-        """resident bytes the allocator gave back after the last recovery (disk store, glibc)"""
 
     @faust.Service.task
     async def _check_calls_retention(self) -> None:
@@ -151,8 +149,6 @@ class AssemblyWorker(faust.Service):
             self.assembly.restart(now_ms())
         while (await self._look_ahead_slice())[0]:
             await asyncio.sleep(0)  # (taking a free lock does not yield)
-        if self.table.disk is not None:  # the memory the recovery took and freed, back to the system (disk.py)
-            self.trimmed = trim_heap()
         self.recoveries += 1
         disk = self.table.disk
         if disk is None:
@@ -609,6 +605,6 @@ class AssemblyWorker(faust.Service):
         return {"store": "rocksdb", "recoveries": self.recoveries, "unwritten_changes": unwritten, **calls,
                 "restored_records": disk.restored.records,
                 "restored_by_partition": disk.restored.by_partition, "memory_bytes": disk.budget.usage(), "rocksdb": disk.memory(),
-                "memory_budget_bytes": disk.budget.bytes, "held_changes": len(disk.held), "trimmed_bytes": self.trimmed,
+                "memory_budget_bytes": disk.budget.bytes, "held_changes": len(disk.held),
                 "changelog_offsets": {partition: disk.persisted_offset(TP(self.table.changelog_name, partition))
                                       for partition in sorted(self.active_partitions())}}
