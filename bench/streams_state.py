@@ -11,7 +11,8 @@ worker (an app id of its own, so a changelog of its own) reads it all (every ses
 trajectory, every revision is made: with offsets, from calls read back from the log); once its state is
 written, its resident memory is read, it is killed -9 and started again, and the time until its table is
 recovered (from the spawn: the process's start too) and its resident memory then (and its peak, VmHWM; of it the
-anonymous pages and the files', and the source records it read again) are read.
+anonymous pages and the files') are read, then its RSS every 0.5 s for 10 s more (the max: its first fetches, the
+source records it reads again among them, come after the recovery) and the source records it read again.
 
 The due index (when each rollout is next due, in Python: streams/assembly.py) is measured beside, in-process: the
 same sessions folded over dicts, then the index rebuilt as after a restart, by tracemalloc, with every rollout in
@@ -54,6 +55,8 @@ from bench.streams_assembly import ROOT, checkout, fresh_topics, kafka_broker
 console = Console()
 DAY_MS = 24 * 3600 * 1000
 MIB = 1024 * 1024
+WATCH_S, SAMPLE_S = 10.0, 0.5
+"""after the restart's recovery, its RSS sampled every SAMPLE_S for WATCH_S: the max (the first fetches come then)"""
 BEFORE = "-before"
 """the label of the runs of the --baseline commit's workers (in names, app ids and topic names)"""
 STORES = ("memory", "rocksdb")
@@ -197,10 +200,14 @@ def measure(kafka: KafkaSettings, workdir: Path, store: str, layout: str, count:
         view = worker.until(recovered, timeout=1800, what=f"the table recovered ({store})")
         recovery_s = time.monotonic() - began
         after = worker.memory()
+        # then its first fetches (source records read again come now: after the recovery, not in it), sampled
+        settled = max(sample(worker, SAMPLE_S) for _ in range(int(WATCH_S / SAMPLE_S)))
+        view = worker.view() or view
         return {"read_s": read_s, "calls_read_back": read["state"]["calls_read_back"],
                 "rss_holding": holding["rss"], "peak_holding": holding["peak"],
                 "recovery_s": recovery_s, "rss_recovered": after["rss"], "peak_recovering": after["peak"],
-                "anon_recovered": after["anon"], "file_recovered": after["file"],
+                "anon_recovered": after["anon"], "file_recovered": after["file"], "rss_settled_max": settled,
+                "peak_settled": worker.memory()["peak"],
                 "restored_records": view["state"].get("restored_records"), "disk_bytes": worker.disk_bytes(),
                 "state_memory_bytes": view["state"].get("memory_bytes"), "rocksdb": view["state"].get("rocksdb"),
                 "due_indexed": view["assembly"].get("due_indexed"),
@@ -209,6 +216,12 @@ def measure(kafka: KafkaSettings, workdir: Path, store: str, layout: str, count:
                 "redelivered": view["assembly"].get("redelivered", 0)}
     finally:
         worker.kill()
+
+
+def sample(worker: Worker, every: float) -> int:
+    """The worker's RSS `every` seconds from now (a sampling period: what is measured is the time it runs)."""
+    time.sleep(every)
+    return worker.memory()["rss"]
 
 
 class Stored(dict):
@@ -328,8 +341,16 @@ def add_bound(report: Report, days: int, runs: dict[str, dict], python_rss: int,
         within = "within" if over <= memory_mb else "OVER"
         report.add(f"{days} d, rocksdb/{layout}: RSS after the restart over the Python baseline ({within} "
                    f"{memory_mb} MiB); {after['disk_bytes'] / MIB:,.1f} MiB on disk", f"{over:+,.1f} MiB")
+        settled = (after["rss_settled_max"] - python_rss) / MIB
+        report.add(f"{days} d, rocksdb/{layout}: RSS over the Python baseline, the max over the {WATCH_S:g} s after "
+                   f"the recovery ({'within' if settled <= memory_mb else 'OVER'} {memory_mb} MiB); records read again",
+                   f"{settled:+,.1f} MiB; {after['redelivered']}")
         before = runs.get(f"rocksdb/{layout}{BEFORE}")
         if before is not None:
+            report.add(f"{days} d, rocksdb/{layout}: RSS, the max over the {WATCH_S:g} s after the recovery, {baseline} → "
+                       "this tree; records read again", f"{before['rss_settled_max'] / MIB:,.1f} → "
+                       f"{after['rss_settled_max'] / MIB:,.1f} MiB; {before['redelivered']} → {after['redelivered']}",
+                       before["rss_settled_max"] / after["rss_settled_max"])
             report.add(f"{days} d, rocksdb/{layout}: RSS after the restart, {baseline} → this tree",
                        f"{before['rss_recovered'] / MIB:,.0f} → {after['rss_recovered'] / MIB:,.0f} MiB (over the "
                        f"baseline: {(before['rss_recovered'] - python_rss) / MIB:+,.1f} → {over:+,.1f})",

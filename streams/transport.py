@@ -12,6 +12,14 @@ rebalance suspends the flow, and the worker takes nothing until it is resumed), 
 whose records pile up (`Consumer.on_buffer_full`, as a stream's buffer does), commits of the offsets
 the worker acknowledges (`Consumer.ack`), and the tables, their changelogs and rebalances.
 
+**Where a claimed partition is read from.** After a rebalance Faust seeks every partition to the group's
+committed offset. The worker's commits lag what its table holds (acknowledged records are committed every
+second; the table says what was handled: worker.py), so a restarted worker fetched again, and skipped, every
+record between the two (1,642 at 30 days of sessions, ~13 MiB of calls, whose pages the allocator kept).
+An inbox may say where its worker's state has handled each partition up to (`Inbox.start_of`): those
+offsets are committed before Faust's seek, which then starts the partition there, and Faust's own commits go
+on from there.
+
 **Without tasks.**
 faust-streaming 0.15.3's fetcher (`Consumer._drain_messages`) hands every record on through
 `Service.wait_first(callback(message), self.suspend_flow.wait())`, so that a callback blocked on a
@@ -32,15 +40,18 @@ faust-streaming changes (the call shape is matched by the flow event's `wait` co
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Generator, Iterable
-from typing import Any
+import logging
+from collections.abc import Callable, Coroutine, Generator, Iterable
+from typing import Any, cast
 
+from aiokafka.errors import KafkaError
 from aiokafka.producer.message_accumulator import BatchBuilder
 from faust.transport.drivers import aiokafka as driver
 from faust.types import TP, AppT, Message
 from faust.types.transports import ConsumerCallback, ConsumerT
 from mode.services import WaitResults
 
+log = logging.getLogger("streams")
 _FLOW_WAIT = asyncio.Event.wait.__code__
 """the code of `suspend_flow.wait()`, the second coroutine of the fetcher's call"""
 
@@ -73,6 +84,28 @@ class Rest:
 
 
 class Consumer(driver.Consumer):
+    async def perform_seek(self) -> None:
+        """Faust's seek of every assigned partition to the group's committed offset, those of the claimed
+        partitions first committed where their inbox says to start (`Inbox.start_of`). If that commit fails,
+        the partitions start at Faust's offsets: the worker skips what its state holds (slower, the same)."""
+        starts = self.claimed_starts()
+        if starts:
+            try:
+                await self._commit_offsets(starts)
+            except KafkaError:
+                log.warning("committing the state's positions before the seek failed", exc_info=True)
+        await super().perform_seek()
+
+    def claimed_starts(self) -> dict[TP, int]:
+        """The assigned claimed partitions whose inbox says where to start them."""
+        inboxes = cast(Transport, self.transport).inboxes
+        starts = {}
+        for tp in self.assignment():
+            inbox = inboxes.get(tp.topic)
+            if inbox is not None and inbox.start_of is not None and (offset := inbox.start_of(tp)) is not None:
+                starts[tp] = offset
+        return starts
+
     async def wait_first(self, *coros: Any, timeout: Any = None) -> WaitResults:
         if (timeout is None and len(coros) == 2 and asyncio.iscoroutine(coros[0])
                 and getattr(coros[1], "cr_code", None) is _FLOW_WAIT and not self.suspend_flow.is_set()
@@ -103,6 +136,8 @@ class Inbox:
         self.records: list[Message] = []
         self.ready = asyncio.Event()
         self.paused: set[TP] = set()
+        self.start_of: Callable[[TP], int | None] | None = None
+        """a partition → the offset to read it from after a rebalance (None: the group's committed offset)"""
 
     def put(self, message: Message) -> None:
         self.records.append(message)

@@ -11,7 +11,9 @@ records built and written after it (`flush`): whatever prefix of that changelog 
 the position restored is never ahead of the state. The changes are held and written every
 `--write-every-s` (not at every batch end), so a key changed again meanwhile is written once, and the
 events of an attempt that came and settled meanwhile not at all; a crash loses at most that much of
-the state, and the worker reads it again from the sources. A record delivered again is skipped, one the
+the state, and the worker reads it again from the sources. After a rebalance (a restart too) each
+source partition is read from the position restored, committed before Faust's seek (`start_of`,
+transport.py), not from the group's commits, which lag it. A record delivered again is skipped, one the
 state already holds is a duplicate by id, and a record delivered after a gap (Faust committed past
 the restored position, or faust-streaming 0.15.3 dropped records around a restart) makes the
 worker read the partition again from the gap; a watchdog does the same for a partition it is
@@ -74,6 +76,7 @@ class AssemblyWorker(faust.Service):
         self.app = app
         self.inbox = inbox
         """the fetched records of the source topics (transport.py)"""
+        inbox.start_of = self.start_of
         self.settings = settings
         self.publish = publish
         self.windows = windows
@@ -480,6 +483,13 @@ class AssemblyWorker(faust.Service):
         is its first, whatever offset Faust's consumer group committed.
         """
         return self.positions.get(f"{tp.topic}:{tp.partition}", 0), self.app.consumer.highwater(tp)
+
+    def start_of(self, tp: TP) -> int | None:
+        """Where a source partition is read from after a rebalance (transport.py): the next offset the table
+        says to handle, the records before it in the state already (fetched again, they would only be skipped);
+        None where it holds no position (Faust's committed offset, as `_in_order` takes a partition's first)."""
+        start: int | None = self.positions.get(f"{tp.topic}:{tp.partition}")
+        return start
 
     def active_partitions(self) -> set[int]:
         return {tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == self.sources[0]}
