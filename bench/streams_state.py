@@ -22,11 +22,13 @@ it (the old index) and with `--due-horizon-s` (what is due within it); and the t
 The bound: a disk-store worker's RSS after the restart is at most `--state-memory-mb` over the Python baseline,
 the RSS after a restart of the same worker over an empty log (measured first, in the same run), whatever the
 days. With `--baseline REV` the disk-store workers of commit REV (its tree by `git archive`) are measured too,
-on the same log: before → after, as ratios.
+on the same log: before → after, as ratios. Each `--env NAME=VALUE[,NAME=VALUE]` measures the disk-store workers
+once more with those variables in their environment (an allocator's setting, read at the process's start), the
+Python baseline too: each against its own baseline, and against the workers without it, as ratios.
 
     uv run python -m bench.streams_state [--days 1 3 10 30] [--sessions-per-day 100] [--call-kb 8]
         [--late-every 10] [--state-memory-mb 64] [--stores memory rocksdb] [--layouts whole offsets]
-        [--baseline REV] [--index-only] [--due-horizon-s 3600]
+        [--baseline REV] [--env MALLOC_ARENA_MAX=2 ...] [--index-only] [--due-horizon-s 3600]
 """
 
 from __future__ import annotations
@@ -117,9 +119,10 @@ class Worker:
     """A streams worker with one store, its own app id and state folder: started, killed, started again."""
 
     def __init__(self, kafka: KafkaSettings, workdir: Path, store: str, layout: str, memory_mb: int,
-                 root: Path = ROOT, label: str = ""):
+                 root: Path = ROOT, label: str = "", env: dict[str, str] | None = None):
         self.port = free_port()
         self.root = root
+        self.env = env or {}
         name = f"{store}-{layout}{label}"
         self.log = workdir / f"{name}.log"
         self.data_dir = workdir / name
@@ -136,7 +139,7 @@ class Worker:
         return self.process.pid
 
     def start(self) -> float:
-        self.process = spawn(self.cmd, self.log, cwd=self.root)
+        self.process = spawn(self.cmd, self.log, env=self.env, cwd=self.root)
         return time.monotonic()
 
     def view(self) -> dict | None:
@@ -164,6 +167,24 @@ class Worker:
         return {name: int(status[field].split()[0]) * 1024
                 for name, field in (("rss", "VmRSS"), ("peak", "VmHWM"), ("anon", "RssAnon"), ("file", "RssFile"))}
 
+    def anonymous_maps(self) -> dict[str, int]:
+        """The anonymous pages by where they are (smaps): the main arena's `[heap]` (glibc's malloc of the main
+        thread), and the other anonymous maps (other threads' arenas, large blocks malloc maps on their own,
+        Python's arenas, stacks), bytes; and how many of those maps hold pages."""
+        heap = other = maps = 0
+        name = ""
+        for line in Path(f"/proc/{self.pid}/smaps").read_text().splitlines():
+            fields = line.split()
+            if "-" in fields[0] and not fields[0].endswith(":"):  # a map's header: range perms offset dev inode [path]
+                name = fields[5] if len(fields) > 5 else ""
+            elif fields[0] == "Rss:" and (rss := int(fields[1]) * 1024):
+                if name == "[heap]":
+                    heap += rss
+                elif name == "":
+                    other += rss
+                    maps += 1
+        return {"heap": heap, "other_anon": other, "anon_maps": maps}
+
     def kill(self) -> None:
         """kill -9"""
         if self.process is not None and self.process.poll() is None:
@@ -188,8 +209,8 @@ def recovered(view: dict) -> bool:
 
 
 def measure(kafka: KafkaSettings, workdir: Path, store: str, layout: str, count: int, revisions: int,
-            memory_mb: int, root: Path = ROOT, label: str = "") -> dict:
-    worker = Worker(kafka, workdir, store, layout, memory_mb, root, label)
+            memory_mb: int, root: Path = ROOT, label: str = "", env: dict[str, str] | None = None) -> dict:
+    worker = Worker(kafka, workdir, store, layout, memory_mb, root, label, env)
     began = worker.start()
     try:
         read = worker.until(settled_all(count, revisions), timeout=1800, what=f"{count} sessions settled ({store})")
@@ -200,6 +221,7 @@ def measure(kafka: KafkaSettings, workdir: Path, store: str, layout: str, count:
         view = worker.until(recovered, timeout=1800, what=f"the table recovered ({store})")
         recovery_s = time.monotonic() - began
         after = worker.memory()
+        maps = worker.anonymous_maps()
         # then its first fetches (source records read again come now: after the recovery, not in it), sampled
         settled = max(sample(worker, SAMPLE_S) for _ in range(int(WATCH_S / SAMPLE_S)))
         view = worker.view() or view
@@ -207,6 +229,8 @@ def measure(kafka: KafkaSettings, workdir: Path, store: str, layout: str, count:
                 "rss_holding": holding["rss"], "peak_holding": holding["peak"],
                 "recovery_s": recovery_s, "rss_recovered": after["rss"], "peak_recovering": after["peak"],
                 "anon_recovered": after["anon"], "file_recovered": after["file"], "rss_settled_max": settled,
+                "heap_recovered": maps["heap"], "other_anon_recovered": maps["other_anon"],
+                "anon_maps_recovered": maps["anon_maps"],
                 "peak_settled": worker.memory()["peak"],
                 "restored_records": view["state"].get("restored_records"), "disk_bytes": worker.disk_bytes(),
                 "state_memory_bytes": view["state"].get("memory_bytes"), "rocksdb": view["state"].get("rocksdb"),
@@ -280,6 +304,9 @@ def main() -> None:
     parser.add_argument("--stores", nargs="+", choices=STORES, default=list(STORES))
     parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS))
     parser.add_argument("--baseline", metavar="REV", help="also measure the disk-store workers of this commit (before)")
+    parser.add_argument("--env", nargs="+", default=[], metavar="NAME=VALUE[,NAME=VALUE]",
+                        help="also measure the disk-store workers with these variables in their environment (each one "
+                        "a variant, with a Python baseline of its own)")
     parser.add_argument("--due-horizon-s", type=float, default=3600.0, help="the due index's horizon to measure")
     parser.add_argument("--index-only", action="store_true", help="measure the due index alone (in-process)")
     args = parser.parse_args()
@@ -293,18 +320,20 @@ def main() -> None:
         report.print("ratio: the first figure / the second, same run")
         return
     with tempfile.TemporaryDirectory() as folder, kafka_broker(Path(folder) / "kafka") as (bootstrap, _):
-        trees = {"": ROOT}  # the label of a run's name → the tree its worker runs
+        # the label of a run's name → the tree its worker runs and the variables added to its environment
+        trees: dict[str, tuple[Path, dict[str, str]]] = {"": (ROOT, {})}
         if args.baseline:
-            trees[BEFORE] = checkout(args.baseline, Path(folder) / "baseline")[0]
-        empty = Path(folder) / "empty"
-        empty.mkdir()
-        with console.status("the Python baseline: a disk-store worker over an empty log…"):
-            python = measure(asyncio.run(fresh_topics(bootstrap)), empty, "rocksdb", "offsets", 0, 0,
-                             args.state_memory_mb)
-        console.print(f"the Python baseline: {python}")
-        report.details["python_baseline"] = python
-        report.add("Python baseline: RSS after a restart over an empty log (rocksdb)",
-                   f"{python['rss_recovered'] / MIB:,.0f} MiB; the bound: + {args.state_memory_mb} MiB")
+            trees[BEFORE] = (checkout(args.baseline, Path(folder) / "baseline")[0], {})
+        variants = {f"-env{number}": environment(text) for number, text in enumerate(args.env, 1)}
+        trees.update((label, (ROOT, env)) for label, env in variants.items())
+        python = {label: python_baseline(bootstrap, Path(folder) / f"empty{label}", args.state_memory_mb, env, label)
+                  for label, env in [("", {}), *variants.items()]}
+        report.details["python_baseline"] = python[""]
+        report.details["environments"] = {label: env for label, env in variants.items()}
+        for label, figures in python.items():
+            report.add(f"Python baseline{label and ' ' + args.env[int(label[4:]) - 1]}: RSS after a restart over an "
+                       "empty log (rocksdb)", f"{figures['rss_recovered'] / MIB:,.1f} MiB; the bound: + "
+                       f"{args.state_memory_mb} MiB")
         for days in args.days:
             kafka = asyncio.run(fresh_topics(bootstrap))
             events = sessions(days, args.sessions_per_day, args.call_kb, args.late_every)
@@ -315,18 +344,59 @@ def main() -> None:
             runs = {}
             for store in args.stores:
                 for layout in args.layouts:
-                    for label, root in trees.items() if store == "rocksdb" else [("", ROOT)]:
+                    for label, (root, env) in trees.items() if store == "rocksdb" else [("", (ROOT, {}))]:
                         workdir = Path(folder) / f"{days}d"
                         workdir.mkdir(exist_ok=True)
                         name = f"{store}/{layout}{label}"
                         with console.status(f"{days} days: the {name} worker…"):
                             runs[name] = measure(kafka, workdir, store, layout, count, revisions, args.state_memory_mb,
-                                                 root, label)
+                                                 root, label, env)
                         console.print(f"{days} days, {name}: {runs[name]}")
             report.details["runs"][days] = {"events": len(events), "log_bytes": size, **runs}
             add_figures(report, days, count, size, runs)
-            add_bound(report, days, runs, python["rss_recovered"], args.state_memory_mb, args.baseline)
+            add_bound(report, days, runs, python[""]["rss_recovered"], args.state_memory_mb, args.baseline)
+            for label, text in zip(variants, args.env):
+                add_variant(report, days, runs, python, label, text, args.state_memory_mb)
     report.print("ratio: the first figure / the second, same run (whole: calls kept in the state, the old layout)")
+
+
+def environment(text: str) -> dict[str, str]:
+    """`NAME=VALUE[,NAME=VALUE]` as a mapping."""
+    pairs = [item.split("=", 1) for item in text.split(",") if item]
+    if not pairs or any(len(pair) != 2 for pair in pairs):
+        raise SystemExit(f"--env {text!r}: NAME=VALUE[,NAME=VALUE] expected")
+    return dict(pairs)
+
+
+def python_baseline(bootstrap: str, empty: Path, memory_mb: int, env: dict[str, str], label: str) -> dict:
+    """A disk-store worker restarted over an empty log, with `env` in its environment."""
+    empty.mkdir()
+    with console.status(f"the Python baseline{label}: a disk-store worker over an empty log…"):
+        figures = measure(asyncio.run(fresh_topics(bootstrap)), empty, "rocksdb", "offsets", 0, 0, memory_mb,
+                          env=env)
+    console.print(f"the Python baseline{label} {env}: {figures}")
+    return figures
+
+
+def add_variant(report: Report, days: int, runs: dict[str, dict], python: dict[str, dict], label: str, text: str,
+                memory_mb: int) -> None:
+    """The disk-store workers with the variables `text` in their environment: over their own Python baseline, and
+    against the workers without them (same log, same run)."""
+    for layout in LAYOUTS:
+        plain, varied = runs.get(f"rocksdb/{layout}"), runs.get(f"rocksdb/{layout}{label}")
+        if plain is None or varied is None:
+            continue
+        over = {name: (run["rss_recovered"] - python[key]["rss_recovered"]) / MIB
+                for name, run, key in (("plain", plain, ""), ("varied", varied, label))}
+        report.add(f"{days} d, rocksdb/{layout}: RSS after the restart over its Python baseline, without → with {text} "
+                   f"({'within' if over['varied'] <= memory_mb else 'OVER'} {memory_mb} MiB)",
+                   f"{over['plain']:+,.1f} → {over['varied']:+,.1f} MiB")
+        report.add(f"{days} d, rocksdb/{layout}: RSS after the restart, without → with {text}",
+                   f"{plain['rss_recovered'] / MIB:,.1f} → {varied['rss_recovered'] / MIB:,.1f} MiB",
+                   plain["rss_recovered"] / varied["rss_recovered"])
+        report.add(f"{days} d, rocksdb/{layout}: of it the main arena's heap / other anonymous maps, without → with "
+                   f"{text}", f"{plain['heap_recovered'] / MIB:,.1f} / {plain['other_anon_recovered'] / MIB:,.1f} → "
+                   f"{varied['heap_recovered'] / MIB:,.1f} / {varied['other_anon_recovered'] / MIB:,.1f} MiB")
 
 
 def add_bound(report: Report, days: int, runs: dict[str, dict], python_rss: int, memory_mb: int,
