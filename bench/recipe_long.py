@@ -145,7 +145,8 @@ def table(label: str, rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def plot(arms: dict[str, list[dict[str, Any]]], png: Path) -> None:
+def plot(arms: dict[str, list[dict[str, Any]]], png: Path, references: dict[str, tuple[float, float, float]]) -> None:
+    """One line per arm with its band; a reference (a figure measured elsewhere, as the warm start's) level across."""
     from agentstream.demo.progress import plot_by_version
 
     versions = sorted({row["version"] for rows in arms.values() for row in rows})
@@ -154,9 +155,20 @@ def plot(arms: dict[str, list[dict[str, Any]]], png: Path) -> None:
         by_version = {row["version"]: row for row in rows}
         lines[label] = [by_version[v]["pass_at_1"] if v in by_version else None for v in versions]
         intervals[label] = [by_version[v]["interval"] if v in by_version else None for v in versions]
+    for label, (value, low, high) in references.items():
+        lines[label], intervals[label] = [value] * len(versions), [(low, high)] * len(versions)
     png.parent.mkdir(parents=True, exist_ok=True)
     plot_by_version(png, "the coding recipe's long run: validation pass@1 by version (95 % interval)", versions,
                     lines, ylabel="validation pass@1", intervals=intervals)
+
+
+def parse_reference(given: str) -> tuple[str, tuple[float, float, float]]:
+    label, _, figures = given.rpartition("=")
+    try:
+        value, low, high = (float(x) for x in figures.split(","))
+    except ValueError:
+        raise SystemExit(f"--reference {given!r}: give LABEL=PASS_AT_1,LOW,HIGH (e.g. 'warm start=0.269,0.10,0.54')") from None
+    return label or "reference", (value, low, high)
 
 
 def parse_arm(given: str) -> tuple[Path, str]:
@@ -173,11 +185,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--command", default=COMMAND, help="what runs the recipe (default: %(default)s)")
     parser.add_argument("--stop-s", type=float, default=STOP_S, help="seconds the command may take to stop")
     parser.add_argument("--plot", nargs="+", metavar="RUN[=LABEL]", help="run folders to plot, one arm each")
+    parser.add_argument("--reference", nargs="*", default=[], metavar="LABEL=P,LOW,HIGH",
+                        help="a pass@1 measured elsewhere (the warm start's, say) drawn level across, with its band")
     parser.add_argument("--png", type=Path, default=Path("bench/results/recipe_long.png"))
     args = parser.parse_args(own)
     if args.plot:
         arms = {label: arm_rows(folder) for folder, label in map(parse_arm, args.plot)}
-        plot(arms, args.png)
+        plot(arms, args.png, dict(map(parse_reference, args.reference)))
         print("\n\n".join(table(label, rows) for label, rows in arms.items()))
         print(f"\nplot: {args.png}")
         results = args.png.with_suffix(".json")

@@ -85,3 +85,9 @@ def test_the_plot_draws_each_arm_and_the_table_counts_the_ledgers_hours(tmp_path
     assert "| 0 | 0.200 [0.05, 0.50] | 0.125 | 0.50 of 2 | 0.17 |" in shown.stdout
     assert "| 1 |  | 0.125 | 0.50 of 2 |  |" in shown.stdout, "a version not measured: no figure, no hours"
     assert json.loads(png.with_suffix(".json").read_text())["distillation"][2]["hours"] == pytest.approx(1.0 + 2800 / 3600)
+
+    # a figure measured elsewhere (the warm start's) drawn across; one not given as three numbers is refused by name
+    with_reference = bench("--plot", f"{grpo}=GRPO", "--reference", "warm start=0.269,0.10,0.54", "--png", str(png))
+    assert with_reference.returncode == 0, with_reference.stderr
+    refused = bench("--plot", f"{grpo}=GRPO", "--reference", "warm start=0.269", "--png", str(png))
+    assert refused.returncode != 0 and "LABEL=PASS_AT_1,LOW,HIGH" in refused.stderr
