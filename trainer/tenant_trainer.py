@@ -65,6 +65,10 @@ class TenantBatchers:
     def forget(self, partitions: set[int]) -> int:
         return sum(batcher.forget(partitions) for batcher in self.batchers.values())
 
+    def taken(self, group: str) -> bool:
+        # (a planned group's id names its run and task: it is one tenant's)
+        return any(batcher.taken(group) for batcher in self.batchers.values())
+
     def take(self, now: float, version: int, flush: bool = False) -> Batch:
         """The next tenant's batch (in turn), with what went stale or expired in any tenant meanwhile."""
         tenants = sorted(self.batchers)
