@@ -18,7 +18,8 @@ second; the table says what was handled: worker.py), so a restarted worker fetch
 record between the two (1,642 at 30 days of sessions, ~13 MiB of calls, whose pages the allocator kept).
 An inbox may say where its worker's state has handled each partition up to (`Inbox.start_of`): those
 offsets are committed before Faust's seek, which then starts the partition there, and Faust's own commits go
-on from there.
+on from there. Faust has resumed the partitions before it seeks, and the consumer's thread fetches from the
+old position meanwhile, so the claimed partitions are held back (paused) from the commit to the seek.
 
 **Without tasks.**
 faust-streaming 0.15.3's fetcher (`Consumer._drain_messages`) hands every record on through
@@ -85,22 +86,55 @@ class Rest:
 
 class Consumer(driver.Consumer):
     async def perform_seek(self) -> None:
-        """Faust's seek of every assigned partition to the group's committed offset, those of the claimed
-        partitions first committed where their inbox says to start (`Inbox.start_of`). If that commit fails,
-        the partitions start at Faust's offsets: the worker skips what its state holds (slower, the same)."""
-        starts = self.claimed_starts()
-        if starts:
-            try:
-                await self._commit_offsets(starts)
-            except KafkaError:
-                log.warning("committing the state's positions before the seek failed", exc_info=True)
-        await super().perform_seek()
+        """Faust's seek of every assigned partition to the group's committed offset, the claimed partitions
+        first committed where their inbox says to start (`Inbox.start_of`).
 
-    def claimed_starts(self) -> dict[TP, int]:
-        """The assigned claimed partitions whose inbox says where to start them."""
+        Faust resumes the partitions before it seeks them, and the consumer's thread fetches all the while
+        from the old position. So the claimed partitions hand on nothing below their start (`_skip_below`) and
+        are held back (Faust's pause: the client drops what it fetched once the seek moves the position)
+        from before the commit until after the seek. Where the commit did not land (a rebalance under way),
+        they are sought to their start after Faust's seek."""
+        starts = self.claimed_starts(self.assignment())
+        self._skip_below(starts)
+        held = set(starts) - self._paused_partitions  # those Faust pauses itself (recovery) stay paused
+        self.pause_partitions(held)
+        try:
+            if starts and not await self._committed(starts):
+                log.warning("the state's positions were not committed before the seek: seeking to them")
+                await super().perform_seek()
+                for tp, offset in starts.items():
+                    await self.seek(tp, offset)
+                self._committed_offset.update(starts)  # Faust commits what is acknowledged after them
+            else:
+                await super().perform_seek()
+        finally:
+            self.resume_partitions(held)
+
+    def resume_partitions(self, tps: Iterable[TP]) -> None:
+        """Faust's resume, the claimed partitions handing on nothing below their start: the client may hold
+        records fetched from before it (a partition resumed before Faust's seek after a rebalance)."""
+        tps = set(tps)
+        self._skip_below(self.claimed_starts(tps))
+        super().resume_partitions(tps)
+
+    def _skip_below(self, starts: dict[TP, int]) -> None:
+        """Faust drops a fetched record below its partition's read offset as it hands records on (the
+        records' order in the partition): raised to each start, what the state holds is not handed on."""
+        for tp, offset in starts.items():
+            self._read_offset[tp] = max(self._read_offset[tp] or 0, offset)
+
+    async def _committed(self, offsets: dict[TP, int]) -> bool:
+        try:
+            return await self._commit_offsets(offsets)
+        except KafkaError:
+            log.warning("committing the state's positions failed", exc_info=True)
+            return False
+
+    def claimed_starts(self, tps: Iterable[TP]) -> dict[TP, int]:
+        """The claimed partitions of `tps` whose inbox says where to start them."""
         inboxes = cast(Transport, self.transport).inboxes
         starts = {}
-        for tp in self.assignment():
+        for tp in tps:
             inbox = inboxes.get(tp.topic)
             if inbox is not None and inbox.start_of is not None and (offset := inbox.start_of(tp)) is not None:
                 starts[tp] = offset
