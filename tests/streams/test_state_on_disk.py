@@ -68,6 +68,10 @@ async def test_killed_it_restarts_from_its_disk_and_the_changelog_tail(kafka, wo
     assert written > 100
     assert sum(state["changelog_offsets"].values()) > written  # and it wrote on from there
     assert state["restored_records"] <= len(state["restored_by_partition"]) <= 4, (state, written)
+    # and its due index from the due keys in its table, no state: of the 40 settled rollouts kept --retention-s
+    # (6 h, past the 1 s horizon) it read each partition's first key (the pass it replaced read all 40 states)
+    assert state["recovery"]["states_read"] == 0 and state["recovery"]["built"] == [], state["recovery"]
+    assert state["recovery"]["due_keys_read"] <= len(view["assembly"]["partitions"]), state["recovery"]
     assert 0 < state["memory_bytes"] <= state["memory_budget_bytes"] == 8 * 1024 * 1024
     assert view["assembly"]["trajectories"] == len(second)  # what this run settled: the second rollouts only
     # the 60 settled rollouts are kept --retention-s (6 h) against repeats: due then, past the index's horizon
