@@ -145,7 +145,7 @@ def finalize_at(attempt: dict[str, Any], timing: Timing) -> int:
 def due_key(partition: int, due: int, rollout_id: str) -> str:
     """The due index's key of a rollout due at `due` (`DueKeys`): by partition, then due time, fixed-width, so the
     keys' order is the order they come due in."""
-    return f"{partition:04d}:{max(0, due):0{DUE_WIDTH}d}:{rollout_id}"
+    return f"{partition:04d}:{due if due > 0 else 0:019d}:{rollout_id}"  # (19: `DUE_WIDTH`)
 
 
 def parse_due_key(key: str) -> tuple[int, int, str]:
@@ -322,6 +322,7 @@ class Assembly:
         self._horizon, self._later, self._pass = under_way.horizon, under_way.later, None
         if under_way.build:
             self.built |= under_way.build
+            self.counts["due_keys_built"] += len(under_way.build)
 
     def _finish(self) -> None:
         """The pass under way done at once: every state read in the mapping's own order, from the first (again,
