@@ -321,11 +321,6 @@ class Staged(MutableMapping[str, Any]):
             self._keys_of.setdefault(partition, {}).update(left)
         return out
 
-    async def flush(self, keys: Iterable[str]) -> list[asyncio.Future[Any]]:
-        """Write what is staged of `keys` to the table and its changelog; the broker's acknowledgements of
-        those writes (the table's `written` awaits them too)."""
-        return await self.table.write_all(self.changes(keys))
-
 
 class DueKeys:
     """The due index in the table (`assembly.due_key`: `d:<partition>:<due>:<rollout id>`, one key per rollout): the

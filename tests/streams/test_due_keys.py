@@ -105,6 +105,17 @@ def kept_and_open(kept: int, opened: int) -> tuple[list[s.Event], list[Session]]
     return events, sessions
 
 
+def written_fold(kept: int, opened: int) -> tuple[StateTable, Fold, list[Session]]:
+    """A table holding `kept_and_open` folded (with due keys) up to 70 s after `START`, written; the fold, the open
+    sessions."""
+    table = memory_table()
+    events, sessions = kept_and_open(kept, opened)
+    first = Fold(table)
+    fold(first.assembly, events, START + 70_000)
+    first.written()
+    return table, first, sessions
+
+
 def finish(fold: Fold, now: int) -> None:
     """The restarted fold's rebuild of its index, run to its end in slices (as the worker's recovery runs it)."""
     fold.assembly.restart(now)
@@ -116,12 +127,8 @@ def test_a_restarted_fold_reads_the_due_keys_within_its_horizon_and_no_state():
     """600 conversations kept 30 days and 5 open ones, over three partitions: restarted, the fold reads the keys of
     the open ones and one key beyond its horizon per partition, not one state (the pass it replaced read all 605);
     it then finds due, and settles into the same bytes, what an index of everything over the same states does."""
-    table = memory_table()
-    events, sessions = kept_and_open(600, 5)
+    table, _, sessions = written_fold(600, 5)
     now = START + 70_000
-    first = Fold(table)
-    fold(first.assembly, events, now)
-    first.written()
     assert one_key_each(table)
     restarted = Fold(table)
     reads, keys = restarted.rollouts.reads, restarted.assembly.counts["due_index_keys_read"]
@@ -171,12 +178,8 @@ def test_a_stale_due_key_left_by_a_cut_changelog_is_checked_not_trusted():
     """Killed after the due keys of a batch were written and before its states: the table holds each changed
     rollout's old state, its old key and its new one. Restarted, the fold settles what an index of everything over
     those states settles, when it does: the stale keys found out by their states, dropped."""
-    table = memory_table()
-    events, sessions = kept_and_open(30, 6)
+    table, first, sessions = written_fold(30, 6)
     now = START + 70_000
-    first = Fold(table)
-    fold(first.assembly, events, now)
-    first.written()
     ahead = [session.call(2_000 + 10 * i, [1, 2, 3], [4]) for i, session in enumerate(sessions)]  # due later now
     fold(first.assembly, ahead, now)
     first.written(states=False)  # the keys of their new due times in, their states and the old keys' drops lost
