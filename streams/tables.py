@@ -276,7 +276,7 @@ class Staged(MutableMapping[str, Any]):
         cut, disk = len(self.prefix), self.table.disk
         start = None if after is None else self.prefix + after
         beyond = None if start is None else orjson.dumps(start)
-        if disk:
+        if disk is not None:
             under: Iterable[str] = disk.keys_under(self.prefix, start)
         else:  # (the memory store: tests, development)
             under = sorted((key for key in self.table.data if key.startswith(self.prefix)
