@@ -7,7 +7,12 @@ held by their offsets, folded in-process) are written to `--partitions` database
 (`--state-memory-mb`); then the pass reads each key's state by key (a bloom filter a database) and decodes it, as
 the worker's table does, at once and in slices.
 
+Then what replaced the pass: each state's due key (`assembly.due_key`, `--due-soon` of them due within the hour,
+the rest in 30 days), and the index rebuilt as a recovery rebuilds it (`Assembly.restart`, run to its end): the
+keys due by the horizon read, no state.
+
     uv run python -m bench.due_pass [--states 200000] [--partitions 4] [--state-memory-mb 64] [--slice 1000]
+        [--due-soon 1000]
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import itertools
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +30,7 @@ import orjson
 import rocksdict
 
 from agentstream.schemas.codec import encode
-from agentstream.streams.assembly import SLICE, Assembly, Timing
+from agentstream.streams.assembly import SLICE, Assembly, Timing, due_key
 from agentstream.streams.disk import BoundedOptions, Budget, ordered_keys
 from bench.report import Report
 from bench.streams_state import conversation
@@ -83,12 +89,49 @@ def in_slices(dbs: list[rocksdict.Rdict], limit: int) -> list[tuple[float, float
         after = keys[-1]
 
 
+class StoredKeys:
+    """The due keys of the databases, as the worker's table lists them (`tables.DueKeys`); a rebuild writes none."""
+
+    def __init__(self, dbs: list[rocksdict.Rdict]):
+        self.dbs = dbs
+
+    def put(self, partition: int, key: str) -> None:
+        raise AssertionError("a rebuild from due keys writes none")
+
+    drop = put
+
+    def keys_from(self, after: str | None) -> Iterator[str]:
+        start = None if after is None else orjson.dumps("d:" + after)
+        for key in ordered_keys(self.dbs, b'"d:', start, {}, NOT_A_KEY):
+            yield orjson.loads(key)[2:]
+
+
+def key_all(dbs: list[rocksdict.Rdict], states: int, soon: int, now: int) -> None:
+    """A due key for each state: the first `soon` due within the hour after `now`, the others in 30 days."""
+    for i in range(states):
+        due = now + (600_000 if i < soon else 30 * 24 * 3_600_000)
+        dbs[i % len(dbs)].put(orjson.dumps("d:" + due_key(i % len(dbs), due, f"session-{i:09d}")), b"1")
+    for db in dbs:
+        db.flush()
+
+
+def by_keys(dbs: list[rocksdict.Rdict], now: int) -> tuple[float, float, int, int]:
+    """(wall, CPU) seconds of the index's rebuild from the due keys, the keys it read and the rollouts it indexed."""
+    assembly = Assembly({}, {}, Timing(), horizon_ms=3_600_000, due_keys=StoredKeys(dbs))
+    read = assembly.counts["due_index_keys_read"]
+    began, cpu = time.perf_counter(), time.process_time()
+    assembly.reindex(now)
+    took = time.perf_counter() - began, time.process_time() - cpu
+    return *took, assembly.counts["due_index_keys_read"] - read, assembly.indexed()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--states", type=int, default=200_000)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--state-memory-mb", type=int, default=64)
     parser.add_argument("--slice", type=int, default=SLICE)
+    parser.add_argument("--due-soon", type=int, default=1_000, help="states due within the hour (the open work)")
     args = parser.parse_args()
     options = BoundedOptions(Budget(args.state_memory_mb))
     with tempfile.TemporaryDirectory() as folder:
@@ -96,6 +139,9 @@ def main() -> None:
         size = fill(dbs, args.states)
         at_once_figures = at_once(dbs)
         slices = in_slices(dbs, args.slice)
+        now = 1_700_000_000_000
+        key_all(dbs, args.states, args.due_soon, now)
+        keyed = by_keys(dbs, now)
     report = Report("due_pass")
     (whole, whole_cpu), walls, cpus = at_once_figures, [w for w, _ in slices], [c for _, c in slices]
     report.add(f"{args.states:,} states of {size:,} B in {args.partitions} databases: the pass at once (the loop held; "
@@ -106,8 +152,12 @@ def main() -> None:
     report.add("in slices: a slice, wall median / max (with the machine's load)",
                f"{statistics.median(walls) * 1000:.1f} / {max(walls) * 1000:.1f} ms", whole / max(walls))
     report.add("in slices: the pass's CPU, all slices", f"{sum(cpus):.2f} s", sum(cpus) / whole_cpu)
+    report.add(f"a recovery's rebuild of the index, the pass at once → from the due keys ({args.due_soon:,} due within "
+               f"the hour): wall, CPU; states read; keys read", f"{whole:.2f} s, {whole_cpu:.2f} s → {keyed[0] * 1000:.1f} "
+               f"ms, {keyed[1] * 1000:.1f} ms; {args.states:,} → 0; {keyed[2]:,} ({keyed[3]:,} indexed)",
+               whole_cpu / max(keyed[1], 1e-6))
     report.details = {"states": args.states, "state_bytes": size, "at_once_s": [whole, whole_cpu],
-                      "slices_s": slices}
+                      "slices_s": slices, "by_keys": keyed}
     report.print("ratio: the pass at once / the longest slice; the slices' sum / the pass at once")
 
 if __name__ == "__main__":

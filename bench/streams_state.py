@@ -235,6 +235,7 @@ def measure(kafka: KafkaSettings, workdir: Path, store: str, layout: str, count:
                 "restored_records": view["state"].get("restored_records"), "disk_bytes": worker.disk_bytes(),
                 "state_memory_bytes": view["state"].get("memory_bytes"), "rocksdb": view["state"].get("rocksdb"),
                 "due_indexed": view["assembly"].get("due_indexed"),
+                "recovery": view["state"].get("recovery"),  # (what the index's rebuild read; absent before due keys)
                 # source records read again after the restart (the consumer group's commits behind the table's
                 # positions): fetched, then skipped; what the allocator keeps of them is in the RSS after it
                 "redelivered": view["assembly"].get("redelivered", 0)}
@@ -355,6 +356,7 @@ def main() -> None:
             report.details["runs"][days] = {"events": len(events), "log_bytes": size, **runs}
             add_figures(report, days, count, size, runs)
             add_bound(report, days, runs, python[""]["rss_recovered"], args.state_memory_mb, args.baseline)
+            add_recovery_reads(report, days, count, runs, args.baseline)
             for label, text in zip(variants, args.env):
                 add_variant(report, days, runs, python, label, text, args.state_memory_mb)
     report.print("ratio: the first figure / the second, same run (whole: calls kept in the state, the old layout)")
@@ -428,6 +430,16 @@ def add_bound(report: Report, days: int, runs: dict[str, dict], python_rss: int,
             report.add(f"{days} d, rocksdb/{layout}: recovery after kill -9, {baseline} → this tree",
                        f"{before['recovery_s']:.1f} → {after['recovery_s']:.1f} s",
                        before["recovery_s"] / after["recovery_s"])
+
+
+def add_recovery_reads(report: Report, days: int, count: int, runs: dict[str, dict], baseline: str | None) -> None:
+    """What the recovery's rebuild of the due index read: states (a worker before the due keys passes over every
+    one: `count` sessions held) and due keys."""
+    for name, run in runs.items():
+        if name.startswith("rocksdb/") and (recovery := run.get("recovery")):
+            before = f"{baseline}: every state, {count:,} (the pass) → " if f"{name}{BEFORE}" in runs else ""
+            report.add(f"{days} d, {name}: states read by the index's rebuild at the recovery; due keys read",
+                       f"{before}{recovery['states_read']:,}; {recovery['due_keys_read']:,}")
 
 
 def add_figures(report: Report, days: int, count: int, size: int, runs: dict[str, dict]) -> None:

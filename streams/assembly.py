@@ -68,6 +68,8 @@ SLICE = 1_000
 """states a slice of the worker's pass over `rollouts` reads (~15-25 ms from RocksDB): what one holds its loop"""
 UNBUILT = -1
 """the due index's horizon while it is rebuilt from nothing (`Assembly.restart`)"""
+DUE_WIDTH = 19
+"""digits of a due time in a due key: every time up to `sessions.FOREVER_MS` (never due: not indexed)"""
 
 
 CallRef = tuple[int, int, str]
@@ -140,6 +142,31 @@ def finalize_at(attempt: dict[str, Any], timing: Timing) -> int:
     return ended + max(timing.reward_grace_ms, timing.settle_ms)
 
 
+def due_key(partition: int, due: int, rollout_id: str) -> str:
+    """The due index's key of a rollout due at `due` (`DueKeys`): by partition, then due time, fixed-width, so the
+    keys' order is the order they come due in."""
+    return f"{partition:04d}:{due if due > 0 else 0:019d}:{rollout_id}"  # (19: `DUE_WIDTH`)
+
+
+def parse_due_key(key: str) -> tuple[int, int, str]:
+    """(partition, due, rollout id) of a due key."""
+    partition, due, rollout_id = key.split(":", 2)
+    return int(partition), int(due), rollout_id
+
+
+def next_partition(partition: int) -> str:
+    """A key after every due key of `partition` and before the next partition's (`;` follows `:`)."""
+    return f"{partition:04d};"
+
+
+class DueKeys(Protocol):
+    """The due index kept in the worker's table (tables.py), a key per rollout (`due_key`), in the keys' order."""
+
+    def put(self, partition: int, key: str) -> None: ...
+    def drop(self, partition: int, key: str) -> None: ...
+    def keys_from(self, after: str | None) -> Iterator[str]: ...
+
+
 @runtime_checkable
 class Sliced(Protocol):
     """A mapping that lists its keys in an order of its own, from a key on (the worker's table: `Staged`)."""
@@ -164,12 +191,15 @@ class Pass:
     """the last key read: the next slice reads the keys after it (no cursor kept: keys come and go in between)"""
     later: dict[int, int] = field(default_factory=dict)
     """partition → the first due beyond `horizon` of the states read, or saved, since the pass began"""
+    build: frozenset[int] | None = None
+    """partitions whose due keys this pass writes from their states (a table from before them); None: with due keys,
+    the pass reads them, not the states"""
 
 
 class Assembly:
     def __init__(self, rollouts: MutableMapping[str, dict[str, Any]], events: MutableMapping[str, bytes],
                  timing: Timing = Timing(), source: str = "streams", policy: str = policies.DEFAULT_POLICY,
-                 recall: Recall | None = None, horizon_ms: int | None = None):
+                 recall: Recall | None = None, horizon_ms: int | None = None, due_keys: DueKeys | None = None):
         self.rollouts = rollouts
         self.events = events
         self.timing = timing
@@ -184,6 +214,13 @@ class Assembly:
         """events, duplicates, late, trajectories, rewards_computed, reward_failures (since start)"""
         self.horizon_ms = horizon_ms
         """how far ahead of the time asked about a pass extends the due index (None: every rollout, forever)"""
+        self.due_keys = due_keys
+        """the due index in the table (the worker's): a pass reads the keys due by its horizon, not the states"""
+        self.built: set[int] = set()
+        """partitions a pass wrote the due keys of (from their states), for the worker to mark as done"""
+        self._unchecked: set[str] = set()
+        """rollouts in the index by a due key a pass read, not by their state: `due` checks the state first (a crash
+        may have left a stale key)"""
         self._horizon = sessions.FOREVER_MS
         """every rollout due by then is in the index; the others are found by a pass over `rollouts` once a horizon
         (`look_ahead`): the index holds the open work, not the retained (`UNBUILT`: nothing known yet)"""
@@ -208,15 +245,18 @@ class Assembly:
         self.restart(now_ms)
         self._finish()
 
-    def restart(self, now_ms: int) -> None:
+    def restart(self, now_ms: int, build: Iterable[int] = ()) -> None:
         """Empty the due index and begin the pass that rebuilds it up to `horizon_ms` past `now_ms` (after a worker
         restored or took over a table): the caller runs it in slices (`look_ahead`); asked what is due before it
-        is done, the index finishes it first (nothing is known until then)."""
+        is done, the index finishes it first (nothing is known until then). With due keys the pass reads those
+        due by then, no state; `build`: partitions without due keys (a table from before them), whose states it
+        reads, every one, writing their keys (once: the worker marks them, `built`)."""
         self._due_at.clear()
         self._queue.clear()
         self._later.clear()
+        self._unchecked.clear()
         self._horizon = UNBUILT
-        self._begin(now_ms)
+        self._begin(now_ms, frozenset(build) if build and self.due_keys is not None else None)
 
     def look_ahead(self, now_ms: int, limit: int) -> bool:
         """A slice of the pass over `rollouts` (at most `limit` states); whether a pass is still under way.
@@ -232,34 +272,94 @@ class Assembly:
             self._step(limit)
         return self._pass is not None
 
-    def _begin(self, now_ms: int) -> None:
+    def _begin(self, now_ms: int, build: frozenset[int] | None = None) -> None:
         if self.horizon_ms is None:
-            self._pass = Pass(sessions.FOREVER_MS)
+            self._pass = Pass(sessions.FOREVER_MS, build=build)
         else:
-            self._pass = Pass(now_ms + self.horizon_ms)
+            self._pass = Pass(now_ms + self.horizon_ms, build=build)
             self.counts["due_index_passes"] += 1
 
     def _step(self, limit: int) -> None:
-        """Index the next `limit` states of the pass; at its end, the index reaches its horizon."""
+        """Index the next `limit` states of the pass (or due keys); at its end, the index reaches its horizon."""
         under_way = self._pass
         assert under_way is not None
-        keys = keys_after(self.rollouts, under_way.after, limit)
         self.counts["due_index_slices"] += 1
+        if self.due_keys is not None and under_way.build is None:
+            return self._step_keys(under_way, limit)
+        keys = keys_after(self.rollouts, under_way.after, limit)
         for rollout_id in keys:
-            self._index(rollout_id, self.rollouts[rollout_id])
+            self._index_read(rollout_id, self.rollouts[rollout_id], under_way)
         if len(keys) == limit:
             under_way.after = keys[-1]
         else:
-            self._horizon, self._later, self._pass = under_way.horizon, under_way.later, None
+            self._done(under_way)
+
+    def _step_keys(self, under_way: Pass, limit: int) -> None:
+        """Index the rollouts of the next (at most) `limit` due keys due by the pass's horizon, partition by
+        partition: a partition's first key beyond it is where its index ends (`_later`), the rest of its keys
+        (its retained sessions) are not read."""
+        assert self.due_keys is not None
+        read = 0
+        while read < limit:
+            jumped = False
+            for key in self.due_keys.keys_from(under_way.after):
+                read += 1
+                partition, due, rollout_id = parse_due_key(key)
+                if due > under_way.horizon:
+                    self._beyond(partition, due, under_way)
+                    under_way.after, jumped = next_partition(partition), True
+                    break
+                under_way.after = key
+                self._candidate(partition, due, rollout_id)
+                if read >= limit:
+                    break
+            if not jumped and read < limit:  # no key left
+                self._done(under_way)
+                break
+        self.counts["due_index_keys_read"] += read
+
+    def _done(self, under_way: Pass) -> None:
+        self._horizon, self._later, self._pass = under_way.horizon, under_way.later, None
+        if under_way.build:
+            self.built |= under_way.build
+            self.counts["due_keys_built"] += len(under_way.build)
 
     def _finish(self) -> None:
         """The pass under way done at once: every state read in the mapping's own order, from the first (again,
-        for those a slice read: a dict lists no keys from a key on without going over all of them)."""
+        for those a slice read: a dict lists no keys from a key on without going over all of them); with due keys,
+        the keys due by its horizon."""
         under_way = self._pass
-        if under_way is not None:
+        if under_way is not None and self.due_keys is not None and under_way.build is None:
+            while self._pass is under_way:
+                self._step_keys(under_way, 100 * SLICE)
+        elif under_way is not None:
             for rollout_id, state in self.rollouts.items():  # (one state decoded at a time, not all of them at once)
-                self._index(rollout_id, state)
-            self._horizon, self._later, self._pass = under_way.horizon, under_way.later, None
+                self._index_read(rollout_id, state, under_way)
+            self._done(under_way)
+
+    def _index_read(self, rollout_id: str, state: dict[str, Any], under_way: Pass) -> None:
+        """A state a pass read: indexed, and where the pass builds its partition's due keys, its key written."""
+        self.counts["due_index_states_read"] += 1
+        self._index(rollout_id, state)
+        if under_way.build and state["partition"] in under_way.build and state["due"] < sessions.FOREVER_MS:
+            assert self.due_keys is not None
+            self.due_keys.put(state["partition"], due_key(state["partition"], state["due"], rollout_id))
+
+    def _candidate(self, partition: int, due: int, rollout_id: str) -> None:
+        """A rollout a due key says is due at `due`, by the pass's horizon: indexed there (the earliest, where it is
+        already: a stale key comes before the right one or after it), checked against its state when due."""
+        known = self._due_at.get(rollout_id)
+        if known is None or due < known:
+            self._due_at[rollout_id] = due
+            self._unchecked.add(rollout_id)
+            heapq.heappush(self._queue[partition], (due, rollout_id))
+
+    def _beyond(self, partition: int, due: int, under_way: Pass | None) -> None:
+        """A rollout of `partition` due after the index's horizon (or the pass's): none of them is due before the
+        first such (`_later`)."""
+        self._later[partition] = min(due, self._later.get(partition, due))
+        if under_way is not None:  # (what `_later` will be once the pass is done)
+            under_way.later[partition] = min(due, under_way.later.get(partition, due))
 
     def _catch_up(self, now_ms: int) -> None:
         """The index complete up to `now_ms` (or built, after `restart`): the pass under way finished at once, and
@@ -271,12 +371,10 @@ class Assembly:
 
     def _index(self, rollout_id: str, state: dict[str, Any]) -> None:
         due, under_way = state["due"], self._pass
+        self._unchecked.discard(rollout_id)
         if due > (self._horizon if under_way is None else under_way.horizon):  # (a heap entry it had is stale now)
             self._due_at.pop(rollout_id, None)
-            partition = state["partition"]
-            self._later[partition] = min(due, self._later.get(partition, due))
-            if under_way is not None:  # (what `_later` will be once the pass is done)
-                under_way.later[partition] = min(due, under_way.later.get(partition, due))
+            self._beyond(state["partition"], due, under_way)
         elif self._due_at.get(rollout_id) != due:
             self._due_at[rollout_id] = due
             heapq.heappush(self._queue[state["partition"]], (due, rollout_id))
@@ -363,11 +461,22 @@ class Assembly:
                 attempt["end"] = {"id": event.id, "type": event.type, "time": event.time}
 
     def _save(self, rollout_id: str, state: dict[str, Any]) -> None:
+        indexed = state.get("due")  # (as saved last: its due key's)
         state["due"] = min(map(self._due, state["attempts"].values()), default=sessions.FOREVER_MS)
         if held := state.get("held"):  # a session's events not folded yet: due when they are (`release`)
             state["due"] = sessions.held_due(held, state["due"], self.timing)
+        if self.due_keys is not None and state["due"] != indexed:
+            self._move_key(rollout_id, state["partition"], indexed, state["due"])
         self.rollouts[rollout_id] = state  # written back whole: a Faust table records changes on assignment
         self._index(rollout_id, state)
+
+    def _move_key(self, rollout_id: str, partition: int, before: int | None, after: int | None) -> None:
+        """The rollout's due key from `before` to `after` (None: none; never due: none)."""
+        assert self.due_keys is not None
+        if after is not None and after < sessions.FOREVER_MS:
+            self.due_keys.put(partition, due_key(partition, after, rollout_id))
+        if before is not None and before < sessions.FOREVER_MS:
+            self.due_keys.drop(partition, due_key(partition, before, rollout_id))
 
     def _due(self, attempt: dict[str, Any]) -> int:
         settled = attempt.get("settled")
@@ -419,17 +528,36 @@ class Assembly:
         """Rollouts of these partitions with an attempt to settle or to forget by `now_ms`."""
         self._catch_up(now_ms)
         found: dict[str, None] = {}
-        for partition in self._queue if partitions is None else partitions:
+        for partition in list(self._queue) if partitions is None else partitions:
             heap = self._queue.get(partition) or []
             current = []
             while heap and heap[0][0] <= now_ms:
                 due, rollout_id = heapq.heappop(heap)
                 if self._due_at.get(rollout_id) == due and rollout_id not in found:
+                    if rollout_id in self._unchecked and not self._checked(partition, due, rollout_id):
+                        continue
                     found[rollout_id] = None
                     current.append((due, rollout_id))
             for entry in current:  # still due until settled: settling re-indexes them
                 heapq.heappush(heap, entry)
         return list(found)
+
+    def _checked(self, partition: int, due: int, rollout_id: str) -> bool:
+        """Whether a rollout indexed by its due key is due then by its state; a stale key (a crash between the
+        changelog records of its state and its keys) dropped, the rollout indexed by its state."""
+        assert self.due_keys is not None
+        self._unchecked.discard(rollout_id)
+        state = self.rollouts.get(rollout_id)
+        self.counts["due_index_states_read"] += 1
+        if state is not None and state["due"] == due:
+            return True
+        self.counts["due_keys_stale"] += 1
+        self.due_keys.drop(partition, due_key(partition, due, rollout_id))
+        self._due_at.pop(rollout_id, None)
+        if state is not None:  # (its own key put again: a re-write at worst)
+            self._move_key(rollout_id, state["partition"], None, state["due"])
+            self._index(rollout_id, state)
+        return False
 
     def open_attempts(self) -> int:
         """Attempts not settled yet (a scan of the state: for checks, not for every request)."""
@@ -554,6 +682,9 @@ class Assembly:
         else:
             del self.rollouts[settled.rollout_id]
             self._due_at.pop(settled.rollout_id, None)
+            self._unchecked.discard(settled.rollout_id)
+            if self.due_keys is not None:
+                self._move_key(settled.rollout_id, state["partition"], state.get("due"), None)
         for event_id in done:  # after the state: a crash in between leaves events behind, never loses one
             self.events.pop(event_id, None)
             self._forget_decoded(event_id)

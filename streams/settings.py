@@ -44,7 +44,7 @@ class StreamsSettings(KafkaSettings):
                                "rewards (streams/policies.py)")
     due_horizon_s: float = Field(3600.0, gt=0, description="how far ahead the worker keeps in memory when its "
                                  "attempts are due: the later ones (settled attempts and conversations kept for "
-                                 "--retention-s and --session-retention-s) are found by a pass over the state once "
+                                 "--retention-s and --session-retention-s) are read from the table's due keys once "
                                  "this long, so its memory follows the open work, not the retention")
     tick_s: float = Field(0.1, gt=0, description="how often the worker looks for attempts due to settle, at "
                           "least (it also wakes when the next attempt is due)")

@@ -17,6 +17,7 @@ import heapq
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import islice
 from typing import Any
 
 import faust
@@ -210,8 +211,11 @@ class Staged(MutableMapping[str, Any]):
         """staged keys the table does not hold: dropping one drops its staged write, and writes nothing"""
         self._keys_of: dict[int, dict[str, None]] = {}
         """partition → the keys staged in it (some since written or dropped), in order"""
+        self.reads = 0
+        """values read by key (what a pass over the state costs: the worker's recovery counts them)"""
 
     def __getitem__(self, key: str) -> Any:
+        self.reads += 1
         staged = self._staged.get(key)
         if staged is None:
             value = self.table.data[self.prefix + key]
@@ -264,24 +268,25 @@ class Staged(MutableMapping[str, Any]):
         """Up to `limit` keys after `after` (None: from the first), in the order of their bytes in the changelog
         (the disk store's), the staged ones among them: a pass over the keys a slice at a time, each slice
         resumed from the last key it read, whatever was written or dropped in between."""
+        return list(islice(self.keys_from(after), limit))
+
+    def keys_from(self, after: str | None) -> Iterator[str]:
+        """The keys after `after` as `keys_after` lists them, read one at a time (on disk: from a cursor, so a
+        range read stops where its reader does). Valid until the next change: read it within one step."""
         cut, disk = len(self.prefix), self.table.disk
         start = None if after is None else self.prefix + after
         beyond = None if start is None else orjson.dumps(start)
-        if disk:
+        if disk is not None:
             under: Iterable[str] = disk.keys_under(self.prefix, start)
         else:  # (the memory store: tests, development)
             under = sorted((key for key in self.table.data if key.startswith(self.prefix)
                             and (beyond is None or orjson.dumps(key) > beyond)), key=orjson.dumps)
         new = sorted((key for key in (self.prefix + key for key in self._new)
                       if beyond is None or orjson.dumps(key) > beyond), key=orjson.dumps)
-        found: list[str] = []
         for key in heapq.merge(under, new, key=orjson.dumps):
             staged = self._staged.get(key[cut:])
             if staged is None or staged[1] is not DROPPED:
-                found.append(key[cut:])
-                if len(found) == limit:
-                    break
-        return found
+                yield key[cut:]
 
     @property
     def unwritten(self) -> int:
@@ -298,18 +303,57 @@ class Staged(MutableMapping[str, Any]):
                 out.append((staged[0], self.prefix + key, staged[1]))
         return out
 
-    def changes_of(self, partition: int) -> list[tuple[int, str, Any]]:
-        """What is staged in `partition`, as `changes` gives it, and no longer staged."""
-        out = []
+    def changes_of(self, partition: int, drops: bool = True) -> list[tuple[int, str, Any]]:
+        """What is staged in `partition`, as `changes` gives it, and no longer staged (without `drops`: its writes,
+        its deletions left staged)."""
+        out: list[tuple[int, str, Any]] = []
+        left: dict[str, None] = {}
         for key in self._keys_of.pop(partition, {}):
             staged = self._staged.get(key)
             if staged is not None and staged[0] == partition:
+                if not drops and staged[1] is DROPPED:
+                    left[key] = None
+                    continue
                 del self._staged[key]
                 self._new.discard(key)
                 out.append((partition, self.prefix + key, staged[1]))
+        if left:
+            self._keys_of.setdefault(partition, {}).update(left)
         return out
 
-    async def flush(self, keys: Iterable[str]) -> list[asyncio.Future[Any]]:
-        """Write what is staged of `keys` to the table and its changelog; the broker's acknowledgements of
-        those writes (the table's `written` awaits them too)."""
-        return await self.table.write_all(self.changes(keys))
+
+class DueKeys:
+    """The due index in the table (`assembly.due_key`: `d:<partition>:<due>:<rollout id>`, one key per rollout): the
+    rollouts due by a time are a range of its keys, read without reading any state.
+
+    Written with the state they index, in an order that keeps any prefix of a changelog partition right: a key
+    added before the state that has that due (`added_of`, `_flush`), a key dropped after it. A prefix cut in
+    between holds a key too many (a stale one, met and dropped by `Assembly.due`), never one too few.
+    """
+
+    def __init__(self, table: StateTable):
+        self.staged = Staged(table, "d:")
+
+    def put(self, partition: int, key: str) -> None:
+        self.staged.partition = partition
+        self.staged[key] = 1
+
+    def drop(self, partition: int, key: str) -> None:
+        if key in self.staged:
+            self.staged.partition = partition
+            del self.staged[key]
+
+    def keys_from(self, after: str | None) -> Iterator[str]:
+        return self.staged.keys_from(after)
+
+    def added_of(self, partition: int) -> list[tuple[int, str, Any]]:
+        """The keys staged as added in `partition`, no longer staged: written before the states they index."""
+        return self.staged.changes_of(partition, drops=False)
+
+    def dropped_of(self, partition: int) -> list[tuple[int, str, Any]]:
+        """The rest of `partition`'s staged changes (the deletions): written after the states."""
+        return self.staged.changes_of(partition)
+
+    @property
+    def unwritten(self) -> int:
+        return self.staged.unwritten

@@ -50,7 +50,7 @@ from agentstream.streams.assembly import SLICE, Assembly, Settled
 from agentstream.streams.disk import Budget
 from agentstream.streams.recall import CallLog, retention_ms
 from agentstream.streams.settings import StreamsSettings
-from agentstream.streams.tables import Staged, StateTable, registered
+from agentstream.streams.tables import DueKeys, Staged, StateTable, registered
 from agentstream.streams.transport import Inbox
 from agentstream.streams.windows import Windows
 
@@ -93,8 +93,13 @@ class AssemblyWorker(faust.Service):
         self.events = Staged(self.table, "e:", bytes.decode, str.encode)
         self.positions = Staged(self.table, "p:")
         """'topic:partition' → the next offset of that source partition to handle"""
+        self.due_keys = DueKeys(self.table)
+        """the due index: what is due is a range of these keys (`assembly.due_key`), no state read to find it"""
+        self.marks = Staged(self.table, "m:")
+        """'due-keys:partition' → 1: the partition's states all have their due keys (a table from before them gets
+        them from one pass over its states, then never again)"""
         self.assembly = Assembly(self.rollouts, self.events, settings.timing, settings.source, settings.reward_policy,
-                                 horizon_ms=int(settings.due_horizon_s * 1000))
+                                 horizon_ms=int(settings.due_horizon_s * 1000), due_keys=self.due_keys)
         self.calls_log = CallLog(settings)
         """where a revision's calls are read back from (a settled session keeps their offsets, not them)"""
         self.calls_retention_ms: int | None = None
@@ -127,6 +132,9 @@ class AssemblyWorker(faust.Service):
         """records, batch end, timer or rebalance at a time: each changes the state and stages writes"""
         self.recoveries = 0
         """times the table was recovered (at the start, and after each rebalance)"""
+        self.recovery: dict[str, Any] = {}
+        """what the last recovery's rebuild of the due index read: states (none once the partitions have their due
+        keys), due keys, and the partitions whose keys it wrote"""
 
     @faust.Service.task
     async def _check_calls_retention(self) -> None:
@@ -144,11 +152,20 @@ class AssemblyWorker(faust.Service):
         await self.calls_log.stop()
 
     async def recovered(self) -> None:
-        # the due index rebuilt from the table in slices, the loop free in between (heartbeats, fetches)
+        # the due index rebuilt from its keys in the table (those due within the horizon, no state), in slices, the
+        # loop free in between (heartbeats, fetches); a partition without its keys yet gets them from its states
         async with self.lock:
-            self.assembly.restart(now_ms())
+            states, keys = self.rollouts.reads, self.assembly.counts["due_index_keys_read"]
+            build = self._unmarked()
+            self.assembly.restart(now_ms(), build)
         while (await self._look_ahead_slice())[0]:
             await asyncio.sleep(0)  # (taking a free lock does not yield)
+        async with self.lock:
+            for partition in self.assembly.built:  # written after the keys the pass put (`_flush`)
+                self._mark(partition)
+            self.assembly.built.clear()
+            self.recovery = {"states_read": self.rollouts.reads - states, "built": sorted(build),
+                             "due_keys_read": self.assembly.counts["due_index_keys_read"] - keys}
         self.recoveries += 1
         disk = self.table.disk
         if disk is None:
@@ -156,6 +173,24 @@ class AssemblyWorker(faust.Service):
         else:  # (counting the keys on disk would read them all)
             log.info("state recovered: %d changelog records read, about %d keys on disk", disk.restored.records,
                      disk.estimated_keys())
+
+    def _unmarked(self) -> set[int]:
+        """The active partitions whose states have no due keys (written by a worker from before them); one that holds
+        no position has no state (a position is written before the first state of its records): marked now, its
+        keys written from its first state on."""
+        unmarked = set()
+        for partition in self.active_partitions():
+            if f"due-keys:{partition}" in self.marks:
+                continue
+            if any(f"{topic}:{partition}" in self.positions for topic in self.sources):
+                unmarked.add(partition)
+            else:
+                self._mark(partition)
+        return unmarked
+
+    def _mark(self, partition: int) -> None:
+        self.marks.partition = partition
+        self.marks[f"due-keys:{partition}"] = 1
 
     async def revoked(self, revoked: Iterable[TP]) -> None:
         # after the batch in hand (Faust waits for no record of the inbox: none is tracked as in a stream)
@@ -391,13 +426,18 @@ class AssemblyWorker(faust.Service):
 
     async def _decide(self, settled: list[Settled]) -> None:
         """Stage each attempt's decision and await the broker's acknowledgement of them."""
+        partitions = set()
         for one in settled:
-            self._point_at(self.rollouts_partition(one.rollout_id))
+            partitions.add(partition := self.rollouts_partition(one.rollout_id))
+            self._point_at(partition)
             self.assembly.decide(one)
-        # what the trajectories are built from: their attempts' decisions, acknowledged; not every change
+        # what the trajectories are built from: their attempts' decisions (after the due keys added in their
+        # partitions: a state is never in the changelog before its key), acknowledged; not every change
         # still on its way (the events and positions of batches before, in the other partitions too), but
         # none of those refused: a worker whose changelog has a hole publishes nothing more
-        await asyncio.gather(*await self.rollouts.flush(one.rollout_id for one in settled))
+        keys = [change for partition in sorted(partitions) for change in self.due_keys.added_of(partition)]
+        states = self.rollouts.changes(one.rollout_id for one in settled)
+        await asyncio.gather(*await self.table.write_all([*keys, *states]))
         self.table.check()
 
     async def _publish_settled(self, settled: list[Settled]) -> list[Awaitable[object]]:
@@ -451,9 +491,10 @@ class AssemblyWorker(faust.Service):
             pending, self.deadletters = self.deadletters, []
             await asyncio.gather(*pending)
         changes = []
-        for partition in due:
-            changes += [*self.rollouts.changes_of(partition), *self.events.changes_of(partition),
-                        *self.positions.changes_of(partition)]
+        for partition in due:  # a due key added before the state that has that due, one dropped after it
+            changes += [*self.due_keys.added_of(partition), *self.rollouts.changes_of(partition),
+                        *self.due_keys.dropped_of(partition), *self.marks.changes_of(partition),
+                        *self.events.changes_of(partition), *self.positions.changes_of(partition)]
         await self.table.write_all(changes)  # one record batch per partition: its state, then its positions
         await self.windows.flush()
         if self.table.unacknowledged > UNACKNOWLEDGED_MAX:
@@ -598,11 +639,13 @@ class AssemblyWorker(faust.Service):
         """Where the table is and what it costs: with the disk store, the changelog records recovery read
         (since the start), the changelog offset each partition's database holds up to, and their memory."""
         disk = self.table.disk
-        unwritten = self.rollouts.unwritten + self.events.unwritten + self.positions.unwritten
+        unwritten = (self.rollouts.unwritten + self.events.unwritten + self.positions.unwritten
+                     + self.due_keys.unwritten + self.marks.unwritten)
         calls = {"calls_retention_ms": self.calls_retention_ms, "calls_read_back": self.calls_log.reads}
+        recovery = {"recoveries": self.recoveries, "recovery": self.recovery}
         if disk is None:
-            return {"store": "memory", "recoveries": self.recoveries, "unwritten_changes": unwritten, **calls}
-        return {"store": "rocksdb", "recoveries": self.recoveries, "unwritten_changes": unwritten, **calls,
+            return {"store": "memory", **recovery, "unwritten_changes": unwritten, **calls}
+        return {"store": "rocksdb", **recovery, "unwritten_changes": unwritten, **calls,
                 "restored_records": disk.restored.records,
                 "restored_by_partition": disk.restored.by_partition, "memory_bytes": disk.budget.usage(), "rocksdb": disk.memory(),
                 "memory_budget_bytes": disk.budget.bytes, "held_changes": len(disk.held),

@@ -8,6 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import rocksdict
 from aiokafka import TopicPartition
 from aiokafka.admin import RecordsToDelete
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
@@ -68,12 +69,67 @@ async def test_killed_it_restarts_from_its_disk_and_the_changelog_tail(kafka, wo
     assert written > 100
     assert sum(state["changelog_offsets"].values()) > written  # and it wrote on from there
     assert state["restored_records"] <= len(state["restored_by_partition"]) <= 4, (state, written)
+    # and its due index from the due keys in its table, no state: of the 40 settled rollouts kept --retention-s
+    # (6 h, past the 1 s horizon) it read each partition's first key (the pass it replaced read all 40 states)
+    assert state["recovery"]["states_read"] == 0 and state["recovery"]["built"] == [], state["recovery"]
+    assert state["recovery"]["due_keys_read"] <= len(view["assembly"]["partitions"]), state["recovery"]
     assert 0 < state["memory_bytes"] <= state["memory_budget_bytes"] == 8 * 1024 * 1024
     assert view["assembly"]["trajectories"] == len(second)  # what this run settled: the second rollouts only
     # the 60 settled rollouts are kept --retention-s (6 h) against repeats: due then, past the index's horizon
     # (--due-horizon-s), so the worker holds none of them in memory; its passes over the table will find them
     assert view["assembly"]["due_indexed"] == 0
     assert list(worker.data_dir.rglob("*.sst")) or list(worker.data_dir.rglob("*.log")), "no database on disk"
+
+
+def due_keys_on_disk(worker: StreamsWorker, delete: bool = False) -> int:
+    """The `d:` and `m:` keys in its databases (killed: no lock held); with `delete`, deleted, as a worker from before
+    the due keys left them."""
+    found = 0
+    for path in worker.data_dir.rglob("assembly-*.db"):
+        db = rocksdict.Rdict(str(path), options=rocksdict.Options(raw_mode=True))
+        try:
+            keys = [key for key in db.keys() if key.startswith((b'"d:', b'"m:'))]  # noqa: SIM118 (no __iter__)
+            for key in keys if delete else ():
+                db.delete(key)
+            found += len(keys)
+        finally:
+            db.close()
+    return found
+
+
+async def test_a_table_from_before_the_due_keys_gets_them_at_one_recovery_then_never_again(kafka, worker_factory):
+    """A worker upgraded over a table with no due keys (its databases stripped of them while it was down): its first
+    recovery reads every state once and writes their keys and marks; killed -9 again, it recovers reading none. Every
+    rollout still makes one trajectory."""
+    worker = worker_factory("upgrade", *DISK).start()
+    first = [live(Rollout(f"r-upgrade-{i}")) for i in range(30)]
+    second = [live(Rollout(f"r-upgrade-late-{i}")) for i in range(10)]
+    async with TopicWatch(kafka, "trajectories") as watch:
+        await publish(kafka, [event for rollout in first for event in rollout.two_turns()])
+        await watch.until(lambda seen: len(trajectories_by_rollout(seen)) == len(first), timeout=120,
+                          what="the first rollouts' trajectories")
+        wait_for(lambda: quiet(worker), timeout=60, what="the worker's state written and acknowledged")
+        worker.kill()
+        assert due_keys_on_disk(worker, delete=True) >= len(first)
+        assert due_keys_on_disk(worker) == 0
+        worker.start()
+        wait_for(lambda: recovered(worker) and quiet(worker), timeout=120, what="the recovery and its keys written")
+        counts = (worker.analytics() or {})["assembly"]  # (since its start: a start may recover more than once)
+        assert counts["due_keys_built"] >= 1 and counts["due_index_states_read"] >= len(first), counts
+        worker.kill()
+        await publish(kafka, [event for rollout in second for event in rollout.two_turns()])
+        worker.start()
+        ids = {rollout.rollout_id for rollout in first + second}
+        await watch.until(lambda seen: set(trajectories_by_rollout(seen)) == ids, timeout=120,
+                          what="every rollout's trajectory")
+        assert_once_each(watch.events, ids)
+    view = worker.analytics()
+    assert view is not None
+    assert view["state"]["recovery"]["states_read"] == 0 and view["state"]["recovery"]["built"] == []
+    assert view["assembly"]["trajectories"] == len(second)
+    wait_for(lambda: quiet(worker), timeout=60, what="the worker's state written")
+    worker.kill()
+    assert due_keys_on_disk(worker) >= len(first + second)  # a key per rollout kept (6 h), and the marks
 
 
 async def rewind_the_group(kafka: KafkaSettings) -> None:
