@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -79,6 +80,11 @@ class StateTable(faust.Table[str, Any]):
         """The table's store when it is on disk."""
         store = self.data
         return store if isinstance(store, DiskStore) else None
+
+    def uncached(self) -> AbstractContextManager[None]:
+        """Reads that leave the disk store's cache as it is (`DiskStore.uncached`: a pass over every state)."""
+        disk = self.disk
+        return disk.uncached() if disk else nullcontext()
 
     @cached_property
     def changelog_name(self) -> str:
