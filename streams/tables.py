@@ -77,14 +77,16 @@ class StateTable(faust.Table[str, Any]):
 
     @property
     def disk(self) -> DiskStore | None:
-        """The table's store when it is on disk."""
+        """The table's store when it is on disk. Asked `is not None`, never for its truth: a Faust store is a
+        mapping whose truth is its length, which it counts by reading every key of every database (through the
+        block cache): `if disk` read the whole table, at every slice of the due index's pass and every batch."""
         store = self.data
         return store if isinstance(store, DiskStore) else None
 
     def uncached(self) -> AbstractContextManager[None]:
         """Reads that leave the disk store's cache as it is (`DiskStore.uncached`: a pass over every state)."""
         disk = self.disk
-        return disk.uncached() if disk else nullcontext()
+        return disk.uncached() if disk is not None else nullcontext()
 
     @cached_property
     def changelog_name(self) -> str:
@@ -155,7 +157,7 @@ class StateTable(faust.Table[str, Any]):
         producer = self.app.producer
         assert isinstance(producer, Producer)
         disk = self.disk
-        return Batch(producer.create_batch(), disk.new_batch() if disk else 0)
+        return Batch(producer.create_batch(), disk.new_batch() if disk is not None else 0)
 
     def _apply(self, key: str, value: Any, batch: Batch) -> None:
         """A change into the store now: the memory store's, or the disk store's held changes (disk.py)."""
@@ -255,8 +257,8 @@ class Staged(MutableMapping[str, Any]):
         """The table's keys one at a time (on disk, 30 days of them are not listed in memory), then the staged
         ones it does not hold."""
         cut, disk = len(self.prefix), self.table.disk
-        under = disk.keys_under(self.prefix) if disk else (key for key in list(self.table.data.keys())
-                                                               if key.startswith(self.prefix))
+        under = disk.keys_under(self.prefix) if disk is not None else (
+            key for key in list(self.table.data.keys()) if key.startswith(self.prefix))
         for key in under:
             staged = self._staged.get(key[cut:])
             if staged is None or staged[1] is not DROPPED:
@@ -273,7 +275,7 @@ class Staged(MutableMapping[str, Any]):
         cut, disk = len(self.prefix), self.table.disk
         start = None if after is None else self.prefix + after
         beyond = None if start is None else orjson.dumps(start)
-        if disk:
+        if disk is not None:
             under: Iterable[str] = disk.keys_under(self.prefix, start)
         else:  # (the memory store: tests, development)
             under = sorted((key for key in self.table.data if key.startswith(self.prefix)

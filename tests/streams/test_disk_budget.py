@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import itertools
+import os
 import tracemalloc
 from pathlib import Path
 
 import faust
 import orjson
 import rocksdict
+from faust.types import TP
 
 from agentstream.streams.disk import MB, BoundedOptions, Budget, ordered_keys
-from agentstream.streams.tables import StateTable
+from agentstream.streams.tables import Staged, StateTable
 
 
 def fill(options: BoundedOptions, path: Path, megabytes: int) -> None:
@@ -99,4 +101,38 @@ def test_the_key_index_holds_keys_of_their_own_size_not_orjsons_buffers(tmp_path
         tracemalloc.stop()
     assert len(store._key_index) == 1000
     assert held < 512 * 1024, f"{held / MB:.1f} MiB for 1,000 keys"
+    db.close()
+
+
+def test_the_due_index_pass_reads_every_state_without_filling_the_cache(tmp_path, monkeypatch):
+    """The due index's pass reads every state once: its keys a slice at a time (`Staged.keys_after`), each state by
+    key, within `StateTable.uncached` (as the worker runs a slice). 24 MiB of states through an 8 MiB budget leave the
+    cache where it was; the same pass read through the cache fills it to the budget (at recovery it turned the cache
+    over, evicting the blocks the worker reads, and the heap kept the holes: ~1 MiB past the budget at 30 days)."""
+    app = faust.App("test-uncached-pass", broker="kafka://127.0.0.1:1", datadir=str(tmp_path))
+    budget = Budget(8)
+    table = StateTable(app, name="assembly", partitions=1, budget=budget)
+    store = table.disk
+    assert store is not None
+    monkeypatch.setattr(app.assignor, "assigned_actives", lambda: {TP(table.changelog_topic_name, 0)})
+    db = store._db_for_partition(0)
+    count = 24 * 64  # states of 16 KiB (random hex: as many bytes in the files)
+    for i in range(count):
+        db.put(orjson.dumps(f"r:chat-{i:05d}"), orjson.dumps({"due": i, "x": os.urandom(8 * 1024).hex()}))
+    db.flush()
+    rollouts = Staged(table, "r:")
+
+    def one_pass() -> int:
+        read, after = 0, None
+        while keys := rollouts.keys_after(after, 100):
+            read += sum(1 for key in keys if rollouts[key]["due"] >= 0)
+            after = keys[-1]
+        return read
+
+    before = budget.usage()  # (the write buffers' reservation, the index and filter blocks)
+    with table.uncached():
+        assert one_pass() == count
+    assert budget.usage() - before < MB, f"{(budget.usage() - before) / MB:.1f} MiB of the pass's blocks cached"
+    assert one_pass() == count  # read through the cache again, out of the pass
+    assert budget.usage() > 6 * MB
     db.close()
