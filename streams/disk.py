@@ -10,9 +10,10 @@ memory (`held`, which reads see) until the broker acknowledges its batch; then t
 database together with its last offset, in one write. A restarted worker reads its database and the
 changelog from that offset on: the tail, not the whole log.
 
-Memory: every partition's database shares one block cache of `--state-memory-mb`, and their write buffers
-(memtables) are charged to it (a write buffer manager of half of it), as are the index and filter blocks:
-what the state takes in RAM is that budget whatever the retention; the rest is on disk. A pass over the keys, and
+Memory: every partition's database shares one block cache of `--state-memory-mb` less what the store takes beside
+it (`BESIDE_CACHE`), and their write buffers (memtables) are charged to it (a write buffer manager of half of it), as
+are the index and filter blocks: what the state takes in RAM is that budget whatever the retention; the rest is on
+disk. A pass over the keys, and
 the reads of the due index's pass over every state (`DiskStore.uncached`), leave the cache as it is: their blocks
 are not read again, and through the cache they turned the budget over, evicting the blocks the worker reads.
 """
@@ -58,16 +59,32 @@ def dumps(value: Any) -> bytes:
     return bytes(memoryview(orjson.dumps(value)))
 
 
+BESIDE_CACHE = 2 * MB
+"""what the disk store takes beside its cache whatever the cache holds: measured after a kill -9 and a restart
+(the cache nearly empty), over a worker restarted over an empty log, 1.1 MiB at 1 day of sessions and 1.6 MiB at
+30 (the libraries' pages the store's paths touch, RocksDB's threads' arenas, its table readers, Faust's key index;
+bench.streams_state, streams/README.md)"""
+BESIDE_CACHE_SHARE = 32
+"""and per byte the cache holds, the heap's own beside it (a block's allocation, its holes): 1/32 of the budget;
+measured past what the cache is charged with once reads filled it, 1.6 % at 64 MiB, 3 % where a pass turned it over"""
+
+
 class Budget:
     """The memory every partition's database of a table shares: one block cache, which their write buffers
-    and their index and filter blocks are charged to."""
+    and their index and filter blocks are charged to, of the budget less what the store takes beside it (so the
+    budget bounds the state's memory, not only its cache's)."""
 
     def __init__(self, megabytes: int):
         self.bytes = megabytes * MB
-        self.cache = rocksdict.Cache(self.bytes)
-        # memtables past half the budget are flushed to disk (no stall: a write never waits for a flush)
+        self.cache_bytes = self.bytes - BESIDE_CACHE - self.bytes // BESIDE_CACHE_SHARE
+        if self.cache_bytes < MB:
+            raise ValueError(f"a memory budget of {megabytes} MiB leaves the cache {self.cache_bytes / MB:.1f} MiB "
+                             f"beside what the store takes outside it ({BESIDE_CACHE / MB:.0f} MiB and 1/"
+                             f"{BESIDE_CACHE_SHARE} of the budget)")
+        self.cache = rocksdict.Cache(self.cache_bytes)
+        # memtables past half the cache are flushed to disk (no stall: a write never waits for a flush)
         self.write_buffers = rocksdict.WriteBufferManager.new_write_buffer_manager_with_cache(
-            self.bytes // 2, False, self.cache)
+            self.cache_bytes // 2, False, self.cache)
 
     def usage(self) -> int:
         """Bytes of the cache in use (blocks read, memtables, index and filter blocks)."""
@@ -95,9 +112,9 @@ class BoundedOptions(RocksDBOptions):
         options = rocksdict.Options(raw_mode=True)
         options.create_if_missing(True)
         options.set_max_open_files(self.max_open_files or -1)
-        # one memtable a database may fill before it is flushed: a quarter of the budget, at most 64 MiB;
+        # one memtable a database may fill before it is flushed: a quarter of the cache, at most 64 MiB;
         # the write buffer manager flushes earlier when all of them together pass half of it
-        options.set_write_buffer_size(min(64 * MB, self.budget.bytes // 4))
+        options.set_write_buffer_size(min(64 * MB, self.budget.cache_bytes // 4))
         options.set_max_write_buffer_number(2)
         options.set_write_buffer_manager(self.budget.write_buffers)
         table = rocksdict.BlockBasedOptions()
@@ -274,7 +291,8 @@ class DiskStore(RocksStore):
         for db in self._dbs_for_actives():
             for prop, name in MEMORY_PROPERTIES.items():
                 totals[name] += db.property_int_value(prop) or 0
-        return {"cache_usage": self.budget.usage(), "cache_pinned": int(self.budget.cache.get_pinned_usage()),
+        return {"cache_capacity": self.budget.cache_bytes, "cache_usage": self.budget.usage(),
+                "cache_pinned": int(self.budget.cache.get_pinned_usage()),
                 **totals}
 
     def estimated_keys(self) -> int:
