@@ -14,7 +14,7 @@ import orjson
 import rocksdict
 from faust.types import TP
 
-from agentstream.streams.disk import BESIDE_CACHE, MB, BoundedOptions, Budget, ordered_keys
+from agentstream.streams.disk import BESIDE_CACHE, MB, WRITE_BUFFER_OUT, BoundedOptions, Budget, ordered_keys
 from agentstream.streams.tables import Staged, StateTable
 
 
@@ -173,3 +173,14 @@ def test_a_cache_filled_by_reads_leaves_the_budget_what_the_store_takes_beside_i
     grown, cached = map(int, done.stdout.split())
     assert cached > 4 * MB  # filled
     assert grown <= 8 * MB - BESIDE_CACHE, f"grown {grown / MB:.2f} MiB, the cache holding {cached / MB:.2f}"
+
+
+def test_flushes_and_compactions_write_their_files_a_small_buffer_at_a_time(tmp_path):
+    """RocksDB's background threads hold a file's output up to `writable_file_max_buffer_size` (1 MiB by default)
+    in arenas of their own, outside the cache: the databases are opened with `WRITE_BUFFER_OUT`, also when opened
+    again (read back from the OPTIONS file RocksDB writes)."""
+    path = tmp_path / "assembly-0.db"
+    fill(BoundedOptions(Budget(8)), path, 1)
+    BoundedOptions(Budget(8)).open(path).close()
+    written = sorted(path.glob("OPTIONS-*"))[-1].read_text()
+    assert f"writable_file_max_buffer_size={WRITE_BUFFER_OUT}" in written
