@@ -63,9 +63,9 @@ WRITE_BUFFER_OUT = 64 * 1024
 """how much of a file RocksDB's flushes and compactions hold before they write it"""
 BESIDE_CACHE = 2 * MB
 """what the disk store takes beside its cache whatever the cache holds: measured after a kill -9 and a restart
-(the cache nearly empty), over a worker restarted over an empty log, 1.1 MiB at 1 day of sessions and 1.6 MiB at
-30 (the libraries' pages the store's paths touch, RocksDB's threads' arenas, its table readers, Faust's key index;
-bench.streams_state, streams/README.md)"""
+(the cache nearly empty), over a worker restarted over an empty log, 1.0-1.2 MiB at 1 day of sessions and 1.6-1.9
+MiB at 30 (the libraries' pages the store's paths touch, RocksDB's threads' arenas, its table readers, Faust's key
+index; bench.streams_state, streams/README.md)"""
 BESIDE_CACHE_SHARE = 32
 """and per byte the cache holds, the heap's own beside it (a block's allocation, its holes): 1/32 of the budget;
 measured past what the cache is charged with once reads filled it, 1.6 % at 64 MiB, 3 % where a pass turned it over"""
@@ -278,10 +278,10 @@ class DiskStore(RocksStore):
 
     @contextmanager
     def uncached(self) -> Iterator[None]:
-        """Reads by key that leave the cache as it is, for a pass over every state (the due index's): read through
-        the cache, one pass at recovery filled the budget with blocks it does not read again (30 days of states,
-        34 MiB of files, turned an 8 MiB cache over four times), evicting the blocks the worker reads, and the
-        heap kept the holes between those it evicted and those it kept (~1 MiB past the cache at 8 MiB)."""
+        """Reads by key that leave the cache as it is, for a pass over every state (the due index's): through the
+        cache, a pass at recovery filled it with blocks it does not read again (a pass of 24 MiB of states, the whole
+        of an 8 MiB budget's cache: test_disk_budget.py), evicting those the worker reads, and the heap kept the
+        holes between the blocks evicted and those kept."""
         dbs = list(self._dbs.values())
         for db in dbs:
             db.set_read_options(read_options(fill_cache=False))
