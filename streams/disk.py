@@ -10,9 +10,12 @@ memory (`held`, which reads see) until the broker acknowledges its batch; then t
 database together with its last offset, in one write. A restarted worker reads its database and the
 changelog from that offset on: the tail, not the whole log.
 
-Memory: every partition's database shares one block cache of `--state-memory-mb`, and their write buffers
-(memtables) are charged to it (a write buffer manager of half of it), as are the index and filter blocks:
-what the state takes in RAM is that budget whatever the retention; the rest is on disk.
+Memory: every partition's database shares one block cache of `--state-memory-mb` less what the store takes beside
+it (`BESIDE_CACHE`), and their write buffers (memtables) are charged to it (a write buffer manager of half of it), as
+are the index and filter blocks: what the state takes in RAM is that budget whatever the retention; the rest is on
+disk. A pass over the keys, and
+the reads of the due index's pass over every state (`DiskStore.uncached`), leave the cache as it is: their blocks
+are not read again, and through the cache they turned the budget over, evicting the blocks the worker reads.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import asyncio
 import heapq
 from collections import deque
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +44,14 @@ MEMORY_PROPERTIES = {
 }
 
 
+def read_options(*, fill_cache: bool) -> rocksdict.ReadOptions:
+    """RocksDB's read options; `fill_cache=False`: a block read from a file is not put in the cache (one found
+    there is still read from it)."""
+    options = rocksdict.ReadOptions()
+    options.fill_cache(fill_cache)  # type: ignore[call-arg]  # (the stub omits the argument the binding takes)
+    return options
+
+
 def dumps(value: Any) -> bytes:
     """`value`'s JSON as orjson writes it, in bytes of their own size: orjson's bytes keep the whole buffer it wrote
     them in (4 KiB at least), so each key Faust's key index holds (1,000) took 4 KiB, not its ~40 bytes: 4 MiB
@@ -47,16 +59,34 @@ def dumps(value: Any) -> bytes:
     return bytes(memoryview(orjson.dumps(value)))
 
 
+WRITE_BUFFER_OUT = 64 * 1024
+"""how much of a file RocksDB's flushes and compactions hold before they write it"""
+BESIDE_CACHE = 2 * MB
+"""what the disk store takes beside its cache whatever the cache holds: measured after a kill -9 and a restart
+(the cache nearly empty), over a worker restarted over an empty log, 1.0-1.2 MiB at 1 day of sessions and 1.6-1.9
+MiB at 30 (the libraries' pages the store's paths touch, RocksDB's threads' arenas, its table readers, Faust's key
+index; bench.streams_state, streams/README.md)"""
+BESIDE_CACHE_SHARE = 32
+"""and per byte the cache holds, the heap's own beside it (a block's allocation, its holes): 1/32 of the budget;
+measured past what the cache is charged with once reads filled it, 1.6 % at 64 MiB, 3 % where a pass turned it over"""
+
+
 class Budget:
     """The memory every partition's database of a table shares: one block cache, which their write buffers
-    and their index and filter blocks are charged to."""
+    and their index and filter blocks are charged to, of the budget less what the store takes beside it (so the
+    budget bounds the state's memory, not only its cache's)."""
 
     def __init__(self, megabytes: int):
         self.bytes = megabytes * MB
-        self.cache = rocksdict.Cache(self.bytes)
-        # memtables past half the budget are flushed to disk (no stall: a write never waits for a flush)
+        self.cache_bytes = self.bytes - BESIDE_CACHE - self.bytes // BESIDE_CACHE_SHARE
+        if self.cache_bytes < MB:
+            raise ValueError(f"a memory budget of {megabytes} MiB leaves the cache {self.cache_bytes / MB:.1f} MiB "
+                             f"beside what the store takes outside it ({BESIDE_CACHE / MB:.0f} MiB and 1/"
+                             f"{BESIDE_CACHE_SHARE} of the budget)")
+        self.cache = rocksdict.Cache(self.cache_bytes)
+        # memtables past half the cache are flushed to disk (no stall: a write never waits for a flush)
         self.write_buffers = rocksdict.WriteBufferManager.new_write_buffer_manager_with_cache(
-            self.bytes // 2, False, self.cache)
+            self.cache_bytes // 2, False, self.cache)
 
     def usage(self) -> int:
         """Bytes of the cache in use (blocks read, memtables, index and filter blocks)."""
@@ -77,17 +107,21 @@ class BoundedOptions(RocksDBOptions):
         # are not kept (a cache of its own, 8 MiB, per database, outside the budget; no filter)
         db = rocksdict.Rdict(str(path), options=options, column_families={"default": options},
                              access_type=rocksdict.AccessType.read_write())
-        db.set_read_options(rocksdict.ReadOptions())
+        db.set_read_options(read_options(fill_cache=True))
         return db
 
     def as_options(self) -> rocksdict.Options:
         options = rocksdict.Options(raw_mode=True)
         options.create_if_missing(True)
         options.set_max_open_files(self.max_open_files or -1)
-        # one memtable a database may fill before it is flushed: a quarter of the budget, at most 64 MiB;
+        # one memtable a database may fill before it is flushed: a quarter of the cache, at most 64 MiB;
         # the write buffer manager flushes earlier when all of them together pass half of it
-        options.set_write_buffer_size(min(64 * MB, self.budget.bytes // 4))
+        options.set_write_buffer_size(min(64 * MB, self.budget.cache_bytes // 4))
         options.set_max_write_buffer_number(2)
+        # a flush's or a compaction's output written 64 KiB at a time, not 1 MiB: RocksDB's background threads keep
+        # their buffers' pages in arenas of their own, outside the cache (a compaction of four databases' level 0:
+        # +2.4 MiB of anonymous maps, +0.7 MiB with 64 KiB)
+        options.set_writable_file_max_buffer_size(WRITE_BUFFER_OUT)
         options.set_write_buffer_manager(self.budget.write_buffers)
         table = rocksdict.BlockBasedOptions()
         table.set_block_cache(self.budget.cache)
@@ -127,7 +161,7 @@ def ordered_keys(dbs: list[rocksdict.Rdict], prefix: bytes, after: bytes | None,
 
 
 def _keys_of(db: rocksdict.Rdict, prefix: bytes, after: bytes | None, skipped: set[bytes]) -> Iterator[bytes]:
-    cursor = db.iter()
+    cursor = db.iter(read_options(fill_cache=False))  # (a pass: its blocks are not read again)
     cursor.seek(prefix if after is None else after)
     while cursor.valid() and (key := cursor.key()).startswith(prefix):
         if key != after and key not in skipped:
@@ -242,13 +276,29 @@ class DiskStore(RocksStore):
     def _keys_from(self, prefix: bytes, after: bytes | None = None) -> Iterator[bytes]:
         return ordered_keys(list(self._dbs_for_actives()), prefix, after, self.held, self.offset_key)
 
+    @contextmanager
+    def uncached(self) -> Iterator[None]:
+        """Reads by key that leave the cache as it is, for a pass over every state (the due index's): through the
+        cache, a pass at recovery filled it with blocks it does not read again (a pass of 24 MiB of states, the whole
+        of an 8 MiB budget's cache: test_disk_budget.py), evicting those the worker reads, and the heap kept the
+        holes between the blocks evicted and those kept."""
+        dbs = list(self._dbs.values())
+        for db in dbs:
+            db.set_read_options(read_options(fill_cache=False))
+        try:
+            yield
+        finally:
+            for db in dbs:
+                db.set_read_options(read_options(fill_cache=True))
+
     def memory(self) -> dict[str, int]:
         """Where RocksDB's memory is, summed over the active partitions' databases (bytes)."""
         totals = dict.fromkeys(MEMORY_PROPERTIES.values(), 0)
         for db in self._dbs_for_actives():
             for prop, name in MEMORY_PROPERTIES.items():
                 totals[name] += db.property_int_value(prop) or 0
-        return {"cache_usage": self.budget.usage(), "cache_pinned": int(self.budget.cache.get_pinned_usage()),
+        return {"cache_capacity": self.budget.cache_bytes, "cache_usage": self.budget.usage(),
+                "cache_pinned": int(self.budget.cache.get_pinned_usage()),
                 **totals}
 
     def estimated_keys(self) -> int:

@@ -74,8 +74,9 @@ class StreamsSettings(KafkaSettings):
                                                 "--state-memory-mb whatever the retention, and a restart reads "
                                                 "its changelog's tail only); the deployed worker's is rocksdb")
     state_memory_mb: int = Field(128, ge=8, description="with --store rocksdb: the memory of the table's "
-                                 "databases (one block cache, which their write buffers and index and filter "
-                                 "blocks are charged to)")
+                                 "databases: one block cache, which their write buffers and index and filter "
+                                 "blocks are charged to, of this less what the store takes beside it (2 MiB "
+                                 "and 1/32: streams/disk.py)")
     standby_replicas: int = Field(1, ge=0, description="other workers that keep a copy of each partition's table "
                                   "up to date, so the one a rebalance moves it to does not rebuild it from zero")
     standby_batch: int = Field(1000, ge=1, description="changelog records a standby copy takes before it writes "

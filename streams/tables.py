@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import islice
@@ -77,9 +78,16 @@ class StateTable(faust.Table[str, Any]):
 
     @property
     def disk(self) -> DiskStore | None:
-        """The table's store when it is on disk."""
+        """The table's store when it is on disk. Asked `is not None`, never for its truth: a Faust store is a
+        mapping whose truth is its length, which it counts by reading every key of every database (through the
+        block cache): `if disk` read the whole table, at every slice of the due index's pass and every batch."""
         store = self.data
         return store if isinstance(store, DiskStore) else None
+
+    def uncached(self) -> AbstractContextManager[None]:
+        """Reads that leave the disk store's cache as it is (`DiskStore.uncached`: a pass over every state)."""
+        disk = self.disk
+        return disk.uncached() if disk is not None else nullcontext()
 
     @cached_property
     def changelog_name(self) -> str:
@@ -150,7 +158,7 @@ class StateTable(faust.Table[str, Any]):
         producer = self.app.producer
         assert isinstance(producer, Producer)
         disk = self.disk
-        return Batch(producer.create_batch(), disk.new_batch() if disk else 0)
+        return Batch(producer.create_batch(), disk.new_batch() if disk is not None else 0)
 
     def _apply(self, key: str, value: Any, batch: Batch) -> None:
         """A change into the store now: the memory store's, or the disk store's held changes (disk.py)."""
@@ -253,8 +261,8 @@ class Staged(MutableMapping[str, Any]):
         """The table's keys one at a time (on disk, 30 days of them are not listed in memory), then the staged
         ones it does not hold."""
         cut, disk = len(self.prefix), self.table.disk
-        under = disk.keys_under(self.prefix) if disk else (key for key in list(self.table.data.keys())
-                                                               if key.startswith(self.prefix))
+        under = disk.keys_under(self.prefix) if disk is not None else (
+            key for key in list(self.table.data.keys()) if key.startswith(self.prefix))
         for key in under:
             staged = self._staged.get(key[cut:])
             if staged is None or staged[1] is not DROPPED:
