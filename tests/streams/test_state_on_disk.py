@@ -33,6 +33,26 @@ def quiet(worker: StreamsWorker) -> bool:
     return state["unwritten_changes"] == 0 and state["held_changes"] == 0
 
 
+async def settle(kafka: KafkaSettings, worker: StreamsWorker, watch: TopicWatch, rollouts: list[Rollout]) -> None:
+    """The rollouts published (two turns each), their trajectories seen, and the worker's state written and
+    acknowledged: what a kill -9 then finds on disk."""
+    await publish(kafka, [event for rollout in rollouts for event in rollout.two_turns()])
+    await watch.until(lambda seen: len(trajectories_by_rollout(seen)) == len(rollouts), timeout=120,
+                      what="the first rollouts' trajectories")
+    wait_for(lambda: quiet(worker), timeout=60, what="the worker's state written and acknowledged")
+
+
+async def restart_after(kafka: KafkaSettings, worker: StreamsWorker, watch: TopicWatch, before: list[Rollout],
+                        meanwhile: list[Rollout]) -> None:
+    """The killed worker restarted after `meanwhile` was published: every rollout has one trajectory."""
+    await publish(kafka, [event for rollout in meanwhile for event in rollout.two_turns()])
+    worker.start()
+    ids = {rollout.rollout_id for rollout in before + meanwhile}
+    await watch.until(lambda seen: set(trajectories_by_rollout(seen)) == ids, timeout=120,
+                      what="every rollout's trajectory")
+    assert_once_each(watch.events, ids)
+
+
 async def test_killed_it_restarts_from_its_disk_and_the_changelog_tail(kafka, worker_factory):
     # a due index of 1 s ahead: a pass over the table (on disk, among the changes staged and held) every second
     worker = worker_factory("disk", *DISK, "--due-horizon-s", "1").start()
@@ -51,12 +71,7 @@ async def test_killed_it_restarts_from_its_disk_and_the_changelog_tail(kafka, wo
         assert view["assembly"]["due_index_passes"] > 2 and view["assembly"]["due_indexed"] == 0, view["assembly"]
         assert view["assembly"]["due_index_slices"] >= 2, "the passes ran in slices between the batches"
         worker.kill()
-        await publish(kafka, [event for rollout in second for event in rollout.two_turns()])
-        worker.start()
-        ids = {rollout.rollout_id for rollout in first + second}
-        await watch.until(lambda seen: set(trajectories_by_rollout(seen)) == ids, timeout=120,
-                          what="every rollout's trajectory")
-        assert_once_each(watch.events, ids)
+        await restart_after(kafka, worker, watch, first, second)
         # the state came back from disk: nothing settled before the kill is settled (published) again
         copies = Counter(event.rollout_id for event in watch.of_type("trajectory"))
         assert {rid: n for rid, n in copies.items() if n > 1} == {}
@@ -105,10 +120,7 @@ async def test_a_table_from_before_the_due_keys_gets_them_at_one_recovery_then_n
     first = [live(Rollout(f"r-upgrade-{i}")) for i in range(30)]
     second = [live(Rollout(f"r-upgrade-late-{i}")) for i in range(10)]
     async with TopicWatch(kafka, "trajectories") as watch:
-        await publish(kafka, [event for rollout in first for event in rollout.two_turns()])
-        await watch.until(lambda seen: len(trajectories_by_rollout(seen)) == len(first), timeout=120,
-                          what="the first rollouts' trajectories")
-        wait_for(lambda: quiet(worker), timeout=60, what="the worker's state written and acknowledged")
+        await settle(kafka, worker, watch, first)
         worker.kill()
         assert due_keys_on_disk(worker, delete=True) >= len(first)
         assert due_keys_on_disk(worker) == 0
@@ -117,12 +129,7 @@ async def test_a_table_from_before_the_due_keys_gets_them_at_one_recovery_then_n
         counts = (worker.analytics() or {})["assembly"]  # (since its start: a start may recover more than once)
         assert counts["due_keys_built"] >= 1 and counts["due_index_states_read"] >= len(first), counts
         worker.kill()
-        await publish(kafka, [event for rollout in second for event in rollout.two_turns()])
-        worker.start()
-        ids = {rollout.rollout_id for rollout in first + second}
-        await watch.until(lambda seen: set(trajectories_by_rollout(seen)) == ids, timeout=120,
-                          what="every rollout's trajectory")
-        assert_once_each(watch.events, ids)
+        await restart_after(kafka, worker, watch, first, second)
     view = worker.analytics()
     assert view is not None
     assert view["state"]["recovery"]["states_read"] == 0 and view["state"]["recovery"]["built"] == []
@@ -167,10 +174,7 @@ async def test_a_restarted_worker_fetches_no_record_its_table_holds(kafka, worke
     first = [live(Rollout(f"r-seek-{i}")) for i in range(30)]
     second = [live(Rollout(f"r-seek-late-{i}")) for i in range(10)]
     async with TopicWatch(kafka, "trajectories") as watch:
-        await publish(kafka, [event for rollout in first for event in rollout.two_turns()])
-        await watch.until(lambda seen: len(trajectories_by_rollout(seen)) == len(first), timeout=120,
-                          what="the first rollouts' trajectories")
-        wait_for(lambda: quiet(worker), timeout=60, what="the worker's state written and acknowledged")
+        await settle(kafka, worker, watch, first)
         handled = sum(start for start, _ in (worker.analytics() or {"sources": {}})["sources"].values())
         worker.kill()
         await rewind_the_group(kafka)
