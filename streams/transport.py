@@ -19,7 +19,8 @@ record between the two (1,642 at 30 days of sessions, ~13 MiB of calls, whose pa
 An inbox may say where its worker's state has handled each partition up to (`Inbox.start_of`): those
 offsets are committed before Faust's seek, which then starts the partition there, and Faust's own commits go
 on from there. Faust has resumed the partitions before it seeks, and the consumer's thread fetches from the
-old position meanwhile, so the claimed partitions are held back (paused) from the commit to the seek.
+old position meanwhile, so a claimed partition hands on nothing below its start (Faust's read offset, raised to it)
+and is held back (paused) from the commit to the seek.
 
 **Without tasks.**
 faust-streaming 0.15.3's fetcher (`Consumer._drain_messages`) hands every record on through
