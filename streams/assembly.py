@@ -145,7 +145,7 @@ def finalize_at(attempt: dict[str, Any], timing: Timing) -> int:
 def due_key(partition: int, due: int, rollout_id: str) -> str:
     """The due index's key of a rollout due at `due` (`DueKeys`): by partition, then due time, fixed-width, so the
     keys' order is the order they come due in."""
-    return f"{partition:04d}:{due if due > 0 else 0:019d}:{rollout_id}"  # (19: `DUE_WIDTH`)
+    return f"{partition:04d}:{max(due, 0):0{DUE_WIDTH}d}:{rollout_id}"
 
 
 def parse_due_key(key: str) -> tuple[int, int, str]:
